@@ -1,0 +1,34 @@
+#include "scheduler/closed_form.h"
+
+namespace conveyor::scheduler {
+
+std::optional<Fraction> ClosedFormBubbleFraction(ScheduleKind kind, int ranks,
+                                                 int microbatches,
+                                                 int virtual_stages) {
+  const int64_t p = ranks, m = microbatches, v = virtual_stages;
+  if (p < 1 || m < 1 || v < 1) return std::nullopt;
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+      if (v == 1) return Fraction{p - 1, m + p - 1};
+      if (m % p == 0) return Fraction{p - 1, m * v + p - 1};
+      return std::nullopt;
+    case ScheduleKind::k1F1B:
+      if (v != 1) return std::nullopt;
+      return Fraction{p - 1, m + p - 1};
+    case ScheduleKind::kInterleaved1F1B:
+      if (v != 1 && m % p != 0) return std::nullopt;
+      return Fraction{p - 1, m * v + p - 1};
+    case ScheduleKind::kZeroBubbleH1:
+      if (v != 1 || m < p) return std::nullopt;
+      return Fraction{p - 1, 3 * m + p - 1};
+  }
+  return std::nullopt;
+}
+
+const char* ClosedFormAssumptions(ScheduleKind kind) {
+  return kind == ScheduleKind::kZeroBubbleH1
+             ? "uniform stages, free communication, F = BI = BW, M >= P"
+             : "uniform stages, free communication";
+}
+
+}  // namespace conveyor::scheduler

@@ -1,0 +1,200 @@
+#include "scheduler/generators.h"
+
+#include <algorithm>
+#include <deque>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace conveyor::scheduler {
+namespace {
+
+absl::Status CheckOptions(ScheduleKind kind, const ScheduleOptions& o) {
+  const absl::string_view name = ScheduleKindName(kind);
+  if (o.ranks < 1 || o.ranks > kMaxRanks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ranks (stages P) must be in 1..", kMaxRanks, ", got ", o.ranks));
+  }
+  if (o.microbatches < 1 || o.microbatches > kMaxMicrobatches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("microbatches (M) must be in 1..", kMaxMicrobatches,
+                     ", got ", o.microbatches));
+  }
+  if (o.virtual_stages < 1 || o.virtual_stages > kMaxVirtualStages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("virtual stages (V) must be in 1..", kMaxVirtualStages,
+                     ", got ", o.virtual_stages));
+  }
+  const bool takes_virtual = kind == ScheduleKind::kGPipe ||
+                             kind == ScheduleKind::kInterleaved1F1B;
+  if (o.virtual_stages > 1 && !takes_virtual) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " runs one stage per rank (V = 1), got V = ", o.virtual_stages,
+        "; use interleaved-1f1b or gpipe for virtual stages"));
+  }
+  const int per_step = kind == ScheduleKind::kZeroBubbleH1 ? 3 : 2;
+  const long long actions = static_cast<long long>(o.ranks) *
+                            o.virtual_stages * o.microbatches * per_step;
+  if (actions > kMaxScheduleActions) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("P*V*M = ", actions / per_step,
+                     " stage-microbatches is too large (at most ",
+                     kMaxScheduleActions / per_step, ")"));
+  }
+  return absl::OkStatus();
+}
+
+Schedule EmptySchedule(ScheduleKind kind, const ScheduleOptions& o) {
+  Schedule s;
+  s.kind = kind;
+  s.ranks = o.ranks;
+  s.virtual_stages = o.virtual_stages;
+  s.microbatches = o.microbatches;
+  s.actions.resize(o.ranks);
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<Schedule> GenerateSchedule(ScheduleKind kind,
+                                          const ScheduleOptions& options) {
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+      return GenerateGPipe(options);
+    case ScheduleKind::k1F1B:
+      return Generate1F1B(options);
+    case ScheduleKind::kInterleaved1F1B:
+      return GenerateInterleaved1F1B(options);
+    case ScheduleKind::kZeroBubbleH1:
+      return GenerateZeroBubbleH1(options);
+  }
+  return absl::InvalidArgumentError("unknown schedule kind");
+}
+
+absl::StatusOr<Schedule> GenerateGPipe(const ScheduleOptions& options) {
+  RETURN_IF_ERROR(CheckOptions(ScheduleKind::kGPipe, options));
+  const int p = options.ranks, m = options.microbatches,
+            v = options.virtual_stages;
+  if (v > 1 && m % p != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gpipe with V > 1 takes microbatches in groups of P: microbatches "
+        "(M = ",
+        m, ") must be a multiple of ranks (P = ", p, ")"));
+  }
+  Schedule s = EmptySchedule(ScheduleKind::kGPipe, options);
+  // With V > 1, microbatches go through the chunks in groups of P (as in
+  // interleaved-1f1b). Pushing all M through chunk 0 first would form a ring
+  // of blocked sends once M >= 2P: the last rank's chunk-0 outputs wait for
+  // rank 0, which is still sending chunk-0 work downstream.
+  const int total = m * v;
+  auto microbatch = [&](int k) { return (k / (p * v)) * p + k % p; };
+  auto chunk = [&](int k) { return (k / p) % v; };
+  for (int r = 0; r < p; ++r) {
+    auto& out = s.actions[r];
+    out.reserve(2 * total);
+    for (int k = 0; k < total; ++k) {
+      out.push_back({Op::kForward, chunk(k) * p + r, microbatch(k)});
+    }
+    // Backward in reverse forward order: the last forward's activations are
+    // the freshest, and the last stage can start on them without waiting.
+    for (int k = total - 1; k >= 0; --k) {
+      out.push_back({Op::kBackward, chunk(k) * p + r, microbatch(k)});
+    }
+  }
+  return s;
+}
+
+absl::StatusOr<Schedule> Generate1F1B(const ScheduleOptions& options) {
+  RETURN_IF_ERROR(CheckOptions(ScheduleKind::k1F1B, options));
+  Schedule s = EmptySchedule(ScheduleKind::k1F1B, options);
+  const int p = options.ranks, m = options.microbatches;
+  for (int r = 0; r < p; ++r) {
+    auto& out = s.actions[r];
+    out.reserve(2 * m);
+    const int warmup = std::min(p - r - 1, m);
+    int f = 0, b = 0;
+    while (f < warmup) out.push_back({Op::kForward, r, f++});
+    while (f < m) {
+      out.push_back({Op::kForward, r, f++});
+      out.push_back({Op::kBackward, r, b++});
+    }
+    while (b < m) out.push_back({Op::kBackward, r, b++});
+  }
+  return s;
+}
+
+absl::StatusOr<Schedule> GenerateInterleaved1F1B(
+    const ScheduleOptions& options) {
+  RETURN_IF_ERROR(CheckOptions(ScheduleKind::kInterleaved1F1B, options));
+  const int p = options.ranks, m = options.microbatches,
+            v = options.virtual_stages;
+  if (v > 1 && m % p != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "interleaved-1f1b with V > 1 takes microbatches in groups of P: "
+        "microbatches (M = ",
+        m, ") must be a multiple of ranks (P = ", p, ")"));
+  }
+  Schedule s = EmptySchedule(ScheduleKind::kInterleaved1F1B, options);
+  const int total = m * v;
+  // The k-th forward (backward) on a rank: microbatches go in groups of P
+  // through chunk 0, then the same group through chunk 1, ...; backwards walk
+  // the chunks in reverse. With V = 1 this is plain microbatch order.
+  auto microbatch = [&](int k) { return (k / (p * v)) * p + k % p; };
+  auto forward_chunk = [&](int k) { return (k / p) % v; };
+  auto backward_chunk = [&](int k) { return v - 1 - (k / p) % v; };
+  for (int r = 0; r < p; ++r) {
+    auto& out = s.actions[r];
+    out.reserve(2 * total);
+    const int warmup = std::min(2 * (p - r - 1) + (v - 1) * p, total);
+    auto push_f = [&](int k) {
+      out.push_back({Op::kForward, forward_chunk(k) * p + r, microbatch(k)});
+    };
+    auto push_b = [&](int k) {
+      out.push_back({Op::kBackward, backward_chunk(k) * p + r, microbatch(k)});
+    };
+    for (int k = 0; k < warmup; ++k) push_f(k);
+    for (int i = 0; i < total - warmup; ++i) {
+      push_f(warmup + i);
+      push_b(i);
+    }
+    for (int i = total - warmup; i < total; ++i) push_b(i);
+  }
+  return s;
+}
+
+absl::StatusOr<Schedule> GenerateZeroBubbleH1(const ScheduleOptions& options) {
+  RETURN_IF_ERROR(CheckOptions(ScheduleKind::kZeroBubbleH1, options));
+  Schedule s = EmptySchedule(ScheduleKind::kZeroBubbleH1, options);
+  const int p = options.ranks, m = options.microbatches;
+  for (int r = 0; r < p; ++r) {
+    auto& out = s.actions[r];
+    out.reserve(3 * m);
+    // Rank r starts r forward-times after rank 0; holding back r weight
+    // gradients lets it run the input-gradient chain (the critical path
+    // upstream) first and spend the held-back BWs where 1F1B would idle.
+    const int hold_back = r;
+    std::deque<int> pending_weight;
+    auto backward_input = [&](int j, bool draining) {
+      out.push_back({Op::kBackwardInput, r, j});
+      pending_weight.push_back(j);
+      if (draining || static_cast<int>(pending_weight.size()) > hold_back) {
+        out.push_back({Op::kBackwardWeight, r, pending_weight.front()});
+        pending_weight.pop_front();
+      }
+    };
+    const int warmup = std::min(p - r - 1, m);
+    int f = 0, b = 0;
+    while (f < warmup) out.push_back({Op::kForward, r, f++});
+    while (f < m) {
+      out.push_back({Op::kForward, r, f++});
+      backward_input(b++, /*draining=*/f == m);
+    }
+    // Draining (every BI after the last forward): each BI is followed by one
+    // held-back BW, which fills the wait for the next gradient from downstream.
+    while (b < m) backward_input(b++, /*draining=*/true);
+    for (int j : pending_weight) out.push_back({Op::kBackwardWeight, r, j});
+  }
+  return s;
+}
+
+}  // namespace conveyor::scheduler

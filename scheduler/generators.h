@@ -1,0 +1,58 @@
+// Schedule generators: gpipe, 1f1b (PipeDream-flush), interleaved-1f1b
+// (Megatron-style, V >= 1) and zb-h1 (zero-bubble H1, Qi et al. 2023).
+//
+// Every generator accepts any M >= 1 it can serve without risking a hang;
+// where a schedule needs more (interleaved-1f1b with V > 1 needs M % P == 0)
+// it returns InvalidArgument naming the constraint instead. The output of
+// every generator passes ValidateSchedule (property-tested over P in 1..16,
+// M in 1..64, V in 1..4). Pure functions; thread-safe.
+#ifndef CONVEYOR_SCHEDULER_GENERATORS_H_
+#define CONVEYOR_SCHEDULER_GENERATORS_H_
+
+#include "absl/status/statusor.h"
+#include "scheduler/schedule.h"
+
+namespace conveyor::scheduler {
+
+// Upper bounds that keep a typo from allocating gigabytes.
+inline constexpr int kMaxRanks = 4096;
+inline constexpr int kMaxVirtualStages = 64;
+inline constexpr int kMaxMicrobatches = 1 << 20;
+inline constexpr long long kMaxScheduleActions = 1LL << 26;
+
+struct ScheduleOptions {
+  int ranks = 1;           // P >= 1
+  int microbatches = 1;    // M >= 1
+  int virtual_stages = 1;  // V >= 1; only gpipe and interleaved-1f1b take V > 1
+};
+
+// Dispatches on `kind`. InvalidArgument for out-of-range options or a
+// combination the schedule does not support, with the field and the rule.
+absl::StatusOr<Schedule> GenerateSchedule(ScheduleKind kind,
+                                          const ScheduleOptions& options);
+
+// GPipe: all forwards, then all backwards in reverse order. With V > 1,
+// microbatches go through the chunks in groups of P (M % P == 0 needed).
+absl::StatusOr<Schedule> GenerateGPipe(const ScheduleOptions& options);
+
+// 1F1B (PipeDream-flush): rank r runs min(P-r-1, M) warm-up forwards, then
+// alternates one forward and one backward, then drains. At most P-r
+// microbatches are in flight on rank r. V must be 1.
+absl::StatusOr<Schedule> Generate1F1B(const ScheduleOptions& options);
+
+// Interleaved 1F1B (Megatron-LM): rank r runs min(2(P-r-1) + (V-1)P, M*V)
+// warm-up forwards, microbatches taken in groups of P, chunk by chunk. V = 1 is
+// JaxPP's Interleaved1F1B warm-up rule. V > 1 needs M % P == 0.
+absl::StatusOr<Schedule> GenerateInterleaved1F1B(
+    const ScheduleOptions& options);
+
+// Zero-bubble H1: 1F1B's order of F and BI (so the same activation stash), with
+// each BW deferred to fill the bubble. Rank r holds back up to r weight
+// gradients during the steady phase and runs one per BI while draining, which
+// gives a makespan of M(F+BI+BW) + (P-1)(F+BI-BW) at unit costs with M >= P,
+// against 1F1B's (M+P-1)(F+BI+BW). V must be 1.
+absl::StatusOr<Schedule> GenerateZeroBubbleH1(const ScheduleOptions& options);
+
+}  // namespace conveyor::scheduler
+
+#endif  // CONVEYOR_SCHEDULER_GENERATORS_H_

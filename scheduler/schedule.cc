@@ -1,0 +1,37 @@
+#include "scheduler/schedule.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace conveyor::scheduler {
+
+absl::string_view ScheduleKindName(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+      return "gpipe";
+    case ScheduleKind::k1F1B:
+      return "1f1b";
+    case ScheduleKind::kInterleaved1F1B:
+      return "interleaved-1f1b";
+    case ScheduleKind::kZeroBubbleH1:
+      return "zb-h1";
+  }
+  return "?";
+}
+
+absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view name) {
+  for (ScheduleKind kind :
+       {ScheduleKind::kGPipe, ScheduleKind::k1F1B,
+        ScheduleKind::kInterleaved1F1B, ScheduleKind::kZeroBubbleH1}) {
+    if (ScheduleKindName(kind) == name) return kind;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown schedule '", name, "'; allowed: ", kScheduleKindNames));
+}
+
+size_t Schedule::TotalActions() const {
+  size_t n = 0;
+  for (const auto& rank : actions) n += rank.size();
+  return n;
+}
+
+}  // namespace conveyor::scheduler

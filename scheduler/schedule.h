@@ -1,0 +1,49 @@
+// A pipeline schedule: for each of P ranks, the ordered compute actions it runs
+// in one training step. There are P*V stages; stage s lives on rank s mod P, so
+// with V > 1 ("virtual stages") rank r holds stages r, r+P, ..., r+(V-1)P.
+// Plain value type; thread-compatible.
+#ifndef CONVEYOR_SCHEDULER_SCHEDULE_H_
+#define CONVEYOR_SCHEDULER_SCHEDULE_H_
+
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "scheduler/action.h"
+
+namespace conveyor::scheduler {
+
+enum class ScheduleKind : unsigned char {
+  kGPipe,
+  k1F1B,
+  kInterleaved1F1B,
+  kZeroBubbleH1,
+};
+
+// The names used in job YAML and on the command line, comma-separated.
+inline constexpr absl::string_view kScheduleKindNames =
+    "gpipe, 1f1b, interleaved-1f1b, zb-h1";
+
+// "gpipe", "1f1b", "interleaved-1f1b", "zb-h1".
+absl::string_view ScheduleKindName(ScheduleKind kind);
+
+// Inverse of ScheduleKindName. InvalidArgument lists the allowed names.
+absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view name);
+
+struct Schedule {
+  ScheduleKind kind = ScheduleKind::k1F1B;
+  int ranks = 1;           // P
+  int virtual_stages = 1;  // V
+  int microbatches = 1;    // M
+  // ranks entries; actions[r] is rank r's program for one step.
+  std::vector<std::vector<Action>> actions;
+
+  int num_stages() const { return ranks * virtual_stages; }
+  int RankOfStage(int stage) const { return stage % ranks; }
+  bool IsLastStage(int stage) const { return stage == num_stages() - 1; }
+  size_t TotalActions() const;
+};
+
+}  // namespace conveyor::scheduler
+
+#endif  // CONVEYOR_SCHEDULER_SCHEDULE_H_

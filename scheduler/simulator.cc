@@ -1,0 +1,275 @@
+#include "scheduler/simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace conveyor::scheduler {
+namespace {
+
+// A cost vector holds one entry per item or one entry for all of them.
+template <typename T>
+absl::Status CheckCostVector(const std::vector<T>& v, size_t items,
+                             absl::string_view name, bool required) {
+  if (v.empty()) {
+    if (required) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("costs: '", name, "' is needed by this schedule"));
+    }
+    return absl::OkStatus();
+  }
+  if (v.size() != 1 && v.size() != items) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("costs: '", name, "' has ", v.size(),
+                     " entries; expected 1 or ", items));
+  }
+  for (T x : v) {
+    if (!(x >= 0) || !std::isfinite(static_cast<double>(x))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "costs: '", name, "' entries must be finite and >= 0, got ", x));
+    }
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+T At(const std::vector<T>& v, int i) {
+  return v.size() == 1 ? v[0] : v[i];
+}
+
+}  // namespace
+
+template <typename T>
+SimulationCosts<T> SimulationCosts<T>::Uniform(T f, T b) {
+  SimulationCosts c;
+  c.forward = {f};
+  c.backward = {b};
+  return c;
+}
+
+template <typename T>
+SimulationCosts<T> SimulationCosts<T>::UniformSplit(T f, T bi, T bw) {
+  SimulationCosts c;
+  c.forward = {f};
+  c.backward = {bi + bw};
+  c.backward_input = {bi};
+  c.backward_weight = {bw};
+  return c;
+}
+
+template <typename T>
+double SimulationResult<T>::bubble_fraction() const {
+  if (makespan <= 0 || idle.empty()) return 0.0;
+  double total_idle = 0;
+  for (T x : idle) total_idle += static_cast<double>(x);
+  return total_idle / (static_cast<double>(makespan) * idle.size());
+}
+
+template <typename T>
+absl::StatusOr<SimulationResult<T>> Simulate(const Schedule& schedule,
+                                             const SimulationCosts<T>& costs) {
+  const int p = schedule.ranks;
+  const int num_stages = schedule.num_stages();
+  const int m = schedule.microbatches;
+  if (p < 1 || m < 1 || schedule.virtual_stages < 1 ||
+      static_cast<int>(schedule.actions.size()) != p) {
+    return absl::InvalidArgumentError(
+        "schedule shape is inconsistent (ranks, virtual stages, microbatches "
+        "and the action lists disagree)");
+  }
+
+  bool has_full_backward = false, has_split_backward = false;
+  for (int r = 0; r < p; ++r) {
+    for (const Action& a : schedule.actions[r]) {
+      if (a.stage < 0 || a.stage >= num_stages || a.microbatch < 0 ||
+          a.microbatch >= m || schedule.RankOfStage(a.stage) != r) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", r, " has action ", ToString(a),
+                         " outside its stages or microbatches; run the "
+                         "validator"));
+      }
+      has_full_backward |= a.op == Op::kBackward;
+      has_split_backward |=
+          a.op == Op::kBackwardInput || a.op == Op::kBackwardWeight;
+    }
+  }
+  RETURN_IF_ERROR(CheckCostVector(costs.forward, num_stages, "forward", true));
+  RETURN_IF_ERROR(CheckCostVector(costs.backward_input, num_stages,
+                                  "backward_input", has_split_backward));
+  RETURN_IF_ERROR(CheckCostVector(costs.backward_weight, num_stages,
+                                  "backward_weight", has_split_backward));
+  const bool backward_from_split =
+      costs.backward.empty() && !costs.backward_input.empty() &&
+      !costs.backward_weight.empty();
+  RETURN_IF_ERROR(CheckCostVector(costs.backward, num_stages, "backward",
+                                  has_full_backward && !backward_from_split));
+  RETURN_IF_ERROR(CheckCostVector(costs.activation_bytes,
+                                  std::max(num_stages - 1, 1),
+                                  "activation_bytes", false));
+  if (!(costs.latency >= 0) || !(costs.bytes_per_time >= 0)) {
+    return absl::InvalidArgumentError(
+        "costs: latency and bytes_per_time must be >= 0");
+  }
+
+  // Transfer time across boundary s -> s+1 (and its gradient back).
+  std::vector<T> transfer(std::max(num_stages - 1, 0), costs.latency);
+  if (costs.bytes_per_time > 0 && !costs.activation_bytes.empty()) {
+    for (int s = 0; s + 1 < num_stages; ++s) {
+      const T bytes = At(costs.activation_bytes, s);
+      if constexpr (std::is_integral_v<T>) {
+        if (bytes % costs.bytes_per_time != 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "costs: with integer time, activation bytes (", bytes,
+              ") must be a multiple of bytes_per_time (", costs.bytes_per_time,
+              "); use floating-point costs instead"));
+        }
+      }
+      transfer[s] += bytes / costs.bytes_per_time;
+    }
+  }
+  auto duration = [&](const Action& a) -> T {
+    switch (a.op) {
+      case Op::kForward:
+        return At(costs.forward, a.stage);
+      case Op::kBackward:
+        return backward_from_split ? At(costs.backward_input, a.stage) +
+                                         At(costs.backward_weight, a.stage)
+                                   : At(costs.backward, a.stage);
+      case Op::kBackwardInput:
+        return At(costs.backward_input, a.stage);
+      case Op::kBackwardWeight:
+        return At(costs.backward_weight, a.stage);
+    }
+    return 0;
+  };
+
+  // End times of the producers an action may wait for, by (stage, mb).
+  const size_t cells = static_cast<size_t>(num_stages) * m;
+  std::vector<T> forward_end(cells), grad_end(cells), input_grad_end(cells);
+  std::vector<unsigned char> forward_done(cells), grad_done(cells),
+      input_grad_done(cells);
+  auto cell = [m](int stage, int mb) {
+    return static_cast<size_t>(stage) * m + mb;
+  };
+
+  SimulationResult<T> result;
+  result.busy.assign(p, 0);
+  result.idle.assign(p, 0);
+  result.peak_inflight.assign(p, 0);
+  result.peak_pending_weight_grads.assign(p, 0);
+  result.timings.resize(p);
+  for (int r = 0; r < p; ++r) {
+    result.timings[r].resize(schedule.actions[r].size());
+  }
+  std::vector<T> free_at(p, 0);
+  std::vector<size_t> next(p, 0);
+  std::vector<int> inflight(p, 0), pending_weight(p, 0);
+
+  // Earliest start of `a` given its inputs, or false if an input is missing.
+  auto ready_time = [&](const Action& a, T* t) -> bool {
+    const int s = a.stage, j = a.microbatch;
+    const int rank = schedule.RankOfStage(s);
+    switch (a.op) {
+      case Op::kForward:
+        if (s == 0) return true;
+        if (!forward_done[cell(s - 1, j)]) return false;
+        *t = std::max(*t, forward_end[cell(s - 1, j)] +
+                              (schedule.RankOfStage(s - 1) == rank
+                                   ? T{0}
+                                   : transfer[s - 1]));
+        return true;
+      case Op::kBackward:
+      case Op::kBackwardInput:
+        if (!forward_done[cell(s, j)]) return false;
+        *t = std::max(*t, forward_end[cell(s, j)]);
+        if (s + 1 == num_stages) return true;
+        if (!grad_done[cell(s + 1, j)]) return false;
+        *t = std::max(*t, grad_end[cell(s + 1, j)] +
+                              (schedule.RankOfStage(s + 1) == rank
+                                   ? T{0}
+                                   : transfer[s]));
+        return true;
+      case Op::kBackwardWeight:
+        if (!input_grad_done[cell(s, j)]) return false;
+        *t = std::max(*t, input_grad_end[cell(s, j)]);
+        return true;
+    }
+    return false;
+  };
+
+  size_t remaining = schedule.TotalActions();
+  // Round-robin over ranks, each running as far as its inputs allow. Every
+  // sweep makes progress unless the schedule is stuck, so this terminates.
+  while (remaining > 0) {
+    bool progress = false;
+    for (int r = 0; r < p; ++r) {
+      const auto& program = schedule.actions[r];
+      while (next[r] < program.size()) {
+        const Action& a = program[next[r]];
+        T start = free_at[r];
+        if (!ready_time(a, &start)) break;
+        const T end = start + duration(a);
+        result.timings[r][next[r]] = {start, end};
+        result.busy[r] += end - start;
+        free_at[r] = end;
+        const size_t c = cell(a.stage, a.microbatch);
+        switch (a.op) {
+          case Op::kForward:
+            forward_end[c] = end;
+            forward_done[c] = 1;
+            result.peak_inflight[r] =
+                std::max(result.peak_inflight[r], ++inflight[r]);
+            break;
+          case Op::kBackward:
+            grad_end[c] = end;
+            grad_done[c] = 1;
+            --inflight[r];
+            break;
+          case Op::kBackwardInput:
+            grad_end[c] = input_grad_end[c] = end;
+            grad_done[c] = input_grad_done[c] = 1;
+            result.peak_pending_weight_grads[r] = std::max(
+                result.peak_pending_weight_grads[r], ++pending_weight[r]);
+            break;
+          case Op::kBackwardWeight:
+            --pending_weight[r];
+            --inflight[r];
+            break;
+        }
+        ++next[r];
+        --remaining;
+        progress = true;
+      }
+    }
+    if (!progress) {
+      for (int r = 0; r < p; ++r) {
+        if (next[r] < schedule.actions[r].size()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "simulation stalled: rank ", r, " can never start action #",
+              next[r], " (", ToString(schedule.actions[r][next[r]]),
+              ") because an input is never produced before it; "
+              "ValidateSchedule explains why"));
+        }
+      }
+    }
+  }
+
+  result.makespan = p > 0 ? *std::max_element(free_at.begin(), free_at.end())
+                          : T{0};
+  for (int r = 0; r < p; ++r) result.idle[r] = result.makespan - result.busy[r];
+  return result;
+}
+
+template struct SimulationCosts<int64_t>;
+template struct SimulationCosts<double>;
+template struct SimulationResult<int64_t>;
+template struct SimulationResult<double>;
+template absl::StatusOr<SimulationResult<int64_t>> Simulate(
+    const Schedule&, const SimulationCosts<int64_t>&);
+template absl::StatusOr<SimulationResult<double>> Simulate(
+    const Schedule&, const SimulationCosts<double>&);
+
+}  // namespace conveyor::scheduler

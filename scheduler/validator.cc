@@ -1,0 +1,448 @@
+#include "scheduler/validator.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace conveyor::scheduler {
+namespace {
+
+// A tensor crossing ranks: the activation F(stage) sends to stage+1, or the
+// gradient B/BI(stage) sends to stage-1.
+struct Message {
+  bool gradient = false;
+  int stage = 0;  // The producing stage.
+  int microbatch = 0;
+  bool operator==(const Message&) const = default;
+};
+
+std::string Describe(const Message& m) {
+  return m.gradient
+             ? absl::StrCat("gradient of stage ", m.stage, " mb ", m.microbatch,
+                            " (stage ", m.stage, " -> ", m.stage - 1, ")")
+             : absl::StrCat("activation of stage ", m.stage, " mb ",
+                            m.microbatch, " (stage ", m.stage, " -> ",
+                            m.stage + 1, ")");
+}
+
+// One send or receive, posted in the group before program position `group`.
+struct CommOp {
+  int peer = 0;
+  bool is_send = false;
+  int64_t channel = 0;  // sender * P + receiver
+  size_t seq = 0;       // Position in the channel's message sequence.
+};
+
+struct Endpoint {
+  int rank;
+  int index;  // Action that sends (after it) or receives (before it).
+};
+
+class Validator {
+ public:
+  explicit Validator(const Schedule& s)
+      : s_(s),
+        p_(s.ranks),
+        num_stages_(s.num_stages()),
+        m_(s.microbatches) {}
+
+  std::optional<ScheduleViolation> Run() {
+    if (auto v = CheckShape()) return v;
+    if (auto v = CheckActions()) return v;
+    if (auto v = CheckComplete()) return v;
+    if (auto v = CheckMessageOrder()) return v;
+    return CheckRendezvous();
+  }
+
+ private:
+  size_t Cell(int stage, int mb) const {
+    return static_cast<size_t>(stage) * m_ + mb;
+  }
+  int Rank(int stage) const { return s_.RankOfStage(stage); }
+
+  ScheduleViolation At(int rank, int index, std::string reason) const {
+    return {rank, index, s_.actions[rank][index], std::move(reason)};
+  }
+
+  std::optional<ScheduleViolation> CheckShape() const {
+    auto bad = [](std::string reason) {
+      return ScheduleViolation{-1, -1, {}, std::move(reason)};
+    };
+    if (p_ < 1) return bad(absl::StrCat("ranks must be >= 1, got ", p_));
+    if (s_.virtual_stages < 1) {
+      return bad(absl::StrCat("virtual stages must be >= 1, got ",
+                              s_.virtual_stages));
+    }
+    if (m_ < 1) return bad(absl::StrCat("microbatches must be >= 1, got ", m_));
+    if (static_cast<int>(s_.actions.size()) != p_) {
+      return bad(absl::StrCat("schedule lists ", s_.actions.size(),
+                              " ranks but declares ", p_));
+    }
+    return std::nullopt;
+  }
+
+  std::optional<ScheduleViolation> CheckActions() {
+    const size_t cells = static_cast<size_t>(num_stages_) * m_;
+    fwd_.assign(cells, 0);
+    full_.assign(cells, 0);
+    input_.assign(cells, 0);
+    weight_.assign(cells, 0);
+    for (int r = 0; r < p_; ++r) {
+      const auto& program = s_.actions[r];
+      for (int i = 0; i < static_cast<int>(program.size()); ++i) {
+        const Action& a = program[i];
+        const int st = a.stage, mb = a.microbatch;
+        if (st < 0 || st >= num_stages_) {
+          return At(r, i, absl::StrCat("stage ", st, " is out of range (0..",
+                                       num_stages_ - 1, ")"));
+        }
+        if (mb < 0 || mb >= m_) {
+          return At(r, i, absl::StrCat("microbatch ", mb,
+                                       " is out of range (0..", m_ - 1, ")"));
+        }
+        if (Rank(st) != r) {
+          return At(r, i, absl::StrCat("stage ", st, " lives on rank ",
+                                       Rank(st), ", not rank ", r));
+        }
+        const size_t c = Cell(st, mb);
+        const std::string f = ToString(Action{Op::kForward, st, mb});
+        const std::string bi = ToString(Action{Op::kBackwardInput, st, mb});
+        switch (a.op) {
+          case Op::kForward:
+            if (fwd_[c]) return At(r, i, "appears more than once");
+            if (st > 0 && Rank(st - 1) == r && !fwd_[Cell(st - 1, mb)]) {
+              return At(r, i,
+                        absl::StrCat("runs before ",
+                                     ToString(Action{Op::kForward, st - 1, mb}),
+                                     ", which produces its input"));
+            }
+            fwd_[c] = 1;
+            break;
+          case Op::kBackward:
+          case Op::kBackwardInput: {
+            unsigned char& seen = a.op == Op::kBackward ? full_[c] : input_[c];
+            if (seen) return At(r, i, "appears more than once");
+            if ((a.op == Op::kBackward && (input_[c] || weight_[c])) ||
+                (a.op == Op::kBackwardInput && full_[c])) {
+              return At(r, i,
+                        "mixes a full backward (B) with a split one (BI/BW) "
+                        "for the same stage and microbatch");
+            }
+            if (!fwd_[c]) {
+              return At(r, i, absl::StrCat("runs before its forward ", f));
+            }
+            if (st + 1 < num_stages_ && Rank(st + 1) == r &&
+                !full_[Cell(st + 1, mb)] && !input_[Cell(st + 1, mb)]) {
+              return At(r, i,
+                        absl::StrCat("runs before the backward of stage ",
+                                     st + 1, " mb ", mb,
+                                     ", which produces its output gradient"));
+            }
+            seen = 1;
+            break;
+          }
+          case Op::kBackwardWeight:
+            if (weight_[c]) return At(r, i, "appears more than once");
+            if (full_[c]) {
+              return At(r, i,
+                        "mixes a full backward (B) with a split one (BI/BW) "
+                        "for the same stage and microbatch");
+            }
+            if (!input_[c]) return At(r, i, absl::StrCat("runs before ", bi));
+            weight_[c] = 1;
+            break;
+        }
+      }
+    }
+    return std::nullopt;
+  }
+
+  std::optional<ScheduleViolation> CheckComplete() const {
+    auto missing = [](int r, Action a, const char* what) {
+      return ScheduleViolation{r, -1, a, absl::StrCat("is missing", what)};
+    };
+    for (int r = 0; r < p_; ++r) {
+      for (int st = r; st < num_stages_; st += p_) {
+        for (int mb = 0; mb < m_; ++mb) {
+          const size_t c = Cell(st, mb);
+          if (!fwd_[c]) return missing(r, {Op::kForward, st, mb}, "");
+          if (full_[c]) continue;
+          if (!input_[c] && !weight_[c]) {
+            return missing(r, {Op::kBackward, st, mb}, " (or BI and BW)");
+          }
+          if (!weight_[c]) {
+            return missing(r, {Op::kBackwardWeight, st, mb},
+                           " (its BI is present)");
+          }
+        }
+      }
+    }
+    return std::nullopt;
+  }
+
+  // The message action `a` on rank r sends after it runs, if any.
+  std::optional<std::pair<int, Message>> SendOf(const Action& a, int r) const {
+    if (a.op == Op::kForward && a.stage + 1 < num_stages_ &&
+        Rank(a.stage + 1) != r) {
+      return std::make_pair(Rank(a.stage + 1),
+                            Message{false, a.stage, a.microbatch});
+    }
+    if (ProducesInputGradient(a.op) && a.stage > 0 && Rank(a.stage - 1) != r) {
+      return std::make_pair(Rank(a.stage - 1),
+                            Message{true, a.stage, a.microbatch});
+    }
+    return std::nullopt;
+  }
+
+  // The message action `a` on rank r must receive before it runs, if any.
+  std::optional<std::pair<int, Message>> RecvOf(const Action& a, int r) const {
+    if (a.op == Op::kForward && a.stage > 0 && Rank(a.stage - 1) != r) {
+      return std::make_pair(Rank(a.stage - 1),
+                            Message{false, a.stage - 1, a.microbatch});
+    }
+    if (ProducesInputGradient(a.op) && a.stage + 1 < num_stages_ &&
+        Rank(a.stage + 1) != r) {
+      return std::make_pair(Rank(a.stage + 1),
+                            Message{true, a.stage + 1, a.microbatch});
+    }
+    return std::nullopt;
+  }
+
+  int64_t Channel(int from, int to) const {
+    return static_cast<int64_t>(from) * p_ + to;
+  }
+
+  // Builds the streams (see the header) and checks that, on every channel,
+  // the k-th tensor sent is the k-th tensor expected.
+  std::optional<ScheduleViolation> CheckMessageOrder() {
+    struct Sequences {
+      std::vector<std::pair<Message, Endpoint>> sent, expected;
+    };
+    std::unordered_map<int64_t, Sequences> channels;
+    streams_.assign(2 * p_, {});
+    recv_group_.assign(p_, {});
+    for (int r = 0; r < p_; ++r) {
+      const auto& program = s_.actions[r];
+      const int n = static_cast<int>(program.size());
+      recv_group_[r].assign(n, -1);
+      // Whether the newest group on each stream is a send still waiting for
+      // the next receive to pair with.
+      bool open[2] = {false, false};
+      for (int i = 0; i < n; ++i) {
+        if (auto recv = RecvOf(program[i], r)) {
+          const int d = recv->second.gradient ? 1 : 0;
+          auto& seq = channels[Channel(recv->first, r)].expected;
+          auto& stream = streams_[2 * r + d];
+          if (!open[d]) stream.push_back({});
+          open[d] = false;
+          stream.back().ops.push_back(
+              {recv->first, false, Channel(recv->first, r), seq.size()});
+          recv_group_[r][i] = static_cast<int>(stream.size()) - 1;
+          seq.push_back({recv->second, {r, i}});
+        }
+        if (auto send = SendOf(program[i], r)) {
+          const int d = send->second.gradient ? 1 : 0;
+          auto& seq = channels[Channel(r, send->first)].sent;
+          auto& stream = streams_[2 * r + d];
+          stream.push_back({{}, i});
+          open[d] = true;
+          stream.back().ops.push_back(
+              {send->first, true, Channel(r, send->first), seq.size()});
+          seq.push_back({send->second, {r, i}});
+        }
+      }
+    }
+    // Report the mismatch whose receiving action comes first (by rank, then
+    // position), so the answer does not depend on hash-map order.
+    std::optional<ScheduleViolation> first;
+    for (const auto& [channel, seq] : channels) {
+      const int from = static_cast<int>(channel / p_);
+      for (size_t k = 0; k < seq.expected.size(); ++k) {
+        // Completeness guarantees equal lengths; a mismatch is an ordering
+        // problem.
+        if (k < seq.sent.size() && seq.sent[k].first == seq.expected[k].first) {
+          continue;
+        }
+        const Endpoint& e = seq.expected[k].second;
+        if (first && (first->rank < e.rank ||
+                      (first->rank == e.rank && first->index < e.index))) {
+          break;
+        }
+        first = At(
+            e.rank, e.index,
+            absl::StrCat("its input is message #", k, " from rank ", from,
+                         ", expected to be the ",
+                         Describe(seq.expected[k].first), ", but rank ", from,
+                         " sends the ",
+                         k < seq.sent.size() ? Describe(seq.sent[k].first)
+                                             : std::string("nothing"),
+                         " at that position; in-order transports (NCCL) would "
+                         "deliver the wrong tensor"));
+        break;
+      }
+    }
+    return first;
+  }
+
+  int StreamOf(int rank, bool gradient) const {
+    return 2 * rank + (gradient ? 1 : 0);
+  }
+
+  std::optional<ScheduleViolation> CheckRendezvous() {
+    // posted[channel][k]: bit 1 once the k-th send is posted, bit 2 once the
+    // k-th receive is; the pair completes when both are.
+    std::unordered_map<int64_t, std::vector<unsigned char>> posted;
+    // Per stream: groups posted so far, unmatched ops in the newest one.
+    std::vector<int> posted_groups(2 * p_, 0), pending(2 * p_, 0);
+    std::vector<int> computed(p_, 0);
+    auto completed = [&](int stream) {
+      return posted_groups[stream] - (pending[stream] > 0 ? 1 : 0);
+    };
+    auto post = [&](int stream) {
+      const bool gradient = stream & 1;
+      for (const CommOp& op : streams_[stream][posted_groups[stream]].ops) {
+        auto& bits = posted[op.channel];
+        if (bits.size() <= op.seq) bits.resize(op.seq + 1, 0);
+        const unsigned char mine = op.is_send ? 1 : 2, theirs = 3 - mine;
+        bits[op.seq] |= mine;
+        if (bits[op.seq] & theirs) {
+          --pending[StreamOf(op.peer, gradient)];
+        } else {
+          ++pending[stream];
+        }
+      }
+      ++posted_groups[stream];
+    };
+    // Round-robin sweeps until nothing moves; a sweep that moves runs an
+    // action or posts a group, so this terminates.
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (int r = 0; r < p_; ++r) {
+        const int n = static_cast<int>(s_.actions[r].size());
+        for (bool moved = true; moved; progress |= moved) {
+          moved = false;
+          // A stream posts its next group once the previous one completed and
+          // the tensor it sends (if any) has been computed.
+          for (int d = 0; d < 2; ++d) {
+            const int stream = 2 * r + d;
+            const int g = posted_groups[stream];
+            if (g < static_cast<int>(streams_[stream].size()) &&
+                completed(stream) == g &&
+                computed[r] > streams_[stream][g].send_action) {
+              post(stream);
+              moved = true;
+            }
+          }
+          // An action runs once the group holding its receive completed.
+          if (computed[r] < n) {
+            const int i = computed[r];
+            const int stream =
+                StreamOf(r, s_.actions[r][i].op != Op::kForward);
+            if (recv_group_[r][i] < 0 ||
+                completed(stream) > recv_group_[r][i]) {
+              ++computed[r];
+              moved = true;
+            }
+          }
+        }
+      }
+    }
+    for (int r = 0; r < p_; ++r) {
+      const bool done =
+          computed[r] == static_cast<int>(s_.actions[r].size()) &&
+          completed(2 * r) == static_cast<int>(streams_[2 * r].size()) &&
+          completed(2 * r + 1) == static_cast<int>(streams_[2 * r + 1].size());
+      if (!done) return DescribeDeadlock(r, posted, posted_groups, computed);
+    }
+    return std::nullopt;
+  }
+
+  // Follows who-waits-for-whom from rank r until a rank repeats, so the
+  // message names the whole cycle.
+  ScheduleViolation DescribeDeadlock(
+      int r,
+      const std::unordered_map<int64_t, std::vector<unsigned char>>& posted,
+      const std::vector<int>& posted_groups,
+      const std::vector<int>& computed) const {
+    auto describe_wait = [&](int rank, int* peer) -> std::string {
+      for (int d = 0; d < 2; ++d) {
+        const int stream = 2 * rank + d;
+        if (posted_groups[stream] == 0) continue;
+        for (const CommOp& op :
+             streams_[stream][posted_groups[stream] - 1].ops) {
+          const auto it = posted.find(op.channel);
+          const unsigned char theirs = op.is_send ? 2 : 1;
+          if (it != posted.end() && op.seq < it->second.size() &&
+              (it->second[op.seq] & theirs)) {
+            continue;
+          }
+          *peer = op.peer;
+          return absl::StrCat("rank ", rank, " waits to ",
+                              op.is_send ? "send" : "receive",
+                              d == 0 ? " an activation " : " a gradient ",
+                              op.is_send ? "to" : "from", " rank ", op.peer);
+        }
+      }
+      *peer = -1;
+      return absl::StrCat("rank ", rank, " waits for a stream to drain");
+    };
+    std::vector<unsigned char> visited(p_, 0);
+    std::string chain;
+    for (int at = r; at >= 0 && !visited[at];) {
+      visited[at] = 1;
+      int peer = -1;
+      absl::StrAppend(&chain, chain.empty() ? "" : "; ",
+                      describe_wait(at, &peer));
+      at = peer;
+    }
+    const int n = static_cast<int>(s_.actions[r].size());
+    const int index = computed[r] < n ? computed[r] : n - 1;
+    return At(r, index,
+              absl::StrCat("deadlocks under rendezvous sends (a send completes "
+                           "only when the peer posts the receive): ",
+                           chain));
+  }
+
+  const Schedule& s_;
+  const int p_, num_stages_, m_;
+  std::vector<unsigned char> fwd_, full_, input_, weight_;
+  // One in-order stream per rank and direction: streams_[2r] carries
+  // activations, streams_[2r+1] gradients. A group is one send paired with
+  // the next receive on the same stream, or a lone receive.
+  struct Group {
+    std::vector<CommOp> ops;
+    int send_action = -1;  // The action whose output the group sends.
+  };
+  std::vector<std::vector<Group>> streams_;
+  // recv_group_[r][i]: the group on action i's stream that holds its receive.
+  std::vector<std::vector<int>> recv_group_;
+};
+
+}  // namespace
+
+std::string ToString(const ScheduleViolation& v) {
+  if (v.rank < 0) return v.reason;
+  if (v.index < 0) {
+    return absl::StrCat("rank ", v.rank, ": ", ToString(v.action), " ",
+                        v.reason);
+  }
+  return absl::StrCat("rank ", v.rank, ", action #", v.index, " (",
+                      ToString(v.action), "): ", v.reason);
+}
+
+std::optional<ScheduleViolation> FindViolation(const Schedule& schedule) {
+  return Validator(schedule).Run();
+}
+
+absl::Status ValidateSchedule(const Schedule& schedule) {
+  if (auto v = FindViolation(schedule)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid schedule: ", ToString(*v)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace conveyor::scheduler

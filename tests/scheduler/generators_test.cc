@@ -1,0 +1,200 @@
+#include "scheduler/generators.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "scheduler/closed_form.h"
+#include "scheduler/simulator.h"
+#include "scheduler/validator.h"
+
+namespace conveyor::scheduler {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Line(const Schedule& s, int rank) {
+  std::string out;
+  for (const Action& a : s.actions[rank]) {
+    if (!out.empty()) out += ' ';
+    out += ToString(a);
+  }
+  return out;
+}
+
+Schedule MustGenerate(ScheduleKind kind, int p, int m, int v = 1) {
+  auto s = GenerateSchedule(kind, {.ranks = p, .microbatches = m,
+                                   .virtual_stages = v});
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? *std::move(s) : Schedule{};
+}
+
+// Asserts sum(idle) / (P * makespan) == f exactly, by cross-multiplying.
+void ExpectBubbleEquals(const SimulationResult<int64_t>& r, Fraction f,
+                        const std::string& what) {
+  int64_t idle = 0;
+  for (int64_t x : r.idle) idle += x;
+  const int64_t ranks = static_cast<int64_t>(r.idle.size());
+  EXPECT_EQ(idle * f.denominator, f.numerator * ranks * r.makespan)
+      << what << ": simulated " << r.bubble_fraction() << " vs closed form "
+      << f.value();
+}
+
+// Property test: every generator, every P in 1..16, M in 1..64, V in 1..4.
+// Where a generator accepts the options, the schedule must validate and its
+// unit-cost simulation must match the closed form; where it refuses them,
+// the refusal must be InvalidArgument.
+TEST(GeneratorsPropertyTest, ValidAndMatchClosedForms) {
+  int generated = 0;
+  for (ScheduleKind kind :
+       {ScheduleKind::kGPipe, ScheduleKind::k1F1B,
+        ScheduleKind::kInterleaved1F1B, ScheduleKind::kZeroBubbleH1}) {
+    const bool split = kind == ScheduleKind::kZeroBubbleH1;
+    const auto costs = split ? SimulationCosts<int64_t>::UniformSplit(1, 1, 1)
+                             : SimulationCosts<int64_t>::Uniform(1, 2);
+    for (int p = 1; p <= 16; ++p) {
+      for (int m = 1; m <= 64; ++m) {
+        for (int v = 1; v <= 4; ++v) {
+          const std::string what =
+              std::string(ScheduleKindName(kind)) + " P=" + std::to_string(p) +
+              " M=" + std::to_string(m) + " V=" + std::to_string(v);
+          auto s = GenerateSchedule(
+              kind, {.ranks = p, .microbatches = m, .virtual_stages = v});
+          if (!s.ok()) {
+            EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument)
+                << what;
+            continue;
+          }
+          ++generated;
+          ASSERT_TRUE(ValidateSchedule(*s).ok())
+              << what << ": " << ValidateSchedule(*s);
+          EXPECT_EQ(s->TotalActions(),
+                    static_cast<size_t>(p * v * m * (split ? 3 : 2)))
+              << what;
+          auto r = Simulate(*s, costs);
+          ASSERT_TRUE(r.ok()) << what << ": " << r.status();
+          if (auto f = ClosedFormBubbleFraction(kind, p, m, v)) {
+            ExpectBubbleEquals(*r, *f, what);
+          }
+          if (kind == ScheduleKind::k1F1B) {
+            for (int rank = 0; rank < p; ++rank) {
+              EXPECT_LE(r->peak_inflight[rank], p - rank) << what;
+            }
+          }
+          if (kind == ScheduleKind::kZeroBubbleH1) {
+            auto base = Simulate(MustGenerate(ScheduleKind::k1F1B, p, m),
+                                 SimulationCosts<int64_t>::Uniform(1, 2));
+            ASSERT_TRUE(base.ok());
+            if (p > 1) {
+              EXPECT_LT(r->makespan, base->makespan) << what;
+            }
+            // Same activation stash as 1F1B: no rank holds more microbatches
+            // than 1F1B's first rank does.
+            const int stash_1f1b = base->peak_inflight[0];
+            for (int rank = 0; rank < p; ++rank) {
+              EXPECT_LE(r->peak_inflight[rank], stash_1f1b) << what;
+            }
+          }
+        }
+      }
+    }
+  }
+  // gpipe 1024 + 1f1b 1024 + interleaved (V=1: 1024, V>1 with P | M) + zb-h1.
+  EXPECT_GT(generated, 3 * 1024);
+}
+
+TEST(GeneratorsTest, InterleavedV1ReproducesJaxPPWarmup) {
+  Schedule s = MustGenerate(ScheduleKind::kInterleaved1F1B, 4, 4, 1);
+  EXPECT_EQ(Line(s, 2), "F2.0 F2.1 F2.2 B2.0 F2.3 B2.1 B2.2 B2.3");
+  EXPECT_EQ(Line(s, 3), "F3.0 B3.0 F3.1 B3.1 F3.2 B3.2 F3.3 B3.3");
+}
+
+TEST(GeneratorsTest, InterleavedV2MatchesJaxPPVectors) {
+  Schedule s = MustGenerate(ScheduleKind::kInterleaved1F1B, 4, 4, 2);
+  EXPECT_EQ(Line(s, 0),
+            "F0.0 F0.1 F0.2 F0.3 F4.0 F4.1 F4.2 F4.3 "
+            "B4.0 B4.1 B4.2 B4.3 B0.0 B0.1 B0.2 B0.3");
+  EXPECT_EQ(Line(s, 3),
+            "F3.0 F3.1 F3.2 F3.3 F7.0 B7.0 F7.1 B7.1 F7.2 B7.2 F7.3 B7.3 "
+            "B3.0 B3.1 B3.2 B3.3");
+}
+
+TEST(GeneratorsTest, OneFOneBWarmsUpWithPMinusRankMinusOneForwards) {
+  Schedule s = MustGenerate(ScheduleKind::k1F1B, 4, 4);
+  EXPECT_EQ(Line(s, 0), "F0.0 F0.1 F0.2 F0.3 B0.0 B0.1 B0.2 B0.3");
+  EXPECT_EQ(Line(s, 2), "F2.0 F2.1 B2.0 F2.2 B2.1 F2.3 B2.2 B2.3");
+  EXPECT_EQ(Line(s, 3), "F3.0 B3.0 F3.1 B3.1 F3.2 B3.2 F3.3 B3.3");
+}
+
+TEST(GeneratorsTest, GPipeRunsAllForwardsThenAllBackwards) {
+  Schedule s = MustGenerate(ScheduleKind::kGPipe, 2, 3);
+  EXPECT_EQ(Line(s, 1), "F1.0 F1.1 F1.2 B1.2 B1.1 B1.0");
+}
+
+TEST(GeneratorsTest, ZeroBubbleH1HoldsBackRankWeightGradients) {
+  Schedule s = MustGenerate(ScheduleKind::kZeroBubbleH1, 4, 8);
+  // The last rank holds back 3 BWs and spends them while draining.
+  EXPECT_EQ(Line(s, 3),
+            "F3.0 BI3.0 F3.1 BI3.1 F3.2 BI3.2 F3.3 BI3.3 BW3.0 F3.4 BI3.4 "
+            "BW3.1 F3.5 BI3.5 BW3.2 F3.6 BI3.6 BW3.3 F3.7 BI3.7 BW3.4 BW3.5 "
+            "BW3.6 BW3.7");
+  EXPECT_EQ(Line(s, 0),
+            "F0.0 F0.1 F0.2 F0.3 BI0.0 BW0.0 F0.4 BI0.1 BW0.1 F0.5 BI0.2 "
+            "BW0.2 F0.6 BI0.3 BW0.3 F0.7 BI0.4 BW0.4 BI0.5 BW0.5 BI0.6 BW0.6 "
+            "BI0.7 BW0.7");
+}
+
+TEST(GeneratorsTest, ZeroBubbleH1MatchesThePaperBubbleAtUnitCosts) {
+  // Bubble per rank (P-1)(F+BI-BW) = P-1 against 1F1B's 3(P-1).
+  auto r = Simulate(MustGenerate(ScheduleKind::kZeroBubbleH1, 4, 8),
+                    SimulationCosts<int64_t>::UniformSplit(1, 1, 1));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->makespan, 3 * 8 + 3);
+  for (int64_t idle : r->idle) EXPECT_EQ(idle, 3);
+}
+
+TEST(GeneratorsTest, RejectsOptionsWithTheFieldAndTheRule) {
+  struct Case {
+    ScheduleKind kind;
+    ScheduleOptions options;
+    const char* message;
+  };
+  const Case cases[] = {
+      {ScheduleKind::k1F1B, {.ranks = 0, .microbatches = 4}, "ranks"},
+      {ScheduleKind::k1F1B, {.ranks = 4, .microbatches = 0}, "microbatches"},
+      {ScheduleKind::kGPipe,
+       {.ranks = 4, .microbatches = 4, .virtual_stages = 0},
+       "virtual stages"},
+      {ScheduleKind::k1F1B,
+       {.ranks = 4, .microbatches = 8, .virtual_stages = 2},
+       "use interleaved-1f1b"},
+      {ScheduleKind::kZeroBubbleH1,
+       {.ranks = 4, .microbatches = 8, .virtual_stages = 2},
+       "zb-h1 runs one stage per rank"},
+      {ScheduleKind::kInterleaved1F1B,
+       {.ranks = 4, .microbatches = 6, .virtual_stages = 2},
+       "must be a multiple of ranks (P = 4)"},
+      {ScheduleKind::k1F1B,
+       {.ranks = 4096, .microbatches = 1 << 20},
+       "too large"},
+  };
+  for (const Case& c : cases) {
+    auto s = GenerateSchedule(c.kind, c.options);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.message;
+    EXPECT_THAT(s.status().message(), HasSubstr(c.message));
+  }
+}
+
+TEST(ClosedFormTest, KnownValuesAndWhereNoFormApplies) {
+  auto f = ClosedFormBubbleFraction(ScheduleKind::k1F1B, 4, 8, 1);
+  ASSERT_TRUE(f.has_value());
+  EXPECT_DOUBLE_EQ(f->value(), 3.0 / 11.0);
+  EXPECT_FALSE(
+      ClosedFormBubbleFraction(ScheduleKind::kInterleaved1F1B, 4, 6, 2));
+  EXPECT_FALSE(ClosedFormBubbleFraction(ScheduleKind::kZeroBubbleH1, 8, 4, 1));
+}
+
+}  // namespace
+}  // namespace conveyor::scheduler

@@ -1,0 +1,147 @@
+#include "scheduler/validator.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "scheduler/generators.h"
+
+namespace conveyor::scheduler {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Builds a schedule from lines like "F0.0 F0.1 B0.1 B0.0", one per rank.
+Schedule Parse(int ranks, int microbatches, std::vector<std::string> lines,
+               int virtual_stages = 1) {
+  Schedule s;
+  s.ranks = ranks;
+  s.microbatches = microbatches;
+  s.virtual_stages = virtual_stages;
+  for (const std::string& line : lines) {
+    auto& program = s.actions.emplace_back();
+    for (absl::string_view token :
+         absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+      const size_t digits = token.find_first_of("0123456789");
+      const size_t dot = token.find('.');
+      Action a;
+      a.op = *ParseOp(token.substr(0, digits));
+      a.stage = std::stoi(std::string(token.substr(digits, dot - digits)));
+      a.microbatch = std::stoi(std::string(token.substr(dot + 1)));
+      program.push_back(a);
+    }
+  }
+  return s;
+}
+
+ScheduleViolation MustViolate(const Schedule& s) {
+  auto v = FindViolation(s);
+  EXPECT_TRUE(v.has_value()) << "expected a violation";
+  return v.value_or(ScheduleViolation{});
+}
+
+TEST(ValidatorTest, AcceptsHandWritten1F1B) {
+  EXPECT_TRUE(ValidateSchedule(Parse(2, 2, {"F0.0 F0.1 B0.0 B0.1",
+                                            "F1.0 B1.0 F1.1 B1.1"}))
+                  .ok());
+}
+
+TEST(ValidatorTest, BackwardBeforeItsForwardNamesRankActionAndReason) {
+  Schedule s = Parse(2, 2, {"F0.0 F0.1 B0.0 B0.1", "B1.0 F1.0 F1.1 B1.1"});
+  ScheduleViolation v = MustViolate(s);
+  EXPECT_EQ(v.rank, 1);
+  EXPECT_EQ(v.index, 0);
+  EXPECT_EQ(ToString(v.action), "B1.0");
+  EXPECT_THAT(v.reason, HasSubstr("runs before its forward F1.0"));
+  EXPECT_THAT(ValidateSchedule(s).message(),
+              HasSubstr("rank 1, action #0 (B1.0): runs before its forward"));
+}
+
+TEST(ValidatorTest, SendReceiveCycleDeadlocksUnderRendezvous) {
+  // Rank 0 waits for B1.0's gradient before sending F0.1's activation; rank 1
+  // wants F1.1's input before running B1.0. Each waits on the other.
+  Schedule s = Parse(2, 2, {"F0.0 B0.0 F0.1 B0.1", "F1.0 F1.1 B1.0 B1.1"});
+  ScheduleViolation v = MustViolate(s);
+  EXPECT_EQ(v.rank, 0);
+  EXPECT_EQ(ToString(v.action), "B0.0");
+  EXPECT_THAT(v.reason, HasSubstr("deadlocks under rendezvous sends"));
+  EXPECT_THAT(v.reason, HasSubstr("rank 0 waits to receive a gradient from rank 1"));
+  EXPECT_THAT(v.reason, HasSubstr("rank 1 waits to receive an activation from rank 0"));
+}
+
+TEST(ValidatorTest, BlockingSendsDeadlockEvenWithoutADataCycle) {
+  // With asynchronous sends this would run; with rendezvous sends rank 0's
+  // first send waits for rank 1 to receive F0.0, while rank 1 sits in its
+  // receive of F0.1... which is fine; but here rank 1 wants mb 1 first.
+  Schedule s = Parse(2, 2, {"F0.0 F0.1 B0.0 B0.1", "F1.1 F1.0 B1.0 B1.1"});
+  ScheduleViolation v = MustViolate(s);
+  EXPECT_EQ(v.rank, 1);
+  EXPECT_THAT(v.reason, HasSubstr("in-order transports (NCCL)"));
+}
+
+TEST(ValidatorTest, ReportsDuplicatesWrongRankRangesAndMixing) {
+  EXPECT_THAT(MustViolate(Parse(1, 1, {"F0.0 F0.0 B0.0"})).reason,
+              HasSubstr("appears more than once"));
+  EXPECT_THAT(
+      MustViolate(Parse(2, 1, {"F1.0 B1.0", "F0.0 B0.0"})).reason,
+      HasSubstr("stage 1 lives on rank 1, not rank 0"));
+  EXPECT_THAT(MustViolate(Parse(1, 1, {"F0.3 B0.3"})).reason,
+              HasSubstr("microbatch 3 is out of range (0..0)"));
+  EXPECT_THAT(MustViolate(Parse(1, 1, {"F2.0 B2.0"})).reason,
+              HasSubstr("stage 2 is out of range"));
+  EXPECT_THAT(MustViolate(Parse(1, 1, {"F0.0 BI0.0 B0.0"})).reason,
+              HasSubstr("mixes a full backward"));
+  EXPECT_THAT(MustViolate(Parse(1, 1, {"F0.0 BW0.0 BI0.0"})).reason,
+              HasSubstr("runs before BI0.0"));
+}
+
+TEST(ValidatorTest, LocalOrderAcrossVirtualStagesOnOneRank) {
+  // P = 1, V = 2: both stages on rank 0; F1.0 needs F0.0 first, B0.0 needs
+  // B1.0 first.
+  EXPECT_THAT(MustViolate(Parse(1, 1, {"F1.0 F0.0 B1.0 B0.0"}, 2)).reason,
+              HasSubstr("runs before F0.0, which produces its input"));
+  EXPECT_THAT(
+      MustViolate(Parse(1, 1, {"F0.0 F1.0 B0.0 B1.0"}, 2)).reason,
+      HasSubstr("runs before the backward of stage 1 mb 0"));
+  EXPECT_TRUE(ValidateSchedule(Parse(1, 1, {"F0.0 F1.0 B1.0 B0.0"}, 2)).ok());
+}
+
+TEST(ValidatorTest, ReportsMissingActions) {
+  ScheduleViolation v = MustViolate(Parse(2, 1, {"F0.0 B0.0", "F1.0"}));
+  EXPECT_EQ(v.rank, 1);
+  EXPECT_EQ(v.index, -1);
+  EXPECT_EQ(ToString(v), "rank 1: B1.0 is missing (or BI and BW)");
+  EXPECT_THAT(MustViolate(Parse(1, 1, {"F0.0 BI0.0"})).reason,
+              HasSubstr("is missing (its BI is present)"));
+}
+
+TEST(ValidatorTest, ReportsShapeErrors) {
+  Schedule s = Parse(2, 1, {"F0.0 B0.0"});
+  EXPECT_THAT(MustViolate(s).reason,
+              HasSubstr("schedule lists 1 ranks but declares 2"));
+  s.microbatches = 0;
+  EXPECT_THAT(MustViolate(s).reason, HasSubstr("microbatches must be >= 1"));
+}
+
+TEST(ValidatorTest, ReversedGradientOrderIsCaughtBetweenNeighbours) {
+  // Rank 1 sends gradients for mb 1 then mb 0; rank 0 expects mb 0 first.
+  Schedule s = Parse(2, 2, {"F0.0 F0.1 B0.0 B0.1", "F1.0 F1.1 B1.1 B1.0"});
+  ScheduleViolation v = MustViolate(s);
+  EXPECT_EQ(v.rank, 0);
+  EXPECT_EQ(ToString(v.action), "B0.0");
+  EXPECT_THAT(v.reason, HasSubstr("sends the gradient of stage 1 mb 1"));
+}
+
+TEST(ValidatorTest, GeneratedSchedulesForTwoRanksWithVirtualStagesShareAChannel) {
+  // With P = 2 and V = 2, activations and gradients between the same two
+  // ranks share one in-order channel; the generator's order must line up.
+  auto s = GenerateSchedule(ScheduleKind::kInterleaved1F1B,
+                            {.ranks = 2, .microbatches = 4, .virtual_stages = 2});
+  ASSERT_TRUE(s.ok());
+  EXPECT_TRUE(ValidateSchedule(*s).ok()) << ValidateSchedule(*s);
+}
+
+}  // namespace
+}  // namespace conveyor::scheduler
