@@ -11,7 +11,8 @@
 namespace conveyor {
 
 absl::Status InitLogging(absl::string_view level) {
-  static constexpr std::array<std::pair<absl::string_view, spdlog::level::level_enum>, 6>
+  static constexpr std::array<
+      std::pair<absl::string_view, spdlog::level::level_enum>, 6>
       kLevels = {{{"trace", spdlog::level::trace},
                   {"debug", spdlog::level::debug},
                   {"info", spdlog::level::info},
@@ -29,8 +30,8 @@ absl::Status InitLogging(absl::string_view level) {
     spdlog::set_default_logger(std::move(logger));
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown log level '", level, "'; allowed: ", kLogLevels));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown log level '", level, "'; allowed: ", kLogLevels));
 }
 
 }  // namespace conveyor

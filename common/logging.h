@@ -8,9 +8,8 @@
 #ifndef CONVEYOR_COMMON_LOGGING_H_
 #define CONVEYOR_COMMON_LOGGING_H_
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace conveyor {
 

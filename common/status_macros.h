@@ -23,18 +23,17 @@
 
 // Evaluates `expr` (an absl::Status) once; returns it from the enclosing
 // function when it is not OK.
-#define RETURN_IF_ERROR(expr)                                      \
-  do {                                                             \
-    if (::absl::Status conveyor_status_ = (expr);                  \
-        !conveyor_status_.ok()) {                                  \
-      return conveyor_status_;                                     \
-    }                                                              \
+#define RETURN_IF_ERROR(expr)                                               \
+  do {                                                                      \
+    if (::absl::Status conveyor_status_ = (expr); !conveyor_status_.ok()) { \
+      return conveyor_status_;                                              \
+    }                                                                       \
   } while (false)
 
 // Evaluates `rexpr` (an absl::StatusOr<T>) once; on error returns its status,
 // otherwise moves the value into `lhs`, which may declare a new variable.
-#define ASSIGN_OR_RETURN(lhs, rexpr)                                         \
-  CONVEYOR_ASSIGN_OR_RETURN_IMPL_(                                           \
+#define ASSIGN_OR_RETURN(lhs, rexpr) \
+  CONVEYOR_ASSIGN_OR_RETURN_IMPL_(   \
       CONVEYOR_STATUS_CONCAT_(conveyor_statusor_, __LINE__), lhs, rexpr)
 
 #define CONVEYOR_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr) \

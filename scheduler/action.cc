@@ -19,8 +19,8 @@ absl::string_view OpName(Op op) {
 }
 
 absl::StatusOr<Op> ParseOp(absl::string_view name) {
-  for (Op op : {Op::kForward, Op::kBackward, Op::kBackwardInput,
-                Op::kBackwardWeight}) {
+  for (Op op :
+       {Op::kForward, Op::kBackward, Op::kBackwardInput, Op::kBackwardWeight}) {
     if (OpName(op) == name) return op;
   }
   return absl::InvalidArgumentError(

@@ -6,9 +6,9 @@
 
 #include <compare>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace conveyor::scheduler {
 

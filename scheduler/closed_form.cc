@@ -1,6 +1,18 @@
 #include "scheduler/closed_form.h"
 
+#include <numeric>
+
 namespace conveyor::scheduler {
+
+namespace {
+
+Fraction Reduced(int64_t numerator, int64_t denominator) {
+  const int64_t g = std::gcd(numerator, denominator);
+  return g > 1 ? Fraction{numerator / g, denominator / g}
+               : Fraction{numerator, denominator};
+}
+
+}  // namespace
 
 std::optional<Fraction> ClosedFormBubbleFraction(ScheduleKind kind, int ranks,
                                                  int microbatches,
@@ -9,18 +21,18 @@ std::optional<Fraction> ClosedFormBubbleFraction(ScheduleKind kind, int ranks,
   if (p < 1 || m < 1 || v < 1) return std::nullopt;
   switch (kind) {
     case ScheduleKind::kGPipe:
-      if (v == 1) return Fraction{p - 1, m + p - 1};
-      if (m % p == 0) return Fraction{p - 1, m * v + p - 1};
+      if (v == 1) return Reduced(p - 1, m + p - 1);
+      if (m % p == 0) return Reduced(p - 1, m * v + p - 1);
       return std::nullopt;
     case ScheduleKind::k1F1B:
       if (v != 1) return std::nullopt;
-      return Fraction{p - 1, m + p - 1};
+      return Reduced(p - 1, m + p - 1);
     case ScheduleKind::kInterleaved1F1B:
       if (v != 1 && m % p != 0) return std::nullopt;
-      return Fraction{p - 1, m * v + p - 1};
+      return Reduced(p - 1, m * v + p - 1);
     case ScheduleKind::kZeroBubbleH1:
       if (v != 1 || m < p) return std::nullopt;
-      return Fraction{p - 1, 3 * m + p - 1};
+      return Reduced(p - 1, 3 * m + p - 1);
   }
   return std::nullopt;
 }

@@ -25,16 +25,16 @@ absl::Status CheckOptions(ScheduleKind kind, const ScheduleOptions& o) {
         absl::StrCat("virtual stages (V) must be in 1..", kMaxVirtualStages,
                      ", got ", o.virtual_stages));
   }
-  const bool takes_virtual = kind == ScheduleKind::kGPipe ||
-                             kind == ScheduleKind::kInterleaved1F1B;
+  const bool takes_virtual =
+      kind == ScheduleKind::kGPipe || kind == ScheduleKind::kInterleaved1F1B;
   if (o.virtual_stages > 1 && !takes_virtual) {
     return absl::InvalidArgumentError(absl::StrCat(
         name, " runs one stage per rank (V = 1), got V = ", o.virtual_stages,
         "; use interleaved-1f1b or gpipe for virtual stages"));
   }
   const int per_step = kind == ScheduleKind::kZeroBubbleH1 ? 3 : 2;
-  const long long actions = static_cast<long long>(o.ranks) *
-                            o.virtual_stages * o.microbatches * per_step;
+  const long long actions = static_cast<long long>(o.ranks) * o.virtual_stages *
+                            o.microbatches * per_step;
   if (actions > kMaxScheduleActions) {
     return absl::InvalidArgumentError(
         absl::StrCat("P*V*M = ", actions / per_step,

@@ -2,10 +2,10 @@
 // (Megatron-style, V >= 1) and zb-h1 (zero-bubble H1, Qi et al. 2023).
 //
 // Every generator accepts any M >= 1 it can serve without risking a hang;
-// where a schedule needs more (interleaved-1f1b with V > 1 needs M % P == 0)
-// it returns InvalidArgument naming the constraint instead. The output of
-// every generator passes ValidateSchedule (property-tested over P in 1..16,
-// M in 1..64, V in 1..4). Pure functions; thread-safe.
+// where a schedule needs more (gpipe and interleaved-1f1b with V > 1 need
+// M % P == 0) it returns InvalidArgument naming the constraint instead. The
+// output of every generator passes ValidateSchedule (property-tested over P
+// in 1..16, M in 1..64, V in 1..4). Pure functions; thread-safe.
 #ifndef CONVEYOR_SCHEDULER_GENERATORS_H_
 #define CONVEYOR_SCHEDULER_GENERATORS_H_
 

@@ -27,16 +27,20 @@ void Check(bool ok, const char* what,
   std::abort();
 }
 
-// Shortest text that reads back as the same double, so a reported memory
-// bound can be pasted into a config as is (StrCat keeps only 6 digits).
+// Text that reads back as the same double, so a reported memory bound can be
+// pasted into a config as is (StrCat keeps only 6 digits). Whole numbers below
+// 1e18 (byte counts) print in full rather than as 1e+09.
 std::string Num(double value) {
   char buf[32];
-  const auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), value);
+  const bool whole = std::abs(value) < 1e18 && value == std::trunc(value);
+  const auto [end, ec] = whole ? std::to_chars(buf, buf + sizeof(buf), value,
+                                               std::chars_format::fixed)
+                               : std::to_chars(buf, buf + sizeof(buf), value);
   Check(ec == std::errc(), "32 bytes hold any double");
   return std::string(buf, end);
 }
 
-absl::Status CheckValues(std::string_view field,
+absl::Status CheckValues(absl::string_view field,
                          const std::vector<double>& values) {
   for (size_t i = 0; i < values.size(); ++i) {
     if (!std::isfinite(values[i]) || values[i] < 0) {
@@ -60,9 +64,9 @@ std::vector<long double> PrefixSums(const std::vector<double>& values) {
 
 absl::Status CheckInput(const PartitionInput& in) {
   if (in.num_stages < 1 || in.num_stages > kMaxPartitionStages) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_stages must be in 1..", kMaxPartitionStages,
-                     ", got ", in.num_stages));
+    return absl::InvalidArgumentError(absl::StrCat("num_stages must be in 1..",
+                                                   kMaxPartitionStages,
+                                                   ", got ", in.num_stages));
   }
   if (in.costs.empty()) {
     return absl::InvalidArgumentError(
@@ -75,15 +79,16 @@ absl::Status CheckInput(const PartitionInput& in) {
   }
   const int layers = static_cast<int>(in.costs.size());
   if (in.num_stages > layers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_stages (", in.num_stages, ") must not exceed the number of layers (",
-        layers, "): every stage needs at least one layer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_stages (", in.num_stages,
+                     ") must not exceed the number of layers (", layers,
+                     "): every stage needs at least one layer"));
   }
   RETURN_IF_ERROR(CheckValues("costs", in.costs));
   if (!in.memory.empty() && in.memory.size() != in.costs.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "memory must be empty or have one entry per layer (", layers,
-        "), got ", in.memory.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory must be empty or have one entry per layer (",
+                     layers, "), got ", in.memory.size()));
   }
   RETURN_IF_ERROR(CheckValues("memory", in.memory));
   if (in.memory_cap.has_value()) {
@@ -93,9 +98,8 @@ absl::Status CheckInput(const PartitionInput& in) {
           "memory");
     }
     if (!std::isfinite(*in.memory_cap) || *in.memory_cap < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("memory_cap must be finite and >= 0, got ",
-                       Num(*in.memory_cap)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "memory_cap must be finite and >= 0, got ", Num(*in.memory_cap)));
     }
   }
   return absl::OkStatus();
@@ -200,7 +204,8 @@ std::vector<int> MostEvenSplit(const Segments& seg, int stages,
   constexpr long double kInf = std::numeric_limits<long double>::infinity();
 
   // far[i]: the longest stage starting at i; min_stages[i]: the fewest stages
-  // covering [i, L). Both are monotone in i.
+  // covering [i, L); reach[k]: the farthest k stages from layer 0 get. All
+  // are monotone.
   std::vector<int> far(layers);
   for (int i = 0, j = 0; i < layers; ++i) {
     j = std::max(j, i);
@@ -211,20 +216,18 @@ std::vector<int> MostEvenSplit(const Segments& seg, int stages,
   for (int i = layers - 1; i >= 0; --i) {
     min_stages[i] = far[i] == i ? stages + 1 : 1 + min_stages[far[i]];
   }
-  // first_row[r]: the smallest i whose suffix takes r stages.
-  auto first_row = [&](int r) {
-    int i = 0;
-    while (min_stages[i] > r) ++i;
-    return i;
-  };
+  std::vector<int> reach(stages + 1, 0);
+  for (int k = 0; k < stages; ++k) {
+    reach[k + 1] = reach[k] == layers ? layers : far[reach[k]];
+  }
 
   // Squares of costs scaled by a power of two (exact) into [0, 1), so sums of
   // up to S of them cannot overflow even where long double is double.
   int exponent = 0;
   std::frexp(cost_limit, &exponent);
+  const long double scale = std::ldexp(1.0L, -exponent);
   auto sq = [&](int i, int j) {
-    const long double x = std::ldexp(
-        static_cast<long double>(seg.Cost(i, j)), -exponent);
+    const long double x = seg.Cost(i, j) * scale;
     return x * x;
   };
 
@@ -232,13 +235,18 @@ std::vector<int> MostEvenSplit(const Segments& seg, int stages,
   prev[layers] = 0;
   // choice[(r - 1) * (L + 1) + i]: where the first of r stages from i ends.
   std::vector<int> choice(static_cast<size_t>(stages) * (layers + 1), -1);
-  int prev_first = layers;  // first_row(0)
+  int first_row = layers;  // the smallest i whose suffix takes r stages
+  int prev_row_lo = layers;
   for (int r = 1; r <= stages; ++r) {
-    // Row i starts stage S - r, so S - r earlier stages need i >= S - r; only
-    // row 0 matters for the full split.
-    const int row_lo = std::max(first_row(r), stages - r);
-    const int row_hi = r == stages ? 0 : layers - r;
-    auto col_lo = [&](int i) { return std::max(i + 1, prev_first); };
+    while (first_row > 0 && min_stages[first_row - 1] <= r) --first_row;
+    // Row i is where stage S - r starts, so only rows some full split passes
+    // through matter: the S - r stages before i need S - r <= i <= reach,
+    // and the r stages from i need first_row <= i <= L - r. At r = S that
+    // leaves row 0 alone.
+    const int row_lo = std::max(first_row, stages - r);
+    const int row_hi = std::min(layers - r, reach[stages - r]);
+    // Within the rows solved for r - 1 (far[i] <= reach[S - r + 1]).
+    auto col_lo = [&](int i) { return std::max(i + 1, prev_row_lo); };
     auto col_hi = [&](int i) { return std::min(far[i], layers - r + 1); };
     int* row_choice = &choice[static_cast<size_t>(r - 1) * (layers + 1)];
     std::fill(cur.begin(), cur.end(), kInf);
@@ -269,9 +277,10 @@ std::vector<int> MostEvenSplit(const Segments& seg, int stages,
       self(self, a, mid - 1, ca, best_j);
       self(self, mid + 1, b, best_j, cb);
     };
+    Check(row_lo <= row_hi, "some split passes through every stage");
     solve(solve, row_lo, row_hi, 0, layers);
     std::swap(prev, cur);
-    prev_first = row_lo;
+    prev_row_lo = row_lo;
   }
 
   std::vector<int> stage_begin;
@@ -309,14 +318,14 @@ Partition MakePartition(const Segments& seg, const PartitionInput& in,
     p.stage_cost.push_back(seg.Cost(begin, end));
     if (!in.memory.empty()) p.stage_memory.push_back(seg.Memory(begin, end));
   }
-  p.max_stage_cost = *std::max_element(p.stage_cost.begin(),
-                                       p.stage_cost.end());
+  p.max_stage_cost =
+      *std::max_element(p.stage_cost.begin(), p.stage_cost.end());
   return p;
 }
 
 }  // namespace
 
-std::string_view PartitionStrategyName(PartitionStrategy strategy) {
+absl::string_view PartitionStrategyName(PartitionStrategy strategy) {
   switch (strategy) {
     case PartitionStrategy::kBalanced:
       return "balanced";
@@ -329,7 +338,7 @@ std::string_view PartitionStrategyName(PartitionStrategy strategy) {
 }
 
 absl::StatusOr<PartitionStrategy> ParsePartitionStrategy(
-    std::string_view name) {
+    absl::string_view name) {
   for (PartitionStrategy strategy :
        {PartitionStrategy::kBalanced, PartitionStrategy::kUniform,
         PartitionStrategy::kParameters}) {
@@ -345,9 +354,9 @@ int Partition::StageEnd(int stage) const {
 }
 
 int Partition::StageOfLayer(int layer) const {
-  return static_cast<int>(std::upper_bound(stage_begin.begin(),
-                                           stage_begin.end(), layer) -
-                          stage_begin.begin()) -
+  return static_cast<int>(
+             std::upper_bound(stage_begin.begin(), stage_begin.end(), layer) -
+             stage_begin.begin()) -
          1;
 }
 

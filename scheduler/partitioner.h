@@ -16,10 +16,10 @@
 #define CONVEYOR_SCHEDULER_PARTITIONER_H_
 
 #include <optional>
-#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace conveyor::scheduler {
 
@@ -35,27 +35,32 @@ enum class PartitionStrategy : unsigned char {
 };
 
 // The names used in job YAML and on the command line, comma-separated.
-inline constexpr std::string_view kPartitionStrategyNames =
+inline constexpr absl::string_view kPartitionStrategyNames =
     "balanced, uniform, parameters";
 
 // "balanced", "uniform", "parameters".
-std::string_view PartitionStrategyName(PartitionStrategy strategy);
+absl::string_view PartitionStrategyName(PartitionStrategy strategy);
 
 // Inverse of PartitionStrategyName. InvalidArgument lists the allowed names.
-absl::StatusOr<PartitionStrategy> ParsePartitionStrategy(std::string_view name);
+absl::StatusOr<PartitionStrategy> ParsePartitionStrategy(
+    absl::string_view name);
 
+// Every field has an initializer so callers can name only the fields they set
+// (`{.costs = c, .num_stages = 4}`) without -Wmissing-field-initializers.
 struct PartitionInput {
   // One entry per layer, finite and >= 0; its size is the layer count L.
   // What the split balances: seconds for kBalanced, parameter counts for
   // kParameters; kUniform only sums it per stage for the report. A stage's
-  // cost is the difference of long double prefix sums rounded to double, so
-  // integer-valued costs (total below 2^64 on x86-64) sum exactly.
-  std::vector<double> costs;
+  // cost is the difference of long double prefix sums rounded to double: with
+  // integer-valued costs it is exact whenever the stage sum is below 2^53 and
+  // the total below 2^64 (x86-64's long double), even where double prefix
+  // sums would have lost the low bits.
+  std::vector<double> costs = {};
   // Empty, or one entry per layer (bytes), finite and >= 0.
-  std::vector<double> memory;
+  std::vector<double> memory = {};
   // When set, every stage's summed memory must be <= *memory_cap (finite,
   // >= 0). Needs `memory`.
-  std::optional<double> memory_cap;
+  std::optional<double> memory_cap = std::nullopt;
   int num_stages = 1;  // S, in 1..min(L, kMaxPartitionStages)
 };
 

@@ -31,9 +31,12 @@ std::string Describe(const json& value) {
     return value.type_name();
   }
   constexpr size_t kMaxShown = 40;
-  std::string shown = value.dump();
-  if (shown.size() > kMaxShown)
+  // Replace, not throw, on invalid UTF-8: the message must still come out.
+  std::string shown =
+      value.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (shown.size() > kMaxShown) {
     shown = absl::StrCat(shown.substr(0, kMaxShown), "...");
+  }
   return absl::StrCat(value.type_name(), " ", shown);
 }
 

@@ -4,8 +4,11 @@
 #include <array>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
+#include <set>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -20,6 +23,7 @@ constexpr int kAxisHeight = 34;   // Axis line, ticks and their labels.
 constexpr int kLegendRowHeight = 20;
 constexpr double kRankCharWidth = 7.0;    // 12 px sans-serif, generous.
 constexpr double kLegendCharWidth = 6.2;  // 11 px sans-serif.
+constexpr double kTitleCharWidth = 8.5;   // 14 px bold sans-serif.
 constexpr double kDigitWidth = 0.62;  // Digit advance / font size, generous.
 constexpr int kMinLabelFont = 7;      // Smaller numbers are unreadable.
 constexpr int kMaxLabelFont = 12;
@@ -194,12 +198,32 @@ std::string RenderSvg(const Schedule& schedule,
   const int box_height = row_height - 2 * gap;
   const int label_font = std::min(box_height - 4, kMaxLabelFont);
   const int axis_y = plot_top + ranks * row_height + 2;
-  const double total_width = x0 + width + 2 * kMargin;
 
-  // Which ops appear, to keep the legend and the style sheet to what is used.
+  // Title line.
+  std::string title;
+  if (!options.title.empty()) absl::StrAppend(&title, options.title, ": ");
+  const double bubble = result.bubble_fraction();
+  // Commas, not runs of spaces: SVG collapses whitespace in text.
+  absl::StrAppend(&title, ScheduleKindName(schedule.kind),
+                  ", P=", schedule.ranks, " V=", schedule.virtual_stages,
+                  " M=", schedule.microbatches, ", makespan ",
+                  TimeText(result.makespan), ", bubble ",
+                  std::isfinite(bubble) ? absl::StrCat(Num(bubble * 100), "%")
+                                        : std::string("n/a"));
+  // Wide enough for the title too, so a narrow timeline does not clip it.
+  const double total_width =
+      std::max(x0 + width + 2 * kMargin,
+               2 * kMargin + std::ceil(title.size() * kTitleCharWidth));
+
+  // Which ops and chunks appear: the style sheet defines only the classes in
+  // use (V comes from the caller and may be large), the legend only the ops.
+  std::set<std::pair<Op, int>> used_classes;
   std::array<bool, kOps.size()> used{};
   for (const auto& program : schedule.actions) {
-    for (const Action& a : program) used[static_cast<size_t>(a.op)] = true;
+    for (const Action& a : program) {
+      used_classes.emplace(a.op, ChunkOf(schedule, a));
+      used[static_cast<size_t>(a.op)] = true;
+    }
   }
 
   // Legend layout, wrapped to the drawing width.
@@ -268,28 +292,14 @@ std::string RenderSvg(const Schedule& schedule,
                   "px;text-anchor:middle}\n", ".mb.dark{fill:#fff}\n",
                   ".tick{font-size:11px;text-anchor:middle}\n",
                   ".legend{font-size:11px}\n");
-  for (Op op : kOps) {
-    if (!used[static_cast<size_t>(op)]) continue;
-    for (int c = 0; c < chunks; ++c) {
-      absl::StrAppend(&out, ".", ClassName(op, c),
-                      "{fill:", Hex(ChunkColour(op, c, chunks)), "}\n");
-    }
+  for (const auto& [op, chunk] : used_classes) {
+    absl::StrAppend(&out, ".", ClassName(op, chunk),
+                    "{fill:", Hex(ChunkColour(op, chunk, chunks)), "}\n");
   }
   absl::StrAppend(&out, "</style>\n");
   absl::StrAppend(&out,
                   "<rect width=\"100%\" height=\"100%\" fill=\"#fff\"/>\n");
 
-  // Title line.
-  std::string title;
-  if (!options.title.empty()) absl::StrAppend(&title, options.title, ": ");
-  const double bubble = result.bubble_fraction();
-  // Commas, not runs of spaces: SVG collapses whitespace in text.
-  absl::StrAppend(&title, ScheduleKindName(schedule.kind),
-                  ", P=", schedule.ranks, " V=", schedule.virtual_stages,
-                  " M=", schedule.microbatches, ", makespan ",
-                  TimeText(result.makespan), ", bubble ",
-                  std::isfinite(bubble) ? absl::StrCat(Num(bubble * 100), "%")
-                                        : std::string("n/a"));
   absl::StrAppend(&out, "<text class=\"title\" x=\"", kMargin, "\" y=\"22\">",
                   Escape(title), "</text>\n");
 
@@ -365,10 +375,16 @@ std::string RenderSvg(const Schedule& schedule,
     double x = item.x;
     for (int s = 0; s < swatches; ++s) {
       // Spread the shown shades over all chunks when V > 8.
-      const int chunk = swatches > 1 ? s * (chunks - 1) / (swatches - 1) : 0;
-      absl::StrAppend(&out, "<rect class=\"", ClassName(item.op, chunk),
-                      "\" x=\"", Num(x), "\" y=\"", legend_y(item.row),
-                      "\" width=\"", Num(swatch_width), "\" height=\"12\"/>\n");
+      const int chunk =
+          swatches > 1
+              ? static_cast<int>(int64_t{s} * (chunks - 1) / (swatches - 1))
+              : 0;
+      // An inline fill, not a class: the chunk may be unused, and only
+      // action boxes carry classes (tests count them by it).
+      absl::StrAppend(&out, "<rect fill=\"",
+                      Hex(ChunkColour(item.op, chunk, chunks)), "\" x=\"",
+                      Num(x), "\" y=\"", legend_y(item.row), "\" width=\"",
+                      Num(swatch_width), "\" height=\"12\"/>\n");
       x += swatch_width;
     }
     absl::StrAppend(

@@ -5,10 +5,10 @@
 #ifndef CONVEYOR_SCHEDULER_SCHEDULE_H_
 #define CONVEYOR_SCHEDULER_SCHEDULE_H_
 
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "scheduler/action.h"
 
 namespace conveyor::scheduler {

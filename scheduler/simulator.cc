@@ -101,9 +101,9 @@ absl::StatusOr<SimulationResult<T>> Simulate(const Schedule& schedule,
                                   "backward_input", has_split_backward));
   RETURN_IF_ERROR(CheckCostVector(costs.backward_weight, num_stages,
                                   "backward_weight", has_split_backward));
-  const bool backward_from_split =
-      costs.backward.empty() && !costs.backward_input.empty() &&
-      !costs.backward_weight.empty();
+  const bool backward_from_split = costs.backward.empty() &&
+                                   !costs.backward_input.empty() &&
+                                   !costs.backward_weight.empty();
   RETURN_IF_ERROR(CheckCostVector(costs.backward, num_stages, "backward",
                                   has_full_backward && !backward_from_split));
   RETURN_IF_ERROR(CheckCostVector(costs.activation_bytes,
@@ -176,10 +176,10 @@ absl::StatusOr<SimulationResult<T>> Simulate(const Schedule& schedule,
       case Op::kForward:
         if (s == 0) return true;
         if (!forward_done[cell(s - 1, j)]) return false;
-        *t = std::max(*t, forward_end[cell(s - 1, j)] +
-                              (schedule.RankOfStage(s - 1) == rank
-                                   ? T{0}
-                                   : transfer[s - 1]));
+        *t = std::max(
+            *t,
+            forward_end[cell(s - 1, j)] +
+                (schedule.RankOfStage(s - 1) == rank ? T{0} : transfer[s - 1]));
         return true;
       case Op::kBackward:
       case Op::kBackwardInput:
@@ -187,10 +187,9 @@ absl::StatusOr<SimulationResult<T>> Simulate(const Schedule& schedule,
         *t = std::max(*t, forward_end[cell(s, j)]);
         if (s + 1 == num_stages) return true;
         if (!grad_done[cell(s + 1, j)]) return false;
-        *t = std::max(*t, grad_end[cell(s + 1, j)] +
-                              (schedule.RankOfStage(s + 1) == rank
-                                   ? T{0}
-                                   : transfer[s]));
+        *t = std::max(
+            *t, grad_end[cell(s + 1, j)] +
+                    (schedule.RankOfStage(s + 1) == rank ? T{0} : transfer[s]));
         return true;
       case Op::kBackwardWeight:
         if (!input_grad_done[cell(s, j)]) return false;
@@ -257,8 +256,8 @@ absl::StatusOr<SimulationResult<T>> Simulate(const Schedule& schedule,
     }
   }
 
-  result.makespan = p > 0 ? *std::max_element(free_at.begin(), free_at.end())
-                          : T{0};
+  result.makespan =
+      p > 0 ? *std::max_element(free_at.begin(), free_at.end()) : T{0};
   for (int r = 0; r < p; ++r) result.idle[r] = result.makespan - result.busy[r];
   return result;
 }

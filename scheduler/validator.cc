@@ -1,8 +1,9 @@
 #include "scheduler/validator.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
-#include <unordered_map>
+#include <span>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -31,9 +32,9 @@ std::string Describe(const Message& m) {
 // One send or receive, posted in the group before program position `group`.
 struct CommOp {
   int peer = 0;
+  int channel = 0;  // See Validator::Channel.
+  int seq = 0;      // Position in the channel's message sequence.
   bool is_send = false;
-  int64_t channel = 0;  // sender * P + receiver
-  size_t seq = 0;       // Position in the channel's message sequence.
 };
 
 struct Endpoint {
@@ -44,10 +45,7 @@ struct Endpoint {
 class Validator {
  public:
   explicit Validator(const Schedule& s)
-      : s_(s),
-        p_(s.ranks),
-        num_stages_(s.num_stages()),
-        m_(s.microbatches) {}
+      : s_(s), p_(s.ranks), num_stages_(s.num_stages()), m_(s.microbatches) {}
 
   std::optional<ScheduleViolation> Run() {
     if (auto v = CheckShape()) return v;
@@ -73,8 +71,8 @@ class Validator {
     };
     if (p_ < 1) return bad(absl::StrCat("ranks must be >= 1, got ", p_));
     if (s_.virtual_stages < 1) {
-      return bad(absl::StrCat("virtual stages must be >= 1, got ",
-                              s_.virtual_stages));
+      return bad(
+          absl::StrCat("virtual stages must be >= 1, got ", s_.virtual_stages));
     }
     if (m_ < 1) return bad(absl::StrCat("microbatches must be >= 1, got ", m_));
     if (static_cast<int>(s_.actions.size()) != p_) {
@@ -96,20 +94,21 @@ class Validator {
         const Action& a = program[i];
         const int st = a.stage, mb = a.microbatch;
         if (st < 0 || st >= num_stages_) {
-          return At(r, i, absl::StrCat("stage ", st, " is out of range (0..",
-                                       num_stages_ - 1, ")"));
+          return At(r, i,
+                    absl::StrCat("stage ", st, " is out of range (0..",
+                                 num_stages_ - 1, ")"));
         }
         if (mb < 0 || mb >= m_) {
-          return At(r, i, absl::StrCat("microbatch ", mb,
-                                       " is out of range (0..", m_ - 1, ")"));
+          return At(r, i,
+                    absl::StrCat("microbatch ", mb, " is out of range (0..",
+                                 m_ - 1, ")"));
         }
         if (Rank(st) != r) {
-          return At(r, i, absl::StrCat("stage ", st, " lives on rank ",
-                                       Rank(st), ", not rank ", r));
+          return At(r, i,
+                    absl::StrCat("stage ", st, " lives on rank ", Rank(st),
+                                 ", not rank ", r));
         }
         const size_t c = Cell(st, mb);
-        const std::string f = ToString(Action{Op::kForward, st, mb});
-        const std::string bi = ToString(Action{Op::kBackwardInput, st, mb});
         switch (a.op) {
           case Op::kForward:
             if (fwd_[c]) return At(r, i, "appears more than once");
@@ -132,7 +131,9 @@ class Validator {
                         "for the same stage and microbatch");
             }
             if (!fwd_[c]) {
-              return At(r, i, absl::StrCat("runs before its forward ", f));
+              return At(r, i,
+                        absl::StrCat("runs before its forward ",
+                                     ToString(Action{Op::kForward, st, mb})));
             }
             if (st + 1 < num_stages_ && Rank(st + 1) == r &&
                 !full_[Cell(st + 1, mb)] && !input_[Cell(st + 1, mb)]) {
@@ -151,7 +152,12 @@ class Validator {
                         "mixes a full backward (B) with a split one (BI/BW) "
                         "for the same stage and microbatch");
             }
-            if (!input_[c]) return At(r, i, absl::StrCat("runs before ", bi));
+            if (!input_[c]) {
+              return At(
+                  r, i,
+                  absl::StrCat("runs before ",
+                               ToString(Action{Op::kBackwardInput, st, mb})));
+            }
             weight_[c] = 1;
             break;
         }
@@ -211,8 +217,12 @@ class Validator {
     return std::nullopt;
   }
 
-  int64_t Channel(int from, int to) const {
-    return static_cast<int64_t>(from) * p_ + to;
+  // Ranks only talk to their ring neighbours, so channels are numbered
+  // densely: sender * 2 + (0 for rank+1, 1 for rank-1). With P = 2 both
+  // neighbours are the same rank and share channel 0, as they share one
+  // in-order connection.
+  int Channel(int from, int to) const {
+    return 2 * from + (to == (from + 1) % p_ ? 0 : 1);
   }
 
   // Builds the streams (see the header) and checks that, on every channel,
@@ -221,13 +231,15 @@ class Validator {
     struct Sequences {
       std::vector<std::pair<Message, Endpoint>> sent, expected;
     };
-    std::unordered_map<int64_t, Sequences> channels;
+    std::vector<Sequences> channels(2 * p_);
     streams_.assign(2 * p_, {});
     recv_group_.assign(p_, {});
     for (int r = 0; r < p_; ++r) {
       const auto& program = s_.actions[r];
       const int n = static_cast<int>(program.size());
       recv_group_[r].assign(n, -1);
+      streams_[2 * r].reserve(n);
+      streams_[2 * r + 1].reserve(n);
       // Whether the newest group on each stream is a send still waiting for
       // the next receive to pair with.
       bool open[2] = {false, false};
@@ -238,8 +250,8 @@ class Validator {
           auto& stream = streams_[2 * r + d];
           if (!open[d]) stream.push_back({});
           open[d] = false;
-          stream.back().ops.push_back(
-              {recv->first, false, Channel(recv->first, r), seq.size()});
+          stream.back().Add({recv->first, Channel(recv->first, r),
+                             static_cast<int>(seq.size()), false});
           recv_group_[r][i] = static_cast<int>(stream.size()) - 1;
           seq.push_back({recv->second, {r, i}});
         }
@@ -247,10 +259,11 @@ class Validator {
           const int d = send->second.gradient ? 1 : 0;
           auto& seq = channels[Channel(r, send->first)].sent;
           auto& stream = streams_[2 * r + d];
-          stream.push_back({{}, i});
+          stream.push_back({});
+          stream.back().send_action = i;
           open[d] = true;
-          stream.back().ops.push_back(
-              {send->first, true, Channel(r, send->first), seq.size()});
+          stream.back().Add({send->first, Channel(r, send->first),
+                             static_cast<int>(seq.size()), true});
           seq.push_back({send->second, {r, i}});
         }
       }
@@ -258,8 +271,9 @@ class Validator {
     // Report the mismatch whose receiving action comes first (by rank, then
     // position), so the answer does not depend on hash-map order.
     std::optional<ScheduleViolation> first;
-    for (const auto& [channel, seq] : channels) {
-      const int from = static_cast<int>(channel / p_);
+    for (int channel = 0; channel < 2 * p_; ++channel) {
+      const Sequences& seq = channels[channel];
+      const int from = channel / 2;
       for (size_t k = 0; k < seq.expected.size(); ++k) {
         // Completeness guarantees equal lengths; a mismatch is an ordering
         // problem.
@@ -271,16 +285,15 @@ class Validator {
                       (first->rank == e.rank && first->index < e.index))) {
           break;
         }
-        first = At(
-            e.rank, e.index,
-            absl::StrCat("its input is message #", k, " from rank ", from,
-                         ", expected to be the ",
-                         Describe(seq.expected[k].first), ", but rank ", from,
-                         " sends the ",
-                         k < seq.sent.size() ? Describe(seq.sent[k].first)
-                                             : std::string("nothing"),
-                         " at that position; in-order transports (NCCL) would "
-                         "deliver the wrong tensor"));
+        first = At(e.rank, e.index,
+                   absl::StrCat(
+                       "its input is message #", k, " from rank ", from,
+                       ", expected to be the ", Describe(seq.expected[k].first),
+                       ", but rank ", from, " sends the ",
+                       k < seq.sent.size() ? Describe(seq.sent[k].first)
+                                           : std::string("nothing"),
+                       " at that position; in-order transports (NCCL) would "
+                       "deliver the wrong tensor"));
         break;
       }
     }
@@ -294,7 +307,7 @@ class Validator {
   std::optional<ScheduleViolation> CheckRendezvous() {
     // posted[channel][k]: bit 1 once the k-th send is posted, bit 2 once the
     // k-th receive is; the pair completes when both are.
-    std::unordered_map<int64_t, std::vector<unsigned char>> posted;
+    std::vector<std::vector<unsigned char>> posted(2 * p_);
     // Per stream: groups posted so far, unmatched ops in the newest one.
     std::vector<int> posted_groups(2 * p_, 0), pending(2 * p_, 0);
     std::vector<int> computed(p_, 0);
@@ -303,49 +316,53 @@ class Validator {
     };
     auto post = [&](int stream) {
       const bool gradient = stream & 1;
-      for (const CommOp& op : streams_[stream][posted_groups[stream]].ops) {
+      for (const CommOp& op : streams_[stream][posted_groups[stream]].ops()) {
         auto& bits = posted[op.channel];
-        if (bits.size() <= op.seq) bits.resize(op.seq + 1, 0);
+        if (bits.size() <= static_cast<size_t>(op.seq))
+          bits.resize(op.seq + 1, 0);
         const unsigned char mine = op.is_send ? 1 : 2, theirs = 3 - mine;
         bits[op.seq] |= mine;
         if (bits[op.seq] & theirs) {
-          --pending[StreamOf(op.peer, gradient)];
+          if (--pending[StreamOf(op.peer, gradient)] == 0) {
+            unblocked_->push_back(op.peer);
+          }
         } else {
           ++pending[stream];
         }
       }
       ++posted_groups[stream];
     };
-    // Round-robin sweeps until nothing moves; a sweep that moves runs an
-    // action or posts a group, so this terminates.
-    for (bool progress = true; progress;) {
-      progress = false;
-      for (int r = 0; r < p_; ++r) {
-        const int n = static_cast<int>(s_.actions[r].size());
-        for (bool moved = true; moved; progress |= moved) {
-          moved = false;
-          // A stream posts its next group once the previous one completed and
-          // the tensor it sends (if any) has been computed.
-          for (int d = 0; d < 2; ++d) {
-            const int stream = 2 * r + d;
-            const int g = posted_groups[stream];
-            if (g < static_cast<int>(streams_[stream].size()) &&
-                completed(stream) == g &&
-                computed[r] > streams_[stream][g].send_action) {
-              post(stream);
-              moved = true;
-            }
+    // A rank can only be unblocked by its own progress or by a peer matching
+    // one of its posted ops, so a worklist of such ranks is exact: every
+    // entry runs its rank as far as it goes.
+    std::vector<int> work(p_);
+    for (int r = 0; r < p_; ++r) work[r] = p_ - 1 - r;
+    unblocked_ = &work;
+    while (!work.empty()) {
+      const int r = work.back();
+      work.pop_back();
+      const int n = static_cast<int>(s_.actions[r].size());
+      for (bool moved = true; moved;) {
+        moved = false;
+        // A stream posts its next group once the previous one completed and
+        // the tensor it sends (if any) has been computed.
+        for (int d = 0; d < 2; ++d) {
+          const int stream = 2 * r + d;
+          const int g = posted_groups[stream];
+          if (g < static_cast<int>(streams_[stream].size()) &&
+              completed(stream) == g &&
+              computed[r] > streams_[stream][g].send_action) {
+            post(stream);
+            moved = true;
           }
-          // An action runs once the group holding its receive completed.
-          if (computed[r] < n) {
-            const int i = computed[r];
-            const int stream =
-                StreamOf(r, s_.actions[r][i].op != Op::kForward);
-            if (recv_group_[r][i] < 0 ||
-                completed(stream) > recv_group_[r][i]) {
-              ++computed[r];
-              moved = true;
-            }
+        }
+        // An action runs once the group holding its receive completed.
+        if (computed[r] < n) {
+          const int i = computed[r];
+          const int stream = StreamOf(r, s_.actions[r][i].op != Op::kForward);
+          if (recv_group_[r][i] < 0 || completed(stream) > recv_group_[r][i]) {
+            ++computed[r];
+            moved = true;
           }
         }
       }
@@ -363,8 +380,7 @@ class Validator {
   // Follows who-waits-for-whom from rank r until a rank repeats, so the
   // message names the whole cycle.
   ScheduleViolation DescribeDeadlock(
-      int r,
-      const std::unordered_map<int64_t, std::vector<unsigned char>>& posted,
+      int r, const std::vector<std::vector<unsigned char>>& posted,
       const std::vector<int>& posted_groups,
       const std::vector<int>& computed) const {
     auto describe_wait = [&](int rank, int* peer) -> std::string {
@@ -372,11 +388,11 @@ class Validator {
         const int stream = 2 * rank + d;
         if (posted_groups[stream] == 0) continue;
         for (const CommOp& op :
-             streams_[stream][posted_groups[stream] - 1].ops) {
-          const auto it = posted.find(op.channel);
+             streams_[stream][posted_groups[stream] - 1].ops()) {
+          const auto& bits = posted[op.channel];
           const unsigned char theirs = op.is_send ? 2 : 1;
-          if (it != posted.end() && op.seq < it->second.size() &&
-              (it->second[op.seq] & theirs)) {
+          if (static_cast<size_t>(op.seq) < bits.size() &&
+              (bits[op.seq] & theirs)) {
             continue;
           }
           *peer = op.peer;
@@ -413,10 +429,17 @@ class Validator {
   // activations, streams_[2r+1] gradients. A group is one send paired with
   // the next receive on the same stream, or a lone receive.
   struct Group {
-    std::vector<CommOp> ops;
+    // At most one send and one receive.
+    std::array<CommOp, 2> op_storage;
+    int num_ops = 0;
     int send_action = -1;  // The action whose output the group sends.
+    void Add(const CommOp& op) { op_storage[num_ops++] = op; }
+    std::span<const CommOp> ops() const {
+      return {op_storage.data(), static_cast<size_t>(num_ops)};
+    }
   };
   std::vector<std::vector<Group>> streams_;
+  std::vector<int>* unblocked_ = nullptr;  // CheckRendezvous's worklist.
   // recv_group_[r][i]: the group on action i's stream that holds its receive.
   std::vector<std::vector<int>> recv_group_;
 };

@@ -20,9 +20,8 @@ TEST(LoggingTest, LinesCarryTimeSeverityAndFileLine) {
   SPDLOG_DEBUG("hidden at info level");
   spdlog::default_logger()->flush();
   std::string out = testing::internal::GetCapturedStderr();
-  EXPECT_THAT(out, ContainsRegex(
-                       "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+ info "
-                       "logging_test\\.cc:[0-9]+ hello 42\n$"));
+  EXPECT_THAT(out, ContainsRegex("^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+ info "
+                                 "logging_test\\.cc:[0-9]+ hello 42\n$"));
 }
 
 TEST(LoggingTest, UnknownLevelIsRejectedWithTheAllowedValues) {

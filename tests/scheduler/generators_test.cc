@@ -24,8 +24,8 @@ std::string Line(const Schedule& s, int rank) {
 }
 
 Schedule MustGenerate(ScheduleKind kind, int p, int m, int v = 1) {
-  auto s = GenerateSchedule(kind, {.ranks = p, .microbatches = m,
-                                   .virtual_stages = v});
+  auto s = GenerateSchedule(
+      kind, {.ranks = p, .microbatches = m, .virtual_stages = v});
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? *std::move(s) : Schedule{};
 }

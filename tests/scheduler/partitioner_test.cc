@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <compare>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -80,8 +81,9 @@ struct IntCase {
   }
   std::string DebugString() const {
     return absl::StrCat("costs={", absl::StrJoin(costs, ","), "} memory={",
-                        absl::StrJoin(memory, ","), "} cap=",
-                        cap ? absl::StrCat(*cap) : "none", " S=", stages);
+                        absl::StrJoin(memory, ","),
+                        "} cap=", cap ? absl::StrCat(*cap) : "none",
+                        " S=", stages);
   }
 };
 
@@ -178,7 +180,8 @@ void ExpectConsistent(const Partition& p, const IntCase& c) {
   ASSERT_EQ(p.num_layers, layers);
   ASSERT_EQ(p.num_stages(), c.stages);
   ASSERT_EQ(p.stage_cost.size(), static_cast<size_t>(c.stages));
-  ASSERT_EQ(p.stage_memory.size(), c.memory.empty() ? 0u : 1u * c.stages);
+  ASSERT_EQ(p.stage_memory.size(),
+            static_cast<size_t>(c.memory.empty() ? 0 : c.stages));
   EXPECT_EQ(p.stage_begin[0], 0);
   int64_t max_cost = 0;
   for (int s = 0; s < c.stages; ++s) {
@@ -189,7 +192,9 @@ void ExpectConsistent(const Partition& p, const IntCase& c) {
     if (!c.memory.empty()) {
       const int64_t memory = Sum(c.memory, p.stage_begin[s], p.StageEnd(s));
       EXPECT_EQ(p.stage_memory[s], static_cast<double>(memory));
-      if (c.cap) EXPECT_LE(memory, *c.cap);
+      if (c.cap) {
+        EXPECT_LE(memory, *c.cap);
+      }
     }
   }
   EXPECT_EQ(p.StageEnd(c.stages - 1), layers);
@@ -235,13 +240,13 @@ TEST(PartitionerTest, StrategyNamesRoundTrip) {
 }
 
 TEST(PartitionerTest, ParseRejectsUnknownNameAndListsAllowedOnes) {
-  for (std::string_view bad : {"greedy", "", "Balanced", "uniform "}) {
+  for (absl::string_view bad : {"greedy", "", "Balanced", "uniform "}) {
     absl::StatusOr<PartitionStrategy> parsed = ParsePartitionStrategy(bad);
     ASSERT_FALSE(parsed.ok()) << bad;
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(parsed.status().message(),
-                HasSubstr(absl::StrCat("unknown partition strategy '", bad,
-                                       "'")));
+    EXPECT_THAT(
+        parsed.status().message(),
+        HasSubstr(absl::StrCat("unknown partition strategy '", bad, "'")));
     EXPECT_THAT(parsed.status().message(),
                 HasSubstr("allowed: balanced, uniform, parameters"));
   }
@@ -264,8 +269,8 @@ TEST(PartitionerTest, BalancedTiesPreferTheMostEvenSplitWithExtraLayersFirst) {
   // Ten equal layers on four stages: every split with stages of at most 3
   // layers is optimal; the most even ones are 3+3+2+2 in some order, and the
   // tie-break puts the extra layers first, as the uniform strategy does.
-  absl::StatusOr<Partition> p = PartitionLayers(
-      {.costs = std::vector<double>(10, 1.0), .num_stages = 4});
+  absl::StatusOr<Partition> p =
+      PartitionLayers({.costs = std::vector<double>(10, 1.0), .num_stages = 4});
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_THAT(p->stage_begin, ElementsAre(0, 3, 6, 8));
   EXPECT_EQ(p->max_stage_cost, 3);
@@ -293,7 +298,8 @@ TEST(PartitionerTest, BalancedMemoryCapTradesCostForMemory) {
   const std::vector<double> costs = {1, 1, 1, 1};
   const std::vector<double> memory = {1, 1, 1, 5};
   // Without a cap (or with a loose one) the even split wins.
-  for (std::optional<double> cap : {std::optional<double>(), {6.0}}) {
+  for (std::optional<double> cap :
+       {std::optional<double>(), std::optional<double>(6.0)}) {
     absl::StatusOr<Partition> p = PartitionLayers(
         {.costs = costs, .memory = memory, .memory_cap = cap, .num_stages = 2});
     ASSERT_TRUE(p.ok()) << p.status();
@@ -345,6 +351,25 @@ TEST(PartitionerTest, InfeasibleMemoryCapPrintsByteCountsInFull) {
   EXPECT_THAT(p.status().message(), HasSubstr("memory_cap = 1000000000;"));
   EXPECT_THAT(p.status().message(),
               HasSubstr("smallest achievable max stage memory is 25769803777"));
+}
+
+TEST(PartitionerTest, IntegerCostsStayExactWhenTheTotalPassesTwoToThe53) {
+  if (std::numeric_limits<long double>::digits < 64) {
+    GTEST_SKIP() << "long double is too narrow on this platform";
+  }
+  // Every stage sum is a double, but the running total passes 2^53, where
+  // double prefix sums stop counting by one: the {1, 1, 1} stage after the
+  // two big layers would come out as 0 or 4 from double prefixes.
+  const double big = 4503599627370496.0;  // 2^52
+  absl::StatusOr<Partition> p =
+      PartitionLayers({.costs = {big, big, 1, 1, 1}, .num_stages = 3});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->stage_begin, ElementsAre(0, 1, 2));
+  EXPECT_THAT(p->stage_cost, ElementsAre(big, big, 3));
+  p = PartitionLayers({.costs = {1, 1, 1, big, big, 1, 1, 1}, .num_stages = 4});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->stage_begin, ElementsAre(0, 3, 4, 5));
+  EXPECT_THAT(p->stage_cost, ElementsAre(3, big, big, 3));
 }
 
 TEST(PartitionerTest, BalancedMatchesBruteForceOnSmallInputs) {
@@ -539,8 +564,9 @@ TEST(PartitionerTest, UniformMatchesTheFormulaForAllSmallSizes) {
 }
 
 TEST(PartitionerTest, UniformOverTheCapNamesTheStage) {
+  // Uniform puts {1, 1} | {1, 9}; {1, 1, 1} | {9} would need only 9.
   absl::StatusOr<Partition> p = PartitionUniform({.costs = {1, 1, 1, 1},
-                                                  .memory = {1, 1, 9, 1},
+                                                  .memory = {1, 1, 1, 9},
                                                   .memory_cap = 5,
                                                   .num_stages = 2});
   ASSERT_FALSE(p.ok());
@@ -553,7 +579,7 @@ TEST(PartitionerTest, UniformOverTheCapNamesTheStage) {
 
   // Within the cap it succeeds and reports memory.
   p = PartitionUniform({.costs = {1, 1, 1, 1},
-                        .memory = {1, 1, 9, 1},
+                        .memory = {1, 1, 1, 9},
                         .memory_cap = 10,
                         .num_stages = 2});
   ASSERT_TRUE(p.ok()) << p.status();
@@ -625,31 +651,40 @@ std::vector<ErrorCase> ErrorCases() {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const double inf = std::numeric_limits<double>::infinity();
   return {
-      {"zero stages", {.costs = {1, 2}, .num_stages = 0},
+      {"zero stages",
+       {.costs = {1, 2}, .num_stages = 0},
        "num_stages must be in 1..1024, got 0"},
-      {"negative stages", {.costs = {1, 2}, .num_stages = -3},
+      {"negative stages",
+       {.costs = {1, 2}, .num_stages = -3},
        "num_stages must be in 1..1024, got -3"},
       {"too many stages",
        {.costs = std::vector<double>(2000, 1.0), .num_stages = 1025},
        "num_stages must be in 1..1024, got 1025"},
-      {"empty costs", {.costs = {}, .num_stages = 1},
+      {"empty costs",
+       {.costs = {}, .num_stages = 1},
        "costs must have one entry per layer, got none"},
       {"too many layers",
        {.costs = std::vector<double>(kMaxPartitionLayers + 1, 1.0),
         .num_stages = 1},
        "costs has 16385 layers; at most 16384 are supported"},
-      {"more stages than layers", {.costs = {1, 2, 3}, .num_stages = 4},
+      {"more stages than layers",
+       {.costs = {1, 2, 3}, .num_stages = 4},
        "num_stages (4) must not exceed the number of layers (3): every stage "
        "needs at least one layer"},
-      {"negative cost", {.costs = {1, -1, 3}, .num_stages = 1},
+      {"negative cost",
+       {.costs = {1, -1, 3}, .num_stages = 1},
        "costs[1] must be finite and >= 0, got -1"},
-      {"nan cost", {.costs = {nan, 1}, .num_stages = 1},
+      {"nan cost",
+       {.costs = {nan, 1}, .num_stages = 1},
        "costs[0] must be finite and >= 0, got nan"},
-      {"infinite cost", {.costs = {1, 2, inf}, .num_stages = 1},
+      {"infinite cost",
+       {.costs = {1, 2, inf}, .num_stages = 1},
        "costs[2] must be finite and >= 0, got inf"},
-      {"costs overflow", {.costs = {1e308, 1e308}, .num_stages = 1},
+      {"costs overflow",
+       {.costs = {1e308, 1e308}, .num_stages = 1},
        "the sum of costs overflows a double"},
-      {"short memory", {.costs = {1, 2, 3}, .memory = {1, 2}, .num_stages = 1},
+      {"short memory",
+       {.costs = {1, 2, 3}, .memory = {1, 2}, .num_stages = 1},
        "memory must be empty or have one entry per layer (3), got 2"},
       {"long memory",
        {.costs = {1, 2}, .memory = {1, 2, 3, 4}, .num_stages = 1},
@@ -657,7 +692,8 @@ std::vector<ErrorCase> ErrorCases() {
       {"negative memory",
        {.costs = {1, 2, 3}, .memory = {1, 2, -0.5}, .num_stages = 1},
        "memory[2] must be finite and >= 0, got -0.5"},
-      {"nan memory", {.costs = {1, 2}, .memory = {nan, 2}, .num_stages = 1},
+      {"nan memory",
+       {.costs = {1, 2}, .memory = {nan, 2}, .num_stages = 1},
        "memory[0] must be finite and >= 0, got nan"},
       {"memory overflow",
        {.costs = {1, 2}, .memory = {1e308, 1e308}, .num_stages = 1},

@@ -265,6 +265,16 @@ TEST(ScheduleFromJsonTest, LongValuesAreShortenedInMessages) {
   EXPECT_LT(loaded.status().message().size(), 120u);
 }
 
+TEST(ScheduleFromJsonTest, InvalidUtf8InAValueStillGivesAPreciseMessage) {
+  json j = ScheduleToJson(SmallSplitSchedule());
+  j["schedule"][0]["actions"][1]["stage"] = std::string("\xff\xfe");
+  absl::StatusOr<Schedule> loaded = ScheduleFromJson(j);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_THAT(loaded.status().message(),
+              HasSubstr("schedule[0].actions[1].stage: expected an integer, "
+                        "got string"));
+}
+
 TEST(ScheduleFromJsonTest, NeverThrowsOnOddValues) {
   for (const json& odd :
        {json(), json(nullptr), json(true), json("schedule"), json(1.5),

@@ -40,9 +40,19 @@ TEST(RenderTextTest, InterleavedWithOneChunkMatchesTheIssueExample) {
 
 TEST(RenderTextTest, VirtualStagesShowTheirStageNumbers) {
   // P=2, V=2: rank 0 holds stages 0 and 2, rank 1 holds 1 and 3.
-  const std::string text =
-      RenderText(Generate(ScheduleKind::kGPipe, 2, 1, /*virtual_stages=*/2));
-  EXPECT_EQ(text,
+  Schedule s;
+  s.kind = ScheduleKind::kGPipe;
+  s.ranks = 2;
+  s.virtual_stages = 2;
+  s.actions = {{{Op::kForward, 0, 0},
+                {Op::kForward, 2, 0},
+                {Op::kBackward, 2, 0},
+                {Op::kBackward, 0, 0}},
+               {{Op::kForward, 1, 0},
+                {Op::kForward, 3, 0},
+                {Op::kBackward, 3, 0},
+                {Op::kBackward, 1, 0}}};
+  EXPECT_EQ(RenderText(s),
             "rank 0: F0.0 F2.0 B2.0 B0.0\n"
             "rank 1: F1.0 F3.0 B3.0 B1.0\n");
 }

@@ -17,8 +17,8 @@ TEST(ActionTest, ToStringUsesOpStageDotMicrobatch) {
 }
 
 TEST(ActionTest, ParseOpRoundTripsAndRejectsUnknownNames) {
-  for (Op op : {Op::kForward, Op::kBackward, Op::kBackwardInput,
-                Op::kBackwardWeight}) {
+  for (Op op :
+       {Op::kForward, Op::kBackward, Op::kBackwardInput, Op::kBackwardWeight}) {
     auto parsed = ParseOp(OpName(op));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, op);
@@ -38,8 +38,9 @@ TEST(ScheduleKindTest, ParseRoundTripsAndListsAllowedNames) {
   }
   auto bad = ParseScheduleKind("zb-v");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(bad.status().message(),
-              HasSubstr("'zb-v'; allowed: gpipe, 1f1b, interleaved-1f1b, zb-h1"));
+  EXPECT_THAT(
+      bad.status().message(),
+      HasSubstr("'zb-v'; allowed: gpipe, 1f1b, interleaved-1f1b, zb-h1"));
 }
 
 TEST(ScheduleTest, StagesMapToRanksModuloP) {

@@ -11,8 +11,8 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 Schedule Make(ScheduleKind kind, int p, int m, int v = 1) {
-  auto s = GenerateSchedule(kind, {.ranks = p, .microbatches = m,
-                                   .virtual_stages = v});
+  auto s = GenerateSchedule(
+      kind, {.ranks = p, .microbatches = m, .virtual_stages = v});
   EXPECT_TRUE(s.ok()) << s.status();
   return *s;
 }

@@ -43,8 +43,8 @@ ScheduleViolation MustViolate(const Schedule& s) {
 }
 
 TEST(ValidatorTest, AcceptsHandWritten1F1B) {
-  EXPECT_TRUE(ValidateSchedule(Parse(2, 2, {"F0.0 F0.1 B0.0 B0.1",
-                                            "F1.0 B1.0 F1.1 B1.1"}))
+  EXPECT_TRUE(ValidateSchedule(
+                  Parse(2, 2, {"F0.0 F0.1 B0.0 B0.1", "F1.0 B1.0 F1.1 B1.1"}))
                   .ok());
 }
 
@@ -67,8 +67,10 @@ TEST(ValidatorTest, SendReceiveCycleDeadlocksUnderRendezvous) {
   EXPECT_EQ(v.rank, 0);
   EXPECT_EQ(ToString(v.action), "B0.0");
   EXPECT_THAT(v.reason, HasSubstr("deadlocks under rendezvous sends"));
-  EXPECT_THAT(v.reason, HasSubstr("rank 0 waits to receive a gradient from rank 1"));
-  EXPECT_THAT(v.reason, HasSubstr("rank 1 waits to receive an activation from rank 0"));
+  EXPECT_THAT(v.reason,
+              HasSubstr("rank 0 waits to receive a gradient from rank 1"));
+  EXPECT_THAT(v.reason,
+              HasSubstr("rank 1 waits to receive an activation from rank 0"));
 }
 
 TEST(ValidatorTest, BlockingSendsDeadlockEvenWithoutADataCycle) {
@@ -84,9 +86,8 @@ TEST(ValidatorTest, BlockingSendsDeadlockEvenWithoutADataCycle) {
 TEST(ValidatorTest, ReportsDuplicatesWrongRankRangesAndMixing) {
   EXPECT_THAT(MustViolate(Parse(1, 1, {"F0.0 F0.0 B0.0"})).reason,
               HasSubstr("appears more than once"));
-  EXPECT_THAT(
-      MustViolate(Parse(2, 1, {"F1.0 B1.0", "F0.0 B0.0"})).reason,
-      HasSubstr("stage 1 lives on rank 1, not rank 0"));
+  EXPECT_THAT(MustViolate(Parse(2, 1, {"F1.0 B1.0", "F0.0 B0.0"})).reason,
+              HasSubstr("stage 1 lives on rank 1, not rank 0"));
   EXPECT_THAT(MustViolate(Parse(1, 1, {"F0.3 B0.3"})).reason,
               HasSubstr("microbatch 3 is out of range (0..0)"));
   EXPECT_THAT(MustViolate(Parse(1, 1, {"F2.0 B2.0"})).reason,
@@ -102,9 +103,8 @@ TEST(ValidatorTest, LocalOrderAcrossVirtualStagesOnOneRank) {
   // B1.0 first.
   EXPECT_THAT(MustViolate(Parse(1, 1, {"F1.0 F0.0 B1.0 B0.0"}, 2)).reason,
               HasSubstr("runs before F0.0, which produces its input"));
-  EXPECT_THAT(
-      MustViolate(Parse(1, 1, {"F0.0 F1.0 B0.0 B1.0"}, 2)).reason,
-      HasSubstr("runs before the backward of stage 1 mb 0"));
+  EXPECT_THAT(MustViolate(Parse(1, 1, {"F0.0 F1.0 B0.0 B1.0"}, 2)).reason,
+              HasSubstr("runs before the backward of stage 1 mb 0"));
   EXPECT_TRUE(ValidateSchedule(Parse(1, 1, {"F0.0 F1.0 B1.0 B0.0"}, 2)).ok());
 }
 
@@ -134,11 +134,13 @@ TEST(ValidatorTest, ReversedGradientOrderIsCaughtBetweenNeighbours) {
   EXPECT_THAT(v.reason, HasSubstr("sends the gradient of stage 1 mb 1"));
 }
 
-TEST(ValidatorTest, GeneratedSchedulesForTwoRanksWithVirtualStagesShareAChannel) {
+TEST(ValidatorTest,
+     GeneratedSchedulesForTwoRanksWithVirtualStagesShareAChannel) {
   // With P = 2 and V = 2, activations and gradients between the same two
   // ranks share one in-order channel; the generator's order must line up.
-  auto s = GenerateSchedule(ScheduleKind::kInterleaved1F1B,
-                            {.ranks = 2, .microbatches = 4, .virtual_stages = 2});
+  auto s =
+      GenerateSchedule(ScheduleKind::kInterleaved1F1B,
+                       {.ranks = 2, .microbatches = 4, .virtual_stages = 2});
   ASSERT_TRUE(s.ok());
   EXPECT_TRUE(ValidateSchedule(*s).ok()) << ValidateSchedule(*s);
 }

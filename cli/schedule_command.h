@@ -1,0 +1,40 @@
+// `conveyorctl schedule`: generate, validate, simulate and render a pipeline
+// schedule. The options are registered on a CLI11 subcommand; running them is
+// a separate, testable function. Not thread-safe (owns its options).
+#ifndef CONVEYOR_CLI_SCHEDULE_COMMAND_H_
+#define CONVEYOR_CLI_SCHEDULE_COMMAND_H_
+
+#include <ostream>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+
+namespace conveyor::cli {
+
+struct ScheduleCommandOptions {
+  std::string kind = "1f1b";
+  int stages = 0;        // P, required
+  int microbatches = 0;  // M, required
+  int virtual_stages = 1;
+  // "F,B" (full backward) or "F,BI,BW" (split backward). Empty: 1,2 for
+  // schedules with a full backward, 1,1,1 for zb-h1.
+  std::string costs;
+  std::string latency = "0";
+  std::string bandwidth = "0";  // bytes per time unit; 0 = free transfers
+  std::string activation_bytes = "0";
+  std::string format = "text";
+  std::string output;  // Empty: standard output.
+};
+
+// Adds the `schedule` subcommand to `app`, bound to `options`.
+CLI::App* AddScheduleCommand(CLI::App& app, ScheduleCommandOptions& options);
+
+// Runs the command, writing the rendering to `out` (or to options.output).
+// InvalidArgument for bad options (the caller exits 2); other errors exit 1.
+absl::Status RunScheduleCommand(const ScheduleCommandOptions& options,
+                                std::ostream& out);
+
+}  // namespace conveyor::cli
+
+#endif  // CONVEYOR_CLI_SCHEDULE_COMMAND_H_

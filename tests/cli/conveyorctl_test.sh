@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Runs the conveyorctl binary as a user would: exit codes, --help for every
+# subcommand, --version, and each output format. Prints "N passed, N failed".
+set -u
+ctl=${CONVEYORCTL:?set CONVEYORCTL to the conveyorctl binary}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0 failed=0
+
+check() {  # check NAME EXPECTED_RC GREP_PATTERN -- ARGS...
+  local name=$1 want_rc=$2 pattern=$3
+  shift 4
+  local out rc
+  out=$("$ctl" "$@" 2>&1)
+  rc=$?
+  if [ "$rc" -ne "$want_rc" ]; then
+    echo "FAIL $name: exit $rc, want $want_rc"; echo "$out" | head -5
+    failed=$((failed + 1)); return
+  fi
+  if [ -n "$pattern" ] && ! grep -qE -- "$pattern" <<<"$out"; then
+    echo "FAIL $name: output lacks /$pattern/"; echo "$out" | head -5
+    failed=$((failed + 1)); return
+  fi
+  passed=$((passed + 1))
+}
+
+check version 0 '^conveyorctl [0-9]+\.[0-9]+\.[0-9]+ \(revision' -- --version
+check help 0 'schedule' -- --help
+check schedule_help 0 '--microbatches' -- schedule --help
+check no_subcommand 2 'subcommand is required' --
+check unknown_subcommand 2 '' -- frobnicate
+check missing_required 2 'microbatches is required' -- schedule -P 4
+check bad_kind 2 "allowed: gpipe, 1f1b, interleaved-1f1b, zb-h1" -- \
+  schedule --kind zb-v -P 4 -M 8
+check bad_format 2 'allowed: text, json, svg' -- schedule -P 2 -M 2 --format png
+check bad_costs 2 'expected F,B or F,BI,BW' -- schedule -P 2 -M 2 --costs 1
+check zb_needs_split_costs 2 'give --costs F,BI,BW' -- \
+  schedule --kind zb-h1 -P 2 -M 2 --costs 1,2
+check negative_cost 2 'must be >= 0' -- schedule -P 2 -M 2 --costs 1,-2
+check interleaved_needs_multiple 2 'must be a multiple of ranks' -- \
+  schedule --kind interleaved-1f1b -P 4 -M 6 -V 2
+check bad_log_level 2 'allowed: trace' -- --log-level loud schedule -P 1 -M 1
+check jaxpp_vector 0 '^rank 2: F2.0 F2.1 F2.2 B2.0 F2.3 B2.1 B2.2 B2.3$' -- \
+  schedule --kind interleaved-1f1b -P 4 -M 4
+check closed_form 0 'closed form: 0.2727 = 3/11' -- schedule -P 4 -M 8
+check fractional_costs 0 'idle time per rank: 10.5' -- \
+  schedule -P 4 -M 8 --costs 1.5,2
+check json 0 '"bubble_fraction"' -- schedule --kind zb-h1 -P 4 -M 8 --format json
+
+# Output files: JSON parses and has the documented shape; SVG is a document.
+if "$ctl" schedule -P 4 -M 8 --format json -o "$tmp/s.json" &&
+   python3 - "$tmp/s.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["kind"] == "1f1b" and j["ranks"] == 4 and j["virtual"] == 1
+assert j["microbatches"] == 8 and len(j["schedule"]) == 4
+assert j["schedule"][3]["actions"][0] == {"op": "F", "stage": 3, "microbatch": 0}
+assert j["simulation"]["makespan"] == 33
+assert j["simulation"]["peak_inflight"] == [4, 3, 2, 1]
+assert abs(j["simulation"]["bubble_fraction"] - 3 / 11) < 1e-12
+PY
+then passed=$((passed + 1)); else echo "FAIL json_file"; failed=$((failed + 1)); fi
+
+if "$ctl" schedule --kind zb-h1 -P 4 -M 8 --format svg -o "$tmp/s.svg" &&
+   head -c 200 "$tmp/s.svg" | grep -q '<svg' && tail -c 20 "$tmp/s.svg" | grep -q '</svg>'; then
+  passed=$((passed + 1)); else echo "FAIL svg_file"; failed=$((failed + 1)); fi
+
+check unwritable_output 1 'cannot write' -- \
+  schedule -P 2 -M 2 -o /nonexistent-dir/out.txt
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
