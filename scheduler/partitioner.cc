@@ -8,9 +8,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
-#include <source_location>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -18,14 +21,16 @@ namespace conveyor::scheduler {
 namespace {
 
 // A broken invariant of this file: a bug here, not bad input. Aborts with
-// file:line, as the style guide asks.
-void Check(bool ok, const char* what,
-           std::source_location where = std::source_location::current()) {
-  if (ok) return;
-  std::fprintf(stderr, "%s:%u: partitioner invariant failed: %s\n",
-               where.file_name(), static_cast<unsigned>(where.line()), what);
+// file:line, as the style guide asks. (A macro rather than
+// std::source_location, which clang 14 with libstdc++ 12 lacks.)
+[[noreturn]] void InvariantFailed(const char* file, int line,
+                                  const char* what) {
+  std::fprintf(stderr, "%s:%d: partitioner invariant failed: %s\n", file, line,
+               what);
   std::abort();
 }
+#define PARTITIONER_CHECK_(ok, what) \
+  ((ok) ? (void)0 : InvariantFailed(__FILE__, __LINE__, what))
 
 // Text that reads back as the same double, so a reported memory bound can be
 // pasted into a config as is (StrCat keeps only 6 digits). Whole numbers below
@@ -36,7 +41,7 @@ std::string Num(double value) {
   const auto [end, ec] = whole ? std::to_chars(buf, buf + sizeof(buf), value,
                                                std::chars_format::fixed)
                                : std::to_chars(buf, buf + sizeof(buf), value);
-  Check(ec == std::errc(), "32 bytes hold any double");
+  PARTITIONER_CHECK_(ec == std::errc(), "32 bytes hold any double");
   return std::string(buf, end);
 }
 
@@ -179,8 +184,8 @@ class Segments {
   std::optional<double> cap_;
 };
 
-// The smallest max stage memory over all splits into `stages` stages: the
-// smallest memory_cap that admits a split.
+// The smallest max stage memory over all splits into in.num_stages stages:
+// the smallest memory_cap that admits a split.
 double MinMaxMemory(const PartitionInput& in) {
   const Segments memory_only(in.memory, {}, std::nullopt);
   return memory_only.MinMaxCost(in.num_stages);
@@ -277,7 +282,8 @@ std::vector<int> MostEvenSplit(const Segments& seg, int stages,
       self(self, a, mid - 1, ca, best_j);
       self(self, mid + 1, b, best_j, cb);
     };
-    Check(row_lo <= row_hi, "some split passes through every stage");
+    PARTITIONER_CHECK_(row_lo <= row_hi,
+                       "some split passes through every stage");
     solve(solve, row_lo, row_hi, 0, layers);
     std::swap(prev, cur);
     prev_row_lo = row_lo;
@@ -290,10 +296,11 @@ std::vector<int> MostEvenSplit(const Segments& seg, int stages,
     stage_begin.push_back(i);
     // Every row the path reaches was solved, with a finite value.
     i = choice[static_cast<size_t>(r - 1) * (layers + 1) + i];
-    Check(i > stage_begin.back() && i <= layers - (r - 1),
-          "each stage ends after it begins, leaving a layer per later stage");
+    PARTITIONER_CHECK_(
+        i > stage_begin.back() && i <= layers - (r - 1),
+        "each stage ends after it begins, leaving a layer per later stage");
   }
-  Check(i == layers, "the stages cover every layer");
+  PARTITIONER_CHECK_(i == layers, "the stages cover every layer");
   return stage_begin;
 }
 
@@ -364,7 +371,7 @@ absl::StatusOr<Partition> PartitionLayers(const PartitionInput& input) {
   RETURN_IF_ERROR(CheckInput(input));
   const Segments seg(input.costs, input.memory, input.memory_cap);
   RETURN_IF_ERROR(CheckTotals(seg, input));
-  const double kUnlimited = std::numeric_limits<double>::infinity();
+  constexpr double kUnlimited = std::numeric_limits<double>::infinity();
   if (seg.MinStages(kUnlimited, input.num_stages) > input.num_stages) {
     return absl::InvalidArgumentError(absl::StrCat(
         "no split of ", seg.layers(), " layers into ", input.num_stages,
@@ -377,7 +384,8 @@ absl::StatusOr<Partition> PartitionLayers(const PartitionInput& input) {
   Partition p =
       MakePartition(seg, input, MostEvenSplit(seg, input.num_stages, best));
   // The split meets `best` by construction, and nothing beats `best`.
-  Check(p.max_stage_cost == best, "the most even split keeps the optimum");
+  PARTITIONER_CHECK_(p.max_stage_cost == best,
+                     "the most even split keeps the optimum");
   return p;
 }
 
@@ -420,3 +428,5 @@ absl::StatusOr<Partition> PartitionWithStrategy(PartitionStrategy strategy,
 }
 
 }  // namespace conveyor::scheduler
+
+#undef PARTITIONER_CHECK_

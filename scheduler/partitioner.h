@@ -73,7 +73,7 @@ struct Partition {
   std::vector<double> stage_cost;
   // Per stage, the summed memory of its layers; empty when the input had none.
   std::vector<double> stage_memory;
-  double max_stage_cost = 0;
+  double max_stage_cost = 0;  // the largest stage_cost
 
   int num_stages() const { return static_cast<int>(stage_begin.size()); }
   // Stage `stage` holds layers [stage_begin[stage], StageEnd(stage)).
