@@ -54,6 +54,32 @@ Schedule EmptySchedule(ScheduleKind kind, const ScheduleOptions& o) {
   return s;
 }
 
+// The order in which a rank with V virtual stages visits (chunk, microbatch)
+// pairs: microbatches in groups of P through chunk 0, then the same group
+// through chunk 1, and so on (Megatron-LM's order). With V = 1 it is plain
+// microbatch order. Rejects V > 1 with M % P != 0, where groups do not tile.
+class GroupsOfP {
+ public:
+  static absl::StatusOr<GroupsOfP> Create(ScheduleKind kind,
+                                          const ScheduleOptions& o) {
+    if (o.virtual_stages > 1 && o.microbatches % o.ranks != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          ScheduleKindName(kind),
+          " with V > 1 takes microbatches in groups of P: microbatches (M = ",
+          o.microbatches, ") must be a multiple of ranks (P = ", o.ranks, ")"));
+    }
+    return GroupsOfP(o.ranks, o.virtual_stages);
+  }
+
+  // Microbatch and chunk of the k-th visit, k in [0, M*V).
+  int Microbatch(int k) const { return (k / (p_ * v_)) * p_ + k % p_; }
+  int Chunk(int k) const { return (k / p_) % v_; }
+
+ private:
+  GroupsOfP(int p, int v) : p_(p), v_(v) {}
+  int p_, v_;
+};
+
 }  // namespace
 
 absl::StatusOr<Schedule> GenerateSchedule(ScheduleKind kind,
@@ -73,32 +99,27 @@ absl::StatusOr<Schedule> GenerateSchedule(ScheduleKind kind,
 
 absl::StatusOr<Schedule> GenerateGPipe(const ScheduleOptions& options) {
   RETURN_IF_ERROR(CheckOptions(ScheduleKind::kGPipe, options));
-  const int p = options.ranks, m = options.microbatches,
-            v = options.virtual_stages;
-  if (v > 1 && m % p != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gpipe with V > 1 takes microbatches in groups of P: microbatches "
-        "(M = ",
-        m, ") must be a multiple of ranks (P = ", p, ")"));
-  }
+  // With V > 1, chunks are visited in groups of P microbatches. Pushing all
+  // M through chunk 0 first would form a ring of blocked sends once M >= 2P:
+  // the last rank's chunk-0 outputs wait for rank 0, which is still sending
+  // chunk-0 work downstream.
+  ASSIGN_OR_RETURN(GroupsOfP order,
+                   GroupsOfP::Create(ScheduleKind::kGPipe, options));
   Schedule s = EmptySchedule(ScheduleKind::kGPipe, options);
-  // With V > 1, microbatches go through the chunks in groups of P (as in
-  // interleaved-1f1b). Pushing all M through chunk 0 first would form a ring
-  // of blocked sends once M >= 2P: the last rank's chunk-0 outputs wait for
-  // rank 0, which is still sending chunk-0 work downstream.
-  const int total = m * v;
-  auto microbatch = [&](int k) { return (k / (p * v)) * p + k % p; };
-  auto chunk = [&](int k) { return (k / p) % v; };
+  const int p = options.ranks;
+  const int total = options.microbatches * options.virtual_stages;
   for (int r = 0; r < p; ++r) {
     auto& out = s.actions[r];
     out.reserve(2 * total);
     for (int k = 0; k < total; ++k) {
-      out.push_back({Op::kForward, chunk(k) * p + r, microbatch(k)});
+      out.push_back(
+          {Op::kForward, order.Chunk(k) * p + r, order.Microbatch(k)});
     }
     // Backward in reverse forward order: the last forward's activations are
     // the freshest, and the last stage can start on them without waiting.
     for (int k = total - 1; k >= 0; --k) {
-      out.push_back({Op::kBackward, chunk(k) * p + r, microbatch(k)});
+      out.push_back(
+          {Op::kBackward, order.Chunk(k) * p + r, order.Microbatch(k)});
     }
   }
   return s;
@@ -126,31 +147,24 @@ absl::StatusOr<Schedule> Generate1F1B(const ScheduleOptions& options) {
 absl::StatusOr<Schedule> GenerateInterleaved1F1B(
     const ScheduleOptions& options) {
   RETURN_IF_ERROR(CheckOptions(ScheduleKind::kInterleaved1F1B, options));
-  const int p = options.ranks, m = options.microbatches,
-            v = options.virtual_stages;
-  if (v > 1 && m % p != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "interleaved-1f1b with V > 1 takes microbatches in groups of P: "
-        "microbatches (M = ",
-        m, ") must be a multiple of ranks (P = ", p, ")"));
-  }
+  ASSIGN_OR_RETURN(GroupsOfP order,
+                   GroupsOfP::Create(ScheduleKind::kInterleaved1F1B, options));
   Schedule s = EmptySchedule(ScheduleKind::kInterleaved1F1B, options);
-  const int total = m * v;
-  // The k-th forward (backward) on a rank: microbatches go in groups of P
-  // through chunk 0, then the same group through chunk 1, ...; backwards walk
-  // the chunks in reverse. With V = 1 this is plain microbatch order.
-  auto microbatch = [&](int k) { return (k / (p * v)) * p + k % p; };
-  auto forward_chunk = [&](int k) { return (k / p) % v; };
-  auto backward_chunk = [&](int k) { return v - 1 - (k / p) % v; };
+  const int p = options.ranks, v = options.virtual_stages;
+  const int total = options.microbatches * v;
+  // Backwards visit the chunks in reverse.
+  auto backward_chunk = [&](int k) { return v - 1 - order.Chunk(k); };
   for (int r = 0; r < p; ++r) {
     auto& out = s.actions[r];
     out.reserve(2 * total);
     const int warmup = std::min(2 * (p - r - 1) + (v - 1) * p, total);
     auto push_f = [&](int k) {
-      out.push_back({Op::kForward, forward_chunk(k) * p + r, microbatch(k)});
+      out.push_back(
+          {Op::kForward, order.Chunk(k) * p + r, order.Microbatch(k)});
     };
     auto push_b = [&](int k) {
-      out.push_back({Op::kBackward, backward_chunk(k) * p + r, microbatch(k)});
+      out.push_back(
+          {Op::kBackward, backward_chunk(k) * p + r, order.Microbatch(k)});
     };
     for (int k = 0; k < warmup; ++k) push_f(k);
     for (int i = 0; i < total - warmup; ++i) {

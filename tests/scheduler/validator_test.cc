@@ -73,10 +73,9 @@ TEST(ValidatorTest, SendReceiveCycleDeadlocksUnderRendezvous) {
               HasSubstr("rank 1 waits to receive an activation from rank 0"));
 }
 
-TEST(ValidatorTest, BlockingSendsDeadlockEvenWithoutADataCycle) {
-  // With asynchronous sends this would run; with rendezvous sends rank 0's
-  // first send waits for rank 1 to receive F0.0, while rank 1 sits in its
-  // receive of F0.1... which is fine; but here rank 1 wants mb 1 first.
+TEST(ValidatorTest, OutOfOrderReceiveIsAMessageMismatch) {
+  // Tag-matched transports would run this, but rank 0 sends mb 0 first and
+  // rank 1 consumes mb 1 first: over NCCL, F1.1 would get mb 0's activation.
   Schedule s = Parse(2, 2, {"F0.0 F0.1 B0.0 B0.1", "F1.1 F1.0 B1.0 B1.1"});
   ScheduleViolation v = MustViolate(s);
   EXPECT_EQ(v.rank, 1);
