@@ -1,6 +1,7 @@
 #include "scheduler/generators.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <deque>
 
 #include "absl/strings/str_cat.h"
@@ -32,14 +33,12 @@ absl::Status CheckOptions(ScheduleKind kind, const ScheduleOptions& o) {
         name, " runs one stage per rank (V = 1), got V = ", o.virtual_stages,
         "; use interleaved-1f1b or gpipe for virtual stages"));
   }
-  const int per_step = kind == ScheduleKind::kZeroBubbleH1 ? 3 : 2;
-  const long long actions = static_cast<long long>(o.ranks) * o.virtual_stages *
-                            o.microbatches * per_step;
-  if (actions > kMaxScheduleActions) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("P*V*M = ", actions / per_step,
-                     " stage-microbatches is too large (at most ",
-                     kMaxScheduleActions / per_step, ")"));
+  const int64_t cells =
+      static_cast<int64_t>(o.ranks) * o.virtual_stages * o.microbatches;
+  if (cells > kMaxStageMicrobatches) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "P*V*M = ", cells, " stage-microbatches is too large (at most ",
+        kMaxStageMicrobatches, ")"));
   }
   return absl::OkStatus();
 }

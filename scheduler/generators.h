@@ -18,7 +18,6 @@ namespace conveyor::scheduler {
 inline constexpr int kMaxRanks = 4096;
 inline constexpr int kMaxVirtualStages = 64;
 inline constexpr int kMaxMicrobatches = 1 << 20;
-inline constexpr long long kMaxScheduleActions = 1LL << 26;
 
 struct ScheduleOptions {
   int ranks = 1;           // P >= 1

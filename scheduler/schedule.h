@@ -5,6 +5,7 @@
 #ifndef CONVEYOR_SCHEDULER_SCHEDULE_H_
 #define CONVEYOR_SCHEDULER_SCHEDULE_H_
 
+#include <cstdint>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -30,6 +31,11 @@ absl::string_view ScheduleKindName(ScheduleKind kind);
 // Inverse of ScheduleKindName. InvalidArgument lists the allowed names.
 absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view name);
 
+// The most (stage, microbatch) pairs a schedule may have, P*V*M. Generators,
+// the validator and the simulator allocate per pair; the bound keeps a typo or
+// a hostile schedule file from exhausting memory.
+inline constexpr int64_t kMaxStageMicrobatches = int64_t{1} << 25;
+
 struct Schedule {
   ScheduleKind kind = ScheduleKind::k1F1B;
   int ranks = 1;           // P
@@ -42,6 +48,10 @@ struct Schedule {
   int RankOfStage(int stage) const { return stage % ranks; }
   bool IsLastStage(int stage) const { return stage == num_stages() - 1; }
   size_t TotalActions() const;
+  // P*V*M, without overflow for any int inputs.
+  int64_t StageMicrobatches() const {
+    return static_cast<int64_t>(ranks) * virtual_stages * microbatches;
+  }
 };
 
 }  // namespace conveyor::scheduler

@@ -80,6 +80,12 @@ absl::StatusOr<SimulationResult<T>> Simulate(const Schedule& schedule,
         "schedule shape is inconsistent (ranks, virtual stages, microbatches "
         "and the action lists disagree)");
   }
+  if (schedule.StageMicrobatches() > kMaxStageMicrobatches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("P*V*M = ", schedule.StageMicrobatches(),
+                     " stage-microbatches is too large to simulate (at most ",
+                     kMaxStageMicrobatches, ")"));
+  }
 
   bool has_full_backward = false, has_split_backward = false;
   for (int r = 0; r < p; ++r) {

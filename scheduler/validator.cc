@@ -29,7 +29,7 @@ std::string Describe(const Message& m) {
                             m.stage + 1, ")");
 }
 
-// One send or receive, posted in the group before program position `group`.
+// One send or receive in a communication group.
 struct CommOp {
   int peer = 0;
   int channel = 0;  // See Validator::Channel.
@@ -75,6 +75,11 @@ class Validator {
           absl::StrCat("virtual stages must be >= 1, got ", s_.virtual_stages));
     }
     if (m_ < 1) return bad(absl::StrCat("microbatches must be >= 1, got ", m_));
+    if (s_.StageMicrobatches() > kMaxStageMicrobatches) {
+      return bad(absl::StrCat("P*V*M = ", s_.StageMicrobatches(),
+                              " stage-microbatches is too large (at most ",
+                              kMaxStageMicrobatches, ")"));
+    }
     if (static_cast<int>(s_.actions.size()) != p_) {
       return bad(absl::StrCat("schedule lists ", s_.actions.size(),
                               " ranks but declares ", p_));

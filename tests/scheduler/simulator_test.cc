@@ -89,6 +89,14 @@ TEST(SimulatorTest, RejectsBadCosts) {
               HasSubstr("must be a multiple of bytes_per_time"));
 }
 
+TEST(SimulatorTest, RejectsAbsurdDeclaredSizesBeforeAllocating) {
+  Schedule s = Make(ScheduleKind::k1F1B, 2, 2);
+  s.microbatches = 1 << 30;
+  auto r = Simulate(s, SimulationCosts<int64_t>::Uniform(1, 2));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("too large to simulate"));
+}
+
 TEST(SimulatorTest, StuckScheduleIsFailedPreconditionNotAHang) {
   Schedule s = Make(ScheduleKind::k1F1B, 2, 1);
   std::swap(s.actions[1][0], s.actions[1][1]);  // B1.0 before F1.0.

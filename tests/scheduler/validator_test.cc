@@ -122,6 +122,10 @@ TEST(ValidatorTest, ReportsShapeErrors) {
               HasSubstr("schedule lists 1 ranks but declares 2"));
   s.microbatches = 0;
   EXPECT_THAT(MustViolate(s).reason, HasSubstr("microbatches must be >= 1"));
+  // Declared sizes are checked before anything is allocated per
+  // (stage, microbatch).
+  s.microbatches = 1 << 30;
+  EXPECT_THAT(MustViolate(s).reason, HasSubstr("is too large"));
 }
 
 TEST(ValidatorTest, ReversedGradientOrderIsCaughtBetweenNeighbours) {
