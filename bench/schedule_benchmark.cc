@@ -51,9 +51,7 @@ void Register() {
        {ScheduleKind::kGPipe, ScheduleKind::k1F1B,
         ScheduleKind::kInterleaved1F1B, ScheduleKind::kZeroBubbleH1}) {
     for (const Case& c : cases) {
-      const bool takes_v = kind == ScheduleKind::kGPipe ||
-                           kind == ScheduleKind::kInterleaved1F1B;
-      if (c.v > 1 && !takes_v) continue;
+      if (c.v > 1 && !TakesVirtualStages(kind)) continue;
       benchmark::RegisterBenchmark(
           ("plan/" + std::string(ScheduleKindName(kind))).c_str(),
           [kind, c](benchmark::State& s) {

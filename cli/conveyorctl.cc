@@ -1,6 +1,7 @@
 // conveyorctl: the user's command-line interface to Conveyor.
 //
 // Exit codes: 0 success, 1 the command failed, 2 invalid arguments.
+#include <exception>
 #include <iostream>
 #include <string>
 
@@ -63,8 +64,14 @@ int main(int argc, char** argv) {
   }
 
   absl::Status status = absl::OkStatus();
-  if (schedule->parsed()) {
-    status = conveyor::cli::RunScheduleCommand(schedule_options, std::cout);
+  // Commands return Status; this catch is the last resort for what a library
+  // may still throw (std::bad_alloc), so the user gets a message, not abort().
+  try {
+    if (schedule->parsed()) {
+      status = conveyor::cli::RunScheduleCommand(schedule_options, std::cout);
+    }
+  } catch (const std::exception& e) {
+    status = absl::InternalError(e.what());
   }
   if (status.ok()) return 0;
   std::cerr << "conveyorctl: " << status.message() << "\n";

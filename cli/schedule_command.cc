@@ -33,6 +33,10 @@ using scheduler::ScheduleKind;
 using scheduler::SimulationCosts;
 using scheduler::SimulationResult;
 
+// Renderings are built in memory; this keeps the largest (SVG, about 64 bytes
+// an action) near 64 MiB instead of exhausting memory.
+constexpr size_t kMaxRenderedActions = size_t{1} << 20;
+
 // A number as typed, kept exact when it is an integer so that simulations
 // with integer costs use integer time.
 struct Number {
@@ -85,9 +89,9 @@ absl::StatusOr<ParsedCosts> ParseCosts(const ScheduleCommandOptions& o,
         absl::StrCat("--costs: expected F,B or F,BI,BW, got '", costs, "'"));
   }
   if (split && c.values.size() != 3) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--costs: ", o.kind,
-        " splits the backward into BI and BW: give --costs F,BI,BW"));
+    return absl::InvalidArgumentError(
+        "--costs: this schedule splits the backward into BI and BW: give "
+        "--costs F,BI,BW");
   }
   ASSIGN_OR_RETURN(c.latency, ParseNumber(o.latency, "--latency"));
   ASSIGN_OR_RETURN(c.bandwidth, ParseNumber(o.bandwidth, "--bandwidth"));
@@ -161,9 +165,77 @@ absl::StatusOr<std::string> Render(const ScheduleCommandOptions& o,
   if (o.format == "svg") return scheduler::RenderSvg(s, r);
   return absl::StrCat(
       absl::StrFormat("%s: P=%d ranks, V=%d, M=%d microbatches, costs %s\n",
-                      o.kind, s.ranks, s.virtual_stages, s.microbatches,
+                      scheduler::ScheduleKindName(s.kind), s.ranks,
+                      s.virtual_stages, s.microbatches,
                       o.costs.empty() ? "default" : o.costs),
       scheduler::RenderText(s), RenderSummary(s, r));
+}
+
+// Reads and structurally parses a schedule file, then validates it: a
+// hand-written schedule is user input, so a violation is InvalidArgument.
+absl::StatusOr<Schedule> LoadSchedule(const std::string& path) {
+  constexpr std::streamsize kMaxFileBytes = 256 << 20;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--from: cannot read ", path, ": ", std::strerror(errno)));
+  }
+  std::string text(kMaxFileBytes + 1, '\0');
+  in.read(text.data(), kMaxFileBytes + 1);
+  if (in.gcount() > kMaxFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--from: ", path, " is larger than ", kMaxFileBytes, " bytes"));
+  }
+  text.resize(in.gcount());
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--from: ", path, ": ", e.what()));
+  }
+  absl::StatusOr<Schedule> s = scheduler::ScheduleFromJson(j);
+  if (!s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--from: ", path, ": ", s.status().message()));
+  }
+  if (absl::Status valid = scheduler::ValidateSchedule(*s); !valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", valid.message()));
+  }
+  return s;
+}
+
+absl::StatusOr<Schedule> GenerateValidated(const ScheduleCommandOptions& o) {
+  absl::StatusOr<ScheduleKind> kind = scheduler::ParseScheduleKind(o.kind);
+  if (!kind.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kind: ", kind.status().message()));
+  }
+  if (o.stages == 0 || o.microbatches == 0) {
+    return absl::InvalidArgumentError(
+        "--stages and --microbatches are required (or --from FILE)");
+  }
+  ASSIGN_OR_RETURN(
+      Schedule s,
+      scheduler::GenerateSchedule(*kind, {.ranks = o.stages,
+                                          .microbatches = o.microbatches,
+                                          .virtual_stages = o.virtual_stages}));
+  // Generators are tested to produce valid schedules; checking again costs
+  // little and keeps a generator bug from ever reaching a worker.
+  if (absl::Status valid = scheduler::ValidateSchedule(s); !valid.ok()) {
+    return absl::InternalError(valid.message());
+  }
+  return s;
+}
+
+bool HasSplitBackward(const Schedule& s) {
+  for (const auto& program : s.actions) {
+    for (const scheduler::Action& a : program) {
+      if (a.op == scheduler::Op::kBackwardInput) return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace
@@ -173,16 +245,18 @@ CLI::App* AddScheduleCommand(CLI::App& app, ScheduleCommandOptions& o) {
       "schedule",
       "Generate, validate and simulate a pipeline schedule, and print it as "
       "text, JSON or an SVG timeline");
-  cmd->add_option("--kind", o.kind,
-                  "Schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1")
-      ->capture_default_str();
-  cmd->add_option("--stages,-P", o.stages, "Pipeline ranks (P)")->required();
-  cmd->add_option("--microbatches,-M", o.microbatches,
-                  "Microbatches per step (M)")
-      ->required();
-  cmd->add_option("--virtual,-V", o.virtual_stages,
-                  "Virtual stages per rank (V; interleaved-1f1b, gpipe)")
-      ->capture_default_str();
+  CLI::Option* kind =
+      cmd->add_option("--kind", o.kind,
+                      absl::StrCat("Schedule: ", scheduler::kScheduleKindNames))
+          ->capture_default_str();
+  CLI::Option* stages =
+      cmd->add_option("--stages,-P", o.stages, "Pipeline ranks (P)");
+  CLI::Option* microbatches = cmd->add_option(
+      "--microbatches,-M", o.microbatches, "Microbatches per step (M)");
+  CLI::Option* virtual_stages =
+      cmd->add_option("--virtual,-V", o.virtual_stages,
+                      "Virtual stages per rank (V; interleaved-1f1b, gpipe)")
+          ->capture_default_str();
   cmd->add_option("--costs", o.costs,
                   "Per-stage costs F,B or F,BI,BW (default 1,2; 1,1,1 for "
                   "zb-h1). Integers simulate exactly");
@@ -198,6 +272,14 @@ CLI::App* AddScheduleCommand(CLI::App& app, ScheduleCommandOptions& o) {
       ->capture_default_str();
   cmd->add_option("--output,-o", o.output,
                   "Write to this file instead of standard output");
+  cmd->add_option("--from", o.from,
+                  "Validate, simulate and render the schedule in this JSON "
+                  "file (the shape --format json prints) instead of "
+                  "generating one")
+      ->excludes(kind)
+      ->excludes(stages)
+      ->excludes(microbatches)
+      ->excludes(virtual_stages);
   return cmd;
 }
 
@@ -207,23 +289,15 @@ absl::Status RunScheduleCommand(const ScheduleCommandOptions& o,
     return absl::InvalidArgumentError(absl::StrCat(
         "--format: unknown format '", o.format, "'; allowed: text, json, svg"));
   }
-  absl::StatusOr<ScheduleKind> kind = scheduler::ParseScheduleKind(o.kind);
-  if (!kind.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--kind: ", kind.status().message()));
-  }
   ASSIGN_OR_RETURN(
-      Schedule s,
-      scheduler::GenerateSchedule(*kind, {.ranks = o.stages,
-                                          .microbatches = o.microbatches,
-                                          .virtual_stages = o.virtual_stages}));
-  // Generators are tested to produce valid schedules; checking again costs
-  // little and keeps a generator bug from ever reaching a worker.
-  if (absl::Status valid = scheduler::ValidateSchedule(s); !valid.ok()) {
-    return absl::InternalError(valid.message());
+      Schedule s, o.from.empty() ? GenerateValidated(o) : LoadSchedule(o.from));
+  if (s.TotalActions() > kMaxRenderedActions) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the schedule has ", s.TotalActions(),
+                     " actions; conveyorctl renders at most ",
+                     kMaxRenderedActions, " (fewer ranks or microbatches)"));
   }
-  ASSIGN_OR_RETURN(ParsedCosts costs,
-                   ParseCosts(o, *kind == ScheduleKind::kZeroBubbleH1));
+  ASSIGN_OR_RETURN(ParsedCosts costs, ParseCosts(o, HasSplitBackward(s)));
   ASSIGN_OR_RETURN(std::string text, costs.AllIntegers()
                                          ? Render<int64_t>(o, s, costs)
                                          : Render<double>(o, s, costs));
@@ -231,12 +305,17 @@ absl::Status RunScheduleCommand(const ScheduleCommandOptions& o,
     out << text;
     return absl::OkStatus();
   }
+  // FailedPrecondition: retrying will not help until the path is fixed.
   std::ofstream file(o.output, std::ios::binary | std::ios::trunc);
+  if (!file) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot write ", o.output, ": ", std::strerror(errno)));
+  }
   file << text;
   file.close();
   if (!file) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot write ", o.output, ": ", std::strerror(errno)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("writing ", o.output, " failed (disk full?)"));
   }
   return absl::OkStatus();
 }

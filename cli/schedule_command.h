@@ -1,6 +1,7 @@
 // `conveyorctl schedule`: generate, validate, simulate and render a pipeline
 // schedule. The options are registered on a CLI11 subcommand; running them is
-// a separate, testable function. Not thread-safe (owns its options).
+// a separate function over a plain options struct, so it can be called
+// without parsing. Thread-compatible: the options are the caller's.
 #ifndef CONVEYOR_CLI_SCHEDULE_COMMAND_H_
 #define CONVEYOR_CLI_SCHEDULE_COMMAND_H_
 
@@ -14,8 +15,8 @@ namespace conveyor::cli {
 
 struct ScheduleCommandOptions {
   std::string kind = "1f1b";
-  int stages = 0;        // P, required
-  int microbatches = 0;  // M, required
+  int stages = 0;        // P, required unless `from` is set
+  int microbatches = 0;  // M, required unless `from` is set
   int virtual_stages = 1;
   // "F,B" (full backward) or "F,BI,BW" (split backward). Empty: 1,2 for
   // schedules with a full backward, 1,1,1 for zb-h1.
@@ -25,6 +26,9 @@ struct ScheduleCommandOptions {
   std::string activation_bytes = "0";
   std::string format = "text";
   std::string output;  // Empty: standard output.
+  // A schedule in the JSON shape of --format json (hand-written or edited)
+  // to validate, simulate and render instead of generating one.
+  std::string from;
 };
 
 // Adds the `schedule` subcommand to `app`, bound to `options`.

@@ -10,9 +10,12 @@ endif()
 
 set(CONVEYOR_HAVE_CUDA OFF)
 if(NOT CONVEYOR_CUDA STREQUAL "OFF")
+  # Point check_language at the usual toolkit path through CUDACXX rather than
+  # CMAKE_CUDA_COMPILER: check_language skips its trial compile when the
+  # compiler is already set, and AUTO must fall back when nvcc cannot build.
   if(NOT DEFINED CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX}
      AND EXISTS "/usr/local/cuda/bin/nvcc")
-    set(CMAKE_CUDA_COMPILER "/usr/local/cuda/bin/nvcc")
+    set(ENV{CUDACXX} "/usr/local/cuda/bin/nvcc")
   endif()
   include(CheckLanguage)
   check_language(CUDA)
@@ -36,6 +39,6 @@ if(NOT CONVEYOR_CUDA STREQUAL "OFF")
     message(FATAL_ERROR "CONVEYOR_CUDA=ON but no CUDA compiler was found; "
                         "install the CUDA toolkit or set CMAKE_CUDA_COMPILER")
   else()
-    message(STATUS "CUDA toolkit not found: building without the CUDA parts")
+    message(STATUS "No working CUDA compiler found: building without the CUDA parts")
   endif()
 endif()

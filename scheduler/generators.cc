@@ -81,6 +81,10 @@ class GroupsOfP {
 
 }  // namespace
 
+bool TakesVirtualStages(ScheduleKind kind) {
+  return kind == ScheduleKind::kGPipe || kind == ScheduleKind::kInterleaved1F1B;
+}
+
 absl::StatusOr<Schedule> GenerateSchedule(ScheduleKind kind,
                                           const ScheduleOptions& options) {
   switch (kind) {

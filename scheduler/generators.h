@@ -25,6 +25,10 @@ struct ScheduleOptions {
   int virtual_stages = 1;  // V >= 1; only gpipe and interleaved-1f1b take V > 1
 };
 
+// True for the kinds that take V > 1 virtual stages per rank: gpipe and
+// interleaved-1f1b.
+bool TakesVirtualStages(ScheduleKind kind);
+
 // Dispatches on `kind`. InvalidArgument for out-of-range options or a
 // combination the schedule does not support, with the field and the rule.
 absl::StatusOr<Schedule> GenerateSchedule(ScheduleKind kind,
@@ -45,11 +49,12 @@ absl::StatusOr<Schedule> Generate1F1B(const ScheduleOptions& options);
 absl::StatusOr<Schedule> GenerateInterleaved1F1B(
     const ScheduleOptions& options);
 
-// Zero-bubble H1: 1F1B's order of F and BI (so the same activation stash), with
-// each BW deferred to fill the bubble. Rank r holds back up to r weight
-// gradients during the steady phase and runs one per BI while draining, which
-// gives a makespan of M(F+BI+BW) + (P-1)(F+BI-BW) at unit costs with M >= P,
-// against 1F1B's (M+P-1)(F+BI+BW). V must be 1.
+// Zero-bubble H1: 1F1B's order of F and BI, with each BW deferred to fill the
+// bubble. Counting a microbatch as stashed until its BW, every rank peaks at P,
+// which is 1F1B's pipeline-wide peak (its first rank). Rank r holds back up to
+// r weight gradients during the steady phase and runs one per BI while
+// draining, which gives a makespan of M(F+BI+BW) + (P-1)(F+BI-BW) at unit costs
+// with M >= P, against 1F1B's (M+P-1)(F+BI+BW). V must be 1.
 absl::StatusOr<Schedule> GenerateZeroBubbleH1(const ScheduleOptions& options);
 
 }  // namespace conveyor::scheduler

@@ -40,6 +40,18 @@ T At(const std::vector<T>& v, int i) {
   return v.size() == 1 ? v[0] : v[i];
 }
 
+// *sum += x, reporting whether the result is representable. Only integer time
+// can overflow; doubles go to infinity, which the caller's bound catches.
+template <typename T>
+bool AddChecked(T* sum, T x) {
+  if constexpr (std::is_integral_v<T>) {
+    return !__builtin_add_overflow(*sum, x, sum);
+  } else {
+    *sum += x;
+    return std::isfinite(static_cast<double>(*sum));
+  }
+}
+
 }  // namespace
 
 template <typename T>
@@ -54,7 +66,7 @@ template <typename T>
 SimulationCosts<T> SimulationCosts<T>::UniformSplit(T f, T bi, T bw) {
   SimulationCosts c;
   c.forward = {f};
-  c.backward = {bi + bw};
+  // B = BI + BW, summed by Simulate (which checks the sum for overflow).
   c.backward_input = {bi};
   c.backward_weight = {bw};
   return c;
@@ -72,7 +84,6 @@ template <typename T>
 absl::StatusOr<SimulationResult<T>> Simulate(const Schedule& schedule,
                                              const SimulationCosts<T>& costs) {
   const int p = schedule.ranks;
-  const int num_stages = schedule.num_stages();
   const int m = schedule.microbatches;
   if (p < 1 || m < 1 || schedule.virtual_stages < 1 ||
       static_cast<int>(schedule.actions.size()) != p) {
@@ -86,6 +97,7 @@ absl::StatusOr<SimulationResult<T>> Simulate(const Schedule& schedule,
                      " stage-microbatches is too large to simulate (at most ",
                      kMaxStageMicrobatches, ")"));
   }
+  const int num_stages = schedule.num_stages();  // Small enough now.
 
   bool has_full_backward = false, has_split_backward = false;
   for (int r = 0; r < p; ++r) {
@@ -133,24 +145,68 @@ absl::StatusOr<SimulationResult<T>> Simulate(const Schedule& schedule,
               "); use floating-point costs instead"));
         }
       }
-      transfer[s] += bytes / costs.bytes_per_time;
+      if (!AddChecked(&transfer[s], bytes / costs.bytes_per_time)) {
+        return absl::InvalidArgumentError(
+            "costs: latency + bytes / bytes_per_time is too large");
+      }
+    }
+  }
+  // Per-stage durations, looked up once per action below.
+  std::vector<T> forward_cost(num_stages), backward_cost(num_stages),
+      input_cost(num_stages), weight_cost(num_stages);
+  for (int st = 0; st < num_stages; ++st) {
+    forward_cost[st] = At(costs.forward, st);
+    if (!costs.backward_input.empty()) {
+      input_cost[st] = At(costs.backward_input, st);
+      weight_cost[st] = At(costs.backward_weight, st);
+    }
+    if (backward_from_split) {
+      backward_cost[st] = input_cost[st];
+      if (!AddChecked(&backward_cost[st], weight_cost[st])) {
+        return absl::InvalidArgumentError(
+            "costs: backward_input + backward_weight is too large");
+      }
+    } else if (!costs.backward.empty()) {
+      backward_cost[st] = At(costs.backward, st);
     }
   }
   auto duration = [&](const Action& a) -> T {
     switch (a.op) {
       case Op::kForward:
-        return At(costs.forward, a.stage);
+        return forward_cost[a.stage];
       case Op::kBackward:
-        return backward_from_split ? At(costs.backward_input, a.stage) +
-                                         At(costs.backward_weight, a.stage)
-                                   : At(costs.backward, a.stage);
+        return backward_cost[a.stage];
       case Op::kBackwardInput:
-        return At(costs.backward_input, a.stage);
+        return input_cost[a.stage];
       case Op::kBackwardWeight:
-        return At(costs.backward_weight, a.stage);
+        return weight_cost[a.stage];
     }
     return 0;
   };
+
+  // Every instant before the makespan is spent in some action or some
+  // transfer on the critical path, so the sum of all durations and transfers
+  // bounds every time the simulation computes. Checking it once here keeps
+  // the main loop free of overflow checks.
+  {
+    T bound = 0;
+    bool fits = true;
+    for (const auto& program : schedule.actions) {
+      for (const Action& a : program) {
+        fits &= AddChecked(&bound, duration(a));
+        if (a.stage + 1 < num_stages) {
+          fits &= AddChecked(&bound, transfer[a.stage]);
+        }
+      }
+    }
+    if (!fits) {
+      return absl::InvalidArgumentError(
+          std::is_integral_v<T>
+              ? "costs: the schedule's total time overflows 64-bit integer "
+                "time; use smaller units or fractional costs"
+              : "costs: the schedule's total time is not finite");
+    }
+  }
 
   // End times of the producers an action may wait for, by (stage, mb).
   const size_t cells = static_cast<size_t>(num_stages) * m;

@@ -40,7 +40,8 @@ struct SimulationCosts {
 
   // Every stage costs F = f and B = b; no communication cost.
   static SimulationCosts Uniform(T f, T b);
-  // F = f, BI = bi, BW = bw, and B = bi + bw, on every stage.
+  // F = f, BI = bi, BW = bw, and B = bi + bw (backward left empty), on every
+  // stage.
   static SimulationCosts UniformSplit(T f, T bi, T bw);
 };
 
@@ -69,8 +70,9 @@ struct SimulationResult {
 };
 
 // Simulates `schedule` with `costs`. InvalidArgument when a cost vector has the
-// wrong length or a needed cost is missing or negative (or, for int64_t, when
-// a transfer time is not a whole number); FailedPrecondition when the schedule
+// wrong length or a needed cost is missing or negative, when the schedule's
+// total time would overflow, or (for int64_t) when a transfer time is not a
+// whole number; FailedPrecondition when the schedule
 // cannot finish even with asynchronous sends (ValidateSchedule says why).
 template <typename T>
 absl::StatusOr<SimulationResult<T>> Simulate(const Schedule& schedule,

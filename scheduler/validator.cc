@@ -45,10 +45,12 @@ struct Endpoint {
 class Validator {
  public:
   explicit Validator(const Schedule& s)
-      : s_(s), p_(s.ranks), num_stages_(s.num_stages()), m_(s.microbatches) {}
+      : s_(s), p_(s.ranks), m_(s.microbatches) {}
 
   std::optional<ScheduleViolation> Run() {
     if (auto v = CheckShape()) return v;
+    // Only now is P*V known to be small enough to compute in int.
+    num_stages_ = s_.num_stages();
     if (auto v = CheckActions()) return v;
     if (auto v = CheckComplete()) return v;
     if (auto v = CheckMessageOrder()) return v;
@@ -222,12 +224,11 @@ class Validator {
     return std::nullopt;
   }
 
-  // Ranks only talk to their ring neighbours, so channels are numbered
-  // densely: sender * 2 + (0 for rank+1, 1 for rank-1). With P = 2 both
-  // neighbours are the same rank and share channel 0, as they share one
-  // in-order connection.
-  int Channel(int from, int to) const {
-    return 2 * from + (to == (from + 1) % p_ ? 0 : 1);
+  // One in-order channel per sender and direction, matching the two streams
+  // of the executor model: activations and gradients never share an order,
+  // even with P = 2 where both go to the same peer.
+  static int Channel(int from, const Message& m) {
+    return 2 * from + (m.gradient ? 1 : 0);
   }
 
   // Builds the streams (see the header) and checks that, on every channel,
@@ -251,30 +252,30 @@ class Validator {
       for (int i = 0; i < n; ++i) {
         if (auto recv = RecvOf(program[i], r)) {
           const int d = recv->second.gradient ? 1 : 0;
-          auto& seq = channels[Channel(recv->first, r)].expected;
+          auto& seq = channels[Channel(recv->first, recv->second)].expected;
           auto& stream = streams_[2 * r + d];
           if (!open[d]) stream.push_back({});
           open[d] = false;
-          stream.back().Add({recv->first, Channel(recv->first, r),
+          stream.back().Add({recv->first, Channel(recv->first, recv->second),
                              static_cast<int>(seq.size()), false});
           recv_group_[r][i] = static_cast<int>(stream.size()) - 1;
           seq.push_back({recv->second, {r, i}});
         }
         if (auto send = SendOf(program[i], r)) {
           const int d = send->second.gradient ? 1 : 0;
-          auto& seq = channels[Channel(r, send->first)].sent;
+          auto& seq = channels[Channel(r, send->second)].sent;
           auto& stream = streams_[2 * r + d];
           stream.push_back({});
           stream.back().send_action = i;
           open[d] = true;
-          stream.back().Add({send->first, Channel(r, send->first),
+          stream.back().Add({send->first, Channel(r, send->second),
                              static_cast<int>(seq.size()), true});
           seq.push_back({send->second, {r, i}});
         }
       }
     }
     // Report the mismatch whose receiving action comes first (by rank, then
-    // position), so the answer does not depend on hash-map order.
+    // position), so the answer does not depend on channel numbering.
     std::optional<ScheduleViolation> first;
     for (int channel = 0; channel < 2 * p_; ++channel) {
       const Sequences& seq = channels[channel];
@@ -319,6 +320,10 @@ class Validator {
     auto completed = [&](int stream) {
       return posted_groups[stream] - (pending[stream] > 0 ? 1 : 0);
     };
+    // A rank can only be unblocked by its own progress or by a peer matching
+    // one of its posted ops, so a worklist of such ranks is exact.
+    std::vector<int> work(p_);
+    for (int r = 0; r < p_; ++r) work[r] = p_ - 1 - r;
     auto post = [&](int stream) {
       const bool gradient = stream & 1;
       for (const CommOp& op : streams_[stream][posted_groups[stream]].ops()) {
@@ -329,7 +334,7 @@ class Validator {
         bits[op.seq] |= mine;
         if (bits[op.seq] & theirs) {
           if (--pending[StreamOf(op.peer, gradient)] == 0) {
-            unblocked_->push_back(op.peer);
+            work.push_back(op.peer);
           }
         } else {
           ++pending[stream];
@@ -337,12 +342,7 @@ class Validator {
       }
       ++posted_groups[stream];
     };
-    // A rank can only be unblocked by its own progress or by a peer matching
-    // one of its posted ops, so a worklist of such ranks is exact: every
-    // entry runs its rank as far as it goes.
-    std::vector<int> work(p_);
-    for (int r = 0; r < p_; ++r) work[r] = p_ - 1 - r;
-    unblocked_ = &work;
+    // Every entry runs its rank as far as it goes.
     while (!work.empty()) {
       const int r = work.back();
       work.pop_back();
@@ -428,7 +428,8 @@ class Validator {
   }
 
   const Schedule& s_;
-  const int p_, num_stages_, m_;
+  const int p_, m_;
+  int num_stages_ = 0;
   std::vector<unsigned char> fwd_, full_, input_, weight_;
   // One in-order stream per rank and direction: streams_[2r] carries
   // activations, streams_[2r+1] gradients. A group is one send paired with
@@ -444,7 +445,6 @@ class Validator {
     }
   };
   std::vector<std::vector<Group>> streams_;
-  std::vector<int>* unblocked_ = nullptr;  // CheckRendezvous's worklist.
   // recv_group_[r][i]: the group on action i's stream that holds its receive.
   std::vector<std::vector<int>> recv_group_;
 };

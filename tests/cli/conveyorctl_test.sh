@@ -29,7 +29,7 @@ check help 0 'schedule' -- --help
 check schedule_help 0 '--microbatches' -- schedule --help
 check no_subcommand 2 'subcommand is required' --
 check unknown_subcommand 2 '' -- frobnicate
-check missing_required 2 'microbatches is required' -- schedule -P 4
+check missing_required 2 '--stages and --microbatches are required' -- schedule -P 4
 check bad_kind 2 "allowed: gpipe, 1f1b, interleaved-1f1b, zb-h1" -- \
   schedule --kind zb-v -P 4 -M 8
 check bad_format 2 'allowed: text, json, svg' -- schedule -P 2 -M 2 --format png
@@ -65,6 +65,26 @@ if "$ctl" schedule --kind zb-h1 -P 4 -M 8 --format svg -o "$tmp/s.svg" &&
    head -c 200 "$tmp/s.svg" | grep -q '<svg' && tail -c 20 "$tmp/s.svg" | grep -q '</svg>'; then
   passed=$((passed + 1)); else echo "FAIL svg_file"; failed=$((failed + 1)); fi
 
+check too_large_to_render 2 'renders at most 1048576' -- \
+  schedule -P 1024 -M 4096 --format json
+check int_overflow 2 'overflows 64-bit integer' -- \
+  schedule -P 2 -M 2 --costs 9223372036854775807,1
+# --from: a hand-edited schedule is validated, simulated and rendered.
+"$ctl" schedule -P 2 -M 2 --format json -o "$tmp/good.json"
+check from_file 0 '^makespan: 9$' -- schedule --from "$tmp/good.json"
+python3 - "$tmp/good.json" "$tmp/bad.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+a = j["schedule"][1]["actions"]
+a[0], a[1] = a[1], a[0]  # B1.0 before F1.0
+json.dump(j, open(sys.argv[2], "w"))
+PY
+check from_invalid_schedule 2 'rank 1, action #0 \(B1.0\): runs before its forward F1.0' -- \
+  schedule --from "$tmp/bad.json"
+echo '{"kind": "1f1b",' >"$tmp/truncated.json"
+check from_bad_json 2 'parse error at line 2' -- schedule --from "$tmp/truncated.json"
+check from_excludes_generation 2 'excludes' -- schedule --from "$tmp/good.json" -P 3
+check from_missing_file 1 'cannot read' -- schedule --from "$tmp/missing.json"
 check unwritable_output 1 'cannot write' -- \
   schedule -P 2 -M 2 -o /nonexistent-dir/out.txt
 

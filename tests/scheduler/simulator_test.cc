@@ -1,5 +1,7 @@
 #include "scheduler/simulator.h"
 
+#include <limits>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scheduler/generators.h"
@@ -87,6 +89,27 @@ TEST(SimulatorTest, RejectsBadCosts) {
   inexact.activation_bytes = {8};
   EXPECT_THAT(Simulate(s, inexact).status().message(),
               HasSubstr("must be a multiple of bytes_per_time"));
+}
+
+TEST(SimulatorTest, IntegerTimeThatWouldOverflowIsAnErrorNotUB) {
+  Schedule s = Make(ScheduleKind::k1F1B, 2, 2);
+  constexpr int64_t kHuge = std::numeric_limits<int64_t>::max();
+  auto r = Simulate(s, SimulationCosts<int64_t>::Uniform(kHuge, 1));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("overflows 64-bit integer"));
+  auto split = Simulate(Make(ScheduleKind::kZeroBubbleH1, 2, 2),
+                        SimulationCosts<int64_t>::UniformSplit(1, kHuge, 1));
+  EXPECT_EQ(split.status().code(), absl::StatusCode::kInvalidArgument);
+  auto comm = SimulationCosts<int64_t>::Uniform(1, 2);
+  comm.latency = kHuge;
+  comm.bytes_per_time = 1;
+  comm.activation_bytes = {1};
+  EXPECT_THAT(Simulate(s, comm).status().message(), HasSubstr("too large"));
+  // Large but representable totals still simulate exactly.
+  auto big = Simulate(
+      s, SimulationCosts<int64_t>::Uniform(int64_t{1} << 40, int64_t{1} << 41));
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(big->makespan, 3 * (int64_t{3} << 40));
 }
 
 TEST(SimulatorTest, RejectsAbsurdDeclaredSizesBeforeAllocating) {

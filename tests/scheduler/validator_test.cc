@@ -7,6 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scheduler/generators.h"
+#include "scheduler/simulator.h"
 
 namespace conveyor::scheduler {
 namespace {
@@ -137,15 +138,49 @@ TEST(ValidatorTest, ReversedGradientOrderIsCaughtBetweenNeighbours) {
   EXPECT_THAT(v.reason, HasSubstr("sends the gradient of stage 1 mb 1"));
 }
 
-TEST(ValidatorTest,
-     GeneratedSchedulesForTwoRanksWithVirtualStagesShareAChannel) {
-  // With P = 2 and V = 2, activations and gradients between the same two
-  // ranks share one in-order channel; the generator's order must line up.
-  auto s =
+TEST(ValidatorTest, TwoRanksKeepActivationsAndGradientsOnSeparateStreams) {
+  // With P = 2 both directions connect the same two ranks. Rank 1 sends
+  // act(1,0), grad(3,0), act(1,1), ...; rank 0 consumes act(1,0), act(1,1),
+  // grad(3,0), ... On one shared in-order channel that would be a mismatch;
+  // on separate activation and gradient streams (the executor model) each
+  // stream is in order.
+  Schedule s = Parse(2, 2,
+                     {"F0.0 F2.0 F0.1 F2.1 B2.0 B2.1 B0.0 B0.1",
+                      "F1.0 F3.0 B3.0 F1.1 F3.1 B3.1 B1.0 B1.1"},
+                     2);
+  EXPECT_TRUE(ValidateSchedule(s).ok()) << ValidateSchedule(s);
+  auto generated =
       GenerateSchedule(ScheduleKind::kInterleaved1F1B,
                        {.ranks = 2, .microbatches = 4, .virtual_stages = 2});
-  ASSERT_TRUE(s.ok());
-  EXPECT_TRUE(ValidateSchedule(*s).ok()) << ValidateSchedule(*s);
+  ASSERT_TRUE(generated.ok());
+  EXPECT_TRUE(ValidateSchedule(*generated).ok())
+      << ValidateSchedule(*generated);
+}
+
+TEST(ValidatorTest, RingOfBlockedSendsIsADeadlockOnlyUnderRendezvous) {
+  // Breadth-first GPipe with V = 2: every microbatch goes through chunk 0
+  // before any enters chunk 1. With asynchronous sends it runs (the simulator
+  // completes it), but with rendezvous sends rank 1's chunk-0 output waits
+  // for rank 0 to start chunk 1, and rank 0 is still waiting to hand chunk-0
+  // work to rank 1: a ring of blocked activation sends.
+  Schedule s = Parse(2, 4,
+                     {"F0.0 F0.1 F0.2 F0.3 F2.0 F2.1 F2.2 F2.3 "
+                      "B2.3 B2.2 B2.1 B2.0 B0.3 B0.2 B0.1 B0.0",
+                      "F1.0 F1.1 F1.2 F1.3 F3.0 F3.1 F3.2 F3.3 "
+                      "B3.3 B3.2 B3.1 B3.0 B1.3 B1.2 B1.1 B1.0"},
+                     2);
+  EXPECT_TRUE(Simulate(s, SimulationCosts<int64_t>::Uniform(1, 2)).ok());
+  ScheduleViolation v = MustViolate(s);
+  EXPECT_THAT(v.reason, HasSubstr("deadlocks under rendezvous sends"));
+  EXPECT_THAT(v.reason, HasSubstr("waits to send an activation to rank 1"));
+  EXPECT_THAT(v.reason, HasSubstr("waits to send an activation to rank 0"));
+  // The generator visits chunks in groups of P instead, which validates.
+  auto generated =
+      GenerateSchedule(ScheduleKind::kGPipe,
+                       {.ranks = 2, .microbatches = 4, .virtual_stages = 2});
+  ASSERT_TRUE(generated.ok());
+  EXPECT_TRUE(ValidateSchedule(*generated).ok())
+      << ValidateSchedule(*generated);
 }
 
 }  // namespace
