@@ -15,22 +15,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 #include "common/status_macros.h"
 
 namespace conveyor::scheduler {
 namespace {
-
-// A broken invariant of this file: a bug here, not bad input. Aborts with
-// file:line, as the style guide asks. (A macro rather than
-// std::source_location, which clang 14 with libstdc++ 12 lacks.)
-[[noreturn]] void InvariantFailed(const char* file, int line,
-                                  const char* what) {
-  std::fprintf(stderr, "%s:%d: partitioner invariant failed: %s\n", file, line,
-               what);
-  std::abort();
-}
-#define PARTITIONER_CHECK_(ok, what) \
-  ((ok) ? (void)0 : InvariantFailed(__FILE__, __LINE__, what))
 
 // Text that reads back as the same double, so a reported memory bound can be
 // pasted into a config as is (StrCat keeps only 6 digits). Whole numbers below
@@ -41,7 +30,7 @@ std::string Num(double value) {
   const auto [end, ec] = whole ? std::to_chars(buf, buf + sizeof(buf), value,
                                                std::chars_format::fixed)
                                : std::to_chars(buf, buf + sizeof(buf), value);
-  PARTITIONER_CHECK_(ec == std::errc(), "32 bytes hold any double");
+  CONVEYOR_CHECK(ec == std::errc(), "32 bytes hold any double");
   return std::string(buf, end);
 }
 
@@ -282,8 +271,7 @@ std::vector<int> MostEvenSplit(const Segments& seg, int stages,
       self(self, a, mid - 1, ca, best_j);
       self(self, mid + 1, b, best_j, cb);
     };
-    PARTITIONER_CHECK_(row_lo <= row_hi,
-                       "some split passes through every stage");
+    CONVEYOR_CHECK(row_lo <= row_hi, "some split passes through every stage");
     solve(solve, row_lo, row_hi, 0, layers);
     std::swap(prev, cur);
     prev_row_lo = row_lo;
@@ -296,11 +284,11 @@ std::vector<int> MostEvenSplit(const Segments& seg, int stages,
     stage_begin.push_back(i);
     // Every row the path reaches was solved, with a finite value.
     i = choice[static_cast<size_t>(r - 1) * (layers + 1) + i];
-    PARTITIONER_CHECK_(
+    CONVEYOR_CHECK(
         i > stage_begin.back() && i <= layers - (r - 1),
         "each stage ends after it begins, leaving a layer per later stage");
   }
-  PARTITIONER_CHECK_(i == layers, "the stages cover every layer");
+  CONVEYOR_CHECK(i == layers, "the stages cover every layer");
   return stage_begin;
 }
 
@@ -384,8 +372,8 @@ absl::StatusOr<Partition> PartitionLayers(const PartitionInput& input) {
   Partition p =
       MakePartition(seg, input, MostEvenSplit(seg, input.num_stages, best));
   // The split meets `best` by construction, and nothing beats `best`.
-  PARTITIONER_CHECK_(p.max_stage_cost == best,
-                     "the most even split keeps the optimum");
+  CONVEYOR_CHECK(p.max_stage_cost == best,
+                 "the most even split keeps the optimum");
   return p;
 }
 

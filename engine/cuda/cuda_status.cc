@@ -68,15 +68,4 @@ absl::Status CudaStatus(cudaError_t error, absl::string_view context) {
   return absl::Status(CudaErrorToStatusCode(error), message);
 }
 
-namespace cuda_internal {
-
-void CheckFailed(const char* file, int line, const char* expression,
-                 absl::string_view message) {
-  std::fprintf(stderr, "%s:%d: check failed: %s: %.*s\n", file, line,
-               expression, static_cast<int>(message.size()), message.data());
-  std::fflush(stderr);
-  std::abort();
-}
-
-}  // namespace cuda_internal
 }  // namespace conveyor

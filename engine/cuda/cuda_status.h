@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "common/check.h"
 
 namespace conveyor {
 
@@ -57,28 +58,18 @@ std::string CudaErrorMessage(cudaError_t error);
 // being done, e.g. "cudaMalloc(4096 bytes) on device 0".
 absl::Status CudaStatus(cudaError_t error, absl::string_view context);
 
-namespace cuda_internal {
-
-// Prints "<file>:<line>: check failed: <expression>: <message>" to stderr
-// and aborts. Out of line, so each check inlines only a compare and a rarely
-// taken branch.
-[[noreturn]] void CheckFailed(const char* file, int line,
-                              const char* expression,
-                              absl::string_view message);
-
-}  // namespace cuda_internal
 }  // namespace conveyor
 
 // Evaluates `err` once; unless it equals `success`, aborts with file:line,
 // the expression text and error_fn(err) (anything convertible to
 // absl::string_view: const char* or std::string).
-#define CONVEYOR_CUDA_CHECK_GEN(err, success, error_fn)                      \
-  do {                                                                       \
-    auto conveyor_check_err_ = (err);                                        \
-    if (conveyor_check_err_ != (success)) [[unlikely]] {                     \
-      ::conveyor::cuda_internal::CheckFailed(__FILE__, __LINE__, #err,       \
-                                             error_fn(conveyor_check_err_)); \
-    }                                                                        \
+#define CONVEYOR_CUDA_CHECK_GEN(err, success, error_fn)                       \
+  do {                                                                        \
+    auto conveyor_check_err_ = (err);                                         \
+    if (conveyor_check_err_ != (success)) [[unlikely]] {                      \
+      ::conveyor::check_internal::CheckFailed(__FILE__, __LINE__, #err,       \
+                                              error_fn(conveyor_check_err_)); \
+    }                                                                         \
   } while (false)
 
 // Aborts unless `err` (a cudaError_t expression) is cudaSuccess.
