@@ -158,6 +158,8 @@ absl::StatusOr<SimulationResult<T>> Simulate(const Schedule& schedule,
     forward_cost[st] = At(costs.forward, st);
     if (!costs.backward_input.empty()) {
       input_cost[st] = At(costs.backward_input, st);
+    }
+    if (!costs.backward_weight.empty()) {
       weight_cost[st] = At(costs.backward_weight, st);
     }
     if (backward_from_split) {
@@ -185,18 +187,20 @@ absl::StatusOr<SimulationResult<T>> Simulate(const Schedule& schedule,
   };
 
   // Every instant before the makespan is spent in some action or some
-  // transfer on the critical path, so the sum of all durations and transfers
-  // bounds every time the simulation computes. Checking it once here keeps
-  // the main loop free of overflow checks.
+  // transfer on the critical path, and each action sends at most one tensor,
+  // so the sum over actions of (duration + the longest transfer) bounds every
+  // time the simulation computes. Checking it once here keeps the main loop
+  // free of overflow checks.
   {
+    const T longest_transfer =
+        transfer.empty() ? T{0}
+                         : *std::max_element(transfer.begin(), transfer.end());
     T bound = 0;
     bool fits = true;
     for (const auto& program : schedule.actions) {
       for (const Action& a : program) {
         fits &= AddChecked(&bound, duration(a));
-        if (a.stage + 1 < num_stages) {
-          fits &= AddChecked(&bound, transfer[a.stage]);
-        }
+        fits &= AddChecked(&bound, longest_transfer);
       }
     }
     if (!fits) {

@@ -67,6 +67,16 @@ TEST(SimulatorTest, SplitBackwardTracksPendingWeightGradients) {
   EXPECT_THAT(r->peak_inflight, ElementsAre(4, 4, 4, 4));
 }
 
+TEST(SimulatorTest, BackwardInputAloneDoesNotNeedBackwardWeight) {
+  // A full-backward schedule with only backward_input given (and backward
+  // set) must not read the empty backward_weight.
+  auto costs = SimulationCosts<int64_t>::Uniform(1, 2);
+  costs.backward_input = {1};
+  auto r = Simulate(Make(ScheduleKind::k1F1B, 2, 2), costs);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->makespan, 9);
+}
+
 TEST(SimulatorTest, RejectsBadCosts) {
   Schedule s = Make(ScheduleKind::k1F1B, 2, 2);
   SimulationCosts<int64_t> empty;
