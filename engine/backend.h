@@ -1,0 +1,172 @@
+// Backend: the device behind tensors. Allocation, copies, and every kernel the
+// layers, losses and optimizers need, so layers are written once for CPU and
+// CUDA alike.
+//
+// Execution model (what a CUDA backend implements with one compute stream):
+// kernels are enqueued in call order and may run asynchronously; results are
+// visible to later kernels on the same backend at once, and to the host only
+// after Synchronize(). Calls returning host values (losses, SumSquares)
+// synchronize themselves. Cross-stream ordering (compute vs communication)
+// will use events, added with the CUDA backend.
+//
+// Kernel arguments are f32 unless stated; shapes are the caller's contract:
+// a mismatch is a bug in a layer and aborts (CONVEYOR_CHECK), while failures
+// with outside causes (out of memory, bad token ids from data) return Status.
+// Outputs named `out`/`y`/`dx` are overwritten; gradients of parameters are
+// accumulated (+=), because a step accumulates over microbatches.
+//
+// Thread-compatible: one thread drives a backend at a time.
+#ifndef CONVEYOR_ENGINE_BACKEND_H_
+#define CONVEYOR_ENGINE_BACKEND_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "engine/tensor.h"
+
+namespace conveyor::engine {
+
+// One strided batch of GEMMs over raw f32 device pointers, row-major:
+// for i in [0, batch): C_i = alpha * op(A_i) op(B_i) + beta * C_i, with
+// op(A_i) [m, k], op(B_i) [k, n], C_i [m, n], X_i = x + i * stride_x.
+struct GemmBatch {
+  int64_t batch = 1;
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  const float* a = nullptr;
+  int64_t lda = 0, stride_a = 0;
+  const float* b = nullptr;
+  int64_t ldb = 0, stride_b = 0;
+  float* c = nullptr;
+  int64_t ldc = 0, stride_c = 0;
+};
+
+struct AdamParams {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float weight_decay = 0.0f;
+  bool decoupled_weight_decay = false;  // AdamW
+  int64_t step = 1;                     // 1-based, for bias correction
+};
+
+struct SgdParams {
+  float lr = 1e-2f, momentum = 0.0f, dampening = 0.0f, weight_decay = 0.0f;
+  bool nesterov = false;
+  bool first_step = true;  // torch: the momentum buffer starts as the grad
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual absl::string_view Name() const = 0;
+
+  // --- Memory -------------------------------------------------------------
+  // Uninitialized memory. ResourceExhausted when the device is out of memory.
+  virtual absl::StatusOr<Tensor> Empty(const Shape& shape, DType dtype) = 0;
+  absl::StatusOr<Tensor> Zeros(const Shape& shape, DType dtype = DType::kF32);
+  // Called by Buffer when the last tensor using it goes.
+  virtual void FreeBuffer(void* data, size_t bytes) = 0;
+  virtual absl::Status CopyFromHost(const void* src, size_t bytes,
+                                    const Tensor& dst) = 0;
+  virtual absl::Status CopyToHost(const Tensor& src, void* dst,
+                                  size_t bytes) = 0;
+  // dst = src (same shape and dtype, this backend).
+  virtual void Copy(const Tensor& src, const Tensor& dst) = 0;
+  virtual absl::Status Synchronize() = 0;
+
+  // --- Linear algebra -----------------------------------------------------
+  // c = alpha * op(a) op(b) + beta * c, each viewed as 2-D (Tensor::As2D).
+  virtual void Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a,
+                    const Tensor& b, float beta, const Tensor& c) = 0;
+  virtual void GemmStridedBatched(const GemmBatch& batch) = 0;
+
+  // --- Elementwise ----------------------------------------------------------
+  virtual void Fill(const Tensor& x, float value) = 0;
+  virtual void Scale(const Tensor& x, float alpha) = 0;  // x *= a
+  virtual void Axpy(float alpha, const Tensor& x,
+                    const Tensor& y) = 0;  // y += a x
+  virtual void Add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  // x[r, :] += bias for every row r of x viewed as [rows, bias.numel()].
+  virtual void AddRowBias(const Tensor& x, const Tensor& bias) = 0;
+  // out = beta * out + sum over the rows of x viewed as [rows, out.numel()].
+  virtual void SumRows(const Tensor& x, float beta, const Tensor& out) = 0;
+  virtual void Relu(const Tensor& x, const Tensor& y) = 0;
+  virtual void ReluBackward(const Tensor& x, const Tensor& dy,
+                            const Tensor& dx) = 0;
+  // GELU, exact (erf) or with the tanh approximation, as torch.nn.GELU.
+  virtual void Gelu(const Tensor& x, bool tanh, const Tensor& y) = 0;
+  virtual void GeluBackward(const Tensor& x, bool tanh, const Tensor& dy,
+                            const Tensor& dx) = 0;
+
+  // --- Layer normalization over the last dimension --------------------------
+  // y = (x - mean) * rstd * gamma + beta; mean and rstd have one entry per
+  // row and are kept for backward. gamma and beta may be undefined (no
+  // affine).
+  virtual void LayerNorm(const Tensor& x, const Tensor& gamma,
+                         const Tensor& beta, float eps, const Tensor& y,
+                         const Tensor& mean, const Tensor& rstd) = 0;
+  virtual void LayerNormBackwardInput(const Tensor& x, const Tensor& gamma,
+                                      const Tensor& mean, const Tensor& rstd,
+                                      const Tensor& dy, const Tensor& dx) = 0;
+  // dgamma += sum(dy * xhat), dbeta += sum(dy) over rows.
+  virtual void LayerNormBackwardWeight(const Tensor& x, const Tensor& mean,
+                                       const Tensor& rstd, const Tensor& dy,
+                                       const Tensor& dgamma,
+                                       const Tensor& dbeta) = 0;
+
+  // --- Attention pieces
+  // ------------------------------------------------------- Row softmax of
+  // scale * x over the last dimension of x viewed as [batch, rows, cols]; with
+  // `causal`, entry (r, c) is masked when c > r.
+  virtual void Softmax(const Tensor& x, float scale, bool causal,
+                       const Tensor& y) = 0;
+  // dx = scale * y * (dy - sum(dy * y)) per row.
+  virtual void SoftmaxBackward(const Tensor& y, const Tensor& dy, float scale,
+                               const Tensor& dx) = 0;
+  // qkv [B, S, 3, H, D] -> q, k, v each [B, H, S, D] (torch's in_proj order).
+  virtual void SplitHeads(const Tensor& qkv, int64_t heads, const Tensor& q,
+                          const Tensor& k, const Tensor& v) = 0;
+  virtual void SplitHeadsBackward(const Tensor& dq, const Tensor& dk,
+                                  const Tensor& dv, int64_t heads,
+                                  const Tensor& dqkv) = 0;
+  // x [B, H, S, D] -> out [B, S, H*D], and back.
+  virtual void MergeHeads(const Tensor& x, const Tensor& out) = 0;
+  virtual void MergeHeadsBackward(const Tensor& dout, const Tensor& dx) = 0;
+
+  // --- Embedding ------------------------------------------------------------
+  // out[i, :] = table[ids[i], :]; ids is I64. InvalidArgument for an id
+  // outside [0, vocab) (it comes from data).
+  virtual absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table,
+                                        const Tensor& out) = 0;
+  // dtable[ids[i], :] += dy[i, :].
+  virtual void EmbeddingBackward(const Tensor& ids, const Tensor& dy,
+                                 const Tensor& dtable) = 0;
+
+  // --- Losses: the mean loss, and its gradient times grad_scale -------------
+  // mean((y - t)^2) over all elements; dy = grad_scale * 2 (y - t) / n.
+  virtual absl::StatusOr<float> MseLoss(const Tensor& y, const Tensor& target,
+                                        float grad_scale, const Tensor& dy) = 0;
+  // Mean over rows of -log softmax(logits)[target]; logits [n, V], targets
+  // I64 [n]. InvalidArgument for a target outside [0, V).
+  virtual absl::StatusOr<float> CrossEntropyLoss(const Tensor& logits,
+                                                 const Tensor& targets,
+                                                 float grad_scale,
+                                                 const Tensor& dlogits) = 0;
+
+  // --- Optimizers (torch.optim semantics)
+  // -------------------------------------
+  virtual void SgdUpdate(const SgdParams& p, const Tensor& param,
+                         const Tensor& grad, const Tensor& momentum) = 0;
+  virtual void AdamUpdate(const AdamParams& p, const Tensor& param,
+                          const Tensor& grad, const Tensor& exp_avg,
+                          const Tensor& exp_avg_sq) = 0;
+  // Sum of squares (for global gradient-norm clipping), in double.
+  virtual absl::StatusOr<double> SumSquares(const Tensor& x) = 0;
+};
+
+}  // namespace conveyor::engine
+
+#endif  // CONVEYOR_ENGINE_BACKEND_H_

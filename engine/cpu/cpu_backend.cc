@@ -1,0 +1,250 @@
+// Memory, GEMM and elementwise kernels of the CPU backend. The
+// normalization, attention, embedding, loss and optimizer kernels are in
+// cpu_nn_kernels.cc.
+#include "engine/cpu/cpu_backend.h"
+
+#include <cblas.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cpu/parallel.h"
+
+namespace conveyor::engine {
+namespace {
+
+constexpr size_t kAlignment = 64;  // A cache line; enough for AVX-512 loads.
+
+float* F(const Tensor& t) { return t.data<float>(); }
+
+void CheckSameNumel(const Tensor& a, const Tensor& b, const char* what) {
+  CONVEYOR_CHECK(a.numel() == b.numel(), what);
+}
+
+}  // namespace
+
+CpuBackend* CpuBackend::Get() {
+  static CpuBackend* backend = new CpuBackend();
+  return backend;
+}
+
+absl::StatusOr<Tensor> CpuBackend::Empty(const Shape& shape, DType dtype) {
+  for (int64_t d : shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("negative dimension in shape ", ShapeString(shape)));
+    }
+  }
+  const size_t bytes =
+      static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype);
+  // aligned_alloc needs a size that is a multiple of the alignment, and a
+  // zero-size tensor still gets a real (tiny) buffer so data() is valid.
+  const size_t padded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  void* data =
+      std::aligned_alloc(kAlignment, padded == 0 ? kAlignment : padded);
+  if (data == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cpu: cannot allocate ", bytes, " bytes for ",
+                     DTypeName(dtype), ShapeString(shape)));
+  }
+  return Tensor(std::make_shared<Buffer>(this, data, padded), shape, dtype);
+}
+
+void CpuBackend::FreeBuffer(void* data, size_t /*bytes*/) { std::free(data); }
+
+absl::Status CpuBackend::CopyFromHost(const void* src, size_t bytes,
+                                      const Tensor& dst) {
+  if (bytes != dst.bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "copy of ", bytes, " bytes into a tensor of ", dst.bytes()));
+  }
+  if (bytes > 0) std::memcpy(dst.raw(), src, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CopyToHost(const Tensor& src, void* dst,
+                                    size_t bytes) {
+  if (bytes != src.bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "copy of a tensor of ", src.bytes(), " bytes into ", bytes));
+  }
+  if (bytes > 0) std::memcpy(dst, src.raw(), bytes);
+  return absl::OkStatus();
+}
+
+void CpuBackend::Copy(const Tensor& src, const Tensor& dst) {
+  CONVEYOR_CHECK(src.bytes() == dst.bytes() && src.dtype() == dst.dtype(),
+                 "copy between different shapes or dtypes");
+  if (src.bytes() > 0 && src.raw() != dst.raw()) {
+    std::memcpy(dst.raw(), src.raw(), src.bytes());
+  }
+}
+
+void CpuBackend::Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a,
+                      const Tensor& b, float beta, const Tensor& c) {
+  const Tensor a2 = a.As2D(), b2 = b.As2D(), c2 = c.As2D();
+  GemmBatch g;
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
+  g.m = trans_a ? a2.dim(1) : a2.dim(0);
+  g.k = trans_a ? a2.dim(0) : a2.dim(1);
+  g.n = trans_b ? b2.dim(0) : b2.dim(1);
+  CONVEYOR_CHECK((trans_b ? b2.dim(1) : b2.dim(0)) == g.k,
+                 "gemm inner dimensions differ");
+  CONVEYOR_CHECK(c2.dim(0) == g.m && c2.dim(1) == g.n,
+                 "gemm output has the wrong shape");
+  g.alpha = alpha;
+  g.beta = beta;
+  g.a = F(a2);
+  g.lda = a2.dim(1);
+  g.b = F(b2);
+  g.ldb = b2.dim(1);
+  g.c = F(c2);
+  g.ldc = c2.dim(1);
+  GemmStridedBatched(g);
+}
+
+void CpuBackend::GemmStridedBatched(const GemmBatch& g) {
+  if (g.m == 0 || g.n == 0) return;
+  for (int64_t i = 0; i < g.batch; ++i) {
+    float* c = g.c + i * g.stride_c;
+    if (g.k == 0) {
+      // BLAS leaves C untouched when k == 0 only if beta == 1; do it by hand.
+      for (int64_t r = 0; r < g.m; ++r) {
+        for (int64_t col = 0; col < g.n; ++col) c[r * g.ldc + col] *= g.beta;
+      }
+      continue;
+    }
+    cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
+                g.trans_b ? CblasTrans : CblasNoTrans, g.m, g.n, g.k, g.alpha,
+                g.a + i * g.stride_a, g.lda, g.b + i * g.stride_b, g.ldb,
+                g.beta, c, g.ldc);
+  }
+}
+
+void CpuBackend::Fill(const Tensor& x, float value) {
+  float* p = F(x);
+  ParallelFor(x.numel(), [=](int64_t i) { p[i] = value; });
+}
+
+void CpuBackend::Scale(const Tensor& x, float alpha) {
+  float* p = F(x);
+  ParallelFor(x.numel(), [=](int64_t i) { p[i] *= alpha; });
+}
+
+void CpuBackend::Axpy(float alpha, const Tensor& x, const Tensor& y) {
+  CheckSameNumel(x, y, "axpy operands differ in size");
+  const float* px = F(x);
+  float* py = F(y);
+  ParallelFor(x.numel(), [=](int64_t i) { py[i] += alpha * px[i]; });
+}
+
+void CpuBackend::Add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  CheckSameNumel(a, b, "add operands differ in size");
+  CheckSameNumel(a, out, "add output differs in size");
+  const float *pa = F(a), *pb = F(b);
+  float* po = F(out);
+  ParallelFor(a.numel(), [=](int64_t i) { po[i] = pa[i] + pb[i]; });
+}
+
+void CpuBackend::AddRowBias(const Tensor& x, const Tensor& bias) {
+  const int64_t cols = bias.numel();
+  CONVEYOR_CHECK(cols > 0 && x.numel() % cols == 0,
+                 "bias does not divide the rows");
+  const int64_t rows = x.numel() / cols;
+  float* px = F(x);
+  const float* pb = F(bias);
+  ParallelForRows(rows, cols, [=](int64_t r) {
+    float* row = px + r * cols;
+    for (int64_t c = 0; c < cols; ++c) row[c] += pb[c];
+  });
+}
+
+void CpuBackend::SumRows(const Tensor& x, float beta, const Tensor& out) {
+  const int64_t cols = out.numel();
+  CONVEYOR_CHECK(cols > 0 && x.numel() % cols == 0,
+                 "sum-rows output does not divide the input");
+  const int64_t rows = x.numel() / cols;
+  const float* px = F(x);
+  float* po = F(out);
+  // Columns in parallel, rows in order: deterministic, and each thread reads
+  // whole cache lines of a row band.
+  ParallelForRows(cols, rows, [=](int64_t c) {
+    double sum = 0;
+    for (int64_t r = 0; r < rows; ++r) sum += px[r * cols + c];
+    po[c] = beta * po[c] + static_cast<float>(sum);
+  });
+}
+
+void CpuBackend::Relu(const Tensor& x, const Tensor& y) {
+  CheckSameNumel(x, y, "relu output differs in size");
+  const float* px = F(x);
+  float* py = F(y);
+  ParallelFor(x.numel(), [=](int64_t i) { py[i] = px[i] > 0 ? px[i] : 0.0f; });
+}
+
+void CpuBackend::ReluBackward(const Tensor& x, const Tensor& dy,
+                              const Tensor& dx) {
+  CheckSameNumel(x, dy, "relu gradient differs in size");
+  CheckSameNumel(x, dx, "relu gradient differs in size");
+  const float *px = F(x), *pdy = F(dy);
+  float* pdx = F(dx);
+  ParallelFor(x.numel(),
+              [=](int64_t i) { pdx[i] = px[i] > 0 ? pdy[i] : 0.0f; });
+}
+
+namespace {
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kInvSqrt2 = 0.7071067811865476f;
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+constexpr float kGeluCubic = 0.044715f;
+
+}  // namespace
+
+void CpuBackend::Gelu(const Tensor& x, bool tanh, const Tensor& y) {
+  CheckSameNumel(x, y, "gelu output differs in size");
+  const float* px = F(x);
+  float* py = F(y);
+  if (tanh) {
+    ParallelFor(x.numel(), [=](int64_t i) {
+      const float v = px[i];
+      py[i] = 0.5f * v *
+              (1.0f + std::tanh(kSqrt2OverPi * (v + kGeluCubic * v * v * v)));
+    });
+  } else {
+    ParallelFor(x.numel(), [=](int64_t i) {
+      const float v = px[i];
+      py[i] = 0.5f * v * (1.0f + std::erf(v * kInvSqrt2));
+    });
+  }
+}
+
+void CpuBackend::GeluBackward(const Tensor& x, bool tanh, const Tensor& dy,
+                              const Tensor& dx) {
+  CheckSameNumel(x, dy, "gelu gradient differs in size");
+  CheckSameNumel(x, dx, "gelu gradient differs in size");
+  const float *px = F(x), *pdy = F(dy);
+  float* pdx = F(dx);
+  if (tanh) {
+    ParallelFor(x.numel(), [=](int64_t i) {
+      const float v = px[i];
+      const float t = std::tanh(kSqrt2OverPi * (v + kGeluCubic * v * v * v));
+      const float dt =
+          (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
+      pdx[i] = pdy[i] * (0.5f * (1.0f + t) + 0.5f * v * dt);
+    });
+  } else {
+    ParallelFor(x.numel(), [=](int64_t i) {
+      const float v = px[i];
+      const float cdf = 0.5f * (1.0f + std::erf(v * kInvSqrt2));
+      const float pdf = kInvSqrt2Pi * std::exp(-0.5f * v * v);
+      pdx[i] = pdy[i] * (cdf + v * pdf);
+    });
+  }
+}
+
+}  // namespace conveyor::engine

@@ -1,0 +1,316 @@
+#include "engine/cpu/cpu_backend.h"
+
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/engine/test_util.h"
+
+namespace conveyor::engine {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_util::AllClose;
+using testing_util::FromVector;
+using testing_util::Ids;
+using testing_util::Random;
+using testing_util::RandomTensor;
+using testing_util::ToVector;
+using testing_util::ZerosLike;
+
+CpuBackend* B() { return CpuBackend::Get(); }
+
+// Naive row-major reference: C = alpha op(A) op(B) + beta C, in double.
+std::vector<float> NaiveGemm(bool ta, bool tb, int m, int n, int k, float alpha,
+                             const std::vector<float>& a,
+                             const std::vector<float>& b, float beta,
+                             std::vector<float> c) {
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < n; ++j) {
+      double s = 0;
+      for (int p = 0; p < k; ++p) {
+        const double av = ta ? a[p * m + i] : a[i * k + p];
+        const double bv = tb ? b[j * k + p] : b[p * n + j];
+        s += av * bv;
+      }
+      c[i * n + j] = static_cast<float>(alpha * s + beta * c[i * n + j]);
+    }
+  }
+  return c;
+}
+
+TEST(CpuBackendTest, GemmMatchesNaiveForEveryTransposeAndBeta) {
+  const int m = 5, n = 7, k = 3;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      auto a = Random(m * k, 1), b = Random(k * n, 2), c = Random(m * n, 3);
+      Tensor ta_t = FromVector(ta ? Shape{k, m} : Shape{m, k}, a);
+      Tensor tb_t = FromVector(tb ? Shape{n, k} : Shape{k, n}, b);
+      Tensor tc = FromVector({m, n}, c);
+      B()->Gemm(ta, tb, 0.5f, ta_t, tb_t, 2.0f, tc);
+      EXPECT_TRUE(AllClose(ToVector(tc),
+                           NaiveGemm(ta, tb, m, n, k, 0.5f, a, b, 2.0f, c),
+                           1e-5, 1e-5))
+          << "ta=" << ta << " tb=" << tb;
+    }
+  }
+}
+
+TEST(CpuBackendTest, StridedBatchedGemmRunsEachBatch) {
+  const int batch = 3, m = 2, n = 4, k = 5;
+  auto a = Random(batch * m * k, 4), b = Random(batch * k * n, 5);
+  std::vector<float> c(batch * m * n, 0.0f);
+  GemmBatch g;
+  g.batch = batch;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a.data();
+  g.lda = k;
+  g.stride_a = m * k;
+  g.b = b.data();
+  g.ldb = n;
+  g.stride_b = k * n;
+  g.c = c.data();
+  g.ldc = n;
+  g.stride_c = m * n;
+  B()->GemmStridedBatched(g);
+  for (int i = 0; i < batch; ++i) {
+    std::vector<float> ai(a.begin() + i * m * k, a.begin() + (i + 1) * m * k);
+    std::vector<float> bi(b.begin() + i * k * n, b.begin() + (i + 1) * k * n);
+    std::vector<float> ci(c.begin() + i * m * n, c.begin() + (i + 1) * m * n);
+    EXPECT_TRUE(AllClose(ci,
+                         NaiveGemm(false, false, m, n, k, 1, ai, bi, 0,
+                                   std::vector<float>(m * n)),
+                         1e-5, 1e-5));
+  }
+}
+
+TEST(CpuBackendTest, ElementwiseKernels) {
+  Tensor x = FromVector({2, 3}, {1, -2, 3, -4, 5, -6});
+  Tensor y = ZerosLike(x);
+  B()->Relu(x, y);
+  EXPECT_EQ(ToVector(y), (std::vector<float>{1, 0, 3, 0, 5, 0}));
+  Tensor dx = ZerosLike(x);
+  B()->ReluBackward(x, FromVector({2, 3}, {1, 1, 1, 1, 1, 1}), dx);
+  EXPECT_EQ(ToVector(dx), (std::vector<float>{1, 0, 1, 0, 1, 0}));
+  Tensor bias = FromVector({3}, {10, 20, 30});
+  B()->AddRowBias(y, bias);
+  EXPECT_EQ(ToVector(y), (std::vector<float>{11, 20, 33, 10, 25, 30}));
+  Tensor sums = FromVector({3}, {1, 1, 1});
+  B()->SumRows(x, 1.0f, sums);
+  EXPECT_EQ(ToVector(sums), (std::vector<float>{-2, 4, -2}));
+  B()->Axpy(2.0f, x, y);
+  EXPECT_EQ(ToVector(y), (std::vector<float>{13, 16, 39, 2, 35, 18}));
+  B()->Scale(y, 0.5f);
+  EXPECT_EQ(ToVector(y)[0], 6.5f);
+  Tensor sum = ZerosLike(x);
+  B()->Add(x, x, sum);
+  EXPECT_EQ(ToVector(sum)[2], 6.0f);
+  EXPECT_DOUBLE_EQ(*B()->SumSquares(x), 1 + 4 + 9 + 16 + 25 + 36);
+}
+
+// Central finite difference of a scalar function of one input element.
+double NumericGrad(const std::function<double()>& f, float* x, double h) {
+  const float saved = *x;
+  *x = static_cast<float>(saved + h);
+  const double up = f();
+  *x = static_cast<float>(saved - h);
+  const double down = f();
+  *x = saved;
+  return (up - down) / (2 * h);
+}
+
+TEST(CpuBackendTest, GeluMatchesTorchValuesAndItsDerivative) {
+  // torch.nn.GELU()(torch.tensor([-1., 0.5, 2.])) and approximate='tanh'.
+  Tensor x = FromVector({3}, {-1.0f, 0.5f, 2.0f});
+  Tensor y = ZerosLike(x);
+  B()->Gelu(x, false, y);
+  EXPECT_TRUE(
+      AllClose(ToVector(y), {-0.158655f, 0.345731f, 1.954500f}, 0, 1e-5));
+  B()->Gelu(x, true, y);
+  EXPECT_TRUE(
+      AllClose(ToVector(y), {-0.158808f, 0.345714f, 1.954598f}, 0, 1e-5));
+  for (bool tanh : {false, true}) {
+    Tensor dx = ZerosLike(x);
+    B()->GeluBackward(x, tanh, FromVector({3}, {1, 1, 1}), dx);
+    for (int i = 0; i < 3; ++i) {
+      auto f = [&] {
+        B()->Gelu(x, tanh, y);
+        return static_cast<double>(y.data<float>()[i]);
+      };
+      EXPECT_NEAR(dx.data<float>()[i],
+                  NumericGrad(f, x.data<float>() + i, 1e-3), 1e-3);
+    }
+  }
+}
+
+TEST(CpuBackendTest, LayerNormForwardAndBothBackwards) {
+  const int rows = 3, cols = 5;
+  Tensor x = RandomTensor({rows, cols}, 7), g = RandomTensor({cols}, 8),
+         b = RandomTensor({cols}, 9), w = RandomTensor({rows, cols}, 10);
+  Tensor y = ZerosLike(x), mean = *B()->Zeros({rows}),
+         rstd = *B()->Zeros({rows});
+  auto loss = [&] {
+    B()->LayerNorm(x, g, b, 1e-5f, y, mean, rstd);
+    double s = 0;
+    for (int i = 0; i < rows * cols; ++i)
+      s += y.data<float>()[i] * w.data<float>()[i];
+    return s;
+  };
+  loss();
+  // Each normalized row has mean ~0 and variance ~1 before the affine part.
+  for (int r = 0; r < rows; ++r) {
+    double mu = 0;
+    for (int c = 0; c < cols; ++c) {
+      mu += (y.data<float>()[r * cols + c] - b.data<float>()[c]) /
+            g.data<float>()[c];
+    }
+    EXPECT_NEAR(mu / cols, 0.0, 1e-5);
+  }
+  Tensor dx = ZerosLike(x), dg = ZerosLike(g), db = ZerosLike(b);
+  B()->LayerNormBackwardInput(x, g, mean, rstd, w, dx);
+  B()->LayerNormBackwardWeight(x, mean, rstd, w, dg, db);
+  for (int i = 0; i < rows * cols; ++i) {
+    EXPECT_NEAR(dx.data<float>()[i],
+                NumericGrad(loss, x.data<float>() + i, 1e-2), 2e-2);
+  }
+  for (int c = 0; c < cols; ++c) {
+    EXPECT_NEAR(dg.data<float>()[c],
+                NumericGrad(loss, g.data<float>() + c, 1e-2), 2e-2);
+    EXPECT_NEAR(db.data<float>()[c],
+                NumericGrad(loss, b.data<float>() + c, 1e-2), 2e-2);
+  }
+}
+
+TEST(CpuBackendTest, CausalSoftmaxMasksTheFutureAndBackwardMatches) {
+  const int batch = 2, s = 3;
+  Tensor x = RandomTensor({batch, s, s}, 11),
+         w = RandomTensor({batch, s, s}, 12);
+  Tensor y = ZerosLike(x);
+  auto loss = [&] {
+    B()->Softmax(x, 0.5f, true, y);
+    double sum = 0;
+    for (int i = 0; i < batch * s * s; ++i)
+      sum += y.data<float>()[i] * w.data<float>()[i];
+    return sum;
+  };
+  loss();
+  for (int bi = 0; bi < batch; ++bi) {
+    for (int r = 0; r < s; ++r) {
+      double row = 0;
+      for (int c = 0; c < s; ++c) {
+        const float v = y.data<float>()[(bi * s + r) * s + c];
+        if (c > r) {
+          EXPECT_EQ(v, 0.0f);
+        }
+        row += v;
+      }
+      EXPECT_NEAR(row, 1.0, 1e-6);
+    }
+  }
+  Tensor dx = ZerosLike(x);
+  B()->SoftmaxBackward(y, w, 0.5f, dx);
+  for (int i = 0; i < batch * s * s; ++i) {
+    EXPECT_NEAR(dx.data<float>()[i],
+                NumericGrad(loss, x.data<float>() + i, 1e-2), 1e-3);
+  }
+}
+
+TEST(CpuBackendTest, SplitAndMergeHeadsFollowTorchLayout) {
+  const int b = 2, s = 3, h = 2, d = 2;
+  std::vector<float> packed(b * s * 3 * h * d);
+  for (size_t i = 0; i < packed.size(); ++i) packed[i] = static_cast<float>(i);
+  Tensor qkv = FromVector({b, s, 3 * h * d}, packed);
+  Tensor q = *B()->Zeros({b, h, s, d}), k = *B()->Zeros({b, h, s, d}),
+         v = *B()->Zeros({b, h, s, d});
+  B()->SplitHeads(qkv, h, q, k, v);
+  // k[b=1, h=1, s=2, d=1] = qkv[1, 2, 1 (k), 1, 1].
+  EXPECT_EQ(k.data<float>()[((1 * h + 1) * s + 2) * d + 1],
+            packed[(((1 * s + 2) * 3 + 1) * h + 1) * d + 1]);
+  Tensor back = ZerosLike(qkv);
+  B()->SplitHeadsBackward(q, k, v, h, back);
+  EXPECT_EQ(ToVector(back), packed);
+  Tensor merged = *B()->Zeros({b, s, h * d});
+  B()->MergeHeads(q, merged);
+  Tensor q2 = ZerosLike(q);
+  B()->MergeHeadsBackward(merged, q2);
+  EXPECT_EQ(ToVector(q2), ToVector(q));
+  // merged[b, s, h*d + i] = q[b, h, s, i].
+  EXPECT_EQ(merged.data<float>()[(1 * s + 2) * h * d + 1 * d + 0],
+            q.data<float>()[((1 * h + 1) * s + 2) * d + 0]);
+}
+
+TEST(CpuBackendTest, EmbeddingGathersScattersAndRejectsBadIds) {
+  Tensor table = FromVector({3, 2}, {0, 1, 10, 11, 20, 21});
+  Tensor ids = Ids({4}, {2, 0, 2, 1});
+  Tensor out = *B()->Zeros({4, 2});
+  ASSERT_TRUE(B()->EmbeddingForward(ids, table, out).ok());
+  EXPECT_EQ(ToVector(out), (std::vector<float>{20, 21, 0, 1, 20, 21, 10, 11}));
+  Tensor grad = ZerosLike(table);
+  B()->EmbeddingBackward(ids, FromVector({4, 2}, {1, 1, 1, 1, 1, 1, 1, 1}),
+                         grad);
+  EXPECT_EQ(ToVector(grad), (std::vector<float>{1, 1, 1, 1, 2, 2}));
+  absl::Status bad =
+      B()->EmbeddingForward(Ids({1}, {3}), table, out.Rows(0, 1));
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("token id 3 at position 0"));
+}
+
+TEST(CpuBackendTest, LossesMatchReferencesAndGradients) {
+  Tensor y = FromVector({2, 2}, {1, 2, 3, 4}),
+         t = FromVector({2, 2}, {0, 2, 5, 4});
+  Tensor dy = ZerosLike(y);
+  EXPECT_FLOAT_EQ(*B()->MseLoss(y, t, 1.0f, dy), (1.0f + 0 + 4 + 0) / 4);
+  EXPECT_EQ(ToVector(dy), (std::vector<float>{0.5f, 0, -1.0f, 0}));
+  // torch.nn.functional.cross_entropy([[1,2,3],[1,1,1]], [2,0]) = 0.9831.
+  Tensor logits = FromVector({2, 3}, {1, 2, 3, 1, 1, 1});
+  Tensor dl = ZerosLike(logits);
+  auto ce = B()->CrossEntropyLoss(logits, Ids({2}, {2, 0}), 1.0f, dl);
+  ASSERT_TRUE(ce.ok());
+  EXPECT_NEAR(*ce, 0.5 * (0.40760596 + 1.09861229), 1e-6);
+  Tensor scratch = ZerosLike(logits);
+  for (int i = 0; i < 6; ++i) {
+    auto f = [&] {
+      return static_cast<double>(
+          *B()->CrossEntropyLoss(logits, Ids({2}, {2, 0}), 1.0f, scratch));
+    };
+    EXPECT_NEAR(dl.data<float>()[i],
+                NumericGrad(f, logits.data<float>() + i, 1e-2), 1e-4);
+  }
+  auto bad = B()->CrossEntropyLoss(logits, Ids({2}, {3, 0}), 1.0f, dl);
+  EXPECT_THAT(bad.status().message(), HasSubstr("target 3 at position 0"));
+  auto mismatch = B()->MseLoss(y, FromVector({3}, {1, 2, 3}), 1.0f, dy);
+  EXPECT_EQ(mismatch.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CpuBackendTest, OptimizersFollowTorchOptim) {
+  // SGD momentum 0.9, nesterov off, wd 0.1, lr 0.1, two steps with grad 1:
+  // step 1: d = 1 + 0.1 * 1 = 1.1, buf = 1.1, w = 1 - 0.11 = 0.89;
+  // step 2: d = 1 + 0.089 = 1.089, buf = 0.99 + 1.089 = 2.079,
+  //         w = 0.89 - 0.2079 = 0.6821.
+  Tensor w = FromVector({1}, {1}), g = FromVector({1}, {1}),
+         buf = FromVector({1}, {0});
+  SgdParams sgd{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.1f};
+  B()->SgdUpdate(sgd, w, g, buf);
+  sgd.first_step = false;
+  B()->SgdUpdate(sgd, w, g, buf);
+  EXPECT_NEAR(ToVector(w)[0], 0.6821f, 1e-6);
+  // Adam lr 0.1, one step with grad 2: w -= lr * m_hat / (sqrt(v_hat) + eps)
+  // = 0.1 * 2 / (2 + 1e-8) ~ 0.1. AdamW wd 0.5 first scales w by 1 - 0.05.
+  Tensor w2 = FromVector({1}, {1}), g2 = FromVector({1}, {2});
+  Tensor m = FromVector({1}, {0}), v = FromVector({1}, {0});
+  B()->AdamUpdate({.lr = 0.1f}, w2, g2, m, v);
+  EXPECT_NEAR(ToVector(w2)[0], 0.9f, 1e-6);
+  Tensor w3 = FromVector({1}, {1}), m3 = FromVector({1}, {0}),
+         v3 = FromVector({1}, {0});
+  B()->AdamUpdate(
+      {.lr = 0.1f, .weight_decay = 0.5f, .decoupled_weight_decay = true}, w3,
+      g2, m3, v3);
+  EXPECT_NEAR(ToVector(w3)[0], 0.95f - 0.1f, 1e-6);
+}
+
+}  // namespace
+}  // namespace conveyor::engine
