@@ -1,0 +1,66 @@
+// Layer: one differentiable piece of a model, with forward and a backward
+// split into the input gradient (BI) and the weight gradient (BW), so
+// zero-bubble schedules can run them apart. A full backward is BI then BW.
+//
+// Per microbatch, Forward fills a Stash with what backward needs; BI may add
+// to it what BW needs (composite layers keep their inner output gradients);
+// BW accumulates into the parameters' grad tensors (+=), because a step sums
+// over microbatches. The caller owns the stash and drops it after BW, which
+// frees the activations. Layers are thread-compatible; one thread runs a
+// stage.
+#ifndef CONVEYOR_ENGINE_LAYER_H_
+#define CONVEYOR_ENGINE_LAYER_H_
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/backend.h"
+#include "engine/tensor.h"
+
+namespace conveyor::engine {
+
+struct Parameter {
+  std::string name;  // Global, e.g. "layers.3.weight".
+  Tensor value;
+  Tensor grad;  // Same shape; accumulated by BackwardWeight.
+};
+
+// What one layer keeps between forward and backward for one microbatch.
+struct Stash {
+  std::vector<Tensor> saved;         // Forward activations.
+  std::vector<Tensor> output_grads;  // Kept by BI for BW (composites).
+  std::vector<Stash> children;       // Sublayers' stashes (composites).
+
+  // Bytes held, counting a shared buffer once per tensor handle.
+  size_t bytes() const;
+};
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+
+  // The layer's parameters, in a fixed order. Pointers stay valid for the
+  // layer's lifetime.
+  virtual std::vector<Parameter*> parameters() { return {}; }
+
+  // y = f(x) for one microbatch (leading dimension = samples).
+  virtual absl::StatusOr<Tensor> Forward(const Tensor& x, Stash& stash) = 0;
+
+  // dx from dy (dL/dy). With need_dx false (the stage's first layer on data)
+  // the layer may skip computing dx and return an undefined tensor, but must
+  // still record what BackwardWeight needs.
+  virtual absl::StatusOr<Tensor> BackwardInput(const Tensor& dy, Stash& stash,
+                                               bool need_dx) = 0;
+
+  // grad += dL/dparams, from the same dy BackwardInput got.
+  virtual absl::Status BackwardWeight(const Tensor& /*dy*/, Stash& /*stash*/) {
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace conveyor::engine
+
+#endif  // CONVEYOR_ENGINE_LAYER_H_

@@ -1,0 +1,153 @@
+#include "engine/layers/attention.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "engine/layers/dense.h"
+
+namespace conveyor::engine {
+namespace {
+
+// One GEMM per (batch, head) over [S, *] row-major slices.
+GemmBatch HeadGemm(int64_t batch, bool ta, bool tb, int64_t m, int64_t n,
+                   int64_t k, const Tensor& a, int64_t a_cols, const Tensor& b,
+                   int64_t b_cols, float beta, const Tensor& c) {
+  GemmBatch g;
+  g.batch = batch;
+  g.trans_a = ta;
+  g.trans_b = tb;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.beta = beta;
+  g.a = a.data<float>();
+  g.lda = a_cols;
+  g.stride_a = a.numel() / batch;
+  g.b = b.data<float>();
+  g.ldb = b_cols;
+  g.stride_b = b.numel() / batch;
+  g.c = c.data<float>();
+  g.ldc = c.dim(-1);
+  g.stride_c = c.numel() / batch;
+  return g;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SelfAttention>> SelfAttention::Create(
+    Backend* backend, const std::string& prefix, int64_t features,
+    int64_t heads, int64_t qkv_features, bool causal, bool bias) {
+  if (heads < 1 || qkv_features % heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attention: qkv features (", qkv_features,
+                     ") must be a multiple of heads (", heads, ")"));
+  }
+  std::unique_ptr<SelfAttention> a(
+      new SelfAttention(backend, features, heads, qkv_features, causal, bias));
+  ASSIGN_OR_RETURN(a->in_weight_,
+                   MakeParameter(backend, prefix + "in_proj_weight",
+                                 {3 * qkv_features, features}));
+  ASSIGN_OR_RETURN(a->out_weight_,
+                   MakeParameter(backend, prefix + "out_proj.weight",
+                                 {features, qkv_features}));
+  if (bias) {
+    ASSIGN_OR_RETURN(
+        a->in_bias_,
+        MakeParameter(backend, prefix + "in_proj_bias", {3 * qkv_features}));
+    ASSIGN_OR_RETURN(
+        a->out_bias_,
+        MakeParameter(backend, prefix + "out_proj.bias", {features}));
+  }
+  return a;
+}
+
+std::vector<Parameter*> SelfAttention::parameters() {
+  if (bias_) return {&in_weight_, &in_bias_, &out_weight_, &out_bias_};
+  return {&in_weight_, &out_weight_};
+}
+
+absl::StatusOr<Tensor> SelfAttention::Forward(const Tensor& x, Stash& stash) {
+  CONVEYOR_CHECK(x.rank() == 3 && x.dim(2) == features_,
+                 "attention takes [batch, seq, features]");
+  const int64_t b = x.dim(0), s = x.dim(1), h = heads_,
+                d = qkv_features_ / heads_;
+  Backend& be = *backend_;
+  ASSIGN_OR_RETURN(Tensor qkv,
+                   be.Empty({b, s, 3 * qkv_features_}, DType::kF32));
+  be.Gemm(false, true, 1.0f, x, in_weight_.value, 0.0f, qkv);
+  if (bias_) be.AddRowBias(qkv, in_bias_.value);
+  ASSIGN_OR_RETURN(Tensor q, be.Empty({b, h, s, d}, DType::kF32));
+  ASSIGN_OR_RETURN(Tensor k, be.Empty({b, h, s, d}, DType::kF32));
+  ASSIGN_OR_RETURN(Tensor v, be.Empty({b, h, s, d}, DType::kF32));
+  be.SplitHeads(qkv, h, q, k, v);
+  ASSIGN_OR_RETURN(Tensor scores, be.Empty({b, h, s, s}, DType::kF32));
+  be.GemmStridedBatched(
+      HeadGemm(b * h, false, true, s, s, d, q, d, k, d, 0.0f, scores));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  ASSIGN_OR_RETURN(Tensor probs, be.Empty({b, h, s, s}, DType::kF32));
+  be.Softmax(scores, scale, causal_, probs);
+  ASSIGN_OR_RETURN(Tensor context, be.Empty({b, h, s, d}, DType::kF32));
+  be.GemmStridedBatched(
+      HeadGemm(b * h, false, false, s, d, s, probs, s, v, d, 0.0f, context));
+  ASSIGN_OR_RETURN(Tensor merged, be.Empty({b, s, qkv_features_}, DType::kF32));
+  be.MergeHeads(context, merged);
+  ASSIGN_OR_RETURN(Tensor y, be.Empty({b, s, features_}, DType::kF32));
+  be.Gemm(false, true, 1.0f, merged, out_weight_.value, 0.0f, y);
+  if (bias_) be.AddRowBias(y, out_bias_.value);
+  stash.saved = {x, q, k, v, probs, merged};
+  return y;
+}
+
+absl::StatusOr<Tensor> SelfAttention::BackwardInput(const Tensor& dy,
+                                                    Stash& stash,
+                                                    bool need_dx) {
+  const Tensor &x = stash.saved[0], &q = stash.saved[1], &k = stash.saved[2],
+               &v = stash.saved[3], &probs = stash.saved[4];
+  const int64_t b = x.dim(0), s = x.dim(1), h = heads_,
+                d = qkv_features_ / heads_;
+  Backend& be = *backend_;
+  ASSIGN_OR_RETURN(Tensor d_merged,
+                   be.Empty({b, s, qkv_features_}, DType::kF32));
+  be.Gemm(false, false, 1.0f, dy, out_weight_.value, 0.0f, d_merged);
+  ASSIGN_OR_RETURN(Tensor d_context, be.Empty({b, h, s, d}, DType::kF32));
+  be.MergeHeadsBackward(d_merged, d_context);
+  ASSIGN_OR_RETURN(Tensor d_probs, be.Empty({b, h, s, s}, DType::kF32));
+  be.GemmStridedBatched(
+      HeadGemm(b * h, false, true, s, s, d, d_context, d, v, d, 0.0f, d_probs));
+  ASSIGN_OR_RETURN(Tensor dv, be.Empty({b, h, s, d}, DType::kF32));
+  be.GemmStridedBatched(
+      HeadGemm(b * h, true, false, s, d, s, probs, s, d_context, d, 0.0f, dv));
+  ASSIGN_OR_RETURN(Tensor d_scores, be.Empty({b, h, s, s}, DType::kF32));
+  be.SoftmaxBackward(probs, d_probs, 1.0f / std::sqrt(static_cast<float>(d)),
+                     d_scores);
+  ASSIGN_OR_RETURN(Tensor dq, be.Empty({b, h, s, d}, DType::kF32));
+  be.GemmStridedBatched(
+      HeadGemm(b * h, false, false, s, d, s, d_scores, s, k, d, 0.0f, dq));
+  ASSIGN_OR_RETURN(Tensor dk, be.Empty({b, h, s, d}, DType::kF32));
+  be.GemmStridedBatched(
+      HeadGemm(b * h, true, false, s, d, s, d_scores, s, q, d, 0.0f, dk));
+  ASSIGN_OR_RETURN(Tensor d_qkv,
+                   be.Empty({b, s, 3 * qkv_features_}, DType::kF32));
+  be.SplitHeadsBackward(dq, dk, dv, h, d_qkv);
+  stash.output_grads = {d_qkv};
+  if (!need_dx) return Tensor();
+  ASSIGN_OR_RETURN(Tensor dx, be.Empty(x.shape(), DType::kF32));
+  be.Gemm(false, false, 1.0f, d_qkv, in_weight_.value, 0.0f, dx);
+  return dx;
+}
+
+absl::Status SelfAttention::BackwardWeight(const Tensor& dy, Stash& stash) {
+  const Tensor& x = stash.saved[0];
+  const Tensor& merged = stash.saved[5];
+  const Tensor& d_qkv = stash.output_grads[0];
+  backend_->Gemm(true, false, 1.0f, dy, merged, 1.0f, out_weight_.grad);
+  backend_->Gemm(true, false, 1.0f, d_qkv, x, 1.0f, in_weight_.grad);
+  if (bias_) {
+    backend_->SumRows(dy, 1.0f, out_bias_.grad);
+    backend_->SumRows(d_qkv, 1.0f, in_bias_.grad);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace conveyor::engine

@@ -1,0 +1,34 @@
+// The transformer block of the JaxPP notebook (post-norm) or its pre-norm
+// variant, built from the composite combinators:
+//   post-norm: x = norm1(x + attn(x)); x = norm2(x + mlp(x))
+//   pre-norm:  x = x + attn(norm1(x)); x = x + mlp(norm2(x))
+// with mlp = Linear(d, mlp_features), GELU, Linear(mlp_features, d).
+// Parameter names under <prefix>: attn.{in_proj_weight, in_proj_bias,
+// out_proj.weight, out_proj.bias}, norm1.*, mlp.0.*, mlp.2.*, norm2.*.
+#ifndef CONVEYOR_ENGINE_LAYERS_TRANSFORMER_BLOCK_H_
+#define CONVEYOR_ENGINE_LAYERS_TRANSFORMER_BLOCK_H_
+
+#include <memory>
+#include <string>
+
+#include "engine/layer.h"
+
+namespace conveyor::engine {
+
+struct TransformerBlockOptions {
+  int64_t features = 0;
+  int64_t heads = 1;
+  int64_t mlp_features = 0;
+  bool causal = false;
+  bool pre_norm = false;
+  float eps = 1e-5f;
+  bool gelu_tanh = false;
+};
+
+absl::StatusOr<std::unique_ptr<Layer>> MakeTransformerBlock(
+    Backend* backend, const std::string& prefix,
+    const TransformerBlockOptions& options);
+
+}  // namespace conveyor::engine
+
+#endif  // CONVEYOR_ENGINE_LAYERS_TRANSFORMER_BLOCK_H_
