@@ -32,6 +32,7 @@
 
 // Evaluates `rexpr` (an absl::StatusOr<T>) once; on error returns its status,
 // otherwise moves the value into `lhs`, which may declare a new variable.
+// It expands to several statements: inside an `if`, use braces.
 #define ASSIGN_OR_RETURN(lhs, rexpr) \
   CONVEYOR_ASSIGN_OR_RETURN_IMPL_(   \
       CONVEYOR_STATUS_CONCAT_(conveyor_statusor_, __LINE__), lhs, rexpr)

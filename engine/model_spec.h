@@ -26,8 +26,10 @@
 // (1-based line and column, then the YAML path), never an exception or a
 // crash; limits below keep a typo or an alias bomb from exhausting memory.
 //
-// Thread-safety: the parse functions are pure and thread-safe; a ModelSpec is
-// a plain value (concurrent const access is safe).
+// Thread-safety: the parse functions keep no state and may run concurrently,
+// except on one shared YAML::Node tree: yaml-cpp updates internal caches even
+// through a const Node, so give each thread its own tree (ParseModelSpecYaml
+// always does). A ModelSpec is a plain value; concurrent const access is safe.
 #ifndef CONVEYOR_ENGINE_MODEL_SPEC_H_
 #define CONVEYOR_ENGINE_MODEL_SPEC_H_
 
@@ -169,7 +171,7 @@ struct ModelSpec {
   // One more than the number of boundaries; every stage has >= 1 layer.
   int num_stages = 1;
   // stage_begin[s]: index of the first layer of stage s; stage_begin[0] == 0.
-  std::vector<int> stage_begin;
+  std::vector<int> stage_begin = {0};
 
   // Per sample: the last layer's output, and what the loss compares it with.
   std::vector<int64_t> output_shape;

@@ -88,6 +88,13 @@ absl::Status ErrnoError(int err, absl::string_view path,
 // first repeat fails the parse.
 absl::StatusOr<Json> ParseHeaderJson(absl::string_view source,
                                      std::string_view text) {
+  // nlohmann's lexer takes a NUL byte for the end of input and ignores what
+  // follows, so "{...}\0anything" would parse. A raw NUL is never valid JSON
+  // (inside strings it must be escaped), so reject it up front.
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    return Invalid(source, "header is not valid JSON: NUL byte at offset ",
+                   nul);
+  }
   std::vector<std::set<std::string>> open_objects;
   std::string duplicate;
   int duplicate_depth = 0;

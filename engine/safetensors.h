@@ -65,7 +65,8 @@ class SafetensorsReader {
   static absl::StatusOr<SafetensorsReader> Open(const std::string& path);
 
   // Validates `bytes` as a safetensors file. `source_name` prefixes error
-  // messages in place of a path. Returns InvalidArgument if inconsistent.
+  // messages in place of a path. Returns InvalidArgument if inconsistent,
+  // ResourceExhausted if memory runs out while parsing the header.
   static absl::StatusOr<SafetensorsReader> FromBytes(
       std::string bytes, std::string source_name = "<memory>");
 
@@ -77,7 +78,8 @@ class SafetensorsReader {
   // The path or source name given at construction.
   const std::string& source_name() const { return source_name_; }
 
-  // All tensors in file order: by begin offset, ties (empty tensors) by name.
+  // All tensors in file order: by begin offset; empty tensors that share an
+  // offset come first, by name.
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
 
   // nullptr if there is no tensor called `name`.
