@@ -7,6 +7,7 @@
 
 #include "CLI/CLI.hpp"             // defines: CLI::App, CLI::ParseError
 #include "absl/strings/str_cat.h"  // defines: absl::StrCat
+#include "cli/run_command.h"       // defines: AddRunCommand, RunRunCommand
 #include "cli/schedule_command.h"  // defines: AddScheduleCommand, Run...
 #include "common/build_info.h"     // defines: kVersion, kGitRevision, ...
 #include "common/logging.h"        // defines: InitLogging
@@ -69,6 +70,8 @@ int main(int argc, char** argv) {
   try {
     if (schedule->parsed()) {
       status = conveyor::cli::RunScheduleCommand(schedule_options, std::cout);
+    } else if (run->parsed()) {
+      status = conveyor::cli::RunRunCommand(run_options, std::cout);
     }
   } catch (const std::exception& e) {
     status = absl::InternalError(e.what());

@@ -8,10 +8,9 @@
 
 #include "absl/status/statusor.h"
 #include "engine/backend.h"
+#include "engine/loss_kind.h"
 
 namespace conveyor::engine {
-
-enum class LossKind { kMse, kCrossEntropy };
 
 struct LossResult {
   float loss = 0;  // Mean over the microbatch.

@@ -40,6 +40,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/yaml_reader.h"
+#include "engine/loss_kind.h"
 #include "yaml-cpp/yaml.h"
 
 namespace conveyor::engine {
@@ -85,24 +87,11 @@ enum class ParamInit {
 // "uniform", "normal", "xavier_uniform", "ones", "zeros".
 absl::string_view ParamInitName(ParamInit init);
 
-enum class LossKind {
-  kMse,           // mean over all elements; targets: float, output's shape
-  kCrossEntropy,  // logits [..., classes]; targets: integer ids, [...]
-};
+// LossKind and LossKindName come from engine/loss_kind.h.
 
-// "mse", "cross_entropy".
-absl::string_view LossKindName(LossKind loss);
-
-// Where a YAML node was, for errors reported after parsing. line and column
-// are 1-based; 0 when unknown (a node built in code rather than parsed).
-struct SourceLocation {
-  std::string file;
-  int line = 0;
-  int column = 0;
-
-  // "file:line:col", or "file" when the position is unknown.
-  std::string ToString() const;
-};
+// Where a YAML node was, for errors reported after parsing (defined in
+// common/yaml_reader.h, which reads the spec).
+using ::conveyor::SourceLocation;
 
 struct ParamSpec {
   // Full name as in a PyTorch state_dict: "layers.3.weight",

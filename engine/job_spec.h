@@ -1,0 +1,94 @@
+// JobSpec: a whole training job as described in its YAML file: the model, the
+// data, the optimizer, the training loop (steps, batch, microbatches), the
+// pipeline schedule and the checkpoint policy.
+//
+// ```yaml
+// name: mlp                       # optional; default: the file's stem
+// model: {...}                    # see engine/model_spec.h
+// data:
+//   source: synthetic-regression  # or tensors, tokens
+//   seed: 0
+//   path: data/train.safetensors  # tensors, tokens; relative to the job file
+//   shuffle: false
+//   seq_len: 64                   # tokens
+//   uint16: false                 # tokens: 2-byte little-endian ids
+//   vocab_size: 256               # tokens
+//   noise: 0.1                    # synthetic-regression
+// training: {steps: 100, batch_size: 64, microbatches: 4}
+// optimizer:
+//   kind: adam                    # sgd, adam, adamw
+//   lr: 0.001
+//   momentum: 0.9                 # sgd
+//   nesterov: false               # sgd
+//   dampening: 0                  # sgd
+//   betas: [0.9, 0.999]           # adam, adamw
+//   eps: 1.0e-8                   # adam, adamw
+//   weight_decay: 0.0
+//   clip_grad_norm: 1.0           # optional
+//   schedule: {kind: cosine, warmup_steps: 10, total_steps: 100, min_lr: 0}
+// pipeline: {schedule: 1f1b, virtual_stages: 1}
+// checkpoint: {dir: out/mlp, every: 0, keep_latest: 0}
+// ```
+// Every error is InvalidArgument "file:line:col: path: message".
+// Thread-safe (pure functions).
+#ifndef CONVEYOR_ENGINE_JOB_SPEC_H_
+#define CONVEYOR_ENGINE_JOB_SPEC_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "engine/data.h"
+#include "engine/model_spec.h"
+#include "engine/optimizer.h"
+
+namespace conveyor::engine {
+
+// Upper bound on a job file, so a hostile or mistaken input cannot make the
+// parser allocate without limit.
+inline constexpr int64_t kMaxJobFileBytes = 1 << 20;
+
+struct TrainingSpec {
+  int64_t steps = 1;
+  int64_t batch_size = 1;    // Samples per step; a multiple of microbatches.
+  int64_t microbatches = 1;  // M
+};
+
+struct PipelineSpec {
+  // Validated against the schedule library by the planner, which reports
+  // errors at `where`.
+  std::string schedule = "1f1b";
+  int64_t virtual_stages = 1;
+  SourceLocation where;
+};
+
+struct CheckpointSpec {
+  std::string dir;    // Empty: no checkpoints; final parameters not written.
+  int64_t every = 0;  // Steps between checkpoints; 0: only at the end.
+  int64_t keep_latest = 0;  // 0: keep all.
+};
+
+struct JobSpec {
+  std::string name;
+  ModelSpec model;
+  DataConfig data;
+  OptimizerConfig optimizer;
+  TrainingSpec training;
+  PipelineSpec pipeline;
+  CheckpointSpec checkpoint;
+};
+
+// Parses a job document. Relative paths (data.path, model.init.from,
+// checkpoint.dir) are resolved against `base_dir` when it is non-empty.
+absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view yaml_text,
+                                     absl::string_view file_name,
+                                     absl::string_view base_dir = "");
+
+// Reads and parses a job file (at most kMaxJobFileBytes), resolving relative
+// paths against the file's directory.
+absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
+
+}  // namespace conveyor::engine
+
+#endif  // CONVEYOR_ENGINE_JOB_SPEC_H_

@@ -1,0 +1,220 @@
+#include "engine/stage.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "engine/init.h"
+#include "engine/layers/activation.h"
+#include "engine/layers/attention.h"
+#include "engine/layers/dense.h"
+#include "engine/layers/embedding.h"
+#include "engine/layers/layer_norm.h"
+#include "engine/layers/transformer_block.h"
+
+namespace conveyor::engine {
+namespace {
+
+absl::StatusOr<std::unique_ptr<Layer>> BuildLayer(Backend* backend,
+                                                  const LayerSpec& l) {
+  const std::string prefix = absl::StrCat("layers.", l.index, ".");
+  const int64_t in = l.input_shape.empty() ? 0 : l.input_shape.back();
+  switch (l.kind) {
+    case LayerKind::kDense:
+      return Dense::Create(backend, prefix, in, l.features, l.bias);
+    case LayerKind::kRelu:
+      return std::make_unique<Activation>(backend, Activation::Kind::kRelu);
+    case LayerKind::kGelu:
+      return std::make_unique<Activation>(
+          backend, l.approximate_tanh ? Activation::Kind::kGeluTanh
+                                      : Activation::Kind::kGelu);
+    case LayerKind::kLayerNorm:
+      return LayerNormLayer::Create(backend, prefix, in,
+                                    static_cast<float>(l.eps));
+    case LayerKind::kEmbedding:
+      return Embedding::Create(backend, prefix, l.vocab_size, l.features,
+                               l.max_positions);
+    case LayerKind::kAttention:
+      return SelfAttention::Create(backend, prefix, in, l.heads, l.qkv_features,
+                                   l.causal, l.bias);
+    case LayerKind::kTransformerBlock:
+      return MakeTransformerBlock(backend, prefix,
+                                  {.features = in,
+                                   .heads = l.heads,
+                                   .mlp_features = l.mlp_features,
+                                   .causal = l.causal,
+                                   .pre_norm = l.pre_norm,
+                                   .eps = static_cast<float>(l.eps),
+                                   .gelu_tanh = l.approximate_tanh});
+    case LayerKind::kLmHead:
+      return Dense::Create(backend, prefix, in, l.vocab_size, l.bias);
+  }
+  return absl::InternalError("unknown layer kind");
+}
+
+InitRule RuleFor(const ParamSpec& p) {
+  switch (p.init) {
+    case ParamInit::kUniform:
+    case ParamInit::kXavierUniform:
+      return {InitRule::Kind::kUniform, p.bound_or_std};
+    case ParamInit::kNormal:
+      return {InitRule::Kind::kNormal, p.bound_or_std};
+    case ParamInit::kOnes:
+      return {InitRule::Kind::kOnes, 0};
+    case ParamInit::kZeros:
+      return {InitRule::Kind::kZeros, 0};
+  }
+  return {};
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(Backend* backend,
+                                                     const ModelSpec& spec,
+                                                     int stage) {
+  if (stage < 0 || stage >= spec.num_stages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage ", stage, " is out of range: the model has ",
+                     spec.num_stages, " stages"));
+  }
+  std::vector<std::unique_ptr<Layer>> layers;
+  std::map<std::string, const ParamSpec*> specs;
+  for (int i = spec.stage_begin[stage]; i < spec.StageEnd(stage); ++i) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Layer> layer,
+                     BuildLayer(backend, spec.layers[i]));
+    layers.push_back(std::move(layer));
+    for (const ParamSpec& p : spec.layers[i].params) specs[p.name] = &p;
+  }
+  std::unique_ptr<Stage> s(new Stage(backend, stage, spec.remat,
+                                     std::move(layers), std::move(specs)));
+  // The layers and the spec must agree on every parameter's name and shape;
+  // a mismatch is a bug in one of them, caught here rather than at init.
+  size_t count = 0;
+  for (Parameter* p : s->parameters()) {
+    auto it = s->specs_.find(p->name);
+    if (it == s->specs_.end() || it->second->shape != p->value.shape()) {
+      return absl::InternalError(absl::StrCat(
+          "layer parameter ", p->name, " ", ShapeString(p->value.shape()),
+          " does not match the model spec"));
+    }
+    ++count;
+  }
+  if (count != s->specs_.size()) {
+    return absl::InternalError("the model spec lists parameters no layer has");
+  }
+  return s;
+}
+
+absl::Status Stage::InitializeFromSeed(uint64_t seed) {
+  for (Parameter* p : parameters()) {
+    RETURN_IF_ERROR(InitializeParameter(
+        backend_, seed, p->name, RuleFor(*specs_.at(p->name)), p->value));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Stage::LoadFrom(const SafetensorsReader& file) {
+  for (Parameter* p : parameters()) {
+    const TensorInfo* info = file.Find(p->name);
+    if (info == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          file.source_name(), ": no tensor '", p->name,
+          "' (the model needs F32 ", ShapeString(p->value.shape()), ")"));
+    }
+    if (info->shape != p->value.shape()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file.source_name(), ": tensor '", p->name, "' is ",
+                       ShapeString(info->shape), " but the model needs ",
+                       ShapeString(p->value.shape())));
+    }
+    ASSIGN_OR_RETURN(std::vector<float> values, file.ReadF32(p->name));
+    RETURN_IF_ERROR(backend_->CopyFromHost(
+        values.data(), values.size() * sizeof(float), p->value));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Stage::MicrobatchState*> Stage::State(int microbatch,
+                                                     const char* action) {
+  auto it = states_.find(microbatch);
+  if (it == states_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stage ", index_, ": ", action, " of microbatch ",
+                     microbatch, " before its forward"));
+  }
+  return &it->second;
+}
+
+absl::StatusOr<Tensor> Stage::Forward(int microbatch, const Tensor& x) {
+  if (states_.count(microbatch)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stage ", index_, ": microbatch ", microbatch,
+                     " is already in flight"));
+  }
+  MicrobatchState& state = states_[microbatch];
+  absl::StatusOr<Tensor> y;
+  if (remat_) {
+    // Run forward into a scratch stash that dies here; keep only the input.
+    Stash scratch;
+    y = chain_.Forward(x, scratch);
+    state.input = x;
+  } else {
+    y = chain_.Forward(x, state.stash);
+    state.stash_ready = true;
+  }
+  if (!y.ok()) {
+    states_.erase(microbatch);
+    return y.status();
+  }
+  NotePeak();
+  return y;
+}
+
+absl::StatusOr<Tensor> Stage::BackwardInput(int microbatch, const Tensor& dy) {
+  ASSIGN_OR_RETURN(MicrobatchState * state, State(microbatch, "backward"));
+  if (!state->stash_ready) {
+    // Remat: rebuild the activations from the kept input.
+    RETURN_IF_ERROR(chain_.Forward(state->input, state->stash).status());
+    state->stash_ready = true;
+  }
+  ASSIGN_OR_RETURN(Tensor dx,
+                   chain_.BackwardInput(dy, state->stash, !is_first()));
+  state->output_grad = dy;
+  NotePeak();
+  return dx;
+}
+
+absl::Status Stage::BackwardWeight(int microbatch) {
+  ASSIGN_OR_RETURN(MicrobatchState * state,
+                   State(microbatch, "weight backward"));
+  if (!state->output_grad.defined()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stage ", index_, ": weight backward of microbatch ",
+                     microbatch, " before its input backward"));
+  }
+  RETURN_IF_ERROR(chain_.BackwardWeight(state->output_grad, state->stash));
+  states_.erase(microbatch);  // Frees the microbatch's activations.
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> Stage::Backward(int microbatch, const Tensor& dy) {
+  ASSIGN_OR_RETURN(Tensor dx, BackwardInput(microbatch, dy));
+  RETURN_IF_ERROR(BackwardWeight(microbatch));
+  return dx;
+}
+
+size_t Stage::live_activation_bytes() const {
+  size_t total = 0;
+  for (const auto& [mb, state] : states_) {
+    total += state.stash.bytes();
+    if (state.input.defined()) total += state.input.bytes();
+    if (state.output_grad.defined()) total += state.output_grad.bytes();
+  }
+  return total;
+}
+
+void Stage::NotePeak() {
+  peak_bytes_ = std::max(peak_bytes_, live_activation_bytes());
+}
+
+}  // namespace conveyor::engine

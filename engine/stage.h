@@ -1,0 +1,91 @@
+// Stage: the layers of one pipeline stage of a model, built on a backend and
+// run one microbatch action at a time: Forward(mb), BackwardInput(mb),
+// BackwardWeight(mb), or Backward(mb) for both. This is what a worker runs
+// for each action of its schedule, and what the in-process reference trainer
+// runs for every stage in turn.
+//
+// Per microbatch the stage keeps the stash from forward until BW has run, then
+// frees it. With remat, forward keeps only the stage's input and backward
+// recomputes the activations first; results are identical because every
+// kernel is deterministic. The stage tracks live and peak activation bytes.
+// Thread-compatible: one thread drives a stage.
+#ifndef CONVEYOR_ENGINE_STAGE_H_
+#define CONVEYOR_ENGINE_STAGE_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/layers/composite.h"
+#include "engine/model_spec.h"
+#include "engine/safetensors.h"
+
+namespace conveyor::engine {
+
+class Stage {
+ public:
+  // Builds layers [spec.stage_begin[stage], spec.StageEnd(stage)) with zeroed
+  // parameters. InvalidArgument for an out-of-range stage.
+  static absl::StatusOr<std::unique_ptr<Stage>> Create(Backend* backend,
+                                                       const ModelSpec& spec,
+                                                       int stage);
+
+  // Fills every parameter from the spec's seed: a function of the seed and
+  // the parameter's global name only, so any split gives the same values.
+  absl::Status InitializeFromSeed(uint64_t seed);
+  // Loads every parameter from `file` by global name. InvalidArgument naming
+  // the tensor when it is missing, not a float, or shaped differently (with
+  // both shapes).
+  absl::Status LoadFrom(const SafetensorsReader& file);
+
+  std::vector<Parameter*> parameters() { return chain_.parameters(); }
+  int index() const { return index_; }
+  bool is_first() const { return index_ == 0; }
+
+  absl::StatusOr<Tensor> Forward(int microbatch, const Tensor& x);
+  // dx for the previous stage (undefined on the first stage).
+  absl::StatusOr<Tensor> BackwardInput(int microbatch, const Tensor& dy);
+  // Accumulates parameter gradients and frees the microbatch's activations.
+  absl::Status BackwardWeight(int microbatch);
+  absl::StatusOr<Tensor> Backward(int microbatch, const Tensor& dy);
+
+  // Microbatches forwarded but not yet through BW.
+  int in_flight() const { return static_cast<int>(states_.size()); }
+  size_t live_activation_bytes() const;
+  size_t peak_activation_bytes() const { return peak_bytes_; }
+  void ResetPeakActivationBytes() { peak_bytes_ = live_activation_bytes(); }
+
+ private:
+  struct MicrobatchState {
+    Tensor input;  // Kept under remat only.
+    Stash stash;
+    Tensor output_grad;  // From BI until BW.
+    bool stash_ready = false;
+  };
+
+  Stage(Backend* backend, int index, bool remat,
+        std::vector<std::unique_ptr<Layer>> layers,
+        std::map<std::string, const ParamSpec*> specs)
+      : backend_(backend),
+        index_(index),
+        remat_(remat),
+        chain_(std::move(layers)),
+        specs_(std::move(specs)) {}
+
+  absl::StatusOr<MicrobatchState*> State(int microbatch, const char* action);
+  void NotePeak();
+
+  Backend* backend_;
+  int index_;
+  bool remat_;
+  Chain chain_;
+  std::map<std::string, const ParamSpec*> specs_;  // By parameter name.
+  std::map<int, MicrobatchState> states_;
+  size_t peak_bytes_ = 0;
+};
+
+}  // namespace conveyor::engine
+
+#endif  // CONVEYOR_ENGINE_STAGE_H_

@@ -1,0 +1,128 @@
+#include "engine/trainer.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "engine/loss.h"
+
+namespace conveyor::engine {
+
+absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::Create(
+    Backend* backend, const JobSpec& job) {
+  std::unique_ptr<InProcessTrainer> t(new InProcessTrainer(backend, job));
+  const ModelSpec& model = t->job_.model;
+  for (int s = 0; s < model.num_stages; ++s) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage,
+                     Stage::Create(backend, model, s));
+    t->stages_.push_back(std::move(stage));
+  }
+  if (model.seed) {
+    for (auto& stage : t->stages_) {
+      RETURN_IF_ERROR(stage->InitializeFromSeed(*model.seed));
+    }
+  } else {
+    ASSIGN_OR_RETURN(SafetensorsReader file,
+                     SafetensorsReader::Open(model.init_from));
+    for (auto& stage : t->stages_) RETURN_IF_ERROR(stage->LoadFrom(file));
+  }
+  const SampleShapes shapes = {.input = model.input_shape,
+                               .token_input = model.token_input,
+                               .target = model.target_shape,
+                               .integer_targets = model.integer_targets};
+  ASSIGN_OR_RETURN(t->data_, DataSource::Create(t->job_.data, shapes));
+  ASSIGN_OR_RETURN(t->optimizer_, Optimizer::Create(backend, t->job_.optimizer,
+                                                    t->parameters()));
+  return t;
+}
+
+std::vector<Parameter*> InProcessTrainer::parameters() const {
+  std::vector<Parameter*> all;
+  for (const auto& stage : stages_) {
+    for (Parameter* p : stage->parameters()) all.push_back(p);
+  }
+  return all;
+}
+
+absl::StatusOr<StepReport> InProcessTrainer::Step() {
+  const auto start = std::chrono::steady_clock::now();
+  const TrainingSpec& t = job_.training;
+  const int m = static_cast<int>(t.microbatches);
+  StepReport report;
+  report.step = step_ + 1;
+  report.learning_rate = optimizer_->current_lr();
+  optimizer_->ZeroGrad();
+  for (auto& stage : stages_) stage->ResetPeakActivationBytes();
+  double loss_sum = 0;
+  for (int mb = 0; mb < m; ++mb) {
+    ASSIGN_OR_RETURN(Tensor x,
+                     data_->Inputs(backend_, step_, mb, m, t.batch_size));
+    for (auto& stage : stages_) {
+      ASSIGN_OR_RETURN(x, stage->Forward(mb, x));
+    }
+    ASSIGN_OR_RETURN(Tensor target,
+                     data_->Targets(backend_, step_, mb, m, t.batch_size));
+    ASSIGN_OR_RETURN(LossResult loss, ComputeLoss(backend_, job_.model.loss, x,
+                                                  target, 1.0f / m));
+    loss_sum += loss.loss;
+    Tensor grad = loss.grad;
+    for (size_t s = stages_.size(); s-- > 0;) {
+      ASSIGN_OR_RETURN(grad, stages_[s]->Backward(mb, grad));
+    }
+  }
+  RETURN_IF_ERROR(optimizer_->Step().status());
+  RETURN_IF_ERROR(backend_->Synchronize());
+  ++step_;
+  // Microbatches are equal in size, so the mean of their means is the mean
+  // over the batch.
+  report.loss = loss_sum / m;
+  report.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  report.samples_per_second =
+      report.seconds > 0 ? t.batch_size / report.seconds : 0;
+  for (auto& stage : stages_) {
+    report.peak_activation_bytes += stage->peak_activation_bytes();
+  }
+  return report;
+}
+
+absl::Status InProcessTrainer::Run(
+    const std::function<void(const StepReport&)>& on_step) {
+  while (step_ < job_.training.steps) {
+    ASSIGN_OR_RETURN(StepReport report, Step());
+    on_step(report);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InProcessTrainer::SaveParameters(const std::string& path) const {
+  return engine::SaveParameters(backend_, parameters(), path,
+                                {{"format", "pt"},
+                                 {"producer", "conveyor"},
+                                 {"job", job_.name},
+                                 {"step", absl::StrCat(step_)}});
+}
+
+absl::Status SaveParameters(
+    Backend* backend, const std::vector<Parameter*>& params,
+    const std::string& path,
+    const std::map<std::string, std::string>& metadata) {
+  std::vector<std::vector<float>> host(params.size());
+  std::vector<TensorToWrite> tensors;
+  RETURN_IF_ERROR(backend->Synchronize());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& v = params[i]->value;
+    host[i].resize(v.numel());
+    RETURN_IF_ERROR(backend->CopyToHost(v, host[i].data(), v.bytes()));
+    tensors.push_back({.name = params[i]->name,
+                       .dtype = DType::kF32,
+                       .shape = v.shape(),
+                       .data = host[i].data(),
+                       .bytes = v.bytes()});
+  }
+  return WriteSafetensors(path, tensors, metadata);
+}
+
+}  // namespace conveyor::engine

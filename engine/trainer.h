@@ -1,0 +1,78 @@
+// InProcessTrainer: trains a whole job in one process, every stage in turn,
+// with the same microbatching a pipeline uses. This is the numerical
+// reference that pipelined runs must match.
+//
+// Step semantics: the step's loss is the mean over the global batch; each
+// microbatch's loss gradient is scaled by 1/M and gradients accumulate over
+// the M microbatches, so one step equals one full-batch step on the mean loss
+// (the Alpa tutorial's check), up to float reassociation. Then the optimizer
+// steps once, with gradient-norm clipping over all stages if configured.
+// Thread-compatible.
+#ifndef CONVEYOR_ENGINE_TRAINER_H_
+#define CONVEYOR_ENGINE_TRAINER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/data.h"
+#include "engine/job_spec.h"
+#include "engine/optimizer.h"
+#include "engine/stage.h"
+
+namespace conveyor::engine {
+
+struct StepReport {
+  int64_t step = 0;  // 1-based.
+  double loss = 0;   // Mean over the global batch.
+  double seconds = 0;
+  double samples_per_second = 0;
+  double learning_rate = 0;
+  size_t peak_activation_bytes = 0;  // Over all stages, this step.
+};
+
+class InProcessTrainer {
+ public:
+  // Builds every stage of job.model, initializes (seed or init.from), opens
+  // the data source and the optimizer.
+  static absl::StatusOr<std::unique_ptr<InProcessTrainer>> Create(
+      Backend* backend, const JobSpec& job);
+
+  // One training step.
+  absl::StatusOr<StepReport> Step();
+
+  // job.training.steps steps, calling on_step after each.
+  absl::Status Run(const std::function<void(const StepReport&)>& on_step);
+
+  // Every parameter, with global names, as one safetensors file.
+  absl::Status SaveParameters(const std::string& path) const;
+
+  std::vector<Parameter*> parameters() const;
+  int64_t steps_done() const { return step_; }
+
+ private:
+  InProcessTrainer(Backend* backend, JobSpec job)
+      : backend_(backend), job_(std::move(job)) {}
+
+  Backend* backend_;
+  JobSpec job_;
+  std::vector<std::unique_ptr<Stage>> stages_;
+  std::unique_ptr<DataSource> data_;
+  std::unique_ptr<Optimizer> optimizer_;
+  int64_t step_ = 0;
+};
+
+// Copies the parameters to the host and writes them as one safetensors file
+// (atomically), tagged with `metadata`.
+absl::Status SaveParameters(Backend* backend,
+                            const std::vector<Parameter*>& params,
+                            const std::string& path,
+                            const std::map<std::string, std::string>& metadata);
+
+}  // namespace conveyor::engine
+
+#endif  // CONVEYOR_ENGINE_TRAINER_H_

@@ -1,0 +1,220 @@
+#include "engine/trainer.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/engine/test_util.h"
+
+namespace conveyor::engine {
+namespace {
+
+using testing_util::AllClose;
+using testing_util::ToVector;
+
+// An MLP on synthetic regression; BOUNDARY is replaced by "- boundary" or
+// nothing, so the same model can be split or not.
+constexpr char kMlp[] = R"(
+model:
+  input_shape: [8]
+  init: {seed: 3}
+  remat: REMAT
+  layers:
+    - dense: {features: 16}
+    - relu
+    B1
+    - dense: {features: 16}
+    - gelu
+    B2
+    - dense: {features: 16}
+    - relu
+    B3
+    - dense: {features: 4}
+  loss: mse
+)";
+
+JobSpec MakeJob(bool split, bool remat, int64_t microbatches, int64_t steps) {
+  std::string yaml =
+      absl::StrReplaceAll(kMlp, {{"REMAT", remat ? "true" : "false"},
+                                 {"B1", split ? "- boundary" : ""},
+                                 {"B2", split ? "- boundary" : ""},
+                                 {"B3", split ? "- boundary" : ""}});
+  auto model = ParseModelSpecYaml(yaml, "mlp.yaml");
+  EXPECT_TRUE(model.ok()) << model.status();
+  JobSpec job;
+  job.name = "mlp";
+  job.model = *model;
+  job.data = {.kind = DataConfig::Kind::kSyntheticRegression, .seed = 5};
+  job.optimizer = {.kind = OptimizerConfig::Kind::kAdam, .lr = 1e-2};
+  job.training = {
+      .steps = steps, .batch_size = 32, .microbatches = microbatches};
+  return job;
+}
+
+struct RunResult {
+  std::vector<double> losses;
+  std::vector<std::vector<float>> params;
+  std::vector<std::string> names;
+  size_t peak_activation_bytes = 0;
+};
+
+RunResult Train(const JobSpec& job) {
+  auto trainer = InProcessTrainer::Create(CpuBackend::Get(), job);
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  RunResult r;
+  EXPECT_TRUE((*trainer)
+                  ->Run([&](const StepReport& s) {
+                    r.losses.push_back(s.loss);
+                    r.peak_activation_bytes = std::max(r.peak_activation_bytes,
+                                                       s.peak_activation_bytes);
+                  })
+                  .ok());
+  for (Parameter* p : (*trainer)->parameters()) {
+    r.params.push_back(ToVector(p->value));
+    r.names.push_back(p->name);
+  }
+  return r;
+}
+
+TEST(TrainerTest, LossFallsOnSyntheticRegression) {
+  RunResult r = Train(MakeJob(false, false, 4, 60));
+  ASSERT_EQ(r.losses.size(), 60u);
+  EXPECT_LT(r.losses.back(), 0.25 * r.losses.front())
+      << r.losses.front() << " -> " << r.losses.back();
+}
+
+TEST(TrainerTest, FourStageSplitMatchesTheUnsplitModel) {
+  RunResult whole = Train(MakeJob(false, false, 4, 5));
+  RunResult split = Train(MakeJob(true, false, 4, 5));
+  EXPECT_EQ(whole.names, split.names);
+  ASSERT_EQ(whole.losses.size(), split.losses.size());
+  for (size_t i = 0; i < whole.losses.size(); ++i) {
+    EXPECT_NEAR(whole.losses[i], split.losses[i],
+                1e-5 * std::abs(whole.losses[i]));
+  }
+  for (size_t i = 0; i < whole.params.size(); ++i) {
+    EXPECT_TRUE(AllClose(split.params[i], whole.params[i], 1e-5, 1e-7))
+        << whole.names[i];
+  }
+}
+
+TEST(TrainerTest, MicrobatchAccumulationEqualsOneFullBatchStep) {
+  // The Alpa tutorial's check: M = 4 with 1/M-scaled gradients is one step on
+  // the mean loss of the full batch.
+  RunResult full = Train(MakeJob(false, false, 1, 3));
+  RunResult micro = Train(MakeJob(false, false, 4, 3));
+  for (size_t i = 0; i < full.losses.size(); ++i) {
+    EXPECT_NEAR(micro.losses[i], full.losses[i],
+                1e-5 * std::abs(full.losses[i]));
+  }
+  for (size_t i = 0; i < full.params.size(); ++i) {
+    EXPECT_TRUE(AllClose(micro.params[i], full.params[i], 1e-4, 1e-6))
+        << full.names[i];
+  }
+}
+
+TEST(TrainerTest, RematGivesIdenticalResults) {
+  RunResult plain = Train(MakeJob(true, false, 4, 3));
+  RunResult remat = Train(MakeJob(true, true, 4, 3));
+  EXPECT_EQ(plain.losses, remat.losses);  // Bitwise: same kernels, same order.
+  EXPECT_EQ(plain.params, remat.params);
+}
+
+TEST(StageTest, RematKeepsOnlyInputsWhileMicrobatchesAreInFlight) {
+  // A pipeline stage forwards several microbatches before their backwards;
+  // remat keeps only each one's input until its backward recomputes the rest.
+  size_t peak[2];
+  std::vector<float> grads[2];
+  for (bool remat : {false, true}) {
+    JobSpec job = MakeJob(false, remat, 4, 1);
+    auto stage = *Stage::Create(CpuBackend::Get(), job.model, 0);
+    ASSERT_TRUE(stage->InitializeFromSeed(1).ok());
+    for (int mb = 0; mb < 4; ++mb) {
+      ASSERT_TRUE(
+          stage->Forward(mb, testing_util::RandomTensor({8, 8}, mb)).ok());
+    }
+    EXPECT_EQ(stage->in_flight(), 4);
+    for (int mb = 0; mb < 4; ++mb) {
+      ASSERT_TRUE(
+          stage->Backward(mb, testing_util::RandomTensor({8, 4}, 10 + mb))
+              .ok());
+    }
+    EXPECT_EQ(stage->in_flight(), 0);
+    EXPECT_EQ(stage->live_activation_bytes(), 0u);
+    peak[remat] = stage->peak_activation_bytes();
+    grads[remat] = ToVector(stage->parameters()[0]->grad);
+  }
+  EXPECT_EQ(grads[0], grads[1]);
+  // Plain keeps every layer's activations for all four microbatches; remat
+  // keeps four inputs, plus one microbatch's activations during its backward.
+  EXPECT_LT(peak[1], peak[0] / 2) << peak[1] << " vs " << peak[0];
+}
+
+TEST(StageTest, ActionsOutOfOrderAreFailedPrecondition) {
+  JobSpec job = MakeJob(false, false, 1, 1);
+  auto stage = *Stage::Create(CpuBackend::Get(), job.model, 0);
+  EXPECT_EQ(stage->BackwardWeight(0).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(stage->Forward(0, testing_util::RandomTensor({2, 8}, 1)).ok());
+  EXPECT_EQ(
+      stage->Forward(0, testing_util::RandomTensor({2, 8}, 1)).status().code(),
+      absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(stage->BackwardWeight(0).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Stage::Create(CpuBackend::Get(), job.model, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TrainerTest, SavedParametersReloadThroughInitFrom) {
+  JobSpec job = MakeJob(true, false, 2, 2);
+  auto trainer = *InProcessTrainer::Create(CpuBackend::Get(), job);
+  ASSERT_TRUE(trainer->Run([](const StepReport&) {}).ok());
+  const std::string path = ::testing::TempDir() + "/trainer_params.safetensors";
+  ASSERT_TRUE(trainer->SaveParameters(path).ok());
+  auto file = SafetensorsReader::Open(path);
+  ASSERT_TRUE(file.ok());
+  EXPECT_EQ(file->metadata().at("step"), "2");
+  ASSERT_NE(file->Find("layers.0.weight"), nullptr);
+  EXPECT_EQ(file->Find("layers.0.weight")->shape,
+            (std::vector<int64_t>{16, 8}));
+
+  JobSpec reload = MakeJob(false, false, 2, 0);
+  reload.model.seed.reset();
+  reload.model.init_from = path;
+  auto again = *InProcessTrainer::Create(CpuBackend::Get(), reload);
+  auto a = trainer->parameters(), b = again->parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(ToVector(a[i]->value), ToVector(b[i]->value)) << a[i]->name;
+  }
+}
+
+TEST(TrainerTest, InitFromAFileWithTheWrongShapeNamesBothShapes) {
+  JobSpec small = MakeJob(false, false, 1, 0);
+  auto trainer = *InProcessTrainer::Create(CpuBackend::Get(), small);
+  const std::string path = ::testing::TempDir() + "/trainer_small.safetensors";
+  ASSERT_TRUE(trainer->SaveParameters(path).ok());
+  std::string yaml =
+      absl::StrReplaceAll(kMlp, {{"REMAT", "false"},
+                                 {"B1", ""},
+                                 {"B2", ""},
+                                 {"B3", ""},
+                                 {"features: 4", "features: 5"}});
+  JobSpec other = small;
+  other.model = *ParseModelSpecYaml(yaml, "mlp.yaml");
+  other.model.seed.reset();
+  other.model.init_from = path;
+  auto bad = InProcessTrainer::Create(CpuBackend::Get(), other);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      bad.status().message(),
+      ::testing::HasSubstr("tensor 'layers.6.weight' is [4, 16] but the "
+                           "model needs [5, 16]"));
+}
+
+}  // namespace
+}  // namespace conveyor::engine
