@@ -219,21 +219,30 @@ class IndexedDataSource : public DataSource {
 
 class SyntheticRegressionSource final : public IndexedDataSource {
  public:
-  SyntheticRegressionSource(const DataConfig& config, int64_t in, int64_t out)
+  // Each sample is `rows` vectors of `in` features (rows = the product of the
+  // input's leading dimensions; 1 for a 1-D input), each mapped through the
+  // same W and b.
+  SyntheticRegressionSource(const DataConfig& config,
+                            const SampleShapes& shapes)
       : IndexedDataSource(config.num_samples, config.shuffle, config.seed),
         seed_(config.seed),
-        in_(in),
-        out_(out),
+        rows_(NumElements(shapes.input) / shapes.input.back()),
+        in_(shapes.input.back()),
+        out_(shapes.target.back()),
+        input_shape_(shapes.input),
+        target_shape_(shapes.target),
         noise_(config.noise),
-        params_(MakeSyntheticRegressionParams(config.seed, in, out)) {}
+        params_(MakeSyntheticRegressionParams(config.seed, in_, out_)) {}
 
  protected:
   absl::StatusOr<Tensor> GatherInputs(
       Backend* backend, const std::vector<int64_t>& samples) const override {
-    std::vector<float> x(samples.size() * in_);
-    ParallelForRows(static_cast<int64_t>(samples.size()), in_ * 32,
-                    [&](int64_t r) { X(samples[r], &x[r * in_]); });
-    return Upload(backend, {static_cast<int64_t>(samples.size()), in_}, x);
+    const int64_t per_sample = rows_ * in_;
+    std::vector<float> x(samples.size() * per_sample);
+    ParallelForRows(static_cast<int64_t>(samples.size()), per_sample * 32,
+                    [&](int64_t r) { X(samples[r], &x[r * per_sample]); });
+    return Upload(backend,
+                  Shape(static_cast<int64_t>(samples.size()), input_shape_), x);
   }
 
   absl::StatusOr<Tensor> GatherTargets(
@@ -243,40 +252,56 @@ class SyntheticRegressionSource final : public IndexedDataSource {
     // y is computed on the host in double with a fixed summation order, not
     // with the backend's GEMM, so that a sample's target is bit-identical
     // whatever the backend, the microbatch size or the thread count.
-    std::vector<float> y(samples.size() * out_);
+    const int64_t per_sample = rows_ * out_;
+    std::vector<float> y(samples.size() * per_sample);
     ParallelForRows(
-        static_cast<int64_t>(samples.size()), in_ * out_, [&](int64_t r) {
-          std::vector<float> x(in_);
+        static_cast<int64_t>(samples.size()), rows_ * in_ * out_,
+        [&](int64_t r) {
+          std::vector<float> x(rows_ * in_);
           X(samples[r], x.data());
-          std::vector<double> sum(params_.bias.begin(), params_.bias.end());
-          // i outer, k inner: contiguous in W, so the inner loop vectorizes
-          // while each sum[k] still adds its terms in order i = 0, 1, ...
-          for (int64_t i = 0; i < in_; ++i) {
-            const double xi = x[i];
-            const float* w = &params_.weight[i * out_];
-            for (int64_t k = 0; k < out_; ++k) sum[k] += xi * w[k];
-          }
-          const uint64_t base = static_cast<uint64_t>(samples[r]) * out_;
-          for (int64_t k = 0; k < out_; ++k) {
-            if (noise_ != 0) {
-              sum[k] += noise_ * NormalDraw(seed_, kNoiseStream, base + k);
+          for (int64_t row = 0; row < rows_; ++row) {
+            std::vector<double> sum(params_.bias.begin(), params_.bias.end());
+            // i outer, k inner: contiguous in W, so the inner loop vectorizes
+            // while each sum[k] still adds its terms in order i = 0, 1, ...
+            for (int64_t i = 0; i < in_; ++i) {
+              const double xi = x[row * in_ + i];
+              const float* w = &params_.weight[i * out_];
+              for (int64_t k = 0; k < out_; ++k) sum[k] += xi * w[k];
             }
-            y[r * out_ + k] = static_cast<float>(sum[k]);
+            const uint64_t base =
+                static_cast<uint64_t>(samples[r]) * per_sample + row * out_;
+            float* out = &y[r * per_sample + row * out_];
+            for (int64_t k = 0; k < out_; ++k) {
+              if (noise_ != 0) {
+                sum[k] += noise_ * NormalDraw(seed_, kNoiseStream, base + k);
+              }
+              out[k] = static_cast<float>(sum[k]);
+            }
           }
         });
-    return Upload(backend, {static_cast<int64_t>(samples.size()), out_}, y);
+    return Upload(
+        backend, Shape(static_cast<int64_t>(samples.size()), target_shape_), y);
   }
 
  private:
+  // Leading dimension `batch`, then the per-sample shape.
+  static std::vector<int64_t> Shape(int64_t batch,
+                                    const std::vector<int64_t>& per_sample) {
+    std::vector<int64_t> shape = {batch};
+    shape.insert(shape.end(), per_sample.begin(), per_sample.end());
+    return shape;
+  }
+
   void X(int64_t sample, float* x) const {
-    const uint64_t base = static_cast<uint64_t>(sample) * in_;
-    for (int64_t i = 0; i < in_; ++i) {
+    const uint64_t base = static_cast<uint64_t>(sample) * rows_ * in_;
+    for (int64_t i = 0; i < rows_ * in_; ++i) {
       x[i] = static_cast<float>(NormalDraw(seed_, kXStream, base + i));
     }
   }
 
   const uint64_t seed_;
-  const int64_t in_, out_;
+  const int64_t rows_, in_, out_;
+  const std::vector<int64_t> input_shape_, target_shape_;  // Per sample.
   const double noise_;
   const SyntheticRegressionParams params_;
 };
@@ -397,20 +422,22 @@ absl::Status CheckUnusedFields(const DataConfig& config) {
 
 absl::StatusOr<std::unique_ptr<DataSource>> CreateSyntheticRegression(
     const DataConfig& config, const SampleShapes& shapes) {
-  if (shapes.token_input || shapes.input.size() != 1) {
+  // Inputs [..., in] and targets [..., out] with the same leading
+  // dimensions: y = x W + b along the last dimension.
+  const bool same_leading =
+      !shapes.input.empty() && shapes.input.size() == shapes.target.size() &&
+      std::equal(shapes.input.begin(), shapes.input.end() - 1,
+                 shapes.target.begin());
+  if (shapes.token_input || shapes.integer_targets || !same_leading) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "data.kind synthetic-regression needs a 1-D float input, but the "
-        "model's input is ",
-        shapes.token_input ? "token ids " : "", ShapeString(shapes.input)));
-  }
-  if (shapes.integer_targets || shapes.target.size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data.kind synthetic-regression needs a 1-D float target (loss: "
-        "mse), but the model's target is ",
-        shapes.integer_targets ? "integer ids " : "",
+        "data.kind synthetic-regression needs float inputs [..., in] and "
+        "float targets [..., out] (loss: mse) with the same leading "
+        "dimensions, but the model's input is ",
+        shapes.token_input ? "token ids " : "", ShapeString(shapes.input),
+        " and its target ", shapes.integer_targets ? "integer ids " : "",
         ShapeString(shapes.target)));
   }
-  if (shapes.input[0] <= 0 || shapes.target[0] <= 0) {
+  if (shapes.input.back() <= 0 || shapes.target.back() <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data.kind synthetic-regression needs positive feature counts, got "
         "input ",
@@ -431,8 +458,7 @@ absl::StatusOr<std::unique_ptr<DataSource>> CreateSyntheticRegression(
         "data.shuffle needs a finite data set: set data.num_samples (0 means "
         "unlimited, where every sample is fresh anyway)");
   }
-  return std::make_unique<SyntheticRegressionSource>(config, shapes.input[0],
-                                                     shapes.target[0]);
+  return std::make_unique<SyntheticRegressionSource>(config, shapes);
 }
 
 // Reads tensor `name` of the file as a table of rows of `per_sample` shape.

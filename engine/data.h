@@ -21,7 +21,8 @@
 //     with x and e ~ N(0, 1) per element. W [in, out] and b [out] are fixed
 //     N(0, 1) draws from the seed (SyntheticRegressionParams); x and e of
 //     sample i are drawn from the seed at counter i, so a sample does not
-//     depend on the batch it falls in.
+//     depend on the batch it falls in. Samples of rank > 1 ([seq, in] ->
+//     [seq, out]) map every position through the same W and b.
 //   - tensors: a safetensors file with `x` [N, ...input] and `y`
 //     [N, ...target]; float dtypes are read as f32 and integer dtypes as i64
 //     (integer `x` for token-input models, integer `y` for cross_entropy).
@@ -113,12 +114,12 @@ class DataSource {
 
   // Validates `config` against the model's `shapes` and loads any file.
   // Returns InvalidArgument naming the field and both values when they
-  // disagree (synthetic-regression needs 1-D f32 input and target; tensors
-  // needs x and y to match the input and target shapes and types; tokens
-  // needs [seq_len] token inputs and [seq_len] integer targets), when the
-  // file is malformed, too short for one window or holds a token id >=
-  // vocab_size; the errno-derived code (NotFound, ...) when a file cannot be
-  // read.
+  // disagree (synthetic-regression needs f32 inputs [..., in] and targets [...,
+  // out] with the same leading dimensions; tensors needs x and y to match the
+  // input and target shapes and types; tokens needs [seq_len] token inputs and
+  // [seq_len] integer targets), when the file is malformed, too short for one
+  // window or holds a token id >= vocab_size; the errno-derived code (NotFound,
+  // ...) when a file cannot be read.
   static absl::StatusOr<std::unique_ptr<DataSource>> Create(
       const DataConfig& config, const SampleShapes& shapes);
 

@@ -555,12 +555,34 @@ TEST(DataSourceErrorsTest, BatchArgumentsAreChecked) {
   EXPECT_THAT(error(INT64_MAX / 4, 0, 1, 8), HasSubstr("overflows"));
 }
 
+TEST(SyntheticRegressionTest, SequenceSamplesMapEveryPositionThroughWAndB) {
+  // Inputs [3, 4] and targets [3, 2] per sample (a sequence model with MSE):
+  // every position is y = x W + b with the same W and b.
+  const SampleShapes shapes = {.input = {3, 4}, .target = {3, 2}};
+  auto source = DataSource::Create(Synthetic(11, 0.0), shapes);
+  ASSERT_TRUE(source.ok()) << source.status();
+  Tensor x = *(*source)->Inputs(CpuBackend::Get(), 0, 0, 1, 2);
+  Tensor y = *(*source)->Targets(CpuBackend::Get(), 0, 0, 1, 2);
+  EXPECT_EQ(x.shape(), (Shape{2, 3, 4}));
+  EXPECT_EQ(y.shape(), (Shape{2, 3, 2}));
+  const SyntheticRegressionParams p = MakeSyntheticRegressionParams(11, 4, 2);
+  for (int row = 0; row < 6; ++row) {
+    for (int k = 0; k < 2; ++k) {
+      double expect = p.bias[k];
+      for (int i = 0; i < 4; ++i) {
+        expect += x.data<float>()[row * 4 + i] * p.weight[i * 2 + k];
+      }
+      EXPECT_NEAR(y.data<float>()[row * 2 + k], expect, 1e-5);
+    }
+  }
+}
+
 TEST(DataSourceErrorsTest, SyntheticShapesAndFields) {
   SampleShapes shapes = kRegression;
-  shapes.input = {2, 3};
+  shapes.input = {2, 3};  // Leading dimensions differ from the target's.
   absl::Status s = CreateError(Synthetic(), shapes);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("needs a 1-D float input"));
+  EXPECT_THAT(s.message(), HasSubstr("with the same leading dimensions"));
   EXPECT_THAT(s.message(), HasSubstr("[2, 3]"));
 
   shapes = kRegression;
@@ -571,7 +593,7 @@ TEST(DataSourceErrorsTest, SyntheticShapesAndFields) {
   shapes = kRegression;
   shapes.integer_targets = true;
   EXPECT_THAT(CreateError(Synthetic(), shapes).message(),
-              HasSubstr("needs a 1-D float target"));
+              HasSubstr("its target integer ids"));
 
   EXPECT_THAT(CreateError(Synthetic(0, -1.0), kRegression).message(),
               HasSubstr("data.noise must be finite and non-negative, got -1"));
