@@ -46,6 +46,8 @@ int main(int argc, char** argv) {
 
   conveyor::cli::ScheduleCommandOptions schedule_options;
   CLI::App* schedule = conveyor::cli::AddScheduleCommand(app, schedule_options);
+  conveyor::cli::RunCommandOptions run_options;
+  CLI::App* run = conveyor::cli::AddRunCommand(app, run_options);
 
   try {
     app.parse(argc, argv);

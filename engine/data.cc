@@ -636,8 +636,12 @@ SyntheticRegressionParams MakeSyntheticRegressionParams(uint64_t seed,
   SyntheticRegressionParams params;
   params.weight.resize(in_features * out_features);
   params.bias.resize(out_features);
+  // W ~ N(0, 1/in) keeps y at unit scale whatever the width, so the noise
+  // level means the same for every model and losses start near 1.
+  const double w_std = 1.0 / std::sqrt(static_cast<double>(in_features));
   for (size_t i = 0; i < params.weight.size(); ++i) {
-    params.weight[i] = static_cast<float>(NormalDraw(seed, kWeightStream, i));
+    params.weight[i] =
+        static_cast<float>(w_std * NormalDraw(seed, kWeightStream, i));
   }
   for (size_t i = 0; i < params.bias.size(); ++i) {
     params.bias[i] = static_cast<float>(NormalDraw(seed, kBiasStream, i));

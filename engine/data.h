@@ -18,8 +18,9 @@
 //
 // Kinds:
 //   - synthetic-regression (the Alpa tutorial's data): y = x W + b + noise*e,
-//     with x and e ~ N(0, 1) per element. W [in, out] and b [out] are fixed
-//     N(0, 1) draws from the seed (SyntheticRegressionParams); x and e of
+//     with x and e ~ N(0, 1) per element. W [in, out] ~ N(0, 1/in) (so y
+//     has unit scale at any width) and b [out] ~ N(0, 1) are fixed draws
+//     from the seed (SyntheticRegressionParams); x and e of
 //     sample i are drawn from the seed at counter i, so a sample does not
 //     depend on the batch it falls in. Samples of rank > 1 ([seq, in] ->
 //     [seq, out]) map every position through the same W and b.

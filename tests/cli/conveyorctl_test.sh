@@ -85,6 +85,24 @@ echo '{"kind": "1f1b",' >"$tmp/truncated.json"
 check from_bad_json 2 'parse error at line 2' -- schedule --from "$tmp/truncated.json"
 check from_excludes_generation 2 'excludes' -- schedule --from "$tmp/good.json" -P 3
 check from_missing_file 1 'cannot read' -- schedule --from "$tmp/missing.json"
+# run --in-process: the examples train, and their loss falls.
+src=${CONVEYOR_SOURCE_DIR:?set CONVEYOR_SOURCE_DIR to the source tree}
+for example in mlp transformer; do
+  sed "s|^  dir: .*|  dir: $tmp/$example|" "$src/examples/$example.yaml" >"$tmp/$example.yaml"
+  if out=$("$ctl" run "$tmp/$example.yaml" --in-process --steps 40 2>&1) &&
+     awk '/^step/ { if (!first) first = $4; last = $4 }
+          END { exit !(first > 0 && last < 0.9 * first) }' <<<"$out" &&
+     [ -s "$tmp/$example/params.safetensors" ]; then
+    passed=$((passed + 1))
+  else
+    echo "FAIL run_$example"; echo "$out" | tail -5; failed=$((failed + 1))
+  fi
+done
+check run_needs_in_process 2 'pass --in-process' -- run "$tmp/mlp.yaml"
+printf 'model:\n  input_shape: [4]\n  init: {seed: 0}\n  layers:\n    - dense: {feature: 2}\n  loss: mse\n' >"$tmp/bad.yaml"
+check run_bad_job 2 "bad.yaml:5:15: model.layers\\[0\\].dense: unknown key 'feature'" -- \
+  run "$tmp/bad.yaml" --in-process
+check run_missing_job 1 'bad-missing.yaml' -- run "$tmp/bad-missing.yaml" --in-process
 check unwritable_output 1 'cannot write' -- \
   schedule -P 2 -M 2 -o /nonexistent-dir/out.txt
 

@@ -235,11 +235,17 @@ TEST(SyntheticRegressionTest, WithoutNoiseTargetsAreExactlyLinear) {
   ASSERT_TRUE(source);
   const Batch b = Fetch(*source, 2, 0, 1, 16);
   for (double r : Residuals(b, 11, 4, 3)) EXPECT_NEAR(r, 0.0, 1e-5);
-  // And the truth is not trivial: W and b are N(0, 1) draws, not zeros.
+  // And the truth is not trivial: W and b are random draws, not zeros.
   const SyntheticRegressionParams p = MakeSyntheticRegressionParams(11, 4, 3);
   EXPECT_EQ(p.weight.size(), 12u);
   EXPECT_EQ(p.bias.size(), 3u);
   EXPECT_GT(std::abs(p.weight[0]) + std::abs(p.bias[0]), 0.0f);
+  // W ~ N(0, 1/in): at width 400 its variance is 1/400, so y = x W has unit
+  // variance per output.
+  const SyntheticRegressionParams wide = MakeSyntheticRegressionParams(3, 400, 50);
+  double sq = 0;
+  for (float w : wide.weight) sq += static_cast<double>(w) * w;
+  EXPECT_NEAR(sq / wide.weight.size(), 1.0 / 400, 0.1 / 400);
   EXPECT_NE(p.weight, MakeSyntheticRegressionParams(12, 4, 3).weight);
 }
 
