@@ -102,6 +102,43 @@ TEST(TrainerTest, FourStageSplitMatchesTheUnsplitModel) {
   }
 }
 
+TEST(TrainerTest, FourStageTransformerSplitMatchesTheUnsplitModel) {
+  // Post-norm blocks (attention, layernorm, GELU MLP), causal, split one
+  // block per stage or not at all.
+  auto job = [](bool split) {
+    std::string yaml = absl::StrCat(R"(
+model:
+  input_shape: [6, 8]
+  init: {seed: 1}
+  layers:
+    - repeat: 4
+      boundary_every: )", split ? 1 : 4, R"(
+      layers:
+        - transformer_block: {heads: 2, mlp_features: 16, causal: true}
+  loss: mse
+)");
+    JobSpec j;
+    j.name = "blocks";
+    j.model = *ParseModelSpecYaml(yaml, "blocks.yaml");
+    j.data = {.kind = DataConfig::Kind::kSyntheticRegression, .seed = 2};
+    j.optimizer = {.kind = OptimizerConfig::Kind::kAdamW, .lr = 1e-2};
+    j.training = {.steps = 3, .batch_size = 8, .microbatches = 4};
+    return j;
+  };
+  JobSpec split_job = job(true);
+  ASSERT_EQ(split_job.model.num_stages, 4);
+  RunResult whole = Train(job(false));
+  RunResult split = Train(split_job);
+  for (size_t i = 0; i < whole.losses.size(); ++i) {
+    EXPECT_NEAR(whole.losses[i], split.losses[i], 1e-5 * std::abs(whole.losses[i]));
+  }
+  ASSERT_EQ(whole.params.size(), split.params.size());
+  for (size_t i = 0; i < whole.params.size(); ++i) {
+    EXPECT_TRUE(AllClose(split.params[i], whole.params[i], 1e-5, 1e-7))
+        << whole.names[i];
+  }
+}
+
 TEST(TrainerTest, MicrobatchAccumulationEqualsOneFullBatchStep) {
   // The Alpa tutorial's check: M = 4 with 1/M-scaled gradients is one step on
   // the mean loss of the full batch.

@@ -1,0 +1,145 @@
+// Engine benchmarks on the CPU backend:
+//  - gemm/*: Backend::Gemm against a direct cblas_sgemm call on the same
+//    shapes (the dense layer's forward, x W^T), as GFLOP/s. Target: the
+//    backend reaches >= 85% of OpenBLAS.
+//  - step/*: one training step (M microbatches forward and backward, one
+//    AdamW step) of the examples' models on fixed data, so only compute is
+//    timed. bench/torch_reference.py times the identical models in PyTorch;
+//    scripts/bench puts the two side by side.
+#include <cblas.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "benchmark/benchmark.h"      // defines: BENCHMARK, benchmark::State
+#include "engine/cpu/cpu_backend.h"   // defines: CpuBackend
+#include "engine/init.h"              // defines: InitializeParameter
+#include "engine/loss.h"              // defines: ComputeLoss
+#include "engine/model_spec.h"        // defines: ParseModelSpecYaml
+#include "engine/optimizer.h"         // defines: Optimizer
+#include "engine/stage.h"             // defines: Stage
+
+namespace conveyor::engine {
+namespace {
+
+Tensor Random(const Shape& shape, uint64_t seed) {
+  Tensor t = *CpuBackend::Get()->Empty(shape, DType::kF32);
+  (void)InitializeParameter(CpuBackend::Get(), seed, "bench",
+                            {InitRule::Kind::kNormal, 1.0}, t);
+  return t;
+}
+
+void SetGemmCounters(benchmark::State& state, int64_t m, int64_t n,
+                     int64_t k) {
+  state.counters["GFLOPs"] = benchmark::Counter(
+      2.0 * m * n * k, benchmark::Counter::kIsIterationInvariantRate,
+      benchmark::Counter::kIs1000);
+}
+
+// C [m, n] = A [m, k] B^T, B [n, k]: Dense::Forward's GEMM.
+void BM_GemmBackend(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  Tensor a = Random({m, k}, 1), b = Random({n, k}, 2), c = Random({m, n}, 3);
+  for (auto _ : state) {
+    CpuBackend::Get()->Gemm(false, true, 1.0f, a, b, 0.0f, c);
+    benchmark::DoNotOptimize(c.raw());
+  }
+  SetGemmCounters(state, m, n, k);
+}
+
+void BM_GemmOpenBlas(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  Tensor a = Random({m, k}, 1), b = Random({n, k}, 2), c = Random({m, n}, 3);
+  for (auto _ : state) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f,
+                a.data<float>(), k, b.data<float>(), k, 0.0f, c.data<float>(),
+                n);
+    benchmark::DoNotOptimize(c.raw());
+  }
+  SetGemmCounters(state, m, n, k);
+}
+
+// The dense shapes of examples/mlp.yaml (microbatch 32) and of the
+// transformer block (64 tokens x d 64, MLP 256), plus a large square GEMM.
+// Real time: OpenBLAS runs on several threads, so CPU time of the calling
+// thread would overstate the rate.
+#define GEMM_SHAPES                                                     \
+  UseRealTime()->Args({32, 512, 128})->Args({32, 512, 512})->Args({64, 192, 64})      \
+      ->Args({64, 256, 64})->Args({512, 512, 512})->ArgNames({"m", "n", "k"})
+BENCHMARK(BM_GemmBackend)->Name("gemm/backend")->GEMM_SHAPES;
+BENCHMARK(BM_GemmOpenBlas)->Name("gemm/openblas")->GEMM_SHAPES;
+
+constexpr char kMlp[] = R"(
+model:
+  input_shape: [128]
+  init: {seed: 0}
+  layers:
+    - dense: {features: 512}
+    - relu
+    - dense: {features: 512}
+    - relu
+    - dense: {features: 512}
+    - relu
+    - dense: {features: 128}
+  loss: mse
+)";
+
+constexpr char kTransformerBlock[] = R"(
+model:
+  input_shape: [32, 64]
+  init: {seed: 0}
+  layers:
+    - transformer_block: {heads: 4, mlp_features: 256, norm: post}
+  loss: mse
+)";
+
+// One training step of a one-stage model: batch split into `microbatches`.
+void TrainStep(benchmark::State& state, const char* yaml, int64_t batch,
+               int microbatches) {
+  const ModelSpec spec = *ParseModelSpecYaml(yaml, "bench.yaml");
+  Backend* be = CpuBackend::Get();
+  auto stage = *Stage::Create(be, spec, 0);
+  (void)stage->InitializeFromSeed(0);
+  auto optimizer = *Optimizer::Create(
+      be, {.kind = OptimizerConfig::Kind::kAdamW, .lr = 1e-3},
+      stage->parameters());
+  std::vector<Tensor> x, y;
+  Shape in = {batch / microbatches}, out = {batch / microbatches};
+  in.insert(in.end(), spec.input_shape.begin(), spec.input_shape.end());
+  out.insert(out.end(), spec.output_shape.begin(), spec.output_shape.end());
+  for (int mb = 0; mb < microbatches; ++mb) {
+    x.push_back(Random(in, 10 + mb));
+    y.push_back(Random(out, 20 + mb));
+  }
+  for (auto _ : state) {
+    optimizer->ZeroGrad();
+    for (int mb = 0; mb < microbatches; ++mb) {
+      Tensor out_mb = *stage->Forward(mb, x[mb]);
+      LossResult loss =
+          *ComputeLoss(be, spec.loss, out_mb, y[mb], 1.0f / microbatches);
+      (void)*stage->Backward(mb, loss.grad);
+    }
+    (void)optimizer->Step();
+  }
+  state.counters["samples_per_s"] = benchmark::Counter(
+      static_cast<double>(batch), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_StepMlp(benchmark::State& state) { TrainStep(state, kMlp, 128, 4); }
+void BM_StepTransformerBlock(benchmark::State& state) {
+  TrainStep(state, kTransformerBlock, 8, 4);
+}
+BENCHMARK(BM_StepMlp)
+    ->Name("step/mlp")
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_StepTransformerBlock)
+    ->Name("step/transformer_block")
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace conveyor::engine
+
+BENCHMARK_MAIN();
