@@ -118,11 +118,16 @@ absl::StatusOr<Schedule> GenerateGPipe(const ScheduleOptions& options) {
       out.push_back(
           {Op::kForward, order.Chunk(k) * p + r, order.Microbatch(k)});
     }
-    // Backward in reverse forward order: the last forward's activations are
-    // the freshest, and the last stage can start on them without waiting.
-    for (int k = total - 1; k >= 0; --k) {
-      out.push_back(
-          {Op::kBackward, order.Chunk(k) * p + r, order.Microbatch(k)});
+    // Backwards visit the chunks last to first within each group of P
+    // microbatches, microbatches ascending, as interleaved-1f1b does. Every
+    // stage then accumulates its gradients over microbatches in ascending
+    // order, as the in-process reference does, so results match it bit for
+    // bit. (Reversed order has the same bubble but other float rounding,
+    // which Adam amplifies on zero-gradient parameters such as attention's
+    // key bias.)
+    for (int k = 0; k < total; ++k) {
+      const int chunk = options.virtual_stages - 1 - order.Chunk(k);
+      out.push_back({Op::kBackward, chunk * p + r, order.Microbatch(k)});
     }
   }
   return s;

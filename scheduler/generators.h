@@ -34,7 +34,8 @@ bool TakesVirtualStages(ScheduleKind kind);
 absl::StatusOr<Schedule> GenerateSchedule(ScheduleKind kind,
                                           const ScheduleOptions& options);
 
-// GPipe: all forwards, then all backwards in reverse order. With V > 1,
+// GPipe: all forwards, then all backwards in the same microbatch order
+// (chunks last to first). With V > 1,
 // microbatches go through the chunks in groups of P (M % P == 0 needed).
 absl::StatusOr<Schedule> GenerateGPipe(const ScheduleOptions& options);
 

@@ -134,7 +134,7 @@ TEST(GeneratorsTest, OneFOneBWarmsUpWithPMinusRankMinusOneForwards) {
 
 TEST(GeneratorsTest, GPipeRunsAllForwardsThenAllBackwards) {
   Schedule s = MustGenerate(ScheduleKind::kGPipe, 2, 3);
-  EXPECT_EQ(Line(s, 1), "F1.0 F1.1 F1.2 B1.2 B1.1 B1.0");
+  EXPECT_EQ(Line(s, 1), "F1.0 F1.1 F1.2 B1.0 B1.1 B1.2");
 }
 
 TEST(GeneratorsTest, ZeroBubbleH1HoldsBackRankWeightGradients) {

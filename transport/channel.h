@@ -1,0 +1,65 @@
+// Channel: a rank's endpoint on the data plane, moving activations and
+// gradients between pipeline stages.
+//
+// Send never blocks compute: the tensor is queued and delivered by the
+// implementation (a shared mailbox in one process, an I/O thread over TCP).
+// Recv waits for the tensor with a given tag, at most `timeout`. Abort fails
+// every pending and future call on this endpoint with the given status, so a
+// rank that learns the job is lost stops waiting at once.
+//
+// Tags name a tensor uniquely within a job: which step, microbatch and
+// producing stage, and whether it is an activation (flowing forward to
+// stage+1) or a gradient (flowing back to stage-1). Receivers ask by tag, so
+// tensors may arrive in any order.
+//
+// Thread-safe: Send, Recv and Abort may be called from different threads.
+#ifndef CONVEYOR_TRANSPORT_CHANNEL_H_
+#define CONVEYOR_TRANSPORT_CHANNEL_H_
+
+#include <chrono>
+#include <compare>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/tensor.h"
+
+namespace conveyor::transport {
+
+enum class TensorKind : uint8_t { kActivation = 0, kGradient = 1 };
+
+struct Tag {
+  uint64_t job = 0;
+  int64_t step = 0;
+  int32_t microbatch = 0;
+  int32_t stage = 0;  // The producing stage.
+  TensorKind kind = TensorKind::kActivation;
+
+  friend auto operator<=>(const Tag&, const Tag&) = default;
+};
+
+// "activation of stage 2, step 5, microbatch 3 (job 7)".
+std::string ToString(const Tag& tag);
+
+class Channel {
+ public:
+  virtual ~Channel() = default;
+
+  // Queues `tensor` for rank `to`. Returns the abort status after Abort, or
+  // an error if `to` is not a peer; never waits for the receiver.
+  virtual absl::Status Send(int to, const Tag& tag,
+                            const engine::Tensor& tensor) = 0;
+
+  // The tensor with `tag`, once it has arrived. DeadlineExceeded after
+  // `timeout` (naming the tag), or the abort status after Abort.
+  virtual absl::StatusOr<engine::Tensor> Recv(
+      const Tag& tag, std::chrono::milliseconds timeout) = 0;
+
+  // Fails pending and future calls on this endpoint with `status`.
+  virtual void Abort(const absl::Status& status) = 0;
+};
+
+}  // namespace conveyor::transport
+
+#endif  // CONVEYOR_TRANSPORT_CHANNEL_H_

@@ -1,0 +1,114 @@
+// StageExecutor: runs one rank's part of a training step: its action list
+// from the schedule (F, B, BI, BW of the stages it holds), moving tensors
+// through a Channel, then one optimizer step.
+//
+// For each action:
+//   F(s, mb):  the input comes from the data (s = 0) or from stage s-1 over
+//              the channel; the output goes to stage s+1, or, on the last
+//              stage, into the loss (forward, loss and loss gradient fused),
+//              each microbatch's gradient scaled by 1/M.
+//   B / BI(s, mb): the output gradient comes from stage s+1 (or the loss);
+//              the input gradient goes to stage s-1 (not from stage 0).
+//   BW(s, mb): the weight gradient, from what BI kept.
+// After the actions every microbatch must be through BW. Gradients were
+// accumulated over the step; clipping uses the norm over all ranks, obtained
+// through the caller's reduction, so a pipelined step equals the in-process
+// reference step.
+//
+// Thread-compatible: one thread runs a rank's executor.
+#ifndef CONVEYOR_WORKER_STAGE_EXECUTOR_H_
+#define CONVEYOR_WORKER_STAGE_EXECUTOR_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/data.h"
+#include "engine/loss_kind.h"
+#include "engine/optimizer.h"
+#include "engine/stage.h"
+#include "scheduler/action.h"
+#include "transport/channel.h"
+
+namespace conveyor::worker {
+
+struct ExecutorConfig {
+  uint64_t job = 0;
+  int rank = 0;
+  int num_ranks = 1;   // P; stage s runs on rank s mod P.
+  int num_stages = 1;  // P * V
+  int64_t batch_size = 1;
+  int microbatches = 1;
+  engine::LossKind loss = engine::LossKind::kMse;
+  std::chrono::milliseconds recv_timeout{30000};
+};
+
+struct RankStepResult {
+  bool has_loss = false;  // Only the rank holding the last stage.
+  double loss = 0;        // Mean over the global batch.
+  double seconds = 0;
+  double wait_seconds = 0;  // Blocked in Recv: this rank's bubble.
+  double grad_norm = 0;     // When clipping.
+  size_t peak_activation_bytes = 0;
+};
+
+// Sums a value over all ranks of the job and returns the total to each
+// (for the global gradient norm).
+using AllReduceSum = std::function<absl::StatusOr<double>(double)>;
+
+class StageExecutor {
+ public:
+  // `stages` maps global stage index to the rank's Stage; all must satisfy
+  // s mod P == rank. The data source, optimizer (over exactly these stages'
+  // parameters) and channel outlive the executor.
+  static absl::StatusOr<std::unique_ptr<StageExecutor>> Create(
+      const ExecutorConfig& config, std::map<int, engine::Stage*> stages,
+      engine::DataSource* data, engine::Optimizer* optimizer,
+      transport::Channel* channel, engine::Backend* backend);
+
+  // Runs `actions` for step `step` and the optimizer step. `all_reduce` is
+  // needed only when the optimizer clips gradients. On any error the step is
+  // abandoned; the caller aborts the job.
+  absl::StatusOr<RankStepResult> RunStep(
+      int64_t step, const std::vector<scheduler::Action>& actions,
+      const AllReduceSum& all_reduce = nullptr);
+
+ private:
+  StageExecutor(const ExecutorConfig& config,
+                std::map<int, engine::Stage*> stages, engine::DataSource* data,
+                engine::Optimizer* optimizer, transport::Channel* channel,
+                engine::Backend* backend)
+      : config_(config),
+        stages_(std::move(stages)),
+        data_(data),
+        optimizer_(optimizer),
+        channel_(channel),
+        backend_(backend) {}
+
+  absl::Status Forward(int64_t step, const scheduler::Action& a);
+  absl::Status BackwardInput(int64_t step, const scheduler::Action& a);
+  absl::StatusOr<engine::Tensor> Receive(const transport::Tag& tag);
+  transport::Tag MakeTag(int64_t step, int mb, int stage,
+                         transport::TensorKind kind) const;
+
+  ExecutorConfig config_;
+  std::map<int, engine::Stage*> stages_;
+  engine::DataSource* data_;
+  engine::Optimizer* optimizer_;
+  transport::Channel* channel_;
+  engine::Backend* backend_;
+
+  // Per step: loss gradients of the last stage awaiting their backward, the
+  // summed loss and the time spent waiting.
+  std::map<int, engine::Tensor> loss_grads_;
+  double loss_sum_ = 0;
+  double wait_seconds_ = 0;
+};
+
+}  // namespace conveyor::worker
+
+#endif  // CONVEYOR_WORKER_STAGE_EXECUTOR_H_
