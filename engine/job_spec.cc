@@ -423,14 +423,18 @@ absl::Status JobParser::ParseSchedule(const YamlValue& value,
     ASSIGN_OR_RETURN(schedule.warmup_steps,
                      reader_.ParseInt(warmup->value, 0, kMaxSteps));
   }
+  // Absent total_steps stays 0, "training.steps", and is resolved when the
+  // optimizer is built (ResolveSchedule), so a later override of the step
+  // count (conveyorctl run --steps) still decays over the whole run. It is
+  // checked against training.steps here all the same, to report it in place.
   const YamlMapEntry* total = map.Find("total_steps");
   if (total != nullptr) {
     ASSIGN_OR_RETURN(schedule.total_steps,
                      reader_.ParseInt(total->value, 1, kMaxSteps));
-  } else {
-    schedule.total_steps = training.steps;
   }
-  if (schedule.total_steps <= schedule.warmup_steps) {
+  const int64_t effective_total =
+      total != nullptr ? schedule.total_steps : training.steps;
+  if (effective_total <= schedule.warmup_steps) {
     // At total_steps when given, else at warmup_steps (the one written).
     const YamlValue& at = total != nullptr    ? total->value
                           : warmup != nullptr ? warmup->value
@@ -438,7 +442,7 @@ absl::Status JobParser::ParseSchedule(const YamlValue& value,
     return reader_.Error(
         at, absl::StrCat("cosine needs total_steps > warmup_steps; got "
                          "total_steps = ",
-                         schedule.total_steps,
+                         effective_total,
                          total != nullptr ? "" : " (training.steps)",
                          ", warmup_steps = ", schedule.warmup_steps));
   }

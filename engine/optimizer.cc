@@ -17,6 +17,13 @@ double WeightDecay(const OptimizerConfig& c) {
 
 }  // namespace
 
+void ResolveSchedule(OptimizerConfig& config, int64_t training_steps) {
+  if (config.schedule.kind == LrSchedule::Kind::kCosine &&
+      config.schedule.total_steps == 0) {
+    config.schedule.total_steps = training_steps;
+  }
+}
+
 double LearningRate(const OptimizerConfig& c, int64_t step) {
   const LrSchedule& s = c.schedule;
   if (s.kind == LrSchedule::Kind::kConstant) return c.lr;

@@ -24,7 +24,9 @@ struct LrSchedule {
   enum class Kind { kConstant, kLinearWarmup, kCosine };
   Kind kind = Kind::kConstant;
   int64_t warmup_steps = 0;  // kLinearWarmup and kCosine.
-  int64_t total_steps = 0;   // kCosine: steps until min_lr.
+  // kCosine: steps until min_lr; 0 means the job's training.steps, filled in
+  // by ResolveSchedule before the optimizer is built.
+  int64_t total_steps = 0;
   double min_lr = 0.0;       // kCosine.
 };
 
@@ -40,6 +42,10 @@ struct OptimizerConfig {
   LrSchedule schedule = {};
   std::optional<double> clip_grad_norm = std::nullopt;  // Max global L2 norm.
 };
+
+// Fills in the defaults that depend on the training length (cosine
+// total_steps = 0 becomes training_steps).
+void ResolveSchedule(OptimizerConfig& config, int64_t training_steps);
 
 // The learning rate for step `step` (0-based) under `config`.
 double LearningRate(const OptimizerConfig& config, int64_t step);

@@ -200,16 +200,22 @@ absl::StatusOr<TensorInfo> ParseTensorEntry(absl::string_view source,
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": \"shape\" must be an array"));
   }
+  size_t index = 0;
   for (const Json& dim : *shape_it) {
     // Non-negative JSON integers parse as number_unsigned; negative ones and
-    // fractions do not.
+    // fractions do not. The message names the element's index and type, and
+    // never dumps it: dump() recurses once per nesting level, and a hostile
+    // header nested millions deep would overflow the stack.
     if (!dim.is_number_unsigned() ||
         dim.get<uint64_t>() >
             static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": shape ", shape_it->dump(),
-                       " must hold non-negative integers below 2^63"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": shape[", index, "] ",
+          dim.is_number_integer() ? std::string("is out of range")
+                                  : absl::StrCat("has JSON type ", dim.type_name()),
+          "; the shape must hold non-negative integers below 2^63"));
     }
+    ++index;
     info.shape.push_back(static_cast<int64_t>(dim.get<uint64_t>()));
   }
 

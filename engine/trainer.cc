@@ -32,6 +32,7 @@ absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::Create(
                                .target = model.target_shape,
                                .integer_targets = model.integer_targets};
   ASSIGN_OR_RETURN(t->data_, DataSource::Create(t->job_.data, shapes));
+  ResolveSchedule(t->job_.optimizer, t->job_.training.steps);
   ASSIGN_OR_RETURN(t->optimizer_, Optimizer::Create(backend, t->job_.optimizer,
                                                     t->parameters()));
   return t;

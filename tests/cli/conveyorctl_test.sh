@@ -98,6 +98,14 @@ for example in mlp transformer; do
     echo "FAIL run_$example"; echo "$out" | tail -5; failed=$((failed + 1))
   fi
 done
+# --steps with a cosine schedule that leaves total_steps to training.steps:
+# the decay follows the overridden length. With 20 steps (10 of warmup) the
+# last step's lr is 0.0003 + 0.00135 (1 + cos(0.9 pi)) = 0.000366; with the
+# job's 150 it would still be 0.00297.
+sed "s|^  dir: .*|  dir: $tmp/gpt|; s|path: ../docs/architecture.md|path: $src/docs/architecture.md|" \
+  "$src/examples/gpt.yaml" >"$tmp/gpt.yaml"
+check steps_override_rescales_cosine 0 '^step 20/20 .* lr 0.000366 ' -- \
+  run "$tmp/gpt.yaml" --in-process --steps 20
 check run_needs_in_process 2 'pass --in-process' -- run "$tmp/mlp.yaml"
 printf 'model:\n  input_shape: [4]\n  init: {seed: 0}\n  layers:\n    - dense: {feature: 2}\n  loss: mse\n' >"$tmp/bad.yaml"
 check run_bad_job 2 "bad.yaml:5:15: model.layers\\[0\\].dense: unknown key 'feature'" -- \

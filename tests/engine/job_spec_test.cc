@@ -233,12 +233,18 @@ TEST(JobSpecTest, PipelineWhereFallsBackToTheSection) {
 }
 
 TEST(JobSpecTest, CosineTotalStepsDefaultsToTrainingSteps) {
-  const JobSpec job = ParseOk(
+  JobSpec job = ParseOk(
       Job({.optimizer = "{kind: adam, schedule: {kind: cosine, warmup_steps: "
                         "2}}"}));
   EXPECT_EQ(job.optimizer.schedule.kind, LrSchedule::Kind::kCosine);
   EXPECT_EQ(job.optimizer.schedule.warmup_steps, 2);
-  EXPECT_EQ(job.optimizer.schedule.total_steps, 10);  // training.steps
+  // Left at 0 ("training.steps") so that a later --steps override still
+  // decays over the whole run; ResolveSchedule fills it in.
+  EXPECT_EQ(job.optimizer.schedule.total_steps, 0);
+  ResolveSchedule(job.optimizer, job.training.steps);
+  EXPECT_EQ(job.optimizer.schedule.total_steps, 10);
+  ResolveSchedule(job.optimizer, 50);  // Already resolved: unchanged.
+  EXPECT_EQ(job.optimizer.schedule.total_steps, 10);
   EXPECT_DOUBLE_EQ(job.optimizer.schedule.min_lr, 0.0);
 }
 

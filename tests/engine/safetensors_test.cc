@@ -482,11 +482,19 @@ std::vector<BadFile> BadFiles() {
       {"negative shape",
        MakeFile(R"({"a":{"dtype":"U8","shape":[-1],"data_offsets":[0,0]}})",
                 ""),
-       "tensor 'a': shape [-1] must hold non-negative integers"},
+       "tensor 'a': shape[0] is out of range; the shape must hold "
+       "non-negative integers"},
+      {"deeply nested shape element (no recursive dump of hostile JSON)",
+       MakeFile(std::string(R"({"a":{"dtype":"U8","shape":[)") +
+                    std::string(200000, '[') + std::string(200000, ']') +
+                    R"(],"data_offsets":[0,0]}})",
+                ""),
+       "tensor 'a': shape[0] has JSON type array"},
       {"fractional shape",
        MakeFile(R"({"a":{"dtype":"U8","shape":[1.5],"data_offsets":[0,0]}})",
                 ""),
-       "must hold non-negative integers"},
+       "shape[0] has JSON type number; the shape must hold non-negative "
+       "integers"},
       {"shape beyond int64",
        MakeFile(
            R"({"a":{"dtype":"U8","shape":[9223372036854775808],"data_offsets":[0,0]}})",
