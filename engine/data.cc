@@ -402,7 +402,7 @@ absl::Status CheckUnusedFields(const DataConfig& config) {
   const absl::string_view kind = DataKindName(config.kind);
   auto unused = [&](absl::string_view field) {
     return absl::InvalidArgumentError(
-        absl::StrCat("data.", field, " does not apply to data.kind ", kind));
+        absl::StrCat("data.", field, " does not apply to data.source ", kind));
   };
   if (config.kind == DataConfig::Kind::kSyntheticRegression) {
     if (!config.path.empty()) return unused("path");
@@ -414,7 +414,7 @@ absl::Status CheckUnusedFields(const DataConfig& config) {
   }
   if (config.kind != DataConfig::Kind::kTokens) {
     if (config.seq_len != defaults.seq_len) return unused("seq_len");
-    if (config.uint16_tokens) return unused("uint16_tokens");
+    if (config.uint16_tokens) return unused("uint16");
     if (config.vocab_size != defaults.vocab_size) return unused("vocab_size");
   }
   return absl::OkStatus();
@@ -422,27 +422,6 @@ absl::Status CheckUnusedFields(const DataConfig& config) {
 
 absl::StatusOr<std::unique_ptr<DataSource>> CreateSyntheticRegression(
     const DataConfig& config, const SampleShapes& shapes) {
-  // Inputs [..., in] and targets [..., out] with the same leading
-  // dimensions: y = x W + b along the last dimension.
-  const bool same_leading =
-      !shapes.input.empty() && shapes.input.size() == shapes.target.size() &&
-      std::equal(shapes.input.begin(), shapes.input.end() - 1,
-                 shapes.target.begin());
-  if (shapes.token_input || shapes.integer_targets || !same_leading) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data.kind synthetic-regression needs float inputs [..., in] and "
-        "float targets [..., out] (loss: mse) with the same leading "
-        "dimensions, but the model's input is ",
-        shapes.token_input ? "token ids " : "", ShapeString(shapes.input),
-        " and its target ", shapes.integer_targets ? "integer ids " : "",
-        ShapeString(shapes.target)));
-  }
-  if (shapes.input.back() <= 0 || shapes.target.back() <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data.kind synthetic-regression needs positive feature counts, got "
-        "input ",
-        ShapeString(shapes.input), " and target ", ShapeString(shapes.target)));
-  }
   if (!std::isfinite(config.noise) || config.noise < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data.noise must be finite and non-negative, got ", config.noise));
@@ -471,7 +450,7 @@ absl::StatusOr<SampleTable> ReadTable(const SafetensorsReader& reader,
   if (info == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat(reader.source_name(), ": no tensor '", name,
-                     "' (data.kind tensors needs 'x' and 'y')"));
+                     "' (data.source tensors needs 'x' and 'y')"));
   }
   if (IsFloatingPoint(info->dtype) == integer) {
     return absl::InvalidArgumentError(
@@ -505,7 +484,7 @@ absl::StatusOr<std::unique_ptr<DataSource>> CreateTensors(
     const DataConfig& config, const SampleShapes& shapes) {
   if (config.path.empty()) {
     return absl::InvalidArgumentError(
-        "data.path is required for data.kind tensors");
+        "data.path is required for data.source tensors");
   }
   ASSIGN_OR_RETURN(SafetensorsReader reader,
                    SafetensorsReader::Open(config.path));
@@ -532,39 +511,10 @@ absl::StatusOr<std::unique_ptr<DataSource>> CreateTokens(
     const DataConfig& config, const SampleShapes& shapes) {
   if (config.path.empty()) {
     return absl::InvalidArgumentError(
-        "data.path is required for data.kind tokens");
-  }
-  if (!shapes.token_input || shapes.input.size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data.kind tokens needs a model with token-id input [seq_len] (an "
-        "embedding first), but the model's input is ",
-        shapes.token_input ? "token ids " : "floats ",
-        ShapeString(shapes.input)));
-  }
-  if (config.seq_len < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data.seq_len must be positive (or 0 for the model's input_shape[0]), "
-        "got ",
-        config.seq_len));
+        "data.path is required for data.source tokens");
   }
   const int64_t seq_len =
       config.seq_len == 0 ? shapes.input[0] : config.seq_len;
-  if (seq_len != shapes.input[0]) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data.seq_len is ", seq_len,
-                     " but the model's input_shape[0] is ", shapes.input[0]));
-  }
-  if (seq_len <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data.seq_len must be positive, got ", seq_len));
-  }
-  if (!shapes.integer_targets || shapes.target != std::vector{seq_len}) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data.kind tokens gives integer targets [", seq_len,
-                     "] (loss: cross_entropy), but the model's target is ",
-                     shapes.integer_targets ? "integer ids " : "floats ",
-                     ShapeString(shapes.target)));
-  }
   const int64_t max_vocab = config.uint16_tokens ? 65536 : 256;
   if (config.vocab_size < 0) {
     return absl::InvalidArgumentError(
@@ -614,7 +564,7 @@ absl::StatusOr<DataConfig::Kind> ParseDataKind(absl::string_view name) {
   if (name == "tensors") return DataConfig::Kind::kTensors;
   if (name == "tokens") return DataConfig::Kind::kTokens;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown data kind '", name,
+      absl::StrCat("unknown data source '", name,
                    "'; allowed: synthetic-regression, tensors, tokens"));
 }
 
@@ -649,9 +599,83 @@ SyntheticRegressionParams MakeSyntheticRegressionParams(uint64_t seed,
   return params;
 }
 
+absl::Status CheckDataShapes(const DataConfig& config,
+                             const SampleShapes& shapes) {
+  switch (config.kind) {
+    case DataConfig::Kind::kSyntheticRegression: {
+      // Inputs [..., in] and targets [..., out] with the same leading
+      // dimensions: y = x W + b along the last dimension.
+      const bool same_leading =
+          !shapes.input.empty() &&
+          shapes.input.size() == shapes.target.size() &&
+          std::equal(shapes.input.begin(), shapes.input.end() - 1,
+                     shapes.target.begin());
+      if (shapes.token_input || shapes.integer_targets || !same_leading) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "data.source synthetic-regression needs float inputs [..., in] and "
+            "float targets [..., out] (loss: mse) with the same leading "
+            "dimensions, but the model's input is ",
+            shapes.token_input ? "token ids " : "", ShapeString(shapes.input),
+            " and its target ", shapes.integer_targets ? "integer ids " : "",
+            ShapeString(shapes.target)));
+      }
+      if (shapes.input.back() <= 0 || shapes.target.back() <= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("data.source synthetic-regression needs positive "
+                         "feature counts, got "
+                         "input ",
+                         ShapeString(shapes.input), " and target ",
+                         ShapeString(shapes.target)));
+      }
+      return absl::OkStatus();
+    }
+    case DataConfig::Kind::kTensors:
+      // x and y are checked against the model when the file is read.
+      return absl::OkStatus();
+    case DataConfig::Kind::kTokens: {
+      if (!shapes.token_input || shapes.input.size() != 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("data.source tokens needs a model with token-id input "
+                         "[seq_len] (an "
+                         "embedding first), but the model's input is ",
+                         shapes.token_input ? "token ids " : "floats ",
+                         ShapeString(shapes.input)));
+      }
+      if (config.seq_len < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("data.seq_len must be positive (or 0 for the model's "
+                         "input_shape[0]), "
+                         "got ",
+                         config.seq_len));
+      }
+      const int64_t seq_len =
+          config.seq_len == 0 ? shapes.input[0] : config.seq_len;
+      if (seq_len != shapes.input[0]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "data.seq_len is ", seq_len, " but the model's input_shape[0] is ",
+            shapes.input[0]));
+      }
+      if (seq_len <= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("data.seq_len must be positive, got ", seq_len));
+      }
+      if (!shapes.integer_targets || shapes.target != std::vector{seq_len}) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("data.source tokens gives integer targets [", seq_len,
+                         "] (loss: cross_entropy), but the model's target is ",
+                         shapes.integer_targets ? "integer ids " : "floats ",
+                         ShapeString(shapes.target)));
+      }
+      return absl::OkStatus();
+    }
+  }
+  return absl::InvalidArgumentError("data.source: unknown source");
+}
+
 absl::StatusOr<std::unique_ptr<DataSource>> DataSource::Create(
     const DataConfig& config, const SampleShapes& shapes) {
   RETURN_IF_ERROR(CheckUnusedFields(config));
+  RETURN_IF_ERROR(CheckDataShapes(config, shapes));
   switch (config.kind) {
     case DataConfig::Kind::kSyntheticRegression:
       return CreateSyntheticRegression(config, shapes);
@@ -660,7 +684,7 @@ absl::StatusOr<std::unique_ptr<DataSource>> DataSource::Create(
     case DataConfig::Kind::kTokens:
       return CreateTokens(config, shapes);
   }
-  return absl::InvalidArgumentError("data.kind: unknown kind");
+  return absl::InvalidArgumentError("data.source: unknown source");
 }
 
 }  // namespace conveyor::engine

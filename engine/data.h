@@ -109,6 +109,14 @@ SyntheticRegressionParams MakeSyntheticRegressionParams(uint64_t seed,
                                                         int64_t in_features,
                                                         int64_t out_features);
 
+// The checks of `config` against the model's `shapes` that need no file:
+// synthetic-regression's float [..., in] -> [..., out] shapes, tokens' token
+// input [seq_len] and integer targets. The job parser runs them to report a
+// mismatch at the YAML's position; Create runs them too. InvalidArgument
+// naming the field (as written in the YAML) and both values.
+absl::Status CheckDataShapes(const DataConfig& config,
+                             const SampleShapes& shapes);
+
 class DataSource {
  public:
   virtual ~DataSource() = default;

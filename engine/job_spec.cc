@@ -178,6 +178,14 @@ absl::StatusOr<JobSpec> JobParser::Parse(const YAML::Node& doc) const {
 
   ASSIGN_OR_RETURN(const YamlMapEntry* data, reader_.Require(top, "data"));
   RETURN_IF_ERROR(ParseData(data->value, job.data));
+  // The data must fit the model. The checks that need no file run here, so a
+  // mismatch is reported at the data section rather than when training
+  // starts.
+  if (absl::Status fits =
+          CheckDataShapes(job.data, ModelSampleShapes(job.model));
+      !fits.ok()) {
+    return reader_.Error(data->value, fits.message());
+  }
 
   ASSIGN_OR_RETURN(const YamlMapEntry* training,
                    reader_.Require(top, "training"));
@@ -565,6 +573,13 @@ absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
   ASSIGN_OR_RETURN(const std::string text, ReadJobFile(path));
   return ParseJobSpec(text, path,
                       std::filesystem::path(path).parent_path().string());
+}
+
+SampleShapes ModelSampleShapes(const ModelSpec& model) {
+  return {.input = model.input_shape,
+          .token_input = model.token_input,
+          .target = model.target_shape,
+          .integer_targets = model.integer_targets};
 }
 
 }  // namespace conveyor::engine

@@ -79,6 +79,9 @@ struct JobSpec {
   CheckpointSpec checkpoint;
 };
 
+// What one sample of `model` looks like, for the data source.
+SampleShapes ModelSampleShapes(const ModelSpec& model);
+
 // Parses a job document. Relative paths (data.path, model.init.from,
 // checkpoint.dir) are resolved against `base_dir` when it is non-empty.
 absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view yaml_text,

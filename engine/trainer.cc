@@ -27,11 +27,8 @@ absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::Create(
                      SafetensorsReader::Open(model.init_from));
     for (auto& stage : t->stages_) RETURN_IF_ERROR(stage->LoadFrom(file));
   }
-  const SampleShapes shapes = {.input = model.input_shape,
-                               .token_input = model.token_input,
-                               .target = model.target_shape,
-                               .integer_targets = model.integer_targets};
-  ASSIGN_OR_RETURN(t->data_, DataSource::Create(t->job_.data, shapes));
+  ASSIGN_OR_RETURN(t->data_,
+                   DataSource::Create(t->job_.data, ModelSampleShapes(model)));
   ResolveSchedule(t->job_.optimizer, t->job_.training.steps);
   ASSIGN_OR_RETURN(t->optimizer_, Optimizer::Create(backend, t->job_.optimizer,
                                                     t->parameters()));

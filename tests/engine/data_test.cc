@@ -242,7 +242,8 @@ TEST(SyntheticRegressionTest, WithoutNoiseTargetsAreExactlyLinear) {
   EXPECT_GT(std::abs(p.weight[0]) + std::abs(p.bias[0]), 0.0f);
   // W ~ N(0, 1/in): at width 400 its variance is 1/400, so y = x W has unit
   // variance per output.
-  const SyntheticRegressionParams wide = MakeSyntheticRegressionParams(3, 400, 50);
+  const SyntheticRegressionParams wide =
+      MakeSyntheticRegressionParams(3, 400, 50);
   double sq = 0;
   for (float w : wide.weight) sq += static_cast<double>(w) * w;
   EXPECT_NEAR(sq / wide.weight.size(), 1.0 / 400, 0.1 / 400);
@@ -618,7 +619,8 @@ TEST(DataSourceErrorsTest, SyntheticShapesAndFields) {
   config.path = "/tmp/x";
   EXPECT_THAT(
       CreateError(config, kRegression).message(),
-      HasSubstr("data.path does not apply to data.kind synthetic-regression"));
+      HasSubstr(
+          "data.path does not apply to data.source synthetic-regression"));
 
   config = Synthetic();
   config.seq_len = 4;
@@ -684,8 +686,9 @@ TEST(DataSourceErrorsTest, TensorsFileProblems) {
 
   DataConfig config = TensorsConfig(path);
   config.vocab_size = 10;
-  EXPECT_THAT(CreateError(config, kPairs).message(),
-              HasSubstr("data.vocab_size does not apply to data.kind tensors"));
+  EXPECT_THAT(
+      CreateError(config, kPairs).message(),
+      HasSubstr("data.vocab_size does not apply to data.source tensors"));
   config = TensorsConfig(path);
   config.num_samples = 10;
   EXPECT_THAT(CreateError(config, kPairs).message(),
@@ -740,7 +743,7 @@ TEST(DataSourceErrorsTest, TokensFileProblems) {
               HasSubstr("integer targets [2]"));
 
   EXPECT_THAT(CreateError(TokensConfig("", 2), LanguageModel(2)).message(),
-              HasSubstr("data.path is required for data.kind tokens"));
+              HasSubstr("data.path is required for data.source tokens"));
   EXPECT_EQ(CreateError(TokensConfig(TempPath("nope.bin"), 2), LanguageModel(2))
                 .code(),
             absl::StatusCode::kNotFound);

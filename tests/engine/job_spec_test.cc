@@ -273,10 +273,10 @@ checkpoint: {dir: out}
 
 TEST(JobSpecTest, AbsolutePathsAreKept) {
   const JobSpec job =
-      ParseOk(Job({.data = "{source: tokens, path: /data/t.bin, seq_len: 4}",
+      ParseOk(Job({.data = "{source: tensors, path: /data/xy.safetensors}",
                    .extra = "checkpoint: {dir: /ckpt}\n"}),
               "job.yaml", "/base");
-  EXPECT_EQ(job.data.path, "/data/t.bin");
+  EXPECT_EQ(job.data.path, "/data/xy.safetensors");
   EXPECT_EQ(job.checkpoint.dir, "/ckpt");
 }
 
@@ -410,7 +410,7 @@ TEST(JobSpecErrorTest, Name) {
 
 TEST(JobSpecErrorTest, DataSource) {
   EXPECT_EQ(ParseError(Job({.data = "{source: csv}"})),
-            "job.yaml:6:16: data.source: unknown data kind 'csv'; allowed: "
+            "job.yaml:6:16: data.source: unknown data source 'csv'; allowed: "
             "synthetic-regression, tensors, tokens");
   EXPECT_EQ(ParseError(Job({.data = "{seed: 1}"})),
             "job.yaml:6:7: data: missing required key 'source'");
@@ -440,6 +440,15 @@ TEST(JobSpecErrorTest, DataRequiredPerSource) {
             "job.yaml:6:7: data: missing required key 'path'");
   EXPECT_EQ(ParseError(Job({.data = "{source: tokens, path: t.bin}"})),
             "job.yaml:6:7: data: missing required key 'seq_len'");
+}
+
+TEST(JobSpecErrorTest, DataThatDoesNotFitTheModelIsReportedAtTheDataSection) {
+  // The model takes 4 floats; tokens need an embedding first.
+  EXPECT_EQ(
+      ParseError(Job({.data = "{source: tokens, path: t.bin, seq_len: 4}"})),
+      "job.yaml:6:7: data: data.source tokens needs a model with token-id "
+      "input [seq_len] (an embedding first), but the model's input is "
+      "floats [4]");
 }
 
 TEST(JobSpecErrorTest, DataValues) {
