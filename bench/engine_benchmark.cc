@@ -12,13 +12,13 @@
 #include <string>
 #include <vector>
 
-#include "benchmark/benchmark.h"      // defines: BENCHMARK, benchmark::State
-#include "engine/cpu/cpu_backend.h"   // defines: CpuBackend
-#include "engine/init.h"              // defines: InitializeParameter
-#include "engine/loss.h"              // defines: ComputeLoss
-#include "engine/model_spec.h"        // defines: ParseModelSpecYaml
-#include "engine/optimizer.h"         // defines: Optimizer
-#include "engine/stage.h"             // defines: Stage
+#include "benchmark/benchmark.h"     // defines: BENCHMARK, benchmark::State
+#include "engine/cpu/cpu_backend.h"  // defines: CpuBackend
+#include "engine/init.h"             // defines: InitializeParameter
+#include "engine/loss.h"             // defines: ComputeLoss
+#include "engine/model_spec.h"       // defines: ParseModelSpecYaml
+#include "engine/optimizer.h"        // defines: Optimizer
+#include "engine/stage.h"            // defines: Stage
 
 namespace conveyor::engine {
 namespace {
@@ -30,8 +30,7 @@ Tensor Random(const Shape& shape, uint64_t seed) {
   return t;
 }
 
-void SetGemmCounters(benchmark::State& state, int64_t m, int64_t n,
-                     int64_t k) {
+void SetGemmCounters(benchmark::State& state, int64_t m, int64_t n, int64_t k) {
   state.counters["GFLOPs"] = benchmark::Counter(
       2.0 * m * n * k, benchmark::Counter::kIsIterationInvariantRate,
       benchmark::Counter::kIs1000);
@@ -64,9 +63,14 @@ void BM_GemmOpenBlas(benchmark::State& state) {
 // transformer block (64 tokens x d 64, MLP 256), plus a large square GEMM.
 // Real time: OpenBLAS runs on several threads, so CPU time of the calling
 // thread would overstate the rate.
-#define GEMM_SHAPES                                                     \
-  UseRealTime()->Args({32, 512, 128})->Args({32, 512, 512})->Args({64, 192, 64})      \
-      ->Args({64, 256, 64})->Args({512, 512, 512})->ArgNames({"m", "n", "k"})
+#define GEMM_SHAPES           \
+  UseRealTime()               \
+      ->Args({32, 512, 128})  \
+      ->Args({32, 512, 512})  \
+      ->Args({64, 192, 64})   \
+      ->Args({64, 256, 64})   \
+      ->Args({512, 512, 512}) \
+      ->ArgNames({"m", "n", "k"})
 BENCHMARK(BM_GemmBackend)->Name("gemm/backend")->GEMM_SHAPES;
 BENCHMARK(BM_GemmOpenBlas)->Name("gemm/openblas")->GEMM_SHAPES;
 
@@ -97,13 +101,22 @@ model:
 // One training step of a one-stage model: batch split into `microbatches`.
 void TrainStep(benchmark::State& state, const char* yaml, int64_t batch,
                int microbatches) {
-  const ModelSpec spec = *ParseModelSpecYaml(yaml, "bench.yaml");
+  auto fail = [&](const absl::Status& s) {
+    state.SkipWithError(std::string(s.message()).c_str());
+  };
+  absl::StatusOr<ModelSpec> parsed = ParseModelSpecYaml(yaml, "bench.yaml");
+  if (!parsed.ok()) return fail(parsed.status());
+  const ModelSpec& spec = *parsed;
   Backend* be = CpuBackend::Get();
-  auto stage = *Stage::Create(be, spec, 0);
-  (void)stage->InitializeFromSeed(0);
-  auto optimizer = *Optimizer::Create(
-      be, {.kind = OptimizerConfig::Kind::kAdamW, .lr = 1e-3},
-      stage->parameters());
+  auto created = Stage::Create(be, spec, 0);
+  if (!created.ok()) return fail(created.status());
+  auto& stage = *created;
+  if (absl::Status s = stage->InitializeFromSeed(0); !s.ok()) return fail(s);
+  auto made =
+      Optimizer::Create(be, {.kind = OptimizerConfig::Kind::kAdamW, .lr = 1e-3},
+                        stage->parameters());
+  if (!made.ok()) return fail(made.status());
+  auto& optimizer = *made;
   std::vector<Tensor> x, y;
   Shape in = {batch / microbatches}, out = {batch / microbatches};
   in.insert(in.end(), spec.input_shape.begin(), spec.input_shape.end());
@@ -115,15 +128,20 @@ void TrainStep(benchmark::State& state, const char* yaml, int64_t batch,
   for (auto _ : state) {
     optimizer->ZeroGrad();
     for (int mb = 0; mb < microbatches; ++mb) {
-      Tensor out_mb = *stage->Forward(mb, x[mb]);
-      LossResult loss =
-          *ComputeLoss(be, spec.loss, out_mb, y[mb], 1.0f / microbatches);
-      (void)*stage->Backward(mb, loss.grad);
+      absl::StatusOr<Tensor> out_mb = stage->Forward(mb, x[mb]);
+      if (!out_mb.ok()) return fail(out_mb.status());
+      absl::StatusOr<LossResult> loss =
+          ComputeLoss(be, spec.loss, *out_mb, y[mb], 1.0f / microbatches);
+      if (!loss.ok()) return fail(loss.status());
+      if (auto dx = stage->Backward(mb, loss->grad); !dx.ok()) {
+        return fail(dx.status());
+      }
     }
-    (void)optimizer->Step();
+    if (auto norm = optimizer->Step(); !norm.ok()) return fail(norm.status());
   }
-  state.counters["samples_per_s"] = benchmark::Counter(
-      static_cast<double>(batch), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["samples_per_s"] =
+      benchmark::Counter(static_cast<double>(batch),
+                         benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_StepMlp(benchmark::State& state) { TrainStep(state, kMlp, 128, 4); }

@@ -40,6 +40,21 @@ absl::Status RunRunCommand(const RunCommandOptions& o, std::ostream& out) {
   ASSIGN_OR_RETURN(engine::JobSpec job, engine::LoadJobSpec(o.job_file));
   if (o.steps > 0) job.training.steps = o.steps;
   engine::Backend* backend = engine::CpuBackend::Get();
+  // Create the checkpoint directory first: a run that cannot write its
+  // result should fail before training, not after.
+  if (!job.checkpoint.dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(job.checkpoint.dir, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create checkpoint.dir ", job.checkpoint.dir,
+                       ": ", ec.message()));
+    }
+    if (job.checkpoint.every > 0 || job.checkpoint.keep_latest > 0) {
+      out << "note: checkpoint.every and keep_latest are not used by "
+             "--in-process; only the final parameters are written\n";
+    }
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<engine::InProcessTrainer> trainer,
                    engine::InProcessTrainer::Create(backend, job));
   out << absl::StrFormat(

@@ -104,7 +104,8 @@ class Backend {
   // --- Layer normalization over the last dimension --------------------------
   // y = (x - mean) * rstd * gamma + beta; mean and rstd have one entry per
   // row and are kept for backward. gamma and beta may be undefined (no
-  // affine).
+  // affine); LayerNormBackwardWeight then has nothing to compute and must not
+  // be called.
   virtual void LayerNorm(const Tensor& x, const Tensor& gamma,
                          const Tensor& beta, float eps, const Tensor& y,
                          const Tensor& mean, const Tensor& rstd) = 0;

@@ -10,9 +10,11 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/file.h"
 #include "common/status_macros.h"
 #include "engine/cpu/parallel.h"
 #include "engine/init.h"
@@ -28,41 +30,6 @@ constexpr absl::string_view kWeightStream = "data.synthetic.weight";
 constexpr absl::string_view kBiasStream = "data.synthetic.bias";
 constexpr absl::string_view kXStream = "data.synthetic.x";
 constexpr absl::string_view kNoiseStream = "data.synthetic.noise";
-
-absl::Status ErrnoError(int err, absl::string_view path,
-                        absl::string_view operation) {
-  return absl::ErrnoToStatus(err, absl::StrCat(path, ": ", operation));
-}
-
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, path, "open");
-  struct CloseOnExit {
-    int fd;
-    ~CloseOnExit() { ::close(fd); }
-  } closer{fd};
-
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return ErrnoError(errno, path, "fstat");
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": not a regular file"));
-  }
-  std::string bytes;
-  bytes.resize(static_cast<size_t>(st.st_size));
-  size_t filled = 0;
-  while (filled < bytes.size()) {
-    const ssize_t n = ::read(fd, bytes.data() + filled, bytes.size() - filled);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError(errno, path, "read");
-    }
-    if (n == 0) break;  // Shrank since fstat; the caller judges what is left.
-    filled += static_cast<size_t>(n);
-  }
-  bytes.resize(filled);
-  return bytes;
-}
 
 template <typename T>
 absl::StatusOr<Tensor> Upload(Backend* backend, Shape shape,
@@ -104,6 +71,14 @@ std::vector<int64_t> EpochPermutation(uint64_t seed, int64_t epoch, int64_t n) {
 
 // What every kind shares: argument checks and the position -> sample map.
 // Subclasses only gather given samples.
+// Host buffers are sized by batch and sample shape; running out of memory
+// is an outside failure, reported as such rather than thrown.
+absl::Status OutOfMemory(absl::string_view what, size_t samples) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("data: not enough host memory to build the ", what, " of ",
+                   samples, " samples"));
+}
+
 class IndexedDataSource : public DataSource {
  public:
   IndexedDataSource(int64_t num_samples, bool shuffle, uint64_t seed)
@@ -114,7 +89,11 @@ class IndexedDataSource : public DataSource {
                                 int64_t batch_size) final {
     ASSIGN_OR_RETURN(std::vector<int64_t> samples,
                      Samples(step, microbatch, num_microbatches, batch_size));
-    return GatherInputs(backend, samples);
+    try {
+      return GatherInputs(backend, samples);
+    } catch (const std::bad_alloc&) {
+      return OutOfMemory("inputs", samples.size());
+    }
   }
 
   absl::StatusOr<Tensor> Targets(Backend* backend, int64_t step, int microbatch,
@@ -122,7 +101,11 @@ class IndexedDataSource : public DataSource {
                                  int64_t batch_size) final {
     ASSIGN_OR_RETURN(std::vector<int64_t> samples,
                      Samples(step, microbatch, num_microbatches, batch_size));
-    return GatherTargets(backend, samples);
+    try {
+      return GatherTargets(backend, samples);
+    } catch (const std::bad_alloc&) {
+      return OutOfMemory("targets", samples.size());
+    }
   }
 
   int64_t num_samples() const final { return num_samples_; }
@@ -524,7 +507,7 @@ absl::StatusOr<std::unique_ptr<DataSource>> CreateTokens(
   const int64_t vocab_size =
       config.vocab_size == 0 ? max_vocab : config.vocab_size;
 
-  ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(config.path));
+  ASSIGN_OR_RETURN(std::string bytes, ReadFile(config.path));
   if (config.uint16_tokens && bytes.size() % 2 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(config.path, ": ", bytes.size(),
@@ -586,8 +569,8 @@ SyntheticRegressionParams MakeSyntheticRegressionParams(uint64_t seed,
   SyntheticRegressionParams params;
   params.weight.resize(in_features * out_features);
   params.bias.resize(out_features);
-  // W ~ N(0, 1/in) keeps y at unit scale whatever the width, so the noise
-  // level means the same for every model and losses start near 1.
+  // W ~ N(0, 1/in) keeps x W at unit variance whatever the width, so the
+  // noise level means the same for every model and losses start near 1.
   const double w_std = 1.0 / std::sqrt(static_cast<double>(in_features));
   for (size_t i = 0; i < params.weight.size(); ++i) {
     params.weight[i] =

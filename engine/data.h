@@ -18,12 +18,13 @@
 //
 // Kinds:
 //   - synthetic-regression (the Alpa tutorial's data): y = x W + b + noise*e,
-//     with x and e ~ N(0, 1) per element. W [in, out] ~ N(0, 1/in) (so y
-//     has unit scale at any width) and b [out] ~ N(0, 1) are fixed draws
-//     from the seed (SyntheticRegressionParams); x and e of
-//     sample i are drawn from the seed at counter i, so a sample does not
-//     depend on the batch it falls in. Samples of rank > 1 ([seq, in] ->
-//     [seq, out]) map every position through the same W and b.
+//     with x and e ~ N(0, 1) per element. W [in, out] ~ N(0, 1/in) (so x W
+//     has unit variance at any width; with b, y's variance is about 2) and b
+//     [out] ~ N(0, 1) are fixed draws from the seed
+//     (SyntheticRegressionParams); x and e of sample i are drawn from the seed
+//     at counter i, so a sample does not depend on the batch it falls in.
+//     Samples of rank > 1 ([seq, in] -> [seq, out]) map every position through
+//     the same W and b.
 //   - tensors: a safetensors file with `x` [N, ...input] and `y`
 //     [N, ...target]; float dtypes are read as f32 and integer dtypes as i64
 //     (integer `x` for token-input models, integer `y` for cross_entropy).

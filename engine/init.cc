@@ -1,8 +1,11 @@
 #include "engine/init.h"
 
 #include <cmath>
+#include <new>
 #include <numbers>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
 
 namespace conveyor::engine {
 namespace {
@@ -49,7 +52,13 @@ absl::Status InitializeParameter(Backend* backend, uint64_t seed,
                                  absl::string_view name, const InitRule& rule,
                                  const Tensor& value) {
   const int64_t n = value.numel();
-  std::vector<float> host(n);
+  std::vector<float> host;
+  try {
+    host.resize(n);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "init of ", name, ": not enough host memory for ", n, " floats"));
+  }
   const uint64_t key = StreamKey(seed, name);
   for (int64_t i = 0; i < n; ++i) {
     switch (rule.kind) {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/file.h"
 #include "common/status_macros.h"
 #include "common/yaml_reader.h"
 #include "engine/data.h"
@@ -504,52 +505,6 @@ absl::Status JobParser::ParseCheckpoint(const YamlValue& value,
   return absl::OkStatus();
 }
 
-// The whole file, or an error: the errno-derived code (NotFound, ...) when
-// it cannot be read, InvalidArgument when it is not a regular file or is
-// larger than kMaxJobFileBytes.
-absl::StatusOr<std::string> ReadJobFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::ErrnoToStatus(
-        errno, absl::StrCat("cannot open job file '", path, "'"));
-  }
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    return absl::ErrnoToStatus(
-        errno, absl::StrCat("cannot stat job file '", path, "'"));
-  }
-  // A directory fails on read; a FIFO or device could block or never end.
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job file '", path, "' is not a regular file"));
-  }
-  // Read one byte past the limit rather than trusting st_size, which can
-  // change under us.
-  std::string text(static_cast<size_t>(kMaxJobFileBytes) + 1, '\0');
-  size_t size = 0;
-  while (size < text.size()) {
-    const ssize_t n = ::read(fd, text.data() + size, text.size() - size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return absl::ErrnoToStatus(
-          errno, absl::StrCat("cannot read job file '", path, "'"));
-    }
-    if (n == 0) break;
-    size += static_cast<size_t>(n);
-  }
-  if (size > static_cast<size_t>(kMaxJobFileBytes)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job file '", path, "' is larger than the limit of ",
-                     kMaxJobFileBytes, " bytes"));
-  }
-  text.resize(size);
-  return text;
-}
-
 }  // namespace
 
 // DataConfig is filled from the YAML alone. What depends on the model (the
@@ -570,7 +525,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view yaml_text,
 }
 
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
-  ASSIGN_OR_RETURN(const std::string text, ReadJobFile(path));
+  ASSIGN_OR_RETURN(const std::string text, ReadFile(path, kMaxJobFileBytes));
   return ParseJobSpec(text, path,
                       std::filesystem::path(path).parent_path().string());
 }

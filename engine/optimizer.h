@@ -27,7 +27,7 @@ struct LrSchedule {
   // kCosine: steps until min_lr; 0 means the job's training.steps, filled in
   // by ResolveSchedule before the optimizer is built.
   int64_t total_steps = 0;
-  double min_lr = 0.0;       // kCosine.
+  double min_lr = 0.0;  // kCosine.
 };
 
 struct OptimizerConfig {

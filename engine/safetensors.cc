@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/file.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -72,11 +73,6 @@ bool CheckedByteSize(DType dtype, const std::vector<int64_t>& shape,
   return !__builtin_mul_overflow(static_cast<uint64_t>(numel),
                                  static_cast<uint64_t>(DTypeSize(dtype)),
                                  bytes);
-}
-
-absl::Status ErrnoError(int err, absl::string_view path,
-                        absl::string_view operation) {
-  return absl::ErrnoToStatus(err, absl::StrCat(path, ": ", operation));
 }
 
 // ---------------------------------------------------------------------------
@@ -211,8 +207,9 @@ absl::StatusOr<TensorInfo> ParseTensorEntry(absl::string_view source,
             static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": shape[", index, "] ",
-          dim.is_number_integer() ? std::string("is out of range")
-                                  : absl::StrCat("has JSON type ", dim.type_name()),
+          dim.is_number_integer()
+              ? std::string("is out of range")
+              : absl::StrCat("has JSON type ", dim.type_name()),
           "; the shape must hold non-negative integers below 2^63"));
     }
     ++index;
@@ -236,36 +233,6 @@ absl::StatusOr<TensorInfo> ParseTensorEntry(absl::string_view source,
                                                    "] end before they begin"));
   }
   return info;
-}
-
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, path, "open");
-  struct CloseOnExit {
-    int fd;
-    ~CloseOnExit() { ::close(fd); }
-  } closer{fd};
-
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return ErrnoError(errno, path, "fstat");
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": not a regular file"));
-  }
-  std::string bytes;
-  bytes.resize(static_cast<size_t>(st.st_size));
-  size_t filled = 0;
-  while (filled < bytes.size()) {
-    const ssize_t n = ::read(fd, bytes.data() + filled, bytes.size() - filled);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError(errno, path, "read");
-    }
-    if (n == 0) break;  // Shrank since fstat; validation judges what is left.
-    filled += static_cast<size_t>(n);
-  }
-  bytes.resize(filled);
-  return bytes;
 }
 
 // IEEE binary16 -> binary32; exact, since every half value is a float.
@@ -481,7 +448,7 @@ int64_t TensorInfo::numel() const {
 
 absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(
     const std::string& path) {
-  ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path));
+  ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
   return FromBytes(std::move(bytes), path);
 }
 

@@ -172,6 +172,11 @@ absl::StatusOr<Tensor> Stage::Forward(int microbatch, const Tensor& x) {
 
 absl::StatusOr<Tensor> Stage::BackwardInput(int microbatch, const Tensor& dy) {
   ASSIGN_OR_RETURN(MicrobatchState * state, State(microbatch, "backward"));
+  if (state->output_grad.defined()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stage ", index_, ": second input backward of microbatch ",
+                     microbatch));
+  }
   if (!state->stash_ready) {
     // Remat: rebuild the activations from the kept input.
     RETURN_IF_ERROR(chain_.Forward(state->input, state->stash).status());

@@ -51,6 +51,10 @@ class Stage {
   absl::Status BackwardWeight(int microbatch);
   absl::StatusOr<Tensor> Backward(int microbatch, const Tensor& dy);
 
+  // Forgets every microbatch in flight (after a failed step, so the next
+  // step starts clean).
+  void DropInFlight() { states_.clear(); }
+
   // Microbatches forwarded but not yet through BW.
   int in_flight() const { return static_cast<int>(states_.size()); }
   size_t live_activation_bytes() const;

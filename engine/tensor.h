@@ -91,6 +91,7 @@ class Tensor {
     return reinterpret_cast<T*>(raw());
   }
   void* raw() const {
+    CONVEYOR_CHECK(defined(), "data of an undefined tensor");
     return static_cast<char*>(buffer_->data()) + offset_bytes_;
   }
 

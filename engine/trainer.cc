@@ -44,6 +44,16 @@ std::vector<Parameter*> InProcessTrainer::parameters() const {
 }
 
 absl::StatusOr<StepReport> InProcessTrainer::Step() {
+  absl::StatusOr<StepReport> report = RunStep();
+  if (!report.ok()) {
+    // Leave no microbatch half done, so a later step starts clean; its
+    // ZeroGrad drops the partial gradients.
+    for (auto& stage : stages_) stage->DropInFlight();
+  }
+  return report;
+}
+
+absl::StatusOr<StepReport> InProcessTrainer::RunStep() {
   const auto start = std::chrono::steady_clock::now();
   const TrainingSpec& t = job_.training;
   const int m = static_cast<int>(t.microbatches);

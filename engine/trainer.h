@@ -55,6 +55,8 @@ class InProcessTrainer {
   int64_t steps_done() const { return step_; }
 
  private:
+  absl::StatusOr<StepReport> RunStep();
+
   InProcessTrainer(Backend* backend, JobSpec job)
       : backend_(backend), job_(std::move(job)) {}
 

@@ -114,6 +114,16 @@ absl::Status StageExecutor::BackwardInput(int64_t step, const Action& a) {
 absl::StatusOr<RankStepResult> StageExecutor::RunStep(
     int64_t step, const std::vector<Action>& actions,
     const AllReduceSum& all_reduce) {
+  absl::StatusOr<RankStepResult> result = RunActions(step, actions, all_reduce);
+  if (!result.ok()) {
+    for (auto& [index, stage] : stages_) stage->DropInFlight();
+  }
+  return result;
+}
+
+absl::StatusOr<RankStepResult> StageExecutor::RunActions(
+    int64_t step, const std::vector<Action>& actions,
+    const AllReduceSum& all_reduce) {
   const auto start = std::chrono::steady_clock::now();
   loss_sum_ = 0;
   wait_seconds_ = 0;

@@ -89,6 +89,9 @@ class StageExecutor {
         channel_(channel),
         backend_(backend) {}
 
+  absl::StatusOr<RankStepResult> RunActions(
+      int64_t step, const std::vector<scheduler::Action>& actions,
+      const AllReduceSum& all_reduce);
   absl::Status Forward(int64_t step, const scheduler::Action& a);
   absl::Status BackwardInput(int64_t step, const scheduler::Action& a);
   absl::StatusOr<engine::Tensor> Receive(const transport::Tag& tag);

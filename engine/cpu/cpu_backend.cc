@@ -38,11 +38,24 @@ absl::StatusOr<Tensor> CpuBackend::Empty(const Shape& shape, DType dtype) {
           absl::StrCat("negative dimension in shape ", ShapeString(shape)));
     }
   }
-  const size_t bytes =
-      static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype);
+  // Sizes come from model specs and data files: overflow is an input error,
+  // never a wrapped size that a later write would overrun.
+  uint64_t elements = 1, bytes = 0, padded = 0;
+  bool overflow = false;
+  for (int64_t d : shape) {
+    overflow |=
+        __builtin_mul_overflow(elements, static_cast<uint64_t>(d), &elements);
+  }
+  overflow |= __builtin_mul_overflow(elements, DTypeSize(dtype), &bytes);
+  overflow |= __builtin_add_overflow(bytes, kAlignment - 1, &padded);
+  if (overflow || elements > static_cast<uint64_t>(INT64_MAX)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cpu: tensor ", DTypeName(dtype), ShapeString(shape),
+                     " is too large to address"));
+  }
   // aligned_alloc needs a size that is a multiple of the alignment, and a
   // zero-size tensor still gets a real (tiny) buffer so data() is valid.
-  const size_t padded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  padded = padded / kAlignment * kAlignment;
   void* data =
       std::aligned_alloc(kAlignment, padded == 0 ? kAlignment : padded);
   if (data == nullptr) {
@@ -113,8 +126,12 @@ void CpuBackend::GemmStridedBatched(const GemmBatch& g) {
     float* c = g.c + i * g.stride_c;
     if (g.k == 0) {
       // BLAS leaves C untouched when k == 0 only if beta == 1; do it by hand.
+      // beta == 0 means "ignore C", as in BLAS: uninitialized C may hold NaN.
       for (int64_t r = 0; r < g.m; ++r) {
-        for (int64_t col = 0; col < g.n; ++col) c[r * g.ldc + col] *= g.beta;
+        for (int64_t col = 0; col < g.n; ++col) {
+          float& x = c[r * g.ldc + col];
+          x = g.beta == 0.0f ? 0.0f : x * g.beta;
+        }
       }
       continue;
     }

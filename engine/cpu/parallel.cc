@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <exception>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace conveyor::engine {
@@ -36,17 +38,31 @@ class Pool {
     work_cv_.notify_all();
     RunPart(0);
     std::unique_lock<std::mutex> lock(mu_);
+    // Wait for every worker even if a part threw: they still read chunk_.
     done_cv_.wait(lock, [this] { return pending_ == 0; });
     chunk_ = nullptr;
+    if (error_) {
+      std::exception_ptr error = std::exchange(error_, nullptr);
+      lock.unlock();
+      std::rethrow_exception(error);  // To the caller, as a serial loop would.
+    }
     return true;
   }
 
  private:
+  // Runs one part; an exception is kept for the caller rather than left to
+  // end a worker thread (which would terminate the process).
   void RunPart(int part) {
     const int64_t per = (n_ + parts() - 1) / parts();
     const int64_t begin = std::min(n_, part * per);
     const int64_t end = std::min(n_, begin + per);
-    if (begin < end) (*chunk_)(begin, end);
+    if (begin >= end) return;
+    try {
+      (*chunk_)(begin, end);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!error_) error_ = std::current_exception();
+    }
   }
 
   void Work(int part) {
@@ -70,6 +86,7 @@ class Pool {
   int64_t n_ = 0;
   int pending_ = 0;
   uint64_t generation_ = 0;
+  std::exception_ptr error_;  // The first part's exception, if any.
   std::vector<std::thread> workers_;
 };
 

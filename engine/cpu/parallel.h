@@ -9,7 +9,8 @@
 // pool's idle workers block instead.
 //
 // Thread-safe: concurrent callers are fine; a caller that finds the pool busy
-// runs its loop inline rather than waiting.
+// runs its loop inline rather than waiting. An exception thrown by the loop
+// body (std::bad_alloc) reaches the caller after every part has stopped.
 #ifndef CONVEYOR_ENGINE_CPU_PARALLEL_H_
 #define CONVEYOR_ENGINE_CPU_PARALLEL_H_
 
@@ -47,7 +48,9 @@ void ParallelFor(int64_t n, Body body) {
 // operations.
 template <typename Body>
 void ParallelForRows(int64_t rows, int64_t row_cost, Body body) {
-  if (rows < 2 || rows * row_cost < kParallelGrain) {
+  int64_t cost = 0;
+  if (rows < 2 || (!__builtin_mul_overflow(rows, row_cost, &cost) &&
+                   cost < kParallelGrain)) {
     for (int64_t r = 0; r < rows; ++r) body(r);
     return;
   }

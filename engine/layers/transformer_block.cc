@@ -49,7 +49,8 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeTransformerBlock(
       backend,
       o.gelu_tanh ? Activation::Kind::kGeluTanh : Activation::Kind::kGelu);
   auto mlp = MakeChain(Layers(std::move(up), std::move(gelu), std::move(down)));
-  // Parameter order follows the names: attn, norm1, mlp, norm2.
+  // Parameter order: attn, norm1, mlp, norm2 for post-norm; norm1, attn,
+  // norm2, mlp for pre-norm. Stages match parameters to the spec by name.
   if (o.pre_norm) {
     auto attn_branch = std::make_unique<Residual>(
         backend, MakeChain(Layers(std::move(norm1), std::move(attn))));

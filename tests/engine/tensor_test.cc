@@ -39,11 +39,25 @@ TEST(TensorDeathTest, MisuseIsABugThatAborts) {
   EXPECT_DEATH(t.Reshape({3}), "reshape must keep the element count");
   EXPECT_DEATH(t.Rows(1, 3), "row range out of bounds");
   EXPECT_DEATH(t.data<int64_t>(), "tensor element type mismatch");
+  EXPECT_DEATH(Tensor().raw(), "data of an undefined tensor");
 }
 
 TEST(TensorTest, EmptyRejectsNegativeDimensions) {
   auto t = CpuBackend::Get()->Empty({2, -1}, DType::kF32);
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TensorTest, EmptyRejectsSizesThatOverflowInsteadOfWrapping) {
+  // 2^40 * 2^40 elements wraps 64 bits; a wrapped size would allocate a tiny
+  // buffer that later writes overrun.
+  auto t = CpuBackend::Get()->Empty({int64_t{1} << 40, int64_t{1} << 40},
+                                    DType::kF32);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(t.status().message()).find("too large to address"),
+            std::string::npos);
+  // Representable but impossible: out of memory, not a crash.
+  auto huge = CpuBackend::Get()->Empty({int64_t{1} << 60}, DType::kU8);
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted);
 }
 
 }  // namespace

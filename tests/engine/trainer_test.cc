@@ -112,7 +112,8 @@ model:
   init: {seed: 1}
   layers:
     - repeat: 4
-      boundary_every: )", split ? 1 : 4, R"(
+      boundary_every: )",
+                                    split ? 1 : 4, R"(
       layers:
         - transformer_block: {heads: 2, mlp_features: 16, causal: true}
   loss: mse
@@ -130,7 +131,8 @@ model:
   RunResult whole = Train(job(false));
   RunResult split = Train(split_job);
   for (size_t i = 0; i < whole.losses.size(); ++i) {
-    EXPECT_NEAR(whole.losses[i], split.losses[i], 1e-5 * std::abs(whole.losses[i]));
+    EXPECT_NEAR(whole.losses[i], split.losses[i],
+                1e-5 * std::abs(whole.losses[i]));
   }
   ASSERT_EQ(whole.params.size(), split.params.size());
   for (size_t i = 0; i < whole.params.size(); ++i) {
@@ -189,6 +191,22 @@ TEST(StageTest, RematKeepsOnlyInputsWhileMicrobatchesAreInFlight) {
   // Plain keeps every layer's activations for all four microbatches; remat
   // keeps four inputs, plus one microbatch's activations during its backward.
   EXPECT_LT(peak[1], peak[0] / 2) << peak[1] << " vs " << peak[0];
+}
+
+TEST(StageTest, DropInFlightLetsTheNextStepStartClean) {
+  JobSpec job = MakeJob(false, false, 1, 1);
+  auto stage = *Stage::Create(CpuBackend::Get(), job.model, 0);
+  ASSERT_TRUE(stage->Forward(0, testing_util::RandomTensor({2, 8}, 1)).ok());
+  ASSERT_TRUE(
+      stage->BackwardInput(0, testing_util::RandomTensor({2, 4}, 2)).ok());
+  // A second input backward of the same microbatch is a schedule bug.
+  EXPECT_EQ(stage->BackwardInput(0, testing_util::RandomTensor({2, 4}, 2))
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  stage->DropInFlight();  // As after a failed step.
+  EXPECT_EQ(stage->in_flight(), 0);
+  EXPECT_TRUE(stage->Forward(0, testing_util::RandomTensor({2, 8}, 1)).ok());
 }
 
 TEST(StageTest, ActionsOutOfOrderAreFailedPrecondition) {

@@ -2,8 +2,10 @@
 
 #include <cmath>
 #include <functional>
+#include <stdexcept>
 #include <vector>
 
+#include "engine/cpu/parallel.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/engine/test_util.h"
@@ -86,6 +88,37 @@ TEST(CpuBackendTest, StridedBatchedGemmRunsEachBatch) {
                                    std::vector<float>(m * n)),
                          1e-5, 1e-5));
   }
+}
+
+TEST(CpuBackendTest, GemmWithEmptyInnerDimensionZeroesCLikeBlas) {
+  // k == 0 and beta == 0: C must become 0 even where it held NaN.
+  std::vector<float> c(6, std::nanf(""));
+  GemmBatch g;
+  g.m = 2;
+  g.n = 3;
+  g.k = 0;
+  g.c = c.data();
+  g.ldc = 3;
+  B()->GemmStridedBatched(g);
+  EXPECT_EQ(c, std::vector<float>(6, 0.0f));
+}
+
+TEST(ParallelTest, ExceptionsReachTheCallerAfterEveryPartStopped) {
+  const int64_t n = int64_t{1} << 22;  // Above the grain: split across cores.
+  std::vector<unsigned char> touched(n, 0);
+  EXPECT_THROW(ParallelFor(n,
+                           [&](int64_t i) {
+                             touched[i] = 1;
+                             if (i == n - 1) throw std::runtime_error("boom");
+                           }),
+               std::runtime_error);
+  // The pool is still usable afterwards.
+  int64_t sum = 0;
+  ParallelChunks(n, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) touched[i] = 2;
+  });
+  for (unsigned char t : touched) sum += t;
+  EXPECT_EQ(sum, 2 * n);
 }
 
 TEST(CpuBackendTest, ElementwiseKernels) {

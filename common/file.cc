@@ -1,0 +1,66 @@
+#include "common/file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+
+namespace conveyor {
+
+absl::Status ErrnoError(int err, absl::string_view path,
+                        absl::string_view operation) {
+  return absl::ErrnoToStatus(err, absl::StrCat(path, ": ", operation));
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path,
+                                     uint64_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(errno, path, "open");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoError(errno, path, "fstat");
+  // A directory fails on read; a FIFO or device could block or never end.
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a regular file"));
+  }
+  try {
+    std::string bytes;
+    const uint64_t expected = static_cast<uint64_t>(st.st_size);
+    bytes.resize(static_cast<size_t>(std::min(expected, max_bytes) + 1));
+    size_t filled = 0;
+    for (;;) {
+      if (filled == bytes.size()) {
+        if (filled > max_bytes) break;
+        bytes.resize(std::min<uint64_t>(2 * bytes.size(), max_bytes + 1));
+      }
+      const ssize_t n =
+          ::read(fd, bytes.data() + filled, bytes.size() - filled);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoError(errno, path, "read");
+      }
+      if (n == 0) break;
+      filled += static_cast<size_t>(n);
+    }
+    if (filled > max_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": larger than the limit of ", max_bytes, " bytes"));
+    }
+    bytes.resize(filled);
+    return bytes;
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        path, ": not enough memory to read ", st.st_size, " bytes"));
+  }
+}
+
+}  // namespace conveyor

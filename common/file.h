@@ -1,0 +1,32 @@
+// Reading whole files with errors that say what went wrong where: the
+// errno-derived code (NotFound, PermissionDenied, ...) with the path and the
+// failed call, InvalidArgument for something that is not a regular file or is
+// over the caller's size limit, ResourceExhausted when memory runs out.
+// Thread-safe.
+#ifndef CONVEYOR_COMMON_FILE_H_
+#define CONVEYOR_COMMON_FILE_H_
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace conveyor {
+
+// absl::ErrnoToStatus(err, "<path>: <operation>").
+absl::Status ErrnoError(int err, absl::string_view path,
+                        absl::string_view operation);
+
+// The whole content of the regular file at `path`, at most `max_bytes`
+// (reads one byte past the limit rather than trusting the size fstat reports,
+// which can change while reading).
+absl::StatusOr<std::string> ReadFile(
+    const std::string& path,
+    uint64_t max_bytes = std::numeric_limits<uint64_t>::max());
+
+}  // namespace conveyor
+
+#endif  // CONVEYOR_COMMON_FILE_H_

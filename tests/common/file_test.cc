@@ -1,0 +1,51 @@
+#include "common/file.h"
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace conveyor {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Write(const std::string& name, const std::string& content) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path, std::ios::binary) << content;
+  return path;
+}
+
+TEST(ReadFileTest, ReadsWholeFilesIncludingEmptyAndBinary) {
+  const std::string content("a\0b\nc", 5);
+  auto got = ReadFile(Write("file_test_a", content));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, content);
+  auto empty = ReadFile(Write("file_test_empty", ""));
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(*empty, "");
+}
+
+TEST(ReadFileTest, EnforcesTheLimitExactly) {
+  const std::string path = Write("file_test_limit", std::string(100, 'x'));
+  EXPECT_TRUE(ReadFile(path, 100).ok());
+  auto over = ReadFile(path, 99);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(over.status().message(),
+              HasSubstr("larger than the limit of 99 bytes"));
+}
+
+TEST(ReadFileTest, ErrorsNameThePathAndTheCause) {
+  const std::string missing = ::testing::TempDir() + "/file_test_missing";
+  auto m = ReadFile(missing);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(m.status().message(), HasSubstr(missing + ": open"));
+  auto dir = ReadFile(::testing::TempDir());
+  EXPECT_EQ(dir.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(dir.status().message(), HasSubstr("not a regular file"));
+}
+
+}  // namespace
+}  // namespace conveyor
