@@ -74,13 +74,6 @@ absl::Status RunRunCommand(const RunCommandOptions& o, std::ostream& out) {
     out.flush();
   }));
   if (!job.checkpoint.dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(job.checkpoint.dir, ec);
-    if (ec) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot create checkpoint.dir ", job.checkpoint.dir,
-                       ": ", ec.message()));
-    }
     const std::string path =
         (std::filesystem::path(job.checkpoint.dir) / "params.safetensors")
             .string();
