@@ -1,0 +1,150 @@
+// The TcpChannel wire format: the connection handshake and the frames that
+// follow it. Pure encoding and validation, no sockets, so every rule about
+// what a peer may send is tested here without a network.
+//
+// A connection carries data one way only: the rank that sends tensors to a
+// peer opens it, introduces itself with a Hello, waits for the HelloAck, and
+// from then on writes frames; the accepting rank only reads frames. All
+// integers are little-endian; sizes are fixed so a reader always knows how
+// many bytes to read before it trusts anything.
+//
+// Hello (88 bytes), connector -> acceptor:
+//   0  u32 magic "CVYH"     4  u16 version        6  u16 secret length
+//   8  i32 sender rank     12  i32 receiver rank  16  u64 job
+//   24 u8[64] secret, zero-padded
+// HelloAck (8 bytes), acceptor -> connector:
+//   0  u32 magic "CVYA"     4  u16 version        6  u16 HelloResult
+// Frame header (112 bytes), then `payload bytes` of payload:
+//   0  u32 magic "CVYF"     4  u16 version        6  u8 kind
+//   7  u8 dtype (engine::DType)                   8  u8 ndim (<= 8)
+//   9  u8[3] zero          12  i32 microbatch     16  i32 stage
+//   20 u32 status code (abort frames; else 0)     24 u64 job
+//   32 i64 step            40 u64 payload bytes   48 i64[8] dims (unused: 0)
+//
+// Frame kinds: an activation or gradient carries a tensor; an abort frame
+// carries the sender's abort status (its code, and its message as the U8
+// payload) so every worker fails with the original reason; a goodbye frame
+// (empty) says the sender closed its channel on purpose, so the reader does
+// not take the following end of file for a lost peer.
+//
+// The secret travels in the clear: it keeps stray processes and other jobs
+// off the data plane, not eavesdroppers (run jobs on a private network).
+//
+// Thread-safe: stateless functions.
+#ifndef CONVEYOR_TRANSPORT_TCP_FRAME_H_
+#define CONVEYOR_TRANSPORT_TCP_FRAME_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "engine/dtype.h"
+#include "engine/tensor.h"
+#include "transport/channel.h"
+
+namespace conveyor::transport {
+
+inline constexpr uint32_t kHelloMagic = 0x48595643;     // "CVYH"
+inline constexpr uint32_t kHelloAckMagic = 0x41595643;  // "CVYA"
+inline constexpr uint32_t kFrameMagic = 0x46595643;     // "CVYF"
+inline constexpr uint16_t kWireVersion = 1;
+inline constexpr size_t kHelloSize = 88;
+inline constexpr size_t kHelloAckSize = 8;
+inline constexpr size_t kFrameHeaderSize = 112;
+inline constexpr size_t kMaxSecretBytes = 64;
+inline constexpr int kMaxFrameDims = 8;
+// Abort messages are truncated to this; the limit also bounds what a reader
+// allocates for one.
+inline constexpr size_t kMaxAbortMessageBytes = 4096;
+
+using HelloBytes = std::array<uint8_t, kHelloSize>;
+using HelloAckBytes = std::array<uint8_t, kHelloAckSize>;
+using FrameHeaderBytes = std::array<uint8_t, kFrameHeaderSize>;
+
+struct Hello {
+  uint16_t version = kWireVersion;
+  int32_t from_rank = 0;
+  int32_t to_rank = 0;
+  uint64_t job = 0;
+  std::string secret;  // At most kMaxSecretBytes.
+};
+
+// The acceptor's verdict. Anything but kOk is followed by a close.
+enum class HelloResult : uint16_t {
+  kOk = 0,
+  kBadVersion = 1,
+  kWrongJob = 2,
+  kBadSecret = 3,
+  kWrongRank = 4,  // Not addressed to this rank, or sender out of range.
+  kDuplicate = 5,  // The sender rank is already connected.
+};
+
+absl::string_view HelloResultName(HelloResult result);
+
+enum class FrameKind : uint8_t {
+  kActivation = 0,  // Same values as TensorKind.
+  kGradient = 1,
+  kAbort = 2,
+  kGoodbye = 3,
+};
+
+struct FrameHeader {
+  FrameKind kind = FrameKind::kActivation;
+  engine::DType dtype = engine::DType::kF32;
+  engine::Shape shape;
+  uint64_t job = 0;
+  int64_t step = 0;
+  int32_t microbatch = 0;
+  int32_t stage = 0;
+  uint32_t status_code = 0;  // absl::StatusCode of an abort frame.
+  uint64_t payload_bytes = 0;
+};
+
+// The header announcing `tensor` under `tag`. InvalidArgument when the tag
+// or tensor cannot be sent (negative tag fields, more than kMaxFrameDims
+// dimensions): checked at Send, so the error reaches the caller instead of
+// the peer.
+absl::StatusOr<FrameHeader> TensorFrameHeader(const Tag& tag,
+                                              const engine::Tensor& tensor);
+// An abort frame for `status` (not OK); its payload is AbortPayload(status).
+FrameHeader AbortFrameHeader(uint64_t job, const absl::Status& status);
+std::string AbortPayload(const absl::Status& status);
+FrameHeader GoodbyeFrameHeader(uint64_t job);
+
+// The tag of a tensor frame (kind activation or gradient).
+Tag TagOf(const FrameHeader& header);
+
+void EncodeHello(const Hello& hello, HelloBytes* out);
+// Checks the magic and secret length only: the acceptor decides about the
+// version, job, ranks and secret, and answers with a HelloResult.
+// DataLoss when the bytes are not a Conveyor hello.
+absl::StatusOr<Hello> DecodeHello(const HelloBytes& bytes);
+
+void EncodeHelloAck(HelloResult result, HelloAckBytes* out);
+// DataLoss for a bad magic or unknown result code.
+absl::StatusOr<HelloResult> DecodeHelloAck(const HelloAckBytes& bytes);
+
+void EncodeFrameHeader(const FrameHeader& header, FrameHeaderBytes* out);
+
+// Decodes and fully validates a header before any payload is read: the
+// magic (DataLoss), the version, job (FailedPrecondition), then kind, dtype,
+// ndim <= 8, reserved bytes zero, dims >= 0 with unused dims zero, tag
+// fields >= 0, numel * dtype size == payload bytes without overflow, and
+// payload bytes <= max_payload_bytes (abort frames: <= kMaxAbortMessageBytes;
+// goodbye frames: empty) (InvalidArgument). A caller may allocate
+// `payload_bytes` once this returns OK.
+absl::StatusOr<FrameHeader> DecodeFrameHeader(const FrameHeaderBytes& bytes,
+                                              uint64_t expected_job,
+                                              uint64_t max_payload_bytes);
+
+// Equal length and bytes, in time independent of where they differ (so the
+// secret cannot be guessed byte by byte from response times).
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
+
+}  // namespace conveyor::transport
+
+#endif  // CONVEYOR_TRANSPORT_TCP_FRAME_H_
