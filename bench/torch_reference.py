@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/ usr / bin / env python3
 """The models of bench/engine_benchmark.cc's step/* benchmarks, in PyTorch on
 the CPU with the same thread count, for the Conveyor/PyTorch comparison in
 scripts/bench. Same shapes, batch, microbatches (loss / M, gradients
@@ -55,6 +55,7 @@ def time_steps(model, sample_shape, out_shape, batch, microbatches, seconds):
 
 def main():
     threads = int(os.environ.get("CONVEYOR_BENCH_THREADS", os.cpu_count() or 1))
+    seconds = float(os.environ.get("CONVEYOR_BENCH_SECONDS", "2"))
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 512),
@@ -63,9 +64,9 @@ def main():
     result = {
         "torch_version": torch.__version__,
         "threads": threads,
-        "step/mlp": time_steps(mlp, [128], [128], 128, 4, 2.0),
+        "step/mlp": time_steps(mlp, [128], [128], 128, 4, seconds),
         "step/transformer_block": time_steps(Block(64, 4, 256), [32, 64],
-                                             [32, 64], 8, 4, 2.0),
+                                             [32, 64], 8, 4, seconds),
     }
     json.dump(result, sys.stdout)
     print()

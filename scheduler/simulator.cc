@@ -266,11 +266,15 @@ absl::StatusOr<SimulationResult<T>> Simulate(const Schedule& schedule,
   };
 
   size_t remaining = schedule.TotalActions();
-  // Round-robin over ranks, each running as far as its inputs allow. Every
-  // sweep makes progress unless the schedule is stuck, so this terminates.
-  while (remaining > 0) {
+  // Sweeps over the ranks, each rank running as far as its inputs allow.
+  // Sweeps alternate direction: activations flow up the ranks and gradients
+  // down, and either chain then crosses the whole pipeline in two sweeps
+  // instead of one rank per sweep. Every sweep makes progress unless the
+  // schedule is stuck, so this terminates.
+  for (bool upward = true; remaining > 0; upward = !upward) {
     bool progress = false;
-    for (int r = 0; r < p; ++r) {
+    for (int i = 0; i < p; ++i) {
+      const int r = upward ? i : p - 1 - i;
       const auto& program = schedule.actions[r];
       while (next[r] < program.size()) {
         const Action& a = program[next[r]];

@@ -244,8 +244,10 @@ class Validator {
       const auto& program = s_.actions[r];
       const int n = static_cast<int>(program.size());
       recv_group_[r].assign(n, -1);
-      streams_[2 * r].reserve(n);
-      streams_[2 * r + 1].reserve(n);
+      // A stream holds at most one group per activation (or gradient) the
+      // rank sends or receives: about half its actions each.
+      streams_[2 * r].reserve(n / 2 + 1);
+      streams_[2 * r + 1].reserve(n / 2 + 1);
       // Whether the newest group on each stream is a send still waiting for
       // the next receive to pair with.
       bool open[2] = {false, false};
