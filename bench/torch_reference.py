@@ -1,4 +1,4 @@
-#!/ usr / bin / env python3
+#!/usr/bin/env python3
 """The models of bench/engine_benchmark.cc's step/* benchmarks, in PyTorch on
 the CPU with the same thread count, for the Conveyor/PyTorch comparison in
 scripts/bench. Same shapes, batch, microbatches (loss / M, gradients
