@@ -1,5 +1,6 @@
 #include "common/yaml_reader.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -175,21 +176,27 @@ absl::StatusOr<YamlMap> YamlReader::ReadMap(const YamlValue& value,
   return map;
 }
 
+const YamlMapEntry* YamlReader::FirstUnknownKey(const YamlMap& map,
+                                                YamlNames allowed) {
+  for (const YamlMapEntry& entry : map.entries) {
+    if (std::find(allowed.begin(), allowed.end(), entry.key) == allowed.end()) {
+      return &entry;
+    }
+  }
+  return nullptr;
+}
+
 absl::Status YamlReader::CheckKeys(const YamlMap& map,
                                    YamlNames allowed) const {
-  for (const YamlMapEntry& entry : map.entries) {
-    bool known = false;
-    for (absl::string_view a : allowed) known = known || a == entry.key;
-    if (known) continue;
-    return YamlError(
-        entry.key_where, map.self.path,
-        allowed.empty()
-            ? absl::StrCat("unknown key '", entry.key,
-                           "'; this takes no options")
-            : absl::StrCat("unknown key '", entry.key,
-                           "'; allowed: ", absl::StrJoin(allowed, ", ")));
-  }
-  return absl::OkStatus();
+  const YamlMapEntry* entry = FirstUnknownKey(map, allowed);
+  if (entry == nullptr) return absl::OkStatus();
+  return YamlError(
+      entry->key_where, map.self.path,
+      allowed.empty()
+          ? absl::StrCat("unknown key '", entry->key,
+                         "'; this takes no options")
+          : absl::StrCat("unknown key '", entry->key,
+                         "'; allowed: ", absl::StrJoin(allowed, ", ")));
 }
 
 absl::StatusOr<const YamlMapEntry*> YamlReader::Require(

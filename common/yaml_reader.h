@@ -156,6 +156,10 @@ class YamlReader {
   // "unknown key 'x'; allowed: a, b" ("...; this takes no options" when
   // `allowed` is empty).
   absl::Status CheckKeys(const YamlMap& map, YamlNames allowed) const;
+  // The first entry of `map` whose key is not in `allowed`, or nullptr; for
+  // callers that word the error themselves.
+  static const YamlMapEntry* FirstUnknownKey(const YamlMap& map,
+                                             YamlNames allowed);
   // The entry for `key`, or "missing required key 'key'" at the map.
   absl::StatusOr<const YamlMapEntry*> Require(const YamlMap& map,
                                               absl::string_view key) const;

@@ -142,16 +142,11 @@ class JobParser {
 
 absl::Status JobParser::CheckKindKeys(const YamlMap& map, YamlNames allowed,
                                       absl::string_view what) const {
-  for (const YamlMapEntry& entry : map.entries) {
-    bool ok = false;
-    for (absl::string_view a : allowed) ok = ok || a == entry.key;
-    if (ok) continue;
-    return YamlError(
-        entry.key_where, map.self.path,
-        absl::StrCat("'", entry.key, "' does not apply to ", what,
-                     "; it takes: ", absl::StrJoin(allowed, ", ")));
-  }
-  return absl::OkStatus();
+  const YamlMapEntry* entry = YamlReader::FirstUnknownKey(map, allowed);
+  if (entry == nullptr) return absl::OkStatus();
+  return YamlError(entry->key_where, map.self.path,
+                   absl::StrCat("'", entry->key, "' does not apply to ", what,
+                                "; it takes: ", absl::StrJoin(allowed, ", ")));
 }
 
 absl::StatusOr<JobSpec> JobParser::Parse(const YAML::Node& doc) const {

@@ -15,6 +15,15 @@ namespace {
 
 float* F(const Tensor& t) { return t.data<float>(); }
 
+// The position of the first id outside [0, limit), or -1. Ids come from
+// data, so a bad one is the caller's InvalidArgument, not a bug.
+int64_t FirstOutOfRange(const int64_t* ids, int64_t n, int64_t limit) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] < 0 || ids[i] >= limit) return i;
+  }
+  return -1;
+}
+
 }  // namespace
 
 void CpuBackend::LayerNorm(const Tensor& x, const Tensor& gamma,
@@ -228,12 +237,10 @@ absl::Status CpuBackend::EmbeddingForward(const Tensor& ids,
   const int64_t n = ids.numel(), vocab = table.dim(0), d = table.dim(1);
   CONVEYOR_CHECK(out.numel() == n * d, "embedding output has the wrong size");
   const int64_t* pid = ids.data<int64_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    if (pid[i] < 0 || pid[i] >= vocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("token id ", pid[i], " at position ", i,
-                       " is outside the vocabulary [0, ", vocab, ")"));
-    }
+  if (const int64_t i = FirstOutOfRange(pid, n, vocab); i >= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token id ", pid[i], " at position ", i,
+                     " is outside the vocabulary [0, ", vocab, ")"));
   }
   const float* pt = F(table);
   float* po = F(out);
@@ -293,12 +300,10 @@ absl::StatusOr<float> CpuBackend::CrossEntropyLoss(const Tensor& logits,
                      targets.numel(), " targets"));
   }
   const int64_t* pt = targets.data<int64_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    if (pt[i] < 0 || pt[i] >= vocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cross_entropy: target ", pt[i], " at position ", i,
-                       " is outside [0, ", vocab, ")"));
-    }
+  if (const int64_t i = FirstOutOfRange(pt, n, vocab); i >= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cross_entropy: target ", pt[i], " at position ", i,
+                     " is outside [0, ", vocab, ")"));
   }
   const float* pl = F(logits);
   float* pd = F(dlogits);
