@@ -63,4 +63,36 @@ absl::StatusOr<std::string> ReadFile(const std::string& path,
   }
 }
 
+absl::Status WriteFileAtomically(const std::string& path,
+                                 absl::string_view contents) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
+  const int fd =
+      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError(errno, tmp, "open");
+  size_t done = 0;
+  while (done < contents.size()) {
+    const ssize_t n =
+        ::write(fd, contents.data() + done, contents.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return ErrnoError(err, tmp, "write");
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return ErrnoError(err, tmp, "fsync/close");
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return ErrnoError(err, path, "rename");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace conveyor

@@ -1,8 +1,8 @@
-// Reading whole files with errors that say what went wrong where: the
-// errno-derived code (NotFound, PermissionDenied, ...) with the path and the
-// failed call, InvalidArgument for something that is not a regular file or is
-// over the caller's size limit, ResourceExhausted when memory runs out.
-// Thread-safe.
+// Reading and atomically writing whole files, with errors that say what went
+// wrong where: the errno-derived code (NotFound, PermissionDenied, ...) with
+// the path and the failed call, InvalidArgument for something that is not a
+// regular file or is over the caller's size limit, ResourceExhausted when
+// memory runs out. Thread-safe.
 #ifndef CONVEYOR_COMMON_FILE_H_
 #define CONVEYOR_COMMON_FILE_H_
 
@@ -26,6 +26,12 @@ absl::Status ErrnoError(int err, absl::string_view path,
 absl::StatusOr<std::string> ReadFile(
     const std::string& path,
     uint64_t max_bytes = std::numeric_limits<uint64_t>::max());
+
+// Writes `contents` to `path` so that readers see the old file or the whole
+// new one, never a part: a temporary file in the same directory, fsync, then
+// rename over `path`.
+absl::Status WriteFileAtomically(const std::string& path,
+                                 absl::string_view contents);
 
 }  // namespace conveyor
 

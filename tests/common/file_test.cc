@@ -47,5 +47,24 @@ TEST(ReadFileTest, ErrorsNameThePathAndTheCause) {
   EXPECT_THAT(dir.status().message(), HasSubstr("not a regular file"));
 }
 
+TEST(WriteFileAtomicallyTest, ReplacesTheWholeFileAndLeavesNoTemporary) {
+  const std::string dir = ::testing::TempDir() + "/file_test_atomic";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/addr";
+  ASSERT_TRUE(WriteFileAtomically(path, "first, longer content").ok());
+  ASSERT_TRUE(WriteFileAtomically(path, "second").ok());
+  EXPECT_EQ(*ReadFile(path), "second");
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    (void)e;
+    ++files;
+  }
+  EXPECT_EQ(files, 1);
+  absl::Status bad = WriteFileAtomically(dir + "/missing/addr", "x");
+  EXPECT_EQ(bad.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(bad.message(), HasSubstr("missing/addr"));
+}
+
 }  // namespace
 }  // namespace conveyor

@@ -1,0 +1,206 @@
+// conveyor-coordinator: the control-plane daemon. Serves conveyor.v1's
+// Coordinator (for conveyorctl) and WorkerSession (for workers) on one
+// address, and runs the JobManager's clock (heartbeats, timeouts, queue).
+//
+// Exit codes: 0 after SIGTERM/SIGINT, 1 when it cannot start (address in
+// use, unreadable config), 2 for invalid flags or config values.
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "CLI/CLI.hpp"                // flags
+#include "absl/strings/str_cat.h"     // messages
+#include "common/build_info.h"        // kVersion
+#include "common/file.h"              // ReadFile, WriteFileAtomically
+#include "common/logging.h"           // InitLogging
+#include "common/status_macros.h"     // ASSIGN_OR_RETURN
+#include "common/yaml_reader.h"       // the --config file
+#include "coordinator/job_manager.h"  // the state machine
+#include "coordinator/service.h"      // the gRPC services
+#include "grpcpp/grpcpp.h"            // ServerBuilder
+#include "proto/protocol.h"           // kMaxMessageBytes
+#include "spdlog/spdlog.h"            // SPDLOG_*
+
+namespace {
+
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+struct Flags {
+  std::string listen = "127.0.0.1:7070";
+  double heartbeat_timeout = 10;  // Seconds.
+  double recv_timeout = 30;       // Seconds.
+  std::string metrics_address;
+  std::string config;
+  std::string ready_file;
+  std::string log_level = "info";
+};
+
+// The optional YAML config file: the same settings as the flags; a flag
+// given on the command line wins.
+absl::Status ApplyConfigFile(const std::string& path, const CLI::App& app,
+                             Flags& flags) {
+  ASSIGN_OR_RETURN(std::string text, conveyor::ReadFile(path, 1 << 20));
+  ASSIGN_OR_RETURN(
+      YAML::Node doc,
+      conveyor::LoadYaml(text, path, conveyor::YamlDocuments::kExactlyOne));
+  conveyor::YamlReader reader(path);
+  ASSIGN_OR_RETURN(
+      conveyor::YamlMap map,
+      reader.ReadMap(reader.Root(doc), {"listen", "heartbeat_timeout",
+                                        "recv_timeout", "metrics_address"}));
+  auto given = [&](const char* flag) { return app.count(flag) > 0; };
+  for (const conveyor::YamlMapEntry& e : map.entries) {
+    if (e.key == "listen" && !given("--listen")) {
+      ASSIGN_OR_RETURN(flags.listen, reader.ParseString(e.value));
+    } else if (e.key == "heartbeat_timeout" && !given("--heartbeat-timeout")) {
+      ASSIGN_OR_RETURN(flags.heartbeat_timeout,
+                       reader.ParsePositiveDouble(e.value));
+    } else if (e.key == "recv_timeout" && !given("--recv-timeout")) {
+      ASSIGN_OR_RETURN(flags.recv_timeout, reader.ParsePositiveDouble(e.value));
+    } else if (e.key == "metrics_address" && !given("--metrics-address")) {
+      ASSIGN_OR_RETURN(flags.metrics_address, reader.ParseString(e.value));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::chrono::milliseconds Millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "conveyor-coordinator: Conveyor's control plane (job queue, planner, "
+      "worker registry)"};
+  app.set_version_flag(
+      "--version",
+      absl::StrCat("conveyor-coordinator ", conveyor::kVersion, " (revision ",
+                   conveyor::kGitRevision, ", control protocol ",
+                   conveyor::proto::kProtocolVersion, ")"));
+  Flags flags;
+  app.add_option("--listen", flags.listen,
+                 "gRPC address host:port (port 0 picks a free one)")
+      ->capture_default_str();
+  app.add_option("--heartbeat-timeout", flags.heartbeat_timeout,
+                 "Seconds of silence after which a worker is lost")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--recv-timeout", flags.recv_timeout,
+                 "Seconds a worker waits for a tensor before failing the job")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--metrics-address", flags.metrics_address,
+                 "host:port for /metrics (served once metrics land)");
+  app.add_option("--config", flags.config,
+                 "YAML file with listen, heartbeat_timeout, recv_timeout, "
+                 "metrics_address (flags win)");
+  app.add_option("--ready-file", flags.ready_file,
+                 "Write the bound address here (atomically) once serving");
+  app.add_option("--log-level", flags.log_level,
+                 absl::StrCat("Log level: ", conveyor::kLogLevels))
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return kExitUsage;
+  }
+  if (absl::Status s = conveyor::InitLogging(flags.log_level); !s.ok()) {
+    std::cerr << "conveyor-coordinator: --log-level: " << s.message() << "\n";
+    return kExitUsage;
+  }
+  if (!flags.config.empty()) {
+    if (absl::Status s = ApplyConfigFile(flags.config, app, flags); !s.ok()) {
+      std::cerr << "conveyor-coordinator: --config: " << s.message() << "\n";
+      return s.code() == absl::StatusCode::kInvalidArgument ? kExitUsage
+                                                            : kExitFailure;
+    }
+  }
+
+  // Signals are taken by one thread with sigwait; every other thread
+  // (gRPC's included, created later) inherits the blocked mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  conveyor::coordinator::JobManager manager({
+      .heartbeat_timeout = Millis(flags.heartbeat_timeout),
+      .recv_timeout = Millis(flags.recv_timeout),
+      .version = conveyor::kVersion,
+  });
+  conveyor::coordinator::CoordinatorService coordinator_service(&manager);
+  conveyor::coordinator::WorkerSessionService session_service(&manager);
+
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(flags.listen, grpc::InsecureServerCredentials(),
+                           &port);
+  builder.SetMaxReceiveMessageSize(conveyor::proto::kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(conveyor::proto::kMaxMessageBytes);
+  builder.RegisterService(&coordinator_service);
+  builder.RegisterService(&session_service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    std::cerr << "conveyor-coordinator: cannot listen on " << flags.listen
+              << " (address in use or invalid)\n";
+    return kExitFailure;
+  }
+  // The address clients should dial: the given host with the bound port.
+  std::string address = flags.listen;
+  if (const size_t colon = address.rfind(':'); colon != std::string::npos) {
+    address = absl::StrCat(address.substr(0, colon + 1), port);
+  }
+  SPDLOG_INFO(
+      "conveyor-coordinator {} listening on {} (heartbeat timeout {} s)",
+      conveyor::kVersion, address, flags.heartbeat_timeout);
+  if (!flags.metrics_address.empty()) {
+    SPDLOG_WARN("--metrics-address {}: metrics are not served yet",
+                flags.metrics_address);
+  }
+  if (!flags.ready_file.empty()) {
+    absl::Status s = conveyor::WriteFileAtomically(flags.ready_file,
+                                                   absl::StrCat(address, "\n"));
+    if (!s.ok()) {
+      std::cerr << "conveyor-coordinator: --ready-file: " << s.message()
+                << "\n";
+      server->Shutdown();
+      return kExitFailure;
+    }
+  }
+
+  std::atomic<bool> stop{false};
+  std::thread ticker([&] {
+    while (!stop.load()) {
+      manager.Tick();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+
+  int signal = 0;
+  sigwait(&signals, &signal);
+  SPDLOG_INFO("signal {}: shutting down", signal);
+  stop.store(true);
+  ticker.join();
+  manager.Shutdown();
+  // Open streams (workers, watchers) are cancelled after a short grace.
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server->Wait();
+  SPDLOG_INFO("stopped");
+  return 0;
+}

@@ -1,0 +1,693 @@
+#include "coordinator/job_manager.h"
+
+#include <algorithm>
+#include <random>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "engine/job_spec.h"
+#include "proto/protocol.h"
+#include "spdlog/spdlog.h"
+
+namespace conveyor::coordinator {
+namespace {
+
+constexpr absl::string_view kJobPrefix = "job-";
+constexpr absl::string_view kWorkerPrefix = "worker-";
+
+// The number in "<prefix><n>", or 0 when `id` is not of that form.
+uint64_t ParseId(absl::string_view id, absl::string_view prefix) {
+  if (!absl::ConsumePrefix(&id, prefix)) return 0;
+  uint64_t n = 0;
+  if (!absl::SimpleAtoi(id, &n)) return 0;
+  return n;
+}
+
+// 16 random bytes, hex: the data plane's per-job handshake secret. Only the
+// job's workers receive it, so a stray or hostile connection to a worker's
+// data port cannot join the job.
+std::string MakeSecret() {
+  std::random_device rd;
+  std::string out;
+  for (int i = 0; i < 4; ++i) {
+    absl::StrAppend(&out, absl::Hex(rd(), absl::kZeroPad8));
+  }
+  return out;
+}
+
+double Seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+}  // namespace
+
+JobManager::JobManager(JobManagerOptions options)
+    : options_(std::move(options)) {}
+
+JobManager::~JobManager() { Shutdown(); }
+
+// ---------------------------------------------------------------------------
+// Workers.
+
+absl::StatusOr<v1::Registered> JobManager::RegisterWorker(
+    const v1::RegisterRequest& request,
+    std::shared_ptr<WorkerConnection> connection) {
+  if (request.protocol_version() != proto::kProtocolVersion ||
+      (!options_.version.empty() && request.version() != options_.version)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "version skew: worker '", request.name(), "' runs Conveyor ",
+        request.version(), " (control protocol ", request.protocol_version(),
+        "), this coordinator runs ", options_.version, " (control protocol ",
+        proto::kProtocolVersion,
+        "); run the same Conveyor release on the coordinator and every "
+        "worker"));
+  }
+  if (request.name().empty() || request.devices().empty()) {
+    return absl::InvalidArgumentError(
+        "registration needs a worker name and at least one device");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutdown_) return absl::UnavailableError("coordinator shutting down");
+  const int64_t number = next_worker_++;
+  WorkerRecord& w = workers_[number];
+  w.info.set_id(absl::StrCat(kWorkerPrefix, number));
+  w.info.set_name(request.name());
+  w.info.set_version(request.version());
+  *w.info.mutable_devices() = request.devices();
+  w.info.set_data_address(request.data_address());
+  w.info.set_state(v1::IDLE);
+  w.info.set_registered_unix_ms(NowUnixMs());
+  w.connection = std::move(connection);
+  w.last_seen = options_.clock();
+  SPDLOG_INFO("registered {} ('{}', {}, data plane {})", w.info.id(),
+              request.name(), absl::StrJoin(request.devices(), ","),
+              request.data_address());
+  v1::Registered reply;
+  reply.set_worker_id(w.info.id());
+  // Four heartbeats per timeout: one or two lost or late ones do not make a
+  // live worker look dead.
+  reply.set_heartbeat_interval_ms(std::max<int64_t>(
+      50, std::chrono::duration_cast<std::chrono::milliseconds>(
+              options_.heartbeat_timeout)
+                  .count() /
+              4));
+  // The reply goes out before anything Schedule() may send this worker.
+  v1::CoordinatorMessage m;
+  *m.mutable_registered() = reply;
+  w.connection->Send(m);
+  Schedule();
+  return reply;
+}
+
+absl::Status JobManager::HandleWorkerMessage(const std::string& worker_id,
+                                             const v1::WorkerMessage& message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WorkerRecord* w = FindWorker(worker_id);
+  if (w == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("unknown worker ", worker_id));
+  }
+  if (w->info.state() == v1::LOST) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(worker_id, " was declared lost (", w->info.lost_reason(),
+                     "); register again"));
+  }
+  w->last_seen = options_.clock();
+  switch (message.kind_case()) {
+    case v1::WorkerMessage::kHeartbeat: {
+      // A worker that says it is idle while we still count it busy with a
+      // finished job has ended that job (its JobEnded was lost or raced the
+      // cancel): free it.
+      if (w->info.state() == v1::BUSY && message.heartbeat().job_id().empty()) {
+        JobRecord* job = FindJob(w->info.job_id());
+        if (job == nullptr || proto::IsTerminal(job->info.state())) {
+          ReleaseWorker(*w);
+          Schedule();
+        }
+      }
+      return absl::OkStatus();
+    }
+    case v1::WorkerMessage::kReady:
+      OnReady(*w, message.ready());
+      return absl::OkStatus();
+    case v1::WorkerMessage::kStep:
+      OnStep(*w, message.step());
+      return absl::OkStatus();
+    case v1::WorkerMessage::kEnded:
+      OnEnded(*w, message.ended());
+      Schedule();
+      return absl::OkStatus();
+    case v1::WorkerMessage::kRegister:
+      return absl::FailedPreconditionError(
+          absl::StrCat(worker_id, " is already registered"));
+    default:
+      return absl::InvalidArgumentError("empty worker message");
+  }
+}
+
+void JobManager::WorkerDisconnected(const std::string& worker_id,
+                                    const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WorkerRecord* w = FindWorker(worker_id);
+  if (w == nullptr) return;
+  MarkLost(*w, reason);
+  Schedule();
+}
+
+void JobManager::MarkLost(WorkerRecord& w, const std::string& observed) {
+  if (w.info.state() == v1::LOST) return;
+  const std::string who = DescribeWorker(w);
+  SPDLOG_WARN("{} lost: {}", who, observed);
+  w.info.set_state(v1::LOST);
+  w.info.set_lost_reason(observed);
+  if (w.connection != nullptr) {
+    w.connection->Close(
+        absl::UnavailableError(absl::StrCat("declared lost: ", observed)));
+  }
+  JobRecord* job = FindJob(w.info.job_id());
+  w.info.clear_job_id();
+  w.info.clear_stages();
+  if (job != nullptr && !proto::IsTerminal(job->info.state())) {
+    Finish(*job, v1::FAILED, absl::StrCat(who, " lost: ", observed));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Jobs.
+
+absl::StatusOr<v1::Job> JobManager::SubmitJob(
+    const v1::SubmitJobRequest& request) {
+  if (static_cast<int64_t>(request.yaml().size()) > engine::kMaxJobFileBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job file is ", request.yaml().size(),
+                     " bytes; the limit is ", engine::kMaxJobFileBytes));
+  }
+  const std::string file_name =
+      request.file_name().empty() ? "job.yaml" : request.file_name();
+  absl::StatusOr<engine::JobSpec> spec =
+      engine::ParseJobSpec(request.yaml(), file_name, request.base_dir());
+  if (!spec.ok()) return spec.status();
+  absl::StatusOr<JobPlan> plan = PlanJob(*std::move(spec));
+  if (!plan.ok()) return plan.status();
+
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutdown_) return absl::UnavailableError("coordinator shutting down");
+  const int live = LiveWorkers();
+  if (plan->num_ranks > live) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "job '%s' needs %d workers (%d stages, %d per worker) but the "
+        "cluster has %d live worker(s); start more workers or use fewer "
+        "stages",
+        plan->job.name, plan->num_ranks, plan->num_stages, plan->virtual_stages,
+        live));
+  }
+  if (static_cast<int>(queue_.size()) >= options_.max_queued_jobs) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the job queue is full (", options_.max_queued_jobs,
+                     " jobs waiting); retry later"));
+  }
+  const uint64_t number = next_job_++;
+  JobRecord& job = jobs_[number];
+  job.number = number;
+  job.secret = MakeSecret();
+  job.request = request;
+  job.request.set_file_name(file_name);
+  job.plan = *std::move(plan);
+  const engine::JobSpec& spec_ref = job.plan.job;
+  job.samples_per_step = static_cast<double>(spec_ref.training.batch_size);
+  if (spec_ref.model.token_input) {
+    job.tokens_per_sample = 1;
+    for (int64_t d : spec_ref.model.input_shape) job.tokens_per_sample *= d;
+  }
+  v1::Job& info = job.info;
+  info.set_id(absl::StrCat(kJobPrefix, number));
+  info.set_name(spec_ref.name);
+  info.set_steps_total(spec_ref.training.steps);
+  info.set_schedule(
+      std::string(scheduler::ScheduleKindName(job.plan.schedule.kind)));
+  info.set_num_stages(job.plan.num_stages);
+  info.set_num_workers(job.plan.num_ranks);
+  info.set_virtual_stages(job.plan.virtual_stages);
+  info.set_batch_size(spec_ref.training.batch_size);
+  info.set_microbatches(static_cast<int32_t>(spec_ref.training.microbatches));
+  info.set_created_unix_ms(NowUnixMs());
+  info.set_checkpoint_dir(spec_ref.checkpoint.dir);
+  for (const StagePlan& s : job.plan.stages) {
+    v1::StagePlacement* p = info.add_stages();
+    p->set_stage(s.stage);
+    p->set_rank(s.rank);
+    p->set_first_layer(s.first_layer);
+    p->set_num_layers(s.num_layers);
+    p->set_num_params(s.num_params);
+  }
+  info.set_state(v1::QUEUED);
+  SPDLOG_INFO("{} '{}' queued: {} over {} worker(s)", info.id(), info.name(),
+              info.schedule(), info.num_workers());
+  queue_.push_back(number);
+  UpdateQueuePositions();
+  AddEvent(job, nullptr);
+  Schedule();
+  return job.info;
+}
+
+absl::StatusOr<v1::Job> JobManager::GetJob(const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(ParseId(id, kJobPrefix));
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  }
+  return it->second.info;
+}
+
+std::vector<v1::Job> JobManager::ListJobs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<v1::Job> out;
+  for (const auto& [number, job] : jobs_) out.push_back(job.info);
+  return out;
+}
+
+absl::StatusOr<v1::Job> JobManager::CancelJob(const std::string& id,
+                                              const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  JobRecord* job = FindJob(id);
+  if (job == nullptr) {
+    return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  }
+  if (!proto::IsTerminal(job->info.state())) {
+    Finish(*job, v1::CANCELLED, reason);
+    Schedule();
+  }
+  return job->info;
+}
+
+std::vector<v1::Worker> JobManager::ListWorkers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const TimePoint now = options_.clock();
+  std::vector<v1::Worker> out;
+  for (const auto& [number, w] : workers_) {
+    out.push_back(w.info);
+    out.back().set_seconds_since_heartbeat(Seconds(now - w.last_seen));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> JobManager::WaitEvents(
+    const std::string& id, int64_t* cursor,
+    std::chrono::steady_clock::time_point deadline, bool* done) {
+  std::unique_lock<std::mutex> lock(mu_);
+  *done = false;
+  const uint64_t number = ParseId(id, kJobPrefix);
+  auto available = [&]() -> JobRecord* {
+    auto it = jobs_.find(number);
+    return it == jobs_.end() ? nullptr : &it->second;
+  };
+  JobRecord* job = available();
+  if (job == nullptr) {
+    return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  }
+  auto end = [&] {
+    return job->first_event + static_cast<int64_t>(job->events.size());
+  };
+  events_cv_.wait_until(lock, deadline,
+                        [&] { return shutdown_ || *cursor < end(); });
+  if (shutdown_) return absl::CancelledError("coordinator shutting down");
+  std::vector<v1::JobEvent> out;
+  *cursor = std::max(*cursor, job->first_event);
+  for (; *cursor < end(); ++*cursor) {
+    out.push_back(job->events[*cursor - job->first_event]);
+  }
+  *done = proto::IsTerminal(job->info.state());
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Scheduling.
+
+void JobManager::Schedule() {
+  while (!queue_.empty()) {
+    JobRecord& job = jobs_.at(queue_.front());
+    std::vector<WorkerRecord*> idle;
+    for (auto& [number, w] : workers_) {
+      if (w.info.state() == v1::IDLE) idle.push_back(&w);
+    }
+    // Strict FIFO: a later, smaller job does not overtake the head, so a
+    // large job cannot starve behind a stream of small ones.
+    if (static_cast<int>(idle.size()) < job.plan.num_ranks) break;
+    queue_.pop_front();
+    idle.resize(job.plan.num_ranks);
+    Place(job, idle);
+  }
+  UpdateQueuePositions();
+}
+
+void JobManager::Place(JobRecord& job,
+                       const std::vector<WorkerRecord*>& workers) {
+  const int p = job.plan.num_ranks;
+  job.endpoints.assign(p, "");
+  job.ended.assign(p, false);
+  job.succeeded.assign(p, false);
+  job.is_ready.assign(p, false);
+  job.ready = 0;
+  job.prepare_deadline = options_.clock() + options_.prepare_timeout;
+  job.info.clear_worker_ids();
+  for (WorkerRecord* w : workers) job.info.add_worker_ids(w->info.id());
+  for (v1::StagePlacement& s : *job.info.mutable_stages()) {
+    s.set_worker_id(job.info.worker_ids(s.rank()));
+  }
+  SetState(job, v1::PLANNING);
+  SPDLOG_INFO("{} placed on {}", job.info.id(),
+              absl::StrJoin(job.info.worker_ids(), ", "));
+  for (int r = 0; r < p; ++r) {
+    WorkerRecord& w = *workers[r];
+    w.info.set_state(v1::BUSY);
+    w.info.set_job_id(job.info.id());
+    w.info.clear_stages();
+    for (const StagePlan* s : StagesOfRank(job.plan, r)) {
+      w.info.add_stages(s->stage);
+    }
+  }
+  for (int r = 0; r < p; ++r) {
+    WorkerRecord& w = *workers[r];
+    v1::CoordinatorMessage m;
+    *m.mutable_prepare()->mutable_program() = MakeProgram(job, r);
+    if (!w.connection->Send(m)) {
+      MarkLost(w, "its session closed before the program was sent");
+      return;
+    }
+  }
+}
+
+v1::JobProgram JobManager::MakeProgram(const JobRecord& job, int rank) const {
+  const JobPlan& plan = job.plan;
+  v1::JobProgram program;
+  program.set_job_id(job.info.id());
+  program.set_job_number(job.number);
+  program.set_secret(job.secret);
+  program.set_yaml(job.request.yaml());
+  program.set_file_name(job.request.file_name());
+  program.set_base_dir(job.request.base_dir());
+  program.set_rank(rank);
+  program.set_num_ranks(plan.num_ranks);
+  program.set_num_stages(plan.num_stages);
+  for (const StagePlan* s : StagesOfRank(plan, rank)) {
+    v1::StageProgram* sp = program.add_stages();
+    sp->set_stage(s->stage);
+    sp->set_first_layer(s->first_layer);
+    sp->set_num_layers(s->num_layers);
+    for (const std::string& name : s->parameter_names) {
+      sp->add_parameter_names(name);
+    }
+  }
+  for (const scheduler::Action& a : plan.schedule.actions[rank]) {
+    proto::ToProto(a, program.add_actions());
+  }
+  program.set_steps(plan.job.training.steps);
+  program.set_recv_timeout_ms(options_.recv_timeout.count());
+  program.set_checkpoint_dir(plan.job.checkpoint.dir);
+  return program;
+}
+
+void JobManager::OnReady(WorkerRecord& w, const v1::JobReady& ready) {
+  JobRecord* job = FindJob(ready.job_id());
+  if (job == nullptr || job->info.state() != v1::PLANNING ||
+      w.info.job_id() != ready.job_id()) {
+    return;  // Late: the job ended meanwhile.
+  }
+  const auto& ids = job->info.worker_ids();
+  const int rank = static_cast<int>(
+      std::find(ids.begin(), ids.end(), w.info.id()) - ids.begin());
+  if (rank >= ids.size() || job->is_ready[rank]) return;
+  if (ready.data_endpoint().empty()) {
+    Finish(*job, v1::FAILED,
+           absl::StrCat(DescribeWorker(w), " reported no data endpoint"));
+    return;
+  }
+  job->is_ready[rank] = true;
+  job->endpoints[rank] = ready.data_endpoint();
+  if (++job->ready < job->plan.num_ranks) return;
+  v1::CoordinatorMessage m;
+  m.mutable_start()->set_job_id(job->info.id());
+  for (const std::string& e : job->endpoints) m.mutable_start()->add_peers(e);
+  job->info.set_started_unix_ms(NowUnixMs());
+  SetState(*job, v1::RUNNING);
+  for (const std::string& id : ids) {
+    WorkerRecord* peer = FindWorker(id);
+    if (peer != nullptr) peer->connection->Send(m);
+  }
+}
+
+void JobManager::OnStep(WorkerRecord& w, const v1::StepReport& report) {
+  JobRecord* job = FindJob(report.job_id());
+  if (job == nullptr || job->info.state() != v1::RUNNING ||
+      w.info.job_id() != report.job_id()) {
+    return;
+  }
+  const auto& ids = job->info.worker_ids();
+  const int rank = static_cast<int>(
+      std::find(ids.begin(), ids.end(), w.info.id()) - ids.begin());
+  const int p = job->plan.num_ranks;
+  if (rank >= p || report.step() < 1 ||
+      report.step() > job->info.steps_total()) {
+    return;
+  }
+  std::vector<v1::StepReport>& reports = job->pending_steps[report.step()];
+  if (reports.empty()) reports.resize(p);
+  if (reports[rank].step() != 0) return;  // Duplicate.
+  reports[rank] = report;
+  if (++job->pending_counts[report.step()] < p) return;
+
+  v1::StepSummary s;
+  s.set_step(report.step());
+  double bubble = 0;
+  for (int r = 0; r < p; ++r) {
+    const v1::StepReport& rr = reports[r];
+    s.set_seconds(std::max(s.seconds(), rr.seconds()));
+    if (rr.has_loss()) {
+      s.set_has_loss(true);
+      s.set_loss(rr.loss());
+    }
+    s.set_learning_rate(rr.learning_rate());
+    if (rr.seconds() > 0) bubble += rr.wait_seconds() / rr.seconds();
+    v1::RankStep* rs = s.add_ranks();
+    rs->set_rank(r);
+    rs->set_seconds(rr.seconds());
+    rs->set_wait_seconds(rr.wait_seconds());
+    rs->set_peak_activation_bytes(rr.peak_activation_bytes());
+  }
+  s.set_bubble_fraction(bubble / p);
+  if (s.seconds() > 0) {
+    s.set_samples_per_second(job->samples_per_step / s.seconds());
+    s.set_tokens_per_second(s.samples_per_second() * job->tokens_per_sample);
+  }
+  job->pending_steps.erase(report.step());
+  job->pending_counts.erase(report.step());
+  v1::Job& info = job->info;
+  info.set_steps_done(std::max(info.steps_done(), s.step()));
+  if (s.has_loss()) {
+    info.set_has_loss(true);
+    info.set_last_loss(s.loss());
+  }
+  info.set_last_step_seconds(s.seconds());
+  info.set_samples_per_second(s.samples_per_second());
+  info.set_tokens_per_second(s.tokens_per_second());
+  AddEvent(*job, &s);
+}
+
+void JobManager::OnEnded(WorkerRecord& w, const v1::JobEnded& ended) {
+  if (w.info.job_id() != ended.job_id()) return;  // Stale.
+  JobRecord* job = FindJob(ended.job_id());
+  const std::string who = DescribeWorker(w);
+  ReleaseWorker(w);
+  if (job == nullptr) return;
+  const auto& ids = job->info.worker_ids();
+  const int rank = static_cast<int>(
+      std::find(ids.begin(), ids.end(), w.info.id()) - ids.begin());
+  if (rank >= ids.size()) return;
+  job->ended[rank] = true;
+  job->succeeded[rank] = ended.state() == v1::SUCCEEDED;
+  if (proto::IsTerminal(job->info.state())) return;
+  const bool all_ended = std::all_of(job->ended.begin(), job->ended.end(),
+                                     [](bool b) { return b; });
+  if (ended.state() == v1::SUCCEEDED) {
+    if (all_ended && !job->failing) {
+      Finish(*job, v1::SUCCEEDED, "");
+    } else if (all_ended) {
+      Finish(*job, v1::FAILED, job->failure);
+    }
+    return;
+  }
+  if (!job->failing) {
+    job->failing = true;
+    job->failure = absl::StrCat(who, ": ", ended.message());
+    job->failure_deadline = options_.clock() + options_.failure_grace;
+    // Stop the others now; the job's final state waits for the grace.
+    v1::CoordinatorMessage m;
+    m.mutable_cancel()->set_job_id(job->info.id());
+    m.mutable_cancel()->set_reason(job->failure);
+    for (int r = 0; r < ids.size(); ++r) {
+      WorkerRecord* peer = FindWorker(ids[r]);
+      if (!job->ended[r] && peer != nullptr &&
+          peer->info.job_id() == job->info.id()) {
+        peer->connection->Send(m);
+      }
+    }
+  }
+  // Every worker has answered, so none was lost: no reason to wait.
+  if (all_ended) Finish(*job, v1::FAILED, job->failure);
+}
+
+void JobManager::Finish(JobRecord& job, v1::JobState state,
+                        const std::string& message) {
+  if (proto::IsTerminal(job.info.state())) return;
+  const bool was_queued = job.info.state() == v1::QUEUED;
+  job.info.set_message(message);
+  job.info.set_ended_unix_ms(NowUnixMs());
+  job.failing = false;
+  job.pending_steps.clear();
+  job.pending_counts.clear();
+  if (was_queued) {
+    queue_.erase(std::remove(queue_.begin(), queue_.end(), job.number),
+                 queue_.end());
+    UpdateQueuePositions();
+  } else {
+    v1::CoordinatorMessage m;
+    m.mutable_cancel()->set_job_id(job.info.id());
+    m.mutable_cancel()->set_reason(
+        message.empty() ? std::string(proto::JobStateName(state)) : message);
+    const auto& ids = job.info.worker_ids();
+    for (int r = 0; r < ids.size(); ++r) {
+      WorkerRecord* w = FindWorker(ids[r]);
+      if (!job.ended[r] && w != nullptr && w->info.job_id() == job.info.id() &&
+          w->info.state() == v1::BUSY) {
+        w->connection->Send(m);
+      }
+    }
+  }
+  if (state == v1::SUCCEEDED) {
+    SPDLOG_INFO("{} SUCCEEDED after {} steps", job.info.id(),
+                job.info.steps_done());
+  } else {
+    SPDLOG_WARN("{} {}: {}", job.info.id(),
+                std::string(proto::JobStateName(state)), message);
+  }
+  job.info.set_queue_position(0);
+  SetState(job, state);
+}
+
+void JobManager::SetState(JobRecord& job, v1::JobState state) {
+  job.info.set_state(state);
+  AddEvent(job, nullptr);
+}
+
+void JobManager::AddEvent(JobRecord& job, const v1::StepSummary* step) {
+  v1::JobEvent event;
+  *event.mutable_job() = job.info;
+  if (step != nullptr) *event.mutable_step() = *step;
+  job.events.push_back(std::move(event));
+  while (static_cast<int>(job.events.size()) > options_.max_events_per_job) {
+    job.events.pop_front();
+    ++job.first_event;
+  }
+  events_cv_.notify_all();
+}
+
+void JobManager::ReleaseWorker(WorkerRecord& w) {
+  if (w.info.state() != v1::BUSY) return;
+  w.info.set_state(v1::IDLE);
+  w.info.clear_job_id();
+  w.info.clear_stages();
+}
+
+// ---------------------------------------------------------------------------
+// Time and lifecycle.
+
+void JobManager::Tick() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutdown_) return;
+  const TimePoint now = options_.clock();
+  for (auto& [number, w] : workers_) {
+    if (w.info.state() == v1::LOST) continue;
+    if (now - w.last_seen > options_.heartbeat_timeout) {
+      MarkLost(w, absl::StrFormat("no heartbeat for %.1f s (timeout %.1f s)",
+                                  Seconds(now - w.last_seen),
+                                  Seconds(options_.heartbeat_timeout)));
+    }
+  }
+  for (auto& [number, job] : jobs_) {
+    if (job.info.state() == v1::PLANNING && now > job.prepare_deadline) {
+      std::vector<std::string> slow;
+      for (int r = 0; r < job.info.worker_ids_size(); ++r) {
+        if (!job.is_ready[r]) slow.push_back(job.info.worker_ids(r));
+      }
+      Finish(job, v1::FAILED,
+             absl::StrFormat("%s did not report ready within %.0f s",
+                             absl::StrJoin(slow, ", "),
+                             Seconds(options_.prepare_timeout)));
+    }
+    if (job.failing && now >= job.failure_deadline) {
+      Finish(job, v1::FAILED, job.failure);
+    }
+  }
+  Schedule();
+}
+
+void JobManager::Shutdown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  shutdown_ = true;
+  events_cv_.notify_all();
+}
+
+// ---------------------------------------------------------------------------
+// Helpers.
+
+JobManager::WorkerRecord* JobManager::FindWorker(const std::string& id) {
+  auto it = workers_.find(static_cast<int64_t>(ParseId(id, kWorkerPrefix)));
+  return it == workers_.end() ? nullptr : &it->second;
+}
+
+JobManager::JobRecord* JobManager::FindJob(const std::string& id) {
+  auto it = jobs_.find(ParseId(id, kJobPrefix));
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+int JobManager::LiveWorkers() const {
+  int n = 0;
+  for (const auto& [number, w] : workers_) {
+    if (w.info.state() != v1::LOST) ++n;
+  }
+  return n;
+}
+
+std::string JobManager::DescribeWorker(const WorkerRecord& w) const {
+  std::string out = absl::StrCat(w.info.id(), " (", w.info.name());
+  auto it = jobs_.find(ParseId(w.info.job_id(), kJobPrefix));
+  if (it != jobs_.end()) {
+    const auto& ids = it->second.info.worker_ids();
+    const int rank = static_cast<int>(
+        std::find(ids.begin(), ids.end(), w.info.id()) - ids.begin());
+    absl::StrAppend(&out, ", rank ", rank, ", stages ",
+                    absl::StrJoin(w.info.stages(), ","));
+  }
+  absl::StrAppend(&out, ")");
+  return out;
+}
+
+void JobManager::UpdateQueuePositions() {
+  int position = 1;
+  for (uint64_t number : queue_) {
+    jobs_.at(number).info.set_queue_position(position++);
+  }
+}
+
+int64_t JobManager::NowUnixMs() const {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace conveyor::coordinator

@@ -1,0 +1,224 @@
+// JobManager: the coordinator's state and every decision it makes: the
+// worker registry (registration with version checks, heartbeats, loss), the
+// FIFO job queue, the job state machine
+//
+//   QUEUED -> PLANNING -> RUNNING -> SUCCEEDED | FAILED (reason) | CANCELLED
+//
+// placement (stage s on the job's rank s mod P, ranks on the first P idle
+// workers), and the aggregation of per-rank step reports into one event per
+// step. It knows nothing of gRPC: workers are reached through
+// WorkerConnection (a real stream in service.cc, a fake in tests), and time
+// comes from an injectable clock, so tests drive every transition
+// deterministically.
+//
+// Failure semantics. A worker is lost when its connection closes or it sends
+// nothing for heartbeat_timeout; its job fails at once with a reason naming
+// the worker, its rank and stages and what was observed, and the job's other
+// workers are told to cancel. When a worker reports a failure instead, the
+// job waits a short grace period before failing, because a peer's death is
+// usually seen first by its neighbours' data plane: if the dead worker's loss
+// is observed within the grace, the job's reason names it rather than the
+// neighbour's symptom.
+//
+// Thread-safe: every method may be called from any thread (one mutex).
+// WorkerConnection::Send must not block (it queues).
+#ifndef CONVEYOR_COORDINATOR_JOB_MANAGER_H_
+#define CONVEYOR_COORDINATOR_JOB_MANAGER_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "conveyor/v1/conveyor.pb.h"
+#include "coordinator/planner.h"
+
+namespace conveyor::coordinator {
+
+// The coordinator's end of one worker's session.
+class WorkerConnection {
+ public:
+  virtual ~WorkerConnection() = default;
+  // Queues `message` for the worker; never blocks. False once closed.
+  virtual bool Send(const v1::CoordinatorMessage& message) = 0;
+  // Ends the session (the worker sees the stream end with `status`).
+  virtual void Close(const absl::Status& status) = 0;
+};
+
+struct JobManagerOptions {
+  // A worker silent for longer than this is lost.
+  std::chrono::milliseconds heartbeat_timeout{10000};
+  // How long workers may take to load a program and report ready.
+  std::chrono::milliseconds prepare_timeout{120000};
+  // How long a job reported failed by a worker waits for a lost worker to
+  // explain the failure (see the header comment).
+  std::chrono::milliseconds failure_grace{500};
+  // The data plane's receive timeout, sent in each program.
+  std::chrono::milliseconds recv_timeout{30000};
+  // Jobs waiting in the queue at most; more is RESOURCE_EXHAUSTED.
+  int max_queued_jobs = 1000;
+  // Events kept per job for WatchJob (older step events are dropped; a
+  // watcher that falls behind skips them).
+  int max_events_per_job = 4096;
+  // Version a worker must report (besides proto::kProtocolVersion).
+  std::string version;
+  std::function<std::chrono::steady_clock::time_point()> clock =
+      std::chrono::steady_clock::now;
+};
+
+class JobManager {
+ public:
+  explicit JobManager(JobManagerOptions options);
+  ~JobManager();
+
+  JobManager(const JobManager&) = delete;
+  JobManager& operator=(const JobManager&) = delete;
+
+  // ---- Workers (the WorkerSession service) ----
+
+  // Registers a worker reached through `connection`: sends it the
+  // Registered reply (its id and the heartbeat interval), which is also
+  // returned, before any program. FailedPrecondition naming both versions when
+  // the worker's protocol or release version differs from the coordinator's;
+  // InvalidArgument for a registration without a name or devices.
+  absl::StatusOr<v1::Registered> RegisterWorker(
+      const v1::RegisterRequest& request,
+      std::shared_ptr<WorkerConnection> connection);
+
+  // A message from a registered worker after its registration.
+  // FailedPrecondition for one that makes no sense (a report for a job the
+  // worker does not run is ignored, not an error: it may be a late report of
+  // a job that already ended).
+  absl::Status HandleWorkerMessage(const std::string& worker_id,
+                                   const v1::WorkerMessage& message);
+
+  // The worker's session ended (`reason`: what was observed).
+  void WorkerDisconnected(const std::string& worker_id,
+                          const std::string& reason);
+
+  // ---- Jobs (the Coordinator service) ----
+
+  // Parses and plans the job, then queues it. InvalidArgument with
+  // file:line:col for a bad job; ResourceExhausted when the cluster has
+  // fewer live workers than the job needs, or the queue is full.
+  absl::StatusOr<v1::Job> SubmitJob(const v1::SubmitJobRequest& request);
+  // NotFound for an unknown id.
+  absl::StatusOr<v1::Job> GetJob(const std::string& id) const;
+  std::vector<v1::Job> ListJobs() const;
+  // Cancels a queued or running job (idempotent on a finished one).
+  // NotFound for an unknown id.
+  absl::StatusOr<v1::Job> CancelJob(const std::string& id,
+                                    const std::string& reason);
+  std::vector<v1::Worker> ListWorkers() const;
+
+  // Events of job `id` from sequence number `*cursor` on, waiting until
+  // `deadline` for at least one; advances `*cursor`. A cursor below the
+  // oldest kept event starts at the oldest. `*done` is set once the job is
+  // finished and every event has been returned. NotFound for an unknown id;
+  // Cancelled after Shutdown.
+  absl::StatusOr<std::vector<v1::JobEvent>> WaitEvents(
+      const std::string& id, int64_t* cursor,
+      std::chrono::steady_clock::time_point deadline, bool* done);
+
+  // ---- Time and lifecycle ----
+
+  // Checks heartbeats and timeouts and starts queued jobs; the daemon calls
+  // it every ~100 ms.
+  void Tick();
+
+  // Wakes every waiter; later WaitEvents return Cancelled.
+  void Shutdown();
+
+ private:
+  using TimePoint = std::chrono::steady_clock::time_point;
+
+  struct WorkerRecord {
+    v1::Worker info;
+    std::shared_ptr<WorkerConnection> connection;
+    TimePoint last_seen;
+  };
+
+  struct JobRecord {
+    v1::Job info;
+    JobPlan plan;
+    v1::SubmitJobRequest request;
+    uint64_t number = 0;
+    std::string secret;
+    std::vector<std::string> endpoints;  // By rank, from JobReady.
+    std::vector<bool> ended;             // By rank: sent JobEnded.
+    std::vector<bool> is_ready;          // By rank: sent JobReady.
+    int ready = 0;
+    // Step reports by 1-based step until every rank has reported.
+    std::map<int64_t, std::vector<v1::StepReport>> pending_steps;
+    std::map<int64_t, int> pending_counts;
+    std::vector<bool> succeeded;  // By rank: ended with SUCCEEDED.
+    double samples_per_step = 0;
+    double tokens_per_sample = 0;
+    TimePoint prepare_deadline;
+    // A worker reported failure; the job fails at failure_deadline.
+    bool failing = false;
+    std::string failure;
+    TimePoint failure_deadline;
+    std::deque<v1::JobEvent> events;
+    int64_t first_event = 0;  // Sequence number of events.front().
+  };
+
+  WorkerRecord* FindWorker(const std::string& id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  JobRecord* FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int LiveWorkers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Place(JobRecord& job, const std::vector<WorkerRecord*>& workers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::JobProgram MakeProgram(const JobRecord& job, int rank) const;
+
+  void OnReady(WorkerRecord& w, const v1::JobReady& ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnStep(WorkerRecord& w, const v1::StepReport& report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnEnded(WorkerRecord& w, const v1::JobEnded& ended)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MarkLost(WorkerRecord& w, const std::string& observed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Moves a job to a final state, tells its workers to stop (unless they
+  // all ended already) and records the event.
+  void Finish(JobRecord& job, v1::JobState state, const std::string& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetState(JobRecord& job, v1::JobState state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddEvent(JobRecord& job, const v1::StepSummary* step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseWorker(WorkerRecord& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // "worker-2 (local-1, rank 1, stages 1,3)".
+  std::string DescribeWorker(const WorkerRecord& w) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateQueuePositions() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t NowUnixMs() const;
+
+  const JobManagerOptions options_;
+  mutable std::mutex mu_;
+  std::condition_variable events_cv_;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
+  // Keyed by the number in "worker-<n>" and "job-<n>": registration and
+  // submission order.
+  std::map<int64_t, WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> queue_ ABSL_GUARDED_BY(mu_);  // Job numbers, FIFO.
+};
+
+}  // namespace conveyor::coordinator
+
+#endif  // CONVEYOR_COORDINATOR_JOB_MANAGER_H_

@@ -1,0 +1,196 @@
+#include "coordinator/service.h"
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "proto/protocol.h"
+#include "spdlog/spdlog.h"
+
+namespace conveyor::coordinator {
+namespace {
+
+using SessionStream =
+    grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>;
+
+// One worker's session as the JobManager sees it: Send queues, a writer
+// thread writes (gRPC allows one write in flight per stream, and a write may
+// wait for the worker to read), Close cancels the call so the handler's
+// blocking Read returns.
+class StreamConnection final : public WorkerConnection {
+ public:
+  StreamConnection(grpc::ServerContext* context, SessionStream* stream)
+      : context_(context), stream_(stream) {
+    writer_ = std::thread([this] { RunWriter(); });
+  }
+  ~StreamConnection() override { Stop(); }
+
+  bool Send(const v1::CoordinatorMessage& message) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return false;
+    queue_.push_back(message);
+    cv_.notify_one();
+    return true;
+  }
+
+  void Close(const absl::Status& status) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) return;
+      closed_ = true;
+      SPDLOG_DEBUG("closing a worker session: {}", status.ToString());
+      cv_.notify_one();
+    }
+    context_->TryCancel();
+  }
+
+  // Called by the handler before it returns: after this the stream and
+  // context may go away.
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closed_ = true;
+      cv_.notify_one();
+    }
+    if (writer_.joinable()) writer_.join();
+  }
+
+ private:
+  void RunWriter() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return closed_ || !queue_.empty(); });
+      // Messages queued before Close are still written: a cancel order
+      // followed by a close must reach the worker first.
+      if (queue_.empty()) return;
+      v1::CoordinatorMessage m = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      const bool ok = stream_->Write(m);
+      lock.lock();
+      if (!ok) {
+        closed_ = true;
+        lock.unlock();
+        context_->TryCancel();
+        return;
+      }
+    }
+  }
+
+  grpc::ServerContext* context_;
+  SessionStream* stream_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<v1::CoordinatorMessage> queue_;
+  bool closed_ = false;
+  std::thread writer_;
+};
+
+}  // namespace
+
+grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*,
+                                           const v1::SubmitJobRequest* request,
+                                           v1::SubmitJobResponse* response) {
+  absl::StatusOr<v1::Job> job = manager_->SubmitJob(*request);
+  if (!job.ok()) return proto::ToGrpcStatus(job.status());
+  *response->mutable_job() = *std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::GetJob(grpc::ServerContext*,
+                                        const v1::GetJobRequest* request,
+                                        v1::Job* response) {
+  absl::StatusOr<v1::Job> job = manager_->GetJob(request->id());
+  if (!job.ok()) return proto::ToGrpcStatus(job.status());
+  *response = *std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*,
+                                          const v1::ListJobsRequest*,
+                                          v1::ListJobsResponse* response) {
+  for (v1::Job& job : manager_->ListJobs()) {
+    *response->add_jobs() = std::move(job);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::CancelJob(grpc::ServerContext*,
+                                           const v1::CancelJobRequest* request,
+                                           v1::Job* response) {
+  absl::StatusOr<v1::Job> job =
+      manager_->CancelJob(request->id(), "cancelled by user");
+  if (!job.ok()) return proto::ToGrpcStatus(job.status());
+  *response = *std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::WatchJob(
+    grpc::ServerContext* context, const v1::WatchJobRequest* request,
+    grpc::ServerWriter<v1::JobEvent>* writer) {
+  int64_t cursor = 0;
+  while (!context->IsCancelled()) {
+    bool done = false;
+    // Short waits, so a watcher that hangs up is noticed within 250 ms.
+    absl::StatusOr<std::vector<v1::JobEvent>> events = manager_->WaitEvents(
+        request->id(), &cursor,
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(250),
+        &done);
+    if (!events.ok()) return proto::ToGrpcStatus(events.status());
+    for (const v1::JobEvent& e : *events) {
+      if (!writer->Write(e)) return grpc::Status::OK;  // Watcher left.
+    }
+    if (done) return grpc::Status::OK;
+  }
+  return grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled");
+}
+
+grpc::Status CoordinatorService::ListWorkers(
+    grpc::ServerContext*, const v1::ListWorkersRequest*,
+    v1::ListWorkersResponse* response) {
+  for (v1::Worker& w : manager_->ListWorkers()) {
+    *response->add_workers() = std::move(w);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerSessionService::Session(grpc::ServerContext* context,
+                                           SessionStream* stream) {
+  v1::WorkerMessage first;
+  if (!stream->Read(&first)) {
+    return grpc::Status(grpc::StatusCode::CANCELLED,
+                        "session ended before registration");
+  }
+  if (first.kind_case() != v1::WorkerMessage::kRegister) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "the first message of a session must be register");
+  }
+  auto connection = std::make_shared<StreamConnection>(context, stream);
+  absl::StatusOr<v1::Registered> registered =
+      manager_->RegisterWorker(first.register_(), connection);
+  if (!registered.ok()) {
+    SPDLOG_WARN("refused worker '{}' at {}: {}", first.register_().name(),
+                context->peer(), registered.status().ToString());
+    connection->Stop();
+    return proto::ToGrpcStatus(registered.status());
+  }
+  const std::string id = registered->worker_id();
+  v1::WorkerMessage message;
+  std::string reason =
+      "its control connection closed (process exited or network failed)";
+  while (stream->Read(&message)) {
+    absl::Status s = manager_->HandleWorkerMessage(id, message);
+    if (!s.ok()) {
+      SPDLOG_WARN("{}: {}", id, s.ToString());
+      reason = std::string(s.message());
+      break;
+    }
+  }
+  manager_->WorkerDisconnected(id, reason);
+  connection->Stop();
+  return grpc::Status::OK;
+}
+
+}  // namespace conveyor::coordinator

@@ -1,0 +1,65 @@
+// The coordinator's gRPC services over a JobManager:
+//   CoordinatorService    conveyor.v1.Coordinator, what conveyorctl calls;
+//   WorkerSessionService  conveyor.v1.WorkerSession, one stream per worker.
+//
+// Both are thin: they translate between gRPC and the JobManager, whose
+// Status codes are gRPC's (INVALID_ARGUMENT for a bad job, NOT_FOUND,
+// RESOURCE_EXHAUSTED, FAILED_PRECONDITION for version skew).
+//
+// A worker session's writes go through a per-session queue drained by its
+// own thread, so the JobManager never blocks on a slow worker while holding
+// its lock. When the manager declares a worker lost, the session is
+// cancelled; when the stream breaks, the worker is declared lost.
+//
+// Thread-safe: gRPC calls the handlers from its thread pool.
+#ifndef CONVEYOR_COORDINATOR_SERVICE_H_
+#define CONVEYOR_COORDINATOR_SERVICE_H_
+
+#include "conveyor/v1/conveyor.grpc.pb.h"
+#include "coordinator/job_manager.h"
+
+namespace conveyor::coordinator {
+
+class CoordinatorService final : public v1::Coordinator::Service {
+ public:
+  explicit CoordinatorService(JobManager* manager) : manager_(manager) {}
+
+  grpc::Status SubmitJob(grpc::ServerContext* context,
+                         const v1::SubmitJobRequest* request,
+                         v1::SubmitJobResponse* response) override;
+  grpc::Status GetJob(grpc::ServerContext* context,
+                      const v1::GetJobRequest* request,
+                      v1::Job* response) override;
+  grpc::Status ListJobs(grpc::ServerContext* context,
+                        const v1::ListJobsRequest* request,
+                        v1::ListJobsResponse* response) override;
+  grpc::Status CancelJob(grpc::ServerContext* context,
+                         const v1::CancelJobRequest* request,
+                         v1::Job* response) override;
+  grpc::Status WatchJob(grpc::ServerContext* context,
+                        const v1::WatchJobRequest* request,
+                        grpc::ServerWriter<v1::JobEvent>* writer) override;
+  grpc::Status ListWorkers(grpc::ServerContext* context,
+                           const v1::ListWorkersRequest* request,
+                           v1::ListWorkersResponse* response) override;
+
+ private:
+  JobManager* manager_;
+};
+
+class WorkerSessionService final : public v1::WorkerSession::Service {
+ public:
+  explicit WorkerSessionService(JobManager* manager) : manager_(manager) {}
+
+  grpc::Status Session(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>*
+          stream) override;
+
+ private:
+  JobManager* manager_;
+};
+
+}  // namespace conveyor::coordinator
+
+#endif  // CONVEYOR_COORDINATOR_SERVICE_H_

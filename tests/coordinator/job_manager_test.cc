@@ -1,0 +1,383 @@
+#include "coordinator/job_manager.h"
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/protocol.h"
+
+namespace conveyor::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+// A worker session that records what the coordinator sends.
+class FakeConnection final : public WorkerConnection {
+ public:
+  bool Send(const v1::CoordinatorMessage& message) override {
+    if (closed) return false;
+    sent.push_back(message);
+    return true;
+  }
+  void Close(const absl::Status& status) override {
+    closed = true;
+    close_status = status;
+  }
+  // Messages of one kind, in order.
+  std::vector<v1::CoordinatorMessage> Of(
+      v1::CoordinatorMessage::KindCase kind) const {
+    std::vector<v1::CoordinatorMessage> out;
+    for (const auto& m : sent) {
+      if (m.kind_case() == kind) out.push_back(m);
+    }
+    return out;
+  }
+
+  std::vector<v1::CoordinatorMessage> sent;
+  bool closed = false;
+  absl::Status close_status;
+};
+
+constexpr char kVersion[] = "9.9.9";
+
+// An MLP job with `stages` stages (a boundary between dense layers).
+std::string JobYaml(int stages, const std::string& name = "mlp",
+                    int steps = 3) {
+  std::string layers;
+  for (int s = 0; s < stages; ++s) {
+    if (s > 0) layers += "    - boundary\n";
+    layers += "    - dense: {features: 4}\n";
+  }
+  return absl::StrCat("name: ", name,
+                      "\nmodel:\n  input_shape: [4]\n  init: {seed: 1}\n"
+                      "  layers:\n",
+                      layers,
+                      "  loss: mse\ndata: {source: synthetic-regression}\n"
+                      "training: {steps: ",
+                      steps,
+                      ", batch_size: 8, microbatches: 4}\n"
+                      "optimizer: {kind: sgd, lr: 0.1}\n"
+                      "pipeline: {schedule: 1f1b}\n");
+}
+
+class JobManagerTest : public ::testing::Test {
+ protected:
+  JobManagerTest()
+      : manager_({.heartbeat_timeout = std::chrono::seconds(3),
+                  .failure_grace = std::chrono::milliseconds(500),
+                  .version = kVersion,
+                  .clock = [this] { return now_; }}) {}
+
+  // Registers a worker; returns its id.
+  std::string AddWorker(const std::string& name) {
+    auto conn = std::make_shared<FakeConnection>();
+    v1::RegisterRequest r;
+    r.set_protocol_version(proto::kProtocolVersion);
+    r.set_version(kVersion);
+    r.set_name(name);
+    r.add_devices("cpu:1");
+    r.set_data_address("127.0.0.1:0");
+    absl::StatusOr<v1::Registered> reg = manager_.RegisterWorker(r, conn);
+    EXPECT_TRUE(reg.ok()) << reg.status();
+    connections_[reg->worker_id()] = conn;
+    return reg->worker_id();
+  }
+
+  absl::StatusOr<v1::Job> Submit(const std::string& yaml) {
+    v1::SubmitJobRequest req;
+    req.set_yaml(yaml);
+    req.set_file_name("job.yaml");
+    return manager_.SubmitJob(req);
+  }
+
+  void Send(const std::string& worker, const v1::WorkerMessage& m) {
+    absl::Status s = manager_.HandleWorkerMessage(worker, m);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  void Ready(const std::string& worker, const std::string& job, int port) {
+    v1::WorkerMessage m;
+    m.mutable_ready()->set_job_id(job);
+    m.mutable_ready()->set_data_endpoint(absl::StrCat("127.0.0.1:", port));
+    Send(worker, m);
+  }
+  void Step(const std::string& worker, const std::string& job, int64_t step,
+            bool has_loss) {
+    v1::WorkerMessage m;
+    v1::StepReport* s = m.mutable_step();
+    s->set_job_id(job);
+    s->set_step(step);
+    s->set_seconds(0.5);
+    s->set_wait_seconds(0.1);
+    s->set_has_loss(has_loss);
+    s->set_loss(has_loss ? 1.25 : 0);
+    Send(worker, m);
+  }
+  void Ended(const std::string& worker, const std::string& job,
+             v1::JobState state, const std::string& message = "") {
+    v1::WorkerMessage m;
+    m.mutable_ended()->set_job_id(job);
+    m.mutable_ended()->set_state(state);
+    m.mutable_ended()->set_message(message);
+    Send(worker, m);
+  }
+  v1::JobState State(const std::string& job) {
+    return manager_.GetJob(job)->state();
+  }
+  v1::WorkerState WorkerState(const std::string& id) {
+    for (const v1::Worker& w : manager_.ListWorkers()) {
+      if (w.id() == id) return w.state();
+    }
+    return v1::WORKER_STATE_UNSPECIFIED;
+  }
+  FakeConnection& Conn(const std::string& id) { return *connections_.at(id); }
+
+  // Runs a 2-stage job on w1, w2 up to RUNNING.
+  std::string StartTwoStageJob(const std::string& w1, const std::string& w2) {
+    absl::StatusOr<v1::Job> job = Submit(JobYaml(2));
+    EXPECT_TRUE(job.ok()) << job.status();
+    Ready(w1, job->id(), 5001);
+    Ready(w2, job->id(), 5002);
+    EXPECT_EQ(State(job->id()), v1::RUNNING);
+    return job->id();
+  }
+
+  Clock::time_point now_ = Clock::time_point() + std::chrono::hours(1);
+  JobManager manager_;
+  std::map<std::string, std::shared_ptr<FakeConnection>> connections_;
+};
+
+TEST_F(JobManagerTest, RegisterRefusesVersionSkewNamingBothVersions) {
+  v1::RegisterRequest r;
+  r.set_protocol_version(proto::kProtocolVersion);
+  r.set_version("0.0.1");
+  r.set_name("old");
+  r.add_devices("cpu:1");
+  absl::Status s =
+      manager_.RegisterWorker(r, std::make_shared<FakeConnection>()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("runs Conveyor 0.0.1"));
+  EXPECT_THAT(s.message(), HasSubstr("coordinator runs 9.9.9"));
+  r.set_version(kVersion);
+  r.set_protocol_version(proto::kProtocolVersion + 1);
+  EXPECT_EQ(manager_.RegisterWorker(r, std::make_shared<FakeConnection>())
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(manager_.ListWorkers().empty());
+}
+
+TEST_F(JobManagerTest, RegisterRepliesFirstWithTheHeartbeatInterval) {
+  const std::string w = AddWorker("a");
+  EXPECT_EQ(w, "worker-1");
+  ASSERT_EQ(Conn(w).sent.size(), 1u);
+  EXPECT_EQ(Conn(w).sent[0].registered().worker_id(), "worker-1");
+  EXPECT_EQ(Conn(w).sent[0].registered().heartbeat_interval_ms(), 750);
+}
+
+TEST_F(JobManagerTest, BadJobIsRejectedWithItsPositionAndNothingIsSent) {
+  const std::string w = AddWorker("a");
+  absl::Status s = Submit("model: {input_shape: [4], layer: []}\n").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("job.yaml:1:"));
+  EXPECT_EQ(Conn(w).sent.size(), 1u);  // Only the registration reply.
+  EXPECT_TRUE(manager_.ListJobs().empty());
+}
+
+TEST_F(JobManagerTest, JobNeedingMoreWorkersThanExistIsRejected) {
+  const std::string w = AddWorker("a");
+  absl::Status s = Submit(JobYaml(2)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.message(), HasSubstr("needs 2 workers"));
+  EXPECT_THAT(s.message(), HasSubstr("has 1 live worker"));
+  EXPECT_EQ(Conn(w).sent.size(), 1u);
+}
+
+TEST_F(JobManagerTest, RunsAJobThroughEveryStateWithOneEventPerStep) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  absl::StatusOr<v1::Job> job = Submit(JobYaml(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(State(job->id()), v1::PLANNING);
+  // Each worker gets its program: rank, its stage and names, its actions.
+  auto p1 = Conn(w1).Of(v1::CoordinatorMessage::kPrepare);
+  auto p2 = Conn(w2).Of(v1::CoordinatorMessage::kPrepare);
+  ASSERT_EQ(p1.size(), 1u);
+  ASSERT_EQ(p2.size(), 1u);
+  const v1::JobProgram& prog = p2[0].prepare().program();
+  EXPECT_EQ(prog.rank(), 1);
+  EXPECT_EQ(prog.num_ranks(), 2);
+  ASSERT_EQ(prog.stages_size(), 1);
+  EXPECT_EQ(prog.stages(0).stage(), 1);
+  EXPECT_EQ(prog.stages(0).parameter_names(0), "layers.1.weight");
+  EXPECT_EQ(prog.actions_size(), 8);  // F and B of 4 microbatches.
+  EXPECT_EQ(prog.steps(), 3);
+  EXPECT_EQ(prog.secret(), p1[0].prepare().program().secret());
+  EXPECT_FALSE(prog.secret().empty());
+  EXPECT_EQ(WorkerState(w1), v1::BUSY);
+
+  Ready(w1, job->id(), 5001);
+  EXPECT_TRUE(Conn(w1).Of(v1::CoordinatorMessage::kStart).empty());
+  Ready(w2, job->id(), 5002);
+  EXPECT_EQ(State(job->id()), v1::RUNNING);
+  auto start = Conn(w1).Of(v1::CoordinatorMessage::kStart);
+  ASSERT_EQ(start.size(), 1u);
+  EXPECT_THAT(start[0].start().peers(),
+              ::testing::ElementsAre("127.0.0.1:5001", "127.0.0.1:5002"));
+
+  int64_t cursor = 0;
+  bool done = false;
+  auto events = manager_.WaitEvents(job->id(), &cursor, Clock::now(), &done);
+  ASSERT_TRUE(events.ok());
+  EXPECT_EQ(events->size(), 3u);  // QUEUED, PLANNING, RUNNING.
+  EXPECT_FALSE(done);
+
+  Step(w1, job->id(), 1, false);
+  EXPECT_EQ(manager_.GetJob(job->id())->steps_done(), 0);
+  Step(w2, job->id(), 1, true);
+  EXPECT_EQ(manager_.GetJob(job->id())->steps_done(), 1);
+  events = manager_.WaitEvents(job->id(), &cursor, Clock::now(), &done);
+  ASSERT_EQ(events->size(), 1u);
+  const v1::StepSummary& s = (*events)[0].step();
+  EXPECT_EQ(s.step(), 1);
+  EXPECT_TRUE(s.has_loss());
+  EXPECT_DOUBLE_EQ(s.loss(), 1.25);
+  EXPECT_DOUBLE_EQ(s.samples_per_second(), 16.0);
+  EXPECT_DOUBLE_EQ(s.bubble_fraction(), 0.2);
+  EXPECT_EQ(s.ranks_size(), 2);
+
+  Ended(w1, job->id(), v1::SUCCEEDED);
+  EXPECT_EQ(State(job->id()), v1::RUNNING);
+  EXPECT_EQ(WorkerState(w1), v1::IDLE);
+  Ended(w2, job->id(), v1::SUCCEEDED);
+  EXPECT_EQ(State(job->id()), v1::SUCCEEDED);
+  events = manager_.WaitEvents(job->id(), &cursor, Clock::now(), &done);
+  EXPECT_TRUE(done);
+  EXPECT_EQ(events->back().job().state(), v1::SUCCEEDED);
+  // Success sends no cancel.
+  EXPECT_TRUE(Conn(w1).Of(v1::CoordinatorMessage::kCancel).empty());
+}
+
+TEST_F(JobManagerTest, JobsQueueFifoAndStartWhenWorkersFreeUp) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string first = StartTwoStageJob(w1, w2);
+  absl::StatusOr<v1::Job> second = Submit(JobYaml(2, "second"));
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(second->state(), v1::QUEUED);
+  EXPECT_EQ(second->queue_position(), 1);
+  absl::StatusOr<v1::Job> third = Submit(JobYaml(1, "third"));
+  // Strict FIFO: the 1-stage job waits behind the 2-stage one.
+  EXPECT_EQ(third->queue_position(), 2);
+  Ended(w1, first, v1::SUCCEEDED);
+  EXPECT_EQ(State(second->id()), v1::QUEUED);  // Needs both workers.
+  EXPECT_EQ(State(third->id()), v1::QUEUED);
+  Ended(w2, first, v1::SUCCEEDED);
+  EXPECT_EQ(State(second->id()), v1::PLANNING);
+  EXPECT_EQ(manager_.GetJob(third->id())->queue_position(), 1);
+}
+
+TEST_F(JobManagerTest, CancelStopsTheWorkersAndFreesThemWhenTheyEnd) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string job = StartTwoStageJob(w1, w2);
+  absl::StatusOr<v1::Job> next = Submit(JobYaml(2, "next"));
+  absl::StatusOr<v1::Job> c = manager_.CancelJob(job, "cancelled by user");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->state(), v1::CANCELLED);
+  EXPECT_EQ(c->message(), "cancelled by user");
+  ASSERT_EQ(Conn(w1).Of(v1::CoordinatorMessage::kCancel).size(), 1u);
+  ASSERT_EQ(Conn(w2).Of(v1::CoordinatorMessage::kCancel).size(), 1u);
+  // Until the workers confirm, they are busy and the next job waits.
+  EXPECT_EQ(State(next->id()), v1::QUEUED);
+  Ended(w1, job, v1::CANCELLED, "cancelled by user");
+  // A worker that reports idle by heartbeat is freed too.
+  v1::WorkerMessage hb;
+  hb.mutable_heartbeat();
+  Send(w2, hb);
+  EXPECT_EQ(State(job), v1::CANCELLED);
+  EXPECT_EQ(State(next->id()), v1::PLANNING);
+  // Cancelling again is harmless; an unknown job is NOT_FOUND.
+  EXPECT_EQ(manager_.CancelJob(job, "x")->state(), v1::CANCELLED);
+  EXPECT_EQ(manager_.CancelJob("job-99", "x").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobManagerTest, SilentWorkerIsLostAndItsJobFailsNamingIt) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string job = StartTwoStageJob(w1, w2);
+  now_ += std::chrono::seconds(2);
+  v1::WorkerMessage hb;
+  hb.mutable_heartbeat()->set_job_id(job);
+  Send(w1, hb);
+  manager_.Tick();
+  EXPECT_EQ(State(job), v1::RUNNING);
+  now_ += std::chrono::seconds(2);  // w2 silent for 4 s > 3 s.
+  manager_.Tick();
+  absl::StatusOr<v1::Job> j = manager_.GetJob(job);
+  EXPECT_EQ(j->state(), v1::FAILED);
+  EXPECT_THAT(j->message(), HasSubstr("worker-2 (b, rank 1, stages 1) lost"));
+  EXPECT_THAT(j->message(), HasSubstr("no heartbeat for 4.0 s"));
+  EXPECT_EQ(WorkerState(w2), v1::LOST);
+  EXPECT_TRUE(Conn(w2).closed);
+  EXPECT_EQ(Conn(w1).Of(v1::CoordinatorMessage::kCancel).size(), 1u);
+  // A lost worker's later messages are refused: it must register again.
+  EXPECT_EQ(manager_.HandleWorkerMessage(w2, hb).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(JobManagerTest, ANeighboursFailureReportDefersToTheLostWorker) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string job = StartTwoStageJob(w1, w2);
+  // w1's data plane sees its peer vanish before the coordinator does.
+  Ended(w1, job, v1::FAILED, "peer rank 1 closed the connection");
+  EXPECT_EQ(State(job), v1::RUNNING);  // Within the grace.
+  manager_.WorkerDisconnected(w2, "its control connection closed");
+  absl::StatusOr<v1::Job> j = manager_.GetJob(job);
+  EXPECT_EQ(j->state(), v1::FAILED);
+  EXPECT_THAT(j->message(), HasSubstr("worker-2 (b, rank 1, stages 1) lost"));
+}
+
+TEST_F(JobManagerTest, AWorkerFailureFailsTheJobAfterTheGrace) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string job = StartTwoStageJob(w1, w2);
+  Ended(w2, job, v1::FAILED, "rank 1 (stages 1): out of memory");
+  EXPECT_EQ(Conn(w1).Of(v1::CoordinatorMessage::kCancel).size(), 1u);
+  now_ += std::chrono::milliseconds(600);
+  manager_.Tick();
+  absl::StatusOr<v1::Job> j = manager_.GetJob(job);
+  EXPECT_EQ(j->state(), v1::FAILED);
+  EXPECT_THAT(j->message(), HasSubstr("worker-2 (b"));
+  EXPECT_THAT(j->message(), HasSubstr("out of memory"));
+  EXPECT_EQ(WorkerState(w2), v1::IDLE);
+}
+
+TEST_F(JobManagerTest, WorkersThatNeverGetReadyFailThePlanning) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  absl::StatusOr<v1::Job> job = Submit(JobYaml(2));
+  Ready(w1, job->id(), 5001);
+  now_ += std::chrono::seconds(121);
+  // Keep both alive so only the prepare timeout applies.
+  v1::WorkerMessage hb;
+  hb.mutable_heartbeat()->set_job_id(job->id());
+  Send(w1, hb);
+  Send(w2, hb);
+  manager_.Tick();
+  absl::StatusOr<v1::Job> j = manager_.GetJob(job->id());
+  EXPECT_EQ(j->state(), v1::FAILED);
+  EXPECT_THAT(j->message(), HasSubstr("worker-2 did not report ready"));
+}
+
+TEST_F(JobManagerTest, UnknownJobsAreNotFound) {
+  EXPECT_EQ(manager_.GetJob("job-1").status().code(),
+            absl::StatusCode::kNotFound);
+  int64_t cursor = 0;
+  bool done = false;
+  EXPECT_EQ(
+      manager_.WaitEvents("nope", &cursor, Clock::now(), &done).status().code(),
+      absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace conveyor::coordinator
