@@ -42,8 +42,17 @@ class StreamConnection final : public WorkerConnection {
       closed_ = true;
       SPDLOG_DEBUG("closing a worker session: {}", status.ToString());
       cv_.notify_one();
+      // The handler has stopped reading and returns on its own: cancelling
+      // would turn the worker's clean goodbye into CANCELLED.
+      if (read_done_) return;
     }
     context_->TryCancel();
+  }
+
+  // The handler's Read returned false: the session is ending.
+  void MarkReadDone() {
+    std::lock_guard<std::mutex> lock(mu_);
+    read_done_ = true;
   }
 
   // Called by the handler before it returns: after this the stream and
@@ -85,6 +94,7 @@ class StreamConnection final : public WorkerConnection {
   std::condition_variable cv_;
   std::deque<v1::CoordinatorMessage> queue_;
   bool closed_ = false;
+  bool read_done_ = false;
   std::thread writer_;
 };
 
@@ -178,8 +188,7 @@ grpc::Status WorkerSessionService::Session(grpc::ServerContext* context,
   }
   const std::string id = registered->worker_id();
   v1::WorkerMessage message;
-  std::string reason =
-      "its control connection closed (process exited or network failed)";
+  std::string reason;
   while (stream->Read(&message)) {
     absl::Status s = manager_->HandleWorkerMessage(id, message);
     if (!s.ok()) {
@@ -187,6 +196,13 @@ grpc::Status WorkerSessionService::Session(grpc::ServerContext* context,
       reason = std::string(s.message());
       break;
     }
+  }
+  if (reason.empty()) {
+    connection->MarkReadDone();
+    reason = context->IsCancelled()
+                 ? "its control connection closed (process exited or "
+                   "network failed)"
+                 : "it ended its session (shut down)";
   }
   manager_->WorkerDisconnected(id, reason);
   connection->Stop();

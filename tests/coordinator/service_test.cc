@@ -1,0 +1,134 @@
+// The coordinator's gRPC services over a real loopback server: status codes
+// reach clients unchanged, a session registers and receives its reply first,
+// version skew ends the stream with FAILED_PRECONDITION, and a worker whose
+// stream ends is LOST.
+#include "coordinator/service.h"
+
+#include <chrono>
+#include <memory>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/build_info.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/protocol.h"
+
+namespace conveyor::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  ServiceTest()
+      : manager_({.heartbeat_timeout = std::chrono::seconds(5),
+                  .version = kVersion}),
+        coordinator_(&manager_),
+        sessions_(&manager_) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port_);
+    builder.RegisterService(&coordinator_);
+    builder.RegisterService(&sessions_);
+    server_ = builder.BuildAndStart();
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port_),
+                                   grpc::InsecureChannelCredentials());
+  }
+  ~ServiceTest() override {
+    manager_.Shutdown();
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::seconds(1));
+  }
+
+  v1::WorkerMessage Register(const std::string& version) {
+    v1::WorkerMessage m;
+    v1::RegisterRequest* r = m.mutable_register_();
+    r->set_protocol_version(proto::kProtocolVersion);
+    r->set_version(version);
+    r->set_name("w");
+    r->add_devices("cpu:1");
+    return m;
+  }
+
+  int LostWorkers() {
+    int lost = 0;
+    for (const v1::Worker& w : manager_.ListWorkers()) {
+      lost += w.state() == v1::LOST;
+    }
+    return lost;
+  }
+
+  JobManager manager_;
+  CoordinatorService coordinator_;
+  WorkerSessionService sessions_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
+TEST_F(ServiceTest, SessionRegistersAndItsEndMarksTheWorkerLost) {
+  auto stub = v1::WorkerSession::NewStub(channel_);
+  grpc::ClientContext context;
+  auto stream = stub->Session(&context);
+  ASSERT_TRUE(stream->Write(Register(kVersion)));
+  v1::CoordinatorMessage reply;
+  ASSERT_TRUE(stream->Read(&reply));
+  EXPECT_EQ(reply.registered().worker_id(), "worker-1");
+  ASSERT_EQ(manager_.ListWorkers().size(), 1u);
+  EXPECT_EQ(manager_.ListWorkers()[0].state(), v1::IDLE);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  for (int i = 0; i < 100 && LostWorkers() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(LostWorkers(), 1);
+}
+
+TEST_F(ServiceTest, VersionSkewEndsTheSessionWithFailedPrecondition) {
+  auto stub = v1::WorkerSession::NewStub(channel_);
+  grpc::ClientContext context;
+  auto stream = stub->Session(&context);
+  ASSERT_TRUE(stream->Write(Register("0.0.0-old")));
+  v1::CoordinatorMessage reply;
+  EXPECT_FALSE(stream->Read(&reply));
+  grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("0.0.0-old"));
+  EXPECT_TRUE(manager_.ListWorkers().empty());
+}
+
+TEST_F(ServiceTest, StatusCodesReachTheClientUnchanged) {
+  auto stub = v1::Coordinator::NewStub(channel_);
+  {
+    grpc::ClientContext context;
+    v1::SubmitJobRequest request;
+    request.set_yaml("model: [");
+    request.set_file_name("bad.yaml");
+    v1::SubmitJobResponse response;
+    grpc::Status s = stub->SubmitJob(&context, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("bad.yaml:1:"));
+  }
+  {
+    grpc::ClientContext context;
+    v1::GetJobRequest request;
+    request.set_id("job-42");
+    v1::Job job;
+    EXPECT_EQ(stub->GetJob(&context, request, &job).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    grpc::ClientContext context;
+    v1::WatchJobRequest request;
+    request.set_id("job-42");
+    auto reader = stub->WatchJob(&context, request);
+    v1::JobEvent event;
+    EXPECT_FALSE(reader->Read(&event));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+}
+
+}  // namespace
+}  // namespace conveyor::coordinator
