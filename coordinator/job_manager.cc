@@ -501,7 +501,8 @@ void JobManager::OnStep(WorkerRecord& w, const v1::StepReport& report) {
 void JobManager::OnEnded(WorkerRecord& w, const v1::JobEnded& ended) {
   if (w.info.job_id() != ended.job_id()) return;  // Stale.
   JobRecord* job = FindJob(ended.job_id());
-  const std::string who = DescribeWorker(w);
+  // The worker's message already names its rank and stages.
+  const std::string who = absl::StrCat(w.info.id(), " (", w.info.name(), ")");
   ReleaseWorker(w);
   if (job == nullptr) return;
   const auto& ids = job->info.worker_ids();

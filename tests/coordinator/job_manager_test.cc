@@ -348,7 +348,8 @@ TEST_F(JobManagerTest, AWorkerFailureFailsTheJobAfterTheGrace) {
   manager_.Tick();
   absl::StatusOr<v1::Job> j = manager_.GetJob(job);
   EXPECT_EQ(j->state(), v1::FAILED);
-  EXPECT_THAT(j->message(), HasSubstr("worker-2 (b"));
+  EXPECT_THAT(j->message(),
+              HasSubstr("worker-2 (b): rank 1 (stages 1): out of memory"));
   EXPECT_THAT(j->message(), HasSubstr("out of memory"));
   EXPECT_EQ(WorkerState(w2), v1::IDLE);
 }

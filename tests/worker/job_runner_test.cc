@@ -1,0 +1,407 @@
+// Two JobRunners, one thread each, over real TcpChannels on loopback, given
+// the programs the coordinator's planner makes: the job they train must be
+// the in-process reference job (final parameters and losses), the stage
+// files must land where conveyorctl export looks for them, a cancel must
+// stop both ranks at once, and a program the build disagrees with must be
+// refused.
+#include "worker/job_runner.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <ostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/planner.h"
+#include "engine/cpu/cpu_backend.h"
+#include "engine/safetensors.h"
+#include "engine/trainer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/protocol.h"
+#include "tests/engine/test_util.h"
+
+namespace conveyor::worker {
+namespace {
+
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+struct JobOptions {
+  std::string schedule = "1f1b";
+  int stages = 2;
+  int virtual_stages = 1;
+  bool clip = false;
+  int steps = 3;
+};
+
+// An MLP with `stages` stages (one dense + gelu each, then a head).
+std::string JobYaml(const JobOptions& o) {
+  std::string layers;
+  for (int s = 0; s < o.stages; ++s) {
+    if (s > 0) layers += "    - boundary\n";
+    layers += "    - dense: {features: 12}\n    - gelu\n";
+  }
+  layers += "    - dense: {features: 4}\n";
+  return absl::StrCat(
+      "name: pipe\n"
+      "model:\n  input_shape: [6]\n  init: {seed: 4}\n  layers:\n",
+      layers,
+      "  loss: mse\n"
+      "data: {source: synthetic-regression, seed: 9}\n"
+      "training: {steps: ",
+      o.steps,
+      ", batch_size: 16, microbatches: 4}\n"
+      "optimizer: {kind: adamw, lr: 0.01",
+      // Small: clipping happens on every step.
+      o.clip ? ", clip_grad_norm: 0.05" : "",
+      "}\n"
+      "pipeline: {schedule: ",
+      o.schedule, ", virtual_stages: ", o.virtual_stages, "}\n");
+}
+
+// The coordinator's programs for `yaml`, one per rank.
+std::vector<v1::JobProgram> Programs(const std::string& yaml,
+                                     const std::string& checkpoint_dir = "") {
+  auto job = engine::ParseJobSpec(yaml, "job.yaml");
+  EXPECT_TRUE(job.ok()) << job.status();
+  auto plan = coordinator::PlanJob(*job);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  std::vector<v1::JobProgram> programs;
+  for (int r = 0; r < plan->num_ranks; ++r) {
+    v1::JobProgram p;
+    p.set_job_id("job-7");
+    p.set_job_number(7);
+    p.set_secret("test-secret");
+    p.set_yaml(yaml);
+    p.set_file_name("job.yaml");
+    p.set_rank(r);
+    p.set_num_ranks(plan->num_ranks);
+    p.set_num_stages(plan->num_stages);
+    for (const coordinator::StagePlan* sp :
+         coordinator::StagesOfRank(*plan, r)) {
+      v1::StageProgram* s = p.add_stages();
+      s->set_stage(sp->stage);
+      s->set_first_layer(sp->first_layer);
+      s->set_num_layers(sp->num_layers);
+      for (const std::string& name : sp->parameter_names) {
+        s->add_parameter_names(name);
+      }
+    }
+    for (const scheduler::Action& a : plan->schedule.actions[r]) {
+      proto::ToProto(a, p.add_actions());
+    }
+    p.set_steps(job->training.steps);
+    p.set_recv_timeout_ms(10000);
+    p.set_checkpoint_dir(checkpoint_dir);
+    programs.push_back(std::move(p));
+  }
+  return programs;
+}
+
+struct Result {
+  std::vector<absl::Status> statuses;  // By rank.
+  std::map<std::string, std::vector<float>> params;
+  std::vector<double> losses;
+  std::vector<double> learning_rates;  // Rank 0's.
+};
+
+// Creates every rank's runner, then starts and runs each on its own thread.
+// `during_run(runners)` is called once rank 0 has finished its first step.
+Result RunJob(
+    const std::vector<v1::JobProgram>& programs,
+    const std::function<void(std::vector<JobRunner*>&)>& during_run = nullptr) {
+  std::vector<std::unique_ptr<JobRunner>> owned;
+  std::vector<JobRunner*> runners;
+  std::vector<std::string> peers;
+  Result out;
+  for (const v1::JobProgram& p : programs) {
+    auto runner = JobRunner::Create(p, {});
+    if (!runner.ok()) {
+      ADD_FAILURE() << runner.status();
+      return out;
+    }
+    peers.push_back((*runner)->data_endpoint());
+    runners.push_back(runner->get());
+    owned.push_back(*std::move(runner));
+  }
+  out.statuses.resize(runners.size());
+  std::mutex mu;
+  std::atomic<bool> first_step{false};
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < runners.size(); ++r) {
+    threads.emplace_back([&, r] {
+      absl::Status s = runners[r]->Start(peers);
+      if (s.ok()) {
+        s = runners[r]->Run([&](const StepProgress& p) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (p.has_loss) out.losses.push_back(p.loss);
+          if (r == 0) {
+            out.learning_rates.push_back(p.learning_rate);
+            first_step = true;
+          }
+        });
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      out.statuses[r] = s;
+      for (engine::Parameter* param : runners[r]->parameters()) {
+        out.params[param->name] = engine::testing_util::ToVector(param->value);
+      }
+    });
+  }
+  if (during_run) {
+    while (!first_step.load()) std::this_thread::yield();
+    during_run(runners);
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+Result Reference(const std::string& yaml) {
+  auto job = engine::ParseJobSpec(yaml, "job.yaml");
+  EXPECT_TRUE(job.ok()) << job.status();
+  auto trainer =
+      *engine::InProcessTrainer::Create(engine::CpuBackend::Get(), *job);
+  Result out;
+  EXPECT_TRUE(trainer
+                  ->Run([&](const engine::StepReport& r) {
+                    out.losses.push_back(r.loss);
+                    out.learning_rates.push_back(r.learning_rate);
+                  })
+                  .ok());
+  for (engine::Parameter* p : trainer->parameters()) {
+    out.params[p->name] = engine::testing_util::ToVector(p->value);
+  }
+  return out;
+}
+
+std::string TempDir(absl::string_view name) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) /
+      absl::StrCat("job_runner_test_", getpid(), "_", name);
+  std::filesystem::remove_all(dir);
+  return dir.string();
+}
+
+struct Case {
+  JobOptions job;
+  const char* what;
+  const char* name;  // The test's name suffix.
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.what; }
+
+class JobRunnerEqualsReferenceTest : public ::testing::TestWithParam<Case> {};
+
+// Without clipping every rank runs the reference's kernels in the same
+// order: bitwise equal. With clipping the global norm is summed across ranks
+// in another order than the reference's: allclose.
+TEST_P(JobRunnerEqualsReferenceTest, FinalParametersLossesAndRates) {
+  const Case& c = GetParam();
+  const std::string yaml = JobYaml(c.job);
+  const Result got = RunJob(Programs(yaml));
+  const Result want = Reference(yaml);
+  ASSERT_EQ(got.statuses.size(), 2u);
+  for (const absl::Status& s : got.statuses) ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(got.params.size(), want.params.size());
+  for (const auto& [name, values] : want.params) {
+    ASSERT_TRUE(got.params.count(name)) << name;
+    if (c.job.clip) {
+      EXPECT_TRUE(engine::testing_util::AllClose(got.params.at(name), values,
+                                                 1e-5, 1e-6))
+          << c.what << ": " << name;
+    } else {
+      EXPECT_EQ(got.params.at(name), values) << c.what << ": " << name;
+    }
+  }
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t i = 0; i < want.losses.size(); ++i) {
+    EXPECT_NEAR(got.losses[i], want.losses[i], 1e-6 * std::abs(want.losses[i]))
+        << c.what << " step " << i;
+  }
+  EXPECT_EQ(got.learning_rates, want.learning_rates);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Jobs, JobRunnerEqualsReferenceTest,
+    ::testing::Values(
+        Case{{.schedule = "1f1b", .stages = 2}, "1f1b P=2", "OneFOneB"},
+        Case{{.schedule = "1f1b", .stages = 2, .clip = true},
+             "1f1b P=2 clipped",
+             "OneFOneBClipped"},
+        Case{{.schedule = "interleaved-1f1b", .stages = 4, .virtual_stages = 2},
+             "interleaved P=2 V=2",
+             "InterleavedV2"},
+        Case{{.schedule = "interleaved-1f1b",
+              .stages = 4,
+              .virtual_stages = 2,
+              .clip = true},
+             "interleaved P=2 V=2 clipped",
+             "InterleavedV2Clipped"}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      return std::string(info.param.name);
+    });
+
+TEST(JobRunnerTest, WritesOneFilePerStageWithMetadata) {
+  const std::string dir = TempDir("checkpoint");
+  const std::string yaml = JobYaml(
+      {.schedule = "interleaved-1f1b", .stages = 4, .virtual_stages = 2});
+  const Result got = RunJob(Programs(yaml, dir));
+  for (const absl::Status& s : got.statuses) ASSERT_TRUE(s.ok()) << s;
+  for (int stage = 0; stage < 4; ++stage) {
+    const std::string path = StageFilePath(dir, 3, stage);
+    EXPECT_EQ(path, absl::StrCat(dir, "/step-3/stage-", stage, ".safetensors"));
+    auto file = engine::SafetensorsReader::Open(path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    const std::map<std::string, std::string> want = {
+        {"job", "pipe"},
+        {"stage", absl::StrCat(stage)},
+        {"num_stages", "4"},
+        {"step", "3"},
+        {"format", "conveyor-stage-v1"}};
+    EXPECT_EQ(file->metadata(), want) << path;
+    // Stage s holds layers 2s (dense) and 2s+1 (gelu); the head is on the
+    // last stage: the files hold those parameters, with their final values.
+    std::vector<std::string> names;
+    for (const auto& t : file->tensors()) names.push_back(t.name);
+    std::vector<std::string> expected = {
+        absl::StrCat("layers.", 2 * stage, ".bias"),
+        absl::StrCat("layers.", 2 * stage, ".weight")};
+    if (stage == 3) {
+      expected.push_back("layers.8.bias");
+      expected.push_back("layers.8.weight");
+    }
+    EXPECT_THAT(names, ::testing::UnorderedElementsAreArray(expected));
+    for (const std::string& name : expected) {
+      auto values = file->ReadF32(name);
+      ASSERT_TRUE(values.ok()) << values.status();
+      EXPECT_EQ(*values, got.params.at(name)) << name;
+    }
+  }
+  // Nothing else: no temporary files left behind, no other step.
+  int entries = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    (void)e;
+    ++entries;
+  }
+  EXPECT_EQ(entries, 5);  // step-3 and its 4 files.
+  std::filesystem::remove_all(dir);
+}
+
+TEST(JobRunnerTest, CancelStopsBothRanksPromptly) {
+  JobOptions o;
+  o.steps = 100000;  // Far more than the test waits for.
+  const std::vector<v1::JobProgram> programs = Programs(JobYaml(o));
+  Clock::time_point cancelled_at;
+  Clock::time_point ended_at;
+  const Result got = RunJob(programs, [&](std::vector<JobRunner*>& runners) {
+    cancelled_at = Clock::now();
+    runners[1]->Cancel(absl::CancelledError("user asked"));
+  });
+  ended_at = Clock::now();
+  EXPECT_LT(ended_at - cancelled_at, std::chrono::seconds(2));
+  ASSERT_EQ(got.statuses.size(), 2u);
+  // The cancelled rank reports the cancel itself; its peer learns it over
+  // the data plane, with the same code and reason.
+  EXPECT_EQ(got.statuses[1], absl::CancelledError("user asked"));
+  EXPECT_EQ(got.statuses[0].code(), absl::StatusCode::kCancelled)
+      << got.statuses[0];
+  EXPECT_THAT(got.statuses[0].message(), HasSubstr("user asked"));
+  EXPECT_LT(got.losses.size(), 100000u);
+}
+
+TEST(JobRunnerTest, CancelBeforeStartFailsStart) {
+  const std::vector<v1::JobProgram> programs = Programs(JobYaml({}));
+  auto runner = JobRunner::Create(programs[0], {});
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  (*runner)->Cancel(absl::CancelledError("never mind"));
+  // Rank 1 does not exist: without the cancel this would dial for 10 s.
+  const Clock::time_point start = Clock::now();
+  EXPECT_EQ((*runner)->Start({(*runner)->data_endpoint(), "127.0.0.1:1"}),
+            absl::CancelledError("never mind"));
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(1));
+}
+
+// A rank whose step fails aborts the job with its reason, so its peer stops
+// with that reason at once instead of waiting out its receive timeout.
+TEST(JobRunnerTest, AFailingRankStopsItsPeerWithItsReason) {
+  std::vector<v1::JobProgram> programs = Programs(JobYaml({}));
+  // Rank 1 (the last stage) loses its final backward: its step ends with a
+  // microbatch still in flight, and rank 0 never gets that gradient.
+  programs[1].mutable_actions()->RemoveLast();
+  programs[0].set_recv_timeout_ms(60000);
+  const Clock::time_point start = Clock::now();
+  const Result got = RunJob(programs);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+  ASSERT_EQ(got.statuses.size(), 2u);
+  EXPECT_EQ(got.statuses[1].code(), absl::StatusCode::kInternal)
+      << got.statuses[1];
+  EXPECT_THAT(got.statuses[1].message(), HasSubstr("still holds"));
+  EXPECT_FALSE(got.statuses[0].ok());
+  EXPECT_THAT(got.statuses[0].message(), HasSubstr("still holds"));
+}
+
+TEST(JobRunnerTest, RefusesProgramWhoseParameterNamesDisagree) {
+  std::vector<v1::JobProgram> programs = Programs(JobYaml({}));
+  programs[1].mutable_stages(0)->set_parameter_names(0, "layers.2.kernel");
+  auto runner = JobRunner::Create(programs[1], {});
+  EXPECT_EQ(runner.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(runner.status().message(),
+              HasSubstr("program/build mismatch: stage 1"));
+  EXPECT_THAT(runner.status().message(), HasSubstr("layers.2.kernel"));
+}
+
+TEST(JobRunnerTest, RefusesProgramWhoseLayersOrStagesDisagree) {
+  std::vector<v1::JobProgram> programs = Programs(JobYaml({}));
+  v1::JobProgram layers = programs[1];
+  layers.mutable_stages(0)->set_num_layers(2);
+  EXPECT_THAT(JobRunner::Create(layers, {}).status().message(),
+              HasSubstr("program/build mismatch: stage 1: the program has "
+                        "layers [2, 4), this build has [2, 5)"));
+  EXPECT_EQ(JobRunner::Create(layers, {}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  v1::JobProgram stages = programs[1];
+  stages.mutable_stages(0)->set_stage(0);
+  EXPECT_EQ(JobRunner::Create(stages, {}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  v1::JobProgram count = programs[0];
+  count.set_num_stages(4);
+  count.set_num_ranks(4);
+  EXPECT_EQ(JobRunner::Create(count, {}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(JobRunnerTest, RejectsInconsistentPrograms) {
+  v1::JobProgram p = Programs(JobYaml({}))[0];
+  p.set_rank(2);
+  EXPECT_EQ(JobRunner::Create(p, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  p = Programs(JobYaml({}))[0];
+  p.set_yaml("model: [");
+  EXPECT_EQ(JobRunner::Create(p, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  p = Programs(JobYaml({}))[0];
+  p.set_secret("");
+  EXPECT_EQ(JobRunner::Create(p, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(JobRunnerTest, DescribesRankAndStages) {
+  const std::vector<v1::JobProgram> programs = Programs(JobYaml(
+      {.schedule = "interleaved-1f1b", .stages = 4, .virtual_stages = 2}));
+  EXPECT_EQ(DescribeRank(programs[0]), "rank 0 (stages 0, 2)");
+  EXPECT_EQ(DescribeRank(programs[1]), "rank 1 (stages 1, 3)");
+}
+
+}  // namespace
+}  // namespace conveyor::worker

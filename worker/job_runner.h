@@ -1,0 +1,172 @@
+// JobRunner: one worker's part of one job, from the coordinator's program to
+// the final checkpoint, with no knowledge of the control-plane stream.
+//
+// Life of a job on a worker:
+//   Create(program)  parses the job's YAML with the coordinator's parser,
+//                    builds exactly this rank's stages and refuses a program
+//                    its build disagrees with (FailedPrecondition
+//                    "program/build mismatch ..."), initializes parameters,
+//                    opens the data source and optimizer, and binds the data
+//                    plane (TcpChannel) so data_endpoint() can be reported.
+//   Start(peers)     connects to every other rank of the job.
+//   Run(on_step)     runs program.steps steps, calls on_step after each, and
+//                    writes this rank's stages to the checkpoint directory.
+//   Cancel(status)   from any thread: aborts the data plane at once (which
+//                    wakes a blocked Recv or Connect and tells the peers why)
+//                    and makes Run/Start return `status`.
+// Any failure of Start or Run aborts the channel with the failure, so the
+// other ranks stop with the original reason instead of a timeout.
+//
+// Thread-safety: Start and Run are called from one thread (the job thread);
+// Cancel, data_endpoint and the accessors from any thread. The session
+// reports through the on_step callback, so this class needs no coordinator
+// and is tested with real channels on loopback.
+#ifndef CONVEYOR_WORKER_JOB_RUNNER_H_
+#define CONVEYOR_WORKER_JOB_RUNNER_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "conveyor/v1/conveyor.pb.h"
+#include "engine/backend.h"
+#include "engine/data.h"
+#include "engine/job_spec.h"
+#include "engine/optimizer.h"
+#include "engine/stage.h"
+#include "scheduler/action.h"
+#include "transport/tcp/tcp_channel.h"
+#include "worker/stage_executor.h"
+
+namespace conveyor::worker {
+
+// The `format` metadata of every stage file a worker writes; conveyorctl
+// export checks it.
+inline constexpr absl::string_view kStageFileFormat = "conveyor-stage-v1";
+
+// Used when a program's recv_timeout_ms is 0.
+inline constexpr std::chrono::milliseconds kDefaultRecvTimeout{30000};
+
+struct JobRunnerOptions {
+  // Where the job's data plane listens: "host:port", port 0 for a free one.
+  // The host is what peers are told (data_endpoint()), except a wildcard
+  // (0.0.0.0, ::), which is replaced by this machine's host name.
+  std::string listen_address = "127.0.0.1:0";
+  // How long Start keeps dialing peers that are not listening yet.
+  std::chrono::milliseconds connect_timeout{10000};
+};
+
+// What one finished step reports; the session turns it into a StepReport.
+struct StepProgress {
+  int64_t step = 0;  // 1-based.
+  double seconds = 0;
+  double wait_seconds = 0;
+  bool has_loss = false;  // This rank holds the last stage.
+  double loss = 0;
+  double learning_rate = 0;  // The rate the optimizer used for the step.
+  uint64_t peak_activation_bytes = 0;
+};
+
+// "<dir>/step-<step>/stage-<stage>.safetensors": the layout conveyorctl
+// export reads.
+std::string StageFilePath(absl::string_view checkpoint_dir, int64_t step,
+                          int stage);
+
+// "rank 1 (stages 1, 3)" for `program`, to prefix failure messages with.
+std::string DescribeRank(const v1::JobProgram& program);
+
+class JobRunner {
+ public:
+  // Builds this rank's part of `program` (see the file comment).
+  //   InvalidArgument: the YAML does not parse, or the program is
+  //     inconsistent (rank, stage counts, actions, secret);
+  //   FailedPrecondition: "program/build mismatch ...": this build arrives
+  //     at other stages, layers or parameter names than the coordinator's;
+  //   NotFound/PermissionDenied/...: init.from or data files, or the
+  //     checkpoint directory cannot be created;
+  //   Unavailable: the data address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<JobRunner>> Create(
+      const v1::JobProgram& program, const JobRunnerOptions& options);
+
+  // Closes the channel (flushing queued sends to peers, bounded).
+  ~JobRunner();
+
+  JobRunner(const JobRunner&) = delete;
+  JobRunner& operator=(const JobRunner&) = delete;
+
+  const std::string& job_id() const { return program_.job_id(); }
+  int rank() const { return program_.rank(); }
+  // "host:port" the job's channel listens on, for JobReady.
+  const std::string& data_endpoint() const { return data_endpoint_; }
+  // Steps completed so far.
+  int64_t steps_done() const { return steps_done_.load(); }
+
+  // Connects to the other ranks; peers[r] is rank r's data endpoint. Returns
+  // the cancel status if Cancel came first, else the channel's Connect
+  // errors (InvalidArgument, PermissionDenied, FailedPrecondition,
+  // DeadlineExceeded); the channel is aborted on failure.
+  absl::Status Start(const std::vector<std::string>& peers);
+
+  // Runs the remaining steps, calling on_step (on this thread) after each,
+  // then writes the checkpoint if the program has a directory. Returns the
+  // cancel status after Cancel, or the first step or write error (the
+  // channel is then aborted with it). Call after a successful Start.
+  absl::Status Run(const std::function<void(const StepProgress&)>& on_step);
+
+  // Stops the job with `status` (not OK): aborts the channel, so a blocked
+  // Recv or Connect returns now, and Run stops before its next step. The
+  // first call wins; later ones are ignored.
+  void Cancel(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The parameters of this rank's stages, in stage then build order.
+  std::vector<engine::Parameter*> parameters() const;
+
+ private:
+  JobRunner(v1::JobProgram program, engine::JobSpec job,
+            engine::Backend* backend)
+      : program_(std::move(program)), job_(std::move(job)), backend_(backend) {}
+
+  absl::Status Build(const JobRunnerOptions& options);
+  absl::Status RunSteps(
+      const std::function<void(const StepProgress&)>& on_step);
+  // Sums `value` over all ranks through the channel (see job_runner.cc).
+  absl::StatusOr<double> AllReduceSum(int64_t step, double value);
+  absl::Status WriteCheckpoint();
+  // The cancel status if Cancel was called, else `status`; aborts the
+  // channel with the result when it is an error.
+  absl::Status Fail(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CancelStatus() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  const v1::JobProgram program_;
+  engine::JobSpec job_;
+  engine::Backend* const backend_;
+  std::chrono::milliseconds recv_timeout_{kDefaultRecvTimeout};
+
+  std::vector<std::unique_ptr<engine::Stage>> stages_;  // Ascending index.
+  std::unique_ptr<engine::DataSource> data_;
+  std::unique_ptr<engine::Optimizer> optimizer_;
+  std::vector<scheduler::Action> actions_;
+  // Declared before the executor, which points at it, and destroyed after.
+  std::unique_ptr<transport::TcpChannel> channel_;
+  std::unique_ptr<StageExecutor> executor_;
+  std::string data_endpoint_;
+
+  std::atomic<int64_t> steps_done_{0};
+  std::atomic<bool> cancelled_{false};
+  mutable absl::Mutex mu_;
+  absl::Status cancel_status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace conveyor::worker
+
+#endif  // CONVEYOR_WORKER_JOB_RUNNER_H_

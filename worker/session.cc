@@ -1,0 +1,509 @@
+#include "worker/session.h"
+
+#include <algorithm>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/build_info.h"
+#include "common/status_macros.h"
+#include "conveyor/v1/conveyor.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/protocol.h"
+#include "spdlog/spdlog.h"
+#include "worker/job_runner.h"
+
+namespace conveyor::worker {
+namespace {
+
+using Stream =
+    grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>;
+
+constexpr std::chrono::milliseconds kDefaultHeartbeatInterval{1000};
+constexpr std::chrono::milliseconds kMinHeartbeatInterval{10};
+
+v1::WorkerMessage Ended(const std::string& job_id, v1::JobState state,
+                        absl::string_view message, absl::StatusCode code) {
+  v1::WorkerMessage m;
+  v1::JobEnded* e = m.mutable_ended();
+  e->set_job_id(job_id);
+  e->set_state(state);
+  e->set_message(std::string(message));
+  e->set_code(static_cast<int>(code));
+  return m;
+}
+
+}  // namespace
+
+// Serializes the writes of the reading, heartbeat and job threads to one
+// stream, and drops them once the stream is closed for writing or gone, so
+// a job that outlives its stream never touches a dead or newer stream.
+class WorkerSession::StreamWriter {
+ public:
+  explicit StreamWriter(Stream* stream) : stream_(stream) {}
+
+  // False when the message was not sent (stream closed or broken).
+  bool Write(const v1::WorkerMessage& message) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (stream_ == nullptr || done_) return false;
+    if (!stream_->Write(message)) {
+      // The call is over; Read will say why.
+      done_ = true;
+      return false;
+    }
+    return true;
+  }
+
+  // Half-closes the stream: the coordinator sees the end of our messages.
+  void WritesDone() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (stream_ == nullptr || done_) return;
+    done_ = true;
+    stream_->WritesDone();
+  }
+
+  // The stream is about to be finished and destroyed.
+  void Close() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    stream_ = nullptr;
+  }
+
+ private:
+  absl::Mutex mu_;
+  Stream* stream_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// One job, from PrepareJob to JobEnded. Fields other than the constant
+// program and writer are guarded by the session's mu_.
+struct WorkerSession::Job {
+  v1::JobProgram program;
+  // The stream the job came on; its reports go there only.
+  std::shared_ptr<StreamWriter> writer;
+  std::optional<std::vector<std::string>> peers;  // From StartJob.
+  absl::Status cancel;                            // Not OK once cancelled.
+  JobRunner* runner = nullptr;  // While the job thread holds one.
+  bool ended = false;           // The worker is no longer busy with it.
+  bool reported = false;        // JobEnded written (or dropped).
+  std::thread thread;
+};
+
+absl::StatusOr<std::unique_ptr<WorkerSession>> WorkerSession::Create(
+    SessionOptions options) {
+  if (options.coordinator.empty()) {
+    return absl::InvalidArgumentError("session: empty coordinator address");
+  }
+  if (options.name.empty()) {
+    return absl::InvalidArgumentError("session: empty worker name");
+  }
+  return std::unique_ptr<WorkerSession>(new WorkerSession(std::move(options)));
+}
+
+WorkerSession::WorkerSession(SessionOptions options)
+    : options_(std::move(options)) {}
+
+WorkerSession::~WorkerSession() { JoinJob(); }
+
+std::string WorkerSession::worker_id() const {
+  absl::MutexLock lock(&mu_);
+  return worker_id_;
+}
+
+int64_t WorkerSession::registrations() const {
+  absl::MutexLock lock(&mu_);
+  return registrations_;
+}
+
+absl::Status WorkerSession::Run() {
+  int failures = 0;
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) break;
+    }
+    bool refused = false;
+    const int64_t registered_before = registrations();
+    absl::Status status = RunStream(&refused);
+    if (refused) return status;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) break;
+    }
+    if (registrations() > registered_before) failures = 0;
+    // Warn once per outage; a coordinator that is down for an hour should
+    // not fill the log with one line per second.
+    if (failures++ == 0) {
+      SPDLOG_WARN("{}; retrying every {} ms", std::string(status.message()),
+                  options_.reconnect_interval.count());
+    } else {
+      SPDLOG_DEBUG("{} (attempt {})", std::string(status.message()), failures);
+    }
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+                         absl::FromChrono(options_.reconnect_interval));
+  }
+  return absl::OkStatus();
+}
+
+void WorkerSession::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return;
+  stopping_ = true;
+  CancelJobLocked(absl::CancelledError("worker shutting down"));
+  // Before registration nothing needs a graceful close; a connection
+  // attempt to an unresponsive address could otherwise hold Run.
+  if (context_ != nullptr && !registered_) context_->TryCancel();
+}
+
+absl::Status WorkerSession::RunStream(bool* refused) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
+  args.SetMaxSendMessageSize(proto::kMaxMessageBytes);
+  // A fresh channel per attempt: no reconnect backoff carried over from the
+  // last outage, so attempts really come every reconnect_interval.
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+      options_.coordinator, grpc::InsecureChannelCredentials(), args);
+  std::unique_ptr<v1::WorkerSession::Stub> stub =
+      v1::WorkerSession::NewStub(channel);
+  grpc::ClientContext context;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::OkStatus();
+    context_ = &context;
+    registered_ = false;
+    stream_done_ = false;
+  }
+  std::unique_ptr<Stream> stream = stub->Session(&context);
+  auto writer = std::make_shared<StreamWriter>(stream.get());
+  std::thread heartbeat(
+      [this, &context, writer] { HeartbeatLoop(&context, writer); });
+
+  v1::WorkerMessage hello;
+  v1::RegisterRequest* reg = hello.mutable_register_();
+  reg->set_protocol_version(proto::kProtocolVersion);
+  reg->set_version(kVersion);
+  reg->set_name(options_.name);
+  for (const std::string& d : options_.devices) reg->add_devices(d);
+  reg->set_data_address(options_.data_address);
+  // A failed write shows up as the end of the stream below.
+  writer->Write(hello);
+
+  bool registered = false;
+  v1::CoordinatorMessage message;
+  while (stream->Read(&message)) {
+    if (!registered &&
+        message.kind_case() != v1::CoordinatorMessage::kRegistered) {
+      SPDLOG_WARN(
+          "coordinator sent message kind {} before Registered; "
+          "ignored",
+          static_cast<int>(message.kind_case()));
+      continue;
+    }
+    switch (message.kind_case()) {
+      case v1::CoordinatorMessage::kRegistered: {
+        if (registered) {
+          SPDLOG_WARN("coordinator sent Registered twice; ignored");
+          break;
+        }
+        registered = true;
+        const int64_t ms = message.registered().heartbeat_interval_ms();
+        absl::MutexLock lock(&mu_);
+        registered_ = true;
+        ++registrations_;
+        worker_id_ = message.registered().worker_id();
+        heartbeat_interval_ = ms <= 0 ? kDefaultHeartbeatInterval
+                                      : std::max(kMinHeartbeatInterval,
+                                                 std::chrono::milliseconds(ms));
+        SPDLOG_INFO(
+            "registered with coordinator {} as {} (heartbeat every "
+            "{} ms)",
+            options_.coordinator, worker_id_, heartbeat_interval_.count());
+        break;
+      }
+      case v1::CoordinatorMessage::kPrepare:
+        OnPrepare(message.prepare(), writer);
+        break;
+      case v1::CoordinatorMessage::kStart:
+        OnStart(message.start(), writer);
+        break;
+      case v1::CoordinatorMessage::kCancel:
+        OnCancel(message.cancel());
+        break;
+      default:
+        SPDLOG_WARN("coordinator sent an unknown message kind {}; ignored",
+                    static_cast<int>(message.kind_case()));
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    stream_done_ = true;
+  }
+  heartbeat.join();
+  // Whatever the job still says can no longer reach the coordinator, which
+  // has marked this worker lost; the job cannot finish usefully.
+  writer->Close();
+  {
+    absl::MutexLock lock(&mu_);
+    CancelJobLocked(
+        absl::UnavailableError("lost the connection to the coordinator"));
+  }
+  JoinJob();
+  const absl::Status status = proto::FromGrpcStatus(stream->Finish());
+  {
+    absl::MutexLock lock(&mu_);
+    context_ = nullptr;
+    registered_ = false;
+  }
+  if (!registered) {
+    if (status.code() == absl::StatusCode::kFailedPrecondition) {
+      *refused = true;
+      return status;
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "cannot register with coordinator ", options_.coordinator, ": ",
+        status.ok() ? "stream closed without an answer" : status.ToString()));
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "session with coordinator ", options_.coordinator, " ended: ",
+      status.ok() ? "closed by the coordinator" : status.ToString()));
+}
+
+void WorkerSession::HeartbeatLoop(grpc::ClientContext* context,
+                                  const std::shared_ptr<StreamWriter>& writer) {
+  absl::MutexLock lock(&mu_);
+  // A coordinator that accepts the connection but never answers must not
+  // hold the worker forever: cancel the call and reconnect.
+  auto answered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return registered_ || stream_done_ || stopping_;
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&answered),
+                            absl::FromChrono(options_.register_timeout))) {
+    SPDLOG_WARN("coordinator {} did not answer the registration within {} ms",
+                options_.coordinator, options_.register_timeout.count());
+    context->TryCancel();
+    return;
+  }
+  auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stream_done_ || stopping_;
+  };
+  while (!stream_done_ && !stopping_) {
+    if (mu_.AwaitWithTimeout(absl::Condition(&wake),
+                             absl::FromChrono(heartbeat_interval_))) {
+      break;
+    }
+    v1::WorkerMessage beat;
+    if (job_ != nullptr && !job_->ended) {
+      beat.mutable_heartbeat()->set_job_id(job_->program.job_id());
+    } else {
+      beat.mutable_heartbeat();
+    }
+    // Unlocked: a write can wait on flow control, and the reading thread
+    // must keep dispatching meanwhile.
+    mu_.Unlock();
+    writer->Write(beat);
+    mu_.Lock();
+  }
+  if (stream_done_) return;
+  // Shutdown: let the job report its end, close our side, and give the
+  // coordinator a moment to end the call before cancelling it.
+  auto job_reported = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return job_ == nullptr || job_->reported || stream_done_;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&job_reported),
+                       absl::FromChrono(options_.shutdown_grace));
+  mu_.Unlock();
+  writer->WritesDone();
+  mu_.Lock();
+  if (!mu_.AwaitWithTimeout(absl::Condition(&stream_done_),
+                            absl::FromChrono(options_.shutdown_grace))) {
+    context->TryCancel();
+  }
+}
+
+void WorkerSession::OnPrepare(const v1::PrepareJob& prepare,
+                              const std::shared_ptr<StreamWriter>& writer) {
+  const v1::JobProgram& program = prepare.program();
+  std::unique_ptr<Job> previous;
+  std::optional<v1::WorkerMessage> refusal;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      refusal = Ended(program.job_id(), v1::FAILED, "worker shutting down",
+                      absl::StatusCode::kUnavailable);
+    } else if (job_ != nullptr && !job_->ended) {
+      if (job_->program.job_id() == program.job_id()) {
+        SPDLOG_WARN("PrepareJob for {} again; ignored", program.job_id());
+        return;
+      }
+      refusal = Ended(program.job_id(), v1::FAILED,
+                      absl::StrCat("worker busy with ", job_->program.job_id()),
+                      absl::StatusCode::kFailedPrecondition);
+    } else {
+      previous = std::move(job_);
+      job_ = std::make_unique<Job>();
+      job_->program = program;
+      job_->writer = writer;
+      job_->thread = std::thread(&WorkerSession::JobMain, this, job_.get());
+    }
+  }
+  if (refusal) {
+    SPDLOG_WARN("refusing {}: {}", program.job_id(),
+                refusal->ended().message());
+    writer->Write(*refusal);
+    return;
+  }
+  SPDLOG_INFO("preparing {}: {} of {}", program.job_id(), DescribeRank(program),
+              program.num_ranks());
+  // The previous job has ended; its thread is at most finishing its report.
+  if (previous != nullptr) previous->thread.join();
+}
+
+void WorkerSession::OnStart(const v1::StartJob& start,
+                            const std::shared_ptr<StreamWriter>& writer) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (job_ != nullptr && job_->program.job_id() == start.job_id()) {
+      if (job_->ended) return;  // It has reported its end already.
+      if (job_->peers.has_value()) {
+        SPDLOG_WARN("StartJob for {} again; ignored", start.job_id());
+      } else {
+        job_->peers.emplace(start.peers().begin(), start.peers().end());
+      }
+      return;
+    }
+  }
+  // The coordinator waits for this job to run: tell it that it never will.
+  SPDLOG_WARN("StartJob for {}, which this worker does not hold",
+              start.job_id());
+  writer->Write(Ended(start.job_id(), v1::FAILED,
+                      absl::StrCat("worker holds no prepared ", start.job_id()),
+                      absl::StatusCode::kFailedPrecondition));
+}
+
+void WorkerSession::OnCancel(const v1::CancelJob& cancel) {
+  absl::MutexLock lock(&mu_);
+  if (job_ == nullptr || job_->ended ||
+      job_->program.job_id() != cancel.job_id()) {
+    SPDLOG_DEBUG("CancelJob for {}, which is not running here; ignored",
+                 cancel.job_id());
+    return;
+  }
+  SPDLOG_INFO("cancelling {}: {}", cancel.job_id(), cancel.reason());
+  CancelJobLocked(absl::CancelledError(
+      cancel.reason().empty() ? "cancelled" : cancel.reason()));
+}
+
+void WorkerSession::CancelJobLocked(const absl::Status& status) {
+  if (job_ == nullptr || job_->ended || !job_->cancel.ok()) return;
+  job_->cancel = status;
+  // Aborts the data plane, waking a blocked Recv or Connect now; a job
+  // still building or waiting for StartJob sees job_->cancel instead.
+  if (job_->runner != nullptr) job_->runner->Cancel(status);
+}
+
+void WorkerSession::JoinJob() {
+  std::unique_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    job = std::move(job_);
+  }
+  if (job != nullptr && job->thread.joinable()) job->thread.join();
+}
+
+void WorkerSession::JobMain(Job* job) {
+  const v1::JobProgram& program = job->program;
+  const absl::Status status = RunJob(job);
+  v1::WorkerMessage ended;
+  if (status.ok()) {
+    SPDLOG_INFO("{} succeeded", program.job_id());
+    ended = Ended(program.job_id(), v1::SUCCEEDED, "", absl::StatusCode::kOk);
+  } else if (status.code() == absl::StatusCode::kCancelled) {
+    // Also when a peer's cancel reached this rank over the data plane
+    // before the coordinator's CancelJob did.
+    SPDLOG_INFO("{} cancelled: {}", program.job_id(),
+                std::string(status.message()));
+    ended =
+        Ended(program.job_id(), v1::CANCELLED, status.message(), status.code());
+  } else {
+    const std::string message =
+        absl::StrCat(DescribeRank(program), ": ", status.message());
+    SPDLOG_WARN("{} failed: {}", program.job_id(), message);
+    ended = Ended(program.job_id(), v1::FAILED, message, status.code());
+  }
+  // Idle before JobEnded goes out: the coordinator may send the next
+  // PrepareJob as soon as it reads it.
+  {
+    absl::MutexLock lock(&mu_);
+    job->ended = true;
+  }
+  job->writer->Write(ended);
+  absl::MutexLock lock(&mu_);
+  job->reported = true;
+}
+
+absl::Status WorkerSession::RunJob(Job* job) {
+  const v1::JobProgram& program = job->program;
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<JobRunner> runner,
+      JobRunner::Create(program,
+                        {.listen_address = options_.data_address,
+                         .connect_timeout = options_.data_connect_timeout}));
+  {
+    absl::MutexLock lock(&mu_);
+    // A cancel that came while the runner was being built.
+    if (!job->cancel.ok()) return job->cancel;
+    job->runner = runner.get();
+  }
+  // Declared after `runner`, so it runs first: nobody may cancel through
+  // the pointer once the runner is being destroyed.
+  absl::Cleanup forget_runner = [this, job] {
+    absl::MutexLock lock(&mu_);
+    job->runner = nullptr;
+  };
+
+  v1::WorkerMessage ready;
+  ready.mutable_ready()->set_job_id(program.job_id());
+  ready.mutable_ready()->set_data_endpoint(runner->data_endpoint());
+  job->writer->Write(ready);
+  SPDLOG_INFO("{} ready, data plane on {}", program.job_id(),
+              runner->data_endpoint());
+
+  std::vector<std::string> peers;
+  {
+    absl::MutexLock lock(&mu_);
+    auto started = [job]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return job->peers.has_value() || !job->cancel.ok();
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&started),
+                              absl::FromChrono(options_.prepare_timeout))) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("no StartJob within ", options_.prepare_timeout.count(),
+                       " ms of JobReady; giving the job up"));
+    }
+    if (!job->cancel.ok()) return job->cancel;
+    peers = *job->peers;
+  }
+  RETURN_IF_ERROR(runner->Start(peers));
+  SPDLOG_INFO("{} connected to {} peer(s); running {} steps", program.job_id(),
+              peers.size() - 1, program.steps());
+  return runner->Run([&](const StepProgress& p) {
+    v1::WorkerMessage m;
+    v1::StepReport* r = m.mutable_step();
+    r->set_job_id(program.job_id());
+    r->set_step(p.step);
+    r->set_seconds(p.seconds);
+    r->set_wait_seconds(p.wait_seconds);
+    r->set_has_loss(p.has_loss);
+    r->set_loss(p.loss);
+    r->set_learning_rate(p.learning_rate);
+    r->set_peak_activation_bytes(p.peak_activation_bytes);
+    job->writer->Write(m);
+    SPDLOG_DEBUG("{} step {}/{}: {:.3f} s", program.job_id(), p.step,
+                 program.steps(), p.seconds);
+  });
+}
+
+}  // namespace conveyor::worker

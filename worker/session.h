@@ -1,0 +1,143 @@
+// WorkerSession: the worker daemon's side of conveyor.v1.WorkerSession, the
+// one long-lived bidirectional stream to the coordinator.
+//
+// Per stream: the session registers (protocol and release version, name,
+// devices, data address), then a heartbeat thread sends Heartbeat{job_id}
+// every heartbeat_interval_ms the coordinator asked for, while the calling
+// thread reads and dispatches the coordinator's messages:
+//   PrepareJob  starts a job thread that builds a JobRunner and answers
+//               JobReady (or JobEnded FAILED); a second job while one is
+//               held is answered JobEnded{FAILED, "worker busy with job-N"};
+//   StartJob    connects the job's data plane and runs it, one StepReport
+//               per step, then JobEnded;
+//   CancelJob   aborts the job's data plane at once; JobEnded{CANCELLED}.
+// A job whose StartJob does not come within prepare_timeout ends FAILED, so
+// it cannot pin the worker. Every job, however it ends, releases its
+// resources and the worker serves the next one.
+//
+// A broken stream (or a coordinator that cannot be reached) aborts the job,
+// whose results could no longer be reported, and the session reconnects and
+// registers again every reconnect_interval, until Shutdown. The one error it
+// does not retry is a refused registration (FAILED_PRECONDITION: version
+// skew): Run returns it, since retrying cannot fix a skewed build.
+//
+// Thread-safety: Run is called from one thread; Shutdown from any thread
+// (the daemon's signal thread) and any number of times. Writes to the stream
+// come from the reading, heartbeat and job threads and are serialized,
+// because gRPC allows one outstanding write per stream.
+#ifndef CONVEYOR_WORKER_SESSION_H_
+#define CONVEYOR_WORKER_SESSION_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "conveyor/v1/conveyor.pb.h"
+
+namespace grpc {
+class ClientContext;
+}  // namespace grpc
+
+namespace conveyor::worker {
+
+struct SessionOptions {
+  std::string coordinator = "127.0.0.1:7070";  // host:port
+  std::string name;                            // Reported at registration.
+  std::vector<std::string> devices = {"cpu:1"};
+  // The data plane's listen address for every job ("host:port", port 0 for
+  // a free port per job).
+  std::string data_address = "127.0.0.1:0";
+  // Between connection attempts after a failure or a broken stream.
+  std::chrono::milliseconds reconnect_interval{1000};
+  // How long a prepared job waits for its StartJob before giving up.
+  std::chrono::milliseconds prepare_timeout{120000};
+  // How long the coordinator may take to answer a registration.
+  std::chrono::milliseconds register_timeout{10000};
+  // How long a job's data plane keeps dialing peers at StartJob.
+  std::chrono::milliseconds data_connect_timeout{10000};
+  // At Shutdown: how long to wait for the job to report its end, and then
+  // for the coordinator to close the stream, before cancelling the call.
+  std::chrono::milliseconds shutdown_grace{2000};
+};
+
+class WorkerSession {
+ public:
+  // InvalidArgument for an empty coordinator address or name.
+  static absl::StatusOr<std::unique_ptr<WorkerSession>> Create(
+      SessionOptions options);
+
+  // Run must have returned.
+  ~WorkerSession();
+
+  WorkerSession(const WorkerSession&) = delete;
+  WorkerSession& operator=(const WorkerSession&) = delete;
+
+  // Serves the coordinator until Shutdown (then returns OK) or until the
+  // coordinator refuses the registration (returns its FAILED_PRECONDITION,
+  // with the coordinator's message). Connection failures are retried.
+  absl::Status Run() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Cancels the current job (CANCELLED "worker shutting down"), lets it
+  // report, closes the stream and makes Run return. Does not block.
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The id of the latest registration ("" before the first).
+  std::string worker_id() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Successful registrations so far (more than one after reconnects).
+  int64_t registrations() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  class StreamWriter;
+  struct Job;
+
+  // Defined in the .cc file, where Job is complete.
+  explicit WorkerSession(SessionOptions options);
+
+  // One stream: connect, register, serve until it ends. Sets *refused when
+  // the coordinator refused the registration.
+  absl::Status RunStream(bool* refused) ABSL_LOCKS_EXCLUDED(mu_);
+  void HeartbeatLoop(grpc::ClientContext* context,
+                     const std::shared_ptr<StreamWriter>& writer)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  void OnPrepare(const v1::PrepareJob& prepare,
+                 const std::shared_ptr<StreamWriter>& writer)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void OnStart(const v1::StartJob& start,
+               const std::shared_ptr<StreamWriter>& writer)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void OnCancel(const v1::CancelJob& cancel) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The job thread.
+  void JobMain(Job* job) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status RunJob(Job* job) ABSL_LOCKS_EXCLUDED(mu_);
+  // Cancels the current job, if any, with `status`.
+  void CancelJobLocked(const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for the current job's thread to end and forgets the job.
+  void JoinJob() ABSL_LOCKS_EXCLUDED(mu_);
+
+  const SessionOptions options_;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // The current stream's call, so Shutdown can cancel a connection attempt.
+  grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool registered_ ABSL_GUARDED_BY(mu_) = false;  // On the current stream.
+  bool stream_done_ ABSL_GUARDED_BY(mu_) = false;
+  std::chrono::milliseconds heartbeat_interval_ ABSL_GUARDED_BY(mu_){1000};
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  int64_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
+  // The job this worker holds (or held last; see Job::ended).
+  std::unique_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace conveyor::worker
+
+#endif  // CONVEYOR_WORKER_SESSION_H_

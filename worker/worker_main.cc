@@ -1,0 +1,245 @@
+// conveyor-worker: the worker daemon. Registers with the coordinator, runs
+// the stages it is given, and streams activations and gradients to the
+// other workers of each job.
+//
+// Exit codes: 0 after SIGTERM/SIGINT, 1 when the coordinator refuses the
+// registration (version skew) or the daemon cannot start, 2 for invalid
+// arguments.
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <charconv>
+#include <cstdlib>
+#include <exception>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "CLI/CLI.hpp"              // defines: CLI::App, CLI::ParseError
+#include "absl/status/status.h"     // defines: absl::Status
+#include "absl/strings/match.h"     // defines: absl::StartsWith
+#include "absl/strings/str_cat.h"   // defines: absl::StrCat
+#include "absl/strings/str_join.h"  // defines: absl::StrJoin
+#include "common/build_info.h"      // defines: kVersion, kGitRevision, ...
+#include "common/logging.h"         // defines: InitLogging, kLogLevels
+#include "spdlog/spdlog.h"          // defines: SPDLOG_INFO, ...
+#include "worker/session.h"         // defines: WorkerSession
+
+namespace {
+
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+// The thread that sigwaits for SIGTERM/SIGINT. Blocking the signals in main
+// covers every thread main creates, but not those started before main:
+// OpenBLAS starts its thread pool when the library is loaded. A
+// process-directed signal may be delivered to one of those; this handler
+// passes it on to the signal thread (pthread_kill is async-signal-safe).
+pthread_t g_signal_thread;
+std::atomic<bool> g_forward_signals{false};
+
+extern "C" void ForwardSignal(int signal_number) {
+  if (g_forward_signals.load()) pthread_kill(g_signal_thread, signal_number);
+}
+
+void SetShutdownSignalsAction(void (*handler)(int)) {
+  struct sigaction action = {};
+  action.sa_handler = handler;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+}
+
+std::string VersionText() {
+  return absl::StrCat("conveyor-worker ", conveyor::kVersion, " (revision ",
+                      conveyor::kGitRevision, ", ", conveyor::kBuildType,
+                      ", CUDA ",
+                      conveyor::kBuiltWithCuda ? "built" : "not built", ")");
+}
+
+std::string DefaultName() {
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  return absl::StrCat(host[0] != '\0' ? host : "localhost", ":", getpid());
+}
+
+// Workers run stages on the CPU backend only for now; GPU devices come with
+// the CUDA executor.
+absl::Status CheckDevice(const std::string& device) {
+  constexpr absl::string_view kAllowed =
+      "allowed: cpu:N with N >= 1 (CUDA devices are not supported by the "
+      "worker yet)";
+  int n = 0;
+  if (absl::StartsWith(device, "cpu:")) {
+    const char* begin = device.data() + 4;
+    const char* end = device.data() + device.size();
+    auto [ptr, ec] = std::from_chars(begin, end, n);
+    if (ec == std::errc() && ptr == end && begin != end && n >= 1) {
+      return absl::OkStatus();
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--devices: '", device, "' is not supported; ", kAllowed));
+}
+
+// "host:port" with a port in [0, 65535]; the host is checked when a job
+// binds it.
+absl::Status CheckAddress(absl::string_view flag, const std::string& address) {
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon != std::string::npos && colon > 0) {
+    const char* begin = address.data() + colon + 1;
+    const char* end = address.data() + address.size();
+    auto [ptr, ec] = std::from_chars(begin, end, port);
+    if (ec != std::errc() || ptr != end || begin == end) port = -1;
+  }
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": '", address,
+                     "' is not host:port (IPv6 as [::1]:port; port 0..65535)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Block the shutdown signals before any thread exists, so every thread
+  // (gRPC's, the data plane's) inherits the mask and only the signal thread
+  // below receives them, with sigwait, where it may do real work.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A peer that closes a socket mid-write must fail the write, not kill us.
+  signal(SIGPIPE, SIG_IGN);
+
+  CLI::App app{
+      "conveyor-worker: a Conveyor worker daemon; registers with the "
+      "coordinator and runs the pipeline stages it is given"};
+  app.set_version_flag("--version", VersionText());
+  conveyor::worker::SessionOptions options;
+  std::string metrics_address;
+  std::string log_level = "info";
+  options.name = DefaultName();
+  app.add_option("--coordinator", options.coordinator,
+                 "The coordinator's host:port")
+      ->envname("CONVEYOR_COORDINATOR")
+      ->capture_default_str();
+  app.add_option("--devices", options.devices,
+                 "Devices to offer, comma-separated; only cpu:N for now")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--data-address", options.data_address,
+                 "host:port each job's data plane listens on (port 0: a free "
+                 "port per job; host 0.0.0.0: all interfaces, advertised as "
+                 "this machine's host name)")
+      ->capture_default_str();
+  app.add_option("--metrics-address", metrics_address,
+                 "host:port for Prometheus metrics (not served yet)");
+  app.add_option("--name", options.name,
+                 "This worker's name as the coordinator lists it")
+      ->capture_default_str();
+  app.add_option("--log-level", log_level,
+                 absl::StrCat("Log level: ", conveyor::kLogLevels))
+      ->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return kExitUsage;
+  }
+  if (absl::Status s = conveyor::InitLogging(log_level); !s.ok()) {
+    std::cerr << "conveyor-worker: --log-level: " << s.message() << "\n";
+    return kExitUsage;
+  }
+  absl::Status valid = options.devices.empty()
+                           ? absl::InvalidArgumentError(
+                                 "--devices: empty; allowed: cpu:N with N >= 1")
+                           : absl::OkStatus();
+  for (const std::string& d : options.devices) {
+    if (valid.ok()) valid = CheckDevice(d);
+  }
+  if (valid.ok()) valid = CheckAddress("--coordinator", options.coordinator);
+  if (valid.ok()) valid = CheckAddress("--data-address", options.data_address);
+  if (valid.ok() && !metrics_address.empty()) {
+    valid = CheckAddress("--metrics-address", metrics_address);
+  }
+  if (!valid.ok()) {
+    std::cerr << "conveyor-worker: " << valid.message() << "\n";
+    return kExitUsage;
+  }
+
+  absl::StatusOr<std::unique_ptr<conveyor::worker::WorkerSession>> session =
+      conveyor::worker::WorkerSession::Create(options);
+  if (!session.ok()) {
+    std::cerr << "conveyor-worker: " << session.status().message() << "\n";
+    return kExitUsage;
+  }
+  SPDLOG_INFO("{} starting as '{}' (devices {}), coordinator {}", VersionText(),
+              options.name, absl::StrJoin(options.devices, ","),
+              options.coordinator);
+  if (!metrics_address.empty()) {
+    SPDLOG_INFO("--metrics-address {} noted; metrics are not served yet",
+                metrics_address);
+  }
+
+  // The first signal shuts down gracefully (the job reports CANCELLED); a
+  // second one, for a shutdown that hangs, exits at once.
+  std::atomic<bool> run_over{false};
+  std::thread signal_thread([&] {
+    int received = 0;
+    for (int count = 0;; ++count) {
+      if (sigwait(&signals, &received) != 0) continue;
+      if (run_over.load()) return;
+      if (count > 0) {
+        SPDLOG_WARN("signal {} again: exiting now", received);
+        std::_Exit(kExitFailure);
+      }
+      SPDLOG_INFO("signal {}: shutting down", received);
+      (*session)->Shutdown();
+    }
+  });
+  g_signal_thread = signal_thread.native_handle();
+  g_forward_signals.store(true);
+  // Also replaces an inherited SIG_IGN (a shell's background job): the
+  // daemon always stops on these.
+  SetShutdownSignalsAction(ForwardSignal);
+
+  absl::Status status;
+  // Last resort for what a library may still throw (std::bad_alloc): a
+  // message, not abort().
+  try {
+    status = (*session)->Run();
+  } catch (const std::exception& e) {
+    status = absl::InternalError(e.what());
+  }
+  run_over.store(true);
+  SetShutdownSignalsAction(SIG_IGN);
+  g_forward_signals.store(false);
+  pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
+  if (status.ok()) {
+    SPDLOG_INFO("stopped");
+    return 0;
+  }
+  if (status.code() == absl::StatusCode::kFailedPrecondition) {
+    std::cerr << "conveyor-worker: the coordinator refused this worker: "
+              << status.message() << "\n";
+  } else {
+    std::cerr << "conveyor-worker: " << status.message() << "\n";
+  }
+  return kExitFailure;
+}
