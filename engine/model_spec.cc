@@ -34,6 +34,7 @@ constexpr KindName kKindNames[] = {
     {LayerKind::kAttention, "attention"},
     {LayerKind::kTransformerBlock, "transformer_block"},
     {LayerKind::kLmHead, "lm_head"},
+    {LayerKind::kDelay, "delay"},
 };
 
 constexpr absl::string_view kBoundary = "boundary";
@@ -130,6 +131,9 @@ class SpecParser {
                             std::vector<Entry>& out) const;
   absl::StatusOr<LayerSpec> ParseLayer(LayerKind kind, const YamlValue& options,
                                        const YamlValue& item) const;
+
+  // The options of a `delay` layer (`map`, already checked for unknown keys).
+  absl::Status ParseDelay(const YamlMap& map, LayerSpec& layer) const;
 
   absl::Status CheckBoundaries(const std::vector<Entry>& entries) const;
   absl::Status InferLayer(LayerSpec& layer) const;
@@ -351,6 +355,8 @@ absl::StatusOr<LayerSpec> SpecParser::ParseLayer(LayerKind kind,
   static constexpr absl::string_view kBlockKeys[] = {
       "heads", "mlp_features", "causal", "norm", "eps", "approximate"};
   static constexpr absl::string_view kLmHeadKeys[] = {"vocab_size", "bias"};
+  static constexpr absl::string_view kDelayKeys[] = {
+      "forward_ms", "backward_ms", "backward_input_ms", "backward_weight_ms"};
   YamlNames keys;  // relu: none
   switch (kind) {
     case LayerKind::kDense:
@@ -375,6 +381,9 @@ absl::StatusOr<LayerSpec> SpecParser::ParseLayer(LayerKind kind,
       break;
     case LayerKind::kLmHead:
       keys = kLmHeadKeys;
+      break;
+    case LayerKind::kDelay:
+      keys = kDelayKeys;
       break;
   }
   ASSIGN_OR_RETURN(YamlMap map,
@@ -460,8 +469,62 @@ absl::StatusOr<LayerSpec> SpecParser::ParseLayer(LayerKind kind,
       RETURN_IF_ERROR(dim("vocab_size", true, 1, layer.vocab_size));
       RETURN_IF_ERROR(flag("bias", layer.bias));
       break;
+    case LayerKind::kDelay:
+      RETURN_IF_ERROR(ParseDelay(map, layer));
+      break;
   }
   return layer;
+}
+
+absl::Status SpecParser::ParseDelay(const YamlMap& map,
+                                    LayerSpec& layer) const {
+  auto millis = [&](const YamlMapEntry& e) -> absl::StatusOr<double> {
+    ASSIGN_OR_RETURN(const double ms, reader_.ParseNonNegativeDouble(e.value));
+    if (ms > kMaxDelayMs) {
+      return reader_.Error(
+          e.value,
+          absl::StrCat("must be at most ", kMaxDelayMs, " (one minute); got ",
+                       DescribeYaml(e.value.node)));
+    }
+    return ms;
+  };
+  ASSIGN_OR_RETURN(const YamlMapEntry* forward,
+                   reader_.Require(map, "forward_ms"));
+  ASSIGN_OR_RETURN(layer.forward_ms, millis(*forward));
+  const YamlMapEntry* backward = map.Find("backward_ms");
+  const YamlMapEntry* input = map.Find("backward_input_ms");
+  const YamlMapEntry* weight = map.Find("backward_weight_ms");
+  // The backward is given whole or split, never both: with both, which one
+  // B costs would be a guess.
+  if (backward != nullptr && (input != nullptr || weight != nullptr)) {
+    const YamlMapEntry& split = input != nullptr ? *input : *weight;
+    return YamlError(split.key_where, split.value.path,
+                     "give either backward_ms or the split backward "
+                     "(backward_input_ms and backward_weight_ms), not both");
+  }
+  if (backward != nullptr) {
+    ASSIGN_OR_RETURN(layer.backward_input_ms, millis(*backward));
+    layer.backward_weight_ms = 0.0;
+    return absl::OkStatus();
+  }
+  if (input == nullptr && weight == nullptr) {
+    return reader_.Error(map.self,
+                         "missing required key 'backward_ms' (or "
+                         "backward_input_ms and backward_weight_ms for a split "
+                         "backward)");
+  }
+  if (input == nullptr || weight == nullptr) {
+    return reader_.Error(
+        map.self,
+        absl::StrCat(
+            "a split backward needs both backward_input_ms and "
+            "backward_weight_ms; missing '",
+            input == nullptr ? "backward_input_ms" : "backward_weight_ms",
+            "'"));
+  }
+  ASSIGN_OR_RETURN(layer.backward_input_ms, millis(*input));
+  ASSIGN_OR_RETURN(layer.backward_weight_ms, millis(*weight));
+  return absl::OkStatus();
 }
 
 absl::Status SpecParser::CheckBoundaries(
@@ -520,6 +583,7 @@ absl::Status SpecParser::InferLayer(LayerSpec& layer) const {
       break;
     case LayerKind::kRelu:
     case LayerKind::kGelu:
+    case LayerKind::kDelay:  // Identity: no parameters, same shape.
       break;
     case LayerKind::kLayerNorm:
       AddLayerNormParams(prefix, d, params);

@@ -11,6 +11,7 @@
 //       - dense: {features: 2048}
 //       - relu
 //       - boundary              # a pipeline stage boundary
+//       - delay: {forward_ms: 2, backward_ms: 4}  # tests and benchmarks
 //       - repeat: 4             # expands in place
 //         boundary_every: 2     # optional
 //         layers: [...]
@@ -58,6 +59,9 @@ inline constexpr int64_t kMaxModelParams = int64_t{1} << 34;
 inline constexpr int kMaxExpandedEntries = 100000;
 inline constexpr int kMaxRepeatCount = kMaxExpandedEntries;
 inline constexpr int kMaxRepeatNesting = 32;
+// The longest a `delay` layer may wait in one action (one minute): more is a
+// typo (seconds written as milliseconds), not a test.
+inline constexpr double kMaxDelayMs = 60000.0;
 
 enum class LayerKind {
   kDense,
@@ -68,10 +72,13 @@ enum class LayerKind {
   kAttention,
   kTransformerBlock,
   kLmHead,
+  // Identity that takes a fixed time per action: a stand-in for compute of
+  // known cost in tests and benchmarks (engine/layers/delay.h).
+  kDelay,
 };
 
 // The YAML name: "dense", "relu", "gelu", "layernorm", "embedding",
-// "attention", "transformer_block", "lm_head".
+// "attention", "transformer_block", "lm_head", "delay".
 absl::string_view LayerKindName(LayerKind kind);
 
 // How a parameter is initialized from the seed (PyTorch's defaults for the
@@ -128,6 +135,12 @@ struct LayerSpec {
   int64_t qkv_features = 0;
   int64_t mlp_features = 0;  // transformer_block
   bool pre_norm = false;     // transformer_block: norm: pre
+  // delay: the wait of each action, resolved from the YAML: BI takes
+  // backward_ms, or backward_input_ms when the backward is split, and BW takes
+  // 0 or backward_weight_ms. In [0, kMaxDelayMs].
+  double forward_ms = 0.0;
+  double backward_input_ms = 0.0;
+  double backward_weight_ms = 0.0;
 
   // Per sample (no batch dimension).
   std::vector<int64_t> input_shape;

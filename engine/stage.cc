@@ -7,6 +7,7 @@
 #include "engine/init.h"
 #include "engine/layers/activation.h"
 #include "engine/layers/attention.h"
+#include "engine/layers/delay.h"
 #include "engine/layers/dense.h"
 #include "engine/layers/embedding.h"
 #include "engine/layers/layer_norm.h"
@@ -48,6 +49,9 @@ absl::StatusOr<std::unique_ptr<Layer>> BuildLayer(Backend* backend,
                                    .gelu_tanh = l.approximate_tanh});
     case LayerKind::kLmHead:
       return Dense::Create(backend, prefix, in, l.vocab_size, l.bias);
+    case LayerKind::kDelay:
+      return std::make_unique<Delay>(l.forward_ms, l.backward_input_ms,
+                                     l.backward_weight_ms);
   }
   return absl::InternalError("unknown layer kind");
 }

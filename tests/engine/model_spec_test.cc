@@ -350,6 +350,47 @@ TEST(ModelSpecTest, LargeSeedIsKeptExactly) {
   EXPECT_EQ(spec.seed, 18446744073709551615u);
 }
 
+TEST(ModelSpecTest, DelayIsAnIdentityWithoutParameters) {
+  const ModelSpec spec =
+      ParseOk(Job(R"(    - delay: {forward_ms: 2.0, backward_ms: 4}
+    - boundary
+    - delay:
+        forward_ms: 0.5
+        backward_input_ms: 1.25
+        backward_weight_ms: 0
+    - dense: {features: 3}
+)",
+                  "[2, 4]"));
+  ASSERT_EQ(spec.layers.size(), 3u);
+  const LayerSpec& whole = spec.layers[0];
+  EXPECT_EQ(whole.kind, LayerKind::kDelay);
+  EXPECT_DOUBLE_EQ(whole.forward_ms, 2.0);
+  // An unsplit backward is all BI; BW takes no time.
+  EXPECT_DOUBLE_EQ(whole.backward_input_ms, 4.0);
+  EXPECT_DOUBLE_EQ(whole.backward_weight_ms, 0.0);
+  EXPECT_EQ(whole.input_shape, (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(whole.output_shape, (std::vector<int64_t>{2, 4}));
+  EXPECT_TRUE(whole.params.empty());
+  const LayerSpec& split = spec.layers[1];
+  EXPECT_EQ(split.stage, 1);
+  EXPECT_DOUBLE_EQ(split.forward_ms, 0.5);
+  EXPECT_DOUBLE_EQ(split.backward_input_ms, 1.25);
+  EXPECT_DOUBLE_EQ(split.backward_weight_ms, 0.0);
+  EXPECT_EQ(split.output_shape, (std::vector<int64_t>{2, 4}));
+  // Parameter names keep counting the delay layers, as nn.Sequential would
+  // count any parameter-free module.
+  EXPECT_THAT(ParamNames(spec),
+              ElementsAre("layers.2.weight", "layers.2.bias"));
+  EXPECT_EQ(LayerKindName(LayerKind::kDelay), "delay");
+}
+
+TEST(ModelSpecTest, DelayAcceptsZeroAndTheLimit) {
+  const ModelSpec spec =
+      ParseOk(Job("    - delay: {forward_ms: 0, backward_ms: 60000}\n"));
+  EXPECT_DOUBLE_EQ(spec.layers[0].forward_ms, 0.0);
+  EXPECT_DOUBLE_EQ(spec.layers[0].backward_input_ms, kMaxDelayMs);
+}
+
 TEST(ModelSpecTest, ParseModelSpecTakesTheModelNode) {
   const YAML::Node doc = YAML::Load(Job("    - relu\n"));
   absl::StatusOr<ModelSpec> spec = ParseModelSpec(doc["model"], "x.yaml");
@@ -514,7 +555,66 @@ TEST(ModelSpecErrorTest, UnknownLayerKindListsTheAllowedOnes) {
   EXPECT_EQ(ParseError(Job("    - relu\n    - dens: {features: 8}\n")),
             "job.yaml:7:7: model.layers[1]: unknown layer kind 'dens'; "
             "allowed: dense, relu, gelu, layernorm, embedding, attention, "
-            "transformer_block, lm_head, boundary, repeat");
+            "transformer_block, lm_head, delay, boundary, repeat");
+}
+
+TEST(ModelSpecErrorTest, DelayOptions) {
+  EXPECT_EQ(ParseError(Job("    - delay: {forward_ms: 1, backward_ms: 2, "
+                           "backward: 3}\n")),
+            "job.yaml:6:46: model.layers[0].delay: unknown key 'backward'; "
+            "allowed: forward_ms, backward_ms, backward_input_ms, "
+            "backward_weight_ms");
+  EXPECT_EQ(ParseError(Job("    - delay: {forward_ms: -1, backward_ms: 2}\n")),
+            "job.yaml:6:27: model.layers[0].delay.forward_ms: must be a "
+            "non-negative number; got '-1'");
+  EXPECT_EQ(ParseError(Job("    - delay: {forward_ms: 1, backward_ms: "
+                           "60000.5}\n")),
+            "job.yaml:6:43: model.layers[0].delay.backward_ms: must be at most "
+            "60000 (one minute); got '60000.5'");
+  EXPECT_EQ(ParseError(Job("    - delay: {forward_ms: 1e9, backward_ms: 1}\n")),
+            "job.yaml:6:27: model.layers[0].delay.forward_ms: must be at most "
+            "60000 (one minute); got '1e9'");
+  EXPECT_EQ(
+      ParseError(Job("    - delay: {forward_ms: .inf, backward_ms: 1}\n")),
+      "job.yaml:6:27: model.layers[0].delay.forward_ms: must be a "
+      "non-negative number; got '.inf'");
+  EXPECT_EQ(
+      ParseError(Job("    - delay: {forward_ms: \"2\", backward_ms: 1}\n")),
+      "job.yaml:6:27: model.layers[0].delay.forward_ms: must be a "
+      "non-negative number; got the quoted string \"2\"");
+  EXPECT_EQ(ParseError(Job("    - delay: {forward_ms: 1, backward_input_ms: "
+                           "1, backward_weight_ms: abc}\n")),
+            "job.yaml:6:72: model.layers[0].delay.backward_weight_ms: must be "
+            "a non-negative number; got 'abc'");
+}
+
+TEST(ModelSpecErrorTest, DelayNeedsForwardAndOneFormOfBackward) {
+  EXPECT_EQ(ParseError(Job("    - delay\n")),
+            "job.yaml:6:7: model.layers[0].delay: missing required key "
+            "'forward_ms'");
+  EXPECT_EQ(ParseError(Job("    - delay: {backward_ms: 1}\n")),
+            "job.yaml:6:14: model.layers[0].delay: missing required key "
+            "'forward_ms'");
+  EXPECT_EQ(ParseError(Job("    - delay: {forward_ms: 1}\n")),
+            "job.yaml:6:14: model.layers[0].delay: missing required key "
+            "'backward_ms' (or backward_input_ms and backward_weight_ms for a "
+            "split backward)");
+  EXPECT_EQ(ParseError(Job("    - delay: {forward_ms: 1, "
+                           "backward_input_ms: 1}\n")),
+            "job.yaml:6:14: model.layers[0].delay: a split backward needs both "
+            "backward_input_ms and backward_weight_ms; missing "
+            "'backward_weight_ms'");
+  EXPECT_EQ(ParseError(Job("    - delay:\n        forward_ms: 1\n"
+                           "        backward_weight_ms: 1\n")),
+            "job.yaml:7:9: model.layers[0].delay: a split backward needs both "
+            "backward_input_ms and backward_weight_ms; missing "
+            "'backward_input_ms'");
+  EXPECT_EQ(ParseError(Job("    - delay:\n        forward_ms: 1\n"
+                           "        backward_ms: 2\n"
+                           "        backward_weight_ms: 1\n")),
+            "job.yaml:9:9: model.layers[0].delay.backward_weight_ms: give "
+            "either backward_ms or the split backward (backward_input_ms and "
+            "backward_weight_ms), not both");
 }
 
 TEST(ModelSpecErrorTest, OptionsAtTheKindsIndentationAreCaught) {
