@@ -1,14 +1,22 @@
 // conveyorctl: the user's command-line interface to Conveyor.
 //
-// Exit codes: 0 success, 1 the command failed, 2 invalid arguments.
+// Exit codes: 0 success, 1 the command failed (for watch, submit --watch
+// and run: the job did not succeed), 2 invalid arguments or a bad job,
+// 128 + signal when run was interrupted.
+#include <unistd.h>
+
 #include <exception>
 #include <iostream>
 #include <string>
 
 #include "CLI/CLI.hpp"             // defines: CLI::App, CLI::ParseError
 #include "absl/strings/str_cat.h"  // defines: absl::StrCat
+#include "cli/exit_status.h"       // defines: ExitCode, ShouldPrint
+#include "cli/export_command.h"    // defines: AddExportCommand, Run...
+#include "cli/job_commands.h"      // defines: AddJobCommands, RunJobCommand
 #include "cli/run_command.h"       // defines: AddRunCommand, RunRunCommand
 #include "cli/schedule_command.h"  // defines: AddScheduleCommand, Run...
+#include "cli/validate_command.h"  // defines: AddValidateCommand, Run...
 #include "common/build_info.h"     // defines: kVersion, kGitRevision, ...
 #include "common/logging.h"        // defines: InitLogging
 #ifdef CONVEYOR_HAVE_CUDA
@@ -16,9 +24,6 @@
 #endif
 
 namespace {
-
-constexpr int kExitFailure = 1;
-constexpr int kExitUsage = 2;
 
 std::string VersionText() {
   std::string cuda = "not built";
@@ -34,6 +39,7 @@ std::string VersionText() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  namespace cli = conveyor::cli;
   CLI::App app{
       "conveyorctl: the command-line interface to Conveyor, a "
       "pipeline-parallel training executor"};
@@ -44,10 +50,16 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.require_subcommand(1);
 
-  conveyor::cli::ScheduleCommandOptions schedule_options;
-  CLI::App* schedule = conveyor::cli::AddScheduleCommand(app, schedule_options);
-  conveyor::cli::RunCommandOptions run_options;
-  CLI::App* run = conveyor::cli::AddRunCommand(app, run_options);
+  cli::RunCommandOptions run_options;
+  CLI::App* run = cli::AddRunCommand(app, run_options);
+  cli::JobCommandOptions job_options;
+  const cli::JobCommands job_commands = cli::AddJobCommands(app, job_options);
+  cli::ValidateCommandOptions validate_options;
+  CLI::App* validate = cli::AddValidateCommand(app, validate_options);
+  cli::ExportCommandOptions export_options;
+  CLI::App* export_cmd = cli::AddExportCommand(app, export_options);
+  cli::ScheduleCommandOptions schedule_options;
+  CLI::App* schedule = cli::AddScheduleCommand(app, schedule_options);
 
   try {
     app.parse(argc, argv);
@@ -59,27 +71,35 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     app.exit(e);
-    return kExitUsage;
+    return cli::kExitUsage;
   }
   if (absl::Status s = conveyor::InitLogging(log_level); !s.ok()) {
     std::cerr << "conveyorctl: --log-level: " << s.message() << "\n";
-    return kExitUsage;
+    return cli::kExitUsage;
   }
 
+  const bool tty = isatty(STDOUT_FILENO) == 1;
   absl::Status status = absl::OkStatus();
   // Commands return Status; this catch is the last resort for what a library
   // may still throw (std::bad_alloc), so the user gets a message, not abort().
   try {
     if (schedule->parsed()) {
-      status = conveyor::cli::RunScheduleCommand(schedule_options, std::cout);
+      status = cli::RunScheduleCommand(schedule_options, std::cout);
     } else if (run->parsed()) {
-      status = conveyor::cli::RunRunCommand(run_options, std::cout);
+      status = cli::RunRunCommand(run_options, tty, std::cout, std::cerr);
+    } else if (validate->parsed()) {
+      status = cli::RunValidateCommand(validate_options, std::cout);
+    } else if (export_cmd->parsed()) {
+      status = cli::RunExportCommand(export_options, std::cout);
+    } else if (job_commands.AnyParsed()) {
+      status = cli::RunJobCommand(job_commands, job_options, tty, std::cout);
     }
   } catch (const std::exception& e) {
     status = absl::InternalError(e.what());
   }
-  if (status.ok()) return 0;
-  std::cerr << "conveyorctl: " << status.message() << "\n";
-  return status.code() == absl::StatusCode::kInvalidArgument ? kExitUsage
-                                                             : kExitFailure;
+  std::cout.flush();
+  if (cli::ShouldPrint(status)) {
+    std::cerr << "conveyorctl: " << status.message() << "\n";
+  }
+  return cli::ExitCode(status);
 }

@@ -1,44 +1,50 @@
 #include "cli/run_command.h"
 
+#include <csignal>
 #include <filesystem>
+#include <memory>
+#include <optional>
 #include <system_error>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "cli/coordinator_client.h"
+#include "cli/exit_status.h"
+#include "cli/format.h"
+#include "cli/interrupt_handler.h"
+#include "cli/job_commands.h"
+#include "cli/job_file.h"
+#include "cli/local_cluster.h"
+#include "cli/watch.h"
 #include "common/status_macros.h"
+#include "coordinator/planner.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/job_spec.h"
 #include "engine/trainer.h"
 
 namespace conveyor::cli {
+namespace {
 
-CLI::App* AddRunCommand(CLI::App& app, RunCommandOptions& o) {
-  CLI::App* cmd = app.add_subcommand(
-      "run",
-      "Train a job. With --in-process, every stage runs in turn in "
-      "this process: the numerical reference for pipelined runs");
-  cmd->add_option("job", o.job_file, "Job YAML file")->required();
-  cmd->add_flag("--in-process", o.in_process,
-                "Train in this process (no daemons)");
-  cmd->add_option("--steps", o.steps,
-                  "Override training.steps (0: as in the job)");
-  cmd->add_option("--log-every", o.log_every, "Print every N-th step")
-      ->capture_default_str();
-  return cmd;
+// Unary calls to our own coordinator on localhost: generous, since a
+// loaded machine (CI) can be slow to schedule a fresh daemon.
+constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
+// How long a cancelled job gets to end (workers stop at a step boundary)
+// before run stops waiting for it.
+constexpr absl::Duration kCancelGrace = absl::Seconds(5);
+
+std::vector<std::string> AllOverrides(const RunCommandOptions& o) {
+  std::vector<std::string> overrides = o.overrides;
+  if (o.steps > 0)
+    overrides.push_back(absl::StrCat("training.steps=", o.steps));
+  return overrides;
 }
 
-absl::Status RunRunCommand(const RunCommandOptions& o, std::ostream& out) {
-  if (!o.in_process) {
-    return absl::InvalidArgumentError(
-        "run: training on daemons (an embedded local cluster) is not built "
-        "yet; pass --in-process to train in this process");
-  }
-  if (o.steps < 0 || o.log_every < 1) {
-    return absl::InvalidArgumentError(
-        "run: --steps must be >= 0 and --log-every >= 1");
-  }
-  ASSIGN_OR_RETURN(engine::JobSpec job, engine::LoadJobSpec(o.job_file));
-  if (o.steps > 0) job.training.steps = o.steps;
+absl::Status RunInProcess(const RunCommandOptions& o, std::ostream& out) {
+  ASSIGN_OR_RETURN(JobSource source,
+                   ReadJobSource(o.job_file, AllOverrides(o)));
+  ASSIGN_OR_RETURN(engine::JobSpec job, ParseJobSource(source));
   engine::Backend* backend = engine::CpuBackend::Get();
   // Create the checkpoint directory first: a run that cannot write its
   // result should fail before training, not after.
@@ -65,12 +71,21 @@ absl::Status RunRunCommand(const RunCommandOptions& o, std::ostream& out) {
       job.training.microbatches, backend->Name());
   out.flush();
   const int64_t total = job.training.steps;
+  const int64_t every = o.log_every > 0 ? o.log_every : DefaultLogEvery(total);
+  StepTimeEstimator estimator;
   RETURN_IF_ERROR(trainer->Run([&](const engine::StepReport& r) {
-    if (r.step % o.log_every != 0 && r.step != total) return;
-    out << absl::StrFormat(
-        "step %*d/%d  loss %.6f  lr %.3g  %.1f ms  %.0f samples/s\n",
-        static_cast<int>(absl::StrCat(total).size()), r.step, total, r.loss,
-        r.learning_rate, r.seconds * 1e3, r.samples_per_second);
+    estimator.Add(r.seconds);
+    if (!ShouldLogStep(r.step, total, every)) return;
+    // The same line a pipelined run prints, so the two compare at a glance.
+    v1::StepSummary step;
+    step.set_step(r.step);
+    step.set_has_loss(true);
+    step.set_loss(r.loss);
+    step.set_seconds(r.seconds);
+    step.set_samples_per_second(r.samples_per_second);
+    step.set_learning_rate(r.learning_rate);
+    out << FormatStepLine(step, total, estimator.Remaining(r.step, total))
+        << "\n";
     out.flush();
   }));
   if (!job.checkpoint.dir.empty()) {
@@ -81,6 +96,162 @@ absl::Status RunRunCommand(const RunCommandOptions& o, std::ostream& out) {
     out << "final parameters: " << path << "\n";
   }
   return absl::OkStatus();
+}
+
+absl::Status Interrupted(int signal, std::ostream& err) {
+  err << "conveyorctl: interrupted by "
+      << (signal == SIGINT ? "SIGINT" : "SIGTERM")
+      << "; the local cluster is stopped\n";
+  return AlreadyReported(absl::StatusCode::kCancelled, "interrupted",
+                         128 + signal);
+}
+
+std::string LogsLine(const LocalCluster& cluster) {
+  return absl::StrCat("the daemons' logs: ",
+                      absl::StrJoin(cluster.LogPaths(), " "));
+}
+
+void PrintLogs(const LocalCluster& cluster, std::ostream& err) {
+  err << "conveyorctl: " << LogsLine(cluster) << "\n";
+}
+
+absl::Status RunOnLocalCluster(const RunCommandOptions& o, bool tty,
+                               std::ostream& out, std::ostream& err) {
+  // Everything that can be checked without daemons is, so a bad job or a
+  // missing binary costs no process.
+  ASSIGN_OR_RETURN(JobSource source,
+                   ReadJobSource(o.job_file, AllOverrides(o)));
+  ASSIGN_OR_RETURN(engine::JobSpec job, ParseJobSource(source));
+  ASSIGN_OR_RETURN(coordinator::JobPlan plan,
+                   coordinator::PlanJob(std::move(job)));
+  const int num_workers = o.workers > 0 ? o.workers : plan.num_ranks;
+  if (num_workers < plan.num_ranks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--workers ", num_workers, ": the job's pipeline needs ",
+                     plan.num_ranks, " workers"));
+  }
+  const BinarySearch search = BinarySearch::FromEnvironment();
+  LocalClusterOptions options;
+  options.num_workers = num_workers;
+  ASSIGN_OR_RETURN(options.coordinator_binary,
+                   FindDaemonBinary(kCoordinatorBinary, search));
+  ASSIGN_OR_RETURN(options.worker_binary,
+                   FindDaemonBinary(kWorkerBinary, search));
+
+  // From here on a signal cancels and tears down rather than kills.
+  ASSIGN_OR_RETURN(std::unique_ptr<InterruptHandler> interrupts,
+                   InterruptHandler::Install(kCancelGrace, err));
+  options.interrupted = [&interrupts] { return interrupts->signal() != 0; };
+
+  const std::string plan_text = coordinator::DescribePlan(plan);
+  out << plan_text.substr(0, plan_text.find('\n')) << "\n";
+  out << "starting a local cluster: " << kCoordinatorBinary << " and "
+      << num_workers << " " << kWorkerBinary << "(s)\n";
+  out.flush();
+  absl::StatusOr<std::unique_ptr<LocalCluster>> started =
+      LocalCluster::Start(std::move(options));
+  if (!started.ok()) {
+    if (interrupts->signal() != 0) {
+      return Interrupted(interrupts->signal(), err);
+    }
+    return started.status();
+  }
+  std::unique_ptr<LocalCluster> cluster = *std::move(started);
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<CoordinatorClient> client,
+      CoordinatorClient::Create(cluster->coordinator_address(), kRpcTimeout));
+
+  // The result of the part that needs the client, which must be untracked
+  // before it goes away.
+  std::optional<v1::Job> final_job;
+  absl::Status status = [&]() -> absl::Status {
+    RETURN_IF_ERROR(cluster->WaitForWorkers(*client));
+    out << "local cluster: coordinator at " << cluster->coordinator_address()
+        << ", " << num_workers << " worker(s) idle; logs in "
+        << cluster->log_dir() << "\n";
+    out.flush();
+    ASSIGN_OR_RETURN(v1::Job submitted,
+                     client->SubmitJob(MakeSubmitRequest(source)));
+    // The watch's first line shows the job's id and state.
+    interrupts->Track(client.get(), submitted.id());
+    ASSIGN_OR_RETURN(final_job,
+                     WatchToEnd(*client, submitted.id(),
+                                {.log_every = o.log_every, .tty = tty}, out));
+    return absl::OkStatus();
+  }();
+  interrupts->Untrack();
+  // A daemon that died explains a broken watch better than the watch does.
+  const absl::Status daemons = cluster->CheckDaemons();
+  cluster->Stop();
+  const int signal = interrupts->signal();
+  interrupts.reset();  // Restores the previous dispositions.
+
+  if (signal != 0) {
+    // A job that ended as asked leaves nothing worth reading.
+    if (final_job.has_value() && final_job->state() == v1::CANCELLED) {
+      cluster->RemoveLogs();
+    } else {
+      PrintLogs(*cluster, err);
+    }
+    return Interrupted(signal, err);
+  }
+  if (!status.ok()) {
+    std::string message(status.message());
+    if (!daemons.ok() && !absl::StrContains(message, daemons.message())) {
+      absl::StrAppend(&message, "\n", daemons.message());
+    }
+    absl::StrAppend(&message, "\n", LogsLine(*cluster));
+    return absl::Status(status.code(), message);
+  }
+  absl::Status outcome = JobOutcomeStatus(*final_job);
+  if (outcome.ok()) {
+    cluster->RemoveLogs();
+  } else {
+    PrintLogs(*cluster, err);
+  }
+  return outcome;
+}
+
+}  // namespace
+
+CLI::App* AddRunCommand(CLI::App& app, RunCommandOptions& o) {
+  CLI::App* cmd = app.add_subcommand(
+      "run",
+      "Train a job on an embedded local cluster (a coordinator and worker "
+      "daemons started for this run), or with --in-process in this process: "
+      "the numerical reference for pipelined runs");
+  cmd->add_option("job", o.job_file, "Job YAML file")->required();
+  cmd->add_option("-w,--workers", o.workers,
+                  "Worker daemons to start (default: as many as the job's "
+                  "pipeline needs)");
+  cmd->add_option("--set", o.overrides,
+                  "Override a value: key.path=value (the value is YAML; "
+                  "repeatable)");
+  cmd->add_option("--steps", o.steps,
+                  "Override training.steps (0: as in the job)");
+  cmd->add_option("--log-every", o.log_every,
+                  "Without a terminal, print every N-th step (default: about "
+                  "20 lines over the job)");
+  cmd->add_flag("--in-process", o.in_process,
+                "Train in this process with the reference trainer (no "
+                "daemons)");
+  return cmd;
+}
+
+absl::Status RunRunCommand(const RunCommandOptions& o, bool tty,
+                           std::ostream& out, std::ostream& err) {
+  if (o.steps < 0 || o.log_every < 0 || o.workers < 0) {
+    return absl::InvalidArgumentError(
+        "run: --steps, --log-every and --workers must be >= 0");
+  }
+  if (o.in_process) {
+    if (o.workers > 0) {
+      return absl::InvalidArgumentError(
+          "run: --workers starts daemons; it does not go with --in-process");
+    }
+    return RunInProcess(o, out);
+  }
+  return RunOnLocalCluster(o, tty, out, err);
 }
 
 }  // namespace conveyor::cli

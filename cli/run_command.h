@@ -1,7 +1,19 @@
-// `conveyorctl run JOB.yaml --in-process`: trains the whole job in this
-// process with the reference trainer, printing a line per step, and writes
-// the final parameters to checkpoint.dir. (The embedded local cluster, which
-// runs the same job on daemons, arrives with the coordinator and workers.)
+// `conveyorctl run JOB.yaml`: trains a job on this machine.
+//
+// By default on an embedded local cluster (cli/local_cluster.h): a
+// conveyor-coordinator and N conveyor-worker daemons as child processes
+// (N: --workers, else as many as the job's pipeline needs), the job
+// submitted and watched as `submit --watch` would (a progress bar on a
+// terminal, a line every --log-every steps otherwise), then the daemons
+// stopped. The exit code is the job's outcome: 0 only when it SUCCEEDED.
+// SIGINT or SIGTERM cancels the job, stops the daemons and exits 130 or 143.
+//
+// With --in-process, the whole job trains in this process with the
+// reference trainer, every stage in turn, and the final parameters go to
+// checkpoint.dir/params.safetensors.
+//
+// --set k.path=v overrides the job (cli/overrides.h); --steps S is
+// --set training.steps=S.
 // Thread-compatible: the options are the caller's.
 #ifndef CONVEYOR_CLI_RUN_COMMAND_H_
 #define CONVEYOR_CLI_RUN_COMMAND_H_
@@ -9,6 +21,7 @@
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
@@ -18,14 +31,21 @@ namespace conveyor::cli {
 struct RunCommandOptions {
   std::string job_file;
   bool in_process = false;
-  int64_t steps = 0;  // 0: the job's training.steps.
-  int64_t log_every = 1;
+  int workers = 0;  // 0: as many as the job needs.
+  std::vector<std::string> overrides;
+  int64_t steps = 0;      // 0: the job's training.steps.
+  int64_t log_every = 0;  // 0: about 20 lines over the job.
 };
 
 CLI::App* AddRunCommand(CLI::App& app, RunCommandOptions& options);
 
-// InvalidArgument for a bad job or flags (exit 2); other errors exit 1.
-absl::Status RunRunCommand(const RunCommandOptions& options, std::ostream& out);
+// `tty`: standard output is a terminal. Progress goes to `out`, notes about
+// the cluster (interruption, where the logs are) to `err`.
+// InvalidArgument for a bad job or flags (exit 2); an AlreadyReported status
+// for a job that did not succeed (exit 1) or an interruption (130, 143);
+// other errors exit 1.
+absl::Status RunRunCommand(const RunCommandOptions& options, bool tty,
+                           std::ostream& out, std::ostream& err);
 
 }  // namespace conveyor::cli
 

@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
 # Runs the conveyorctl binary as a user would: exit codes, --help for every
-# subcommand, --version, and each output format. Prints "N passed, N failed".
+# subcommand, --version, and each output format. With CONVEYOR_FAKE_BIN_DIR
+# (stand-ins for conveyor-coordinator and conveyor-worker, built from
+# tests/cli/fake_*_main.cc), also the commands that talk to a coordinator and
+# `run` on a local cluster, interruption included. Prints "N passed, N failed".
 set -u
 ctl=${CONVEYORCTL:?set CONVEYORCTL to the conveyorctl binary}
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+fake_pids=()
+cleanup() {
+  for pid in "${fake_pids[@]}"; do kill "$pid" 2>/dev/null; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+# The local clusters' log directories go here, not to /tmp.
+export TMPDIR=$tmp
 passed=0 failed=0
 
 check() {  # check NAME EXPECTED_RC GREP_PATTERN -- ARGS...
@@ -27,6 +37,15 @@ check() {  # check NAME EXPECTED_RC GREP_PATTERN -- ARGS...
 check version 0 '^conveyorctl [0-9]+\.[0-9]+\.[0-9]+ \(revision' -- --version
 check help 0 'schedule' -- --help
 check schedule_help 0 '--microbatches' -- schedule --help
+check run_help 0 '--workers' -- run --help
+check submit_help 0 '--set' -- submit --help
+check status_help 0 '--coordinator' -- status --help
+check watch_help 0 '--log-every' -- watch --help
+check cancel_help 0 '--timeout' -- cancel --help
+check jobs_help 0 '--coordinator' -- jobs --help
+check workers_help 0 '--coordinator' -- workers --help
+check validate_help 0 '--set' -- validate --help
+check export_help 0 '--output' -- export --help
 check no_subcommand 2 'subcommand is required' --
 check unknown_subcommand 2 '' -- frobnicate
 check missing_required 2 '--stages and --microbatches are required' -- schedule -P 4
@@ -106,13 +125,198 @@ sed "s|^  dir: .*|  dir: $tmp/gpt|; s|path: ../docs/architecture.md|path: $src/d
   "$src/examples/gpt.yaml" >"$tmp/gpt.yaml"
 check steps_override_rescales_cosine 0 '^step 20/20 .* lr 0.000366 ' -- \
   run "$tmp/gpt.yaml" --in-process --steps 20
-check run_needs_in_process 2 'pass --in-process' -- run "$tmp/mlp.yaml"
+mkdir -p "$tmp/nobin"
+CONVEYOR_BIN_DIR=$tmp/nobin check run_missing_daemons 1 \
+  "conveyor-coordinator: no executable at $tmp/nobin/conveyor-coordinator" -- \
+  run "$tmp/mlp.yaml"
+check run_in_process_with_workers 2 'does not go with --in-process' -- \
+  run "$tmp/mlp.yaml" --in-process --workers 2
 printf 'model:\n  input_shape: [4]\n  init: {seed: 0}\n  layers:\n    - dense: {feature: 2}\n  loss: mse\n' >"$tmp/bad.yaml"
 check run_bad_job 2 "bad.yaml:5:15: model.layers\\[0\\].dense: unknown key 'feature'" -- \
   run "$tmp/bad.yaml" --in-process
 check run_missing_job 1 'bad-missing.yaml' -- run "$tmp/bad-missing.yaml" --in-process
 check unwritable_output 1 'cannot write' -- \
   schedule -P 2 -M 2 -o /nonexistent-dir/out.txt
+
+# validate: the examples plan; a bad job says where.
+for example in mlp transformer gpt; do
+  check "validate_$example" 0 "examples/$example.yaml: valid; needs [0-9]+ worker\(s\)" -- \
+    validate "$src/examples/$example.yaml"
+done
+check validate_plan 0 '^1      1      4-6 ' -- validate "$src/examples/mlp.yaml"
+check validate_bad_job 2 "bad.yaml:5:15: model.layers\[0\].dense: unknown key 'feature'" -- \
+  validate "$tmp/bad.yaml"
+check validate_missing 1 'missing.yaml' -- validate "$tmp/missing.yaml"
+check validate_set 0 '200 steps of batch 64 in 4 microbatches of 16' -- \
+  validate "$src/examples/mlp.yaml" --set training.batch_size=64
+check validate_set_position 2 'mlp.yaml \(with --set\):[0-9]+:[0-9]+: training.steps: must be a positive integer' -- \
+  validate "$src/examples/mlp.yaml" --set training.steps=many
+check set_no_equals 2 "--set needs key.path=value; got 'training.steps'" -- \
+  validate "$src/examples/mlp.yaml" --set training.steps
+check set_empty_key 2 '--set needs key.path=value with non-empty keys' -- \
+  validate "$src/examples/mlp.yaml" --set training..steps=3
+check set_through_scalar 2 '--set name.x=1: name is' -- \
+  validate "$src/examples/mlp.yaml" --set name.x=1
+check set_bad_index 2 'model.layers is a list of 8 item\(s\)' -- \
+  validate "$src/examples/mlp.yaml" --set model.layers.8=relu
+
+# export: a two-stage checkpoint written as the workers write it, gathered.
+python3 - "$tmp/ckpt" <<'PY'
+import json, os, struct, sys
+def write(path, tensors, meta):
+    header, data = {"__metadata__": meta}, b""
+    for name, values in tensors.items():
+        raw = struct.pack("<%df" % len(values), *values)
+        header[name] = {"dtype": "F32", "shape": [len(values)],
+                        "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + data)
+root = sys.argv[1]
+for step, stages in ((10, (0, 1)), (20, (0, 1)), (30, (0,))):
+    d = os.path.join(root, "step-%d" % step)
+    os.makedirs(d)
+    for s in stages:
+        meta = {"format": "conveyor-stage-v1", "job": "job-3", "stage": str(s),
+                "num_stages": "2", "step": str(step)}
+        write(os.path.join(d, "stage-%d.safetensors" % s),
+              {"layers.%d.weight" % s: [s + step, 2.0], "layers.%d.bias" % s: [0.5]}, meta)
+PY
+check export_latest 0 'exported step 20 of job job-3: 2 stage\(s\), 4 tensors, 6 parameters' -- \
+  export "$tmp/ckpt" -o "$tmp/export.safetensors"
+check export_skips_incomplete 0 'note: skipped step-30: missing stage-1 of 2' -- \
+  export "$tmp/ckpt" -o "$tmp/export.safetensors"
+if python3 - "$tmp/export.safetensors" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+assert h["__metadata__"]["step"] == "20" and h["__metadata__"]["format"] == "pt"
+names = sorted(k for k in h if k != "__metadata__")
+assert names == ["layers.0.bias", "layers.0.weight", "layers.1.bias", "layers.1.weight"], names
+o = h["layers.1.weight"]["data_offsets"]
+assert struct.unpack("<2f", b[8 + n + o[0]:8 + n + o[1]]) == (21.0, 2.0)
+PY
+then passed=$((passed + 1)); else echo "FAIL export_content"; failed=$((failed + 1)); fi
+check export_step 0 'exported step 10 ' -- export "$tmp/ckpt" --step 10 -o "$tmp/e10.safetensors"
+check export_incomplete_step 1 'step-30: missing stage-1 of 2 stages' -- \
+  export "$tmp/ckpt" --step 30 -o "$tmp/e30.safetensors"
+check export_unknown_step 1 'no step-7; steps: 10, 20, 30' -- \
+  export "$tmp/ckpt" --step 7 -o "$tmp/e7.safetensors"
+check export_negative_step 2 '--step must be >= 0' -- \
+  export "$tmp/ckpt" --step -3 -o "$tmp/e.safetensors"
+check export_missing_dir 1 'no such checkpoint directory' -- \
+  export "$tmp/nockpt" -o "$tmp/e.safetensors"
+check export_no_steps 1 'no step-<N> directories' -- export "$tmp/nobin" -o "$tmp/e.safetensors"
+check export_needs_output 2 '--output is required' -- export "$tmp/ckpt"
+
+# The coordinator's commands, with nobody listening.
+check jobs_unreachable 1 'cannot reach the coordinator at 127.0.0.1:1 ' -- \
+  jobs --coordinator 127.0.0.1:1
+CONVEYOR_COORDINATOR=127.0.0.1:1 check env_coordinator 1 'cannot reach the coordinator at 127.0.0.1:1 ' -- \
+  workers
+check bad_timeout 2 '--timeout must be positive' -- status job-1 --timeout 0
+
+fake=${CONVEYOR_FAKE_BIN_DIR:-}
+running() {  # running PID: exists and is not a zombie
+  [ -r "/proc/$1/stat" ] && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]
+}
+if [ -n "$fake" ] && [ -x "$fake/conveyor-coordinator" ]; then
+  # The commands against a (fake) coordinator started by hand.
+  "$fake/conveyor-coordinator" --listen 127.0.0.1:0 --ready-file "$tmp/coord.addr" \
+    >"$tmp/coord.log" 2>&1 &
+  fake_pids+=($!)
+  for _ in $(seq 100); do [ -s "$tmp/coord.addr" ] && break; sleep 0.1; done
+  addr=$(cat "$tmp/coord.addr")
+  for i in 0 1; do
+    "$fake/conveyor-worker" --coordinator "$addr" --name "hand-$i" >"$tmp/w$i.log" 2>&1 &
+    fake_pids+=($!)
+  done
+  for _ in $(seq 100); do
+    [ "$("$ctl" workers --coordinator "$addr" 2>/dev/null | grep -c IDLE)" = 2 ] && break
+    sleep 0.1
+  done
+  export CONVEYOR_COORDINATOR=$addr
+  check workers 0 '^worker-[12] +hand-[01] +IDLE +- +- +0\.[0-9] s ago' -- workers
+  check submit 0 '^job-1 QUEUED$' -- submit "$tmp/mlp.yaml" --set training.steps=5
+  check submit_bad_job 2 "bad.yaml:5:15: model.layers\[0\].dense: unknown key 'feature'" -- \
+    submit "$tmp/bad.yaml"
+  check submit_bad_set 2 '--set needs key.path=value' -- submit "$tmp/mlp.yaml" --set x
+  check watch 0 '^SUCCEEDED: 5/5 steps in .*, final loss 0.200000$' -- watch job-1
+  check status 0 '^1      1     4-6     328320      worker-[12]$' -- status job-1
+  check jobs 0 '^job-1  mlp   SUCCEEDED  5/5 ' -- jobs
+  check watch_unknown 1 "unknown job 'job-9'" -- watch job-9
+  check submit_watch 0 '^step 2/3  loss 0.500000  lr 0.003' -- \
+    submit "$tmp/mlp.yaml" --set training.steps=3 --watch --log-every 1
+  check submit_cancel 0 '^job-3 QUEUED$' -- submit "$tmp/mlp.yaml"
+  check cancel 0 '^job-3 CANCELLED: cancelled by user$' -- cancel job-3
+  check watch_cancelled 1 '^CANCELLED: cancelled by user' -- watch job-3
+  unset CONVEYOR_COORDINATOR
+
+  # run on a local cluster of the fake daemons.
+  export CONVEYOR_BIN_DIR=$fake
+  check run_cluster 0 '^SUCCEEDED: 30/30 steps' -- run "$tmp/mlp.yaml" --steps 30
+  check run_cluster_lines 0 '^step 10/30  loss 0.100000' -- run "$tmp/mlp.yaml" --steps 30
+  check run_cluster_workers 0 '3 worker\(s\) idle' -- run "$tmp/mlp.yaml" --steps 2 --workers 3
+  check run_too_few_workers 2 "--workers 1: the job's pipeline needs 2 workers" -- \
+    run "$tmp/mlp.yaml" --workers 1
+  check run_bad_job 2 "bad.yaml:5:15: model.layers\[0\].dense: unknown key 'feature'" -- \
+    run "$tmp/bad.yaml"
+  CONVEYOR_FAKE_OUTCOME=FAILED check run_failed 1 '^FAILED: worker-2 lost' -- \
+    run "$tmp/mlp.yaml" --steps 10
+  CONVEYOR_FAKE_COORDINATOR_EXIT=1 check run_coordinator_dies 1 \
+    'conveyor-coordinator \(pid [0-9]+\) exited with status 3 before writing its address' -- \
+    run "$tmp/mlp.yaml"
+  CONVEYOR_FAKE_WORKER_EXIT=1 check run_worker_dies 1 \
+    'conveyor-worker \(pid [0-9]+\) exited with status 3' -- run "$tmp/mlp.yaml"
+  # The successful runs left no log directory behind.
+  n=$(ls -d "$tmp"/conveyorctl-* 2>/dev/null | wc -l)
+  if [ "$n" -eq 3 ]; then passed=$((passed + 1)); else
+    echo "FAIL run_logs_kept_on_failure_only: $n log directories"; failed=$((failed + 1)); fi
+
+  # SIGINT cancels the job, stops the daemons and exits 130.
+  for sig in INT TERM; do
+    CONVEYOR_FAKE_STEP_DELAY_MS=100 "$ctl" run "$tmp/mlp.yaml" >"$tmp/sig.out" 2>&1 &
+    pid=$!
+    for _ in $(seq 100); do grep -q '^step' "$tmp/sig.out" && break; sleep 0.1; done
+    children=$(pgrep -P "$pid" | tr '\n' ' ')
+    kill -"$sig" "$pid"
+    wait "$pid"
+    rc=$?
+    want=$([ "$sig" = INT ] && echo 130 || echo 143)
+    alive=""
+    for c in $children; do running "$c" && alive="$alive $c"; done
+    if [ "$rc" -eq "$want" ] && [ -n "$children" ] && [ -z "$alive" ] &&
+       grep -q '^CANCELLED: cancelled by user' "$tmp/sig.out" &&
+       grep -q "interrupted by SIG$sig" "$tmp/sig.out"; then
+      passed=$((passed + 1))
+    else
+      echo "FAIL run_sig$sig: exit $rc (want $want), children '$children', alive '$alive'"
+      tail -5 "$tmp/sig.out"; failed=$((failed + 1))
+    fi
+  done
+  # SIGKILL leaves conveyorctl no say: the daemons go anyway (PR_SET_PDEATHSIG).
+  # They become zombies of init until it reaps them: dead, which is the point.
+  CONVEYOR_FAKE_STEP_DELAY_MS=100 "$ctl" run "$tmp/mlp.yaml" >"$tmp/kill.out" 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do grep -q '^step' "$tmp/kill.out" && break; sleep 0.1; done
+  children=$(pgrep -P "$pid" | tr '\n' ' ')
+  kill -KILL "$pid"
+  wait "$pid" 2>/dev/null
+  for _ in $(seq 100); do  # The coordinator takes up to 1 s to shut down.
+    alive=""
+    for c in $children; do running "$c" && alive="$alive $c"; done
+    [ -z "$alive" ] && break
+    sleep 0.1
+  done
+  if [ -n "$children" ] && [ -z "$alive" ]; then passed=$((passed + 1)); else
+    echo "FAIL run_sigkill: children '$children', alive '$alive'"; failed=$((failed + 1)); fi
+  unset CONVEYOR_BIN_DIR
+else
+  echo "note: CONVEYOR_FAKE_BIN_DIR not set: skipping the coordinator and local-cluster tests"
+fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,0 +1,152 @@
+#include "cli/coordinator_client.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+#include "proto/protocol.h"
+
+namespace conveyor::cli {
+
+std::string ResolveCoordinatorAddress(absl::string_view flag) {
+  if (!flag.empty()) return std::string(flag);
+  if (const char* env = std::getenv(kCoordinatorEnv);
+      env != nullptr && *env != '\0') {
+    return env;
+  }
+  return kDefaultCoordinatorAddress;
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
+    std::string address, absl::Duration rpc_timeout) {
+  if (address.empty()) {
+    return absl::InvalidArgumentError("the coordinator address is empty");
+  }
+  if (rpc_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the RPC timeout must be positive; got ",
+                     absl::FormatDuration(rpc_timeout)));
+  }
+  grpc::ChannelArguments args;
+  // Jobs travel as YAML and a watch event carries the whole job: both ends
+  // accept up to the protocol's limit, not gRPC's 4 MiB default.
+  args.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
+  args.SetMaxSendMessageSize(proto::kMaxMessageBytes);
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+      address, grpc::InsecureChannelCredentials(), args);
+  return std::unique_ptr<CoordinatorClient>(new CoordinatorClient(
+      std::move(address), rpc_timeout, v1::Coordinator::NewStub(channel)));
+}
+
+void CoordinatorClient::SetDeadline(grpc::ClientContext& context) const {
+  context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
+}
+
+absl::Status CoordinatorClient::FromGrpc(const grpc::Status& status) const {
+  absl::Status s = proto::FromGrpcStatus(status);
+  switch (s.code()) {
+    case absl::StatusCode::kUnavailable:
+      return absl::UnavailableError(
+          absl::StrCat("cannot reach the coordinator at ", address_,
+                       " (set --coordinator "
+                       "or ",
+                       kCoordinatorEnv, "): ", s.message()));
+    case absl::StatusCode::kDeadlineExceeded:
+      return absl::DeadlineExceededError(
+          absl::StrCat("the coordinator at ", address_, " did not answer in ",
+                       absl::FormatDuration(rpc_timeout_), ": ", s.message()));
+    default:
+      return s;
+  }
+}
+
+absl::StatusOr<v1::Job> CoordinatorClient::SubmitJob(
+    const v1::SubmitJobRequest& request) {
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::SubmitJobResponse response;
+  grpc::Status status = stub_->SubmitJob(&context, request, &response);
+  if (!status.ok()) return FromGrpc(status);
+  return std::move(*response.mutable_job());
+}
+
+absl::StatusOr<v1::Job> CoordinatorClient::GetJob(const std::string& id) {
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::GetJobRequest request;
+  request.set_id(id);
+  v1::Job job;
+  grpc::Status status = stub_->GetJob(&context, request, &job);
+  if (!status.ok()) return FromGrpc(status);
+  return job;
+}
+
+absl::StatusOr<std::vector<v1::Job>> CoordinatorClient::ListJobs() {
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::ListJobsResponse response;
+  grpc::Status status =
+      stub_->ListJobs(&context, v1::ListJobsRequest(), &response);
+  if (!status.ok()) return FromGrpc(status);
+  return std::vector<v1::Job>(response.jobs().begin(), response.jobs().end());
+}
+
+absl::StatusOr<v1::Job> CoordinatorClient::CancelJob(const std::string& id) {
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::CancelJobRequest request;
+  request.set_id(id);
+  v1::Job job;
+  grpc::Status status = stub_->CancelJob(&context, request, &job);
+  if (!status.ok()) return FromGrpc(status);
+  return job;
+}
+
+absl::StatusOr<std::vector<v1::Worker>> CoordinatorClient::ListWorkers() {
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::ListWorkersResponse response;
+  grpc::Status status =
+      stub_->ListWorkers(&context, v1::ListWorkersRequest(), &response);
+  if (!status.ok()) return FromGrpc(status);
+  return std::vector<v1::Worker>(response.workers().begin(),
+                                 response.workers().end());
+}
+
+absl::Status CoordinatorClient::WatchJob(
+    const std::string& id,
+    const std::function<void(const v1::JobEvent&)>& on_event) {
+  grpc::ClientContext context;
+  {
+    absl::MutexLock lock(&mutex_);
+    if (watches_cancelled_) {
+      return absl::CancelledError(absl::StrCat("watch of ", id, " cancelled"));
+    }
+    watches_.insert(&context);
+  }
+  v1::WatchJobRequest request;
+  request.set_id(id);
+  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader =
+      stub_->WatchJob(&context, request);
+  v1::JobEvent event;
+  while (reader->Read(&event)) on_event(event);
+  grpc::Status status = reader->Finish();
+  {
+    absl::MutexLock lock(&mutex_);
+    watches_.erase(&context);
+  }
+  return FromGrpc(status);
+}
+
+void CoordinatorClient::CancelWatches() {
+  absl::MutexLock lock(&mutex_);
+  watches_cancelled_ = true;
+  for (grpc::ClientContext* context : watches_) context->TryCancel();
+}
+
+}  // namespace conveyor::cli

@@ -1,0 +1,344 @@
+#include "cli/format.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "proto/protocol.h"
+
+namespace conveyor::cli {
+namespace {
+
+// How much the newest step counts in the average: enough to follow a change
+// of pace within ~10 steps, little enough that one slow step (a checkpoint)
+// does not swing the estimate.
+constexpr double kSmoothing = 0.2;
+
+std::string JobTitle(const v1::Job& job) {
+  if (job.name().empty()) return job.id();
+  return absl::StrCat(job.id(), " (", job.name(), ")");
+}
+
+std::string StepsText(int64_t done, int64_t total) {
+  if (total <= 0) return absl::StrCat(done);
+  return absl::StrCat(done, "/", total);
+}
+
+// Seconds between two Unix-millisecond times, when both are set.
+std::optional<double> Between(int64_t from_ms, int64_t to_ms) {
+  if (from_ms <= 0 || to_ms <= 0 || to_ms < from_ms) return std::nullopt;
+  return static_cast<double>(to_ms - from_ms) / 1e3;
+}
+
+double SecondsSince(int64_t unix_ms, absl::Time now) {
+  return absl::ToDoubleSeconds(now - absl::FromUnixMillis(unix_ms));
+}
+
+std::string PipelineText(const v1::Job& job) {
+  std::string out = absl::StrFormat(
+      "%s: %d worker(s) x %d virtual stage(s) = %d stage(s)",
+      job.schedule().empty() ? "?" : job.schedule(), job.num_workers(),
+      std::max(job.virtual_stages(), 1), job.num_stages());
+  if (job.batch_size() > 0) {
+    absl::StrAppendFormat(&out, "; batch %d in %d microbatch(es)",
+                          job.batch_size(), job.microbatches());
+  }
+  return out;
+}
+
+std::string ThroughputText(double samples_per_second,
+                           double tokens_per_second) {
+  if (tokens_per_second > 0) {
+    return absl::StrFormat("%.0f tokens/s", tokens_per_second);
+  }
+  return absl::StrFormat("%.0f samples/s", samples_per_second);
+}
+
+}  // namespace
+
+std::string FormatDuration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "-";
+  if (seconds < 10) return absl::StrFormat("%.1f s", seconds);
+  if (seconds < 60) return absl::StrFormat("%.0f s", seconds);
+  const int64_t s = static_cast<int64_t>(std::llround(seconds));
+  if (s < 3600) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  if (s < 86400) return absl::StrFormat("%dh%02dm", s / 3600, s % 3600 / 60);
+  return absl::StrFormat("%dd%02dh", s / 86400, s % 86400 / 3600);
+}
+
+std::string FormatTable(const std::vector<std::string>& header,
+                        const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> widths(header.size(), 0);
+  for (size_t c = 0; c < header.size(); ++c) widths[c] = header[c].size();
+  for (const std::vector<std::string>& row : rows) {
+    for (size_t c = 0; c < row.size() && c < widths.size(); ++c) {
+      widths[c] = std::max(widths[c], row[c].size());
+    }
+  }
+  std::string out;
+  auto append_row = [&](const std::vector<std::string>& row) {
+    std::string line;
+    for (size_t c = 0; c < widths.size(); ++c) {
+      const std::string cell = c < row.size() ? row[c] : "";
+      line += cell;
+      if (c + 1 < widths.size()) line.append(widths[c] - cell.size() + 2, ' ');
+    }
+    // Trailing empty cells would otherwise leave trailing spaces.
+    line.erase(line.find_last_not_of(' ') + 1);
+    out += line;
+    out += '\n';
+  };
+  append_row(header);
+  for (const std::vector<std::string>& row : rows) append_row(row);
+  return out;
+}
+
+int64_t DefaultLogEvery(int64_t steps_total) {
+  return std::max<int64_t>(1, (steps_total + 19) / 20);
+}
+
+bool ShouldLogStep(int64_t step, int64_t steps_total, int64_t log_every) {
+  if (step == 1 || step == steps_total) return true;
+  return log_every > 0 && step % log_every == 0;
+}
+
+void StepTimeEstimator::Add(double step_seconds) {
+  if (!std::isfinite(step_seconds) || step_seconds < 0) return;
+  average_ = average_.has_value()
+                 ? kSmoothing * step_seconds + (1 - kSmoothing) * *average_
+                 : step_seconds;
+}
+
+std::optional<double> StepTimeEstimator::Remaining(int64_t steps_done,
+                                                   int64_t steps_total) const {
+  if (!average_.has_value() || steps_total <= 0) return std::nullopt;
+  return static_cast<double>(std::max<int64_t>(0, steps_total - steps_done)) *
+         *average_;
+}
+
+std::string FormatStepLine(const v1::StepSummary& step, int64_t steps_total,
+                           std::optional<double> eta_seconds) {
+  std::string out;
+  if (steps_total > 0) {
+    // Pad the step to the total's width so the columns line up.
+    const int width = static_cast<int>(absl::StrCat(steps_total).size());
+    out = absl::StrFormat("step %*d/%d", width, step.step(), steps_total);
+  } else {
+    out = absl::StrFormat("step %d", step.step());
+  }
+  if (step.has_loss()) absl::StrAppendFormat(&out, "  loss %.6f", step.loss());
+  absl::StrAppendFormat(&out, "  lr %.3g  %.1f ms  %.0f samples/s",
+                        step.learning_rate(), step.seconds() * 1e3,
+                        step.samples_per_second());
+  if (step.tokens_per_second() > 0) {
+    absl::StrAppendFormat(&out, "  %.0f tokens/s", step.tokens_per_second());
+  }
+  if (step.ranks_size() > 1) {
+    absl::StrAppendFormat(&out, "  bubble %.1f%%",
+                          step.bubble_fraction() * 100);
+  }
+  if (eta_seconds.has_value() && step.step() < steps_total) {
+    absl::StrAppend(&out, "  ETA ", FormatDuration(*eta_seconds));
+  }
+  return out;
+}
+
+std::string FormatProgressBar(const v1::StepSummary& step, int64_t steps_total,
+                              std::optional<double> eta_seconds, int width) {
+  width = std::max(width, 1);
+  int filled = 0;
+  if (steps_total > 0) {
+    const int64_t done = std::clamp<int64_t>(step.step(), 0, steps_total);
+    filled = static_cast<int>(done * width / steps_total);
+  }
+  std::string out = absl::StrCat("[", std::string(filled, '#'),
+                                 std::string(width - filled, '-'), "]");
+  if (steps_total > 0) {
+    const int digits = static_cast<int>(absl::StrCat(steps_total).size());
+    absl::StrAppendFormat(&out, "  %*d/%d", digits, step.step(), steps_total);
+  } else {
+    absl::StrAppendFormat(&out, "  %d", step.step());
+  }
+  if (step.has_loss()) absl::StrAppendFormat(&out, "  loss %.6f", step.loss());
+  absl::StrAppend(
+      &out, "  ",
+      ThroughputText(step.samples_per_second(), step.tokens_per_second()));
+  absl::StrAppendFormat(&out, "  %.1f ms/step", step.seconds() * 1e3);
+  if (eta_seconds.has_value() && step.step() < steps_total) {
+    absl::StrAppend(&out, "  ETA ", FormatDuration(*eta_seconds));
+  }
+  return out;
+}
+
+std::string FormatStateLine(const v1::Job& job) {
+  std::string out =
+      absl::StrCat(JobTitle(job), ": ", proto::JobStateName(job.state()));
+  switch (job.state()) {
+    case v1::QUEUED:
+      if (job.queue_position() > 0) {
+        absl::StrAppend(&out, ", position ", job.queue_position());
+      }
+      break;
+    case v1::PLANNING:
+      // The workers load their stages and connect; RUNNING tells the rest.
+      if (job.worker_ids_size() > 0) {
+        absl::StrAppend(&out, " on ", absl::StrJoin(job.worker_ids(), ", "));
+      }
+      break;
+    case v1::RUNNING:
+      absl::StrAppend(&out, ": ", PipelineText(job));
+      if (job.worker_ids_size() > 0) {
+        absl::StrAppend(&out, " on ", absl::StrJoin(job.worker_ids(), ", "));
+      }
+      if (job.state() == v1::RUNNING && job.steps_done() > 0) {
+        absl::StrAppend(&out, "; ",
+                        StepsText(job.steps_done(), job.steps_total()),
+                        " steps done");
+      }
+      break;
+    default:
+      if (!job.message().empty()) absl::StrAppend(&out, ": ", job.message());
+      break;
+  }
+  return out;
+}
+
+std::string FormatOutcome(const v1::Job& job) {
+  const std::string steps = StepsText(job.steps_done(), job.steps_total());
+  switch (job.state()) {
+    case v1::SUCCEEDED: {
+      std::string out = absl::StrCat("SUCCEEDED: ", steps, " steps");
+      if (std::optional<double> ran =
+              Between(job.started_unix_ms(), job.ended_unix_ms())) {
+        absl::StrAppend(&out, " in ", FormatDuration(*ran));
+      }
+      if (job.has_loss()) {
+        absl::StrAppendFormat(&out, ", final loss %.6f", job.last_loss());
+      }
+      return out;
+    }
+    case v1::FAILED:
+    case v1::CANCELLED:
+      return absl::StrCat(
+          proto::JobStateName(job.state()), ": ",
+          job.message().empty() ? "(no reason given)" : job.message(),
+          " (after ", steps, " steps)");
+    default:
+      return absl::StrCat(proto::JobStateName(job.state()), ": ", steps,
+                          " steps");
+  }
+}
+
+std::string FormatJobDetails(const v1::Job& job, absl::Time now) {
+  std::vector<std::vector<std::string>> fields;
+  if (!job.message().empty()) fields.push_back({"message", job.message()});
+  std::string progress =
+      absl::StrCat(StepsText(job.steps_done(), job.steps_total()), " steps");
+  if (job.has_loss()) {
+    absl::StrAppendFormat(&progress, ", loss %.6f", job.last_loss());
+  }
+  if (job.last_step_seconds() > 0) {
+    absl::StrAppendFormat(&progress, ", %.1f ms/step, %.0f samples/s",
+                          job.last_step_seconds() * 1e3,
+                          job.samples_per_second());
+    if (job.tokens_per_second() > 0) {
+      absl::StrAppendFormat(&progress, ", %.0f tokens/s",
+                            job.tokens_per_second());
+    }
+  }
+  fields.push_back({"progress", progress});
+  fields.push_back({"pipeline", PipelineText(job)});
+  if (job.state() == v1::QUEUED && job.queue_position() > 0) {
+    fields.push_back(
+        {"queue", absl::StrCat("position ", job.queue_position())});
+  }
+  if (job.created_unix_ms() > 0) {
+    fields.push_back({"created", absl::StrCat(FormatDuration(SecondsSince(
+                                                  job.created_unix_ms(), now)),
+                                              " ago")});
+  }
+  if (job.started_unix_ms() > 0) {
+    if (job.ended_unix_ms() > 0) {
+      const double ran = static_cast<double>(std::max<int64_t>(
+                             job.ended_unix_ms() - job.started_unix_ms(), 0)) /
+                         1e3;
+      fields.push_back(
+          {"ran",
+           absl::StrCat("for ", FormatDuration(ran), ", ended ",
+                        FormatDuration(SecondsSince(job.ended_unix_ms(), now)),
+                        " ago")});
+    } else {
+      fields.push_back(
+          {"running", absl::StrCat("for ", FormatDuration(SecondsSince(
+                                               job.started_unix_ms(), now)))});
+    }
+  }
+  if (!job.checkpoint_dir().empty()) {
+    fields.push_back({"checkpoint", job.checkpoint_dir()});
+  }
+  std::string out =
+      absl::StrCat(JobTitle(job), ": ", proto::JobStateName(job.state()), "\n");
+  size_t key_width = 0;
+  for (const auto& f : fields) key_width = std::max(key_width, f[0].size());
+  for (const auto& f : fields) {
+    absl::StrAppend(&out, "  ", f[0], std::string(key_width - f[0].size(), ' '),
+                    "  ", f[1], "\n");
+  }
+  if (job.stages_size() > 0) {
+    std::vector<std::vector<std::string>> rows;
+    for (const v1::StagePlacement& s : job.stages()) {
+      rows.push_back({absl::StrCat(s.stage()), absl::StrCat(s.rank()),
+                      s.num_layers() > 0
+                          ? absl::StrCat(s.first_layer(), "-",
+                                         s.first_layer() + s.num_layers() - 1)
+                          : "-",
+                      absl::StrCat(s.num_params()),
+                      s.worker_id().empty() ? "-" : s.worker_id()});
+    }
+    absl::StrAppend(
+        &out, "\n",
+        FormatTable({"STAGE", "RANK", "LAYERS", "PARAMETERS", "WORKER"}, rows));
+  }
+  return out;
+}
+
+std::string FormatJobsTable(const std::vector<v1::Job>& jobs, absl::Time now) {
+  std::vector<std::vector<std::string>> rows;
+  for (const v1::Job& job : jobs) {
+    std::string schedule = job.schedule().empty() ? "-" : job.schedule();
+    if (job.virtual_stages() > 1) {
+      absl::StrAppend(&schedule, " V=", job.virtual_stages());
+    }
+    rows.push_back(
+        {job.id(), job.name().empty() ? "-" : job.name(),
+         std::string(proto::JobStateName(job.state())),
+         StepsText(job.steps_done(), job.steps_total()),
+         job.has_loss() ? absl::StrFormat("%.6f", job.last_loss()) : "-",
+         schedule, absl::StrCat(job.num_workers()),
+         job.created_unix_ms() > 0
+             ? FormatDuration(SecondsSince(job.created_unix_ms(), now))
+             : "-"});
+  }
+  return FormatTable(
+      {"ID", "NAME", "STATE", "STEPS", "LOSS", "SCHEDULE", "WORKERS", "AGE"},
+      rows);
+}
+
+std::string FormatWorkersTable(const std::vector<v1::Worker>& workers) {
+  std::vector<std::vector<std::string>> rows;
+  for (const v1::Worker& w : workers) {
+    rows.push_back(
+        {w.id(), w.name(), std::string(proto::WorkerStateName(w.state())),
+         w.job_id().empty() ? "-" : w.job_id(),
+         w.stages_size() > 0 ? absl::StrJoin(w.stages(), ",") : "-",
+         absl::StrCat(FormatDuration(w.seconds_since_heartbeat()), " ago"),
+         w.data_address().empty() ? "-" : w.data_address(), w.lost_reason()});
+  }
+  return FormatTable({"ID", "NAME", "STATE", "JOB", "STAGES", "HEARTBEAT",
+                      "DATA-ADDRESS", "NOTE"},
+                     rows);
+}
+
+}  // namespace conveyor::cli

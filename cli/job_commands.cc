@@ -1,0 +1,159 @@
+#include "cli/job_commands.h"
+
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cli/format.h"
+#include "common/status_macros.h"
+#include "proto/protocol.h"
+
+namespace conveyor::cli {
+namespace {
+
+void AddClientOptions(CLI::App* cmd, JobCommandOptions& o) {
+  cmd->add_option(
+      "--coordinator", o.coordinator,
+      absl::StrCat("Coordinator address host:port (default: $", kCoordinatorEnv,
+                   ", else ", kDefaultCoordinatorAddress, ")"));
+  cmd->add_option("--timeout", o.timeout_seconds,
+                  "Seconds to wait for each request's answer")
+      ->capture_default_str();
+}
+
+void AddLogEvery(CLI::App* cmd, JobCommandOptions& o) {
+  cmd->add_option("--log-every", o.log_every,
+                  "Without a terminal, print every N-th step (default: about "
+                  "20 lines over the job)");
+}
+
+std::string StateText(const v1::Job& job) {
+  std::string out =
+      absl::StrCat(job.id(), " ", proto::JobStateName(job.state()));
+  if (!job.message().empty()) absl::StrAppend(&out, ": ", job.message());
+  return out;
+}
+
+}  // namespace
+
+bool JobCommands::AnyParsed() const {
+  for (const CLI::App* cmd : {submit, status, watch, cancel, jobs, workers}) {
+    if (cmd != nullptr && cmd->parsed()) return true;
+  }
+  return false;
+}
+
+JobCommands AddJobCommands(CLI::App& app, JobCommandOptions& o) {
+  JobCommands c;
+  c.submit = app.add_subcommand(
+      "submit",
+      "Send a job to the coordinator, which validates, queues and runs it; "
+      "prints the job's id and state");
+  c.submit->add_option("job", o.job_file, "Job YAML file")->required();
+  c.submit->add_option("--set", o.overrides,
+                       "Override a value: key.path=value (the value is YAML; "
+                       "repeatable)");
+  c.submit->add_flag("--watch", o.watch,
+                     "Then follow the job to its end (exit 0 only if it "
+                     "succeeds)");
+  AddLogEvery(c.submit, o);
+
+  c.status = app.add_subcommand("status", "Show one job in detail");
+  c.status->add_option("job", o.job_id, "Job id (job-7)")->required();
+
+  c.watch = app.add_subcommand(
+      "watch",
+      "Follow a job's progress until it ends; exit 0 only if it succeeds");
+  c.watch->add_option("job", o.job_id, "Job id (job-7)")->required();
+  AddLogEvery(c.watch, o);
+
+  c.cancel = app.add_subcommand("cancel", "Cancel a job");
+  c.cancel->add_option("job", o.job_id, "Job id (job-7)")->required();
+
+  c.jobs = app.add_subcommand("jobs", "List the coordinator's jobs");
+  c.workers = app.add_subcommand("workers", "List the registered workers");
+  for (CLI::App* cmd :
+       {c.submit, c.status, c.watch, c.cancel, c.jobs, c.workers}) {
+    AddClientOptions(cmd, o);
+  }
+  return c;
+}
+
+v1::SubmitJobRequest MakeSubmitRequest(const JobSource& source) {
+  v1::SubmitJobRequest request;
+  request.set_yaml(source.yaml);
+  request.set_file_name(source.file_name);
+  request.set_base_dir(source.base_dir);
+  return request;
+}
+
+absl::Status RunSubmit(CoordinatorClient& client, const JobCommandOptions& o,
+                       const WatchOptions& watch, std::ostream& out) {
+  // The coordinator validates the job: parsing it here as well would only
+  // risk a second opinion from a different build.
+  ASSIGN_OR_RETURN(JobSource source, ReadJobSource(o.job_file, o.overrides));
+  ASSIGN_OR_RETURN(v1::Job job, client.SubmitJob(MakeSubmitRequest(source)));
+  out << job.id() << " " << proto::JobStateName(job.state()) << "\n";
+  out.flush();
+  if (!o.watch) return absl::OkStatus();
+  return RunWatch(client, job.id(), watch, out);
+}
+
+absl::Status RunStatus(CoordinatorClient& client, const std::string& id,
+                       absl::Time now, std::ostream& out) {
+  ASSIGN_OR_RETURN(v1::Job job, client.GetJob(id));
+  out << FormatJobDetails(job, now);
+  return absl::OkStatus();
+}
+
+absl::Status RunWatch(CoordinatorClient& client, const std::string& id,
+                      const WatchOptions& watch, std::ostream& out) {
+  ASSIGN_OR_RETURN(v1::Job job, WatchToEnd(client, id, watch, out));
+  return JobOutcomeStatus(job);
+}
+
+absl::Status RunCancel(CoordinatorClient& client, const std::string& id,
+                       std::ostream& out) {
+  ASSIGN_OR_RETURN(v1::Job job, client.CancelJob(id));
+  out << StateText(job) << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status RunJobs(CoordinatorClient& client, absl::Time now,
+                     std::ostream& out) {
+  ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, client.ListJobs());
+  out << FormatJobsTable(jobs, now);
+  return absl::OkStatus();
+}
+
+absl::Status RunWorkers(CoordinatorClient& client, std::ostream& out) {
+  ASSIGN_OR_RETURN(std::vector<v1::Worker> workers, client.ListWorkers());
+  out << FormatWorkersTable(workers);
+  return absl::OkStatus();
+}
+
+absl::Status RunJobCommand(const JobCommands& c, const JobCommandOptions& o,
+                           bool tty, std::ostream& out) {
+  if (!(o.timeout_seconds > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--timeout must be positive; got ", o.timeout_seconds));
+  }
+  if (o.log_every < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--log-every must be >= 1 (or 0 for the default); got ", o.log_every));
+  }
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<CoordinatorClient> client,
+      CoordinatorClient::Create(ResolveCoordinatorAddress(o.coordinator),
+                                absl::Seconds(o.timeout_seconds)));
+  const WatchOptions watch{.log_every = o.log_every, .tty = tty};
+  if (c.submit->parsed()) return RunSubmit(*client, o, watch, out);
+  if (c.status->parsed()) return RunStatus(*client, o.job_id, absl::Now(), out);
+  if (c.watch->parsed()) return RunWatch(*client, o.job_id, watch, out);
+  if (c.cancel->parsed()) return RunCancel(*client, o.job_id, out);
+  if (c.jobs->parsed()) return RunJobs(*client, absl::Now(), out);
+  if (c.workers->parsed()) return RunWorkers(*client, out);
+  return absl::InternalError("no job command was parsed");
+}
+
+}  // namespace conveyor::cli

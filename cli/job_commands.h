@@ -1,0 +1,85 @@
+// The conveyorctl commands that talk to a running coordinator:
+//
+//   submit JOB.yaml [--set k.path=v ...] [--watch]   send a job; print its id
+//   status JOB                                       one job in detail
+//   watch JOB [--log-every N]                        follow a job to its end
+//   cancel JOB
+//   jobs                                             every job, as a table
+//   workers                                          every worker, as a table
+//
+// Each takes --coordinator ADDRESS (else $CONVEYOR_COORDINATOR, else
+// 127.0.0.1:7070) and --timeout SECONDS for each unary call. The coordinator
+// validates jobs: a bad one comes back InvalidArgument "file:line:col: ..."
+// and conveyorctl exits 2. `watch` (and `submit --watch`) exits 0 only when
+// the job SUCCEEDED.
+// Thread-compatible: the options are the caller's.
+#ifndef CONVEYOR_CLI_JOB_COMMANDS_H_
+#define CONVEYOR_CLI_JOB_COMMANDS_H_
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "cli/coordinator_client.h"
+#include "cli/job_file.h"
+#include "cli/watch.h"
+#include "conveyor/v1/conveyor.pb.h"
+
+namespace conveyor::cli {
+
+struct JobCommandOptions {
+  std::string coordinator;  // Empty: ResolveCoordinatorAddress's fallbacks.
+  double timeout_seconds = 10;
+  std::string job_file;                // submit
+  std::vector<std::string> overrides;  // submit --set
+  bool watch = false;                  // submit --watch
+  std::string job_id;                  // status, watch, cancel
+  int64_t log_every = 0;               // watch; 0: about 20 lines per job
+};
+
+// The subcommands, for the caller to see which one was parsed.
+struct JobCommands {
+  CLI::App* submit = nullptr;
+  CLI::App* status = nullptr;
+  CLI::App* watch = nullptr;
+  CLI::App* cancel = nullptr;
+  CLI::App* jobs = nullptr;
+  CLI::App* workers = nullptr;
+
+  bool AnyParsed() const;
+};
+
+JobCommands AddJobCommands(CLI::App& app, JobCommandOptions& options);
+
+// Connects to the coordinator and runs whichever of `commands` was parsed.
+// `tty`: standard output is a terminal (watch redraws a progress bar).
+absl::Status RunJobCommand(const JobCommands& commands,
+                           const JobCommandOptions& options, bool tty,
+                           std::ostream& out);
+
+// The request `submit` sends for `source`.
+v1::SubmitJobRequest MakeSubmitRequest(const JobSource& source);
+
+// The commands over a connected client. Errors are the coordinator's (see
+// CoordinatorClient); RunSubmit also fails as ReadJobSource does, and
+// RunWatch (RunSubmit with options.watch) as JobOutcomeStatus does.
+absl::Status RunSubmit(CoordinatorClient& client,
+                       const JobCommandOptions& options,
+                       const WatchOptions& watch, std::ostream& out);
+absl::Status RunStatus(CoordinatorClient& client, const std::string& id,
+                       absl::Time now, std::ostream& out);
+absl::Status RunWatch(CoordinatorClient& client, const std::string& id,
+                      const WatchOptions& watch, std::ostream& out);
+absl::Status RunCancel(CoordinatorClient& client, const std::string& id,
+                       std::ostream& out);
+absl::Status RunJobs(CoordinatorClient& client, absl::Time now,
+                     std::ostream& out);
+absl::Status RunWorkers(CoordinatorClient& client, std::ostream& out);
+
+}  // namespace conveyor::cli
+
+#endif  // CONVEYOR_CLI_JOB_COMMANDS_H_

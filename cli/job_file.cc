@@ -1,0 +1,75 @@
+#include "cli/job_file.h"
+
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "cli/overrides.h"
+#include "common/file.h"
+#include "common/status_macros.h"
+
+namespace conveyor::cli {
+namespace {
+
+// "file:3:7: path: message" -> "path: message".
+absl::string_view WithoutLocation(absl::string_view message,
+                                  absl::string_view file) {
+  if (!absl::ConsumePrefix(&message, file)) return message;
+  while (!message.empty() &&
+         (message[0] == ':' ||
+          absl::ascii_isdigit(static_cast<unsigned char>(message[0])))) {
+    message.remove_prefix(1);
+  }
+  absl::ConsumePrefix(&message, " ");
+  return message;
+}
+
+}  // namespace
+
+absl::StatusOr<JobSource> ReadJobSource(
+    const std::string& path, absl::Span<const std::string> overrides) {
+  JobSource source;
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path, engine::kMaxJobFileBytes));
+  source.file_name = path;
+  if (!overrides.empty()) {
+    ASSIGN_OR_RETURN(source.yaml, ApplyOverrides(text, path, overrides,
+                                                 engine::kMaxJobFileBytes));
+    absl::StrAppend(&source.file_name, " (with --set)");
+    source.original_yaml = std::move(text);
+    source.original_file_name = path;
+  } else {
+    source.yaml = std::move(text);
+  }
+  // The coordinator and workers may run in other directories: relative
+  // paths in the job must resolve against the file, wherever it was named
+  // from.
+  std::error_code ec;
+  std::filesystem::path absolute = std::filesystem::absolute(path, ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat(path, ": cannot make the path absolute: ", ec.message()));
+  }
+  source.base_dir = absolute.lexically_normal().parent_path().string();
+  return source;
+}
+
+absl::StatusOr<engine::JobSpec> ParseJobSource(const JobSource& source) {
+  absl::StatusOr<engine::JobSpec> job =
+      engine::ParseJobSpec(source.yaml, source.file_name, source.base_dir);
+  if (job.ok() || source.original_yaml.empty()) return job;
+  // Positions in the emitted text mean nothing to someone reading the file;
+  // an error the overrides did not cause is better shown where it is.
+  absl::StatusOr<engine::JobSpec> file = engine::ParseJobSpec(
+      source.original_yaml, source.original_file_name, source.base_dir);
+  if (!file.ok() &&
+      WithoutLocation(file.status().message(), source.original_file_name) ==
+          WithoutLocation(job.status().message(), source.file_name)) {
+    return file.status();
+  }
+  return job.status();
+}
+
+}  // namespace conveyor::cli
