@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "engine/safetensors.h"
+#include "engine/stage_file.h"
 
 namespace conveyor::cli {
 namespace {
@@ -154,10 +155,10 @@ absl::StatusOr<engine::SafetensorsReader> OpenStage(
   engine::SafetensorsReader file = *std::move(opened);
   const std::string& name = file.source_name();
   ASSIGN_OR_RETURN(std::string format, Metadata(file, "format"));
-  if (format != kStageFileFormat) {
+  if (format != engine::kStageFileFormat) {
     return absl::FailedPreconditionError(
         absl::StrCat(name, ": metadata 'format' is '", format, "', expected '",
-                     kStageFileFormat, "'"));
+                     engine::kStageFileFormat, "'"));
   }
   ASSIGN_OR_RETURN(int64_t file_stage, MetadataInt(file, "stage"));
   if (file_stage != stage) {
@@ -331,7 +332,7 @@ absl::StatusOr<ExportResult> ExportCheckpoint(const std::string& dir,
       {"job", result.job},
       {"step", absl::StrCat(result.step)},
       {"num_stages", absl::StrCat(result.num_stages)},
-      {"exported_from", kStageFileFormat}};
+      {"exported_from", engine::kStageFileFormat}};
   RETURN_IF_ERROR(engine::WriteSafetensors(output, tensors, metadata));
   return result;
 }

@@ -28,9 +28,6 @@
 
 namespace conveyor::cli {
 
-// The "format" metadata of a worker's stage file.
-inline constexpr char kStageFileFormat[] = "conveyor-stage-v1";
-
 struct ExportCommandOptions {
   std::string checkpoint_dir;
   int64_t step = -1;  // -1: the latest complete step.

@@ -101,6 +101,12 @@ class LocalCluster {
   void RemoveLogs();
 
   const std::string& coordinator_address() const { return address_; }
+  // The process id of worker `i` (named "local-<i>"), for tests that kill
+  // one; -1 when there is no such worker.
+  pid_t worker_pid(int i) const {
+    return i >= 0 && i < static_cast<int>(workers_.size()) ? workers_[i]->pid()
+                                                           : -1;
+  }
   const std::string& log_dir() const { return dir_; }
   // Every daemon's log file.
   std::vector<std::string> LogPaths() const;

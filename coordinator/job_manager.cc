@@ -313,6 +313,8 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobManager::WaitEvents(
   auto end = [&] {
     return job->first_event + static_cast<int64_t>(job->events.size());
   };
+  // A new watcher starts at the latest event: the job as it is now.
+  if (*cursor < 0) *cursor = std::max(job->first_event, end() - 1);
   events_cv_.wait_until(lock, deadline,
                         [&] { return shutdown_ || *cursor < end(); });
   if (shutdown_) return absl::CancelledError("coordinator shutting down");

@@ -121,8 +121,9 @@ class JobManager {
   std::vector<v1::Worker> ListWorkers() const;
 
   // Events of job `id` from sequence number `*cursor` on, waiting until
-  // `deadline` for at least one; advances `*cursor`. A cursor below the
-  // oldest kept event starts at the oldest. `*done` is set once the job is
+  // `deadline` for at least one; advances `*cursor`. A negative cursor
+  // starts at the latest event (the job as it is now); one below the oldest
+  // kept event starts at the oldest. `*done` is set once the job is
   // finished and every event has been returned. NotFound for an unknown id;
   // Cancelled after Shutdown.
   absl::StatusOr<std::vector<v1::JobEvent>> WaitEvents(

@@ -140,7 +140,7 @@ grpc::Status CoordinatorService::CancelJob(grpc::ServerContext*,
 grpc::Status CoordinatorService::WatchJob(
     grpc::ServerContext* context, const v1::WatchJobRequest* request,
     grpc::ServerWriter<v1::JobEvent>* writer) {
-  int64_t cursor = 0;
+  int64_t cursor = -1;  // The job as it is now, then what happens next.
   while (!context->IsCancelled()) {
     bool done = false;
     // Short waits, so a watcher that hangs up is noticed within 250 ms.

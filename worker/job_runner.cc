@@ -61,14 +61,6 @@ absl::Status CreateDirectories(const std::filesystem::path& dir) {
 
 }  // namespace
 
-std::string StageFilePath(absl::string_view checkpoint_dir, int64_t step,
-                          int stage) {
-  return (std::filesystem::path(std::string(checkpoint_dir)) /
-          absl::StrCat("step-", step) /
-          absl::StrCat("stage-", stage, ".safetensors"))
-      .string();
-}
-
 std::string DescribeRank(const v1::JobProgram& program) {
   std::vector<int> stages;
   for (const v1::StageProgram& sp : program.stages()) {
@@ -330,7 +322,7 @@ absl::Status JobRunner::WriteCheckpoint() {
   const int64_t step = steps_done_.load();
   for (const auto& stage : stages_) {
     const std::string path =
-        StageFilePath(program_.checkpoint_dir(), step, stage->index());
+        engine::StageFilePath(program_.checkpoint_dir(), step, stage->index());
     RETURN_IF_ERROR(
         CreateDirectories(std::filesystem::path(path).parent_path()));
     // SaveParameters writes atomically, so conveyorctl export never reads a
@@ -341,7 +333,7 @@ absl::Status JobRunner::WriteCheckpoint() {
          {"stage", absl::StrCat(stage->index())},
          {"num_stages", absl::StrCat(program_.num_stages())},
          {"step", absl::StrCat(step)},
-         {"format", std::string(kStageFileFormat)}}));
+         {"format", engine::kStageFileFormat}}));
     SPDLOG_INFO("job {}: wrote {}", program_.job_id(), path);
   }
   return absl::OkStatus();

@@ -44,15 +44,12 @@
 #include "engine/job_spec.h"
 #include "engine/optimizer.h"
 #include "engine/stage.h"
+#include "engine/stage_file.h"
 #include "scheduler/action.h"
 #include "transport/tcp/tcp_channel.h"
 #include "worker/stage_executor.h"
 
 namespace conveyor::worker {
-
-// The `format` metadata of every stage file a worker writes; conveyorctl
-// export checks it.
-inline constexpr absl::string_view kStageFileFormat = "conveyor-stage-v1";
 
 // Used when a program's recv_timeout_ms is 0.
 inline constexpr std::chrono::milliseconds kDefaultRecvTimeout{30000};
@@ -76,11 +73,6 @@ struct StepProgress {
   double learning_rate = 0;  // The rate the optimizer used for the step.
   uint64_t peak_activation_bytes = 0;
 };
-
-// "<dir>/step-<step>/stage-<stage>.safetensors": the layout conveyorctl
-// export reads.
-std::string StageFilePath(absl::string_view checkpoint_dir, int64_t step,
-                          int stage);
 
 // "rank 1 (stages 1, 3)" for `program`, to prefix failure messages with.
 std::string DescribeRank(const v1::JobProgram& program);

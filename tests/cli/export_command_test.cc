@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/safetensors.h"
+#include "engine/stage_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -31,7 +32,7 @@ class ExportTest : public ::testing::Test {
 
   std::map<std::string, std::string> Metadata(int stage, int num_stages,
                                               int64_t step) {
-    return {{"format", kStageFileFormat},
+    return {{"format", engine::kStageFileFormat},
             {"job", "job-7"},
             {"stage", absl::StrCat(stage)},
             {"num_stages", absl::StrCat(num_stages)},
@@ -204,7 +205,7 @@ TEST_F(ExportTest, InconsistentMetadataIsAnError) {
       {Metadata(0, 2, 100), "metadata says stage 0, the file name 1"},
       {Metadata(1, 2, 90), "metadata says step 90, the directory step 100"},
       {{{"format", "other"}}, "metadata 'format' is 'other'"},
-      {{{"format", kStageFileFormat}, {"stage", "1"}, {"step", "100"}},
+      {{{"format", engine::kStageFileFormat}, {"stage", "1"}, {"step", "100"}},
        "no 'num_stages' in the metadata"},
   };
   Case other_job{Metadata(1, 2, 100), "job 'job-8' disagrees"};

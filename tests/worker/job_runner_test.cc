@@ -257,7 +257,7 @@ TEST(JobRunnerTest, WritesOneFilePerStageWithMetadata) {
   const Result got = RunJob(Programs(yaml, dir));
   for (const absl::Status& s : got.statuses) ASSERT_TRUE(s.ok()) << s;
   for (int stage = 0; stage < 4; ++stage) {
-    const std::string path = StageFilePath(dir, 3, stage);
+    const std::string path = engine::StageFilePath(dir, 3, stage);
     EXPECT_EQ(path, absl::StrCat(dir, "/step-3/stage-", stage, ".safetensors"));
     auto file = engine::SafetensorsReader::Open(path);
     ASSERT_TRUE(file.ok()) << file.status();

@@ -1,0 +1,436 @@
+// End to end with real processes on loopback: a conveyor-coordinator and
+// conveyor-worker daemons (started as conveyorctl run starts them), jobs
+// submitted over gRPC, trained through the TCP data plane, and their final
+// parameters (gathered by export) compared with the in-process reference.
+//
+// The daemon binaries come from $CONVEYOR_BIN_DIR, by default this build's
+// bin/ directory.
+#include <signal.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
+#include "absl/time/time.h"
+#include "cli/coordinator_client.h"
+#include "cli/export_command.h"
+#include "cli/local_cluster.h"
+#include "engine/cpu/cpu_backend.h"
+#include "engine/job_spec.h"
+#include "engine/safetensors.h"
+#include "engine/trainer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/protocol.h"
+#include "tests/engine/test_util.h"
+
+namespace conveyor {
+namespace {
+
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::string TempDir(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/daemons_test/" + name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// The MLP of examples/mlp.yaml (dense 512 / ReLU, regression on a linear
+// map, Adam), cut into `stages` stages of one dense layer and its ReLU.
+std::string MlpJob(int stages, const std::string& schedule, int virtual_stages,
+                   int steps, const std::string& dir) {
+  std::string layers;
+  for (int s = 0; s < stages; ++s) {
+    if (s > 0) layers += "    - boundary\n";
+    layers += s + 1 < stages ? "    - dense: {features: 256}\n    - relu\n"
+                             : "    - dense: {features: 64}\n";
+  }
+  return absl::StrCat(
+      "name: mlp\nmodel:\n  input_shape: [64]\n  init: {seed: 0}\n"
+      "  layers:\n",
+      layers,
+      "  loss: mse\n"
+      "data: {source: synthetic-regression, seed: 0}\n"
+      "training: {steps: ",
+      steps,
+      ", batch_size: 64, microbatches: 4}\n"
+      "optimizer: {kind: adam, lr: 0.003}\n"
+      "pipeline: {schedule: ",
+      schedule, ", virtual_stages: ", virtual_stages,
+      "}\ncheckpoint: {dir: ", dir, "}\n");
+}
+
+// The transformer of examples/transformer.yaml (post-norm blocks, AdamW,
+// MSE), one block per stage.
+std::string TransformerJob(int stages, const std::string& schedule,
+                           int virtual_stages, int steps,
+                           const std::string& dir) {
+  return absl::StrCat(
+      "name: transformer\nmodel:\n  input_shape: [16, 32]\n"
+      "  init: {seed: 0}\n  layers:\n    - repeat: ",
+      stages,
+      "\n      boundary_every: 1\n      layers:\n"
+      "        - transformer_block: {heads: 4, mlp_features: 64, norm: "
+      "post}\n"
+      "  loss: mse\n"
+      "data: {source: synthetic-regression, seed: 0, noise: 0.0}\n"
+      "training: {steps: ",
+      steps,
+      ", batch_size: 8, microbatches: 4}\n"
+      "optimizer: {kind: adamw, lr: 0.001}\n"
+      "pipeline: {schedule: ",
+      schedule, ", virtual_stages: ", virtual_stages,
+      "}\ncheckpoint: {dir: ", dir, "}\n");
+}
+
+// The cluster's workers. (A range-for over `*client.ListWorkers()` would
+// iterate a destroyed temporary.)
+std::vector<v1::Worker> Workers(cli::CoordinatorClient& client) {
+  absl::StatusOr<std::vector<v1::Worker>> workers = client.ListWorkers();
+  EXPECT_TRUE(workers.ok()) << workers.status();
+  return workers.ok() ? *std::move(workers) : std::vector<v1::Worker>{};
+}
+
+// Parameters by global name.
+using Params = std::map<std::string, std::vector<float>>;
+
+Params InProcessReference(const std::string& yaml) {
+  absl::StatusOr<engine::JobSpec> job = engine::ParseJobSpec(yaml, "job.yaml");
+  EXPECT_TRUE(job.ok()) << job.status();
+  job->checkpoint.dir.clear();
+  auto trainer =
+      engine::InProcessTrainer::Create(engine::CpuBackend::Get(), *job);
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  EXPECT_TRUE((*trainer)->Run([](const engine::StepReport&) {}).ok());
+  Params out;
+  for (engine::Parameter* p : (*trainer)->parameters()) {
+    out[p->name] = engine::testing_util::ToVector(p->value);
+  }
+  return out;
+}
+
+Params ReadParams(const std::string& path) {
+  absl::StatusOr<engine::SafetensorsReader> file =
+      engine::SafetensorsReader::Open(path);
+  EXPECT_TRUE(file.ok()) << file.status();
+  Params out;
+  if (!file.ok()) return out;
+  for (const engine::TensorInfo& t : file->tensors()) {
+    out[t.name] = *file->ReadF32(t.name);
+  }
+  return out;
+}
+
+class DaemonsTest : public ::testing::Test {
+ public:
+  static constexpr int kWorkers = 4;
+  static constexpr int kHeartbeatTimeoutSeconds = 2;
+
+  static std::unique_ptr<cli::LocalCluster> StartCluster(int workers) {
+    // This build's daemons unless the environment says otherwise.
+    ::setenv(cli::kBinDirEnv, CONVEYOR_TEST_BIN_DIR, /*overwrite=*/0);
+    cli::BinarySearch search = cli::BinarySearch::FromEnvironment();
+    cli::LocalClusterOptions options;
+    options.num_workers = workers;
+    options.coordinator_binary =
+        *cli::FindDaemonBinary(cli::kCoordinatorBinary, search);
+    options.worker_binary = *cli::FindDaemonBinary(cli::kWorkerBinary, search);
+    options.heartbeat_timeout_seconds = kHeartbeatTimeoutSeconds;
+    absl::StatusOr<std::unique_ptr<cli::LocalCluster>> cluster =
+        cli::LocalCluster::Start(options);
+    EXPECT_TRUE(cluster.ok()) << cluster.status();
+    return cluster.ok() ? *std::move(cluster) : nullptr;
+  }
+
+ protected:
+  static void SetUpTestSuite() {
+    cluster_ = StartCluster(kWorkers).release();
+    ASSERT_NE(cluster_, nullptr);
+    client_ = cli::CoordinatorClient::Create(cluster_->coordinator_address(),
+                                             absl::Seconds(10))
+                  ->release();
+    absl::Status ready = cluster_->WaitForWorkers(*client_);
+    ASSERT_TRUE(ready.ok()) << ready;
+  }
+  static void TearDownTestSuite() {
+    delete client_;
+    delete cluster_;
+    client_ = nullptr;
+    cluster_ = nullptr;
+  }
+
+  static absl::StatusOr<v1::Job> Submit(const std::string& yaml) {
+    v1::SubmitJobRequest request;
+    request.set_yaml(yaml);
+    request.set_file_name("job.yaml");
+    request.set_base_dir(::testing::TempDir());
+    return client_->SubmitJob(request);
+  }
+
+  // Polls until the job is in a final state or `timeout` passes.
+  static v1::Job WaitForEnd(cli::CoordinatorClient& client,
+                            const std::string& id, double timeout = 120) {
+    const Clock::time_point start = Clock::now();
+    v1::Job job;
+    while (SecondsSince(start) < timeout) {
+      absl::StatusOr<v1::Job> j = client.GetJob(id);
+      EXPECT_TRUE(j.ok()) << j.status();
+      if (!j.ok()) break;
+      job = *j;
+      if (proto::IsTerminal(job.state())) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return job;
+  }
+
+  // Waits until `id` has done at least `steps` steps (or ended).
+  static v1::Job WaitForSteps(cli::CoordinatorClient& client,
+                              const std::string& id, int64_t steps) {
+    v1::Job job;
+    const Clock::time_point start = Clock::now();
+    while (SecondsSince(start) < 60) {
+      job = *client.GetJob(id);
+      if (job.steps_done() >= steps || proto::IsTerminal(job.state())) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return job;
+  }
+
+  // Waits until `n` workers are IDLE; returns how many are.
+  static int WaitForIdle(cli::CoordinatorClient& client, int n,
+                         double timeout = 10) {
+    const Clock::time_point start = Clock::now();
+    while (true) {
+      int idle = 0;
+      for (const v1::Worker& w : Workers(client)) {
+        idle += w.state() == v1::IDLE;
+      }
+      if (idle >= n || SecondsSince(start) >= timeout) return idle;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+  static cli::LocalCluster* cluster_;
+  static cli::CoordinatorClient* client_;
+};
+
+cli::LocalCluster* DaemonsTest::cluster_ = nullptr;
+cli::CoordinatorClient* DaemonsTest::client_ = nullptr;
+
+struct Case {
+  std::string model;  // "mlp" or "transformer"
+  std::string schedule;
+  int workers = 2;
+  int virtual_stages = 1;
+};
+
+std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
+  return absl::StrReplaceAll(
+      absl::StrCat(info.param.model, "_", info.param.schedule, "_P",
+                   info.param.workers, "_V", info.param.virtual_stages),
+      {{"-", "_"}});
+}
+
+class PipelinedEqualsInProcess : public DaemonsTest,
+                                 public ::testing::WithParamInterface<Case> {};
+
+TEST_P(PipelinedEqualsInProcess, FinalParametersAfterFiveSteps) {
+  const Case& c = GetParam();
+  const int stages = c.workers * c.virtual_stages;
+  const std::string dir = TempDir(absl::StrCat(
+      c.model, "_", c.schedule, "_", c.workers, "_", c.virtual_stages));
+  const std::string yaml =
+      c.model == "mlp"
+          ? MlpJob(stages, c.schedule, c.virtual_stages, 5, dir)
+          : TransformerJob(stages, c.schedule, c.virtual_stages, 5, dir);
+  absl::StatusOr<v1::Job> submitted = Submit(yaml);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  EXPECT_EQ(submitted->num_workers(), c.workers);
+  const v1::Job job = WaitForEnd(*client_, submitted->id());
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.message();
+  EXPECT_EQ(job.steps_done(), 5);
+  EXPECT_TRUE(job.has_loss());
+
+  const std::string exported = dir + "/export.safetensors";
+  absl::StatusOr<cli::ExportResult> result =
+      cli::ExportCheckpoint(dir, std::nullopt, exported);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->step, 5);
+  EXPECT_EQ(result->num_stages, stages);
+
+  const Params pipelined = ReadParams(exported);
+  const Params reference = InProcessReference(yaml);
+  ASSERT_EQ(pipelined.size(), reference.size());
+  for (const auto& [name, values] : reference) {
+    ASSERT_TRUE(pipelined.contains(name)) << name;
+    EXPECT_TRUE(
+        engine::testing_util::AllClose(pipelined.at(name), values, 1e-5, 1e-6))
+        << name;
+  }
+  EXPECT_EQ(WaitForIdle(*client_, kWorkers), kWorkers);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schedules, PipelinedEqualsInProcess,
+    ::testing::Values(Case{"mlp", "gpipe", 2}, Case{"mlp", "gpipe", 4},
+                      Case{"mlp", "1f1b", 2}, Case{"mlp", "1f1b", 4},
+                      Case{"mlp", "interleaved-1f1b", 2, 2},
+                      Case{"mlp", "interleaved-1f1b", 4, 2},
+                      Case{"transformer", "gpipe", 2},
+                      Case{"transformer", "gpipe", 4},
+                      Case{"transformer", "1f1b", 2},
+                      Case{"transformer", "1f1b", 4},
+                      Case{"transformer", "interleaved-1f1b", 2, 2},
+                      Case{"transformer", "interleaved-1f1b", 4, 2}),
+    CaseName);
+
+TEST_F(DaemonsTest, CancelEndsARunningJobWithinTwoSecondsAndWorkersGoOn) {
+  const std::string dir = TempDir("cancel");
+  absl::StatusOr<v1::Job> long_job =
+      Submit(TransformerJob(4, "1f1b", 1, 1000000, dir));
+  ASSERT_TRUE(long_job.ok()) << long_job.status();
+  v1::Job running = WaitForSteps(*client_, long_job->id(), 2);
+  ASSERT_EQ(running.state(), v1::RUNNING) << running.message();
+
+  const Clock::time_point start = Clock::now();
+  absl::StatusOr<v1::Job> cancelled = client_->CancelJob(long_job->id());
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), v1::CANCELLED);
+  // The workers stop their part and are idle again within the bound.
+  EXPECT_EQ(WaitForIdle(*client_, kWorkers, 2.0), kWorkers);
+  EXPECT_LT(SecondsSince(start), 2.0);
+
+  absl::StatusOr<v1::Job> next =
+      Submit(MlpJob(4, "1f1b", 1, 3, TempDir("after_cancel")));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(WaitForEnd(*client_, next->id()).state(), v1::SUCCEEDED);
+}
+
+TEST_F(DaemonsTest, JobsSubmittedBackToBackBothSucceed) {
+  // Both need all four workers: the second queues, then runs.
+  absl::StatusOr<v1::Job> a = Submit(MlpJob(4, "1f1b", 1, 5, TempDir("a")));
+  absl::StatusOr<v1::Job> b = Submit(MlpJob(4, "gpipe", 1, 5, TempDir("b")));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(b->state(), v1::QUEUED);
+  // Two 2-worker jobs run side by side on disjoint workers.
+  absl::StatusOr<v1::Job> c = Submit(MlpJob(2, "1f1b", 1, 5, TempDir("c")));
+  absl::StatusOr<v1::Job> d = Submit(MlpJob(2, "1f1b", 1, 5, TempDir("d")));
+  ASSERT_TRUE(c.ok() && d.ok());
+  for (const auto& id : {a->id(), b->id(), c->id(), d->id()}) {
+    const v1::Job j = WaitForEnd(*client_, id);
+    EXPECT_EQ(j.state(), v1::SUCCEEDED) << id << ": " << j.message();
+  }
+}
+
+TEST_F(DaemonsTest, BadJobsAreRejectedBeforeAnyWorkerIsUsed) {
+  const size_t jobs_before = client_->ListJobs()->size();
+  absl::Status bad =
+      Submit("model:\n  input_shape: [4]\n  layerz: []\n").status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("job.yaml:3:3"));
+  absl::Status too_big =
+      Submit(MlpJob(8, "1f1b", 1, 1, TempDir("too_big"))).status();
+  EXPECT_EQ(too_big.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(too_big.message(), HasSubstr("needs 8 workers"));
+  EXPECT_EQ(client_->ListJobs()->size(), jobs_before);
+  EXPECT_EQ(WaitForIdle(*client_, kWorkers, 0), kWorkers);
+  EXPECT_FALSE(std::filesystem::exists(::testing::TempDir() +
+                                       "/daemons_test/too_big/step-1"));
+}
+
+// A worker that dies (SIGKILL: its sockets close at once) or hangs
+// (SIGSTOP: connected but silent) mid-job fails the job, naming the worker,
+// within the heartbeat timeout plus 5 s; the survivors go back to idle and
+// nothing waits forever. Each runs on a cluster of its own so the suite's
+// workers stay intact.
+void ExpectLostWorkerFailsTheJob(int signal, const std::string& observed) {
+  std::unique_ptr<cli::LocalCluster> cluster = DaemonsTest::StartCluster(3);
+  ASSERT_NE(cluster, nullptr);
+  auto client = *cli::CoordinatorClient::Create(cluster->coordinator_address(),
+                                                absl::Seconds(10));
+  ASSERT_TRUE(cluster->WaitForWorkers(*client).ok());
+  v1::SubmitJobRequest request;
+  request.set_yaml(
+      MlpJob(3, "1f1b", 1, 1000000, TempDir(absl::StrCat("lost_", signal))));
+  request.set_file_name("job.yaml");
+  absl::StatusOr<v1::Job> job = client->SubmitJob(request);
+  ASSERT_TRUE(job.ok()) << job.status();
+  v1::Job running = [&] {
+    v1::Job j;
+    const Clock::time_point start = Clock::now();
+    while (SecondsSince(start) < 60) {
+      j = *client->GetJob(job->id());
+      if (j.steps_done() >= 2 || proto::IsTerminal(j.state())) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return j;
+  }();
+  ASSERT_EQ(running.state(), v1::RUNNING);
+  // The middle stage's worker; LocalCluster names worker i "local-<i>".
+  const std::string victim = running.worker_ids(1);
+  int victim_index = -1;
+  for (const v1::Worker& w : Workers(*client)) {
+    if (w.id() == victim) {
+      ASSERT_TRUE(absl::SimpleAtoi(absl::StripPrefix(w.name(), "local-"),
+                                   &victim_index))
+          << w.name();
+    }
+  }
+  const pid_t pid = cluster->worker_pid(victim_index);
+  ASSERT_GT(pid, 0);  // kill(-1) would signal every process we may signal.
+  const Clock::time_point start = Clock::now();
+  ASSERT_EQ(::kill(pid, signal), 0);
+  v1::Job failed;
+  while (SecondsSince(start) < 30) {
+    failed = *client->GetJob(job->id());
+    if (proto::IsTerminal(failed.state())) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const double seconds = SecondsSince(start);
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_THAT(failed.message(), HasSubstr(victim + " (local-"));
+  EXPECT_THAT(failed.message(), HasSubstr("rank 1, stages 1) lost"));
+  EXPECT_THAT(failed.message(), HasSubstr(observed));
+  EXPECT_LT(seconds, DaemonsTest::kHeartbeatTimeoutSeconds + 5);
+  // The two survivors are idle again; the victim is LOST.
+  int idle = 0, lost = 0;
+  const Clock::time_point wait = Clock::now();
+  while (SecondsSince(wait) < 10) {
+    idle = lost = 0;
+    for (const v1::Worker& w : Workers(*client)) {
+      idle += w.state() == v1::IDLE;
+      lost += w.state() == v1::LOST && w.id() == victim;
+    }
+    if (idle == 2 && lost == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(idle, 2);
+  EXPECT_EQ(lost, 1);
+  if (signal == SIGSTOP) ::kill(pid, SIGKILL);  // Stop() would wait for it.
+}
+
+TEST(DaemonsFailureTest, KilledWorkerFailsTheJobNamingIt) {
+  ExpectLostWorkerFailsTheJob(SIGKILL, "control connection closed");
+}
+
+TEST(DaemonsFailureTest, HungWorkerFailsTheJobAfterTheHeartbeatTimeout) {
+  ExpectLostWorkerFailsTheJob(SIGSTOP, "no heartbeat for");
+}
+
+}  // namespace
+}  // namespace conveyor
