@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <system_error>
@@ -139,8 +140,13 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
       built.push_back(param->name);
       params.push_back(param);
     }
-    const std::vector<std::string> planned(sp.parameter_names().begin(),
-                                           sp.parameter_names().end());
+    std::vector<std::string> planned(sp.parameter_names().begin(),
+                                     sp.parameter_names().end());
+    // The same names, in any order: the spec lists a layer's parameters in
+    // declaration order, a built layer in the order it uses them (a pre-norm
+    // block's norm1 before its attention); names, not order, bind values.
+    std::sort(built.begin(), built.end());
+    std::sort(planned.begin(), planned.end());
     if (built != planned) {
       return Mismatch(absl::StrCat("stage ", st, ": the program's parameters ",
                                    JoinNames(planned), ", this build's ",

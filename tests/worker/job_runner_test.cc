@@ -359,6 +359,23 @@ TEST(JobRunnerTest, RefusesProgramWhoseParameterNamesDisagree) {
   EXPECT_THAT(runner.status().message(), HasSubstr("layers.2.kernel"));
 }
 
+// Regression: a pre-norm block builds norm1 before its attention, while
+// the spec lists the attention's parameters first. Same names, other order:
+// not a mismatch (examples/gpt.yaml was refused for it).
+TEST(JobRunnerTest, AcceptsTheSameParametersInAnotherOrder) {
+  const std::string yaml =
+      "name: prenorm\nmodel:\n  input_shape: [4, 8]\n  init: {seed: 1}\n"
+      "  layers:\n    - transformer_block: {heads: 2, mlp_features: 16, "
+      "norm: pre}\n    - boundary\n    - dense: {features: 8}\n"
+      "  loss: mse\ndata: {source: synthetic-regression}\n"
+      "training: {steps: 1, batch_size: 4, microbatches: 2}\n"
+      "optimizer: {kind: sgd, lr: 0.1}\n";
+  std::vector<v1::JobProgram> programs = Programs(yaml);
+  ASSERT_EQ(programs.size(), 2u);
+  auto runner = JobRunner::Create(programs[0], {});
+  EXPECT_TRUE(runner.ok()) << runner.status();
+}
+
 TEST(JobRunnerTest, RefusesProgramWhoseLayersOrStagesDisagree) {
   std::vector<v1::JobProgram> programs = Programs(JobYaml({}));
   v1::JobProgram layers = programs[1];
