@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -238,6 +239,12 @@ struct Case {
   int workers = 2;
   int virtual_stages = 1;
 };
+
+// Readable parameters in test listings (gtest would dump the bytes).
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.model << " " << c.schedule << " P=" << c.workers
+      << " V=" << c.virtual_stages;
+}
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
   return absl::StrReplaceAll(
