@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# conveyor-coordinator as an operator runs it: --config errors with
+# file:line:col (exit 2), flags winning over the file, the ready file, and a
+# clean exit 0 on SIGTERM. Needs COORDINATOR (the binary's path).
+set -u
+bin=${COORDINATOR:?set COORDINATOR to the conveyor-coordinator binary}
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+passed=0
+failed=0
+check() {  # check NAME COMMAND...
+  local name=$1
+  shift
+  if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: $name"; fi
+}
+
+printf 'listen: 127.0.0.1:0\nheartbeat_timout: 3\n' >"$dir/bad.yaml"
+"$bin" --config "$dir/bad.yaml" >"$dir/out" 2>&1
+check "bad config exits 2" test $? -eq 2
+check "bad config names file:line:col and the key" \
+  grep -q "bad.yaml:2:1: .*unknown key 'heartbeat_timout'" "$dir/out"
+
+"$bin" --heartbeat-timeout -1 >"$dir/out" 2>&1
+check "negative heartbeat timeout exits 2" test $? -eq 2
+
+# The file says one address; --listen wins.
+printf 'listen: 127.0.0.1:1\nheartbeat_timeout: 3\n' >"$dir/good.yaml"
+"$bin" --config "$dir/good.yaml" --listen 127.0.0.1:0 \
+  --ready-file "$dir/addr" >"$dir/log" 2>&1 &
+pid=$!
+for _ in $(seq 100); do [ -s "$dir/addr" ] && break; sleep 0.05; done
+check "ready file holds the bound address" grep -Eq '^127\.0\.0\.1:[0-9]+$' "$dir/addr"
+check "--listen wins over the file" test "$(cut -d: -f2 "$dir/addr")" != 1
+kill -TERM "$pid"
+wait "$pid"
+check "SIGTERM exits 0" test $? -eq 0
+
+"$bin" --version >"$dir/out" 2>&1
+check "--version names the protocol" grep -q "control protocol" "$dir/out"
+
+echo "$passed passed, $failed failed"
+test "$failed" -eq 0
