@@ -7,6 +7,7 @@
 
 #include <exception>
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include "CLI/CLI.hpp"             // defines: CLI::App, CLI::ParseError
@@ -18,7 +19,8 @@
 #include "cli/schedule_command.h"  // defines: AddScheduleCommand, Run...
 #include "cli/validate_command.h"  // defines: AddValidateCommand, Run...
 #include "common/build_info.h"     // defines: kVersion, kGitRevision, ...
-#include "common/logging.h"        // defines: InitLogging
+#include "common/command_line.h"
+#include "common/logging.h"  // defines: InitLogging
 #ifdef CONVEYOR_HAVE_CUDA
 #include "engine/cuda/device_info.h"  // defines: CudaRuntimeVersionString
 #endif
@@ -61,21 +63,10 @@ int main(int argc, char** argv) {
   cli::ScheduleCommandOptions schedule_options;
   CLI::App* schedule = cli::AddScheduleCommand(app, schedule_options);
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return cli::kExitUsage;
-  }
-  if (absl::Status s = conveyor::InitLogging(log_level); !s.ok()) {
-    std::cerr << "conveyorctl: --log-level: " << s.message() << "\n";
-    return cli::kExitUsage;
+  if (std::optional<int> exit = conveyor::ParseCommandLine(
+          app, argc, argv, "conveyorctl", &log_level);
+      exit.has_value()) {
+    return *exit;
   }
 
   const bool tty = isatty(STDOUT_FILENO) == 1;

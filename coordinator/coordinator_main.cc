@@ -12,12 +12,14 @@
 #include <chrono>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
-#include "CLI/CLI.hpp"                // flags
-#include "absl/strings/str_cat.h"     // messages
-#include "common/build_info.h"        // kVersion
+#include "CLI/CLI.hpp"             // flags
+#include "absl/strings/str_cat.h"  // messages
+#include "common/build_info.h"     // kVersion
+#include "common/command_line.h"
 #include "common/file.h"              // ReadFile, WriteFileAtomically
 #include "common/logging.h"           // InitLogging
 #include "common/status_macros.h"     // ASSIGN_OR_RETURN
@@ -31,7 +33,6 @@
 namespace {
 
 constexpr int kExitFailure = 1;
-constexpr int kExitUsage = 2;
 
 struct Flags {
   std::string listen = "127.0.0.1:7070";
@@ -109,25 +110,17 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", flags.log_level,
                  absl::StrCat("Log level: ", conveyor::kLogLevels))
       ->capture_default_str();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return kExitUsage;
-  }
-  if (absl::Status s = conveyor::InitLogging(flags.log_level); !s.ok()) {
-    std::cerr << "conveyor-coordinator: --log-level: " << s.message() << "\n";
-    return kExitUsage;
+  if (std::optional<int> exit = conveyor::ParseCommandLine(
+          app, argc, argv, "conveyor-coordinator", &flags.log_level);
+      exit.has_value()) {
+    return *exit;
   }
   if (!flags.config.empty()) {
     if (absl::Status s = ApplyConfigFile(flags.config, app, flags); !s.ok()) {
       std::cerr << "conveyor-coordinator: --config: " << s.message() << "\n";
-      return s.code() == absl::StatusCode::kInvalidArgument ? kExitUsage
-                                                            : kExitFailure;
+      return s.code() == absl::StatusCode::kInvalidArgument
+                 ? conveyor::kExitUsage
+                 : kExitFailure;
     }
   }
 

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,14 +25,14 @@
 #include "absl/strings/str_cat.h"   // defines: absl::StrCat
 #include "absl/strings/str_join.h"  // defines: absl::StrJoin
 #include "common/build_info.h"      // defines: kVersion, kGitRevision, ...
-#include "common/logging.h"         // defines: InitLogging, kLogLevels
-#include "spdlog/spdlog.h"          // defines: SPDLOG_INFO, ...
-#include "worker/session.h"         // defines: WorkerSession
+#include "common/command_line.h"
+#include "common/logging.h"  // defines: InitLogging, kLogLevels
+#include "spdlog/spdlog.h"   // defines: SPDLOG_INFO, ...
+#include "worker/session.h"  // defines: WorkerSession
 
 namespace {
 
 constexpr int kExitFailure = 1;
-constexpr int kExitUsage = 2;
 
 // The thread that sigwaits for SIGTERM/SIGINT. Blocking the signals in main
 // covers every thread main creates, but not those started before main:
@@ -149,21 +150,10 @@ int main(int argc, char** argv) {
                  absl::StrCat("Log level: ", conveyor::kLogLevels))
       ->capture_default_str();
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return kExitUsage;
-  }
-  if (absl::Status s = conveyor::InitLogging(log_level); !s.ok()) {
-    std::cerr << "conveyor-worker: --log-level: " << s.message() << "\n";
-    return kExitUsage;
+  if (std::optional<int> exit = conveyor::ParseCommandLine(
+          app, argc, argv, "conveyor-worker", &log_level);
+      exit.has_value()) {
+    return *exit;
   }
   absl::Status valid = options.devices.empty()
                            ? absl::InvalidArgumentError(
@@ -179,14 +169,14 @@ int main(int argc, char** argv) {
   }
   if (!valid.ok()) {
     std::cerr << "conveyor-worker: " << valid.message() << "\n";
-    return kExitUsage;
+    return conveyor::kExitUsage;
   }
 
   absl::StatusOr<std::unique_ptr<conveyor::worker::WorkerSession>> session =
       conveyor::worker::WorkerSession::Create(options);
   if (!session.ok()) {
     std::cerr << "conveyor-worker: " << session.status().message() << "\n";
-    return kExitUsage;
+    return conveyor::kExitUsage;
   }
   SPDLOG_INFO("{} starting as '{}' (devices {}), coordinator {}", VersionText(),
               options.name, absl::StrJoin(options.devices, ","),
