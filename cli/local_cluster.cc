@@ -113,7 +113,9 @@ absl::Status LocalCluster::StartCoordinator() {
     // file without it is not ours to trust yet.
     if (absl::StatusOr<std::string> text = ReadFile(ready_file, 4096);
         text.ok() && !text->empty() && text->back() == '\n') {
-      address_ = std::string(absl::StripAsciiWhitespace(*text));
+      // The first line; a second one says where metrics are served.
+      address_ = std::string(absl::StripAsciiWhitespace(
+          absl::string_view(*text).substr(0, text->find('\n'))));
       if (address_.empty() || address_.find(':') == std::string::npos) {
         return absl::FailedPreconditionError(
             absl::StrCat(kCoordinatorBinary, " wrote '", address_, "' to ",

@@ -24,11 +24,14 @@
 #include "common/logging.h"           // InitLogging
 #include "common/status_macros.h"     // ASSIGN_OR_RETURN
 #include "common/yaml_reader.h"       // the --config file
-#include "coordinator/job_manager.h"  // the state machine
+#include "coordinator/coordinator_metrics.h"  // /metrics
+#include "coordinator/job_manager.h"          // the state machine
 #include "coordinator/service.h"      // the gRPC services
 #include "grpcpp/grpcpp.h"            // ServerBuilder
 #include "proto/protocol.h"           // kMaxMessageBytes
 #include "spdlog/spdlog.h"            // SPDLOG_*
+#include "telemetry/daemon_metrics.h"     // ProcessCollector
+#include "telemetry/metrics_server.h"     // MetricsServer
 
 namespace {
 
@@ -101,7 +104,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--metrics-address", flags.metrics_address,
-                 "host:port for /metrics (served once metrics land)");
+                 "host:port to serve Prometheus /metrics on (port 0: a free port, "
+                 "written to the ready file); empty: not served");
   app.add_option("--config", flags.config,
                  "YAML file with listen, heartbeat_timeout, recv_timeout, "
                  "metrics_address (flags win)");
@@ -132,11 +136,15 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  // Shared: the metrics server holds its collectables weakly.
+  auto metrics = std::make_shared<conveyor::coordinator::CoordinatorMetrics>();
   conveyor::coordinator::JobManager manager({
       .heartbeat_timeout = Millis(flags.heartbeat_timeout),
       .recv_timeout = Millis(flags.recv_timeout),
+      .observer = metrics.get(),
       .version = conveyor::kVersion,
   });
+  metrics->Attach(&manager);
   conveyor::coordinator::CoordinatorService coordinator_service(&manager);
   conveyor::coordinator::WorkerSessionService session_service(&manager);
 
@@ -148,6 +156,11 @@ int main(int argc, char** argv) {
   builder.SetMaxSendMessageSize(conveyor::proto::kMaxMessageBytes);
   builder.RegisterService(&coordinator_service);
   builder.RegisterService(&session_service);
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(metrics->InterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     std::cerr << "conveyor-coordinator: cannot listen on " << flags.listen
@@ -162,13 +175,29 @@ int main(int argc, char** argv) {
   SPDLOG_INFO(
       "conveyor-coordinator {} listening on {} (heartbeat timeout {} s)",
       conveyor::kVersion, address, flags.heartbeat_timeout);
+  std::unique_ptr<conveyor::telemetry::MetricsServer> metrics_server;
+  std::string ready = absl::StrCat(address, "\n");
   if (!flags.metrics_address.empty()) {
-    SPDLOG_WARN("--metrics-address {}: metrics are not served yet",
-                flags.metrics_address);
+    absl::StatusOr<std::unique_ptr<conveyor::telemetry::MetricsServer>>
+        started = conveyor::telemetry::MetricsServer::Start(
+            flags.metrics_address,
+            {metrics->registry(), metrics,
+             std::make_shared<conveyor::telemetry::ProcessCollector>()});
+    if (!started.ok()) {
+      std::cerr << "conveyor-coordinator: --metrics-address: "
+                << started.status().message() << "\n";
+      server->Shutdown();
+      return kExitFailure;
+    }
+    metrics_server = *std::move(started);
+    SPDLOG_INFO("serving metrics on http://{}/metrics",
+                metrics_server->address());
+    // The ready file's second line, so tools that start the daemon with
+    // port 0 learn where to scrape.
+    absl::StrAppend(&ready, "metrics ", metrics_server->address(), "\n");
   }
   if (!flags.ready_file.empty()) {
-    absl::Status s = conveyor::WriteFileAtomically(flags.ready_file,
-                                                   absl::StrCat(address, "\n"));
+    absl::Status s = conveyor::WriteFileAtomically(flags.ready_file, ready);
     if (!s.ok()) {
       std::cerr << "conveyor-coordinator: --ready-file: " << s.message()
                 << "\n";
@@ -194,6 +223,9 @@ int main(int argc, char** argv) {
   // Open streams (workers, watchers) are cancelled after a short grace.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->Wait();
+  // Stopping civetweb waits out its poll interval (about 2 s); the process
+  // is exiting and the kernel closes the socket, so skip that wait.
+  (void)metrics_server.release();
   SPDLOG_INFO("stopped");
   return 0;
 }

@@ -80,6 +80,7 @@ absl::StatusOr<v1::Registered> JobManager::RegisterWorker(
   w.info.set_version(request.version());
   *w.info.mutable_devices() = request.devices();
   w.info.set_data_address(request.data_address());
+  w.info.set_metrics_address(request.metrics_address());
   w.info.set_state(v1::IDLE);
   w.info.set_registered_unix_ms(NowUnixMs());
   w.connection = std::move(connection);
@@ -251,8 +252,65 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
   queue_.push_back(number);
   UpdateQueuePositions();
   AddEvent(job, nullptr);
+  if (options_.observer != nullptr) options_.observer->OnSubmitted(job.info);
   Schedule();
   return job.info;
+}
+
+absl::StatusOr<v1::Trace> JobManager::GetTrace(const std::string& id,
+                                                int64_t step) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(ParseId(id, kJobPrefix));
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  }
+  const JobRecord& job = it->second;
+  if (job.traces.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        id, " has no complete step yet (", proto::JobStateName(job.info.state()),
+        ")"));
+  }
+  const auto* found = &job.traces.back();
+  if (step != 0) {
+    found = nullptr;
+    for (const auto& entry : job.traces) {
+      if (entry.first == step) found = &entry;
+    }
+    if (found == nullptr) {
+      return absl::NotFoundError(absl::StrCat(
+          id, " step ", step, " is not kept; timelines are kept for steps ",
+          job.traces.front().first, " to ", job.traces.back().first));
+    }
+  }
+  v1::Trace trace;
+  trace.set_job_id(id);
+  trace.set_job_name(job.info.name());
+  trace.set_step(found->first);
+  trace.set_schedule(job.info.schedule());
+  trace.set_num_ranks(job.plan.num_ranks);
+  trace.set_virtual_stages(job.plan.virtual_stages);
+  trace.set_microbatches(job.info.microbatches());
+  for (const auto& entry : job.traces) trace.add_available_steps(entry.first);
+  for (int r = 0; r < static_cast<int>(found->second.size()); ++r) {
+    const v1::StepReport& report = found->second[r];
+    v1::RankTrace* rank = trace.add_ranks();
+    rank->set_rank(r);
+    if (r < job.info.worker_ids_size()) {
+      rank->set_worker_id(job.info.worker_ids(r));
+      for (const auto& [n, w] : workers_) {
+        if (w.info.id() == job.info.worker_ids(r)) {
+          rank->set_worker_name(w.info.name());
+        }
+      }
+    }
+    for (const StagePlan& s : job.plan.stages) {
+      if (s.rank == r) rank->add_stages(s.stage);
+    }
+    rank->set_start_unix_us(report.start_unix_us());
+    rank->set_seconds(report.seconds());
+    *rank->mutable_spans() = report.spans();
+  }
+  return trace;
 }
 
 absl::StatusOr<v1::Job> JobManager::GetJob(const std::string& id) const {
@@ -435,6 +493,11 @@ void JobManager::OnReady(WorkerRecord& w, const v1::JobReady& ready) {
   v1::CoordinatorMessage m;
   m.mutable_start()->set_job_id(job->info.id());
   for (const std::string& e : job->endpoints) m.mutable_start()->add_peers(e);
+  for (const std::string& id : ids) {
+    const WorkerRecord* peer = FindWorker(id);
+    m.mutable_start()->add_peer_names(peer != nullptr ? peer->info.name()
+                                                      : id);
+  }
   job->info.set_started_unix_ms(NowUnixMs());
   SetState(*job, v1::RUNNING);
   for (const std::string& id : ids) {
@@ -486,6 +549,10 @@ void JobManager::OnStep(WorkerRecord& w, const v1::StepReport& report) {
     s.set_samples_per_second(job->samples_per_step / s.seconds());
     s.set_tokens_per_second(s.samples_per_second() * job->tokens_per_sample);
   }
+  job->traces.emplace_back(report.step(), std::move(reports));
+  while (static_cast<int>(job->traces.size()) > options_.trace_steps) {
+    job->traces.pop_front();
+  }
   job->pending_steps.erase(report.step());
   job->pending_counts.erase(report.step());
   v1::Job& info = job->info;
@@ -498,6 +565,7 @@ void JobManager::OnStep(WorkerRecord& w, const v1::StepReport& report) {
   info.set_samples_per_second(s.samples_per_second());
   info.set_tokens_per_second(s.tokens_per_second());
   AddEvent(*job, &s);
+  if (options_.observer != nullptr) options_.observer->OnStep(info, s);
 }
 
 void JobManager::OnEnded(WorkerRecord& w, const v1::JobEnded& ended) {
@@ -580,6 +648,7 @@ void JobManager::Finish(JobRecord& job, v1::JobState state,
   }
   job.info.set_queue_position(0);
   SetState(job, state);
+  if (options_.observer != nullptr) options_.observer->OnFinished(job.info);
 }
 
 void JobManager::SetState(JobRecord& job, v1::JobState state) {

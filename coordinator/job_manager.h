@@ -54,6 +54,17 @@ class WorkerConnection {
   virtual void Close(const absl::Status& status) = 0;
 };
 
+// Told about jobs as they change, for metrics. Called with the manager's
+// lock held: implementations must be quick and must not call the manager.
+class JobObserver {
+ public:
+  virtual ~JobObserver() = default;
+  virtual void OnSubmitted(const v1::Job& job) = 0;
+  virtual void OnStep(const v1::Job& job, const v1::StepSummary& step) = 0;
+  // The job reached SUCCEEDED, FAILED or CANCELLED.
+  virtual void OnFinished(const v1::Job& job) = 0;
+};
+
 struct JobManagerOptions {
   // A worker silent for longer than this is lost.
   std::chrono::milliseconds heartbeat_timeout{10000};
@@ -69,6 +80,10 @@ struct JobManagerOptions {
   // Events kept per job for WatchJob (older step events are dropped; a
   // watcher that falls behind skips them).
   int max_events_per_job = 4096;
+  // Step timelines kept per job for GetTrace: the newest this many steps.
+  int trace_steps = 16;
+  // Optional; outlives the manager.
+  JobObserver* observer = nullptr;
   // Version a worker must report (besides proto::kProtocolVersion).
   std::string version;
   std::function<std::chrono::steady_clock::time_point()> clock =
@@ -120,6 +135,12 @@ class JobManager {
                                     const std::string& reason);
   std::vector<v1::Worker> ListWorkers() const;
 
+  // The timelines every rank reported for step `step` of job `id` (0: the
+  // newest complete step). NotFound for an unknown id, or for a step whose
+  // timelines are not (or no longer) kept; the message lists those kept.
+  absl::StatusOr<v1::Trace> GetTrace(const std::string& id,
+                                     int64_t step) const;
+
   // Events of job `id` from sequence number `*cursor` on, waiting until
   // `deadline` for at least one; advances `*cursor`. A negative cursor
   // starts at the latest event (the job as it is now); one below the oldest
@@ -161,6 +182,9 @@ class JobManager {
     // Step reports by 1-based step until every rank has reported.
     std::map<int64_t, std::vector<v1::StepReport>> pending_steps;
     std::map<int64_t, int> pending_counts;
+    // Complete steps' reports by rank, with their spans: the newest
+    // trace_steps steps, for GetTrace.
+    std::deque<std::pair<int64_t, std::vector<v1::StepReport>>> traces;
     std::vector<bool> succeeded;  // By rank: ended with SUCCEEDED.
     double samples_per_step = 0;
     double tokens_per_sample = 0;

@@ -166,6 +166,16 @@ grpc::Status CoordinatorService::ListWorkers(
   return grpc::Status::OK;
 }
 
+grpc::Status CoordinatorService::GetTrace(grpc::ServerContext*,
+                                          const v1::GetTraceRequest* request,
+                                          v1::Trace* response) {
+  absl::StatusOr<v1::Trace> trace =
+      manager_->GetTrace(request->job_id(), request->step());
+  if (!trace.ok()) return proto::ToGrpcStatus(trace.status());
+  *response = *std::move(trace);
+  return grpc::Status::OK;
+}
+
 grpc::Status WorkerSessionService::Session(grpc::ServerContext* context,
                                            SessionStream* stream) {
   v1::WorkerMessage first;

@@ -42,6 +42,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status ListWorkers(grpc::ServerContext* context,
                            const v1::ListWorkersRequest* request,
                            v1::ListWorkersResponse* response) override;
+  grpc::Status GetTrace(grpc::ServerContext* context,
+                        const v1::GetTraceRequest* request,
+                        v1::Trace* response) override;
 
  private:
   JobManager* manager_;

@@ -99,6 +99,7 @@ absl::StatusOr<std::unique_ptr<JobRunner>> JobRunner::Create(
 }
 
 absl::Status JobRunner::Build(const JobRunnerOptions& options) {
+  on_checkpoint_ = options.on_checkpoint;
   const engine::ModelSpec& model = job_.model;
   const int p = program_.num_ranks(), rank = program_.rank();
   const int num_stages = program_.num_stages();
@@ -201,7 +202,8 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
                                   .listen_address = options.listen_address,
                                   .job = program_.job_number(),
                                   .secret = program_.secret(),
-                                  .connect_timeout = options.connect_timeout},
+                                  .connect_timeout = options.connect_timeout,
+                                  .observer = options.observer},
                                  backend_));
   data_endpoint_ = absl::StrCat(host, ":", channel_->port());
 
@@ -273,12 +275,20 @@ absl::Status JobRunner::RunSteps(
                .has_loss = r.has_loss,
                .loss = r.loss,
                .learning_rate = lr,
-               .peak_activation_bytes = r.peak_activation_bytes});
+               .peak_activation_bytes = r.peak_activation_bytes,
+               .result = &r});
     }
   }
   if (cancelled_.load()) return CancelStatus();
-  if (!program_.checkpoint_dir().empty()) RETURN_IF_ERROR(WriteCheckpoint());
-  return absl::OkStatus();
+  if (program_.checkpoint_dir().empty()) return absl::OkStatus();
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status written = WriteCheckpoint();
+  if (on_checkpoint_) {
+    on_checkpoint_(written.ok(), std::chrono::duration<double>(
+                                     std::chrono::steady_clock::now() - start)
+                                     .count());
+  }
+  return written;
 }
 
 // Every rank sends its value to every other rank under a tag no stage uses

@@ -61,6 +61,10 @@ struct JobRunnerOptions {
   std::string listen_address = "127.0.0.1:0";
   // How long Start keeps dialing peers that are not listening yet.
   std::chrono::milliseconds connect_timeout{10000};
+  // Told about the data plane's traffic and failures; outlives the runner.
+  transport::DataPlaneObserver* observer = nullptr;
+  // After each checkpoint write: whether it succeeded and how long it took.
+  std::function<void(bool ok, double seconds)> on_checkpoint = nullptr;
 };
 
 // What one finished step reports; the session turns it into a StepReport.
@@ -72,6 +76,9 @@ struct StepProgress {
   double loss = 0;
   double learning_rate = 0;  // The rate the optimizer used for the step.
   uint64_t peak_activation_bytes = 0;
+  // The executor's whole result (timeline, per-stage times); valid during
+  // the on_step call only.
+  const RankStepResult* result = nullptr;
 };
 
 // "rank 1 (stages 1, 3)" for `program`, to prefix failure messages with.
@@ -143,6 +150,7 @@ class JobRunner {
   engine::JobSpec job_;
   engine::Backend* const backend_;
   std::chrono::milliseconds recv_timeout_{kDefaultRecvTimeout};
+  std::function<void(bool, double)> on_checkpoint_;
 
   std::vector<std::unique_ptr<engine::Stage>> stages_;  // Ascending index.
   std::unique_ptr<engine::DataSource> data_;

@@ -84,6 +84,7 @@ struct WorkerSession::Job {
   // The stream the job came on; its reports go there only.
   std::shared_ptr<StreamWriter> writer;
   std::optional<std::vector<std::string>> peers;  // From StartJob.
+  std::vector<std::string> peer_names;            // From StartJob.
   absl::Status cancel;                            // Not OK once cancelled.
   JobRunner* runner = nullptr;  // While the job thread holds one.
   bool ended = false;           // The worker is no longer busy with it.
@@ -188,6 +189,7 @@ absl::Status WorkerSession::RunStream(bool* refused) {
   reg->set_name(options_.name);
   for (const std::string& d : options_.devices) reg->add_devices(d);
   reg->set_data_address(options_.data_address);
+  reg->set_metrics_address(options_.metrics_address);
   // A failed write shows up as the end of the stream below.
   writer->Write(hello);
 
@@ -214,6 +216,7 @@ absl::Status WorkerSession::RunStream(bool* refused) {
         registered_ = true;
         ++registrations_;
         worker_id_ = message.registered().worker_id();
+        if (options_.metrics != nullptr) options_.metrics->SetConnected(true);
         heartbeat_interval_ = ms <= 0 ? kDefaultHeartbeatInterval
                                       : std::max(kMinHeartbeatInterval,
                                                  std::chrono::milliseconds(ms));
@@ -257,6 +260,7 @@ absl::Status WorkerSession::RunStream(bool* refused) {
     context_ = nullptr;
     registered_ = false;
   }
+  if (options_.metrics != nullptr) options_.metrics->SetConnected(false);
   if (!registered) {
     if (status.code() == absl::StatusCode::kFailedPrecondition) {
       *refused = true;
@@ -371,6 +375,8 @@ void WorkerSession::OnStart(const v1::StartJob& start,
         SPDLOG_WARN("StartJob for {} again; ignored", start.job_id());
       } else {
         job_->peers.emplace(start.peers().begin(), start.peers().end());
+        job_->peer_names.assign(start.peer_names().begin(),
+                                start.peer_names().end());
       }
       return;
     }
@@ -415,7 +421,15 @@ void WorkerSession::JoinJob() {
 
 void WorkerSession::JobMain(Job* job) {
   const v1::JobProgram& program = job->program;
+  if (options_.metrics != nullptr) options_.metrics->SetBusy(true);
   const absl::Status status = RunJob(job);
+  if (options_.metrics != nullptr) {
+    options_.metrics->JobEnded(status.ok() ? "succeeded"
+                               : status.code() == absl::StatusCode::kCancelled
+                                   ? "cancelled"
+                                   : "failed");
+    options_.metrics->SetBusy(false);
+  }
   v1::WorkerMessage ended;
   if (status.ok()) {
     SPDLOG_INFO("{} succeeded", program.job_id());
@@ -446,11 +460,25 @@ void WorkerSession::JobMain(Job* job) {
 
 absl::Status WorkerSession::RunJob(Job* job) {
   const v1::JobProgram& program = job->program;
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<JobRunner> runner,
-      JobRunner::Create(program,
-                        {.listen_address = options_.data_address,
-                         .connect_timeout = options_.data_connect_timeout}));
+  // Declared before the runner: its channel reports here until destroyed.
+  std::unique_ptr<JobMetrics> metrics;
+  JobRunnerOptions runner_options = {
+      .listen_address = options_.data_address,
+      .connect_timeout = options_.data_connect_timeout};
+  if (options_.metrics != nullptr) {
+    std::vector<int> stages;
+    for (const v1::StageProgram& s : program.stages()) {
+      stages.push_back(s.stage());
+    }
+    metrics = options_.metrics->StartJob(program.job_id(), stages);
+    runner_options.observer = metrics.get();
+    runner_options.on_checkpoint = [m = options_.metrics](bool ok,
+                                                          double seconds) {
+      m->RecordCheckpoint(ok, seconds);
+    };
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<JobRunner> runner,
+                   JobRunner::Create(program, runner_options));
   {
     absl::MutexLock lock(&mu_);
     // A cancel that came while the runner was being built.
@@ -485,6 +513,7 @@ absl::Status WorkerSession::RunJob(Job* job) {
     }
     if (!job->cancel.ok()) return job->cancel;
     peers = *job->peers;
+    if (metrics != nullptr) metrics->SetPeerNames(job->peer_names);
   }
   RETURN_IF_ERROR(runner->Start(peers));
   SPDLOG_INFO("{} connected to {} peer(s); running {} steps", program.job_id(),
@@ -500,6 +529,20 @@ absl::Status WorkerSession::RunJob(Job* job) {
     r->set_loss(p.loss);
     r->set_learning_rate(p.learning_rate);
     r->set_peak_activation_bytes(p.peak_activation_bytes);
+    if (p.result != nullptr) {
+      r->set_start_unix_us(p.result->start_unix_us);
+      for (const telemetry::Span& span : p.result->spans) {
+        v1::Span* out = r->add_spans();
+        out->set_kind(static_cast<v1::Span::Kind>(span.kind));
+        out->set_stage(span.stage);
+        out->set_microbatch(span.microbatch);
+        out->set_start_us(span.start_us);
+        out->set_duration_us(span.duration_us);
+        out->set_peer(span.peer);
+        out->set_bytes(span.bytes);
+      }
+      if (metrics != nullptr) metrics->RecordStep(*p.result);
+    }
     job->writer->Write(m);
     SPDLOG_DEBUG("{} step {}/{}: {:.3f} s", program.job_id(), p.step,
                  program.steps(), p.seconds);

@@ -39,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "conveyor/v1/conveyor.pb.h"
+#include "worker/worker_metrics.h"
 
 namespace grpc {
 class ClientContext;
@@ -64,6 +65,10 @@ struct SessionOptions {
   // At Shutdown: how long to wait for the job to report its end, and then
   // for the coordinator to close the stream, before cancelling the call.
   std::chrono::milliseconds shutdown_grace{2000};
+  // Where this worker's /metrics is served (reported at registration), and
+  // the metrics to keep; both optional.
+  std::string metrics_address;
+  WorkerMetrics* metrics = nullptr;
 };
 
 class WorkerSession {

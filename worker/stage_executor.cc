@@ -13,7 +13,27 @@ namespace conveyor::worker {
 using engine::Tensor;
 using scheduler::Action;
 using scheduler::Op;
+using telemetry::SpanKind;
+using telemetry::SpanRecorder;
 using transport::TensorKind;
+
+namespace {
+
+SpanKind KindOf(Op op) {
+  switch (op) {
+    case Op::kForward:
+      return SpanKind::kForward;
+    case Op::kBackward:
+      return SpanKind::kBackward;
+    case Op::kBackwardInput:
+      return SpanKind::kBackwardInput;
+    case Op::kBackwardWeight:
+      return SpanKind::kBackwardWeight;
+  }
+  return SpanKind::kForward;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
     const ExecutorConfig& config, std::map<int, engine::Stage*> stages,
@@ -37,8 +57,16 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
           "executor: stage ", index, " does not belong on rank ", config.rank));
     }
   }
-  return std::unique_ptr<StageExecutor>(new StageExecutor(
+  std::unique_ptr<StageExecutor> executor(new StageExecutor(
       config, std::move(stages), data, optimizer, channel, backend));
+  for (const auto& [index, stage] : executor->stages_) {
+    int64_t params = 0;
+    for (const engine::Parameter* p : stage->parameters()) {
+      params += p->value.numel();
+    }
+    executor->stage_params_[index] = params;
+  }
+  return executor;
 }
 
 transport::Tag StageExecutor::MakeTag(int64_t step, int mb, int stage,
@@ -50,13 +78,22 @@ transport::Tag StageExecutor::MakeTag(int64_t step, int mb, int stage,
           .kind = kind};
 }
 
-absl::StatusOr<Tensor> StageExecutor::Receive(const transport::Tag& tag) {
-  const auto start = std::chrono::steady_clock::now();
+absl::StatusOr<Tensor> StageExecutor::Receive(const transport::Tag& tag,
+                                               int for_stage) {
+  const auto start = SpanRecorder::Now();
   absl::StatusOr<Tensor> t = channel_->Recv(tag, config_.recv_timeout);
-  wait_seconds_ +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
+  spans_.Record(SpanKind::kRecvWait, start, for_stage, tag.microbatch,
+                tag.stage % config_.num_ranks, t.ok() ? t->bytes() : 0);
   return t;
+}
+
+absl::Status StageExecutor::SendTo(int to, const transport::Tag& tag,
+                                   const Tensor& tensor) {
+  const auto start = SpanRecorder::Now();
+  absl::Status s = channel_->Send(to, tag, tensor);
+  spans_.Record(SpanKind::kSend, start, tag.stage, tag.microbatch, to,
+                tensor.bytes());
+  return s;
 }
 
 absl::Status StageExecutor::Forward(int64_t step, const Action& a) {
@@ -64,25 +101,35 @@ absl::Status StageExecutor::Forward(int64_t step, const Action& a) {
   const int m = config_.microbatches;
   Tensor x;
   if (a.stage == 0) {
-    ASSIGN_OR_RETURN(
-        x, data_->Inputs(backend_, step, a.microbatch, m, config_.batch_size));
+    const auto start = SpanRecorder::Now();
+    absl::StatusOr<Tensor> inputs =
+        data_->Inputs(backend_, step, a.microbatch, m, config_.batch_size);
+    spans_.Record(SpanKind::kData, start, a.stage, a.microbatch);
+    ASSIGN_OR_RETURN(x, std::move(inputs));
   } else {
     ASSIGN_OR_RETURN(x, Receive(MakeTag(step, a.microbatch, a.stage - 1,
-                                        TensorKind::kActivation)));
+                                        TensorKind::kActivation),
+                                a.stage));
   }
-  ASSIGN_OR_RETURN(Tensor y, stage->Forward(a.microbatch, x));
+  auto start = SpanRecorder::Now();
+  absl::StatusOr<Tensor> forward = stage->Forward(a.microbatch, x);
+  start = spans_.Record(SpanKind::kForward, start, a.stage, a.microbatch);
+  ASSIGN_OR_RETURN(Tensor y, std::move(forward));
   if (a.stage + 1 < config_.num_stages) {
-    return channel_->Send(
+    return SendTo(
         (a.stage + 1) % config_.num_ranks,
         MakeTag(step, a.microbatch, a.stage, TensorKind::kActivation), y);
   }
   // Last stage: the loss and its gradient, scaled by 1/M so the step's
   // gradient is that of the mean loss over the batch.
-  ASSIGN_OR_RETURN(Tensor target, data_->Targets(backend_, step, a.microbatch,
-                                                 m, config_.batch_size));
-  ASSIGN_OR_RETURN(
-      engine::LossResult loss,
-      engine::ComputeLoss(backend_, config_.loss, y, target, 1.0f / m));
+  absl::StatusOr<Tensor> targets =
+      data_->Targets(backend_, step, a.microbatch, m, config_.batch_size);
+  start = spans_.Record(SpanKind::kData, start, a.stage, a.microbatch);
+  ASSIGN_OR_RETURN(Tensor target, std::move(targets));
+  absl::StatusOr<engine::LossResult> computed =
+      engine::ComputeLoss(backend_, config_.loss, y, target, 1.0f / m);
+  spans_.Record(SpanKind::kLoss, start, a.stage, a.microbatch);
+  ASSIGN_OR_RETURN(engine::LossResult loss, std::move(computed));
   loss_sum_ += loss.loss;
   loss_grads_[a.microbatch] = loss.grad;
   return absl::OkStatus();
@@ -102,11 +149,20 @@ absl::Status StageExecutor::BackwardInput(int64_t step, const Action& a) {
     loss_grads_.erase(it);
   } else {
     ASSIGN_OR_RETURN(dy, Receive(MakeTag(step, a.microbatch, a.stage + 1,
-                                         TensorKind::kGradient)));
+                                         TensorKind::kGradient),
+                                 a.stage));
   }
-  ASSIGN_OR_RETURN(Tensor dx, stage->BackwardInput(a.microbatch, dy));
+  const auto start = SpanRecorder::Now();
+  absl::StatusOr<Tensor> backward = stage->BackwardInput(a.microbatch, dy);
+  if (a.op == Op::kBackward && backward.ok()) {
+    // B is BI then BW on the same microbatch: one span, as scheduled.
+    absl::Status weight = stage->BackwardWeight(a.microbatch);
+    if (!weight.ok()) backward = weight;
+  }
+  spans_.Record(KindOf(a.op), start, a.stage, a.microbatch);
+  ASSIGN_OR_RETURN(Tensor dx, std::move(backward));
   if (a.stage == 0) return absl::OkStatus();
-  return channel_->Send(
+  return SendTo(
       (a.stage - 1) % config_.num_ranks,
       MakeTag(step, a.microbatch, a.stage, TensorKind::kGradient), dx);
 }
@@ -124,11 +180,12 @@ absl::StatusOr<RankStepResult> StageExecutor::RunStep(
 absl::StatusOr<RankStepResult> StageExecutor::RunActions(
     int64_t step, const std::vector<Action>& actions,
     const AllReduceSum& all_reduce) {
-  const auto start = std::chrono::steady_clock::now();
+  spans_.StartStep();
   loss_sum_ = 0;
-  wait_seconds_ = 0;
   loss_grads_.clear();
+  auto start = SpanRecorder::Now();
   optimizer_->ZeroGrad();
+  spans_.Record(SpanKind::kOptimizer, start);
   RankStepResult result;
   for (auto& [index, stage] : stages_) stage->ResetPeakActivationBytes();
   for (const Action& a : actions) {
@@ -143,15 +200,15 @@ absl::StatusOr<RankStepResult> StageExecutor::RunActions(
         s = Forward(step, a);
         break;
       case Op::kBackward:
-        s = BackwardInput(step, a);
-        if (s.ok()) s = stages_.at(a.stage)->BackwardWeight(a.microbatch);
-        break;
       case Op::kBackwardInput:
         s = BackwardInput(step, a);
         break;
-      case Op::kBackwardWeight:
+      case Op::kBackwardWeight: {
+        const auto start = SpanRecorder::Now();
         s = stages_.at(a.stage)->BackwardWeight(a.microbatch);
+        spans_.Record(SpanKind::kBackwardWeight, start, a.stage, a.microbatch);
         break;
+      }
     }
     if (!s.ok()) {
       return absl::Status(
@@ -169,19 +226,83 @@ absl::StatusOr<RankStepResult> StageExecutor::RunActions(
   }
   std::optional<double> global_norm;
   if (all_reduce) {
+    start = SpanRecorder::Now();
     ASSIGN_OR_RETURN(double local, optimizer_->GradSquaredSum());
-    ASSIGN_OR_RETURN(double total, all_reduce(local));
-    global_norm = std::sqrt(total);
+    start = spans_.Record(SpanKind::kOptimizer, start);
+    absl::StatusOr<double> total = all_reduce(local);
+    spans_.Record(SpanKind::kAllReduce, start);
+    RETURN_IF_ERROR(total.status());
+    global_norm = std::sqrt(*total);
   }
-  ASSIGN_OR_RETURN(result.grad_norm, optimizer_->Step(global_norm));
-  RETURN_IF_ERROR(backend_->Synchronize());
+  start = SpanRecorder::Now();
+  absl::StatusOr<double> norm = optimizer_->Step(global_norm);
+  absl::Status synced = backend_->Synchronize();
+  const auto end = spans_.Record(SpanKind::kOptimizer, start);
+  ASSIGN_OR_RETURN(result.grad_norm, std::move(norm));
+  RETURN_IF_ERROR(synced);
   result.has_loss = stages_.count(config_.num_stages - 1) > 0;
   result.loss = loss_sum_ / config_.microbatches;
-  result.wait_seconds = wait_seconds_;
   result.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
+      std::chrono::duration<double>(end - spans_.step_start()).count();
+  SummarizeSpans(result);
   return result;
+}
+
+void StageExecutor::SummarizeSpans(RankStepResult& result) const {
+  result.start_unix_us = spans_.step_start_unix_us();
+  result.spans = spans_.spans();
+  int64_t total_params = 0;
+  for (const auto& [index, stage] : stages_) {
+    StageStepTimes& t = result.stages[index];
+    t.peak_activation_bytes = stage->peak_activation_bytes();
+    total_params += stage_params_.at(index);
+  }
+  result.wait_seconds = 0;
+  for (const telemetry::Span& span : result.spans) {
+    const double seconds = static_cast<double>(span.duration_us) * 1e-6;
+    if (span.kind == SpanKind::kRecvWait) result.wait_seconds += seconds;
+    if (span.stage < 0) {
+      // Rank-wide work, split over the rank's stages by parameter count
+      // (evenly when there are none).
+      for (auto& [index, t] : result.stages) {
+        const double share =
+            total_params > 0 ? static_cast<double>(stage_params_.at(index)) /
+                                   static_cast<double>(total_params)
+                             : 1.0 / static_cast<double>(result.stages.size());
+        (span.kind == SpanKind::kOptimizer ? t.optimizer_seconds
+                                           : t.communication_seconds) +=
+            seconds * share;
+      }
+      continue;
+    }
+    auto it = result.stages.find(span.stage);
+    if (it == result.stages.end()) continue;  // A send of another stage: none.
+    StageStepTimes& t = it->second;
+    switch (span.kind) {
+      case SpanKind::kForward:
+        ++t.microbatches;
+        [[fallthrough]];
+      case SpanKind::kData:
+      case SpanKind::kLoss:
+        t.forward_seconds += seconds;
+        break;
+      case SpanKind::kBackward:
+      case SpanKind::kBackwardInput:
+      case SpanKind::kBackwardWeight:
+        t.backward_seconds += seconds;
+        break;
+      case SpanKind::kSend:
+      case SpanKind::kAllReduce:
+        t.communication_seconds += seconds;
+        break;
+      case SpanKind::kRecvWait:
+        t.idle_seconds += seconds;
+        break;
+      case SpanKind::kOptimizer:
+        t.optimizer_seconds += seconds;
+        break;
+    }
+  }
 }
 
 }  // namespace conveyor::worker

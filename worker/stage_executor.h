@@ -32,6 +32,7 @@
 #include "engine/optimizer.h"
 #include "engine/stage.h"
 #include "scheduler/action.h"
+#include "telemetry/span_recorder.h"
 #include "transport/channel.h"
 
 namespace conveyor::worker {
@@ -47,6 +48,19 @@ struct ExecutorConfig {
   std::chrono::milliseconds recv_timeout{30000};
 };
 
+// Where one stage's share of a step went (from the step's spans). The
+// rank-wide optimizer and gradient-norm reduction are split over the rank's
+// stages by parameter count.
+struct StageStepTimes {
+  double forward_seconds = 0;   // Forward, its data reads and the loss.
+  double backward_seconds = 0;  // B, BI and BW.
+  double optimizer_seconds = 0;
+  double communication_seconds = 0;  // Sends and the norm reduction.
+  double idle_seconds = 0;           // Waiting for tensors.
+  int64_t microbatches = 0;          // Forwards run.
+  size_t peak_activation_bytes = 0;
+};
+
 struct RankStepResult {
   bool has_loss = false;  // Only the rank holding the last stage.
   double loss = 0;        // Mean over the global batch.
@@ -54,6 +68,11 @@ struct RankStepResult {
   double wait_seconds = 0;  // Blocked in Recv: this rank's bubble.
   double grad_norm = 0;     // When clipping.
   size_t peak_activation_bytes = 0;
+  // The step's timeline: every action, send, receive wait and the
+  // optimizer, microseconds from start_unix_us (wall clock).
+  int64_t start_unix_us = 0;
+  std::vector<telemetry::Span> spans;
+  std::map<int, StageStepTimes> stages;  // By global stage index.
 };
 
 // Sums a value over all ranks of the job and returns the total to each
@@ -94,7 +113,11 @@ class StageExecutor {
       const AllReduceSum& all_reduce);
   absl::Status Forward(int64_t step, const scheduler::Action& a);
   absl::Status BackwardInput(int64_t step, const scheduler::Action& a);
-  absl::StatusOr<engine::Tensor> Receive(const transport::Tag& tag);
+  absl::StatusOr<engine::Tensor> Receive(const transport::Tag& tag,
+                                         int for_stage);
+  absl::Status SendTo(int to, const transport::Tag& tag,
+                      const engine::Tensor& tensor);
+  void SummarizeSpans(RankStepResult& result) const;
   transport::Tag MakeTag(int64_t step, int mb, int stage,
                          transport::TensorKind kind) const;
 
@@ -105,11 +128,14 @@ class StageExecutor {
   transport::Channel* channel_;
   engine::Backend* backend_;
 
+  // Parameters per stage, for splitting rank-wide time over stages.
+  std::map<int, int64_t> stage_params_;
+
   // Per step: loss gradients of the last stage awaiting their backward, the
-  // summed loss and the time spent waiting.
+  // summed loss and the timeline.
   std::map<int, engine::Tensor> loss_grads_;
   double loss_sum_ = 0;
-  double wait_seconds_ = 0;
+  telemetry::SpanRecorder spans_;
 };
 
 }  // namespace conveyor::worker

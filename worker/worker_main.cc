@@ -28,7 +28,10 @@
 #include "common/command_line.h"
 #include "common/logging.h"  // defines: InitLogging, kLogLevels
 #include "spdlog/spdlog.h"   // defines: SPDLOG_INFO, ...
+#include "telemetry/daemon_metrics.h"
+#include "telemetry/metrics_server.h"
 #include "worker/session.h"  // defines: WorkerSession
+#include "worker/worker_metrics.h"
 
 namespace {
 
@@ -142,7 +145,8 @@ int main(int argc, char** argv) {
                  "this machine's host name)")
       ->capture_default_str();
   app.add_option("--metrics-address", metrics_address,
-                 "host:port for Prometheus metrics (not served yet)");
+                 "host:port to serve Prometheus /metrics on (port 0: a free "
+                 "port, reported to the coordinator); empty: not served");
   app.add_option("--name", options.name,
                  "This worker's name as the coordinator lists it")
       ->capture_default_str();
@@ -172,6 +176,26 @@ int main(int argc, char** argv) {
     return conveyor::kExitUsage;
   }
 
+  // Served before registering, so the coordinator learns the bound address.
+  conveyor::worker::WorkerMetrics metrics(options.name);
+  auto process = std::make_shared<conveyor::telemetry::ProcessCollector>();
+  std::unique_ptr<conveyor::telemetry::MetricsServer> metrics_server;
+  if (!metrics_address.empty()) {
+    absl::StatusOr<std::unique_ptr<conveyor::telemetry::MetricsServer>>
+        server = conveyor::telemetry::MetricsServer::Start(
+            metrics_address, {metrics.registry(), process});
+    if (!server.ok()) {
+      std::cerr << "conveyor-worker: --metrics-address: "
+                << server.status().message() << "\n";
+      return kExitFailure;
+    }
+    metrics_server = *std::move(server);
+    options.metrics_address = metrics_server->address();
+    SPDLOG_INFO("serving metrics on http://{}/metrics",
+                metrics_server->address());
+  }
+  options.metrics = &metrics;
+
   absl::StatusOr<std::unique_ptr<conveyor::worker::WorkerSession>> session =
       conveyor::worker::WorkerSession::Create(options);
   if (!session.ok()) {
@@ -181,10 +205,6 @@ int main(int argc, char** argv) {
   SPDLOG_INFO("{} starting as '{}' (devices {}), coordinator {}", VersionText(),
               options.name, absl::StrJoin(options.devices, ","),
               options.coordinator);
-  if (!metrics_address.empty()) {
-    SPDLOG_INFO("--metrics-address {} noted; metrics are not served yet",
-                metrics_address);
-  }
 
   // The first signal shuts down gracefully (the job reports CANCELLED); a
   // second one, for a shutdown that hangs, exits at once.
@@ -221,6 +241,9 @@ int main(int argc, char** argv) {
   g_forward_signals.store(false);
   pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();
+  // Stopping civetweb waits out its poll interval (about 2 s); the process
+  // is exiting and the kernel closes the socket, so skip that wait.
+  (void)metrics_server.release();
   if (status.ok()) {
     SPDLOG_INFO("stopped");
     return 0;

@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/protocol.h"
+#include "tests/coordinator/test_util.h"
 
 namespace conveyor::coordinator {
 namespace {
@@ -16,60 +17,28 @@ namespace {
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 
-// A worker session that records what the coordinator sends.
-class FakeConnection final : public WorkerConnection {
+// Records what the manager tells its observer (the metrics).
+class RecordingObserver final : public JobObserver {
  public:
-  bool Send(const v1::CoordinatorMessage& message) override {
-    if (closed) return false;
-    sent.push_back(message);
-    return true;
+  void OnSubmitted(const v1::Job& job) override {
+    log.push_back("submitted " + job.id());
   }
-  void Close(const absl::Status& status) override {
-    closed = true;
-    close_status = status;
+  void OnStep(const v1::Job& job, const v1::StepSummary& step) override {
+    log.push_back(absl::StrCat("step ", job.id(), " ", step.step()));
   }
-  // Messages of one kind, in order.
-  std::vector<v1::CoordinatorMessage> Of(
-      v1::CoordinatorMessage::KindCase kind) const {
-    std::vector<v1::CoordinatorMessage> out;
-    for (const auto& m : sent) {
-      if (m.kind_case() == kind) out.push_back(m);
-    }
-    return out;
+  void OnFinished(const v1::Job& job) override {
+    log.push_back(absl::StrCat("finished ", job.id(), " ",
+                               proto::JobStateName(job.state())));
   }
-
-  std::vector<v1::CoordinatorMessage> sent;
-  bool closed = false;
-  absl::Status close_status;
+  std::vector<std::string> log;
 };
-
-constexpr char kVersion[] = "9.9.9";
-
-// An MLP job with `stages` stages (a boundary between dense layers).
-std::string JobYaml(int stages, const std::string& name = "mlp",
-                    int steps = 3) {
-  std::string layers;
-  for (int s = 0; s < stages; ++s) {
-    if (s > 0) layers += "    - boundary\n";
-    layers += "    - dense: {features: 4}\n";
-  }
-  return absl::StrCat("name: ", name,
-                      "\nmodel:\n  input_shape: [4]\n  init: {seed: 1}\n"
-                      "  layers:\n",
-                      layers,
-                      "  loss: mse\ndata: {source: synthetic-regression}\n"
-                      "training: {steps: ",
-                      steps,
-                      ", batch_size: 8, microbatches: 4}\n"
-                      "optimizer: {kind: sgd, lr: 0.1}\n"
-                      "pipeline: {schedule: 1f1b}\n");
-}
 
 class JobManagerTest : public ::testing::Test {
  protected:
   JobManagerTest()
       : manager_({.heartbeat_timeout = std::chrono::seconds(3),
                   .failure_grace = std::chrono::milliseconds(500),
+                  .observer = &observer_,
                   .version = kVersion,
                   .clock = [this] { return now_; }}) {}
 
@@ -147,6 +116,7 @@ class JobManagerTest : public ::testing::Test {
   }
 
   Clock::time_point now_ = Clock::time_point() + std::chrono::hours(1);
+  RecordingObserver observer_;
   JobManager manager_;
   std::map<std::string, std::shared_ptr<FakeConnection>> connections_;
 };
@@ -378,6 +348,103 @@ TEST_F(JobManagerTest, UnknownJobsAreNotFound) {
   EXPECT_EQ(
       manager_.WaitEvents("nope", &cursor, Clock::now(), &done).status().code(),
       absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace conveyor::coordinator
+
+namespace conveyor::coordinator {
+namespace {
+
+TEST_F(JobManagerTest, KeepsTheNewestStepTimelinesForGetTrace) {
+  const std::string w1 = AddWorker("alpha");
+  const std::string w2 = AddWorker("beta");
+  absl::StatusOr<v1::Job> submitted = Submit(JobYaml(2, "mlp", /*steps=*/30));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const std::string job = submitted->id();
+  Ready(w1, job, 5001);
+  Ready(w2, job, 5002);
+  // Workers learn their peers' names for their metrics' labels.
+  const auto starts = Conn(w1).Of(v1::CoordinatorMessage::kStart);
+  ASSERT_EQ(starts.size(), 1u);
+  EXPECT_THAT(starts[0].start().peer_names(),
+              ::testing::ElementsAre("alpha", "beta"));
+
+  absl::Status none = manager_.GetTrace(job, 0).status();
+  EXPECT_EQ(none.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(none.message(), HasSubstr("no complete step yet"));
+
+  auto report = [&](const std::string& w, int64_t step, int stage) {
+    v1::WorkerMessage m;
+    v1::StepReport* r = m.mutable_step();
+    r->set_job_id(job);
+    r->set_step(step);
+    r->set_seconds(0.5);
+    r->set_start_unix_us(1000 * step + stage);
+    v1::Span* span = r->add_spans();
+    span->set_kind(v1::Span::FORWARD);
+    span->set_stage(stage);
+    span->set_duration_us(step);
+    Send(w, m);
+  };
+  report(w1, 1, 0);
+  // Half a step is not a timeline yet.
+  EXPECT_EQ(manager_.GetTrace(job, 1).status().code(),
+            absl::StatusCode::kNotFound);
+  report(w2, 1, 1);
+  for (int64_t step = 2; step <= 20; ++step) {
+    report(w2, step, 1);  // Any order within a step.
+    report(w1, step, 0);
+  }
+  absl::StatusOr<v1::Trace> newest = manager_.GetTrace(job, 0);
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  EXPECT_EQ(newest->step(), 20);
+  EXPECT_EQ(newest->num_ranks(), 2);
+  EXPECT_EQ(newest->schedule(), "1f1b");
+  EXPECT_EQ(newest->microbatches(), 4);
+  ASSERT_EQ(newest->ranks_size(), 2);
+  for (int r = 0; r < 2; ++r) {
+    const v1::RankTrace& rank = newest->ranks(r);
+    EXPECT_EQ(rank.rank(), r);
+    EXPECT_EQ(rank.worker_id(), r == 0 ? w1 : w2);
+    EXPECT_EQ(rank.worker_name(), r == 0 ? "alpha" : "beta");
+    EXPECT_THAT(rank.stages(), ::testing::ElementsAre(r));
+    EXPECT_EQ(rank.start_unix_us(), 20000 + r);
+    ASSERT_EQ(rank.spans_size(), 1);
+    EXPECT_EQ(rank.spans(0).stage(), r);
+    EXPECT_EQ(rank.spans(0).duration_us(), 20);
+  }
+  // The default keeps 16 steps: 5 to 20.
+  ASSERT_EQ(newest->available_steps_size(), 16);
+  EXPECT_EQ(newest->available_steps(0), 5);
+  EXPECT_EQ(newest->available_steps(15), 20);
+  absl::StatusOr<v1::Trace> fifth = manager_.GetTrace(job, 5);
+  ASSERT_TRUE(fifth.ok()) << fifth.status();
+  EXPECT_EQ(fifth->ranks(1).spans(0).duration_us(), 5);
+  absl::Status gone = manager_.GetTrace(job, 4).status();
+  EXPECT_EQ(gone.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(gone.message(), HasSubstr("kept for steps 5 to 20"));
+  EXPECT_EQ(manager_.GetTrace("job-99", 0).status().code(),
+            absl::StatusCode::kNotFound);
+
+  // Still there once the job has ended, for a look afterwards.
+  ASSERT_TRUE(manager_.CancelJob(job, "stop").ok());
+  EXPECT_EQ(State(job), v1::CANCELLED);
+  EXPECT_TRUE(manager_.GetTrace(job, 20).ok());
+}
+
+TEST_F(JobManagerTest, TellsItsObserverAboutSubmissionsStepsAndEnds) {
+  const std::string w1 = AddWorker("a");
+  const std::string w2 = AddWorker("b");
+  const std::string job = StartTwoStageJob(w1, w2);
+  Step(w1, job, 1, false);
+  Step(w2, job, 1, true);
+  Step(w1, job, 2, false);  // Incomplete: no event.
+  ASSERT_TRUE(manager_.CancelJob(job, "enough").ok());
+  ASSERT_TRUE(manager_.CancelJob(job, "again").ok());  // Idempotent.
+  EXPECT_THAT(observer_.log,
+              ::testing::ElementsAre("submitted " + job, "step " + job + " 1",
+                                     "finished " + job + " CANCELLED"));
 }
 
 }  // namespace

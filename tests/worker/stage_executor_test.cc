@@ -62,6 +62,7 @@ JobSpec MakeJob(bool transformer, int stages, bool clip) {
 struct Params {
   std::map<std::string, std::vector<float>> values;
   std::vector<double> losses;
+  std::map<int, RankStepResult> last_step;  // By rank.
 };
 
 Params Reference(const JobSpec& job) {
@@ -157,10 +158,9 @@ Params Pipelined(const JobSpec& job, ScheduleKind kind, int ranks,
           ADD_FAILURE() << result.status();
           return;
         }
-        if (result->has_loss) {
-          std::lock_guard<std::mutex> lock(out_mu);
-          out.losses.push_back(result->loss);
-        }
+        std::lock_guard<std::mutex> lock(out_mu);
+        if (result->has_loss) out.losses.push_back(result->loss);
+        out.last_step[r] = *result;
       }
       std::lock_guard<std::mutex> lock(out_mu);
       for (auto* p : params) out.values[p->name] = ToVector(p->value);
@@ -227,6 +227,86 @@ TEST(StageExecutorTest, GlobalNormClippingMatchesTheReference) {
   const JobSpec job = MakeJob(false, 4, /*clip=*/true);
   ExpectSame(Pipelined(job, ScheduleKind::k1F1B, 4, 1), Reference(job),
              "1f1b P=4 with clipping", /*bitwise=*/false);
+}
+
+// The step's spans are the trace `conveyorctl trace` shows and the source of
+// the per-stage metrics: they must account for the whole step, name every
+// action of the schedule, and split the step into the per-stage times.
+TEST(StageExecutorTest, SpansAccountForTheStep) {
+  using telemetry::SpanKind;
+  struct SpanCase {
+    ScheduleKind kind;
+    int ranks;
+    int virtual_stages;
+    bool clip;
+  };
+  for (const SpanCase& c :
+       {SpanCase{ScheduleKind::k1F1B, 4, 1, true},
+        SpanCase{ScheduleKind::kZeroBubbleH1, 2, 1, false},
+        SpanCase{ScheduleKind::kInterleaved1F1B, 2, 2, true}}) {
+    const int num_stages = c.ranks * c.virtual_stages;
+    const JobSpec job = MakeJob(false, num_stages, c.clip);
+    const int m = static_cast<int>(job.training.microbatches);
+    const Params run = Pipelined(job, c.kind, c.ranks, c.virtual_stages);
+    const std::string what = absl::StrCat(scheduler::ScheduleKindName(c.kind),
+                                          " P=", c.ranks);
+    ASSERT_EQ(run.last_step.size(), static_cast<size_t>(c.ranks)) << what;
+    for (const auto& [rank, result] : run.last_step) {
+      SCOPED_TRACE(absl::StrCat(what, " rank ", rank));
+      int64_t covered_us = 0;
+      int64_t previous_end = 0;
+      std::map<std::pair<SpanKind, int>, int> counts;  // (kind, stage).
+      for (const telemetry::Span& span : result.spans) {
+        EXPECT_GE(span.start_us, previous_end);  // One thread: no overlap.
+        EXPECT_GE(span.duration_us, 0);
+        previous_end = span.start_us + span.duration_us;
+        covered_us += span.duration_us;
+        ++counts[{span.kind, span.stage}];
+        if (span.kind == SpanKind::kSend || span.kind == SpanKind::kRecvWait) {
+          EXPECT_GT(span.bytes, 0u);
+          EXPECT_GE(span.peer, 0);
+          EXPECT_LT(span.peer, c.ranks);
+        }
+      }
+      const double step_us = result.seconds * 1e6;
+      EXPECT_LE(static_cast<double>(covered_us), step_us + 1);
+      EXPECT_GE(static_cast<double>(covered_us), 0.95 * step_us - 50);
+      EXPECT_GT(result.start_unix_us, 0);
+      ASSERT_EQ(result.stages.size(), static_cast<size_t>(c.virtual_stages));
+      double idle = 0;
+      double summed = 0;
+      for (const auto& [stage, t] : result.stages) {
+        EXPECT_EQ(stage % c.ranks, rank);
+        EXPECT_EQ(t.microbatches, m);
+        EXPECT_EQ((counts[{SpanKind::kForward, stage}]), m);
+        const bool split = c.kind == ScheduleKind::kZeroBubbleH1;
+        EXPECT_EQ((counts[{SpanKind::kBackward, stage}]), split ? 0 : m);
+        EXPECT_EQ((counts[{SpanKind::kBackwardInput, stage}]), split ? m : 0);
+        EXPECT_EQ((counts[{SpanKind::kBackwardWeight, stage}]), split ? m : 0);
+        // A receive per forward not on stage 0 and per backward not on the
+        // last stage; a send for each of those the other way.
+        const int receives = (stage > 0 ? m : 0) + (stage + 1 < num_stages ? m : 0);
+        EXPECT_EQ((counts[{SpanKind::kRecvWait, stage}]), receives);
+        EXPECT_EQ((counts[{SpanKind::kSend, stage}]),
+                  (stage + 1 < num_stages ? m : 0) + (stage > 0 ? m : 0));
+        EXPECT_EQ((counts[{SpanKind::kLoss, stage}]),
+                  stage + 1 == num_stages ? m : 0);
+        EXPECT_GT(t.forward_seconds, 0);
+        EXPECT_GT(t.backward_seconds, 0);
+        EXPECT_GE(t.optimizer_seconds, 0);
+        EXPECT_GT(t.peak_activation_bytes, 0u);
+        idle += t.idle_seconds;
+        summed += t.forward_seconds + t.backward_seconds +
+                  t.optimizer_seconds + t.communication_seconds +
+                  t.idle_seconds;
+      }
+      EXPECT_EQ((counts[{SpanKind::kAllReduce, -1}]), c.clip ? 1 : 0);
+      // Zeroing, (the local norm,) and the update.
+      EXPECT_EQ((counts[{SpanKind::kOptimizer, -1}]), c.clip ? 3 : 2);
+      EXPECT_NEAR(idle, result.wait_seconds, 1e-9);
+      EXPECT_NEAR(summed, static_cast<double>(covered_us) * 1e-6, 1e-9);
+    }
+  }
 }
 
 TEST(StageExecutorTest, RejectsStagesOnTheWrongRank) {

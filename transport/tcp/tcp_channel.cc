@@ -294,6 +294,9 @@ class TcpChannel::Impl {
     auto frame = std::make_shared<OutFrame>();
     EncodeFrameHeader(*header, &frame->header);
     frame->tensor = std::move(payload);
+    if (config_.observer != nullptr) {
+      frame->queued = std::chrono::steady_clock::now();
+    }
     asio::post(io_, [this, to, frame] { Enqueue(out_[to].get(), frame); });
     return absl::OkStatus();
   }
@@ -320,6 +323,7 @@ class TcpChannel::Impl {
         if (config_.abort_on_recv_timeout) {
           SetAbortStatus(timed_out);
         }
+        Observe(DataPlaneObserver::Error::kTimeout);
         return timed_out;
       }
       tensor = std::move(node.mapped());
@@ -334,6 +338,17 @@ class TcpChannel::Impl {
         backend_->CopyFromHost(tensor.raw(), tensor.bytes(), *device);
     if (!s.ok()) return s;
     return device;
+  }
+
+  // Counts a failure this channel observed itself; the connections that
+  // close after an abort (its own or a peer's) are consequences, not news.
+  void Observe(DataPlaneObserver::Error error) ABSL_LOCKS_EXCLUDED(mu_) {
+    if (config_.observer == nullptr) return;
+    if (error == DataPlaneObserver::Error::kPeerLost) {
+      absl::MutexLock lock(&mu_);
+      if (!status_.ok()) return;
+    }
+    config_.observer->OnError(error);
   }
 
   void Fail(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_) {
@@ -356,6 +371,7 @@ class TcpChannel::Impl {
     engine::Tensor tensor;  // Tensor frames.
     std::string message;    // Abort frames.
     bool final = false;     // Abort or goodbye: close the link after it.
+    std::chrono::steady_clock::time_point queued;  // Tensor frames.
   };
 
   // The connection this rank opened to send to one peer. I/O thread only.
@@ -573,6 +589,7 @@ class TcpChannel::Impl {
         [this, l, undelivered, reason](const asio::error_code& timer_ec) {
           if (timer_ec) return;  // Closing: nothing to report.
           if (said_goodbye_[l->rank] && !undelivered) return;
+          Observe(DataPlaneObserver::Error::kPeerLost);
           Fail(absl::UnavailableError(reason));
         });
   }
@@ -613,7 +630,14 @@ class TcpChannel::Impl {
                           return;
                         }
                         if (ec) return OutLinkLost(l, ec);
-                        const bool final = l->queue.front()->final;
+                        const OutFrame& sent = *l->queue.front();
+                        if (config_.observer != nullptr &&
+                            sent.tensor.defined()) {
+                          config_.observer->OnSent(
+                              l->rank, sent.tensor.bytes(),
+                              std::chrono::steady_clock::now() - sent.queued);
+                        }
+                        const bool final = sent.final;
                         l->queue.pop_front();
                         if (final) {
                           // FIN after the last frame, so the peer reads it
@@ -722,6 +746,7 @@ class TcpChannel::Impl {
   void Reject(const std::shared_ptr<InLink>& link, absl::string_view why,
               bool close = true) {
     rejected_.fetch_add(1);
+    Observe(DataPlaneObserver::Error::kRejected);
     SPDLOG_WARN("transport: rank {} rejected a connection from {}: {}",
                 config_.rank, link->remote, std::string(why));
     if (close) CloseInLink(link);
@@ -789,6 +814,9 @@ class TcpChannel::Impl {
 
   void OnTensor(const std::shared_ptr<InLink>& link) {
     const Tag tag = TagOf(link->header);
+    if (config_.observer != nullptr) {
+      config_.observer->OnReceived(link->rank, link->tensor.bytes());
+    }
     absl::Status s = Deliver(tag, std::move(link->tensor));
     link->tensor = engine::Tensor();
     if (!s.ok()) {
@@ -805,6 +833,7 @@ class TcpChannel::Impl {
   void BadFrame(const std::shared_ptr<InLink>& link,
                 const absl::Status& status) {
     CloseInLink(link);
+    Observe(DataPlaneObserver::Error::kBadFrame);
     Fail(
         WithContext(status, absl::StrCat("rank ", config_.rank, ": frame from ",
                                          Peer(link->rank, link->remote))));
@@ -815,6 +844,7 @@ class TcpChannel::Impl {
     CloseInLink(link);
     if (ec == asio::error::operation_aborted || closing_) return;
     if (link->said_goodbye && ec == asio::error::eof) return;
+    Observe(DataPlaneObserver::Error::kPeerLost);
     Fail(absl::UnavailableError(
         absl::StrCat("rank ", config_.rank, " lost the connection from ",
                      Peer(link->rank, link->remote), ": ", ec.message())));

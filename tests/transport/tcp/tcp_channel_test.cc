@@ -7,6 +7,8 @@
 #include <asio.hpp>  // Raw sockets that play a misbehaving peer.
 #include <chrono>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -571,6 +573,134 @@ TEST(TcpChannelTest, ConnectGivesUpAtItsDeadline) {
   EXPECT_THAT(s.message(), AllOf(HasSubstr("could not connect to rank 1"),
                                  HasSubstr("within 200 ms")));
   EXPECT_EQ(channel->Connect({}).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace conveyor::transport
+
+namespace conveyor::transport {
+namespace {
+
+// Counts what a channel reports, for the metrics.
+class CountingObserver final : public DataPlaneObserver {
+ public:
+  void OnSent(int peer, uint64_t bytes,
+              std::chrono::steady_clock::duration took) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    sent[peer] += bytes;
+    ++sends;
+    if (took < std::chrono::steady_clock::duration::zero()) ++negative;
+  }
+  void OnReceived(int peer, uint64_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    received[peer] += bytes;
+  }
+  void OnError(Error error) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++errors[error];
+  }
+  std::map<int, uint64_t> Sent() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return sent;
+  }
+  std::map<int, uint64_t> Received() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return received;
+  }
+  int Errors(Error e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return errors[e];
+  }
+
+  std::mutex mu_;
+  std::map<int, uint64_t> sent, received;
+  std::map<Error, int> errors;
+  int sends = 0;
+  int negative = 0;
+};
+
+TEST(TcpChannelObserverTest, CountsBytesBothWaysPerPeer) {
+  std::vector<CountingObserver> observers(3);
+  int next = 0;
+  auto channels = MakeChannels(
+      3, [&](TcpChannelConfig* c) { c->observer = &observers[next++]; });
+  ASSERT_EQ(channels.size(), 3u);
+  // 0 -> 1: 100 bytes twice; 2 -> 1: 7 bytes; 1 -> 0: 12 bytes.
+  ASSERT_TRUE(
+      channels[0]->Send(1, T(0, 0), RandomBytes({100}, engine::DType::kU8, 1))
+          .ok());
+  ASSERT_TRUE(
+      channels[0]->Send(1, T(1, 0), RandomBytes({25}, engine::DType::kF32, 2))
+          .ok());
+  ASSERT_TRUE(
+      channels[2]->Send(1, T(0, 1), RandomBytes({7}, engine::DType::kU8, 3))
+          .ok());
+  ASSERT_TRUE(channels[1]
+                  ->Send(0, T(0, 1, TensorKind::kGradient),
+                         RandomBytes({3}, engine::DType::kF32, 4))
+                  .ok());
+  ASSERT_TRUE(channels[1]->Recv(T(0, 0), 5s).ok());
+  ASSERT_TRUE(channels[1]->Recv(T(1, 0), 5s).ok());
+  ASSERT_TRUE(channels[1]->Recv(T(0, 1), 5s).ok());
+  ASSERT_TRUE(channels[0]->Recv(T(0, 1, TensorKind::kGradient), 5s).ok());
+  // A send is reported once the kernel took the bytes, which may be just
+  // after the receiver has them.
+  const auto deadline = Clock::now() + 5s;
+  while (Clock::now() < deadline &&
+         (observers[0].Sent()[1] < 200 || observers[2].Sent()[1] < 7 ||
+          observers[1].Sent()[0] < 12)) {
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_EQ(observers[0].Sent(), (std::map<int, uint64_t>{{1, 200}}));
+  EXPECT_EQ(observers[2].Sent(), (std::map<int, uint64_t>{{1, 7}}));
+  EXPECT_EQ(observers[1].Sent(), (std::map<int, uint64_t>{{0, 12}}));
+  EXPECT_EQ(observers[1].Received(),
+            (std::map<int, uint64_t>{{0, 200}, {2, 7}}));
+  EXPECT_EQ(observers[0].Received(), (std::map<int, uint64_t>{{1, 12}}));
+  EXPECT_EQ(observers[0].negative, 0);
+  channels.clear();  // Goodbyes are not failures.
+  for (auto& o : observers) {
+    EXPECT_EQ(o.Errors(DataPlaneObserver::Error::kPeerLost), 0);
+    EXPECT_EQ(o.Errors(DataPlaneObserver::Error::kTimeout), 0);
+  }
+}
+
+TEST(TcpChannelObserverTest, CountsTimeoutsOnceAndNotTheAbortsTheyCause) {
+  std::vector<CountingObserver> observers(2);
+  int next = 0;
+  auto channels = MakeChannels(
+      2, [&](TcpChannelConfig* c) { c->observer = &observers[next++]; });
+  ASSERT_EQ(channels.size(), 2u);
+  EXPECT_EQ(channels[1]->Recv(T(0, 0), 20ms).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_FALSE(channels[0]->Recv(T(0, 1), 5s).ok());  // Told by rank 1.
+  channels.clear();
+  EXPECT_EQ(observers[1].Errors(DataPlaneObserver::Error::kTimeout), 1);
+  EXPECT_EQ(observers[0].Errors(DataPlaneObserver::Error::kTimeout), 0);
+  for (auto& o : observers) {
+    EXPECT_EQ(o.Errors(DataPlaneObserver::Error::kPeerLost), 0);
+  }
+}
+
+TEST(TcpChannelObserverTest, CountsBadFramesAndRejectedHandshakes) {
+  CountingObserver observer;
+  TcpChannelConfig config = Config(0, 2);
+  config.observer = &observer;
+  config.connect_timeout = 200ms;
+  auto channel = *TcpChannel::Create(config, engine::CpuBackend::Get());
+  RawPeer garbage(channel->port());
+  const std::string junk(kHelloSize, 'G');
+  garbage.Write(junk.data(), junk.size());
+  EXPECT_TRUE(garbage.ClosedByPeer());
+  EXPECT_EQ(observer.Errors(DataPlaneObserver::Error::kRejected), 1);
+  RawPeer peer(channel->port());
+  ASSERT_EQ(peer.Handshake(1, 0), HelloResult::kOk);
+  const std::string bad(kFrameHeaderSize, 'Z');
+  peer.Write(bad.data(), bad.size());
+  EXPECT_EQ(channel->Recv(T(0, 0), 10s).status().code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(observer.Errors(DataPlaneObserver::Error::kBadFrame), 1);
+  EXPECT_EQ(observer.Errors(DataPlaneObserver::Error::kPeerLost), 0);
 }
 
 }  // namespace

@@ -1,0 +1,255 @@
+#include "coordinator/coordinator_metrics.h"
+
+#include <cctype>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "proto/protocol.h"
+#include "telemetry/daemon_metrics.h"
+
+namespace conveyor::coordinator {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+
+// "OK", "INVALID_ARGUMENT", ...: gRPC's canonical names.
+std::string CodeName(grpc::StatusCode code) {
+  static const char* const kNames[] = {
+      "OK",           "CANCELLED",          "UNKNOWN",
+      "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+      "FAILED_PRECONDITION", "ABORTED",     "OUT_OF_RANGE",
+      "UNIMPLEMENTED", "INTERNAL",          "UNAVAILABLE",
+      "DATA_LOSS",    "UNAUTHENTICATED"};
+  const int i = static_cast<int>(code);
+  if (i >= 0 && i < static_cast<int>(std::size(kNames))) return kNames[i];
+  return "UNKNOWN";
+}
+
+// "/conveyor.v1.Coordinator/SubmitJob" -> "SubmitJob".
+std::string ShortMethod(const std::string& method) {
+  const size_t slash = method.rfind('/');
+  return slash == std::string::npos ? method : method.substr(slash + 1);
+}
+
+// Lower-case state names for labels: "queued", "running", ...
+std::string Lower(absl::string_view name) {
+  return absl::AsciiStrToLower(std::string(name));
+}
+
+prometheus::ClientMetric GaugeSample(
+    std::vector<prometheus::ClientMetric::Label> labels, double value) {
+  prometheus::ClientMetric m;
+  m.label = std::move(labels);
+  m.gauge.value = value;
+  return m;
+}
+
+class CountingInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  CountingInterceptor(CoordinatorMetrics* metrics, std::string method)
+      : metrics_(metrics), method_(std::move(method)) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
+      metrics_->CountRequest(method_, methods->GetSendStatus().error_code());
+    }
+    methods->Proceed();
+  }
+
+ private:
+  CoordinatorMetrics* const metrics_;
+  const std::string method_;
+};
+
+class CountingFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit CountingFactory(CoordinatorMetrics* metrics) : metrics_(metrics) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new CountingInterceptor(metrics_, info->method());
+  }
+
+ private:
+  CoordinatorMetrics* const metrics_;
+};
+
+}  // namespace
+
+CoordinatorMetrics::CoordinatorMetrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      submitted_(BuildCounter()
+                     .Name("conveyor_jobs_submitted_total")
+                     .Help("Jobs accepted by SubmitJob")
+                     .Register(*registry_)
+                     .Add({})),
+      finished_(BuildCounter()
+                    .Name("conveyor_jobs_finished_total")
+                    .Help("Jobs that reached a final state, by state")
+                    .Register(*registry_)),
+      job_info_(BuildGauge()
+                    .Name("conveyor_job_info")
+                    .Help("1 while the job is queued, planning or running")
+                    .Register(*registry_)),
+      steps_(BuildCounter()
+                 .Name("conveyor_job_steps_completed_total")
+                 .Help("Steps every rank of the job has reported")
+                 .Register(*registry_)),
+      step_duration_(BuildHistogram()
+                         .Name("conveyor_job_step_duration_seconds")
+                         .Help("Step time (the slowest rank's) per step")
+                         .Register(*registry_)),
+      loss_(BuildGauge()
+                .Name("conveyor_job_loss")
+                .Help("Training loss of the last completed step")
+                .Register(*registry_)),
+      samples_per_second_(BuildGauge()
+                              .Name("conveyor_job_samples_per_second")
+                              .Help("Samples per second of the last step")
+                              .Register(*registry_)),
+      tokens_per_second_(BuildGauge()
+                             .Name("conveyor_job_tokens_per_second")
+                             .Help("Tokens per second of the last step (0 "
+                                   "for jobs without tokens)")
+                             .Register(*registry_)),
+      bubble_ratio_(BuildGauge()
+                        .Name("conveyor_job_bubble_ratio")
+                        .Help("Mean over ranks of receive-wait time over step "
+                              "time, last step")
+                        .Register(*registry_)),
+      requests_(BuildCounter()
+                    .Name("conveyor_grpc_server_requests_total")
+                    .Help("Finished gRPC calls by method and status code")
+                    .Register(*registry_)) {
+  telemetry::AddBuildInfo(*registry_, "coordinator");
+  for (v1::JobState state : {v1::SUCCEEDED, v1::FAILED, v1::CANCELLED}) {
+    finished_.Add({{"state", Lower(proto::JobStateName(state))}});
+  }
+}
+
+CoordinatorMetrics::~CoordinatorMetrics() = default;
+
+void CoordinatorMetrics::Attach(const JobManager* manager) {
+  std::lock_guard<std::mutex> lock(mu_);
+  manager_ = manager;
+}
+
+void CoordinatorMetrics::CountRequest(const std::string& method,
+                                      grpc::StatusCode code) {
+  std::lock_guard<std::mutex> lock(mu_);
+  prometheus::Counter*& counter =
+      request_counters_[{method, static_cast<int>(code)}];
+  if (counter == nullptr) {
+    counter = &requests_.Add(
+        {{"method", ShortMethod(method)}, {"code", CodeName(code)}});
+  }
+  counter->Increment();
+}
+
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
+CoordinatorMetrics::InterceptorFactory() {
+  return std::make_unique<CountingFactory>(this);
+}
+
+void CoordinatorMetrics::OnSubmitted(const v1::Job& job) {
+  submitted_.Increment();
+  const prometheus::Labels labels = {{"job_id", job.id()}};
+  std::lock_guard<std::mutex> lock(mu_);
+  jobs_[job.id()] = JobSeries{
+      .info = &job_info_.Add({{"job_id", job.id()},
+                              {"name", job.name()},
+                              {"schedule", job.schedule()}}),
+      .steps = &steps_.Add(labels),
+      .step_duration =
+          &step_duration_.Add(labels, telemetry::DurationBuckets()),
+      .loss = &loss_.Add(labels),
+      .samples_per_second = &samples_per_second_.Add(labels),
+      .tokens_per_second = &tokens_per_second_.Add(labels),
+      .bubble_ratio = &bubble_ratio_.Add(labels)};
+  jobs_[job.id()].info->Set(1);
+}
+
+void CoordinatorMetrics::OnStep(const v1::Job& job,
+                                const v1::StepSummary& step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(job.id());
+  if (it == jobs_.end()) return;
+  JobSeries& s = it->second;
+  s.steps->Increment();
+  s.step_duration->Observe(step.seconds());
+  if (step.has_loss()) s.loss->Set(step.loss());
+  s.samples_per_second->Set(step.samples_per_second());
+  s.tokens_per_second->Set(step.tokens_per_second());
+  s.bubble_ratio->Set(step.bubble_fraction());
+}
+
+void CoordinatorMetrics::OnFinished(const v1::Job& job) {
+  finished_.Add({{"state", Lower(proto::JobStateName(job.state()))}})
+      .Increment();
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(job.id());
+  if (it == jobs_.end()) return;
+  const JobSeries& s = it->second;
+  job_info_.Remove(s.info);
+  steps_.Remove(s.steps);
+  step_duration_.Remove(s.step_duration);
+  loss_.Remove(s.loss);
+  samples_per_second_.Remove(s.samples_per_second);
+  tokens_per_second_.Remove(s.tokens_per_second);
+  bubble_ratio_.Remove(s.bubble_ratio);
+  jobs_.erase(it);
+}
+
+std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
+  const JobManager* manager;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    manager = manager_;
+  }
+  if (manager == nullptr) return {};
+  std::map<std::string, double> jobs;
+  for (v1::JobState state : {v1::QUEUED, v1::PLANNING, v1::RUNNING,
+                             v1::SUCCEEDED, v1::FAILED, v1::CANCELLED}) {
+    jobs[Lower(proto::JobStateName(state))] = 0;
+  }
+  for (const v1::Job& job : manager->ListJobs()) {
+    ++jobs[Lower(proto::JobStateName(job.state()))];
+  }
+  std::map<std::string, double> workers = {
+      {"idle", 0}, {"busy", 0}, {"lost", 0}};
+  prometheus::MetricFamily ages;
+  ages.name = "conveyor_worker_heartbeat_age_seconds";
+  ages.help = "Seconds since anything was heard from each live worker";
+  ages.type = prometheus::MetricType::Gauge;
+  for (const v1::Worker& w : manager->ListWorkers()) {
+    ++workers[Lower(proto::WorkerStateName(w.state()))];
+    if (w.state() != v1::LOST) {
+      // Both labels: names need not be unique, and a scrape with two
+      // identical series would be rejected whole.
+      ages.metric.push_back(GaugeSample(
+          {{"worker", w.name()}, {"worker_id", w.id()}},
+          w.seconds_since_heartbeat()));
+    }
+  }
+  std::vector<prometheus::MetricFamily> out(2);
+  out[0].name = "conveyor_jobs";
+  out[0].help = "Jobs in each state";
+  out[0].type = prometheus::MetricType::Gauge;
+  for (const auto& [state, n] : jobs) {
+    out[0].metric.push_back(GaugeSample({{"state", state}}, n));
+  }
+  out[1].name = "conveyor_workers";
+  out[1].help = "Registered workers by state";
+  out[1].type = prometheus::MetricType::Gauge;
+  for (const auto& [state, n] : workers) {
+    out[1].metric.push_back(GaugeSample({{"state", state}}, n));
+  }
+  out.push_back(std::move(ages));
+  return out;
+}
+
+}  // namespace conveyor::coordinator

@@ -1,0 +1,94 @@
+// CoordinatorMetrics: the coordinator's Prometheus metrics (docs/metrics.md).
+//
+// Three sources: the JobManager's state, read at scrape time (jobs and
+// workers by state, heartbeat ages), so the gauges are never stale and cost
+// nothing between scrapes; the manager's job events (JobObserver: steps,
+// loss, throughput, bubble), whose per-job series go when the job ends; and
+// a gRPC server interceptor counting every finished call by method and code.
+//
+// Thread-safe.
+#ifndef CONVEYOR_COORDINATOR_COORDINATOR_METRICS_H_
+#define CONVEYOR_COORDINATOR_COORDINATOR_METRICS_H_
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "coordinator/job_manager.h"
+#include "grpcpp/support/server_interceptor.h"
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace conveyor::coordinator {
+
+class CoordinatorMetrics final : public JobObserver,
+                                 public prometheus::Collectable {
+ public:
+  CoordinatorMetrics();
+  ~CoordinatorMetrics() override;
+
+  // The manager whose state the scrape-time gauges read; set once, before
+  // the metrics are served. It must outlive the metrics server.
+  void Attach(const JobManager* manager);
+
+  // What the metrics server serves, besides this object itself.
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  // `method` is gRPC's full name ("/conveyor.v1.Coordinator/SubmitJob").
+  void CountRequest(const std::string& method, grpc::StatusCode code);
+
+  // For ServerBuilder::experimental().SetInterceptorCreators: counts every
+  // call this object outlives.
+  std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
+  InterceptorFactory();
+
+  // JobObserver.
+  void OnSubmitted(const v1::Job& job) override;
+  void OnStep(const v1::Job& job, const v1::StepSummary& step) override;
+  void OnFinished(const v1::Job& job) override;
+
+  // prometheus::Collectable: the scrape-time gauges.
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  struct JobSeries {
+    prometheus::Gauge* info;
+    prometheus::Counter* steps;
+    prometheus::Histogram* step_duration;
+    prometheus::Gauge* loss;
+    prometheus::Gauge* samples_per_second;
+    prometheus::Gauge* tokens_per_second;
+    prometheus::Gauge* bubble_ratio;
+  };
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Counter& submitted_;
+  prometheus::Family<prometheus::Counter>& finished_;
+  prometheus::Family<prometheus::Gauge>& job_info_;
+  prometheus::Family<prometheus::Counter>& steps_;
+  prometheus::Family<prometheus::Histogram>& step_duration_;
+  prometheus::Family<prometheus::Gauge>& loss_;
+  prometheus::Family<prometheus::Gauge>& samples_per_second_;
+  prometheus::Family<prometheus::Gauge>& tokens_per_second_;
+  prometheus::Family<prometheus::Gauge>& bubble_ratio_;
+  prometheus::Family<prometheus::Counter>& requests_;
+
+  mutable std::mutex mu_;
+  const JobManager* manager_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::map<std::string, JobSeries> jobs_ ABSL_GUARDED_BY(mu_);
+  // By method and code: Family::Add takes a lock and hashes the labels, so
+  // the hot path looks here first.
+  std::map<std::pair<std::string, int>, prometheus::Counter*> request_counters_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace conveyor::coordinator
+
+#endif  // CONVEYOR_COORDINATOR_COORDINATOR_METRICS_H_

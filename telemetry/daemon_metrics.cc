@@ -1,0 +1,104 @@
+#include "telemetry/daemon_metrics.h"
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "common/build_info.h"
+#include "prometheus/gauge.h"
+
+namespace conveyor::telemetry {
+namespace {
+
+prometheus::MetricFamily GaugeFamily(const std::string& name,
+                                     const std::string& help, double value) {
+  prometheus::MetricFamily family;
+  family.name = name;
+  family.help = help;
+  family.type = prometheus::MetricType::Gauge;
+  prometheus::ClientMetric metric;
+  metric.gauge.value = value;
+  family.metric.push_back(std::move(metric));
+  return family;
+}
+
+int CountOpenFds() {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int count = 0;
+  while (const dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] != '.') ++count;
+  }
+  closedir(dir);
+  return count - 1;  // Not the descriptor opendir itself holds.
+}
+
+}  // namespace
+
+const prometheus::Histogram::BucketBoundaries& DurationBuckets() {
+  static const auto* const kBuckets = new prometheus::Histogram::BucketBoundaries{
+      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+      0.1,    0.25,    0.5,    1,     2.5,    5,     10,   25,    50,   100};
+  return *kBuckets;
+}
+
+void AddBuildInfo(prometheus::Registry& registry,
+                  const std::string& component) {
+  prometheus::BuildGauge()
+      .Name("conveyor_build_info")
+      .Help("Always 1; the labels say which build this daemon runs")
+      .Register(registry)
+      .Add({{"version", kVersion},
+            {"revision", kGitRevision},
+            {"component", component}})
+      .Set(1);
+}
+
+std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
+  std::vector<prometheus::MetricFamily> out;
+  // /proc/self/stat: field 20 is num_threads, 22 starttime (clock ticks
+  // after boot), 24 rss (pages). The command name (field 2) may hold spaces,
+  // so fields are counted after its closing parenthesis.
+  std::ifstream stat("/proc/self/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)),
+                   std::istreambuf_iterator<char>());
+  const size_t paren = text.rfind(')');
+  if (paren != std::string::npos) {
+    std::istringstream fields(text.substr(paren + 2));
+    std::vector<std::string> f;
+    for (std::string word; fields >> word;) f.push_back(word);
+    // f[0] is field 3 (state).
+    if (f.size() > 21) {
+      const double threads = std::stod(f[17]);
+      const double start_ticks = std::stod(f[19]);
+      const double rss_pages = std::stod(f[21]);
+      out.push_back(GaugeFamily("conveyor_process_threads",
+                                "Threads of the daemon", threads));
+      out.push_back(GaugeFamily(
+          "conveyor_process_resident_memory_bytes",
+          "Resident set size of the daemon in bytes",
+          rss_pages * static_cast<double>(sysconf(_SC_PAGESIZE))));
+      double boot_time = 0;
+      std::ifstream proc_stat("/proc/stat");
+      for (std::string key; proc_stat >> key;) {
+        if (key == "btime") {
+          proc_stat >> boot_time;
+          break;
+        }
+      }
+      out.push_back(GaugeFamily(
+          "conveyor_process_start_time_seconds",
+          "Unix time the daemon started",
+          boot_time + start_ticks / static_cast<double>(sysconf(_SC_CLK_TCK))));
+    }
+  }
+  if (const int fds = CountOpenFds(); fds >= 0) {
+    out.push_back(GaugeFamily("conveyor_process_open_fds",
+                              "Open file descriptors of the daemon", fds));
+  }
+  return out;
+}
+
+}  // namespace conveyor::telemetry

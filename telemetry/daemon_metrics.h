@@ -1,0 +1,33 @@
+// What both daemons export besides their own metrics: build information and
+// the process's resident memory, open file descriptors, threads and start
+// time (read from /proc at scrape time, so they cost nothing in between),
+// plus the bucket layout every duration histogram shares.
+#ifndef CONVEYOR_TELEMETRY_DAEMON_METRICS_H_
+#define CONVEYOR_TELEMETRY_DAEMON_METRICS_H_
+
+#include <string>
+#include <vector>
+
+#include "prometheus/collectable.h"
+#include "prometheus/histogram.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/registry.h"
+
+namespace conveyor::telemetry {
+
+// 100 µs to 100 s in steps of about 2.5: one layout for every duration, so
+// dashboards can aggregate histograms across metrics.
+const prometheus::Histogram::BucketBoundaries& DurationBuckets();
+
+// Adds conveyor_build_info{version, revision, component} = 1 to `registry`.
+void AddBuildInfo(prometheus::Registry& registry, const std::string& component);
+
+// conveyor_process_* gauges of the calling process.
+class ProcessCollector final : public prometheus::Collectable {
+ public:
+  std::vector<prometheus::MetricFamily> Collect() const override;
+};
+
+}  // namespace conveyor::telemetry
+
+#endif  // CONVEYOR_TELEMETRY_DAEMON_METRICS_H_

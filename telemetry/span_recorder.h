@@ -1,0 +1,80 @@
+// SpanRecorder: a rank's timeline of one training step, as spans (what ran,
+// on which stage and microbatch, when, for how long), for `conveyorctl trace`
+// and the per-stage metrics.
+//
+// Recording costs two monotonic clock reads and one vector append per span,
+// with the vector's capacity kept across steps, so it stays on for every step
+// (bench/pipeline_benchmark measures the difference). Times are microseconds
+// from the step's start on a monotonic clock; the wall-clock start is kept
+// once per step so that ranks on different machines can be laid side by side.
+//
+// Thread-compatible: the thread that runs the step records it.
+#ifndef CONVEYOR_TELEMETRY_SPAN_RECORDER_H_
+#define CONVEYOR_TELEMETRY_SPAN_RECORDER_H_
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+namespace conveyor::telemetry {
+
+// Values equal those of v1::Span::Kind, so conversion is a cast.
+enum class SpanKind : uint8_t {
+  kForward = 0,
+  kBackward = 1,
+  kBackwardInput = 2,
+  kBackwardWeight = 3,
+  kLoss = 4,
+  kData = 5,
+  kSend = 6,
+  kRecvWait = 7,
+  kOptimizer = 8,
+  kAllReduce = 9,
+};
+
+// "forward", "recv wait", ...
+const char* SpanKindName(SpanKind kind);
+
+// How a span's time counts in a step: compute, communication on the compute
+// thread, or idle (waiting for a tensor). The three add up to the step time.
+enum class SpanClass : uint8_t { kCompute, kCommunication, kIdle };
+SpanClass ClassOf(SpanKind kind);
+
+struct Span {
+  SpanKind kind = SpanKind::kForward;
+  int32_t stage = -1;       // -1: not a stage's.
+  int32_t microbatch = -1;  // -1: not a microbatch's.
+  int32_t peer = -1;        // kSend / kRecvWait: the other rank.
+  int64_t start_us = 0;     // From the step's start.
+  int64_t duration_us = 0;
+  uint64_t bytes = 0;       // kSend / kRecvWait: the tensor's size.
+};
+
+class SpanRecorder {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // Clears the previous step's spans and notes the step's start.
+  void StartStep();
+
+  // A span from `start` (a Now() reading) until now. Returns now, so that
+  // back-to-back spans can share one clock reading.
+  Clock::time_point Record(SpanKind kind, Clock::time_point start,
+                           int32_t stage = -1, int32_t microbatch = -1,
+                           int32_t peer = -1, uint64_t bytes = 0);
+
+  static Clock::time_point Now() { return Clock::now(); }
+
+  Clock::time_point step_start() const { return step_start_; }
+  int64_t step_start_unix_us() const { return step_start_unix_us_; }
+  const std::vector<Span>& spans() const { return spans_; }
+
+ private:
+  Clock::time_point step_start_{};
+  int64_t step_start_unix_us_ = 0;
+  std::vector<Span> spans_;
+};
+
+}  // namespace conveyor::telemetry
+
+#endif  // CONVEYOR_TELEMETRY_SPAN_RECORDER_H_

@@ -1,0 +1,163 @@
+#include "coordinator/coordinator_metrics.h"
+
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/service.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "prometheus/text_serializer.h"
+#include "proto/protocol.h"
+#include "tests/coordinator/test_util.h"
+
+namespace conveyor::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string Scrape(const std::shared_ptr<CoordinatorMetrics>& metrics) {
+  std::vector<prometheus::MetricFamily> families =
+      metrics->registry()->Collect();
+  for (auto& f : metrics->Collect()) families.push_back(std::move(f));
+  return prometheus::TextSerializer().Serialize(families);
+}
+
+class CoordinatorMetricsTest : public ::testing::Test {
+ protected:
+  CoordinatorMetricsTest()
+      : metrics_(std::make_shared<CoordinatorMetrics>()),
+        manager_({.observer = metrics_.get(), .version = kVersion}) {
+    metrics_->Attach(&manager_);
+  }
+
+  std::string AddWorker(const std::string& name) {
+    v1::RegisterRequest r;
+    r.set_protocol_version(proto::kProtocolVersion);
+    r.set_version(kVersion);
+    r.set_name(name);
+    r.add_devices("cpu:1");
+    auto reg = manager_.RegisterWorker(r, std::make_shared<FakeConnection>());
+    EXPECT_TRUE(reg.ok()) << reg.status();
+    return reg->worker_id();
+  }
+
+  std::shared_ptr<CoordinatorMetrics> metrics_;
+  JobManager manager_;
+};
+
+TEST_F(CoordinatorMetricsTest, StateGaugesAreReadAtScrapeTime) {
+  std::string text = Scrape(metrics_);
+  EXPECT_THAT(text, HasSubstr("conveyor_jobs{state=\"queued\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_jobs{state=\"cancelled\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_workers{state=\"idle\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_build_info{"));
+
+  const std::string w1 = AddWorker("a");
+  const std::string w2 = AddWorker("b");
+  v1::SubmitJobRequest req;
+  req.set_yaml(JobYaml(2));
+  req.set_file_name("job.yaml");
+  absl::StatusOr<v1::Job> job = manager_.SubmitJob(req);
+  ASSERT_TRUE(job.ok()) << job.status();
+  text = Scrape(metrics_);
+  EXPECT_THAT(text, HasSubstr("conveyor_jobs{state=\"planning\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_workers{state=\"busy\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_worker_heartbeat_age_seconds{worker="
+                              "\"a\",worker_id=\"" + w1 + "\"} 0"));
+  EXPECT_THAT(text, HasSubstr("conveyor_jobs_submitted_total 1\n"));
+  EXPECT_THAT(text,
+              HasSubstr(absl::StrCat("conveyor_job_info{job_id=\"", job->id(),
+                                     "\",name=\"mlp\",schedule=\"1f1b\"} 1\n")));
+
+  // A completed step updates the job's series.
+  auto step = [&](const std::string& w, bool loss) {
+    v1::WorkerMessage m;
+    v1::StepReport* s = m.mutable_step();
+    s->set_job_id(job->id());
+    s->set_step(1);
+    s->set_seconds(0.5);
+    s->set_wait_seconds(0.125);
+    s->set_has_loss(loss);
+    s->set_loss(2.5);
+    ASSERT_TRUE(manager_.HandleWorkerMessage(w, m).ok());
+  };
+  for (const std::string& w : {w1, w2}) {
+    v1::WorkerMessage m;
+    m.mutable_ready()->set_job_id(job->id());
+    m.mutable_ready()->set_data_endpoint("127.0.0.1:1");
+    ASSERT_TRUE(manager_.HandleWorkerMessage(w, m).ok());
+  }
+  step(w1, false);
+  step(w2, true);
+  const std::string id = absl::StrCat("{job_id=\"", job->id(), "\"}");
+  text = Scrape(metrics_);
+  EXPECT_THAT(text, HasSubstr("conveyor_job_steps_completed_total" + id + " 1\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_job_loss" + id + " 2.5\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_job_bubble_ratio" + id + " 0.25\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_job_samples_per_second" + id + " 16\n"));
+  EXPECT_THAT(text,
+              HasSubstr("conveyor_job_step_duration_seconds_count" + id + " 1\n"));
+
+  // The job's series go with the job; the totals stay.
+  ASSERT_TRUE(manager_.CancelJob(job->id(), "done").ok());
+  text = Scrape(metrics_);
+  EXPECT_THAT(text, Not(HasSubstr(job->id())));
+  EXPECT_THAT(text, HasSubstr("conveyor_jobs{state=\"cancelled\"} 1\n"));
+  EXPECT_THAT(text,
+              HasSubstr("conveyor_jobs_finished_total{state=\"cancelled\"} 1\n"));
+  EXPECT_THAT(text,
+              HasSubstr("conveyor_jobs_finished_total{state=\"succeeded\"} 0\n"));
+}
+
+TEST_F(CoordinatorMetricsTest, CountsGrpcCallsByMethodAndCode) {
+  CoordinatorService service(&manager_);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&service);
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(metrics_->InterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  for (int i = 0; i < 2; ++i) {
+    grpc::ClientContext context;
+    v1::GetJobRequest request;
+    request.set_id("job-42");
+    v1::Job job;
+    EXPECT_EQ(stub->GetJob(&context, request, &job).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    grpc::ClientContext context;
+    v1::ListJobsResponse response;
+    EXPECT_TRUE(stub->ListJobs(&context, {}, &response).ok());
+  }
+  {
+    grpc::ClientContext context;
+    v1::GetTraceRequest request;
+    request.set_job_id("job-1");
+    v1::Trace trace;
+    EXPECT_EQ(stub->GetTrace(&context, request, &trace).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+  server->Shutdown();
+  const std::string text = Scrape(metrics_);
+  EXPECT_THAT(text, HasSubstr("conveyor_grpc_server_requests_total{code="
+                              "\"NOT_FOUND\",method=\"GetJob\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_grpc_server_requests_total{code="
+                              "\"OK\",method=\"ListJobs\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_grpc_server_requests_total{code="
+                              "\"NOT_FOUND\",method=\"GetTrace\"} 1\n"));
+}
+
+}  // namespace
+}  // namespace conveyor::coordinator

@@ -1,0 +1,65 @@
+// Fakes shared by the coordinator's tests: a worker connection that records
+// what the coordinator sends, and a small job file.
+#ifndef CONVEYOR_TESTS_COORDINATOR_TEST_UTIL_H_
+#define CONVEYOR_TESTS_COORDINATOR_TEST_UTIL_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/job_manager.h"
+
+namespace conveyor::coordinator {
+
+// A worker session that records what the coordinator sends.
+class FakeConnection final : public WorkerConnection {
+ public:
+  bool Send(const v1::CoordinatorMessage& message) override {
+    if (closed) return false;
+    sent.push_back(message);
+    return true;
+  }
+  void Close(const absl::Status& status) override {
+    closed = true;
+    close_status = status;
+  }
+  // Messages of one kind, in order.
+  std::vector<v1::CoordinatorMessage> Of(
+      v1::CoordinatorMessage::KindCase kind) const {
+    std::vector<v1::CoordinatorMessage> out;
+    for (const auto& m : sent) {
+      if (m.kind_case() == kind) out.push_back(m);
+    }
+    return out;
+  }
+
+  std::vector<v1::CoordinatorMessage> sent;
+  bool closed = false;
+  absl::Status close_status;
+};
+
+inline constexpr char kVersion[] = "9.9.9";
+
+// An MLP job with `stages` stages (a boundary between dense layers).
+inline std::string JobYaml(int stages, const std::string& name = "mlp",
+                    int steps = 3) {
+  std::string layers;
+  for (int s = 0; s < stages; ++s) {
+    if (s > 0) layers += "    - boundary\n";
+    layers += "    - dense: {features: 4}\n";
+  }
+  return absl::StrCat("name: ", name,
+                      "\nmodel:\n  input_shape: [4]\n  init: {seed: 1}\n"
+                      "  layers:\n",
+                      layers,
+                      "  loss: mse\ndata: {source: synthetic-regression}\n"
+                      "training: {steps: ",
+                      steps,
+                      ", batch_size: 8, microbatches: 4}\n"
+                      "optimizer: {kind: sgd, lr: 0.1}\n"
+                      "pipeline: {schedule: 1f1b}\n");
+}
+
+}  // namespace conveyor::coordinator
+
+#endif  // CONVEYOR_TESTS_COORDINATOR_TEST_UTIL_H_

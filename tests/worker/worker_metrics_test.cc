@@ -1,0 +1,116 @@
+#include "worker/worker_metrics.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "prometheus/text_serializer.h"
+
+namespace conveyor::worker {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string Scrape(const WorkerMetrics& metrics) {
+  return prometheus::TextSerializer().Serialize(metrics.registry()->Collect());
+}
+
+RankStepResult Step(double seconds) {
+  RankStepResult r;
+  r.seconds = seconds;
+  r.wait_seconds = 0.25 * seconds;
+  r.stages[1] = {.forward_seconds = 0.25 * seconds,
+                 .backward_seconds = 0.5 * seconds,
+                 .optimizer_seconds = 0,
+                 .communication_seconds = 0,
+                 .idle_seconds = 0.25 * seconds,
+                 .microbatches = 8,
+                 .peak_activation_bytes = 4096};
+  return r;
+}
+
+TEST(WorkerMetricsTest, StepsAccumulatePerStageAndSeriesGoWithTheJob) {
+  WorkerMetrics metrics("w1");
+  {
+    std::unique_ptr<JobMetrics> job = metrics.StartJob("job-3", {1});
+    job->SetPeerNames({"w0", "w1", "w2"});
+    job->RecordStep(Step(2));
+    job->RecordStep(Step(2));
+    job->OnSent(2, 1000, std::chrono::milliseconds(3));
+    job->OnReceived(0, 500);
+    job->OnReceived(0, 500);
+    job->OnError(transport::DataPlaneObserver::Error::kTimeout);
+    const std::string text = Scrape(metrics);
+    const std::string labels = "job_id=\"job-3\",stage=\"1\",worker=\"w1\"";
+    EXPECT_THAT(text, HasSubstr("conveyor_stage_forward_seconds_total{" +
+                                labels + "} 1\n"));
+    EXPECT_THAT(text, HasSubstr("conveyor_stage_backward_seconds_total{" +
+                                labels + "} 2\n"));
+    EXPECT_THAT(text, HasSubstr("conveyor_stage_idle_seconds_total{" + labels +
+                                "} 1\n"));
+    EXPECT_THAT(text, HasSubstr("conveyor_stage_microbatches_total{" + labels +
+                                "} 16\n"));
+    EXPECT_THAT(text, HasSubstr("conveyor_stage_bubble_ratio{" + labels +
+                                "} 0.25\n"));
+    EXPECT_THAT(text, HasSubstr("conveyor_stage_peak_activation_bytes{" +
+                                labels + "} 4096\n"));
+    EXPECT_THAT(text, HasSubstr("conveyor_worker_step_duration_seconds_count{"
+                                "job_id=\"job-3\",worker=\"w1\"} 2\n"));
+    EXPECT_THAT(text, HasSubstr("conveyor_dataplane_sent_bytes_total{job_id="
+                                "\"job-3\",peer=\"w2\",worker=\"w1\"} 1000\n"));
+    EXPECT_THAT(text,
+                HasSubstr("conveyor_dataplane_received_bytes_total{job_id="
+                          "\"job-3\",peer=\"w0\",worker=\"w1\"} 1000\n"));
+    EXPECT_THAT(text, HasSubstr("conveyor_dataplane_transfer_duration_seconds_"
+                                "count{job_id=\"job-3\",peer=\"w2\",worker="
+                                "\"w1\"} 1\n"));
+    EXPECT_THAT(text, HasSubstr("conveyor_dataplane_receive_wait_seconds_"
+                                "total{job_id=\"job-3\",worker=\"w1\"} 1\n"));
+  }
+  // The job is gone: none of its series stay, the daemon-wide ones do.
+  const std::string text = Scrape(metrics);
+  EXPECT_THAT(text, Not(HasSubstr("job-3")));
+  EXPECT_THAT(text, HasSubstr("conveyor_dataplane_errors_total{kind="
+                              "\"timeout\",worker=\"w1\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_dataplane_errors_total{kind="
+                              "\"peer_lost\",worker=\"w1\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_build_info{"));
+}
+
+TEST(WorkerMetricsTest, UnnamedPeersAreLabelledByRank) {
+  WorkerMetrics metrics("w0");
+  std::unique_ptr<JobMetrics> job = metrics.StartJob("job-1", {0, 2});
+  job->OnSent(1, 8, std::chrono::microseconds(10));
+  EXPECT_THAT(Scrape(metrics),
+              HasSubstr("conveyor_dataplane_sent_bytes_total{job_id=\"job-1\","
+                        "peer=\"rank-1\",worker=\"w0\"} 8\n"));
+}
+
+TEST(WorkerMetricsTest, StateJobsAndCheckpoints) {
+  WorkerMetrics metrics("w0");
+  metrics.SetConnected(true);
+  metrics.SetBusy(true);
+  metrics.JobEnded("cancelled");
+  metrics.RecordCheckpoint(true, 0.5);
+  metrics.RecordCheckpoint(false, 0.1);
+  const std::string text = Scrape(metrics);
+  EXPECT_THAT(text, HasSubstr("conveyor_worker_connected{worker=\"w0\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_worker_busy{worker=\"w0\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_worker_jobs_total{outcome="
+                              "\"cancelled\",worker=\"w0\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_worker_jobs_total{outcome="
+                              "\"succeeded\",worker=\"w0\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_checkpoint_saves_total{outcome="
+                              "\"success\",worker=\"w0\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_checkpoint_saves_total{outcome="
+                              "\"failure\",worker=\"w0\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_checkpoint_save_duration_seconds_"
+                              "count{worker=\"w0\"} 1\n"));
+  EXPECT_THAT(text, Not(HasSubstr(
+                        "conveyor_checkpoint_last_success_timestamp_seconds{"
+                        "worker=\"w0\"} 0\n")));
+}
+
+}  // namespace
+}  // namespace conveyor::worker
