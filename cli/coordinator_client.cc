@@ -118,6 +118,19 @@ absl::StatusOr<std::vector<v1::Worker>> CoordinatorClient::ListWorkers() {
                                  response.workers().end());
 }
 
+absl::StatusOr<v1::Trace> CoordinatorClient::GetTrace(const std::string& id,
+                                                       int64_t step) {
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::GetTraceRequest request;
+  request.set_job_id(id);
+  request.set_step(step);
+  v1::Trace trace;
+  grpc::Status status = stub_->GetTrace(&context, request, &trace);
+  if (!status.ok()) return FromGrpc(status);
+  return trace;
+}
+
 absl::Status CoordinatorClient::WatchJob(
     const std::string& id,
     const std::function<void(const v1::JobEvent&)>& on_event) {

@@ -56,6 +56,9 @@ class CoordinatorClient {
   // NotFound for an unknown id. A job that already ended is returned as is.
   absl::StatusOr<v1::Job> CancelJob(const std::string& id);
   absl::StatusOr<std::vector<v1::Worker>> ListWorkers();
+  // Step `step` of job `id` (0: the newest complete step), every rank's
+  // timeline. NotFound for an unknown job or a step no longer kept.
+  absl::StatusOr<v1::Trace> GetTrace(const std::string& id, int64_t step);
 
   // Streams WatchJob(id), calling `on_event` for each event, until the
   // coordinator ends the stream (after the job's final state). No deadline:

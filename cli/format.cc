@@ -334,10 +334,12 @@ std::string FormatWorkersTable(const std::vector<v1::Worker>& workers) {
          w.job_id().empty() ? "-" : w.job_id(),
          w.stages_size() > 0 ? absl::StrJoin(w.stages(), ",") : "-",
          absl::StrCat(FormatDuration(w.seconds_since_heartbeat()), " ago"),
-         w.data_address().empty() ? "-" : w.data_address(), w.lost_reason()});
+         w.data_address().empty() ? "-" : w.data_address(),
+         w.metrics_address().empty() ? "-" : w.metrics_address(),
+         w.lost_reason()});
   }
   return FormatTable({"ID", "NAME", "STATE", "JOB", "STAGES", "HEARTBEAT",
-                      "DATA-ADDRESS", "NOTE"},
+                      "DATA-ADDRESS", "METRICS", "NOTE"},
                      rows);
 }
 

@@ -5,6 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cli/format.h"
+#include "cli/trace_render.h"
+#include "common/file.h"
 #include "common/status_macros.h"
 #include "proto/protocol.h"
 
@@ -37,7 +39,8 @@ std::string StateText(const v1::Job& job) {
 }  // namespace
 
 bool JobCommands::AnyParsed() const {
-  for (const CLI::App* cmd : {submit, status, watch, cancel, jobs, workers}) {
+  for (const CLI::App* cmd :
+       {submit, status, watch, cancel, jobs, workers, trace}) {
     if (cmd != nullptr && cmd->parsed()) return true;
   }
   return false;
@@ -72,8 +75,24 @@ JobCommands AddJobCommands(CLI::App& app, JobCommandOptions& o) {
 
   c.jobs = app.add_subcommand("jobs", "List the coordinator's jobs");
   c.workers = app.add_subcommand("workers", "List the registered workers");
+
+  c.trace = app.add_subcommand(
+      "trace",
+      "Write one step's measured timeline: Chrome trace JSON (open it in "
+      "https://ui.perfetto.dev) or an SVG drawn like `schedule --format svg`");
+  c.trace->add_option("job", o.job_id, "Job id (job-7)")->required();
+  c.trace->add_option("--step", o.step,
+                      "Step (1-based; default: the newest the coordinator "
+                      "keeps)")
+      ->check(CLI::NonNegativeNumber);
+  c.trace->add_option("--format", o.format, "Output: json, svg")
+      ->check(CLI::IsMember({"json", "svg"}))
+      ->capture_default_str();
+  c.trace->add_option("-o,--output", o.output,
+                      "Write to this file and print a summary (default: the "
+                      "trace to standard output)");
   for (CLI::App* cmd :
-       {c.submit, c.status, c.watch, c.cancel, c.jobs, c.workers}) {
+       {c.submit, c.status, c.watch, c.cancel, c.jobs, c.workers, c.trace}) {
     AddClientOptions(cmd, o);
   }
   return c;
@@ -110,6 +129,27 @@ absl::Status RunWatch(CoordinatorClient& client, const std::string& id,
                       const WatchOptions& watch, std::ostream& out) {
   ASSIGN_OR_RETURN(v1::Job job, WatchToEnd(client, id, watch, out));
   return JobOutcomeStatus(job);
+}
+
+absl::Status RunTrace(CoordinatorClient& client, const JobCommandOptions& o,
+                      std::ostream& out) {
+  ASSIGN_OR_RETURN(v1::Trace trace, client.GetTrace(o.job_id, o.step));
+  std::string text;
+  if (o.format == "svg") {
+    ASSIGN_OR_RETURN(text, RenderTraceSvg(trace));
+  } else {
+    text = RenderChromeTrace(trace);
+  }
+  if (o.output.empty() || o.output == "-") {
+    out << text;
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(WriteFileAtomically(o.output, text));
+  out << "wrote " << o.output << ": " << trace.job_id() << " step "
+      << trace.step() << ", " << trace.ranks_size() << " ranks ("
+      << trace.schedule() << ")\n"
+      << FormatAccounting(AccountTrace(trace));
+  return absl::OkStatus();
 }
 
 absl::Status RunCancel(CoordinatorClient& client, const std::string& id,
@@ -153,6 +193,7 @@ absl::Status RunJobCommand(const JobCommands& c, const JobCommandOptions& o,
   if (c.cancel->parsed()) return RunCancel(*client, o.job_id, out);
   if (c.jobs->parsed()) return RunJobs(*client, absl::Now(), out);
   if (c.workers->parsed()) return RunWorkers(*client, out);
+  if (c.trace->parsed()) return RunTrace(*client, o, out);
   return absl::InternalError("no job command was parsed");
 }
 

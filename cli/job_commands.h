@@ -6,6 +6,10 @@
 //   cancel JOB
 //   jobs                                             every job, as a table
 //   workers                                          every worker, as a table
+//   trace JOB [--step N] [--format json|svg] [--output FILE]
+//                                      a step's measured timeline: Chrome
+//                                      trace JSON (Perfetto) or an SVG like
+//                                      `schedule --format svg`
 //
 // Each takes --coordinator ADDRESS (else $CONVEYOR_COORDINATOR, else
 // 127.0.0.1:7070) and --timeout SECONDS for each unary call. The coordinator
@@ -39,6 +43,9 @@ struct JobCommandOptions {
   bool watch = false;                  // submit --watch
   std::string job_id;                  // status, watch, cancel
   int64_t log_every = 0;               // watch; 0: about 20 lines per job
+  int64_t step = 0;                    // trace; 0: the newest kept step
+  std::string format = "json";         // trace: json or svg
+  std::string output;                  // trace; empty or "-": stdout
 };
 
 // The subcommands, for the caller to see which one was parsed.
@@ -49,6 +56,7 @@ struct JobCommands {
   CLI::App* cancel = nullptr;
   CLI::App* jobs = nullptr;
   CLI::App* workers = nullptr;
+  CLI::App* trace = nullptr;
 
   bool AnyParsed() const;
 };
@@ -79,6 +87,11 @@ absl::Status RunCancel(CoordinatorClient& client, const std::string& id,
 absl::Status RunJobs(CoordinatorClient& client, absl::Time now,
                      std::ostream& out);
 absl::Status RunWorkers(CoordinatorClient& client, std::ostream& out);
+// Writes the trace to options.output (atomically) and a summary of where
+// each rank's step time went to `out`; or the trace itself to `out` when
+// options.output is empty or "-".
+absl::Status RunTrace(CoordinatorClient& client,
+                      const JobCommandOptions& options, std::ostream& out);
 
 }  // namespace conveyor::cli
 

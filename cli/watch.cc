@@ -29,20 +29,23 @@ void WatchPrinter::OnEvent(const v1::JobEvent& event) {
     last_step_ = step.step();
     const std::optional<double> eta =
         estimator_.Remaining(step.step(), job.steps_total());
+    const int64_t every = options_.log_every > 0
+                              ? options_.log_every
+                              : DefaultLogEvery(job.steps_total());
+    const bool log = ShouldLogStep(step.step(), job.steps_total(), every);
     if (options_.tty) {
-      // "\033[K" clears what a longer previous bar left on the line.
-      out_ << "\r"
-           << FormatProgressBar(step, job.steps_total(), eta,
+      // The step lines scroll above the bar, as in the training logs people
+      // know; "\033[K" clears what a longer previous line left behind.
+      out_ << "\r";
+      if (log) {
+        out_ << FormatStepLine(step, job.steps_total(), eta) << "\033[K\n";
+      }
+      out_ << FormatProgressBar(step, job.steps_total(), eta,
                                 options_.bar_width)
            << "\033[K";
       bar_showing_ = true;
-    } else {
-      const int64_t every = options_.log_every > 0
-                                ? options_.log_every
-                                : DefaultLogEvery(job.steps_total());
-      if (ShouldLogStep(step.step(), job.steps_total(), every)) {
-        out_ << FormatStepLine(step, job.steps_total(), eta) << "\n";
-      }
+    } else if (log) {
+      out_ << FormatStepLine(step, job.steps_total(), eta) << "\n";
     }
   }
   // Someone is watching: show each event as it comes, even through a pipe.

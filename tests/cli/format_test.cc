@@ -214,6 +214,7 @@ TEST(FormatWorkersTableTest, OneRowPerWorker) {
   busy.add_stages(2);
   busy.set_seconds_since_heartbeat(0.4);
   busy.set_data_address("127.0.0.1:4100");
+  busy.set_metrics_address("127.0.0.1:9465");
   v1::Worker lost;
   lost.set_id("worker-2");
   lost.set_name("gpu-host:77");
@@ -222,11 +223,11 @@ TEST(FormatWorkersTableTest, OneRowPerWorker) {
   lost.set_lost_reason("no heartbeat for 5 s");
   EXPECT_EQ(FormatWorkersTable({busy, lost}),
             "ID        NAME         STATE  JOB    STAGES  HEARTBEAT  "
-            "DATA-ADDRESS    NOTE\n"
+            "DATA-ADDRESS    METRICS         NOTE\n"
             "worker-1  local-0      BUSY   job-7  0,2     0.4 s ago  "
-            "127.0.0.1:4100\n"
+            "127.0.0.1:4100  127.0.0.1:9465\n"
             "worker-2  gpu-host:77  LOST   -      -       1m15s ago  -"
-            "               no heartbeat for 5 s\n");
+            "               -               no heartbeat for 5 s\n");
 }
 
 // The watch output, event by event.
@@ -275,20 +276,25 @@ TEST(WatchPrinterTest, PrintsStateChangesAndLoggedSteps) {
             "SUCCEEDED: 4/4 steps, final loss 0.250000\n");
 }
 
-TEST(WatchPrinterTest, RedrawsOneBarOnATerminal) {
+TEST(WatchPrinterTest, RedrawsOneBarOnATerminalUnderTheStepLines) {
   std::ostringstream out;
   absl::Time t = absl::UnixEpoch();
-  WatchPrinter printer(out, {.tty = true, .bar_width = 4, .clock = [&t] {
-                               return t += absl::Seconds(1);
-                             }});
+  WatchPrinter printer(out, {.log_every = 3, .tty = true, .bar_width = 4,
+                             .clock = [&t] { return t += absl::Seconds(1); }});
   std::vector<v1::JobEvent> events = Events();
   for (const v1::JobEvent& e : events) printer.OnEvent(e);
   printer.PrintOutcome(events.back().job());
   const std::string text = out.str();
-  EXPECT_THAT(text, HasSubstr("\r[#---]  1/4  loss 1.000000"));
-  EXPECT_THAT(text, HasSubstr("\r[####]  4/4  loss 0.250000  40000 samples/s  "
+  // A logged step's line replaces the bar, which is redrawn below it.
+  EXPECT_THAT(text, HasSubstr("\rstep 1/4  loss 1.000000  lr 0.003  1000.0 ms"
+                              "  40000 samples/s"));
+  EXPECT_THAT(text, HasSubstr("\033[K\n[#---]  1/4  loss 1.000000"));
+  // Steps between the logged ones only move the bar.
+  EXPECT_THAT(text, HasSubstr("\r[##--]  2/4  loss 0.500000"));
+  EXPECT_THAT(text, Not(HasSubstr("step 2/4")));
+  EXPECT_THAT(text, HasSubstr("\rstep 4/4  loss 0.250000"));
+  EXPECT_THAT(text, HasSubstr("\n[####]  4/4  loss 0.250000  40000 samples/s  "
                               "1000.0 ms/step\033[K\nSUCCEEDED: 4/4 steps"));
-  EXPECT_THAT(text, Not(HasSubstr("step 1/4")));
 }
 
 TEST(WatchPrinterTest, EstimatesFromTheTimeBetweenSteps) {
