@@ -61,6 +61,8 @@
 #include "scheduler/simulator.h"        // defines: Simulate, SimulationCosts
 #include "transport/tcp/tcp_channel.h"  // defines: TcpChannel
 #include "worker/stage_executor.h"      // defines: StageExecutor
+#include "worker/step_report.h"         // defines: FillStepReport
+#include "worker/worker_metrics.h"      // defines: WorkerMetrics
 
 namespace conveyor::worker {
 namespace {
@@ -141,9 +143,14 @@ struct StepTiming {
 // thread drives it.
 class Pipeline {
  public:
+  // With `telemetry`, every rank does what a worker daemon does for metrics
+  // and tracing: records the step's spans, updates its Prometheus series
+  // (the channel's traffic included) and builds the StepReport that carries
+  // the timeline to the coordinator. Without, none of that.
   static absl::StatusOr<std::unique_ptr<Pipeline>> Create(
-      const scheduler::Schedule& schedule, const engine::ModelSpec& spec) {
-    std::unique_ptr<Pipeline> p(new Pipeline(schedule));
+      const scheduler::Schedule& schedule, const engine::ModelSpec& spec,
+      bool telemetry = true) {
+    std::unique_ptr<Pipeline> p(new Pipeline(schedule, telemetry));
     RETURN_IF_ERROR(p->Build(spec));
     p->Start();
     return p;
@@ -200,8 +207,11 @@ class Pipeline {
     std::unique_ptr<engine::Stage> stage;
     std::unique_ptr<engine::DataSource> data;
     std::unique_ptr<engine::Optimizer> optimizer;
+    std::unique_ptr<WorkerMetrics> metrics;
+    std::unique_ptr<JobMetrics> job_metrics;  // Observes the channel.
     std::unique_ptr<transport::TcpChannel> channel;
     std::unique_ptr<StageExecutor> executor;
+    size_t report_bytes = 0;  // Keeps the StepReport from being elided.
   };
 
   // What one rank did in the current step.
@@ -211,8 +221,9 @@ class Pipeline {
     double run_step_seconds = 0;
   };
 
-  explicit Pipeline(const scheduler::Schedule& schedule)
+  Pipeline(const scheduler::Schedule& schedule, bool telemetry)
       : schedule_(schedule),
+        telemetry_(telemetry),
         ranks_(schedule.ranks),
         results_(schedule.ranks),
         start_(schedule.ranks + 1),
@@ -240,6 +251,11 @@ class Pipeline {
       config.world_size = p;
       config.job = kJob;
       config.secret = "pipeline-benchmark";
+      if (telemetry_) {
+        rank.metrics = std::make_unique<WorkerMetrics>(absl::StrCat("r", r));
+        rank.job_metrics = rank.metrics->StartJob("job-1", {r});
+        config.observer = rank.job_metrics.get();
+      }
       ASSIGN_OR_RETURN(rank.channel, transport::TcpChannel::Create(config, be));
       peers.push_back(absl::StrCat("127.0.0.1:", rank.channel->port()));
     }
@@ -256,7 +272,8 @@ class Pipeline {
                                  .num_stages = p,
                                  .batch_size = m,  // One sample a microbatch.
                                  .microbatches = m,
-                                 .loss = spec.loss},
+                                 .loss = spec.loss,
+                                 .record_spans = telemetry_},
                                 {{r, rank.stage.get()}}, rank.data.get(),
                                 rank.optimizer.get(), rank.channel.get(), be));
     }
@@ -280,7 +297,14 @@ class Pipeline {
           rank.executor->RunStep(step_, schedule_.actions[r]);
       out.end = Clock::now();
       out.status = result.status();
+      if (result.ok() && telemetry_) {
+        rank.job_metrics->RecordStep(*result);
+        v1::WorkerMessage message;
+        FillStepReport(*result, message.mutable_step());
+        rank.report_bytes += message.SerializeAsString().size();
+      }
       if (result.ok()) {
+        out.end = Clock::now();
         out.run_step_seconds = result->seconds;
       } else {
         // Tells the peers, so that ranks waiting on this one fail now rather
@@ -292,6 +316,7 @@ class Pipeline {
   }
 
   const scheduler::Schedule schedule_;
+  const bool telemetry_;
   std::vector<Rank> ranks_;
   // results_[r] is written by rank r between the barriers and read by the
   // driver after end_.
@@ -365,6 +390,50 @@ void BM_Pipeline(benchmark::State& state, ScheduleKind kind) {
   state.counters["predicted_l0_ms"] = *predicted_l0_ms;
   state.counters["ratio_l0"] = measured_ms / *predicted_l0_ms;
 }
+
+// What metrics and tracing cost a step: the same 1f1b pipeline (P = 4,
+// M = 8, F = 4 ms, B = 8 ms) built twice, with and without telemetry, run
+// in alternating blocks so both see the same machine, and compared by their
+// median step times. Target: under 1% slower with telemetry.
+void BM_Telemetry(benchmark::State& state) {
+  constexpr int kP = 4, kM = 8, kRounds = 8, kStepsPerBlock = 4;
+  const StageCosts costs = CostsFor(ScheduleKind::k1F1B);
+  auto spec = engine::ParseModelSpecYaml(ModelYaml(kP, costs), "bench.yaml");
+  auto schedule = scheduler::GenerateSchedule(
+      ScheduleKind::k1F1B, {.ranks = kP, .microbatches = kM});
+  if (!spec.ok() || !schedule.ok()) return state.SkipWithError("setup");
+  auto on = Pipeline::Create(*schedule, *spec, /*telemetry=*/true);
+  auto off = Pipeline::Create(*schedule, *spec, /*telemetry=*/false);
+  if (!on.ok() || !off.ok()) return state.SkipWithError("pipelines");
+  std::vector<double> on_ms, off_ms;
+  int64_t step = 0;
+  for (auto _ : state) {
+    for (int round = 0; round < kRounds; ++round) {
+      // Alternate which goes first, so neither always follows the other.
+      for (int half = 0; half < 2; ++half) {
+        const bool with = (round + half) % 2 == 0;
+        Pipeline& p = with ? **on : **off;
+        for (int i = 0; i < kStepsPerBlock + 1; ++i) {
+          auto timing = p.RunStep(step++);
+          if (!timing.ok()) {
+            return state.SkipWithError(timing.status().ToString().c_str());
+          }
+          // The first step of a block wakes a pipeline that sat idle.
+          if (i > 0) (with ? on_ms : off_ms).push_back(timing->wall * 1e3);
+        }
+      }
+    }
+  }
+  const double with = Median(on_ms), without = Median(off_ms);
+  state.counters["with_ms"] = with;
+  state.counters["without_ms"] = without;
+  state.counters["ratio"] = with / without;
+  state.counters["steps"] = static_cast<double>(on_ms.size());
+}
+BENCHMARK(BM_Telemetry)
+    ->Name("telemetry/1f1b/P:4/M:8")
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
 
 void Cases(benchmark::internal::Benchmark* b) {
   b->ArgsProduct({{2, 4}, {4, 8, 16}})

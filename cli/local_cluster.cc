@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/file.h"
 #include "common/status_macros.h"
@@ -101,12 +102,16 @@ LocalCluster::~LocalCluster() { Stop(); }
 
 absl::Status LocalCluster::StartCoordinator() {
   const std::string ready_file = (fs::path(dir_) / "coordinator.addr").string();
+  std::vector<std::string> argv = {
+      options_.coordinator_binary, "--listen",          "127.0.0.1:0",
+      "--ready-file",              ready_file,          "--heartbeat-timeout",
+      absl::StrCat(options_.heartbeat_timeout_seconds)};
+  if (options_.metrics) {
+    argv.insert(argv.end(), {"--metrics-address", "127.0.0.1:0"});
+  }
   ASSIGN_OR_RETURN(
       coordinator_,
-      Subprocess::Spawn({options_.coordinator_binary, "--listen", "127.0.0.1:0",
-                         "--ready-file", ready_file, "--heartbeat-timeout",
-                         absl::StrCat(options_.heartbeat_timeout_seconds)},
-                        (fs::path(dir_) / "coordinator.log").string()));
+      Subprocess::Spawn(argv, (fs::path(dir_) / "coordinator.log").string()));
   const absl::Time deadline = absl::Now() + options_.ready_timeout;
   while (true) {
     // The coordinator writes the file whole (a rename), ending in '\n'; a
@@ -114,8 +119,12 @@ absl::Status LocalCluster::StartCoordinator() {
     if (absl::StatusOr<std::string> text = ReadFile(ready_file, 4096);
         text.ok() && !text->empty() && text->back() == '\n') {
       // The first line; a second one says where metrics are served.
-      address_ = std::string(absl::StripAsciiWhitespace(
-          absl::string_view(*text).substr(0, text->find('\n'))));
+      std::vector<absl::string_view> lines =
+          absl::StrSplit(*text, '\n', absl::SkipEmpty());
+      address_ = std::string(absl::StripAsciiWhitespace(lines.front()));
+      if (lines.size() > 1 && absl::ConsumePrefix(&lines.back(), "metrics ")) {
+        metrics_address_ = std::string(lines.back());
+      }
       if (address_.empty() || address_.find(':') == std::string::npos) {
         return absl::FailedPreconditionError(
             absl::StrCat(kCoordinatorBinary, " wrote '", address_, "' to ",
@@ -144,12 +153,16 @@ absl::Status LocalCluster::StartCoordinator() {
 
 absl::Status LocalCluster::StartWorkers() {
   for (int i = 0; i < options_.num_workers; ++i) {
+    std::vector<std::string> argv = {
+        options_.worker_binary, "--coordinator", address_, "--data-address",
+        "127.0.0.1:0",          "--name",        absl::StrCat("local-", i)};
+    if (options_.metrics) {
+      argv.insert(argv.end(), {"--metrics-address", "127.0.0.1:0"});
+    }
     ASSIGN_OR_RETURN(
         std::unique_ptr<Subprocess> worker,
         Subprocess::Spawn(
-            {options_.worker_binary, "--coordinator", address_,
-             "--data-address", "127.0.0.1:0", "--name",
-             absl::StrCat("local-", i)},
+            argv,
             (fs::path(dir_) / absl::StrCat("worker-", i, ".log")).string()));
     workers_.push_back(std::move(worker));
   }

@@ -5,7 +5,8 @@
 // Startup, by the daemons' contract:
 //   conveyor-coordinator --listen 127.0.0.1:0 --ready-file DIR/coordinator.addr
 //                        --heartbeat-timeout 5
-//     writes "host:port\n" to the ready file (atomically) once it serves;
+//     writes "host:port\n" to the ready file (atomically) once it serves,
+//     then "metrics host:port\n" when given --metrics-address;
 //   conveyor-worker --coordinator host:port --data-address 127.0.0.1:0
 //                   --name local-<i>
 //     registers and shows up IDLE in ListWorkers.
@@ -62,6 +63,9 @@ struct LocalClusterOptions {
   absl::Duration ready_timeout = absl::Seconds(20);    // The ready file.
   absl::Duration workers_timeout = absl::Seconds(20);  // N IDLE workers.
   absl::Duration stop_timeout = absl::Seconds(5);      // SIGTERM to SIGKILL.
+  // Every daemon serves /metrics on a free loopback port (the coordinator's
+  // in metrics_address(), the workers' in ListWorkers).
+  bool metrics = false;
   // Polled while waiting; true makes the wait return Cancelled.
   std::function<bool()> interrupted;
 };
@@ -101,6 +105,8 @@ class LocalCluster {
   void RemoveLogs();
 
   const std::string& coordinator_address() const { return address_; }
+  // Where the coordinator serves /metrics; empty without options.metrics.
+  const std::string& metrics_address() const { return metrics_address_; }
   // The process id of worker `i` (named "local-<i>"), for tests that kill
   // one; -1 when there is no such worker.
   pid_t worker_pid(int i) const {
@@ -126,6 +132,7 @@ class LocalCluster {
   const LocalClusterOptions options_;
   const std::string dir_;
   std::string address_;
+  std::string metrics_address_;
   std::unique_ptr<Subprocess> coordinator_;
   std::vector<std::unique_ptr<Subprocess>> workers_;
 };

@@ -54,6 +54,11 @@ class SpanRecorder {
  public:
   using Clock = std::chrono::steady_clock;
 
+  // A disabled recorder records nothing and reads no clock; for measuring
+  // what recording costs (bench/telemetry_benchmark).
+  explicit SpanRecorder(bool enabled = true) : enabled_(enabled) {}
+  bool enabled() const { return enabled_; }
+
   // Clears the previous step's spans and notes the step's start.
   void StartStep();
 
@@ -63,13 +68,17 @@ class SpanRecorder {
                            int32_t stage = -1, int32_t microbatch = -1,
                            int32_t peer = -1, uint64_t bytes = 0);
 
-  static Clock::time_point Now() { return Clock::now(); }
+  // The time for a span's start (the epoch when disabled).
+  Clock::time_point Now() const {
+    return enabled_ ? Clock::now() : Clock::time_point();
+  }
 
   Clock::time_point step_start() const { return step_start_; }
   int64_t step_start_unix_us() const { return step_start_unix_us_; }
   const std::vector<Span>& spans() const { return spans_; }
 
  private:
+  bool enabled_ = true;
   Clock::time_point step_start_{};
   int64_t step_start_unix_us_ = 0;
   std::vector<Span> spans_;

@@ -15,6 +15,7 @@
 #include "proto/protocol.h"
 #include "spdlog/spdlog.h"
 #include "worker/job_runner.h"
+#include "worker/step_report.h"
 
 namespace conveyor::worker {
 namespace {
@@ -523,25 +524,16 @@ absl::Status WorkerSession::RunJob(Job* job) {
     v1::StepReport* r = m.mutable_step();
     r->set_job_id(program.job_id());
     r->set_step(p.step);
-    r->set_seconds(p.seconds);
-    r->set_wait_seconds(p.wait_seconds);
-    r->set_has_loss(p.has_loss);
-    r->set_loss(p.loss);
     r->set_learning_rate(p.learning_rate);
-    r->set_peak_activation_bytes(p.peak_activation_bytes);
     if (p.result != nullptr) {
-      r->set_start_unix_us(p.result->start_unix_us);
-      for (const telemetry::Span& span : p.result->spans) {
-        v1::Span* out = r->add_spans();
-        out->set_kind(static_cast<v1::Span::Kind>(span.kind));
-        out->set_stage(span.stage);
-        out->set_microbatch(span.microbatch);
-        out->set_start_us(span.start_us);
-        out->set_duration_us(span.duration_us);
-        out->set_peer(span.peer);
-        out->set_bytes(span.bytes);
-      }
+      FillStepReport(*p.result, r);
       if (metrics != nullptr) metrics->RecordStep(*p.result);
+    } else {
+      r->set_seconds(p.seconds);
+      r->set_wait_seconds(p.wait_seconds);
+      r->set_has_loss(p.has_loss);
+      r->set_loss(p.loss);
+      r->set_peak_activation_bytes(p.peak_activation_bytes);
     }
     job->writer->Write(m);
     SPDLOG_DEBUG("{} step {}/{}: {:.3f} s", program.job_id(), p.step,

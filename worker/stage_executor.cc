@@ -80,7 +80,7 @@ transport::Tag StageExecutor::MakeTag(int64_t step, int mb, int stage,
 
 absl::StatusOr<Tensor> StageExecutor::Receive(const transport::Tag& tag,
                                                int for_stage) {
-  const auto start = SpanRecorder::Now();
+  const auto start = spans_.Now();
   absl::StatusOr<Tensor> t = channel_->Recv(tag, config_.recv_timeout);
   spans_.Record(SpanKind::kRecvWait, start, for_stage, tag.microbatch,
                 tag.stage % config_.num_ranks, t.ok() ? t->bytes() : 0);
@@ -89,7 +89,7 @@ absl::StatusOr<Tensor> StageExecutor::Receive(const transport::Tag& tag,
 
 absl::Status StageExecutor::SendTo(int to, const transport::Tag& tag,
                                    const Tensor& tensor) {
-  const auto start = SpanRecorder::Now();
+  const auto start = spans_.Now();
   absl::Status s = channel_->Send(to, tag, tensor);
   spans_.Record(SpanKind::kSend, start, tag.stage, tag.microbatch, to,
                 tensor.bytes());
@@ -101,7 +101,7 @@ absl::Status StageExecutor::Forward(int64_t step, const Action& a) {
   const int m = config_.microbatches;
   Tensor x;
   if (a.stage == 0) {
-    const auto start = SpanRecorder::Now();
+    const auto start = spans_.Now();
     absl::StatusOr<Tensor> inputs =
         data_->Inputs(backend_, step, a.microbatch, m, config_.batch_size);
     spans_.Record(SpanKind::kData, start, a.stage, a.microbatch);
@@ -111,7 +111,7 @@ absl::Status StageExecutor::Forward(int64_t step, const Action& a) {
                                         TensorKind::kActivation),
                                 a.stage));
   }
-  auto start = SpanRecorder::Now();
+  auto start = spans_.Now();
   absl::StatusOr<Tensor> forward = stage->Forward(a.microbatch, x);
   start = spans_.Record(SpanKind::kForward, start, a.stage, a.microbatch);
   ASSIGN_OR_RETURN(Tensor y, std::move(forward));
@@ -152,7 +152,7 @@ absl::Status StageExecutor::BackwardInput(int64_t step, const Action& a) {
                                          TensorKind::kGradient),
                                  a.stage));
   }
-  const auto start = SpanRecorder::Now();
+  const auto start = spans_.Now();
   absl::StatusOr<Tensor> backward = stage->BackwardInput(a.microbatch, dy);
   if (a.op == Op::kBackward && backward.ok()) {
     // B is BI then BW on the same microbatch: one span, as scheduled.
@@ -181,9 +181,11 @@ absl::StatusOr<RankStepResult> StageExecutor::RunActions(
     int64_t step, const std::vector<Action>& actions,
     const AllReduceSum& all_reduce) {
   spans_.StartStep();
+  const auto step_start = spans_.enabled() ? spans_.step_start()
+                                           : SpanRecorder::Clock::now();
   loss_sum_ = 0;
   loss_grads_.clear();
-  auto start = SpanRecorder::Now();
+  auto start = spans_.Now();
   optimizer_->ZeroGrad();
   spans_.Record(SpanKind::kOptimizer, start);
   RankStepResult result;
@@ -204,7 +206,7 @@ absl::StatusOr<RankStepResult> StageExecutor::RunActions(
         s = BackwardInput(step, a);
         break;
       case Op::kBackwardWeight: {
-        const auto start = SpanRecorder::Now();
+        const auto start = spans_.Now();
         s = stages_.at(a.stage)->BackwardWeight(a.microbatch);
         spans_.Record(SpanKind::kBackwardWeight, start, a.stage, a.microbatch);
         break;
@@ -226,7 +228,7 @@ absl::StatusOr<RankStepResult> StageExecutor::RunActions(
   }
   std::optional<double> global_norm;
   if (all_reduce) {
-    start = SpanRecorder::Now();
+    start = spans_.Now();
     ASSIGN_OR_RETURN(double local, optimizer_->GradSquaredSum());
     start = spans_.Record(SpanKind::kOptimizer, start);
     absl::StatusOr<double> total = all_reduce(local);
@@ -234,7 +236,7 @@ absl::StatusOr<RankStepResult> StageExecutor::RunActions(
     RETURN_IF_ERROR(total.status());
     global_norm = std::sqrt(*total);
   }
-  start = SpanRecorder::Now();
+  start = spans_.Now();
   absl::StatusOr<double> norm = optimizer_->Step(global_norm);
   absl::Status synced = backend_->Synchronize();
   const auto end = spans_.Record(SpanKind::kOptimizer, start);
@@ -242,8 +244,10 @@ absl::StatusOr<RankStepResult> StageExecutor::RunActions(
   RETURN_IF_ERROR(synced);
   result.has_loss = stages_.count(config_.num_stages - 1) > 0;
   result.loss = loss_sum_ / config_.microbatches;
-  result.seconds =
-      std::chrono::duration<double>(end - spans_.step_start()).count();
+  result.seconds = std::chrono::duration<double>(
+                       (spans_.enabled() ? end : SpanRecorder::Clock::now()) -
+                       step_start)
+                       .count();
   SummarizeSpans(result);
   return result;
 }

@@ -46,6 +46,10 @@ struct ExecutorConfig {
   int microbatches = 1;
   engine::LossKind loss = engine::LossKind::kMse;
   std::chrono::milliseconds recv_timeout{30000};
+  // Record the step's timeline (RankStepResult::spans and the per-stage
+  // times derived from it). Off only to measure what recording costs: the
+  // wait and per-stage times are then zero.
+  bool record_spans = true;
 };
 
 // Where one stage's share of a step went (from the step's spans). The
@@ -106,7 +110,8 @@ class StageExecutor {
         data_(data),
         optimizer_(optimizer),
         channel_(channel),
-        backend_(backend) {}
+        backend_(backend),
+        spans_(config.record_spans) {}
 
   absl::StatusOr<RankStepResult> RunActions(
       int64_t step, const std::vector<scheduler::Action>& actions,

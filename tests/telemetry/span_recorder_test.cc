@@ -43,7 +43,7 @@ TEST(SpanRecorderTest, BackToBackSpansTileTheStep) {
 TEST(SpanRecorderTest, StartStepClearsAndStampsWallClock) {
   SpanRecorder recorder;
   recorder.StartStep();
-  recorder.Record(SpanKind::kOptimizer, SpanRecorder::Now());
+  recorder.Record(SpanKind::kOptimizer, recorder.Now());
   const int64_t before =
       std::chrono::duration_cast<std::chrono::microseconds>(
           std::chrono::system_clock::now().time_since_epoch())
@@ -65,6 +65,23 @@ TEST(SpanRecorderTest, ClassesAndNames) {
   EXPECT_EQ(ClassOf(SpanKind::kRecvWait), SpanClass::kIdle);
   EXPECT_STREQ(SpanKindName(SpanKind::kRecvWait), "recv wait");
   EXPECT_STREQ(SpanKindName(SpanKind::kBackwardInput), "backward input");
+}
+
+}  // namespace
+}  // namespace conveyor::telemetry
+
+namespace conveyor::telemetry {
+namespace {
+
+TEST(SpanRecorderTest, DisabledRecordsNothing) {
+  SpanRecorder recorder(/*enabled=*/false);
+  EXPECT_FALSE(recorder.enabled());
+  recorder.StartStep();
+  const auto t = recorder.Now();
+  EXPECT_EQ(t, SpanRecorder::Clock::time_point());
+  EXPECT_EQ(recorder.Record(SpanKind::kForward, t, 0, 0), t);
+  EXPECT_TRUE(recorder.spans().empty());
+  EXPECT_EQ(recorder.step_start_unix_us(), 0);
 }
 
 }  // namespace
