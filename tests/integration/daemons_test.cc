@@ -10,20 +10,28 @@
 
 #include <chrono>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <memory>
+#include <set>
+#include <sstream>
 #include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "cli/coordinator_client.h"
 #include "cli/export_command.h"
+#include "cli/job_commands.h"
+#include "cli/trace_render.h"
+#include "common/file.h"
 #include "cli/local_cluster.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/job_spec.h"
@@ -31,13 +39,18 @@
 #include "engine/trainer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "proto/protocol.h"
+#include "scheduler/generators.h"
+#include "scheduler/simulator.h"
+#include "tests/testing/http_get.h"
 #include "tests/engine/test_util.h"
 
 namespace conveyor {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using Clock = std::chrono::steady_clock;
 
 double SecondsSince(Clock::time_point start) {
@@ -152,6 +165,7 @@ class DaemonsTest : public ::testing::Test {
         *cli::FindDaemonBinary(cli::kCoordinatorBinary, search);
     options.worker_binary = *cli::FindDaemonBinary(cli::kWorkerBinary, search);
     options.heartbeat_timeout_seconds = kHeartbeatTimeoutSeconds;
+    options.metrics = true;  // Served throughout, as in production.
     absl::StatusOr<std::unique_ptr<cli::LocalCluster>> cluster =
         cli::LocalCluster::Start(options);
     EXPECT_TRUE(cluster.ok()) << cluster.status();
@@ -365,6 +379,160 @@ TEST_F(DaemonsTest, BadJobsAreRejectedBeforeAnyWorkerIsUsed) {
 // within the heartbeat timeout plus 5 s; the survivors go back to idle and
 // nothing waits forever. Each runs on a cluster of its own so the suite's
 // workers stay intact.
+// Acceptance of the step timelines: a 4-stage 1f1b step's trace is valid
+// Chrome trace JSON with one process per worker, and on every rank its
+// spans account for the step: compute + communication + idle = step time
+// within 2%.
+TEST_F(DaemonsTest, TraceOfAFourStage1F1BStepAccountsForTheStepTime) {
+  absl::StatusOr<v1::Job> job =
+      Submit(MlpJob(4, "1f1b", 1, 6, TempDir("trace")));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(WaitForEnd(*client_, job->id()).state(), v1::SUCCEEDED);
+  absl::StatusOr<v1::Trace> trace = client_->GetTrace(job->id(), 0);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  EXPECT_EQ(trace->step(), 6);
+  ASSERT_EQ(trace->ranks_size(), 4);
+
+  const nlohmann::json chrome =
+      nlohmann::json::parse(cli::RenderChromeTrace(*trace));
+  std::set<int> processes;
+  int complete_events = 0;
+  for (const nlohmann::json& e : chrome.at("traceEvents")) {
+    if (e.at("ph") == "M" && e.at("name") == "process_name") {
+      processes.insert(e.at("pid").get<int>());
+      EXPECT_THAT(e.at("args").at("name").get<std::string>(),
+                  HasSubstr("local-"));
+    }
+    if (e.at("ph") == "X") {
+      ++complete_events;
+      EXPECT_GE(e.at("ts").get<double>(), 0);
+      EXPECT_GE(e.at("dur").get<double>(), 0);
+    }
+  }
+  EXPECT_EQ(processes.size(), 4u);
+  // 4 microbatches: at least F and B per microbatch on every rank.
+  EXPECT_GE(complete_events, 4 * 2 * 4);
+
+  for (const cli::RankAccounting& r : cli::AccountTrace(*trace)) {
+    SCOPED_TRACE(absl::StrCat("rank ", r.rank));
+    ASSERT_GT(r.step_seconds, 0);
+    const double accounted =
+        r.compute_seconds + r.communication_seconds + r.idle_seconds;
+    std::cout << "rank " << r.rank << ": spans account for "
+              << 100 * accounted / r.step_seconds << "% of the step\n";
+    EXPECT_NEAR(accounted / r.step_seconds, 1.0, 0.02);
+    EXPECT_GT(r.compute_seconds, 0);
+  }
+
+  // The same through conveyorctl's command, as an SVG file.
+  const std::string svg_path = TempDir("trace_svg") + "/step.svg";
+  cli::JobCommandOptions options;
+  options.job_id = job->id();
+  options.format = "svg";
+  options.output = svg_path;
+  std::ostringstream summary;
+  ASSERT_TRUE(cli::RunTrace(*client_, options, summary).ok());
+  EXPECT_THAT(summary.str(), HasSubstr(absl::StrCat("wrote ", svg_path, ": ",
+                                                    job->id(), " step 6")));
+  absl::StatusOr<std::string> svg = ReadFile(svg_path, 1 << 24);
+  ASSERT_TRUE(svg.ok()) << svg.status();
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_THAT(*svg, HasSubstr(absl::StrCat("<g id=\"rank-", r, "\"")));
+  }
+  // An unknown step is NotFound, naming what is kept.
+  absl::Status gone = client_->GetTrace(job->id(), 99).status();
+  EXPECT_EQ(gone.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(gone.message(), HasSubstr("kept for steps"));
+}
+
+// The value of every sample of `metric` whose labels include `label`, in
+// Prometheus' text format.
+std::vector<double> Samples(const std::string& text, const std::string& metric,
+                            const std::string& label) {
+  std::vector<double> out;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (!absl::StartsWith(line, metric + "{") ||
+        line.find(label) == absl::string_view::npos) {
+      continue;
+    }
+    double value = 0;
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) {
+      out.push_back(value);
+    }
+  }
+  return out;
+}
+
+// Acceptance of the bubble metrics: with the fixed-time test layer, the
+// bubble ratio the workers export per stage (and the coordinator per job)
+// is the simulator's within 5 percentage points; the job's series go when
+// it ends.
+TEST_F(DaemonsTest, ExportedBubbleRatioMatchesTheSimulator) {
+  constexpr int kP = 4, kM = 8;
+  std::string layers;
+  for (int s = 0; s < kP; ++s) {
+    if (s > 0) layers += "    - boundary\n";
+    layers += "    - delay: {forward_ms: 4, backward_ms: 8}\n";
+  }
+  absl::StatusOr<v1::Job> job = Submit(absl::StrCat(
+      "name: bubble\nmodel:\n  input_shape: [1]\n  init: {seed: 0}\n"
+      "  layers:\n",
+      layers,
+      "  loss: mse\ndata: {source: synthetic-regression}\n"
+      "training: {steps: 100000, batch_size: 8, microbatches: 8}\n"
+      "optimizer: {kind: sgd, lr: 0.001}\npipeline: {schedule: 1f1b}\n"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(WaitForSteps(*client_, job->id(), 4).state(), v1::RUNNING);
+
+  auto schedule = scheduler::GenerateSchedule(
+      scheduler::ScheduleKind::k1F1B, {.ranks = kP, .microbatches = kM});
+  ASSERT_TRUE(schedule.ok());
+  auto simulated = scheduler::Simulate(
+      *schedule, scheduler::SimulationCosts<double>::Uniform(4, 8));
+  ASSERT_TRUE(simulated.ok());
+  const double predicted = simulated->bubble_fraction();
+
+  const std::string label = absl::StrCat("job_id=\"", job->id(), "\"");
+  double sum = 0;
+  int stages = 0;
+  std::vector<std::string> scraped;
+  for (const v1::Worker& w : Workers(*client_)) {
+    ASSERT_FALSE(w.metrics_address().empty()) << w.name();
+    absl::StatusOr<std::string> text =
+        conveyor::testing::HttpGet(w.metrics_address(), "/metrics");
+    ASSERT_TRUE(text.ok()) << text.status();
+    scraped.push_back(w.metrics_address());
+    for (double v : Samples(*text, "conveyor_stage_bubble_ratio", label)) {
+      sum += v;
+      ++stages;
+    }
+  }
+  ASSERT_EQ(stages, kP);
+  std::cout << "bubble ratio: exported mean over stages " << sum / stages
+            << ", simulator " << predicted << "\n";
+  EXPECT_NEAR(sum / stages, predicted, 0.05);
+  absl::StatusOr<std::string> coordinator =
+      conveyor::testing::HttpGet(cluster_->metrics_address(), "/metrics");
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  const std::vector<double> job_bubble =
+      Samples(*coordinator, "conveyor_job_bubble_ratio", label);
+  ASSERT_EQ(job_bubble.size(), 1u);
+  EXPECT_NEAR(job_bubble[0], predicted, 0.05);
+
+  ASSERT_TRUE(client_->CancelJob(job->id()).ok());
+  EXPECT_EQ(WaitForIdle(*client_, kWorkers), kWorkers);
+  for (const std::string& address : scraped) {
+    absl::StatusOr<std::string> text = conveyor::testing::HttpGet(address, "/metrics");
+    ASSERT_TRUE(text.ok()) << text.status();
+    EXPECT_THAT(*text, Not(HasSubstr(label))) << address;
+  }
+  coordinator = conveyor::testing::HttpGet(cluster_->metrics_address(), "/metrics");
+  ASSERT_TRUE(coordinator.ok());
+  EXPECT_THAT(*coordinator, Not(HasSubstr(label)));
+  EXPECT_THAT(*coordinator,
+              HasSubstr("conveyor_jobs_finished_total{state=\"cancelled\"}"));
+}
+
 void ExpectLostWorkerFailsTheJob(int signal, const std::string& observed) {
   std::unique_ptr<cli::LocalCluster> cluster = DaemonsTest::StartCluster(3);
   ASSERT_NE(cluster, nullptr);
