@@ -119,7 +119,7 @@ absl::StatusOr<std::vector<v1::Worker>> CoordinatorClient::ListWorkers() {
 }
 
 absl::StatusOr<v1::Trace> CoordinatorClient::GetTrace(const std::string& id,
-                                                       int64_t step) {
+                                                      int64_t step) {
   grpc::ClientContext context;
   SetDeadline(context);
   v1::GetTraceRequest request;

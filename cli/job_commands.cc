@@ -81,9 +81,10 @@ JobCommands AddJobCommands(CLI::App& app, JobCommandOptions& o) {
       "Write one step's measured timeline: Chrome trace JSON (open it in "
       "https://ui.perfetto.dev) or an SVG drawn like `schedule --format svg`");
   c.trace->add_option("job", o.job_id, "Job id (job-7)")->required();
-  c.trace->add_option("--step", o.step,
-                      "Step (1-based; default: the newest the coordinator "
-                      "keeps)")
+  c.trace
+      ->add_option("--step", o.step,
+                   "Step (1-based; default: the newest the coordinator "
+                   "keeps)")
       ->check(CLI::NonNegativeNumber);
   c.trace->add_option("--format", o.format, "Output: json, svg")
       ->check(CLI::IsMember({"json", "svg"}))

@@ -103,8 +103,12 @@ LocalCluster::~LocalCluster() { Stop(); }
 absl::Status LocalCluster::StartCoordinator() {
   const std::string ready_file = (fs::path(dir_) / "coordinator.addr").string();
   std::vector<std::string> argv = {
-      options_.coordinator_binary, "--listen",          "127.0.0.1:0",
-      "--ready-file",              ready_file,          "--heartbeat-timeout",
+      options_.coordinator_binary,
+      "--listen",
+      "127.0.0.1:0",
+      "--ready-file",
+      ready_file,
+      "--heartbeat-timeout",
       absl::StrCat(options_.heartbeat_timeout_seconds)};
   if (options_.metrics) {
     argv.insert(argv.end(), {"--metrics-address", "127.0.0.1:0"});
@@ -154,8 +158,9 @@ absl::Status LocalCluster::StartCoordinator() {
 absl::Status LocalCluster::StartWorkers() {
   for (int i = 0; i < options_.num_workers; ++i) {
     std::vector<std::string> argv = {
-        options_.worker_binary, "--coordinator", address_, "--data-address",
-        "127.0.0.1:0",          "--name",        absl::StrCat("local-", i)};
+        options_.worker_binary,   "--coordinator", address_,
+        "--data-address",         "127.0.0.1:0",   "--name",
+        absl::StrCat("local-", i)};
     if (options_.metrics) {
       argv.insert(argv.end(), {"--metrics-address", "127.0.0.1:0"});
     }

@@ -20,18 +20,18 @@
 #include "absl/strings/str_cat.h"  // messages
 #include "common/build_info.h"     // kVersion
 #include "common/command_line.h"
-#include "common/file.h"              // ReadFile, WriteFileAtomically
-#include "common/logging.h"           // InitLogging
-#include "common/status_macros.h"     // ASSIGN_OR_RETURN
-#include "common/yaml_reader.h"       // the --config file
+#include "common/file.h"                      // ReadFile, WriteFileAtomically
+#include "common/logging.h"                   // InitLogging
+#include "common/status_macros.h"             // ASSIGN_OR_RETURN
+#include "common/yaml_reader.h"               // the --config file
 #include "coordinator/coordinator_metrics.h"  // /metrics
 #include "coordinator/job_manager.h"          // the state machine
-#include "coordinator/service.h"      // the gRPC services
-#include "grpcpp/grpcpp.h"            // ServerBuilder
-#include "proto/protocol.h"           // kMaxMessageBytes
-#include "spdlog/spdlog.h"            // SPDLOG_*
-#include "telemetry/daemon_metrics.h"     // ProcessCollector
-#include "telemetry/metrics_server.h"     // MetricsServer
+#include "coordinator/service.h"              // the gRPC services
+#include "grpcpp/grpcpp.h"                    // ServerBuilder
+#include "proto/protocol.h"                   // kMaxMessageBytes
+#include "spdlog/spdlog.h"                    // SPDLOG_*
+#include "telemetry/daemon_metrics.h"         // ProcessCollector
+#include "telemetry/metrics_server.h"         // MetricsServer
 
 namespace {
 
@@ -103,9 +103,10 @@ int main(int argc, char** argv) {
                  "Seconds a worker waits for a tensor before failing the job")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--metrics-address", flags.metrics_address,
-                 "host:port to serve Prometheus /metrics on (port 0: a free port, "
-                 "written to the ready file); empty: not served");
+  app.add_option(
+      "--metrics-address", flags.metrics_address,
+      "host:port to serve Prometheus /metrics on (port 0: a free port, "
+      "written to the ready file); empty: not served");
   app.add_option("--config", flags.config,
                  "YAML file with listen, heartbeat_timeout, recv_timeout, "
                  "metrics_address (flags win)");

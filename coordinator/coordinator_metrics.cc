@@ -16,13 +16,23 @@ using prometheus::BuildHistogram;
 
 // "OK", "INVALID_ARGUMENT", ...: gRPC's canonical names.
 std::string CodeName(grpc::StatusCode code) {
-  static const char* const kNames[] = {
-      "OK",           "CANCELLED",          "UNKNOWN",
-      "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-      "FAILED_PRECONDITION", "ABORTED",     "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL",          "UNAVAILABLE",
-      "DATA_LOSS",    "UNAUTHENTICATED"};
+  static const char* const kNames[] = {"OK",
+                                       "CANCELLED",
+                                       "UNKNOWN",
+                                       "INVALID_ARGUMENT",
+                                       "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND",
+                                       "ALREADY_EXISTS",
+                                       "PERMISSION_DENIED",
+                                       "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION",
+                                       "ABORTED",
+                                       "OUT_OF_RANGE",
+                                       "UNIMPLEMENTED",
+                                       "INTERNAL",
+                                       "UNAVAILABLE",
+                                       "DATA_LOSS",
+                                       "UNAUTHENTICATED"};
   const int i = static_cast<int>(code);
   if (i >= 0 && i < static_cast<int>(std::size(kNames))) return kNames[i];
   return "UNKNOWN";
@@ -52,7 +62,8 @@ class CountingInterceptor final : public grpc::experimental::Interceptor {
   CountingInterceptor(CoordinatorMetrics* metrics, std::string method)
       : metrics_(metrics), method_(std::move(method)) {}
 
-  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+  void Intercept(
+      grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(
             grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
       metrics_->CountRequest(method_, methods->GetSendStatus().error_code());
@@ -159,17 +170,17 @@ void CoordinatorMetrics::OnSubmitted(const v1::Job& job) {
   submitted_.Increment();
   const prometheus::Labels labels = {{"job_id", job.id()}};
   std::lock_guard<std::mutex> lock(mu_);
-  jobs_[job.id()] = JobSeries{
-      .info = &job_info_.Add({{"job_id", job.id()},
-                              {"name", job.name()},
-                              {"schedule", job.schedule()}}),
-      .steps = &steps_.Add(labels),
-      .step_duration =
-          &step_duration_.Add(labels, telemetry::DurationBuckets()),
-      .loss = &loss_.Add(labels),
-      .samples_per_second = &samples_per_second_.Add(labels),
-      .tokens_per_second = &tokens_per_second_.Add(labels),
-      .bubble_ratio = &bubble_ratio_.Add(labels)};
+  jobs_[job.id()] =
+      JobSeries{.info = &job_info_.Add({{"job_id", job.id()},
+                                        {"name", job.name()},
+                                        {"schedule", job.schedule()}}),
+                .steps = &steps_.Add(labels),
+                .step_duration =
+                    &step_duration_.Add(labels, telemetry::DurationBuckets()),
+                .loss = &loss_.Add(labels),
+                .samples_per_second = &samples_per_second_.Add(labels),
+                .tokens_per_second = &tokens_per_second_.Add(labels),
+                .bubble_ratio = &bubble_ratio_.Add(labels)};
   jobs_[job.id()].info->Set(1);
 }
 
@@ -230,9 +241,9 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
     if (w.state() != v1::LOST) {
       // Both labels: names need not be unique, and a scrape with two
       // identical series would be rejected whole.
-      ages.metric.push_back(GaugeSample(
-          {{"worker", w.name()}, {"worker_id", w.id()}},
-          w.seconds_since_heartbeat()));
+      ages.metric.push_back(
+          GaugeSample({{"worker", w.name()}, {"worker_id", w.id()}},
+                      w.seconds_since_heartbeat()));
     }
   }
   std::vector<prometheus::MetricFamily> out(2);

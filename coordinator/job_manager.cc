@@ -258,7 +258,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
 }
 
 absl::StatusOr<v1::Trace> JobManager::GetTrace(const std::string& id,
-                                                int64_t step) const {
+                                               int64_t step) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = jobs_.find(ParseId(id, kJobPrefix));
   if (it == jobs_.end()) {
@@ -266,9 +266,9 @@ absl::StatusOr<v1::Trace> JobManager::GetTrace(const std::string& id,
   }
   const JobRecord& job = it->second;
   if (job.traces.empty()) {
-    return absl::NotFoundError(absl::StrCat(
-        id, " has no complete step yet (", proto::JobStateName(job.info.state()),
-        ")"));
+    return absl::NotFoundError(
+        absl::StrCat(id, " has no complete step yet (",
+                     proto::JobStateName(job.info.state()), ")"));
   }
   const auto* found = &job.traces.back();
   if (step != 0) {
@@ -495,8 +495,7 @@ void JobManager::OnReady(WorkerRecord& w, const v1::JobReady& ready) {
   for (const std::string& e : job->endpoints) m.mutable_start()->add_peers(e);
   for (const std::string& id : ids) {
     const WorkerRecord* peer = FindWorker(id);
-    m.mutable_start()->add_peer_names(peer != nullptr ? peer->info.name()
-                                                      : id);
+    m.mutable_start()->add_peer_names(peer != nullptr ? peer->info.name() : id);
   }
   job->info.set_started_unix_ms(NowUnixMs());
   SetState(*job, v1::RUNNING);

@@ -138,8 +138,7 @@ class JobManager {
   // The timelines every rank reported for step `step` of job `id` (0: the
   // newest complete step). NotFound for an unknown id, or for a step whose
   // timelines are not (or no longer) kept; the message lists those kept.
-  absl::StatusOr<v1::Trace> GetTrace(const std::string& id,
-                                     int64_t step) const;
+  absl::StatusOr<v1::Trace> GetTrace(const std::string& id, int64_t step) const;
 
   // Events of job `id` from sequence number `*cursor` on, waiting until
   // `deadline` for at least one; advances `*cursor`. A negative cursor

@@ -38,9 +38,10 @@ int CountOpenFds() {
 }  // namespace
 
 const prometheus::Histogram::BucketBoundaries& DurationBuckets() {
-  static const auto* const kBuckets = new prometheus::Histogram::BucketBoundaries{
-      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-      0.1,    0.25,    0.5,    1,     2.5,    5,     10,   25,    50,   100};
+  static const auto* const kBuckets =
+      new prometheus::Histogram::BucketBoundaries{
+          0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+          0.25,   0.5,     1,      2.5,   5,      10,    25,   50,    100};
   return *kBuckets;
 }
 
@@ -76,10 +77,10 @@ std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
       const double rss_pages = std::stod(f[21]);
       out.push_back(GaugeFamily("conveyor_process_threads",
                                 "Threads of the daemon", threads));
-      out.push_back(GaugeFamily(
-          "conveyor_process_resident_memory_bytes",
-          "Resident set size of the daemon in bytes",
-          rss_pages * static_cast<double>(sysconf(_SC_PAGESIZE))));
+      out.push_back(
+          GaugeFamily("conveyor_process_resident_memory_bytes",
+                      "Resident set size of the daemon in bytes",
+                      rss_pages * static_cast<double>(sysconf(_SC_PAGESIZE))));
       double boot_time = 0;
       std::ifstream proc_stat("/proc/stat");
       for (std::string key; proc_stat >> key;) {
@@ -89,8 +90,7 @@ std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
         }
       }
       out.push_back(GaugeFamily(
-          "conveyor_process_start_time_seconds",
-          "Unix time the daemon started",
+          "conveyor_process_start_time_seconds", "Unix time the daemon started",
           boot_time + start_ticks / static_cast<double>(sysconf(_SC_CLK_TCK))));
     }
   }

@@ -22,8 +22,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   int port = 0;
   if (colon == std::string::npos || colon == 0 ||
       !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
-      port > 65535 ||
-      (address.front() == '[') != (address[colon - 1] == ']')) {
+      port > 65535 || (address.front() == '[') != (address[colon - 1] == ']')) {
     return absl::InvalidArgumentError(absl::StrCat(
         "metrics address \"", address,
         "\": expected host:port (IPv6 as [::1]:port; port 0 picks one)"));
@@ -32,13 +31,12 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   // prometheus-cpp reports a failed bind by throwing (civetweb's
   // CivetException); it must not cross into the daemons.
   try {
-    exposer = std::make_unique<prometheus::Exposer>(
-        std::vector<std::string>{"listening_ports", address, "num_threads",
-                                 "2"});
+    exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", address, "num_threads", "2"});
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot serve metrics on ", address, ": ", e.what(),
-        " (is the address in use or not local?)"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", address, ": ", e.what(),
+                     " (is the address in use or not local?)"));
   }
   for (const auto& collectable : collectables) {
     exposer->RegisterCollectable(collectable);

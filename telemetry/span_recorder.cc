@@ -44,10 +44,9 @@ void SpanRecorder::StartStep() {
   spans_.clear();  // Keeps the capacity: no allocation after the first step.
   if (!enabled_) return;
   step_start_ = Clock::now();
-  step_start_unix_us_ =
-      std::chrono::duration_cast<std::chrono::microseconds>(
-          std::chrono::system_clock::now().time_since_epoch())
-          .count();
+  step_start_unix_us_ = std::chrono::duration_cast<std::chrono::microseconds>(
+                            std::chrono::system_clock::now().time_since_epoch())
+                            .count();
 }
 
 SpanRecorder::Clock::time_point SpanRecorder::Record(

@@ -47,7 +47,7 @@ struct Span {
   int32_t peer = -1;        // kSend / kRecvWait: the other rank.
   int64_t start_us = 0;     // From the step's start.
   int64_t duration_us = 0;
-  uint64_t bytes = 0;       // kSend / kRecvWait: the tensor's size.
+  uint64_t bytes = 0;  // kSend / kRecvWait: the tensor's size.
 };
 
 class SpanRecorder {

@@ -79,7 +79,7 @@ transport::Tag StageExecutor::MakeTag(int64_t step, int mb, int stage,
 }
 
 absl::StatusOr<Tensor> StageExecutor::Receive(const transport::Tag& tag,
-                                               int for_stage) {
+                                              int for_stage) {
   const auto start = spans_.Now();
   absl::StatusOr<Tensor> t = channel_->Recv(tag, config_.recv_timeout);
   spans_.Record(SpanKind::kRecvWait, start, for_stage, tag.microbatch,
@@ -116,9 +116,9 @@ absl::Status StageExecutor::Forward(int64_t step, const Action& a) {
   start = spans_.Record(SpanKind::kForward, start, a.stage, a.microbatch);
   ASSIGN_OR_RETURN(Tensor y, std::move(forward));
   if (a.stage + 1 < config_.num_stages) {
-    return SendTo(
-        (a.stage + 1) % config_.num_ranks,
-        MakeTag(step, a.microbatch, a.stage, TensorKind::kActivation), y);
+    return SendTo((a.stage + 1) % config_.num_ranks,
+                  MakeTag(step, a.microbatch, a.stage, TensorKind::kActivation),
+                  y);
   }
   // Last stage: the loss and its gradient, scaled by 1/M so the step's
   // gradient is that of the mean loss over the batch.
@@ -162,9 +162,9 @@ absl::Status StageExecutor::BackwardInput(int64_t step, const Action& a) {
   spans_.Record(KindOf(a.op), start, a.stage, a.microbatch);
   ASSIGN_OR_RETURN(Tensor dx, std::move(backward));
   if (a.stage == 0) return absl::OkStatus();
-  return SendTo(
-      (a.stage - 1) % config_.num_ranks,
-      MakeTag(step, a.microbatch, a.stage, TensorKind::kGradient), dx);
+  return SendTo((a.stage - 1) % config_.num_ranks,
+                MakeTag(step, a.microbatch, a.stage, TensorKind::kGradient),
+                dx);
 }
 
 absl::StatusOr<RankStepResult> StageExecutor::RunStep(
@@ -181,8 +181,8 @@ absl::StatusOr<RankStepResult> StageExecutor::RunActions(
     int64_t step, const std::vector<Action>& actions,
     const AllReduceSum& all_reduce) {
   spans_.StartStep();
-  const auto step_start = spans_.enabled() ? spans_.step_start()
-                                           : SpanRecorder::Clock::now();
+  const auto step_start =
+      spans_.enabled() ? spans_.step_start() : SpanRecorder::Clock::now();
   loss_sum_ = 0;
   loss_grads_.clear();
   auto start = spans_.Now();
@@ -244,10 +244,10 @@ absl::StatusOr<RankStepResult> StageExecutor::RunActions(
   RETURN_IF_ERROR(synced);
   result.has_loss = stages_.count(config_.num_stages - 1) > 0;
   result.loss = loss_sum_ / config_.microbatches;
-  result.seconds = std::chrono::duration<double>(
-                       (spans_.enabled() ? end : SpanRecorder::Clock::now()) -
-                       step_start)
-                       .count();
+  result.seconds =
+      std::chrono::duration<double>(
+          (spans_.enabled() ? end : SpanRecorder::Clock::now()) - step_start)
+          .count();
   SummarizeSpans(result);
   return result;
 }

@@ -181,8 +181,8 @@ int main(int argc, char** argv) {
   auto process = std::make_shared<conveyor::telemetry::ProcessCollector>();
   std::unique_ptr<conveyor::telemetry::MetricsServer> metrics_server;
   if (!metrics_address.empty()) {
-    absl::StatusOr<std::unique_ptr<conveyor::telemetry::MetricsServer>>
-        server = conveyor::telemetry::MetricsServer::Start(
+    absl::StatusOr<std::unique_ptr<conveyor::telemetry::MetricsServer>> server =
+        conveyor::telemetry::MetricsServer::Start(
             metrics_address, {metrics.registry(), process});
     if (!server.ok()) {
       std::cerr << "conveyor-worker: --metrics-address: "

@@ -279,8 +279,10 @@ TEST(WatchPrinterTest, PrintsStateChangesAndLoggedSteps) {
 TEST(WatchPrinterTest, RedrawsOneBarOnATerminalUnderTheStepLines) {
   std::ostringstream out;
   absl::Time t = absl::UnixEpoch();
-  WatchPrinter printer(out, {.log_every = 3, .tty = true, .bar_width = 4,
-                             .clock = [&t] { return t += absl::Seconds(1); }});
+  WatchPrinter printer(
+      out, {.log_every = 3, .tty = true, .bar_width = 4, .clock = [&t] {
+              return t += absl::Seconds(1);
+            }});
   std::vector<v1::JobEvent> events = Events();
   for (const v1::JobEvent& e : events) printer.OnEvent(e);
   printer.PrintOutcome(events.back().job());

@@ -66,11 +66,12 @@ TEST_F(CoordinatorMetricsTest, StateGaugesAreReadAtScrapeTime) {
   EXPECT_THAT(text, HasSubstr("conveyor_jobs{state=\"planning\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("conveyor_workers{state=\"busy\"} 2\n"));
   EXPECT_THAT(text, HasSubstr("conveyor_worker_heartbeat_age_seconds{worker="
-                              "\"a\",worker_id=\"" + w1 + "\"} 0"));
+                              "\"a\",worker_id=\"" +
+                              w1 + "\"} 0"));
   EXPECT_THAT(text, HasSubstr("conveyor_jobs_submitted_total 1\n"));
-  EXPECT_THAT(text,
-              HasSubstr(absl::StrCat("conveyor_job_info{job_id=\"", job->id(),
-                                     "\",name=\"mlp\",schedule=\"1f1b\"} 1\n")));
+  EXPECT_THAT(
+      text, HasSubstr(absl::StrCat("conveyor_job_info{job_id=\"", job->id(),
+                                   "\",name=\"mlp\",schedule=\"1f1b\"} 1\n")));
 
   // A completed step updates the job's series.
   auto step = [&](const std::string& w, bool loss) {
@@ -94,22 +95,24 @@ TEST_F(CoordinatorMetricsTest, StateGaugesAreReadAtScrapeTime) {
   step(w2, true);
   const std::string id = absl::StrCat("{job_id=\"", job->id(), "\"}");
   text = Scrape(metrics_);
-  EXPECT_THAT(text, HasSubstr("conveyor_job_steps_completed_total" + id + " 1\n"));
+  EXPECT_THAT(text,
+              HasSubstr("conveyor_job_steps_completed_total" + id + " 1\n"));
   EXPECT_THAT(text, HasSubstr("conveyor_job_loss" + id + " 2.5\n"));
   EXPECT_THAT(text, HasSubstr("conveyor_job_bubble_ratio" + id + " 0.25\n"));
-  EXPECT_THAT(text, HasSubstr("conveyor_job_samples_per_second" + id + " 16\n"));
   EXPECT_THAT(text,
-              HasSubstr("conveyor_job_step_duration_seconds_count" + id + " 1\n"));
+              HasSubstr("conveyor_job_samples_per_second" + id + " 16\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_job_step_duration_seconds_count" + id +
+                              " 1\n"));
 
   // The job's series go with the job; the totals stay.
   ASSERT_TRUE(manager_.CancelJob(job->id(), "done").ok());
   text = Scrape(metrics_);
   EXPECT_THAT(text, Not(HasSubstr(job->id())));
   EXPECT_THAT(text, HasSubstr("conveyor_jobs{state=\"cancelled\"} 1\n"));
-  EXPECT_THAT(text,
-              HasSubstr("conveyor_jobs_finished_total{state=\"cancelled\"} 1\n"));
-  EXPECT_THAT(text,
-              HasSubstr("conveyor_jobs_finished_total{state=\"succeeded\"} 0\n"));
+  EXPECT_THAT(
+      text, HasSubstr("conveyor_jobs_finished_total{state=\"cancelled\"} 1\n"));
+  EXPECT_THAT(
+      text, HasSubstr("conveyor_jobs_finished_total{state=\"succeeded\"} 0\n"));
 }
 
 TEST_F(CoordinatorMetricsTest, CountsGrpcCallsByMethodAndCode) {

@@ -42,7 +42,7 @@ inline constexpr char kVersion[] = "9.9.9";
 
 // An MLP job with `stages` stages (a boundary between dense layers).
 inline std::string JobYaml(int stages, const std::string& name = "mlp",
-                    int steps = 3) {
+                           int steps = 3) {
   std::string layers;
   for (int s = 0; s < stages; ++s) {
     if (s > 0) layers += "    - boundary\n";

@@ -37,16 +37,19 @@ TEST(MetricsServerTest, ServesRegistryAndProcessMetricsOnAPickedPort) {
   EXPECT_THAT(*body, HasSubstr("conveyor_test_things_total{kind=\"a\"} 3"));
   EXPECT_THAT(*body, HasSubstr("conveyor_build_info{"));
   EXPECT_THAT(*body, HasSubstr("component=\"worker\""));
-  EXPECT_THAT(*body, MatchesRegex("(.|\n)*conveyor_process_threads [1-9][0-9]*(.|\n)*"));
-  EXPECT_THAT(*body, MatchesRegex("(.|\n)*conveyor_process_open_fds [1-9][0-9]*(.|\n)*"));
   EXPECT_THAT(*body, MatchesRegex(
-                         "(.|\n)*conveyor_process_resident_memory_bytes [1-9][0-9.e+]*(.|\n)*"));
+                         "(.|\n)*conveyor_process_threads [1-9][0-9]*(.|\n)*"));
+  EXPECT_THAT(
+      *body,
+      MatchesRegex("(.|\n)*conveyor_process_open_fds [1-9][0-9]*(.|\n)*"));
+  EXPECT_THAT(*body, MatchesRegex("(.|\n)*conveyor_process_resident_memory_"
+                                  "bytes [1-9][0-9.e+]*(.|\n)*"));
   EXPECT_THAT(*body, HasSubstr("conveyor_process_start_time_seconds 1"));
 }
 
 TEST(MetricsServerTest, RejectsAddressesWithoutPort) {
-  for (const char* bad : {"localhost", ":9090", "127.0.0.1:x", "127.0.0.1:70000",
-                          "[::1:80", ""}) {
+  for (const char* bad : {"localhost", ":9090", "127.0.0.1:x",
+                          "127.0.0.1:70000", "[::1:80", ""}) {
     absl::StatusOr<std::unique_ptr<MetricsServer>> server =
         MetricsServer::Start(bad, {});
     EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument)

@@ -24,7 +24,8 @@ inline absl::StatusOr<std::string> HttpGet(const std::string& address,
     return absl::InvalidArgumentError(absl::StrCat("bad address ", address));
   }
   std::string host = address.substr(0, colon);
-  if (host.size() > 1 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  if (host.size() > 1 && host.front() == '[')
+    host = host.substr(1, host.size() - 2);
   const std::string port = address.substr(colon + 1);
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
@@ -55,11 +56,12 @@ inline absl::StatusOr<std::string> HttpGet(const std::string& address,
   close(fd);
   const size_t body = response.find("\r\n\r\n");
   if (response.rfind("HTTP/1.", 0) != 0 || body == std::string::npos) {
-    return absl::DataLossError(absl::StrCat("not an HTTP response from ", address));
+    return absl::DataLossError(
+        absl::StrCat("not an HTTP response from ", address));
   }
   if (response.find(" 200 ") > response.find("\r\n")) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(address, path, ": ", response.substr(0, response.find("\r\n"))));
+    return absl::FailedPreconditionError(absl::StrCat(
+        address, path, ": ", response.substr(0, response.find("\r\n"))));
   }
   return response.substr(body + 4);
 }

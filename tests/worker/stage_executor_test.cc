@@ -248,8 +248,8 @@ TEST(StageExecutorTest, SpansAccountForTheStep) {
     const JobSpec job = MakeJob(false, num_stages, c.clip);
     const int m = static_cast<int>(job.training.microbatches);
     const Params run = Pipelined(job, c.kind, c.ranks, c.virtual_stages);
-    const std::string what = absl::StrCat(scheduler::ScheduleKindName(c.kind),
-                                          " P=", c.ranks);
+    const std::string what =
+        absl::StrCat(scheduler::ScheduleKindName(c.kind), " P=", c.ranks);
     ASSERT_EQ(run.last_step.size(), static_cast<size_t>(c.ranks)) << what;
     for (const auto& [rank, result] : run.last_step) {
       SCOPED_TRACE(absl::StrCat(what, " rank ", rank));
@@ -285,7 +285,8 @@ TEST(StageExecutorTest, SpansAccountForTheStep) {
         EXPECT_EQ((counts[{SpanKind::kBackwardWeight, stage}]), split ? m : 0);
         // A receive per forward not on stage 0 and per backward not on the
         // last stage; a send for each of those the other way.
-        const int receives = (stage > 0 ? m : 0) + (stage + 1 < num_stages ? m : 0);
+        const int receives =
+            (stage > 0 ? m : 0) + (stage + 1 < num_stages ? m : 0);
         EXPECT_EQ((counts[{SpanKind::kRecvWait, stage}]), receives);
         EXPECT_EQ((counts[{SpanKind::kSend, stage}]),
                   (stage + 1 < num_stages ? m : 0) + (stage > 0 ? m : 0));
@@ -296,9 +297,8 @@ TEST(StageExecutorTest, SpansAccountForTheStep) {
         EXPECT_GE(t.optimizer_seconds, 0);
         EXPECT_GT(t.peak_activation_bytes, 0u);
         idle += t.idle_seconds;
-        summed += t.forward_seconds + t.backward_seconds +
-                  t.optimizer_seconds + t.communication_seconds +
-                  t.idle_seconds;
+        summed += t.forward_seconds + t.backward_seconds + t.optimizer_seconds +
+                  t.communication_seconds + t.idle_seconds;
       }
       EXPECT_EQ((counts[{SpanKind::kAllReduce, -1}]), c.clip ? 1 : 0);
       // Zeroing, (the local norm,) and the update.

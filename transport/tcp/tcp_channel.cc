@@ -622,34 +622,33 @@ class TcpChannel::Impl {
         f.tensor.defined()
             ? asio::const_buffer(f.tensor.raw(), f.tensor.bytes())
             : asio::buffer(f.message)};
-    asio::async_write(l->socket, buffers, TransferAllUnbounded(),
-                      [this, l](const asio::error_code& ec, size_t) {
-                        l->writing = false;
-                        if (l->state == OutLink::State::kClosed) {
-                          l->queue.clear();
-                          return;
-                        }
-                        if (ec) return OutLinkLost(l, ec);
-                        const OutFrame& sent = *l->queue.front();
-                        if (config_.observer != nullptr &&
-                            sent.tensor.defined()) {
-                          config_.observer->OnSent(
-                              l->rank, sent.tensor.bytes(),
-                              std::chrono::steady_clock::now() - sent.queued);
-                        }
-                        const bool final = sent.final;
-                        l->queue.pop_front();
-                        if (final) {
-                          // FIN after the last frame, so the peer reads it
-                          // before EOF.
-                          asio::error_code ignored;
-                          l->socket.shutdown(tcp::socket::shutdown_send,
-                                             ignored);
-                          CloseOutLink(l);
-                          return;
-                        }
-                        MaybeWrite(l);
-                      });
+    asio::async_write(
+        l->socket, buffers, TransferAllUnbounded(),
+        [this, l](const asio::error_code& ec, size_t) {
+          l->writing = false;
+          if (l->state == OutLink::State::kClosed) {
+            l->queue.clear();
+            return;
+          }
+          if (ec) return OutLinkLost(l, ec);
+          const OutFrame& sent = *l->queue.front();
+          if (config_.observer != nullptr && sent.tensor.defined()) {
+            config_.observer->OnSent(
+                l->rank, sent.tensor.bytes(),
+                std::chrono::steady_clock::now() - sent.queued);
+          }
+          const bool final = sent.final;
+          l->queue.pop_front();
+          if (final) {
+            // FIN after the last frame, so the peer reads it
+            // before EOF.
+            asio::error_code ignored;
+            l->socket.shutdown(tcp::socket::shutdown_send, ignored);
+            CloseOutLink(l);
+            return;
+          }
+          MaybeWrite(l);
+        });
   }
 
   void CloseOutLink(OutLink* l) {

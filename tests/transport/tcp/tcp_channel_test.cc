@@ -626,15 +626,15 @@ TEST(TcpChannelObserverTest, CountsBytesBothWaysPerPeer) {
       3, [&](TcpChannelConfig* c) { c->observer = &observers[next++]; });
   ASSERT_EQ(channels.size(), 3u);
   // 0 -> 1: 100 bytes twice; 2 -> 1: 7 bytes; 1 -> 0: 12 bytes.
-  ASSERT_TRUE(
-      channels[0]->Send(1, T(0, 0), RandomBytes({100}, engine::DType::kU8, 1))
-          .ok());
-  ASSERT_TRUE(
-      channels[0]->Send(1, T(1, 0), RandomBytes({25}, engine::DType::kF32, 2))
-          .ok());
-  ASSERT_TRUE(
-      channels[2]->Send(1, T(0, 1), RandomBytes({7}, engine::DType::kU8, 3))
-          .ok());
+  ASSERT_TRUE(channels[0]
+                  ->Send(1, T(0, 0), RandomBytes({100}, engine::DType::kU8, 1))
+                  .ok());
+  ASSERT_TRUE(channels[0]
+                  ->Send(1, T(1, 0), RandomBytes({25}, engine::DType::kF32, 2))
+                  .ok());
+  ASSERT_TRUE(channels[2]
+                  ->Send(1, T(0, 1), RandomBytes({7}, engine::DType::kU8, 3))
+                  .ok());
   ASSERT_TRUE(channels[1]
                   ->Send(0, T(0, 1, TensorKind::kGradient),
                          RandomBytes({3}, engine::DType::kF32, 4))
