@@ -265,6 +265,14 @@ absl::StatusOr<v1::Trace> JobManager::GetTrace(const std::string& id,
     return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
   }
   const JobRecord& job = it->second;
+  if (job.traces.empty() && proto::IsTerminal(job.info.state()) &&
+      job.info.steps_done() > 0) {
+    return absl::NotFoundError(absl::StrCat(
+        id,
+        "'s timelines are no longer kept: the coordinator keeps those of "
+        "the newest ",
+        options_.trace_finished_jobs, " ended jobs"));
+  }
   if (job.traces.empty()) {
     return absl::NotFoundError(
         absl::StrCat(id, " has no complete step yet (",
@@ -648,6 +656,14 @@ void JobManager::Finish(JobRecord& job, v1::JobState state,
   job.info.set_queue_position(0);
   SetState(job, state);
   if (options_.observer != nullptr) options_.observer->OnFinished(job.info);
+  if (!job.traces.empty()) {
+    finished_traces_.push_back(job.number);
+    while (static_cast<int>(finished_traces_.size()) >
+           options_.trace_finished_jobs) {
+      jobs_.at(finished_traces_.front()).traces.clear();
+      finished_traces_.pop_front();
+    }
+  }
 }
 
 void JobManager::SetState(JobRecord& job, v1::JobState state) {

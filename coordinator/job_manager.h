@@ -80,8 +80,11 @@ struct JobManagerOptions {
   // Events kept per job for WatchJob (older step events are dropped; a
   // watcher that falls behind skips them).
   int max_events_per_job = 4096;
-  // Step timelines kept per job for GetTrace: the newest this many steps.
+  // Step timelines kept per job for GetTrace: the newest this many steps,
+  // and, once jobs have ended, only for the newest this many ended jobs (a
+  // long-lived coordinator's memory must not grow with its history).
   int trace_steps = 16;
+  int trace_finished_jobs = 32;
   // Optional; outlives the manager.
   JobObserver* observer = nullptr;
   // Version a worker must report (besides proto::kProtocolVersion).
@@ -241,6 +244,8 @@ class JobManager {
   std::map<int64_t, WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> queue_ ABSL_GUARDED_BY(mu_);  // Job numbers, FIFO.
+  // Ended jobs that still hold timelines, oldest first.
+  std::deque<uint64_t> finished_traces_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace conveyor::coordinator

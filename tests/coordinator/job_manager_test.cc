@@ -433,6 +433,57 @@ TEST_F(JobManagerTest, KeepsTheNewestStepTimelinesForGetTrace) {
   EXPECT_TRUE(manager_.GetTrace(job, 20).ok());
 }
 
+TEST(JobManagerTraceTest, OnlyTheNewestEndedJobsKeepTheirTimelines) {
+  JobManager manager({.trace_finished_jobs = 2, .version = kVersion});
+  std::vector<std::string> workers;
+  for (const char* name : {"a", "b"}) {
+    v1::RegisterRequest r;
+    r.set_protocol_version(proto::kProtocolVersion);
+    r.set_version(kVersion);
+    r.set_name(name);
+    r.add_devices("cpu:1");
+    workers.push_back(
+        manager.RegisterWorker(r, std::make_shared<FakeConnection>())
+            ->worker_id());
+  }
+  std::vector<std::string> jobs;
+  for (int j = 0; j < 4; ++j) {
+    v1::SubmitJobRequest request;
+    request.set_yaml(JobYaml(2));
+    request.set_file_name("job.yaml");
+    absl::StatusOr<v1::Job> job = manager.SubmitJob(request);
+    ASSERT_TRUE(job.ok()) << job.status();
+    for (int r = 0; r < 2; ++r) {
+      v1::WorkerMessage m;
+      m.mutable_ready()->set_job_id(job->id());
+      m.mutable_ready()->set_data_endpoint("127.0.0.1:1");
+      ASSERT_TRUE(manager.HandleWorkerMessage(workers[r], m).ok());
+    }
+    for (int r = 0; r < 2; ++r) {
+      v1::WorkerMessage m;
+      m.mutable_step()->set_job_id(job->id());
+      m.mutable_step()->set_step(1);
+      ASSERT_TRUE(manager.HandleWorkerMessage(workers[r], m).ok());
+    }
+    ASSERT_TRUE(manager.GetTrace(job->id(), 0).ok());
+    ASSERT_TRUE(manager.CancelJob(job->id(), "next").ok());
+    for (int r = 0; r < 2; ++r) {
+      v1::WorkerMessage m;
+      m.mutable_ended()->set_job_id(job->id());
+      m.mutable_ended()->set_state(v1::CANCELLED);
+      ASSERT_TRUE(manager.HandleWorkerMessage(workers[r], m).ok());
+    }
+    jobs.push_back(job->id());
+  }
+  EXPECT_EQ(manager.GetTrace(jobs[0], 0).status().code(),
+            absl::StatusCode::kNotFound);
+  const absl::Status dropped = manager.GetTrace(jobs[1], 0).status();
+  EXPECT_EQ(dropped.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(dropped.message(), HasSubstr("newest 2 ended jobs"));
+  EXPECT_TRUE(manager.GetTrace(jobs[2], 0).ok());
+  EXPECT_TRUE(manager.GetTrace(jobs[3], 0).ok());
+}
+
 TEST_F(JobManagerTest, TellsItsObserverAboutSubmissionsStepsAndEnds) {
   const std::string w1 = AddWorker("a");
   const std::string w2 = AddWorker("b");
