@@ -218,6 +218,10 @@ check jobs_unreachable 1 'cannot reach the coordinator at 127.0.0.1:1 ' -- \
 CONVEYOR_COORDINATOR=127.0.0.1:1 check env_coordinator 1 'cannot reach the coordinator at 127.0.0.1:1 ' -- \
   workers
 check bad_timeout 2 '--timeout must be positive' -- status job-1 --timeout 0
+check trace_help 0 'ui.perfetto.dev' -- trace --help
+check trace_bad_format 2 'format' -- trace job-1 --format bmp
+check trace_unreachable 1 'cannot reach the coordinator at 127.0.0.1:1 ' -- \
+  trace job-1 --coordinator 127.0.0.1:1 -o "$tmp/t.json"
 
 fake=${CONVEYOR_FAKE_BIN_DIR:-}
 running() {  # running PID: exists and is not a zombie
