@@ -3,6 +3,7 @@
 #include <cctype>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "proto/protocol.h"
 #include "telemetry/daemon_metrics.h"
@@ -14,28 +15,9 @@ using prometheus::BuildCounter;
 using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
 
-// "OK", "INVALID_ARGUMENT", ...: gRPC's canonical names.
+// "OK", "INVALID_ARGUMENT", ...: absl's codes and names are gRPC's.
 std::string CodeName(grpc::StatusCode code) {
-  static const char* const kNames[] = {"OK",
-                                       "CANCELLED",
-                                       "UNKNOWN",
-                                       "INVALID_ARGUMENT",
-                                       "DEADLINE_EXCEEDED",
-                                       "NOT_FOUND",
-                                       "ALREADY_EXISTS",
-                                       "PERMISSION_DENIED",
-                                       "RESOURCE_EXHAUSTED",
-                                       "FAILED_PRECONDITION",
-                                       "ABORTED",
-                                       "OUT_OF_RANGE",
-                                       "UNIMPLEMENTED",
-                                       "INTERNAL",
-                                       "UNAVAILABLE",
-                                       "DATA_LOSS",
-                                       "UNAUTHENTICATED"};
-  const int i = static_cast<int>(code);
-  if (i >= 0 && i < static_cast<int>(std::size(kNames))) return kNames[i];
-  return "UNKNOWN";
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
 }
 
 // "/conveyor.v1.Coordinator/SubmitJob" -> "SubmitJob".

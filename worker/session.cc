@@ -525,16 +525,9 @@ absl::Status WorkerSession::RunJob(Job* job) {
     r->set_job_id(program.job_id());
     r->set_step(p.step);
     r->set_learning_rate(p.learning_rate);
-    if (p.result != nullptr) {
-      FillStepReport(*p.result, r);
-      if (metrics != nullptr) metrics->RecordStep(*p.result);
-    } else {
-      r->set_seconds(p.seconds);
-      r->set_wait_seconds(p.wait_seconds);
-      r->set_has_loss(p.has_loss);
-      r->set_loss(p.loss);
-      r->set_peak_activation_bytes(p.peak_activation_bytes);
-    }
+    // JobRunner always passes the executor's result.
+    FillStepReport(*p.result, r);
+    if (metrics != nullptr) metrics->RecordStep(*p.result);
     job->writer->Write(m);
     SPDLOG_DEBUG("{} step {}/{}: {:.3f} s", program.job_id(), p.step,
                  program.steps(), p.seconds);
