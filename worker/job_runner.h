@@ -77,8 +77,7 @@ struct StepProgress {
   double learning_rate = 0;  // The rate the optimizer used for the step.
   uint64_t peak_activation_bytes = 0;
   // The executor's whole result (timeline, per-stage times); always set,
-  // valid during
-  // the on_step call only.
+  // valid during the on_step call only.
   const RankStepResult* result = nullptr;
 };
 
