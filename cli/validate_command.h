@@ -2,7 +2,11 @@
 // a coordinator, with the same parser and planner the coordinator uses, and
 // prints the plan (schedule, stages and their layers, parameters) and the
 // number of workers the job needs. A bad job is InvalidArgument
-// "file:line:col: ..." (exit 2).
+// "file:line:col: ..." (exit 2). With `pipeline: {stages: auto}` it profiles
+// the layers on this machine's CPU (the coordinator profiles on the job's
+// first worker) and prints the chosen split: layers, predicted time and
+// memory per stage, the predicted step and bubble, and the even split's
+// predicted step for comparison.
 // Thread-compatible: the options are the caller's.
 #ifndef CONVEYOR_CLI_VALIDATE_COMMAND_H_
 #define CONVEYOR_CLI_VALIDATE_COMMAND_H_
@@ -19,6 +23,7 @@ namespace conveyor::cli {
 struct ValidateCommandOptions {
   std::string job_file;
   std::vector<std::string> overrides;
+  int profile_repetitions = 3;  // stages: auto
 };
 
 CLI::App* AddValidateCommand(CLI::App& app, ValidateCommandOptions& options);

@@ -1,6 +1,7 @@
 #include "coordinator/job_manager.h"
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <utility>
 
@@ -11,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "engine/job_spec.h"
+#include "engine/profiler.h"
 #include "proto/protocol.h"
 #include "spdlog/spdlog.h"
 
@@ -139,6 +141,9 @@ absl::Status JobManager::HandleWorkerMessage(const std::string& worker_id,
     case v1::WorkerMessage::kStep:
       OnStep(*w, message.step());
       return absl::OkStatus();
+    case v1::WorkerMessage::kProfile:
+      OnProfile(*w, message.profile());
+      return absl::OkStatus();
     case v1::WorkerMessage::kEnded:
       OnEnded(*w, message.ended());
       Schedule();
@@ -245,6 +250,9 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
     p->set_first_layer(s.first_layer);
     p->set_num_layers(s.num_layers);
     p->set_num_params(s.num_params);
+  }
+  if (spec_ref.pipeline.auto_stages) {
+    info.mutable_auto_split()->set_chosen(false);
   }
   info.set_state(v1::QUEUED);
   SPDLOG_INFO("{} '{}' queued: {} over {} worker(s)", info.id(), info.name(),
@@ -439,15 +447,131 @@ void JobManager::Place(JobRecord& job,
       w.info.add_stages(s->stage);
     }
   }
-  for (int r = 0; r < p; ++r) {
-    WorkerRecord& w = *workers[r];
+  if (!NeedsProfile(job.plan)) {
+    SendPrograms(job);
+    return;
+  }
+  WorkerRecord& first = *workers[0];
+  job.profile_device = absl::StrJoin(first.info.devices(), ",");
+  job.profile_key = absl::StrCat(
+      job.profile_device, "\n",
+      engine::ProfileKey(job.plan.job.model, MicrobatchSize(job.plan.job)));
+  if (auto it = profiles_.find(job.profile_key); it != profiles_.end()) {
+    ApplyProfile(job, it->second.layers, /*from_cache=*/true);
+    return;
+  }
+  job.profiling = true;
+  SPDLOG_INFO("{}: profiling its {} layers on {} ({})", job.info.id(),
+              job.plan.job.model.layers.size(), first.info.id(),
+              job.profile_device);
+  v1::CoordinatorMessage m;
+  v1::ProfileModel* profile = m.mutable_profile();
+  profile->set_job_id(job.info.id());
+  profile->set_yaml(job.request.yaml());
+  profile->set_file_name(job.request.file_name());
+  profile->set_base_dir(job.request.base_dir());
+  profile->set_repetitions(options_.profile_repetitions);
+  if (!first.connection->Send(m)) {
+    MarkLost(first, "its session closed before the profile request was sent");
+  }
+}
+
+void JobManager::SendPrograms(JobRecord& job) {
+  for (int r = 0; r < job.plan.num_ranks; ++r) {
+    WorkerRecord* w = FindWorker(job.info.worker_ids(r));
+    if (w == nullptr) continue;  // Cannot happen: workers are never erased.
     v1::CoordinatorMessage m;
     *m.mutable_prepare()->mutable_program() = MakeProgram(job, r);
-    if (!w.connection->Send(m)) {
-      MarkLost(w, "its session closed before the program was sent");
+    if (!w->connection->Send(m)) {
+      MarkLost(*w, "its session closed before the program was sent");
       return;
     }
   }
+}
+
+void JobManager::ApplyProfile(JobRecord& job,
+                              std::vector<engine::LayerProfile> profile,
+                              bool from_cache) {
+  absl::StatusOr<JobPlan> plan = ChooseStages(job.plan, std::move(profile),
+                                              job.profile_device, from_cache);
+  if (!plan.ok()) {
+    Finish(
+        job, v1::FAILED,
+        absl::StrCat("choosing the stages failed: ", plan.status().message()));
+    return;
+  }
+  job.plan = *std::move(plan);
+  const scheduler::StageSearchResult& r = job.plan.auto_split->search;
+  for (v1::StagePlacement& p : *job.info.mutable_stages()) {
+    const StagePlan& s = job.plan.stages[p.stage()];
+    p.set_first_layer(s.first_layer);
+    p.set_num_layers(s.num_layers);
+    p.set_num_params(s.num_params);
+  }
+  v1::AutoSplit* split = job.info.mutable_auto_split();
+  split->set_chosen(true);
+  split->set_profiled_on(job.profile_device);
+  split->set_from_cache(from_cache);
+  split->set_predicted_step_seconds(r.makespan);
+  split->set_predicted_bubble(r.bubble_fraction);
+  split->set_predicted_even_step_seconds(r.even_makespan.value_or(0));
+  for (double t : r.stage_time) split->add_stage_seconds(t);
+  for (double m : r.rank_memory) split->add_rank_memory_bytes(m);
+  std::vector<int> layers;
+  for (const StagePlan& s : job.plan.stages) layers.push_back(s.num_layers);
+  SPDLOG_INFO(
+      "{}: stages of {} layers chosen{}; predicted step {:.3f} ms (even "
+      "split {:.3f} ms)",
+      job.info.id(), absl::StrJoin(layers, ","),
+      from_cache ? " from a cached profile" : "", r.makespan * 1e3,
+      r.even_makespan.value_or(0) * 1e3);
+  AddEvent(job, nullptr);
+  SendPrograms(job);
+}
+
+void JobManager::OnProfile(WorkerRecord& w, const v1::ModelProfile& profile) {
+  JobRecord* job = FindJob(profile.job_id());
+  if (job == nullptr || !job->profiling || job->info.state() != v1::PLANNING ||
+      w.info.job_id() != profile.job_id() ||
+      job->info.worker_ids(0) != w.info.id()) {
+    return;  // Late: the job ended meanwhile.
+  }
+  job->profiling = false;
+  std::vector<engine::LayerProfile> layers;
+  for (const v1::LayerCost& c : profile.layers()) {
+    // A profile is input from a peer: a negative or non-finite figure would
+    // poison the search, so it fails the job instead.
+    const double times[] = {c.forward_seconds(), c.backward_input_seconds(),
+                            c.backward_weight_seconds()};
+    for (double t : times) {
+      if (!std::isfinite(t) || t < 0 || c.activation_bytes() < 0 ||
+          c.parameter_bytes() < 0) {
+        Finish(*job, v1::FAILED,
+               absl::StrCat(DescribeWorker(w),
+                            " reported a malformed layer profile"));
+        return;
+      }
+    }
+    layers.push_back({.forward_seconds = c.forward_seconds(),
+                      .backward_input_seconds = c.backward_input_seconds(),
+                      .backward_weight_seconds = c.backward_weight_seconds(),
+                      .activation_bytes = c.activation_bytes(),
+                      .parameter_bytes = c.parameter_bytes()});
+  }
+  SPDLOG_INFO("{}: {} profiled {} layers in {:.2f} s", job->info.id(),
+              w.info.id(), layers.size(), profile.seconds());
+  if (layers.size() == job->plan.job.model.layers.size()) {
+    if (!profiles_.contains(job->profile_key)) {
+      profile_order_.push_back(job->profile_key);
+    }
+    profiles_[job->profile_key] = CachedProfile{layers};
+    while (static_cast<int>(profile_order_.size()) >
+           std::max(0, options_.max_cached_profiles)) {
+      profiles_.erase(profile_order_.front());
+      profile_order_.pop_front();
+    }
+  }
+  ApplyProfile(*job, std::move(layers), /*from_cache=*/false);
 }
 
 v1::JobProgram JobManager::MakeProgram(const JobRecord& job, int rank) const {
@@ -477,6 +601,9 @@ v1::JobProgram JobManager::MakeProgram(const JobRecord& job, int rank) const {
   program.set_steps(plan.job.training.steps);
   program.set_recv_timeout_ms(options_.recv_timeout.count());
   program.set_checkpoint_dir(plan.job.checkpoint.dir);
+  for (const StagePlan& s : plan.stages) {
+    program.add_stage_begin(s.first_layer);
+  }
   return program;
 }
 
@@ -633,6 +760,18 @@ void JobManager::Finish(JobRecord& job, v1::JobState state,
                  queue_.end());
     UpdateQueuePositions();
   } else {
+    if (job.profiling) {
+      // Only the first worker has heard of the job (it is profiling); the
+      // others are free at once.
+      job.profiling = false;
+      for (int r = 1; r < job.info.worker_ids_size(); ++r) {
+        WorkerRecord* w = FindWorker(job.info.worker_ids(r));
+        if (w != nullptr && w->info.job_id() == job.info.id()) {
+          ReleaseWorker(*w);
+          job.ended[r] = true;
+        }
+      }
+    }
     v1::CoordinatorMessage m;
     m.mutable_cancel()->set_job_id(job.info.id());
     m.mutable_cancel()->set_reason(
@@ -711,10 +850,15 @@ void JobManager::Tick() {
       for (int r = 0; r < job.info.worker_ids_size(); ++r) {
         if (!job.is_ready[r]) slow.push_back(job.info.worker_ids(r));
       }
-      Finish(job, v1::FAILED,
-             absl::StrFormat("%s did not report ready within %.0f s",
-                             absl::StrJoin(slow, ", "),
-                             Seconds(options_.prepare_timeout)));
+      Finish(
+          job, v1::FAILED,
+          job.profiling
+              ? absl::StrFormat(
+                    "%s did not report its layer profile within %.0f s",
+                    job.info.worker_ids(0), Seconds(options_.prepare_timeout))
+              : absl::StrFormat("%s did not report ready within %.0f s",
+                                absl::StrJoin(slow, ", "),
+                                Seconds(options_.prepare_timeout)));
     }
     if (job.failing && now >= job.failure_deadline) {
       Finish(job, v1::FAILED, job.failure);

@@ -11,6 +11,12 @@
 // comes from an injectable clock, so tests drive every transition
 // deterministically.
 //
+// Jobs with `pipeline: {stages: auto}` are placed first and then cut: the
+// first worker profiles the layers (ProfileModel, answered by ModelProfile;
+// skipped when a profile of the same model, microbatch size and device is
+// cached), the planner chooses the split, and only then do the programs go
+// out. The job stays PLANNING throughout, under the same prepare_timeout.
+//
 // Failure semantics. A worker is lost when its connection closes or it sends
 // nothing for heartbeat_timeout; its job fails at once with a reason naming
 // the worker, its rank and stages and what was observed, and the job's other
@@ -85,6 +91,12 @@ struct JobManagerOptions {
   // long-lived coordinator's memory must not grow with its history).
   int trace_steps = 16;
   int trace_finished_jobs = 32;
+  // Timed runs per layer and action when a `stages: auto` job's layers are
+  // profiled.
+  int profile_repetitions = 3;
+  // Profiles kept for later jobs of the same model, microbatch size and
+  // device (the oldest is dropped first).
+  int max_cached_profiles = 64;
   // Optional; outlives the manager.
   JobObserver* observer = nullptr;
   // Version a worker must report (besides proto::kProtocolVersion).
@@ -191,6 +203,11 @@ class JobManager {
     double samples_per_step = 0;
     double tokens_per_sample = 0;
     TimePoint prepare_deadline;
+    // stages: auto: waiting for rank 0's ModelProfile, cached under
+    // profile_key.
+    bool profiling = false;
+    std::string profile_key;
+    std::string profile_device;
     // A worker reported failure; the job fails at failure_deadline.
     bool failing = false;
     std::string failure;
@@ -208,6 +225,14 @@ class JobManager {
   void Place(JobRecord& job, const std::vector<WorkerRecord*>& workers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::JobProgram MakeProgram(const JobRecord& job, int rank) const;
+  // Sends every rank its program (the job is placed and cut).
+  void SendPrograms(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Cuts a stages: auto job from `profile`, then sends the programs; fails
+  // the job when no cut fits.
+  void ApplyProfile(JobRecord& job, std::vector<engine::LayerProfile> profile,
+                    bool from_cache) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnProfile(WorkerRecord& w, const v1::ModelProfile& profile)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void OnReady(WorkerRecord& w, const v1::JobReady& ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -244,6 +269,12 @@ class JobManager {
   std::map<int64_t, WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> queue_ ABSL_GUARDED_BY(mu_);  // Job numbers, FIFO.
+  struct CachedProfile {
+    std::vector<engine::LayerProfile> layers;
+  };
+  // By "<device>\n<ProfileKey>"; profile_order_ is oldest first.
+  std::map<std::string, CachedProfile> profiles_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> profile_order_ ABSL_GUARDED_BY(mu_);
   // Ended jobs that still hold timelines, oldest first.
   std::deque<uint64_t> finished_traces_ ABSL_GUARDED_BY(mu_);
 };

@@ -7,18 +7,29 @@
 //
 // The coordinator plans at submission, so a job it cannot run is rejected
 // before anything is allocated; `conveyorctl validate` prints the same plan.
+//
+// With `pipeline: {stages: auto, num_stages: S}` the cut is chosen from a
+// profile of the layers (engine/profiler.h): PlanJob checks the job and
+// makes a provisional cut (equal layer counts, keeping the model's boundary
+// markers), and ChooseStages replaces it with the split the stage search
+// (scheduler/stage_search.h) predicts to give the shortest step of the
+// job's schedule within pipeline.memory_budget. The coordinator profiles on
+// the job's first worker; `conveyorctl validate` on the local CPU.
 // Errors are InvalidArgument "file:line:col: pipeline...: reason".
 // Thread-safe (pure functions).
 #ifndef CONVEYOR_COORDINATOR_PLANNER_H_
 #define CONVEYOR_COORDINATOR_PLANNER_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/job_spec.h"
+#include "engine/profiler.h"
 #include "scheduler/schedule.h"
+#include "scheduler/stage_search.h"
 
 namespace conveyor::coordinator {
 
@@ -31,8 +42,24 @@ struct StagePlan {
   std::vector<std::string> parameter_names;  // Global names, in build order.
 };
 
+// How a `stages: auto` split was chosen.
+struct AutoSplitPlan {
+  std::string profiled_on;  // The device the profile came from.
+  bool from_cache = false;
+  std::vector<engine::LayerProfile> profile;
+  scheduler::StageSearchResult search;
+};
+
 struct JobPlan {
+  // The job, its model cut into num_stages stages (the provisional or
+  // chosen cut for stages: auto).
   engine::JobSpec job;
+  // The model's own cut, from its boundary markers: first layer of each
+  // marked stage ({0} without markers).
+  std::vector<int> marker_stage_begin = {0};
+  // Set by ChooseStages; for stages: auto, nullopt means the cut is still
+  // provisional.
+  std::optional<AutoSplitPlan> auto_split;
   int num_ranks = 1;             // P: workers the job needs.
   int virtual_stages = 1;        // V
   int num_stages = 1;            // P * V == job.model.num_stages
@@ -42,8 +69,32 @@ struct JobPlan {
 
 // Plans `job`. InvalidArgument at job.pipeline.where for an unknown schedule,
 // a stage count that is not a multiple of virtual_stages, virtual stages the
-// schedule does not take, or microbatches the schedule cannot split.
+// schedule does not take, or microbatches the schedule cannot split; with
+// stages: auto also, at num_stages, for more stages than layers or fewer
+// than the boundary markers make.
 absl::StatusOr<JobPlan> PlanJob(engine::JobSpec job);
+
+// True for a stages: auto plan whose cut ChooseStages has not chosen yet.
+inline bool NeedsProfile(const JobPlan& plan) {
+  return plan.job.pipeline.auto_stages && !plan.auto_split.has_value();
+}
+
+// The samples in one microbatch of `job` (what a profile must measure).
+int64_t MicrobatchSize(const engine::JobSpec& job);
+
+// The stage search's input for `plan`'s job and schedule with `profile`:
+// state bytes are parameters, gradients and the optimizer's state tensors;
+// the markers are fixed boundaries. InvalidArgument when the profile does
+// not have one entry per layer.
+absl::StatusOr<scheduler::StageSearchInput> StageSearchInputFor(
+    const JobPlan& plan, const std::vector<engine::LayerProfile>& profile);
+
+// Re-plans a stages: auto `plan` with the split the stage search chooses
+// from `profile`. InvalidArgument (at pipeline.where) for a profile of the
+// wrong length or a memory budget that no split fits.
+absl::StatusOr<JobPlan> ChooseStages(const JobPlan& plan,
+                                     std::vector<engine::LayerProfile> profile,
+                                     std::string profiled_on, bool from_cache);
 
 // The stages of `plan` on rank `rank`, ascending.
 std::vector<const StagePlan*> StagesOfRank(const JobPlan& plan, int rank);

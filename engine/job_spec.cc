@@ -13,6 +13,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
@@ -45,7 +47,11 @@ constexpr absl::string_view kTopKeys[] = {
     "name", "model", "data", "training", "optimizer", "pipeline", "checkpoint"};
 constexpr absl::string_view kTrainingKeys[] = {"steps", "batch_size",
                                                "microbatches"};
-constexpr absl::string_view kPipelineKeys[] = {"schedule", "virtual_stages"};
+constexpr absl::string_view kPipelineKeys[] = {
+    "schedule", "virtual_stages", "stages", "num_stages", "memory_budget"};
+constexpr absl::string_view kStagesModes[] = {"markers", "auto"};
+// Largest memory budget accepted (1 EiB): anything above is a typo.
+constexpr double kMaxMemoryBudget = 1152921504606846976.0;
 constexpr absl::string_view kCheckpointKeys[] = {"dir", "every", "keep_latest"};
 
 // data: every key any source takes, then the keys of each source, so that a
@@ -132,6 +138,7 @@ class JobParser {
                           OptimizerConfig& optimizer) const;
   absl::Status ParsePipeline(const YamlMapEntry& entry,
                              PipelineSpec& pipeline) const;
+  absl::StatusOr<double> ParseBytes(const YamlValue& value) const;
   absl::Status ParseCheckpoint(const YamlValue& value,
                                CheckpointSpec& checkpoint) const;
 
@@ -477,7 +484,78 @@ absl::Status JobParser::ParsePipeline(const YamlMapEntry& entry,
     ASSIGN_OR_RETURN(pipeline.virtual_stages,
                      reader_.ParseInt(e->value, 1, kMaxVirtualStages));
   }
+  if (const YamlMapEntry* e = map.Find("stages"); e != nullptr) {
+    ASSIGN_OR_RETURN(const int mode, reader_.ParseEnum(e->value, kStagesModes));
+    pipeline.auto_stages = mode == 1;
+  }
+  const YamlMapEntry* num_stages = map.Find("num_stages");
+  const YamlMapEntry* budget = map.Find("memory_budget");
+  if (!pipeline.auto_stages) {
+    // Without auto the markers decide; a stage count or budget there would
+    // be silently ignored, so it is an error instead.
+    for (const YamlMapEntry* e : {num_stages, budget}) {
+      if (e != nullptr) {
+        return reader_.Error(
+            e->value,
+            "only applies with stages: auto (the model's boundary "
+            "markers define the stages otherwise)");
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (num_stages == nullptr) {
+    return reader_.Error(entry.value,
+                         "stages: auto needs num_stages (how many pipeline "
+                         "stages to cut the model into)");
+  }
+  ASSIGN_OR_RETURN(pipeline.num_stages,
+                   reader_.ParseInt(num_stages->value, 1, kMaxAutoStages));
+  pipeline.num_stages_where = num_stages->value.where;
+  if (budget != nullptr) {
+    ASSIGN_OR_RETURN(pipeline.memory_budget_bytes, ParseBytes(budget->value));
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<double> JobParser::ParseBytes(const YamlValue& value) const {
+  constexpr absl::string_view kRule =
+      "must be a positive number of bytes, optionally with a unit: KB, MB, "
+      "GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024)";
+  ASSIGN_OR_RETURN(const std::string text, reader_.ParseString(value));
+  const absl::string_view trimmed = absl::StripAsciiWhitespace(text);
+  // A plain number ("17179869184", "1.6e10") is bytes; otherwise digits and
+  // a unit.
+  size_t digits = 0;
+  double number = 0;
+  if (absl::SimpleAtod(trimmed, &number)) digits = trimmed.size();
+  while (digits < trimmed.size() &&
+         (absl::ascii_isdigit(trimmed[digits]) || trimmed[digits] == '.')) {
+    ++digits;
+  }
+  if (digits == 0 || !absl::SimpleAtod(trimmed.substr(0, digits), &number)) {
+    return reader_.Error(value, absl::StrCat(kRule, "; got '", text, "'"));
+  }
+  const absl::string_view unit =
+      absl::StripAsciiWhitespace(trimmed.substr(digits));
+  static constexpr std::pair<absl::string_view, double> kUnits[] = {
+      {"", 1},          {"B", 1},
+      {"KB", 1e3},      {"MB", 1e6},
+      {"GB", 1e9},      {"TB", 1e12},
+      {"KiB", 1 << 10}, {"MiB", 1 << 20},
+      {"GiB", 1 << 30}, {"TiB", 1099511627776.0}};
+  for (const auto& [name, scale] : kUnits) {
+    if (unit != name) continue;
+    const double bytes = number * scale;
+    if (!(bytes >= 1) || bytes > kMaxMemoryBudget) {
+      return reader_.Error(value,
+                           absl::StrCat(kRule,
+                                        ", at least 1 byte and at most 1 EiB; "
+                                        "got '",
+                                        text, "'"));
+    }
+    return bytes;
+  }
+  return reader_.Error(value, absl::StrCat(kRule, "; got unit '", unit, "'"));
 }
 
 absl::Status JobParser::ParseCheckpoint(const YamlValue& value,

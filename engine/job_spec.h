@@ -26,7 +26,14 @@
 //   weight_decay: 0.0
 //   clip_grad_norm: 1.0           # optional
 //   schedule: {kind: cosine, warmup_steps: 10, total_steps: 100, min_lr: 0}
-// pipeline: {schedule: 1f1b, virtual_stages: 1}
+// pipeline:
+//   schedule: 1f1b
+//   virtual_stages: 1
+//   stages: markers               # or auto: the coordinator profiles the
+//                                 # layers and chooses the cuts
+//   num_stages: 4                 # auto: how many stages (P * V)
+//   memory_budget: 16GiB          # auto, optional: per device; bytes, or
+//                                 # with a unit (KB MB GB, KiB MiB GiB)
 // checkpoint: {dir: out/mlp, every: 0, keep_latest: 0}
 // ```
 // Every error is InvalidArgument "file:line:col: path: message".
@@ -55,12 +62,23 @@ struct TrainingSpec {
   int64_t microbatches = 1;  // M
 };
 
+// Upper bound on pipeline.num_stages with `stages: auto` (the partitioner's
+// limit).
+inline constexpr int64_t kMaxAutoStages = 1024;
+
 struct PipelineSpec {
   // Validated against the schedule library by the planner, which reports
   // errors at `where`.
   std::string schedule = "1f1b";
   int64_t virtual_stages = 1;
   SourceLocation where;
+  // stages: auto. The model's `boundary` markers, if any, stay as cuts the
+  // search must keep; the planner checks num_stages against the model at
+  // `num_stages_where`.
+  bool auto_stages = false;
+  int64_t num_stages = 0;          // With auto_stages, in 1..kMaxAutoStages.
+  double memory_budget_bytes = 0;  // With auto_stages; 0: no budget.
+  SourceLocation num_stages_where;
 };
 
 struct CheckpointSpec {

@@ -13,6 +13,7 @@
 #include "common/file.h"
 #include "common/status_macros.h"
 #include "engine/cpu/cpu_backend.h"
+#include "engine/profiler.h"
 #include "engine/safetensors.h"
 #include "engine/trainer.h"
 #include "proto/protocol.h"
@@ -92,6 +93,16 @@ absl::StatusOr<std::unique_ptr<JobRunner>> JobRunner::Create(
   ASSIGN_OR_RETURN(engine::JobSpec job,
                    engine::ParseJobSpec(program.yaml(), program.file_name(),
                                         program.base_dir()));
+  if (job.pipeline.auto_stages) {
+    // The coordinator chose the cut from a profile; the YAML only says
+    // "auto". Build checks each of this rank's stages against it as usual.
+    const std::vector<int> cut(program.stage_begin().begin(),
+                               program.stage_begin().end());
+    if (absl::Status s = engine::SetStageBoundaries(&job.model, cut); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("program: stage_begin: ", s.message()));
+    }
+  }
   std::unique_ptr<JobRunner> runner(
       new JobRunner(program, std::move(job), engine::CpuBackend::Get()));
   RETURN_IF_ERROR(runner->Build(options));

@@ -1,16 +1,22 @@
 #include "worker/session.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <optional>
 #include <thread>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "common/build_info.h"
 #include "common/status_macros.h"
 #include "conveyor/v1/conveyor.grpc.pb.h"
+#include "engine/cpu/cpu_backend.h"
+#include "engine/job_spec.h"
+#include "engine/profiler.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/protocol.h"
 #include "spdlog/spdlog.h"
@@ -91,6 +97,13 @@ struct WorkerSession::Job {
   bool ended = false;           // The worker is no longer busy with it.
   bool reported = false;        // JobEnded written (or dropped).
   std::thread thread;
+  // A ProfileModel job: `profile` is the request; once `profiled` (the
+  // answer went out) the worker holds itself for the job's PrepareJob, and a
+  // CancelJob must still be answered (`cancel_answered`).
+  std::optional<v1::ProfileModel> profile;
+  bool profiled = false;
+  bool cancel_answered = false;
+  std::atomic<bool> profile_cancelled{false};
 };
 
 absl::StatusOr<std::unique_ptr<WorkerSession>> WorkerSession::Create(
@@ -236,6 +249,9 @@ absl::Status WorkerSession::RunStream(bool* refused) {
       case v1::CoordinatorMessage::kCancel:
         OnCancel(message.cancel());
         break;
+      case v1::CoordinatorMessage::kProfile:
+        OnProfile(message.profile(), writer);
+        break;
       default:
         SPDLOG_WARN("coordinator sent an unknown message kind {}; ignored",
                     static_cast<int>(message.kind_case()));
@@ -331,30 +347,12 @@ void WorkerSession::HeartbeatLoop(grpc::ClientContext* context,
 void WorkerSession::OnPrepare(const v1::PrepareJob& prepare,
                               const std::shared_ptr<StreamWriter>& writer) {
   const v1::JobProgram& program = prepare.program();
-  std::unique_ptr<Job> previous;
-  std::optional<v1::WorkerMessage> refusal;
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopping_) {
-      refusal = Ended(program.job_id(), v1::FAILED, "worker shutting down",
-                      absl::StatusCode::kUnavailable);
-    } else if (job_ != nullptr && !job_->ended) {
-      if (job_->program.job_id() == program.job_id()) {
-        SPDLOG_WARN("PrepareJob for {} again; ignored", program.job_id());
-        return;
-      }
-      refusal = Ended(program.job_id(), v1::FAILED,
-                      absl::StrCat("worker busy with ", job_->program.job_id()),
-                      absl::StatusCode::kFailedPrecondition);
-    } else {
-      previous = std::move(job_);
-      job_ = std::make_unique<Job>();
-      job_->program = program;
-      job_->writer = writer;
-      job_->thread = std::thread(&WorkerSession::JobMain, this, job_.get());
-    }
-  }
-  if (refusal) {
+  auto job = std::make_unique<Job>();
+  job->program = program;
+  job->writer = writer;
+  if (std::optional<v1::WorkerMessage> refusal =
+          StartJobThread(std::move(job))) {
+    if (refusal->kind_case() != v1::WorkerMessage::kEnded) return;
     SPDLOG_WARN("refusing {}: {}", program.job_id(),
                 refusal->ended().message());
     writer->Write(*refusal);
@@ -362,8 +360,51 @@ void WorkerSession::OnPrepare(const v1::PrepareJob& prepare,
   }
   SPDLOG_INFO("preparing {}: {} of {}", program.job_id(), DescribeRank(program),
               program.num_ranks());
+}
+
+void WorkerSession::OnProfile(const v1::ProfileModel& profile,
+                              const std::shared_ptr<StreamWriter>& writer) {
+  auto job = std::make_unique<Job>();
+  job->program.set_job_id(profile.job_id());
+  job->writer = writer;
+  job->profile = profile;
+  if (std::optional<v1::WorkerMessage> refusal =
+          StartJobThread(std::move(job))) {
+    if (refusal->kind_case() != v1::WorkerMessage::kEnded) return;
+    SPDLOG_WARN("refusing to profile {}: {}", profile.job_id(),
+                refusal->ended().message());
+    writer->Write(*refusal);
+    return;
+  }
+  SPDLOG_INFO("profiling the layers of {}", profile.job_id());
+}
+
+std::optional<v1::WorkerMessage> WorkerSession::StartJobThread(
+    std::unique_ptr<Job> job) {
+  const std::string& id = job->program.job_id();
+  std::unique_ptr<Job> previous;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      return Ended(id, v1::FAILED, "worker shutting down",
+                   absl::StatusCode::kUnavailable);
+    }
+    if (job_ != nullptr && !job_->ended) {
+      if (job_->program.job_id() == id) {
+        SPDLOG_WARN("a second request for {}; ignored", id);
+        return v1::WorkerMessage();  // Nothing to answer.
+      }
+      return Ended(id, v1::FAILED,
+                   absl::StrCat("worker busy with ", job_->program.job_id()),
+                   absl::StatusCode::kFailedPrecondition);
+    }
+    previous = std::move(job_);
+    job_ = std::move(job);
+    job_->thread = std::thread(&WorkerSession::JobMain, this, job_.get());
+  }
   // The previous job has ended; its thread is at most finishing its report.
   if (previous != nullptr) previous->thread.join();
+  return std::nullopt;
 }
 
 void WorkerSession::OnStart(const v1::StartJob& start,
@@ -391,6 +432,24 @@ void WorkerSession::OnStart(const v1::StartJob& start,
 }
 
 void WorkerSession::OnCancel(const v1::CancelJob& cancel) {
+  std::shared_ptr<StreamWriter> answer_on;
+  {
+    absl::MutexLock lock(&mu_);
+    // A profiled job waiting for its PrepareJob holds this worker until the
+    // coordinator hears that the job is over here too.
+    if (job_ != nullptr && job_->profiled && !job_->cancel_answered &&
+        job_->program.job_id() == cancel.job_id()) {
+      job_->cancel_answered = true;
+      answer_on = job_->writer;
+    }
+  }
+  if (answer_on != nullptr) {
+    SPDLOG_INFO("{} cancelled after profiling: {}", cancel.job_id(),
+                cancel.reason());
+    answer_on->Write(Ended(cancel.job_id(), v1::CANCELLED, cancel.reason(),
+                           absl::StatusCode::kCancelled));
+    return;
+  }
   absl::MutexLock lock(&mu_);
   if (job_ == nullptr || job_->ended ||
       job_->program.job_id() != cancel.job_id()) {
@@ -406,6 +465,7 @@ void WorkerSession::OnCancel(const v1::CancelJob& cancel) {
 void WorkerSession::CancelJobLocked(const absl::Status& status) {
   if (job_ == nullptr || job_->ended || !job_->cancel.ok()) return;
   job_->cancel = status;
+  job_->profile_cancelled = true;
   // Aborts the data plane, waking a blocked Recv or Connect now; a job
   // still building or waiting for StartJob sees job_->cancel instead.
   if (job_->runner != nullptr) job_->runner->Cancel(status);
@@ -420,7 +480,66 @@ void WorkerSession::JoinJob() {
   if (job != nullptr && job->thread.joinable()) job->thread.join();
 }
 
+void WorkerSession::ProfileMain(Job* job) {
+  const v1::ProfileModel& request = *job->profile;
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::vector<engine::LayerProfile>> layers =
+      [&]() -> absl::StatusOr<std::vector<engine::LayerProfile>> {
+    ASSIGN_OR_RETURN(engine::JobSpec spec,
+                     engine::ParseJobSpec(request.yaml(), request.file_name(),
+                                          request.base_dir()));
+    return engine::ProfileLayers(
+        engine::CpuBackend::Get(), spec.model,
+        {.microbatch_size = spec.training.batch_size /
+                            std::max<int64_t>(1, spec.training.microbatches),
+         .repetitions = std::clamp(request.repetitions(), 1, 100),
+         .cancelled = &job->profile_cancelled});
+  }();
+  v1::WorkerMessage answer;
+  {
+    absl::MutexLock lock(&mu_);
+    if (layers.ok() && !job->cancel.ok()) layers = job->cancel;
+    job->ended = true;
+    job->profiled = layers.ok();
+    // From here a CancelJob is answered by OnCancel.
+  }
+  if (layers.ok()) {
+    v1::ModelProfile* p = answer.mutable_profile();
+    p->set_job_id(request.job_id());
+    p->set_device(absl::StrJoin(options_.devices, ","));
+    for (const engine::LayerProfile& l : *layers) {
+      v1::LayerCost* c = p->add_layers();
+      c->set_forward_seconds(l.forward_seconds);
+      c->set_backward_input_seconds(l.backward_input_seconds);
+      c->set_backward_weight_seconds(l.backward_weight_seconds);
+      c->set_activation_bytes(l.activation_bytes);
+      c->set_parameter_bytes(l.parameter_bytes);
+    }
+    p->set_seconds(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count());
+    SPDLOG_INFO("profiled {} layers of {} in {:.2f} s", layers->size(),
+                request.job_id(), p->seconds());
+  } else if (layers.status().code() == absl::StatusCode::kCancelled) {
+    answer = Ended(request.job_id(), v1::CANCELLED, layers.status().message(),
+                   layers.status().code());
+  } else {
+    const std::string message =
+        absl::StrCat("profiling the layers: ", layers.status().message());
+    SPDLOG_WARN("{} failed: {}", request.job_id(), message);
+    answer =
+        Ended(request.job_id(), v1::FAILED, message, layers.status().code());
+  }
+  job->writer->Write(answer);
+  absl::MutexLock lock(&mu_);
+  job->reported = true;
+}
+
 void WorkerSession::JobMain(Job* job) {
+  if (job->profile.has_value()) {
+    ProfileMain(job);
+    return;
+  }
   const v1::JobProgram& program = job->program;
   if (options_.metrics != nullptr) options_.metrics->SetBusy(true);
   const absl::Status status = RunJob(job);

@@ -11,6 +11,11 @@
 //   StartJob    connects the job's data plane and runs it, one StepReport
 //               per step, then JobEnded;
 //   CancelJob   aborts the job's data plane at once; JobEnded{CANCELLED}.
+//   ProfileModel (stages: auto) starts a job thread that times each layer
+//               of the job's model (engine/profiler.h) and answers
+//               ModelProfile; the worker then holds itself for the job's
+//               PrepareJob. A failed profile, or a CancelJob before the
+//               PrepareJob, is answered JobEnded.
 // A job whose StartJob does not come within prepare_timeout ends FAILED, so
 // it cannot pin the worker. Every job, however it ends, releases its
 // resources and the worker serves the next one.
@@ -118,10 +123,20 @@ class WorkerSession {
                const std::shared_ptr<StreamWriter>& writer)
       ABSL_LOCKS_EXCLUDED(mu_);
   void OnCancel(const v1::CancelJob& cancel) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnProfile(const v1::ProfileModel& profile,
+                 const std::shared_ptr<StreamWriter>& writer)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Starts `job` as the current job on its thread, unless the worker is
+  // shutting down or busy: then returns the JobEnded to answer instead.
+  std::optional<v1::WorkerMessage> StartJobThread(std::unique_ptr<Job> job)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The job thread.
   void JobMain(Job* job) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status RunJob(Job* job) ABSL_LOCKS_EXCLUDED(mu_);
+  // A ProfileModel job's thread: profiles and answers ModelProfile or
+  // JobEnded.
+  void ProfileMain(Job* job) ABSL_LOCKS_EXCLUDED(mu_);
   // Cancels the current job, if any, with `status`.
   void CancelJobLocked(const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -13,11 +13,12 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 // A 4-stage MLP job with the given pipeline section.
+// With `marked` false the same 8 layers come without boundary markers.
 engine::JobSpec Job(const std::string& pipeline, int microbatches = 4,
-                    int stages = 4) {
+                    int stages = 4, bool marked = true) {
   std::string layers;
   for (int s = 0; s < stages; ++s) {
-    if (s > 0) layers += "    - boundary\n";
+    if (s > 0 && marked) layers += "    - boundary\n";
     layers += "    - dense: {features: 8}\n    - relu\n";
   }
   const std::string yaml = absl::StrCat(
@@ -80,6 +81,136 @@ TEST(PlannerTest, RejectsMicrobatchesTheScheduleCannotSplit) {
           .status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("P = 2 workers, M = 1 microbatches"));
+}
+
+// Stages: auto.
+
+// One profile entry per layer: forward f ms, backward 2f ms (BI = BW = f).
+std::vector<engine::LayerProfile> Profile(const std::vector<double>& f_ms) {
+  std::vector<engine::LayerProfile> out;
+  for (double f : f_ms) {
+    out.push_back({.forward_seconds = f * 1e-3,
+                   .backward_input_seconds = f * 1e-3,
+                   .backward_weight_seconds = f * 1e-3,
+                   .activation_bytes = 1000,
+                   .parameter_bytes = 100});
+  }
+  return out;
+}
+
+TEST(PlannerTest, AutoStagesStartWithAProvisionalEvenCut) {
+  // 8 layers (dense, relu x 4) without markers, cut into 4.
+  absl::StatusOr<JobPlan> plan = PlanJob(
+      Job("{schedule: 1f1b, stages: auto, num_stages: 4}", 4, 4, false));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(NeedsProfile(*plan));
+  EXPECT_EQ(plan->num_ranks, 4);
+  ASSERT_EQ(plan->stages.size(), 4u);
+  for (int s = 0; s < 4; ++s) {
+    EXPECT_EQ(plan->stages[s].first_layer, 2 * s);
+    EXPECT_EQ(plan->stages[s].num_layers, 2);
+  }
+  EXPECT_THAT(plan->marker_stage_begin, ElementsAre(0));
+  EXPECT_THAT(DescribePlan(*plan), HasSubstr("provisional"));
+}
+
+TEST(PlannerTest, AutoStagesKeepTheMarkersInTheProvisionalCut) {
+  // Markers after layers 1, 3, 5 (4 marked stages of 2 layers); 6 stages:
+  // two marked stages are split once more.
+  absl::StatusOr<JobPlan> plan =
+      PlanJob(Job("{schedule: 1f1b, stages: auto, num_stages: 6}"));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(plan->marker_stage_begin, ElementsAre(0, 2, 4, 6));
+  std::vector<int> begin;
+  for (const StagePlan& s : plan->stages) begin.push_back(s.first_layer);
+  EXPECT_THAT(begin, ElementsAre(0, 1, 2, 3, 4, 6));
+}
+
+TEST(PlannerTest, AutoStagesRejectStageCountsTheModelCannotHave) {
+  absl::Status more =
+      PlanJob(Job("{schedule: 1f1b, stages: auto, num_stages: 9}", 4, 4, false))
+          .status();
+  EXPECT_EQ(more.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(more.message(),
+              HasSubstr("job.yaml:17:54: pipeline.num_stages: 9 stages need "
+                        "at least 9 layers; the model has 8"));
+  absl::Status fewer =
+      PlanJob(Job("{schedule: 1f1b, stages: auto, num_stages: 3}")).status();
+  EXPECT_THAT(fewer.message(),
+              HasSubstr("3 is fewer than the 4 stages the model's boundary "
+                        "markers make"));
+  absl::Status virtual_stages =
+      PlanJob(Job("{schedule: interleaved-1f1b, virtual_stages: 2, stages: "
+                  "auto, num_stages: 5}",
+                  4, 4, false))
+          .status();
+  EXPECT_THAT(virtual_stages.message(),
+              HasSubstr("not a multiple of virtual_stages = 2"));
+}
+
+TEST(PlannerTest, ChooseStagesBalancesAnUnevenProfile) {
+  absl::StatusOr<JobPlan> plan = PlanJob(
+      Job("{schedule: 1f1b, stages: auto, num_stages: 4}", 8, 4, false));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // Layers 0-3 cost 1 ms each, 4-5 cost 2, 6-7 cost 4: the even cut (2 per
+  // stage) puts 8 ms on the last stage; the best puts 6, 2, 4, 4 ... ms.
+  absl::StatusOr<JobPlan> chosen =
+      ChooseStages(*plan, Profile({1, 1, 1, 1, 2, 2, 4, 4}), "cpu:1", false);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  ASSERT_TRUE(chosen->auto_split.has_value());
+  EXPECT_FALSE(NeedsProfile(*chosen));
+  std::vector<int> begin;
+  for (const StagePlan& s : chosen->stages) begin.push_back(s.first_layer);
+  EXPECT_THAT(begin, ElementsAre(0, 4, 6, 7));
+  EXPECT_EQ(chosen->job.model.num_stages, 4);
+  EXPECT_EQ(chosen->job.model.layers[6].stage, 2);
+  const scheduler::StageSearchResult& r = chosen->auto_split->search;
+  ASSERT_TRUE(r.even_makespan.has_value());
+  EXPECT_LT(r.makespan, *r.even_makespan * 0.8);
+  // Parameters are re-assigned to the chosen stages.
+  EXPECT_THAT(chosen->stages[2].parameter_names,
+              ElementsAre("layers.6.weight", "layers.6.bias"));
+  const std::string text = DescribePlan(*chosen);
+  EXPECT_THAT(text, HasSubstr("stages: auto from a profile on cpu:1"));
+  EXPECT_THAT(text, HasSubstr("even split (2,2,2,2 layers)"));
+  EXPECT_THAT(text, HasSubstr("as fast"));
+}
+
+TEST(PlannerTest, ChooseStagesChargesOptimizerStateAndMeetsTheBudget) {
+  // sgd without momentum holds parameters and gradients: 2 x 100 bytes per
+  // layer, plus 1000 activation bytes per microbatch in flight.
+  absl::StatusOr<JobPlan> plan = PlanJob(
+      Job("{schedule: 1f1b, stages: auto, num_stages: 2, memory_budget: 1}", 4,
+          4, false));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  absl::StatusOr<scheduler::StageSearchInput> input =
+      StageSearchInputFor(*plan, Profile({1, 1, 1, 1, 1, 1, 1, 1}));
+  ASSERT_TRUE(input.ok()) << input.status();
+  EXPECT_EQ(input->layers[0].state_bytes, 200);
+  EXPECT_EQ(input->memory_budget, 1);
+  absl::Status too_small =
+      ChooseStages(*plan, Profile({1, 1, 1, 1, 1, 1, 1, 1}), "cpu:1", false)
+          .status();
+  EXPECT_EQ(too_small.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(too_small.message(), HasSubstr("memory_budget"));
+  absl::Status wrong_length =
+      ChooseStages(*plan, Profile({1, 1}), "cpu:1", false).status();
+  EXPECT_THAT(wrong_length.message(),
+              HasSubstr("the layer profile has 2 entries; the model has 8"));
+}
+
+TEST(PlannerTest, ChooseStagesKeepsTheMarkers) {
+  // Markers after layers 1, 3, 5; 5 stages: one marked stage is split.
+  absl::StatusOr<JobPlan> plan =
+      PlanJob(Job("{schedule: 1f1b, stages: auto, num_stages: 5}"));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  absl::StatusOr<JobPlan> chosen =
+      ChooseStages(*plan, Profile({1, 1, 1, 1, 1, 1, 8, 8}), "cpu:1", false);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  std::vector<int> begin;
+  for (const StagePlan& s : chosen->stages) begin.push_back(s.first_layer);
+  // The two 8 ms layers get a stage each; the markers at 2, 4, 6 stay.
+  EXPECT_THAT(begin, ElementsAre(0, 2, 4, 6, 7));
 }
 
 }  // namespace

@@ -619,13 +619,79 @@ TEST(JobSpecErrorTest, Pipeline) {
   EXPECT_EQ(ParseError(Job({.extra = "pipeline: {virtual_stages: 0}\n"})),
             "job.yaml:9:28: pipeline.virtual_stages: must be a positive "
             "integer; got '0'");
+  EXPECT_EQ(ParseError(Job({.extra = "pipeline: {schedule: gpipe, stage: "
+                                     "2}\n"})),
+            "job.yaml:9:29: pipeline: unknown key 'stage'; allowed: "
+            "schedule, virtual_stages, stages, num_stages, memory_budget");
   EXPECT_EQ(ParseError(Job({.extra = "pipeline: {schedule: gpipe, stages: "
                                      "2}\n"})),
-            "job.yaml:9:29: pipeline: unknown key 'stages'; allowed: "
-            "schedule, virtual_stages");
+            "job.yaml:9:37: pipeline.stages: must be one of: markers, auto; "
+            "got '2'");
   EXPECT_EQ(ParseError(Job({.extra = "pipeline: {schedule: {a: 1}}\n"})),
             "job.yaml:9:22: pipeline.schedule: must be a non-empty string; "
             "got a map");
+}
+
+TEST(JobSpecErrorTest, AutoStages) {
+  EXPECT_EQ(ParseError(Job({.extra = "pipeline: {stages: auto}\n"})),
+            "job.yaml:9:11: pipeline: stages: auto needs num_stages (how many "
+            "pipeline stages to cut the model into)");
+  EXPECT_EQ(ParseError(Job({.extra = "pipeline: {num_stages: 2}\n"})),
+            "job.yaml:9:24: pipeline.num_stages: only applies with stages: "
+            "auto (the model's boundary markers define the stages otherwise)");
+  EXPECT_EQ(ParseError(Job({.extra = "pipeline: {stages: markers, "
+                                     "memory_budget: 1GiB}\n"})),
+            "job.yaml:9:44: pipeline.memory_budget: only applies with stages: "
+            "auto (the model's boundary markers define the stages otherwise)");
+  EXPECT_EQ(ParseError(Job({.extra = "pipeline: {stages: auto, num_stages: "
+                                     "0}\n"})),
+            "job.yaml:9:38: pipeline.num_stages: must be a positive integer; "
+            "got '0'");
+  EXPECT_EQ(ParseError(Job({.extra = "pipeline: {stages: auto, num_stages: "
+                                     "2000}\n"})),
+            "job.yaml:9:38: pipeline.num_stages: must be at most 1024; got "
+            "2000");
+  for (const char* bad :
+       {"-5", "0", "12 parsecs", "GiB", "1e400", "nan", "0.5"}) {
+    const std::string error = ParseError(
+        Job({.extra = absl::StrCat("pipeline: {stages: auto, num_stages: 2, "
+                                   "memory_budget: '",
+                                   bad, "'}\n")}));
+    EXPECT_THAT(error, HasSubstr("job.yaml:9:56: pipeline.memory_budget: must "
+                                 "be a positive number of bytes"))
+        << bad;
+  }
+}
+
+TEST(JobSpecTest, AutoStagesAndMemoryBudget) {
+  const struct {
+    const char* text;
+    double bytes;
+  } kCases[] = {{"1000", 1000},
+                {"'1.5e9'", 1.5e9},
+                {"2KB", 2000},
+                {"3 MB", 3e6},
+                {"16GiB", 16.0 * (1 << 30)},
+                {"'512 MiB'", 512.0 * (1 << 20)},
+                {"1TiB", 1099511627776.0},
+                {"7B", 7}};
+  for (const auto& c : kCases) {
+    absl::StatusOr<JobSpec> job = ParseJobSpec(
+        Job({.extra = absl::StrCat("pipeline: {schedule: zb-h1, stages: auto, "
+                                   "num_stages: 3, memory_budget: ",
+                                   c.text, "}\n")}),
+        "job.yaml");
+    ASSERT_TRUE(job.ok()) << c.text << ": " << job.status();
+    EXPECT_TRUE(job->pipeline.auto_stages);
+    EXPECT_EQ(job->pipeline.num_stages, 3);
+    EXPECT_DOUBLE_EQ(job->pipeline.memory_budget_bytes, c.bytes) << c.text;
+    EXPECT_EQ(job->pipeline.num_stages_where.line, 9);
+  }
+  absl::StatusOr<JobSpec> markers =
+      ParseJobSpec(Job({.extra = "pipeline: {stages: markers}\n"}), "job.yaml");
+  ASSERT_TRUE(markers.ok()) << markers.status();
+  EXPECT_FALSE(markers->pipeline.auto_stages);
+  EXPECT_EQ(markers->pipeline.memory_budget_bytes, 0);
 }
 
 TEST(JobSpecErrorTest, Checkpoint) {
