@@ -461,6 +461,7 @@ void JobManager::Place(JobRecord& job,
     return;
   }
   job.profiling = true;
+  job.profile_requested = true;
   SPDLOG_INFO("{}: profiling its {} layers on {} ({})", job.info.id(),
               job.plan.job.model.layers.size(), first.info.id(),
               job.profile_device);
@@ -477,6 +478,7 @@ void JobManager::Place(JobRecord& job,
 }
 
 void JobManager::SendPrograms(JobRecord& job) {
+  job.programs_sent = true;
   for (int r = 0; r < job.plan.num_ranks; ++r) {
     WorkerRecord* w = FindWorker(job.info.worker_ids(r));
     if (w == nullptr) continue;  // Cannot happen: workers are never erased.
@@ -501,6 +503,7 @@ void JobManager::ApplyProfile(JobRecord& job,
     return;
   }
   job.plan = *std::move(plan);
+  job.profiling = false;
   const scheduler::StageSearchResult& r = job.plan.auto_split->search;
   for (v1::StagePlacement& p : *job.info.mutable_stages()) {
     const StagePlan& s = job.plan.stages[p.stage()];
@@ -536,7 +539,6 @@ void JobManager::OnProfile(WorkerRecord& w, const v1::ModelProfile& profile) {
       job->info.worker_ids(0) != w.info.id()) {
     return;  // Late: the job ended meanwhile.
   }
-  job->profiling = false;
   std::vector<engine::LayerProfile> layers;
   for (const v1::LayerCost& c : profile.layers()) {
     // A profile is input from a peer: a negative or non-finite figure would
@@ -760,11 +762,12 @@ void JobManager::Finish(JobRecord& job, v1::JobState state,
                  queue_.end());
     UpdateQueuePositions();
   } else {
-    if (job.profiling) {
-      // Only the first worker has heard of the job (it is profiling); the
-      // others are free at once.
+    if (!job.programs_sent) {
+      // Only the first worker may have heard of the job (asked to profile
+      // it); the others are free at once.
       job.profiling = false;
-      for (int r = 1; r < job.info.worker_ids_size(); ++r) {
+      for (int r = job.profile_requested ? 1 : 0;
+           r < job.info.worker_ids_size(); ++r) {
         WorkerRecord* w = FindWorker(job.info.worker_ids(r));
         if (w != nullptr && w->info.job_id() == job.info.id()) {
           ReleaseWorker(*w);

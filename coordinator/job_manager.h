@@ -204,8 +204,11 @@ class JobManager {
     double tokens_per_sample = 0;
     TimePoint prepare_deadline;
     // stages: auto: waiting for rank 0's ModelProfile, cached under
-    // profile_key.
+    // profile_key. Until programs_sent only rank 0 may have heard of the
+    // job (when profile_requested).
     bool profiling = false;
+    bool profile_requested = false;
+    bool programs_sent = false;
     std::string profile_key;
     std::string profile_device;
     // A worker reported failure; the job fails at failure_deadline.

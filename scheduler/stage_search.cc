@@ -458,15 +458,16 @@ absl::StatusOr<std::vector<int>> SeedSplit(const std::vector<double>& costs,
   return stage_begin;
 }
 
-// Among `candidates` whose memory fits, one with the smallest makespan,
-// makespans within the tie tolerance of it going to the lexicographically
-// largest stage_begin. nullopt when none fits.
+// A split the local search reached.
 struct Candidate {
   std::vector<int> stage_begin;
   double makespan = 0;
-  bool fits = false;
+  bool fits = false;  // within the memory budget
 };
 
+// Among `candidates` that fit, one with the smallest makespan, makespans
+// within the tie tolerance of it going to the lexicographically largest
+// stage_begin. nullopt when none fits.
 std::optional<std::vector<int>> PickBest(
     const std::vector<Candidate>& candidates) {
   std::optional<double> best;

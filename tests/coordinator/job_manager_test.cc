@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/protocol.h"
@@ -14,6 +15,7 @@
 namespace conveyor::coordinator {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 
@@ -338,6 +340,159 @@ TEST_F(JobManagerTest, WorkersThatNeverGetReadyFailThePlanning) {
   absl::StatusOr<v1::Job> j = manager_.GetJob(job->id());
   EXPECT_EQ(j->state(), v1::FAILED);
   EXPECT_THAT(j->message(), HasSubstr("worker-2 did not report ready"));
+}
+
+// A 4-layer MLP without markers, cut into 2 stages by the profile.
+std::string AutoJobYaml(const std::string& extra = "") {
+  return absl::StrReplaceAll(
+      JobYaml(1, "auto"),
+      {{"    - dense: {features: 4}\n",
+        "    - dense: {features: 4}\n    - relu\n    - dense: {features: "
+        "4}\n    - relu\n"},
+       {"pipeline: {schedule: 1f1b}",
+        absl::StrCat("pipeline: {schedule: 1f1b, stages: auto, num_stages: 2",
+                     extra, "}")}});
+}
+
+// A profile where the first layer costs as much as the other three.
+v1::WorkerMessage ProfileAnswer(const std::string& job, int layers = 4) {
+  v1::WorkerMessage m;
+  v1::ModelProfile* p = m.mutable_profile();
+  p->set_job_id(job);
+  p->set_device("cpu:1");
+  for (int i = 0; i < layers; ++i) {
+    v1::LayerCost* c = p->add_layers();
+    const double t = i == 0 ? 3e-3 : 1e-3;
+    c->set_forward_seconds(t);
+    c->set_backward_input_seconds(t);
+    c->set_backward_weight_seconds(t);
+    c->set_activation_bytes(128);
+    c->set_parameter_bytes(80);
+  }
+  return m;
+}
+
+TEST_F(JobManagerTest, AutoStagesProfileOnTheFirstWorkerThenCutAndPrepare) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  absl::StatusOr<v1::Job> job = Submit(AutoJobYaml());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_TRUE(job->has_auto_split());
+  EXPECT_FALSE(job->auto_split().chosen());
+  EXPECT_EQ(State(job->id()), v1::PLANNING);
+  // Only the first worker hears of the job, and only to profile it.
+  ASSERT_EQ(Conn(w1).Of(v1::CoordinatorMessage::kProfile).size(), 1u);
+  const v1::ProfileModel request =
+      Conn(w1).Of(v1::CoordinatorMessage::kProfile)[0].profile();
+  EXPECT_EQ(request.job_id(), job->id());
+  EXPECT_EQ(request.repetitions(), 3);
+  EXPECT_THAT(request.yaml(), HasSubstr("stages: auto"));
+  EXPECT_TRUE(Conn(w1).Of(v1::CoordinatorMessage::kPrepare).empty());
+  EXPECT_TRUE(Conn(w2).sent.size() == 1);  // Registered only.
+
+  Send(w1, ProfileAnswer(job->id()));
+  // Layer 0 (3 units) alone, layers 1-3 (1 unit each) together.
+  for (const std::string& w : {w1, w2}) {
+    ASSERT_EQ(Conn(w).Of(v1::CoordinatorMessage::kPrepare).size(), 1u) << w;
+    const v1::JobProgram program =
+        Conn(w).Of(v1::CoordinatorMessage::kPrepare)[0].prepare().program();
+    EXPECT_THAT(program.stage_begin(), ElementsAre(0, 1));
+  }
+  const v1::JobProgram second =
+      Conn(w2).Of(v1::CoordinatorMessage::kPrepare)[0].prepare().program();
+  ASSERT_EQ(second.stages_size(), 1);
+  EXPECT_EQ(second.stages(0).first_layer(), 1);
+  EXPECT_EQ(second.stages(0).num_layers(), 3);
+  const v1::Job planned = *manager_.GetJob(job->id());
+  EXPECT_TRUE(planned.auto_split().chosen());
+  EXPECT_FALSE(planned.auto_split().from_cache());
+  EXPECT_EQ(planned.auto_split().profiled_on(), "cpu:1");
+  EXPECT_GT(planned.auto_split().predicted_step_seconds(), 0);
+  EXPECT_LT(planned.auto_split().predicted_step_seconds(),
+            planned.auto_split().predicted_even_step_seconds());
+  EXPECT_EQ(planned.stages(1).first_layer(), 1);
+  EXPECT_EQ(planned.stages(1).num_params(), 4 * 4 + 4);
+  Ready(w1, job->id(), 5001);
+  Ready(w2, job->id(), 5002);
+  EXPECT_EQ(State(job->id()), v1::RUNNING);
+  Ended(w1, job->id(), v1::SUCCEEDED);
+  Ended(w2, job->id(), v1::SUCCEEDED);
+
+  // The same model on the same device: the cached profile, no request.
+  absl::StatusOr<v1::Job> again = Submit(AutoJobYaml());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(Conn(w1).Of(v1::CoordinatorMessage::kProfile).size(), 1u);
+  EXPECT_EQ(Conn(w2).Of(v1::CoordinatorMessage::kPrepare).size(), 2u);
+  const v1::Job cached = *manager_.GetJob(again->id());
+  EXPECT_TRUE(cached.auto_split().from_cache());
+  EXPECT_EQ(cached.stages(1).first_layer(), 1);
+}
+
+TEST_F(JobManagerTest, CancellingWhileProfilingFreesTheOtherWorkersAtOnce) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  absl::StatusOr<v1::Job> job = Submit(AutoJobYaml());
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(manager_.CancelJob(job->id(), "changed my mind").ok());
+  EXPECT_EQ(State(job->id()), v1::CANCELLED);
+  // w2 never heard of the job; w1 is told and stays busy until it answers.
+  EXPECT_EQ(WorkerState(w2), v1::IDLE);
+  EXPECT_TRUE(Conn(w2).Of(v1::CoordinatorMessage::kCancel).empty());
+  ASSERT_EQ(Conn(w1).Of(v1::CoordinatorMessage::kCancel).size(), 1u);
+  EXPECT_EQ(WorkerState(w1), v1::BUSY);
+  // A profile that crossed the cancel is ignored; the worker's JobEnded
+  // frees it.
+  Send(w1, ProfileAnswer(job->id()));
+  EXPECT_TRUE(Conn(w1).Of(v1::CoordinatorMessage::kPrepare).empty());
+  Ended(w1, job->id(), v1::CANCELLED, "changed my mind");
+  EXPECT_EQ(WorkerState(w1), v1::IDLE);
+}
+
+TEST_F(JobManagerTest, ABadProfileOrAnImpossibleBudgetFailsTheJob) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  absl::StatusOr<v1::Job> short_profile = Submit(AutoJobYaml());
+  ASSERT_TRUE(short_profile.ok());
+  Send(w1, ProfileAnswer(short_profile->id(), 3));
+  absl::StatusOr<v1::Job> j = manager_.GetJob(short_profile->id());
+  EXPECT_EQ(j->state(), v1::FAILED);
+  EXPECT_THAT(j->message(), HasSubstr("the layer profile has 3 entries; the "
+                                      "model has 4 layers"));
+  EXPECT_EQ(WorkerState(w2), v1::IDLE);
+  Ended(w1, short_profile->id(), v1::CANCELLED);
+
+  absl::StatusOr<v1::Job> negative = Submit(AutoJobYaml(", memory_budget: 2"));
+  ASSERT_TRUE(negative.ok());
+  v1::WorkerMessage bad = ProfileAnswer(negative->id());
+  bad.mutable_profile()->mutable_layers(2)->set_forward_seconds(-1);
+  Send(w1, bad);
+  EXPECT_THAT(
+      manager_.GetJob(negative->id())->message(),
+      HasSubstr("worker-1 (a, rank 0, stages 0) reported a malformed layer "
+                "profile"));
+  Ended(w1, negative->id(), v1::CANCELLED);
+
+  absl::StatusOr<v1::Job> tight = Submit(AutoJobYaml(", memory_budget: 2"));
+  ASSERT_TRUE(tight.ok());
+  Send(w1, ProfileAnswer(tight->id()));
+  absl::StatusOr<v1::Job> t = manager_.GetJob(tight->id());
+  EXPECT_EQ(t->state(), v1::FAILED);
+  EXPECT_THAT(t->message(), HasSubstr("choosing the stages failed"));
+  EXPECT_THAT(t->message(), HasSubstr("memory_budget"));
+}
+
+TEST_F(JobManagerTest, AWorkerThatNeverProfilesFailsThePlanningNamingIt) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  absl::StatusOr<v1::Job> job = Submit(AutoJobYaml());
+  ASSERT_TRUE(job.ok());
+  now_ += std::chrono::seconds(121);
+  v1::WorkerMessage hb;
+  hb.mutable_heartbeat()->set_job_id(job->id());
+  Send(w1, hb);
+  Send(w2, hb);
+  manager_.Tick();
+  absl::StatusOr<v1::Job> j = manager_.GetJob(job->id());
+  EXPECT_EQ(j->state(), v1::FAILED);
+  EXPECT_THAT(j->message(),
+              HasSubstr("worker-1 did not report its layer profile"));
+  EXPECT_EQ(WorkerState(w2), v1::IDLE);
 }
 
 TEST_F(JobManagerTest, UnknownJobsAreNotFound) {

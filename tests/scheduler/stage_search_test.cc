@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <chrono>
-#include <tuple>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -23,7 +21,6 @@ namespace conveyor::scheduler {
 namespace {
 
 using ::testing::ElementsAre;
-using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
 // Calls `visit(stage_begin)` for every split of `layers` layers into `stages`
@@ -767,34 +764,3 @@ TEST(StageSearchTest, LargeModelLocalSearchFinishes) {
 
 }  // namespace
 }  // namespace conveyor::scheduler
-
-namespace conveyor::scheduler {
-namespace {
-TEST(Explore, Perf) {
-  for (auto [L, P, M, kind] : {std::tuple{64, 8, 16, ScheduleKind::k1F1B}, std::tuple{128, 16, 64, ScheduleKind::k1F1B}, std::tuple{128, 16, 64, ScheduleKind::kZeroBubbleH1}, std::tuple{96, 8, 32, ScheduleKind::k1F1B}}) {
-    std::mt19937 rng(L);
-    StageSearchInput in;
-    std::uniform_real_distribution<double> cost(0.5, 2.0);
-    for (int i = 0; i < L; ++i) {
-      const double f = cost(rng);
-      in.layers.push_back({.forward = f, .backward_input = f, .backward_weight = f * cost(rng) / 2});
-    }
-    in.kind = kind; in.ranks = P; in.microbatches = M;
-    auto t0 = std::chrono::steady_clock::now();
-    auto got = SearchStages(in);
-    auto t1 = std::chrono::steady_clock::now();
-    auto mm = MinMaxSplit(in);
-    printf("L=%d P=%d M=%d: sims %ld, %.1f ms, makespan %g, minmax %g, even %g\n", L, P, M, (long)got->simulations,
-      std::chrono::duration<double, std::milli>(t1 - t0).count(), got->makespan, mm.makespan, *got->even_makespan);
-  }
-  // exhaustive limit near default
-  StageSearchInput in;
-  for (int i = 0; i < 20; ++i) in.layers.push_back({.forward = 1.0 + i % 3, .backward_input = 2, .backward_weight = 1});
-  in.ranks = 5; in.microbatches = 16;
-  auto t0 = std::chrono::steady_clock::now();
-  auto got = SearchStages(in);
-  auto t1 = std::chrono::steady_clock::now();
-  printf("exhaustive %d sims %ld, %.1f ms\n", got->exhaustive, (long)got->simulations, std::chrono::duration<double, std::milli>(t1 - t0).count());
-}
-}
-}
