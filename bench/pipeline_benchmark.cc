@@ -21,7 +21,8 @@
 // have. Each step starts all ranks together; its time is the wall time from
 // the first rank's start to the last rank's end, the span the simulator's
 // makespan measures. After kWarmupSteps, kTimedSteps steps are timed and the
-// median is reported (the whole run takes about 45 s).
+// median is reported (these pipeline/ cases take about 45 s, the whole run
+// with the groups below about 95 s on the 2-core development VM).
 //
 // Two predictions come from Simulate() with those costs:
 //   predicted_ms, which the target applies to: with the latency of one
@@ -53,7 +54,6 @@
 #include <algorithm>
 #include <barrier>
 #include <chrono>
-#include <cmath>
 #include <iterator>
 #include <map>
 #include <memory>

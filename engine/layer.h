@@ -59,6 +59,14 @@ class Layer {
   virtual absl::Status BackwardWeight(const Tensor& /*dy*/, Stash& /*stash*/) {
     return absl::OkStatus();
   }
+
+  // Called after BackwardInput when BackwardWeight may run much later (a
+  // zero-bubble schedule holds it back): frees what only BI needed, keeping
+  // exactly what BW reads. A layer without parameters needs nothing for BW.
+  // Layers with parameters keep everything unless they override this.
+  virtual void ReleaseForWeightBackward(Stash& stash) {
+    if (parameters().empty()) stash = Stash();
+  }
 };
 
 }  // namespace conveyor::engine

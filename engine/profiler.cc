@@ -96,13 +96,11 @@ absl::StatusOr<ActionTimes> RunOnce(Backend* backend, Stage& stage,
   ASSIGN_OR_RETURN(t.backward_weight, Timed(backend, [&]() -> absl::Status {
                      return stage.BackwardWeight(kMicrobatch);
                    }));
-  // The stage's peak comes after BI and counts, besides the layer's stash
-  // (which already holds the output gradient BW needs), the stage's own
-  // handle on dy: once per stage, not per layer, so it is left out and the
-  // per-layer figures add up over the layers of a stage.
-  const int64_t peak = static_cast<int64_t>(stage.peak_activation_bytes());
-  const int64_t stage_dy = static_cast<int64_t>(dy.bytes());
-  *peak_bytes = std::max(*peak_bytes, std::max<int64_t>(0, peak - stage_dy));
+  // The stage's peak comes at the end of BI: the layer's stash and the
+  // output gradient BW needs, so the per-layer figures add up over the
+  // layers of a stage.
+  *peak_bytes = std::max(*peak_bytes,
+                         static_cast<int64_t>(stage.peak_activation_bytes()));
   return t;
 }
 

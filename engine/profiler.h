@@ -36,12 +36,10 @@ struct LayerProfile {
   double forward_seconds = 0;
   double backward_input_seconds = 0;
   double backward_weight_seconds = 0;
-  // Peak bytes the layer's stash holds for one microbatch between forward
-  // and BW: what forward saves, plus the output gradient kept from BI for BW
-  // (under remat, the kept input and the stash rebuilt for backward). As
-  // Stage counts them (a tensor per handle), less the stage's own handle on
-  // the incoming gradient, which a stage holds once however many layers it
-  // has: so the figures of a stage's layers add up to its stash.
+  // Peak bytes the layer holds for one microbatch between forward and BW:
+  // what forward saves, plus the output gradient kept from BI for BW, as the
+  // Stage counts them (a tensor per handle). These add up over the layers of
+  // a stage.
   int64_t activation_bytes = 0;
   int64_t parameter_bytes = 0;  // Parameter elements * 4 (fp32).
 };

@@ -176,7 +176,7 @@ absl::StatusOr<Tensor> Stage::Forward(int microbatch, const Tensor& x) {
 
 absl::StatusOr<Tensor> Stage::BackwardInput(int microbatch, const Tensor& dy) {
   ASSIGN_OR_RETURN(MicrobatchState * state, State(microbatch, "backward"));
-  if (state->output_grad.defined()) {
+  if (state->input_backward_done) {
     return absl::FailedPreconditionError(
         absl::StrCat("stage ", index_, ": second input backward of microbatch ",
                      microbatch));
@@ -188,20 +188,24 @@ absl::StatusOr<Tensor> Stage::BackwardInput(int microbatch, const Tensor& dy) {
   }
   ASSIGN_OR_RETURN(Tensor dx,
                    chain_.BackwardInput(dy, state->stash, !is_first()));
-  state->output_grad = dy;
+  // The peak is taken before the release: BI's inputs and BW's are all live
+  // at this point.
   NotePeak();
+  chain_.ReleaseForWeightBackward(state->stash);
+  state->input_backward_done = true;
   return dx;
 }
 
 absl::Status Stage::BackwardWeight(int microbatch) {
   ASSIGN_OR_RETURN(MicrobatchState * state,
                    State(microbatch, "weight backward"));
-  if (!state->output_grad.defined()) {
+  if (!state->input_backward_done) {
     return absl::FailedPreconditionError(
         absl::StrCat("stage ", index_, ": weight backward of microbatch ",
                      microbatch, " before its input backward"));
   }
-  RETURN_IF_ERROR(chain_.BackwardWeight(state->output_grad, state->stash));
+  // The chain reads each inner layer's output gradient from the stash.
+  RETURN_IF_ERROR(chain_.BackwardWeight(Tensor(), state->stash));
   states_.erase(microbatch);  // Frees the microbatch's activations.
   return absl::OkStatus();
 }
@@ -217,7 +221,6 @@ size_t Stage::live_activation_bytes() const {
   for (const auto& [mb, state] : states_) {
     total += state.stash.bytes();
     if (state.input.defined()) total += state.input.bytes();
-    if (state.output_grad.defined()) total += state.output_grad.bytes();
   }
   return total;
 }

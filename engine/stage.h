@@ -4,10 +4,12 @@
 // for each action of its schedule, and what the in-process reference trainer
 // runs for every stage in turn.
 //
-// Per microbatch the stage keeps the stash from forward until BW has run, then
-// frees it. With remat, forward keeps only the stage's input and backward
-// recomputes the activations first; results are identical because every
-// kernel is deterministic. The stage tracks live and peak activation bytes.
+// Per microbatch the stage keeps the stash from forward until BI, then only
+// what BW reads (Layer::ReleaseForWeightBackward) until BW, then nothing; so a
+// zero-bubble schedule that holds BWs back holds no more than it must. With
+// remat, forward keeps only the stage's input and backward recomputes the
+// activations first; results are identical because every kernel is
+// deterministic. The stage tracks live and peak activation bytes.
 // Thread-compatible: one thread drives a stage.
 #ifndef CONVEYOR_ENGINE_STAGE_H_
 #define CONVEYOR_ENGINE_STAGE_H_
@@ -64,9 +66,9 @@ class Stage {
  private:
   struct MicrobatchState {
     Tensor input;  // Kept under remat only.
-    Stash stash;
-    Tensor output_grad;  // From BI until BW.
+    Stash stash;   // After BI, only what BW reads.
     bool stash_ready = false;
+    bool input_backward_done = false;  // BI ran; BW is due.
   };
 
   Stage(Backend* backend, int index, bool remat,

@@ -137,6 +137,14 @@ absl::StatusOr<Tensor> SelfAttention::BackwardInput(const Tensor& dy,
   return dx;
 }
 
+void SelfAttention::ReleaseForWeightBackward(Stash& stash) {
+  // BW reads x, merged and d_qkv; q, k, v and the probabilities (the
+  // largest: heads x seq x seq per sample) were for BI only.
+  for (size_t i = 1; i <= 4 && i < stash.saved.size(); ++i) {
+    stash.saved[i] = Tensor();
+  }
+}
+
 absl::Status SelfAttention::BackwardWeight(const Tensor& dy, Stash& stash) {
   const Tensor& x = stash.saved[0];
   const Tensor& merged = stash.saved[5];

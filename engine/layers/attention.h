@@ -24,6 +24,7 @@ class SelfAttention final : public Layer {
   absl::StatusOr<Tensor> BackwardInput(const Tensor& dy, Stash& stash,
                                        bool need_dx) override;
   absl::Status BackwardWeight(const Tensor& dy, Stash& stash) override;
+  void ReleaseForWeightBackward(Stash& stash) override;
 
  private:
   SelfAttention(Backend* backend, int64_t features, int64_t heads,

@@ -42,6 +42,18 @@ absl::Status Chain::BackwardWeight(const Tensor& /*dy*/, Stash& stash) {
   return absl::OkStatus();
 }
 
+void Chain::ReleaseForWeightBackward(Stash& stash) {
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (i >= stash.children.size() || i >= stash.output_grads.size()) break;
+    if (layers_[i]->parameters().empty()) {
+      stash.output_grads[i] = Tensor();
+      stash.children[i] = Stash();
+    } else {
+      layers_[i]->ReleaseForWeightBackward(stash.children[i]);
+    }
+  }
+}
+
 absl::StatusOr<Tensor> Residual::Forward(const Tensor& x, Stash& stash) {
   stash.children.assign(1, Stash());
   ASSIGN_OR_RETURN(Tensor fx, inner_->Forward(x, stash.children[0]));
@@ -62,6 +74,12 @@ absl::StatusOr<Tensor> Residual::BackwardInput(const Tensor& dy, Stash& stash,
 
 absl::Status Residual::BackwardWeight(const Tensor& dy, Stash& stash) {
   return inner_->BackwardWeight(dy, stash.children[0]);
+}
+
+void Residual::ReleaseForWeightBackward(Stash& stash) {
+  if (!stash.children.empty()) {
+    inner_->ReleaseForWeightBackward(stash.children[0]);
+  }
 }
 
 }  // namespace conveyor::engine

@@ -26,6 +26,9 @@ class Chain final : public Layer {
   absl::StatusOr<Tensor> BackwardInput(const Tensor& dy, Stash& stash,
                                        bool need_dx) override;
   absl::Status BackwardWeight(const Tensor& dy, Stash& stash) override;
+  // Drops the output gradient and stash of every inner layer without
+  // parameters; the others release their own.
+  void ReleaseForWeightBackward(Stash& stash) override;
 
  private:
   std::vector<std::unique_ptr<Layer>> layers_;
@@ -41,6 +44,7 @@ class Residual final : public Layer {
   absl::StatusOr<Tensor> BackwardInput(const Tensor& dy, Stash& stash,
                                        bool need_dx) override;
   absl::Status BackwardWeight(const Tensor& dy, Stash& stash) override;
+  void ReleaseForWeightBackward(Stash& stash) override;
 
  private:
   Backend* backend_;

@@ -317,7 +317,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"transformer", "1f1b", 2},
                       Case{"transformer", "1f1b", 4},
                       Case{"transformer", "interleaved-1f1b", 2, 2},
-                      Case{"transformer", "interleaved-1f1b", 4, 2}),
+                      Case{"transformer", "interleaved-1f1b", 4, 2},
+                      Case{"mlp", "zb-h1", 4}, Case{"transformer", "zb-h1", 2}),
     CaseName);
 
 TEST_F(DaemonsTest, CancelEndsARunningJobWithinTwoSecondsAndWorkersGoOn) {
@@ -545,6 +546,187 @@ TEST_F(DaemonsTest, ExportedBubbleRatioMatchesTheSimulator) {
   EXPECT_THAT(*coordinator, Not(HasSubstr(label)));
   EXPECT_THAT(*coordinator,
               HasSubstr("conveyor_jobs_finished_total{state=\"cancelled\"}"));
+}
+
+// Runs `yaml` to the end, returning the job and each rank's largest
+// reported activation peak over the job's steps.
+std::pair<v1::Job, std::vector<uint64_t>> RunWatchingPeaks(
+    cli::CoordinatorClient& client, const std::string& yaml) {
+  v1::SubmitJobRequest request;
+  request.set_yaml(yaml);
+  request.set_file_name("job.yaml");
+  absl::StatusOr<v1::Job> submitted = client.SubmitJob(request);
+  EXPECT_TRUE(submitted.ok()) << submitted.status();
+  if (!submitted.ok()) return {};
+  std::vector<uint64_t> peaks;
+  v1::Job last;
+  absl::Status watched =
+      client.WatchJob(submitted->id(), [&](const v1::JobEvent& e) {
+        last = e.job();
+        for (const v1::RankStep& r : e.step().ranks()) {
+          if (peaks.size() <= static_cast<size_t>(r.rank())) {
+            peaks.resize(r.rank() + 1, 0);
+          }
+          peaks[r.rank()] =
+              std::max<uint64_t>(peaks[r.rank()], r.peak_activation_bytes());
+        }
+      });
+  EXPECT_TRUE(watched.ok()) << watched;
+  return {last, peaks};
+}
+
+// zb-h1 on the daemons: the same parameters as 1f1b (allclose: BI and BW
+// accumulate in another order), and no more activation memory on the
+// busiest device, since after BI a microbatch keeps only what its BW reads.
+TEST_F(DaemonsTest, ZeroBubbleH1MatchesOneFOneBWithNoMoreActivationMemory) {
+  for (const std::string model : {"mlp", "transformer"}) {
+    std::map<std::string, Params> params;
+    std::map<std::string, std::vector<uint64_t>> peaks;
+    for (const std::string schedule : {"1f1b", "zb-h1"}) {
+      const std::string dir = TempDir(absl::StrCat("zb_", model, schedule));
+      // Equal stages, so that the busiest device is the same kind of stage
+      // under both schedules: the MLP with 256 features throughout, and the
+      // transformer at sequence 64, where attention scores outweigh the
+      // output gradients a held-back BW keeps (at sequence 16 they do not,
+      // and zb-h1's busiest device holds about 17% more than 1f1b's).
+      const std::string yaml =
+          model == "mlp"
+              ? absl::StrReplaceAll(
+                    MlpJob(kWorkers, schedule, 1, 4, dir),
+                    {{"input_shape: [64]", "input_shape: [256]"},
+                     {"features: 64}", "features: 256}"}})
+              : absl::StrReplaceAll(
+                    TransformerJob(kWorkers, schedule, 1, 4, dir),
+                    {{"input_shape: [16, 32]", "input_shape: [64, 32]"}});
+      auto [job, peak] = RunWatchingPeaks(*client_, yaml);
+      ASSERT_EQ(job.state(), v1::SUCCEEDED)
+          << model << " " << schedule << ": " << job.message();
+      EXPECT_EQ(job.schedule(), schedule);
+      ASSERT_EQ(peak.size(), static_cast<size_t>(kWorkers));
+      peaks[schedule] = peak;
+      const std::string exported = dir + "/export.safetensors";
+      ASSERT_TRUE(cli::ExportCheckpoint(dir, std::nullopt, exported).ok());
+      params[schedule] = ReadParams(exported);
+    }
+    ASSERT_EQ(params["zb-h1"].size(), params["1f1b"].size());
+    for (const auto& [name, values] : params["1f1b"]) {
+      EXPECT_TRUE(engine::testing_util::AllClose(params["zb-h1"].at(name),
+                                                 values, 1e-5, 1e-6))
+          << model << " " << name;
+    }
+    // The device memory a job needs is its largest rank's. zb-h1 moves
+    // stashes towards the later ranks (rank r holds back up to r BWs, in
+    // their smaller post-BI form), so per rank it differs; the peak over
+    // ranks must not grow.
+    const uint64_t peak_1f1b =
+        *std::max_element(peaks["1f1b"].begin(), peaks["1f1b"].end());
+    const uint64_t peak_zb =
+        *std::max_element(peaks["zb-h1"].begin(), peaks["zb-h1"].end());
+    EXPECT_GT(peak_1f1b, 0u);
+    EXPECT_LE(peak_zb, peak_1f1b) << model;
+    std::cout << model << " peak activation bytes per rank, 1f1b vs zb-h1:";
+    for (int r = 0; r < kWorkers; ++r) {
+      std::cout << " " << peaks["1f1b"][r] << "/" << peaks["zb-h1"][r];
+    }
+    std::cout << "\n";
+  }
+  EXPECT_EQ(WaitForIdle(*client_, kWorkers), kWorkers);
+}
+
+// stages: auto on real daemons: the first worker profiles, the coordinator
+// cuts, every worker builds the chosen stages, and the result equals the
+// in-process run (which ignores stages entirely).
+TEST_F(DaemonsTest, AutoStagesTrainTheChosenCutAndMatchInProcess) {
+  const std::string dir = TempDir("auto_mlp");
+  // Widths 512 and 16 mixed, so equal layer counts are far from equal work.
+  const std::string yaml = absl::StrCat(
+      "name: uneven\nmodel:\n  input_shape: [64]\n  init: {seed: 0}\n"
+      "  layers:\n"
+      "    - dense: {features: 512}\n    - relu\n"
+      "    - dense: {features: 512}\n    - relu\n"
+      "    - dense: {features: 16}\n    - relu\n"
+      "    - dense: {features: 16}\n    - relu\n"
+      "    - dense: {features: 16}\n    - relu\n"
+      "    - dense: {features: 16}\n"
+      "  loss: mse\n"
+      "data: {source: synthetic-regression, seed: 0}\n"
+      "training: {steps: 3, batch_size: 64, microbatches: 8}\n"
+      "optimizer: {kind: adam, lr: 0.003}\n"
+      "pipeline: {schedule: 1f1b, stages: auto, num_stages: 4}\n"
+      "checkpoint: {dir: ",
+      dir, "}\n");
+  absl::StatusOr<v1::Job> submitted = Submit(yaml);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const v1::Job job = WaitForEnd(*client_, submitted->id());
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.message();
+  ASSERT_TRUE(job.auto_split().chosen());
+  EXPECT_FALSE(job.auto_split().from_cache());
+  EXPECT_EQ(job.auto_split().profiled_on(), "cpu:1");
+  EXPECT_GT(job.auto_split().predicted_step_seconds(), 0);
+  ASSERT_EQ(job.stages_size(), 4);
+  int layers = 0;
+  for (const v1::StagePlacement& s : job.stages()) {
+    EXPECT_EQ(s.first_layer(), layers);
+    EXPECT_GE(s.num_layers(), 1);
+    layers += s.num_layers();
+  }
+  EXPECT_EQ(layers, 11);
+
+  const std::string exported = dir + "/export.safetensors";
+  ASSERT_TRUE(cli::ExportCheckpoint(dir, std::nullopt, exported).ok());
+  const Params pipelined = ReadParams(exported);
+  const Params reference = InProcessReference(yaml);
+  ASSERT_EQ(pipelined.size(), reference.size());
+  for (const auto& [name, values] : reference) {
+    ASSERT_TRUE(pipelined.contains(name)) << name;
+    EXPECT_TRUE(
+        engine::testing_util::AllClose(pipelined.at(name), values, 1e-5, 1e-6))
+        << name;
+  }
+
+  // The same model and microbatch again: the cached profile, the same cut.
+  absl::StatusOr<v1::Job> again = Submit(absl::StrReplaceAll(
+      yaml, {{"steps: 3", "steps: 1"}, {dir, TempDir("auto_mlp_again")}}));
+  ASSERT_TRUE(again.ok()) << again.status();
+  const v1::Job second = WaitForEnd(*client_, again->id());
+  ASSERT_EQ(second.state(), v1::SUCCEEDED) << second.message();
+  EXPECT_TRUE(second.auto_split().from_cache());
+  for (int s = 0; s < 4; ++s) {
+    EXPECT_EQ(second.stages(s).first_layer(), job.stages(s).first_layer());
+  }
+  EXPECT_EQ(WaitForIdle(*client_, kWorkers), kWorkers);
+}
+
+// With fixed-time layers the profile is known in advance: the two 4 ms
+// layers must each get a stage of their own, and the predicted step must
+// beat the even split's by far.
+TEST_F(DaemonsTest, AutoStagesIsolateTheSlowLayersOfAnUnevenModel) {
+  std::string layers;
+  for (int i = 0; i < 8; ++i) {
+    const int f = i >= 6 ? 4 : 1;
+    absl::StrAppend(&layers, "    - delay: {forward_ms: ", f,
+                    ", backward_ms: ", 2 * f, "}\n");
+  }
+  absl::StatusOr<v1::Job> submitted = Submit(absl::StrCat(
+      "name: uneven-delay\nmodel:\n  input_shape: [1]\n  init: {seed: 0}\n"
+      "  layers:\n",
+      layers,
+      "  loss: mse\ndata: {source: synthetic-regression}\n"
+      "training: {steps: 2, batch_size: 8, microbatches: 8}\n"
+      "optimizer: {kind: sgd, lr: 0.001}\n"
+      "pipeline: {schedule: 1f1b, stages: auto, num_stages: 4}\n"));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const v1::Job job = WaitForEnd(*client_, submitted->id());
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.message();
+  ASSERT_EQ(job.stages_size(), 4);
+  EXPECT_EQ(job.stages(2).first_layer(), 6);
+  EXPECT_EQ(job.stages(2).num_layers(), 1);
+  EXPECT_EQ(job.stages(3).first_layer(), 7);
+  const v1::AutoSplit& split = job.auto_split();
+  // Exact costs: 126 ms against the even split's 210 ms.
+  EXPECT_LT(split.predicted_step_seconds(),
+            0.8 * split.predicted_even_step_seconds());
+  EXPECT_EQ(WaitForIdle(*client_, kWorkers), kWorkers);
 }
 
 void ExpectLostWorkerFailsTheJob(int signal, const std::string& observed) {

@@ -1,0 +1,97 @@
+#include "engine/stage.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cpu/cpu_backend.h"
+#include "engine/model_spec.h"
+#include "gtest/gtest.h"
+#include "tests/engine/test_util.h"
+
+namespace conveyor::engine {
+namespace {
+
+using testing_util::RandomTensor;
+using testing_util::ToVector;
+
+ModelSpec Parse(const std::string& layers, const std::string& input_shape) {
+  absl::StatusOr<ModelSpec> spec = ParseModelSpecYaml(
+      absl::StrCat("model:\n  input_shape: ", input_shape,
+                   "\n  init: {seed: 3}\n  loss: mse\n  layers:\n", layers),
+      "stage.yaml");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+std::unique_ptr<Stage> Build(const ModelSpec& spec) {
+  absl::StatusOr<std::unique_ptr<Stage>> stage =
+      Stage::Create(CpuBackend::Get(), spec, 0);
+  EXPECT_TRUE(stage.ok()) << stage.status();
+  EXPECT_TRUE((*stage)->InitializeFromSeed(3).ok());
+  return *std::move(stage);
+}
+
+// After BI a microbatch keeps only what BW reads: each dense layer's input
+// and output gradient; the ReLU between them needs nothing. So a zero-bubble
+// schedule holding BWs back holds less than a forward stash plus gradients.
+TEST(StageTest, BackwardInputKeepsOnlyWhatTheWeightBackwardReads) {
+  const ModelSpec spec = Parse(
+      "    - dense: {features: 5}\n    - relu\n    - dense: {features: 7}\n",
+      "[3]");
+  constexpr int64_t kSamples = 4;
+  std::unique_ptr<Stage> split = Build(spec);
+  std::unique_ptr<Stage> whole = Build(spec);
+  const Tensor x = RandomTensor({kSamples, 3}, 1);
+  const Tensor dy = RandomTensor({kSamples, 7}, 2);
+  ASSERT_TRUE(split->Forward(0, x).ok());
+  // Forward saves dense 1's input (3), the ReLU's input (5) and dense 2's
+  // input (5).
+  EXPECT_EQ(split->live_activation_bytes(), kSamples * (3 + 5 + 5) * 4);
+  ASSERT_TRUE(split->BackwardInput(0, dy).ok());
+  // During BI the output gradients of all three layers (5, 5, 7) joined
+  // them; after it, the ReLU's input and output gradient are gone.
+  EXPECT_EQ(split->peak_activation_bytes(),
+            kSamples * (3 + 5 + 5 + 5 + 5 + 7) * 4);
+  EXPECT_EQ(split->live_activation_bytes(), kSamples * (3 + 5 + 5 + 7) * 4);
+  ASSERT_TRUE(split->BackwardWeight(0).ok());
+  EXPECT_EQ(split->live_activation_bytes(), 0u);
+
+  // The weight gradients equal a full backward's, bit for bit.
+  ASSERT_TRUE(whole->Forward(0, x).ok());
+  ASSERT_TRUE(whole->Backward(0, dy).ok());
+  std::vector<Parameter*> a = split->parameters(), b = whole->parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(ToVector(a[i]->grad), ToVector(b[i]->grad)) << a[i]->name;
+  }
+}
+
+TEST(StageTest, AttentionDropsItsScoresAfterBackwardInput) {
+  const ModelSpec spec = Parse(
+      "    - transformer_block: {heads: 2, mlp_features: 16, norm: post}\n",
+      "[32, 8]");
+  std::unique_ptr<Stage> split = Build(spec);
+  std::unique_ptr<Stage> whole = Build(spec);
+  const Tensor x = RandomTensor({2, 32, 8}, 1);
+  const Tensor dy = RandomTensor({2, 32, 8}, 2);
+  ASSERT_TRUE(split->Forward(0, x).ok());
+  const size_t stash = split->live_activation_bytes();
+  ASSERT_TRUE(split->BackwardInput(0, dy).ok());
+  // Kept for BW: less than the forward stash, even with the gradients,
+  // once the sequence is long enough for the scores to dominate.
+  EXPECT_LT(split->live_activation_bytes(), stash);
+  EXPECT_GT(split->live_activation_bytes(), 0u);
+  ASSERT_TRUE(split->BackwardWeight(0).ok());
+  ASSERT_TRUE(whole->Forward(0, x).ok());
+  ASSERT_TRUE(whole->Backward(0, dy).ok());
+  std::vector<Parameter*> a = split->parameters(), b = whole->parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(ToVector(a[i]->grad), ToVector(b[i]->grad)) << a[i]->name;
+  }
+}
+
+}  // namespace
+}  // namespace conveyor::engine
