@@ -278,6 +278,27 @@ std::string FormatJobDetails(const v1::Job& job, absl::Time now) {
   if (!job.checkpoint_dir().empty()) {
     fields.push_back({"checkpoint", job.checkpoint_dir()});
   }
+  if (job.has_auto_split()) {
+    const v1::AutoSplit& a = job.auto_split();
+    // Predicted steps are often milliseconds.
+    auto step = [](double seconds) {
+      return seconds < 1 ? absl::StrFormat("%.2f ms", seconds * 1e3)
+                         : FormatDuration(seconds);
+    };
+    if (!a.chosen()) {
+      fields.push_back({"stages", "auto; not chosen yet (profiling)"});
+    } else {
+      std::string text = absl::StrFormat(
+          "auto from a profile on %s%s; predicted step %s, bubble %.1f%%",
+          a.profiled_on(), a.from_cache() ? " (cached)" : "",
+          step(a.predicted_step_seconds()), a.predicted_bubble() * 100);
+      if (a.predicted_even_step_seconds() > 0) {
+        absl::StrAppend(&text, "; even split ",
+                        step(a.predicted_even_step_seconds()));
+      }
+      fields.push_back({"stages", text});
+    }
+  }
   std::string out =
       absl::StrCat(JobTitle(job), ": ", proto::JobStateName(job.state()), "\n");
   size_t key_width = 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -282,7 +283,17 @@ absl::StatusOr<JobPlan> ChooseStages(const JobPlan& plan,
                    StageSearchInputFor(plan, profile));
   absl::StatusOr<scheduler::StageSearchResult> search =
       scheduler::SearchStages(input);
-  if (!search.ok()) return PipelineError(plan.job, search.status().message());
+  if (!search.ok()) {
+    // The search names the field it could not satisfy; point at it.
+    const absl::string_view message = search.status().message();
+    const std::string budget_at =
+        plan.job.pipeline.memory_budget_where.ToString();
+    if (absl::StartsWith(message, "memory_budget: ") && !budget_at.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(budget_at, ": pipeline.", message));
+    }
+    return PipelineError(plan.job, message);
+  }
   engine::JobSpec job = plan.job;
   RETURN_IF_ERROR(engine::SetStageBoundaries(&job.model, search->stage_begin));
   ASSIGN_OR_RETURN(JobPlan chosen,

@@ -513,6 +513,7 @@ absl::Status JobParser::ParsePipeline(const YamlMapEntry& entry,
   pipeline.num_stages_where = num_stages->value.where;
   if (budget != nullptr) {
     ASSIGN_OR_RETURN(pipeline.memory_budget_bytes, ParseBytes(budget->value));
+    pipeline.memory_budget_where = budget->value.where;
   }
   return absl::OkStatus();
 }

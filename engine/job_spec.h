@@ -79,6 +79,7 @@ struct PipelineSpec {
   int64_t num_stages = 0;          // With auto_stages, in 1..kMaxAutoStages.
   double memory_budget_bytes = 0;  // With auto_stages; 0: no budget.
   SourceLocation num_stages_where;
+  SourceLocation memory_budget_where;
 };
 
 struct CheckpointSpec {

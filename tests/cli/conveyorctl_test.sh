@@ -139,11 +139,20 @@ check unwritable_output 1 'cannot write' -- \
   schedule -P 2 -M 2 -o /nonexistent-dir/out.txt
 
 # validate: the examples plan; a bad job says where.
-for example in mlp transformer gpt; do
+for example in mlp transformer gpt uneven; do
   check "validate_$example" 0 "examples/$example.yaml: valid; needs [0-9]+ worker\(s\)" -- \
     validate "$src/examples/$example.yaml"
 done
 check validate_plan 0 '^1      1      4-6 ' -- validate "$src/examples/mlp.yaml"
+# stages: auto profiles here and prints the split against the even one.
+check validate_auto 0 'stages: auto from a profile on this machine.s CPU' -- \
+  validate "$src/examples/uneven.yaml" --profile-repetitions 1
+check validate_auto_even 0 'even split \(4,3,3,3 layers\): predicted step' -- \
+  validate "$src/examples/uneven.yaml"
+check validate_auto_budget 2 'uneven.yaml \(with --set\):[0-9]+:[0-9]+: pipeline.memory_budget: no split of 13 layers into 4 stages fits 1000 bytes' -- \
+  validate "$src/examples/uneven.yaml" --set pipeline.memory_budget=1KB
+check validate_auto_too_many 2 'pipeline.num_stages: 14 stages need at least 14 layers; the model has 13' -- \
+  validate "$src/examples/uneven.yaml" --set pipeline.num_stages=14
 check validate_bad_job 2 "bad.yaml:5:15: model.layers\[0\].dense: unknown key 'feature'" -- \
   validate "$tmp/bad.yaml"
 check validate_missing 1 'missing.yaml' -- validate "$tmp/missing.yaml"

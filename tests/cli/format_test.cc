@@ -148,6 +148,24 @@ TEST(FormatOutcomeTest, SaysHowTheJobEnded) {
             "CANCELLED: (no reason given) (after 40/200 steps)");
 }
 
+TEST(FormatJobDetailsTest, ShowsTheAutoSplitOnceChosen) {
+  v1::Job job = RunningJob();
+  job.mutable_auto_split()->set_chosen(false);
+  EXPECT_THAT(FormatJobDetails(job, absl::FromUnixMillis(0)),
+              HasSubstr("  stages    auto; not chosen yet (profiling)\n"));
+  v1::AutoSplit* a = job.mutable_auto_split();
+  a->set_chosen(true);
+  a->set_profiled_on("cpu:1");
+  a->set_from_cache(true);
+  a->set_predicted_step_seconds(0.0126);
+  a->set_predicted_bubble(0.25);
+  a->set_predicted_even_step_seconds(0.021);
+  EXPECT_THAT(FormatJobDetails(job, absl::FromUnixMillis(0)),
+              HasSubstr("  stages    auto from a profile on cpu:1 (cached); "
+                        "predicted step 12.60 ms, bubble 25.0%; even split "
+                        "21.00 ms\n"));
+}
+
 TEST(FormatJobDetailsTest, ShowsFieldsAndTheStageTable) {
   v1::Job job = RunningJob();
   job.set_steps_done(40);
