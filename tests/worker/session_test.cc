@@ -439,6 +439,66 @@ TEST_F(SessionTest, AJobTheBuildDisagreesWithFailsWithItsReason) {
   EXPECT_EQ(fake_.CountKind(v1::WorkerMessage::kReady), 0);
 }
 
+v1::CoordinatorMessage Profile(const std::string& id, const std::string& yaml) {
+  v1::CoordinatorMessage m;
+  m.mutable_profile()->set_job_id(id);
+  m.mutable_profile()->set_yaml(yaml);
+  m.mutable_profile()->set_file_name("tiny.yaml");
+  m.mutable_profile()->set_repetitions(1);
+  return m;
+}
+
+TEST_F(SessionTest, ProfilesEveryLayerThenHoldsItselfForThePrepare) {
+  StartSession(Options());
+  ASSERT_TRUE(fake_.TakeKind(v1::WorkerMessage::kRegister).has_value());
+  const v1::JobProgram program = Program("job-1", 1);
+  Send(Profile("job-1", program.yaml()));
+  auto profile = fake_.TakeKind(v1::WorkerMessage::kProfile);
+  ASSERT_TRUE(profile.has_value());
+  EXPECT_EQ(profile->profile().job_id(), "job-1");
+  EXPECT_EQ(profile->profile().device(), "cpu:2");  // Options()'s devices
+  ASSERT_EQ(profile->profile().layers_size(), 3);   // dense, relu, dense
+  EXPECT_EQ(profile->profile().layers(0).parameter_bytes(), (4 * 8 + 8) * 4);
+  EXPECT_EQ(profile->profile().layers(1).parameter_bytes(), 0);
+  EXPECT_GT(profile->profile().layers(2).activation_bytes(), 0);
+  // Then the job itself is prepared as usual.
+  Send(Prepare(program));
+  auto ready = fake_.TakeKind(v1::WorkerMessage::kReady);
+  ASSERT_TRUE(ready.has_value());
+  EXPECT_EQ(ready->ready().job_id(), "job-1");
+  Send(Cancel("job-1", "done"));
+  ASSERT_TRUE(fake_.TakeEnded("job-1").has_value());
+}
+
+TEST_F(SessionTest, ACancelAfterTheProfileIsAnsweredSoTheWorkerIsFreed) {
+  StartSession(Options());
+  ASSERT_TRUE(fake_.TakeKind(v1::WorkerMessage::kRegister).has_value());
+  Send(Profile("job-1", Program("job-1", 1).yaml()));
+  ASSERT_TRUE(fake_.TakeKind(v1::WorkerMessage::kProfile).has_value());
+  Send(Cancel("job-1", "user asked"));
+  auto ended = fake_.TakeEnded("job-1");
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->state(), v1::CANCELLED);
+  EXPECT_EQ(ended->message(), "user asked");
+  // Free again.
+  Send(Prepare(Program("job-2", 1)));
+  ASSERT_TRUE(fake_.TakeKind(v1::WorkerMessage::kReady).has_value());
+}
+
+TEST_F(SessionTest, AProfileOfABadJobFailsWithItsPosition) {
+  StartSession(Options());
+  ASSERT_TRUE(fake_.TakeKind(v1::WorkerMessage::kRegister).has_value());
+  Send(Profile("job-1", "model: {input_shape: [4], layers: [], lost: 1}\n"));
+  auto ended = fake_.TakeEnded("job-1");
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->state(), v1::FAILED);
+  EXPECT_THAT(ended->message(), StartsWith("profiling the layers: tiny.yaml:"));
+  EXPECT_EQ(fake_.CountKind(v1::WorkerMessage::kProfile), 0);
+  // The worker is free for the next job.
+  Send(Prepare(Program("job-2", 1)));
+  ASSERT_TRUE(fake_.TakeKind(v1::WorkerMessage::kReady).has_value());
+}
+
 TEST_F(SessionTest, ShutdownCancelsTheRunningJobAndClosesTheStream) {
   StartSession(Options());
   ASSERT_TRUE(fake_.TakeKind(v1::WorkerMessage::kRegister).has_value());
