@@ -180,6 +180,10 @@ absl::StatusOr<Schedule> CheckInputAndGenerate(const StageSearchInput& in) {
     return absl::InvalidArgumentError(absl::StrCat(
         "exhaustive_limit must be >= 0, got ", in.exhaustive_limit));
   }
+  if (in.max_simulated_actions < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_simulated_actions must be >= 1, got ", in.max_simulated_actions));
+  }
   return schedule;
 }
 
@@ -237,6 +241,12 @@ class Evaluator {
   }
 
   int layers() const { return static_cast<int>(in_.layers.size()); }
+  // How many splits max_simulated_actions allows simulating (at least 1).
+  int64_t SimulationBudget() const {
+    const int64_t actions =
+        std::max<int64_t>(1, static_cast<int64_t>(schedule_.TotalActions()));
+    return std::max<int64_t>(1, in_.max_simulated_actions / actions);
+  }
   int stages() const { return schedule_.num_stages(); }
   int ranks() const { return schedule_.ranks; }
 
@@ -607,6 +617,7 @@ absl::StatusOr<std::vector<int>> LocalSearch(const StageSearchInput& in,
         Score best = current;
         for (int at = lo; at <= hi; ++at) {
           if (at == from) continue;
+          if (*simulations >= ev.SimulationBudget()) break;
           split[i] = at;
           ASSIGN_OR_RETURN(const Score s, score(split));
           // Only position i differs from the best so far.
@@ -672,7 +683,8 @@ absl::StatusOr<StageSearchResult> SearchStages(const StageSearchInput& input) {
   const int64_t count =
       SplitEnumerator(ev.layers(), ev.stages(), input.fixed_boundaries)
           .Count(cap);
-  const bool exhaustive = count <= input.exhaustive_limit;
+  const bool exhaustive =
+      count <= input.exhaustive_limit && count <= ev.SimulationBudget();
   int64_t simulations = 0;
   ASSIGN_OR_RETURN(std::vector<int> best,
                    exhaustive ? Exhaustive(input, ev, &simulations)

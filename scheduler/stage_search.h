@@ -72,6 +72,12 @@ struct StageSearchInput {
   // Exhaustive search when at most this many splits respect the fixed
   // boundaries (see above); >= 0, and 0 always searches locally.
   int64_t exhaustive_limit = 20000;
+  // Bounds the work: simulations times the schedule's actions stay within
+  // this (>= 1), so a huge model or schedule plans in about a second rather
+  // than hours. Exhaustive search needs its whole enumeration within it;
+  // local search stops moving boundaries when it runs out (the seeds are
+  // always simulated) and returns the best split reached.
+  int64_t max_simulated_actions = 50'000'000;
 };
 
 struct StageSearchResult {

@@ -760,6 +760,24 @@ TEST(StageSearchTest, LargeModelLocalSearchFinishes) {
   EXPECT_LE(got->makespan, MinMaxSplit(in).makespan * (1 + 1e-12));
   ASSERT_TRUE(got->even_makespan.has_value());
   EXPECT_LE(got->makespan, *got->even_makespan * (1 + 1e-12));
+
+  // A work budget of 10 simulations (of 8 x 16 x 2 actions): the two seeds
+  // and at most 10 moves in all, still no worse than the seeds. The same
+  // budget makes a small enumeration local rather than exhaustive.
+  in.max_simulated_actions = 10 * 8 * 16 * 2;
+  absl::StatusOr<StageSearchResult> bounded = SearchStages(in);
+  ASSERT_TRUE(bounded.ok()) << bounded.status();
+  EXPECT_LE(bounded->simulations, 10 + 2);
+  EXPECT_LE(bounded->makespan, MinMaxSplit(in).makespan * (1 + 1e-12));
+  EXPECT_GE(bounded->makespan, got->makespan * (1 - 1e-12));
+  in.layers.resize(10);
+  in.exhaustive_limit = 1000;  // C(9, 7) = 36 splits, but 10 allowed
+  absl::StatusOr<StageSearchResult> small = SearchStages(in);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_FALSE(small->exhaustive);
+  in.max_simulated_actions = 0;
+  EXPECT_EQ(SearchStages(in).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
