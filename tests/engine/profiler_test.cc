@@ -207,10 +207,10 @@ TEST(ProfileLayersTest, DenseBytesAreExactAndScaleWithTheMicrobatch) {
     const Tensor dy = *CpuBackend::Get()->Zeros({samples, 7});
     ASSERT_TRUE((*stage)->Forward(0, x).ok());
     ASSERT_TRUE((*stage)->BackwardInput(0, dy).ok());
-    EXPECT_EQ(
-        static_cast<int64_t>((*stage)->peak_activation_bytes()),
-        (*profiles)[0].activation_bytes + (*profiles)[1].activation_bytes +
-            (*profiles)[2].activation_bytes);
+    EXPECT_EQ(static_cast<int64_t>((*stage)->peak_activation_bytes()),
+              (*profiles)[0].activation_bytes +
+                  (*profiles)[1].activation_bytes +
+                  (*profiles)[2].activation_bytes);
   }
 }
 
