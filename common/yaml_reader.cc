@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "yaml-cpp/eventhandler.h"
 #include "yaml-cpp/yaml.h"
 
 namespace conveyor {
@@ -42,6 +45,47 @@ SourceLocation MarkLocation(absl::string_view file, const YAML::Mark& mark) {
   where.line = mark.line + 1;
   where.column = mark.column + 1;
   return where;
+}
+
+// Records where the last document started; ignores everything else.
+class DocumentStarts : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark& mark) override { start = mark; }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+
+  YAML::Mark start;
+};
+
+// yaml-cpp 0.7's LoadAll never returns for some invalid texts, such as ","
+// (found by fuzz/job_spec_fuzzer): at a top-level ',' the parser reports an
+// empty document without consuming the token, and LoadAll asks for the next
+// document forever, allocating a node each time until memory runs out
+// (jbeder/yaml-cpp#1040, fixed upstream after 0.8.0 by #1319). This walks
+// the documents without building nodes and returns where a document starts
+// at the same place as the one before, i.e. where the parser is stuck.
+// Throws what the parser throws.
+std::optional<YAML::Mark> StuckDocument(const std::string& text) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  DocumentStarts starts;
+  std::optional<YAML::Mark> previous;
+  while (parser.HandleNextDocument(starts)) {
+    if (previous.has_value() && previous->pos == starts.start.pos) {
+      return starts.start;
+    }
+    previous = starts.start;
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -95,7 +139,14 @@ absl::StatusOr<YAML::Node> LoadYaml(absl::string_view text,
       if (documents == YamlDocuments::kFirst) {
         return YAML::Load(std::string(text));
       }
-      std::vector<YAML::Node> docs = YAML::LoadAll(std::string(text));
+      const std::string owned(text);
+      if (const std::optional<YAML::Mark> stuck = StuckDocument(owned)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(MarkLocation(file, *stuck).ToString(),
+                         ": YAML syntax error: unexpected token at the top "
+                         "level"));
+      }
+      std::vector<YAML::Node> docs = YAML::LoadAll(owned);
       if (docs.empty()) return YAML::Node(YAML::NodeType::Null);
       if (docs.size() > 1) {
         SourceLocation where = MarkLocation(file, docs[1].Mark());

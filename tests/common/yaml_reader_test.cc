@@ -93,6 +93,19 @@ TEST(LoadYamlTest, SecondDocumentIsAnErrorOnlyWhenExactlyOneIsWanted) {
       "'---')");
 }
 
+// yaml-cpp 0.7's LoadAll never returns on a top-level ',' (it allocates
+// until memory runs out); found by fuzz/job_spec_fuzzer. Both are errors now,
+// at the comma.
+TEST(LoadYamlTest, ATopLevelCommaIsAnErrorNotAHang) {
+  EXPECT_EQ(
+      ErrorOf(LoadYaml(",", "f.yaml", YamlDocuments::kExactlyOne).status()),
+      "f.yaml:1:1: YAML syntax error: unexpected token at the top level");
+  EXPECT_EQ(
+      ErrorOf(LoadYaml("name: x\n---\n,", "f.yaml", YamlDocuments::kExactlyOne)
+                  .status()),
+      "f.yaml:3:1: YAML syntax error: unexpected token at the top level");
+}
+
 TEST(CatchYamlExceptionsTest, TurnsExceptionsIntoStatus) {
   const absl::StatusOr<int> yaml =
       CatchYamlExceptions("f.yaml", "the thing", []() -> absl::StatusOr<int> {
