@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/auth_token.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
@@ -23,7 +24,7 @@ std::string ResolveCoordinatorAddress(absl::string_view flag) {
 }
 
 absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
-    std::string address, absl::Duration rpc_timeout) {
+    std::string address, absl::Duration rpc_timeout, std::string auth_token) {
   if (address.empty()) {
     return absl::InvalidArgumentError("the coordinator address is empty");
   }
@@ -40,10 +41,18 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
   std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
       address, grpc::InsecureChannelCredentials(), args);
   return std::unique_ptr<CoordinatorClient>(new CoordinatorClient(
-      std::move(address), rpc_timeout, v1::Coordinator::NewStub(channel)));
+      std::move(address), rpc_timeout, std::move(auth_token),
+      v1::Coordinator::NewStub(channel)));
+}
+
+void CoordinatorClient::Authenticate(grpc::ClientContext& context) const {
+  if (!auth_token_.empty()) {
+    context.AddMetadata(kAuthMetadataKey, AuthMetadataValue(auth_token_));
+  }
 }
 
 void CoordinatorClient::SetDeadline(grpc::ClientContext& context) const {
+  Authenticate(context);
   context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
 }
 
@@ -56,6 +65,15 @@ absl::Status CoordinatorClient::FromGrpc(const grpc::Status& status) const {
                        " (set --coordinator "
                        "or ",
                        kCoordinatorEnv, "): ", s.message()));
+    case absl::StatusCode::kUnauthenticated:
+      return absl::UnauthenticatedError(absl::StrCat("the coordinator at ",
+                                                     address_,
+                                                     " refused the call (set "
+                                                     "--auth-token-file or ",
+                                                     kAuthTokenFileEnv,
+                                                     " to the cluster's "
+                                                     "token file): ",
+                                                     s.message()));
     case absl::StatusCode::kDeadlineExceeded:
       return absl::DeadlineExceededError(
           absl::StrCat("the coordinator at ", address_, " did not answer in ",
@@ -142,6 +160,7 @@ absl::Status CoordinatorClient::WatchJob(
     }
     watches_.insert(&context);
   }
+  Authenticate(context);
   v1::WatchJobRequest request;
   request.set_id(id);
   std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader =

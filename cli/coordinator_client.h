@@ -29,6 +29,8 @@ namespace conveyor::cli {
 
 inline constexpr char kCoordinatorEnv[] = "CONVEYOR_COORDINATOR";
 inline constexpr char kDefaultCoordinatorAddress[] = "127.0.0.1:7070";
+// Where --auth-token-file defaults from.
+inline constexpr char kAuthTokenFileEnv[] = "CONVEYOR_AUTH_TOKEN_FILE";
 
 // `flag` if non-empty, else $CONVEYOR_COORDINATOR if set and non-empty, else
 // kDefaultCoordinatorAddress.
@@ -38,9 +40,12 @@ class CoordinatorClient {
  public:
   // Does not connect: gRPC connects on the first call, so an unreachable
   // coordinator shows up there as Unavailable. InvalidArgument for an empty
-  // address or a non-positive timeout.
+  // address or a non-positive timeout. A non-empty `auth_token` is presented
+  // on every call (common/auth_token.h); a coordinator that wants another
+  // answers Unauthenticated.
   static absl::StatusOr<std::unique_ptr<CoordinatorClient>> Create(
-      std::string address, absl::Duration rpc_timeout);
+      std::string address, absl::Duration rpc_timeout,
+      std::string auth_token = "");
 
   CoordinatorClient(const CoordinatorClient&) = delete;
   CoordinatorClient& operator=(const CoordinatorClient&) = delete;
@@ -78,16 +83,21 @@ class CoordinatorClient {
 
  private:
   CoordinatorClient(std::string address, absl::Duration rpc_timeout,
+                    std::string auth_token,
                     std::unique_ptr<v1::Coordinator::Stub> stub)
       : address_(std::move(address)),
         rpc_timeout_(rpc_timeout),
+        auth_token_(std::move(auth_token)),
         stub_(std::move(stub)) {}
 
+  // The token, when there is one, and (unary calls) the deadline.
+  void Authenticate(grpc::ClientContext& context) const;
   void SetDeadline(grpc::ClientContext& context) const;
   absl::Status FromGrpc(const grpc::Status& status) const;
 
   const std::string address_;
   const absl::Duration rpc_timeout_;
+  const std::string auth_token_;
   const std::unique_ptr<v1::Coordinator::Stub> stub_;
 
   absl::Mutex mutex_;

@@ -1,11 +1,13 @@
 #include "cli/job_commands.h"
 
+#include <cstdlib>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cli/format.h"
 #include "cli/trace_render.h"
+#include "common/auth_token.h"
 #include "common/file.h"
 #include "common/status_macros.h"
 #include "proto/protocol.h"
@@ -21,6 +23,10 @@ void AddClientOptions(CLI::App* cmd, JobCommandOptions& o) {
   cmd->add_option("--timeout", o.timeout_seconds,
                   "Seconds to wait for each request's answer")
       ->capture_default_str();
+  cmd->add_option("--auth-token-file", o.auth_token_file,
+                  absl::StrCat("File holding the cluster's shared token "
+                               "(default: $",
+                               kAuthTokenFileEnv, ", else none)"));
 }
 
 void AddLogEvery(CLI::App* cmd, JobCommandOptions& o) {
@@ -183,10 +189,25 @@ absl::Status RunJobCommand(const JobCommands& c, const JobCommandOptions& o,
     return absl::InvalidArgumentError(absl::StrCat(
         "--log-every must be >= 1 (or 0 for the default); got ", o.log_every));
   }
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<CoordinatorClient> client,
-      CoordinatorClient::Create(ResolveCoordinatorAddress(o.coordinator),
-                                absl::Seconds(o.timeout_seconds)));
+  std::string token_file = o.auth_token_file;
+  if (const char* env = std::getenv(kAuthTokenFileEnv);
+      token_file.empty() && env != nullptr) {
+    token_file = env;
+  }
+  std::string token;
+  if (!token_file.empty()) {
+    absl::StatusOr<std::string> read = ReadAuthTokenFile(token_file);
+    if (!read.ok()) {
+      return absl::Status(
+          read.status().code(),
+          absl::StrCat("--auth-token-file: ", read.status().message()));
+    }
+    token = *std::move(read);
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorClient> client,
+                   CoordinatorClient::Create(
+                       ResolveCoordinatorAddress(o.coordinator),
+                       absl::Seconds(o.timeout_seconds), std::move(token)));
   const WatchOptions watch{.log_every = o.log_every, .tty = tty};
   if (c.submit->parsed()) return RunSubmit(*client, o, watch, out);
   if (c.status->parsed()) return RunStatus(*client, o.job_id, absl::Now(), out);

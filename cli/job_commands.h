@@ -37,6 +37,8 @@ namespace conveyor::cli {
 
 struct JobCommandOptions {
   std::string coordinator;  // Empty: ResolveCoordinatorAddress's fallbacks.
+  // Empty: $CONVEYOR_AUTH_TOKEN_FILE, else no token.
+  std::string auth_token_file;
   double timeout_seconds = 10;
   std::string job_file;                // submit
   std::vector<std::string> overrides;  // submit --set

@@ -18,6 +18,7 @@
 
 #include "CLI/CLI.hpp"             // flags
 #include "absl/strings/str_cat.h"  // messages
+#include "common/auth_token.h"     // ReadAuthTokenFile
 #include "common/build_info.h"     // kVersion
 #include "common/command_line.h"
 #include "common/file.h"                      // ReadFile, WriteFileAtomically
@@ -44,6 +45,7 @@ struct Flags {
   std::string metrics_address;
   std::string config;
   std::string ready_file;
+  std::string auth_token_file;
   std::string log_level = "info";
 };
 
@@ -112,6 +114,9 @@ int main(int argc, char** argv) {
                  "metrics_address (flags win)");
   app.add_option("--ready-file", flags.ready_file,
                  "Write the bound address here (atomically) once serving");
+  app.add_option("--auth-token-file", flags.auth_token_file,
+                 "File holding the cluster's shared token: every call "
+                 "(conveyorctl's and workers') must present it");
   app.add_option("--log-level", flags.log_level,
                  absl::StrCat("Log level: ", conveyor::kLogLevels))
       ->capture_default_str();
@@ -146,8 +151,21 @@ int main(int argc, char** argv) {
       .version = conveyor::kVersion,
   });
   metrics->Attach(&manager);
-  conveyor::coordinator::CoordinatorService coordinator_service(&manager);
-  conveyor::coordinator::WorkerSessionService session_service(&manager);
+  std::string auth_token;
+  if (!flags.auth_token_file.empty()) {
+    absl::StatusOr<std::string> token =
+        conveyor::ReadAuthTokenFile(flags.auth_token_file);
+    if (!token.ok()) {
+      std::cerr << "conveyor-coordinator: --auth-token-file: "
+                << token.status().message() << "\n";
+      return conveyor::kExitUsage;
+    }
+    auth_token = *std::move(token);
+  }
+  conveyor::coordinator::CoordinatorService coordinator_service(&manager,
+                                                                auth_token);
+  conveyor::coordinator::WorkerSessionService session_service(&manager,
+                                                              auth_token);
 
   grpc::ServerBuilder builder;
   int port = 0;

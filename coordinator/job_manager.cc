@@ -5,6 +5,7 @@
 #include <random>
 #include <utility>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -40,6 +41,20 @@ std::string MakeSecret() {
     absl::StrAppend(&out, absl::Hex(rd(), absl::kZeroPad8));
   }
   return out;
+}
+
+// Profiles cached in all, counted in layers (40 bytes each).
+constexpr size_t kMaxCachedProfileLayers = size_t{1} << 20;
+
+// A fixed-size cache key for a profile: the device and two independent
+// 64-bit hashes of the (possibly megabytes long) ProfileKey. The cache lives
+// as long as the process, so absl::Hash's per-process seed is fine.
+std::string ProfileCacheKey(const std::string& device,
+                            const std::string& profile_key) {
+  return absl::StrCat(device, "\n",
+                      absl::Hex(absl::Hash<std::string>()(profile_key)), ":",
+                      absl::Hex(absl::Hash<std::pair<std::string, int>>()(
+                          std::make_pair(profile_key, 1))));
 }
 
 double Seconds(std::chrono::steady_clock::duration d) {
@@ -453,8 +468,8 @@ void JobManager::Place(JobRecord& job,
   }
   WorkerRecord& first = *workers[0];
   job.profile_device = absl::StrJoin(first.info.devices(), ",");
-  job.profile_key = absl::StrCat(
-      job.profile_device, "\n",
+  job.profile_key = ProfileCacheKey(
+      job.profile_device,
       engine::ProfileKey(job.plan.job.model, MicrobatchSize(job.plan.job)));
   if (auto it = profiles_.find(job.profile_key); it != profiles_.end()) {
     ApplyProfile(job, it->second.layers, /*from_cache=*/true);
@@ -504,6 +519,10 @@ void JobManager::ApplyProfile(JobRecord& job,
   }
   job.plan = *std::move(plan);
   job.profiling = false;
+  // The profile is cached (or came from the cache); the job keeps only the
+  // search's result.
+  job.plan.auto_split->profile.clear();
+  job.plan.auto_split->profile.shrink_to_fit();
   const scheduler::StageSearchResult& r = job.plan.auto_split->search;
   for (v1::StagePlacement& p : *job.info.mutable_stages()) {
     const StagePlan& s = job.plan.stages[p.stage()];
@@ -566,9 +585,16 @@ void JobManager::OnProfile(WorkerRecord& w, const v1::ModelProfile& profile) {
     if (!profiles_.contains(job->profile_key)) {
       profile_order_.push_back(job->profile_key);
     }
+    cached_profile_layers_ -= profiles_[job->profile_key].layers.size();
     profiles_[job->profile_key] = CachedProfile{layers};
-    while (static_cast<int>(profile_order_.size()) >
-           std::max(0, options_.max_cached_profiles)) {
+    cached_profile_layers_ += layers.size();
+    // Bounded by count and by total layers, so a stream of huge models
+    // cannot grow the coordinator.
+    while (!profile_order_.empty() &&
+           (static_cast<int>(profile_order_.size()) >
+                std::max(0, options_.max_cached_profiles) ||
+            cached_profile_layers_ > kMaxCachedProfileLayers)) {
+      cached_profile_layers_ -= profiles_[profile_order_.front()].layers.size();
       profiles_.erase(profile_order_.front());
       profile_order_.pop_front();
     }

@@ -275,8 +275,9 @@ class JobManager {
   struct CachedProfile {
     std::vector<engine::LayerProfile> layers;
   };
-  // By "<device>\n<ProfileKey>"; profile_order_ is oldest first.
+  // By device and a hash of the ProfileKey; profile_order_ is oldest first.
   std::map<std::string, CachedProfile> profiles_ ABSL_GUARDED_BY(mu_);
+  size_t cached_profile_layers_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<std::string> profile_order_ ABSL_GUARDED_BY(mu_);
   // Ended jobs that still hold timelines, oldest first.
   std::deque<uint64_t> finished_traces_ ABSL_GUARDED_BY(mu_);

@@ -89,7 +89,10 @@ std::string DescribeAutoSplit(const JobPlan& plan) {
                         "rank", "layers", "F ms", "BI ms", "BW ms", "memory");
   for (const StagePlan& s : plan.stages) {
     double f = 0, bi = 0, bw = 0;
-    for (int i = s.first_layer; i < s.first_layer + s.num_layers; ++i) {
+    // The profile may have been dropped once cached (JobManager).
+    for (int i = s.first_layer; i < s.first_layer + s.num_layers &&
+                                i < static_cast<int>(a.profile.size());
+         ++i) {
       f += a.profile[i].forward_seconds;
       bi += a.profile[i].backward_input_seconds;
       bw += a.profile[i].backward_weight_seconds;

@@ -46,6 +46,8 @@ struct StagePlan {
 struct AutoSplitPlan {
   std::string profiled_on;  // The device the profile came from.
   bool from_cache = false;
+  // One entry per layer; the coordinator drops it once the job is cut (the
+  // profile stays in its cache), leaving DescribePlan's per-stage times 0.
   std::vector<engine::LayerProfile> profile;
   scheduler::StageSearchResult search;
 };

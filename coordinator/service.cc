@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/auth_token.h"
 #include "proto/protocol.h"
 #include "spdlog/spdlog.h"
 
@@ -98,38 +99,63 @@ class StreamConnection final : public WorkerConnection {
   std::thread writer_;
 };
 
+// OK when no token is configured or the call presents it; UNAUTHENTICATED
+// otherwise, logged with the caller's address but never what it presented.
+grpc::Status Authenticate(const grpc::ServerContext* context,
+                          const std::string& token) {
+  if (token.empty()) return grpc::Status::OK;
+  const auto& metadata = context->client_metadata();
+  const auto it = metadata.find(kAuthMetadataKey);
+  const bool present = it != metadata.end();
+  if (present &&
+      AuthMetadataMatches(
+          absl::string_view(it->second.data(), it->second.size()), token)) {
+    return grpc::Status::OK;
+  }
+  const char* why = present ? "a wrong auth token" : "no auth token";
+  SPDLOG_WARN("refused a call from {}: {}", context->peer(), why);
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      absl::StrCat("the coordinator requires an auth token "
+                                   "(--auth-token-file); the call carried ",
+                                   why));
+}
+
 }  // namespace
 
-grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*,
+grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* context,
                                            const v1::SubmitJobRequest* request,
                                            v1::SubmitJobResponse* response) {
+  if (grpc::Status s = Authenticate(context, auth_token_); !s.ok()) return s;
   absl::StatusOr<v1::Job> job = manager_->SubmitJob(*request);
   if (!job.ok()) return proto::ToGrpcStatus(job.status());
   *response->mutable_job() = *std::move(job);
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::GetJob(grpc::ServerContext*,
+grpc::Status CoordinatorService::GetJob(grpc::ServerContext* context,
                                         const v1::GetJobRequest* request,
                                         v1::Job* response) {
+  if (grpc::Status s = Authenticate(context, auth_token_); !s.ok()) return s;
   absl::StatusOr<v1::Job> job = manager_->GetJob(request->id());
   if (!job.ok()) return proto::ToGrpcStatus(job.status());
   *response = *std::move(job);
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*,
+grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* context,
                                           const v1::ListJobsRequest*,
                                           v1::ListJobsResponse* response) {
+  if (grpc::Status s = Authenticate(context, auth_token_); !s.ok()) return s;
   for (v1::Job& job : manager_->ListJobs()) {
     *response->add_jobs() = std::move(job);
   }
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::CancelJob(grpc::ServerContext*,
+grpc::Status CoordinatorService::CancelJob(grpc::ServerContext* context,
                                            const v1::CancelJobRequest* request,
                                            v1::Job* response) {
+  if (grpc::Status s = Authenticate(context, auth_token_); !s.ok()) return s;
   absl::StatusOr<v1::Job> job =
       manager_->CancelJob(request->id(), "cancelled by user");
   if (!job.ok()) return proto::ToGrpcStatus(job.status());
@@ -140,6 +166,7 @@ grpc::Status CoordinatorService::CancelJob(grpc::ServerContext*,
 grpc::Status CoordinatorService::WatchJob(
     grpc::ServerContext* context, const v1::WatchJobRequest* request,
     grpc::ServerWriter<v1::JobEvent>* writer) {
+  if (grpc::Status s = Authenticate(context, auth_token_); !s.ok()) return s;
   int64_t cursor = -1;  // The job as it is now, then what happens next.
   while (!context->IsCancelled()) {
     bool done = false;
@@ -158,17 +185,19 @@ grpc::Status CoordinatorService::WatchJob(
 }
 
 grpc::Status CoordinatorService::ListWorkers(
-    grpc::ServerContext*, const v1::ListWorkersRequest*,
+    grpc::ServerContext* context, const v1::ListWorkersRequest*,
     v1::ListWorkersResponse* response) {
+  if (grpc::Status s = Authenticate(context, auth_token_); !s.ok()) return s;
   for (v1::Worker& w : manager_->ListWorkers()) {
     *response->add_workers() = std::move(w);
   }
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::GetTrace(grpc::ServerContext*,
+grpc::Status CoordinatorService::GetTrace(grpc::ServerContext* context,
                                           const v1::GetTraceRequest* request,
                                           v1::Trace* response) {
+  if (grpc::Status s = Authenticate(context, auth_token_); !s.ok()) return s;
   absl::StatusOr<v1::Trace> trace =
       manager_->GetTrace(request->job_id(), request->step());
   if (!trace.ok()) return proto::ToGrpcStatus(trace.status());
@@ -178,6 +207,7 @@ grpc::Status CoordinatorService::GetTrace(grpc::ServerContext*,
 
 grpc::Status WorkerSessionService::Session(grpc::ServerContext* context,
                                            SessionStream* stream) {
+  if (grpc::Status s = Authenticate(context, auth_token_); !s.ok()) return s;
   v1::WorkerMessage first;
   if (!stream->Read(&first)) {
     return grpc::Status(grpc::StatusCode::CANCELLED,

@@ -4,7 +4,8 @@
 //
 // Both are thin: they translate between gRPC and the JobManager, whose
 // Status codes are gRPC's (INVALID_ARGUMENT for a bad job, NOT_FOUND,
-// RESOURCE_EXHAUSTED, FAILED_PRECONDITION for version skew).
+// RESOURCE_EXHAUSTED, FAILED_PRECONDITION for version skew), and both refuse
+// calls without the cluster's auth token, when one is set, UNAUTHENTICATED.
 //
 // A worker session's writes go through a per-session queue drained by its
 // own thread, so the JobManager never blocks on a slow worker while holding
@@ -15,6 +16,9 @@
 #ifndef CONVEYOR_COORDINATOR_SERVICE_H_
 #define CONVEYOR_COORDINATOR_SERVICE_H_
 
+#include <string>
+#include <utility>
+
 #include "conveyor/v1/conveyor.grpc.pb.h"
 #include "coordinator/job_manager.h"
 
@@ -22,7 +26,10 @@ namespace conveyor::coordinator {
 
 class CoordinatorService final : public v1::Coordinator::Service {
  public:
-  explicit CoordinatorService(JobManager* manager) : manager_(manager) {}
+  // With a non-empty `auth_token` every call must present it
+  // (common/auth_token.h) or fails UNAUTHENTICATED.
+  explicit CoordinatorService(JobManager* manager, std::string auth_token = "")
+      : manager_(manager), auth_token_(std::move(auth_token)) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* context,
                          const v1::SubmitJobRequest* request,
@@ -48,11 +55,16 @@ class CoordinatorService final : public v1::Coordinator::Service {
 
  private:
   JobManager* manager_;
+  const std::string auth_token_;
 };
 
 class WorkerSessionService final : public v1::WorkerSession::Service {
  public:
-  explicit WorkerSessionService(JobManager* manager) : manager_(manager) {}
+  // As CoordinatorService: a session without the token is refused before
+  // its registration is read.
+  explicit WorkerSessionService(JobManager* manager,
+                                std::string auth_token = "")
+      : manager_(manager), auth_token_(std::move(auth_token)) {}
 
   grpc::Status Session(
       grpc::ServerContext* context,
@@ -61,6 +73,7 @@ class WorkerSessionService final : public v1::WorkerSession::Service {
 
  private:
   JobManager* manager_;
+  const std::string auth_token_;
 };
 
 }  // namespace conveyor::coordinator

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "common/auth_token.h"
 #include "common/build_info.h"
 #include "common/status_macros.h"
 #include "conveyor/v1/conveyor.grpc.pb.h"
@@ -191,6 +192,10 @@ absl::Status WorkerSession::RunStream(bool* refused) {
     registered_ = false;
     stream_done_ = false;
   }
+  if (!options_.auth_token.empty()) {
+    context.AddMetadata(kAuthMetadataKey,
+                        AuthMetadataValue(options_.auth_token));
+  }
   std::unique_ptr<Stream> stream = stub->Session(&context);
   auto writer = std::make_shared<StreamWriter>(stream.get());
   std::thread heartbeat(
@@ -279,7 +284,8 @@ absl::Status WorkerSession::RunStream(bool* refused) {
   }
   if (options_.metrics != nullptr) options_.metrics->SetConnected(false);
   if (!registered) {
-    if (status.code() == absl::StatusCode::kFailedPrecondition) {
+    if (status.code() == absl::StatusCode::kFailedPrecondition ||
+        status.code() == absl::StatusCode::kUnauthenticated) {
       *refused = true;
       return status;
     }

@@ -24,7 +24,8 @@
 // whose results could no longer be reported, and the session reconnects and
 // registers again every reconnect_interval, until Shutdown. The one error it
 // does not retry is a refused registration (FAILED_PRECONDITION: version
-// skew): Run returns it, since retrying cannot fix a skewed build.
+// skew; UNAUTHENTICATED: a missing or wrong auth token): Run returns it,
+// since retrying cannot fix a skewed build or a wrong token.
 //
 // Thread-safety: Run is called from one thread; Shutdown from any thread
 // (the daemon's signal thread) and any number of times. Writes to the stream
@@ -74,6 +75,10 @@ struct SessionOptions {
   // the metrics to keep; both optional.
   std::string metrics_address;
   WorkerMetrics* metrics = nullptr;
+  // The cluster's shared token (common/auth_token.h), presented on the
+  // session; empty: none. A coordinator that refuses it ends Run, as version
+  // skew does: retrying cannot fix a wrong token.
+  std::string auth_token;
 };
 
 class WorkerSession {
@@ -89,8 +94,9 @@ class WorkerSession {
   WorkerSession& operator=(const WorkerSession&) = delete;
 
   // Serves the coordinator until Shutdown (then returns OK) or until the
-  // coordinator refuses the registration (returns its FAILED_PRECONDITION,
-  // with the coordinator's message). Connection failures are retried.
+  // coordinator refuses the registration (returns its FAILED_PRECONDITION or
+  // UNAUTHENTICATED, with the coordinator's message). Connection failures are
+  // retried.
   absl::Status Run() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Cancels the current job (CANCELLED "worker shutting down"), lets it

@@ -24,6 +24,7 @@
 #include "absl/strings/match.h"     // defines: absl::StartsWith
 #include "absl/strings/str_cat.h"   // defines: absl::StrCat
 #include "absl/strings/str_join.h"  // defines: absl::StrJoin
+#include "common/auth_token.h"      // defines: ReadAuthTokenFile
 #include "common/build_info.h"      // defines: kVersion, kGitRevision, ...
 #include "common/command_line.h"
 #include "common/logging.h"  // defines: InitLogging, kLogLevels
@@ -150,6 +151,10 @@ int main(int argc, char** argv) {
   app.add_option("--name", options.name,
                  "This worker's name as the coordinator lists it")
       ->capture_default_str();
+  std::string auth_token_file;
+  app.add_option("--auth-token-file", auth_token_file,
+                 "File holding the cluster's shared token, presented to the "
+                 "coordinator");
   app.add_option("--log-level", log_level,
                  absl::StrCat("Log level: ", conveyor::kLogLevels))
       ->capture_default_str();
@@ -170,6 +175,16 @@ int main(int argc, char** argv) {
   if (valid.ok()) valid = CheckAddress("--data-address", options.data_address);
   if (valid.ok() && !metrics_address.empty()) {
     valid = CheckAddress("--metrics-address", metrics_address);
+  }
+  if (valid.ok() && !auth_token_file.empty()) {
+    absl::StatusOr<std::string> token =
+        conveyor::ReadAuthTokenFile(auth_token_file);
+    if (token.ok()) {
+      options.auth_token = *std::move(token);
+    } else {
+      valid = absl::InvalidArgumentError(
+          absl::StrCat("--auth-token-file: ", token.status().message()));
+    }
   }
   if (!valid.ok()) {
     std::cerr << "conveyor-worker: " << valid.message() << "\n";
@@ -248,7 +263,8 @@ int main(int argc, char** argv) {
     SPDLOG_INFO("stopped");
     return 0;
   }
-  if (status.code() == absl::StatusCode::kFailedPrecondition) {
+  if (status.code() == absl::StatusCode::kFailedPrecondition ||
+      status.code() == absl::StatusCode::kUnauthenticated) {
     std::cerr << "conveyor-worker: the coordinator refused this worker: "
               << status.message() << "\n";
   } else {

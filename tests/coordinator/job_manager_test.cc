@@ -588,6 +588,61 @@ TEST_F(JobManagerTest, KeepsTheNewestStepTimelinesForGetTrace) {
   EXPECT_TRUE(manager_.GetTrace(job, 20).ok());
 }
 
+TEST(JobManagerProfileCacheTest, KeepsOnlyTheNewestProfiles) {
+  JobManager manager({.max_cached_profiles = 1, .version = kVersion});
+  std::vector<std::string> workers;
+  std::vector<std::shared_ptr<FakeConnection>> connections;
+  for (const char* name : {"a", "b"}) {
+    v1::RegisterRequest r;
+    r.set_protocol_version(proto::kProtocolVersion);
+    r.set_version(kVersion);
+    r.set_name(name);
+    r.add_devices("cpu:1");
+    connections.push_back(std::make_shared<FakeConnection>());
+    workers.push_back(
+        manager.RegisterWorker(r, connections.back())->worker_id());
+  }
+  // Runs a job of `yaml` through profiling (when asked) and to its end;
+  // returns whether its first worker was asked to profile.
+  auto run = [&](const std::string& yaml) {
+    const size_t asked_before =
+        connections[0]->Of(v1::CoordinatorMessage::kProfile).size();
+    v1::SubmitJobRequest request;
+    request.set_yaml(yaml);
+    request.set_file_name("job.yaml");
+    absl::StatusOr<v1::Job> job = manager.SubmitJob(request);
+    EXPECT_TRUE(job.ok()) << job.status();
+    const bool asked =
+        connections[0]->Of(v1::CoordinatorMessage::kProfile).size() >
+        asked_before;
+    if (asked) {
+      EXPECT_TRUE(
+          manager.HandleWorkerMessage(workers[0], ProfileAnswer(job->id()))
+              .ok());
+    }
+    EXPECT_EQ(manager.GetJob(job->id())->state(), v1::PLANNING);
+    EXPECT_TRUE(manager.GetJob(job->id())->auto_split().chosen());
+    for (const std::string& w : workers) {
+      v1::WorkerMessage m;
+      m.mutable_ended()->set_job_id(job->id());
+      m.mutable_ended()->set_state(v1::CANCELLED);
+      EXPECT_TRUE(manager.HandleWorkerMessage(w, m).ok());
+    }
+    return asked;
+  };
+  const std::string a = AutoJobYaml();
+  const std::string b =
+      absl::StrReplaceAll(a, {{"dense: {features: 4}\n    - relu\n    - "
+                               "dense: {features: 4}",
+                               "dense: {features: 8}\n    - relu\n    - "
+                               "dense: {features: 4}"}});
+  ASSERT_NE(a, b);
+  EXPECT_TRUE(run(a));
+  EXPECT_FALSE(run(a));  // cached
+  EXPECT_TRUE(run(b));   // another model; a's profile is dropped
+  EXPECT_TRUE(run(a));
+}
+
 TEST(JobManagerTraceTest, OnlyTheNewestEndedJobsKeepTheirTimelines) {
   JobManager manager({.trace_finished_jobs = 2, .version = kVersion});
   std::vector<std::string> workers;

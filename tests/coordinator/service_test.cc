@@ -19,14 +19,16 @@ namespace conveyor::coordinator {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class ServiceTest : public ::testing::Test {
  protected:
-  ServiceTest()
+  // With a non-empty token both services require it.
+  explicit ServiceTest(const std::string& token = "")
       : manager_({.heartbeat_timeout = std::chrono::seconds(5),
                   .version = kVersion}),
-        coordinator_(&manager_),
-        sessions_(&manager_) {
+        coordinator_(&manager_, token),
+        sessions_(&manager_, token) {
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
                              &port_);
@@ -128,6 +130,63 @@ TEST_F(ServiceTest, StatusCodesReachTheClientUnchanged) {
     EXPECT_FALSE(reader->Read(&event));
     EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
   }
+}
+
+class AuthServiceTest : public ServiceTest {
+ protected:
+  AuthServiceTest() : ServiceTest("s3cret-token") {}
+
+  grpc::StatusCode ListJobsWith(const char* metadata) {
+    auto stub = v1::Coordinator::NewStub(channel_);
+    grpc::ClientContext context;
+    if (metadata != nullptr) context.AddMetadata("authorization", metadata);
+    v1::ListJobsResponse response;
+    return stub->ListJobs(&context, v1::ListJobsRequest(), &response)
+        .error_code();
+  }
+};
+
+TEST_F(AuthServiceTest, CallsWithoutTheRightTokenAreUnauthenticated) {
+  EXPECT_EQ(ListJobsWith(nullptr), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(ListJobsWith("Bearer wrong"), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(ListJobsWith("s3cret-token"), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(ListJobsWith("Bearer s3cret-token"), grpc::StatusCode::OK);
+  // The refusal says what is missing, never the token.
+  auto stub = v1::Coordinator::NewStub(channel_);
+  grpc::ClientContext context;
+  context.AddMetadata("authorization", "Bearer wrong");
+  v1::Job job;
+  v1::GetJobRequest request;
+  request.set_id("job-1");
+  const grpc::Status status = stub->GetJob(&context, request, &job);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(status.error_message(), HasSubstr("a wrong auth token"));
+  EXPECT_THAT(status.error_message(), Not(HasSubstr("s3cret")));
+}
+
+TEST_F(AuthServiceTest, ASessionWithoutTheTokenNeverRegisters) {
+  for (const char* metadata :
+       {static_cast<const char*>(nullptr), "Bearer wrong"}) {
+    auto stub = v1::WorkerSession::NewStub(channel_);
+    grpc::ClientContext context;
+    if (metadata != nullptr) context.AddMetadata("authorization", metadata);
+    auto stream = stub->Session(&context);
+    stream->Write(Register(kVersion));
+    v1::CoordinatorMessage reply;
+    EXPECT_FALSE(stream->Read(&reply));
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  EXPECT_TRUE(manager_.ListWorkers().empty());
+  auto stub = v1::WorkerSession::NewStub(channel_);
+  grpc::ClientContext context;
+  context.AddMetadata("authorization", "Bearer s3cret-token");
+  auto stream = stub->Session(&context);
+  ASSERT_TRUE(stream->Write(Register(kVersion)));
+  v1::CoordinatorMessage reply;
+  ASSERT_TRUE(stream->Read(&reply));
+  EXPECT_EQ(reply.registered().worker_id(), "worker-1");
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 }  // namespace

@@ -53,6 +53,11 @@ class FakeCoordinator final : public v1::WorkerSession::Service {
     {
       absl::MutexLock lock(&mu_);
       number = ++streams_;
+      const auto& metadata = context->client_metadata();
+      const auto it = metadata.find("authorization");
+      authorization_ = it == metadata.end()
+                           ? ""
+                           : std::string(it->second.data(), it->second.size());
       if (!refusal_.ok()) {
         received_.push_back(message);
         return refusal_;
@@ -91,6 +96,12 @@ class FakeCoordinator final : public v1::WorkerSession::Service {
     }
     ASSERT_NE(stream, nullptr);
     EXPECT_TRUE(stream->Write(message));
+  }
+
+  // The authorization metadata of the newest stream ("" without).
+  std::string authorization() {
+    absl::MutexLock lock(&mu_);
+    return authorization_;
   }
 
   // Breaks the current stream, as a coordinator restart would.
@@ -156,6 +167,7 @@ class FakeCoordinator final : public v1::WorkerSession::Service {
   absl::Mutex mu_;
   absl::Mutex write_mu_;
   grpc::Status refusal_ ABSL_GUARDED_BY(mu_);
+  std::string authorization_ ABSL_GUARDED_BY(mu_);
   grpc::ServerContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
   ServerStream* stream_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::deque<v1::WorkerMessage> received_ ABSL_GUARDED_BY(mu_);
@@ -335,6 +347,20 @@ TEST_F(SessionTest, VersionSkewStopsTheSessionWithTheCoordinatorsError) {
               HasSubstr("version skew: worker 0.0.1"));
   EXPECT_EQ(session_->registrations(), 0);
   // Not retried: a skewed build stays skewed.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(fake_.streams(), 1);
+}
+
+TEST_F(SessionTest, PresentsItsTokenAndStopsWhenTheCoordinatorRefusesIt) {
+  fake_.set_refusal(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                                 "the coordinator requires an auth token"));
+  SessionOptions options = Options();
+  options.auth_token = "t0ken";
+  StartSession(options);
+  ASSERT_TRUE(WaitForRun());
+  EXPECT_EQ(run_status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(fake_.authorization(), "Bearer t0ken");
+  // Not retried: a wrong token stays wrong.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(fake_.streams(), 1);
 }

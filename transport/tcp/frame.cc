@@ -293,17 +293,4 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(const FrameHeaderBytes& bytes,
   return h;
 }
 
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
-  // Walks the longer string in full; the result is accumulated, never
-  // returned early.
-  const size_t n = std::max(a.size(), b.size());
-  uint8_t diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < n; ++i) {
-    const uint8_t x = i < a.size() ? static_cast<uint8_t>(a[i]) : 0;
-    const uint8_t y = i < b.size() ? static_cast<uint8_t>(b[i]) : 0;
-    diff |= x ^ y;
-  }
-  return diff == 0;
-}
-
 }  // namespace conveyor::transport

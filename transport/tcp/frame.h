@@ -42,6 +42,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/auth_token.h"
 #include "engine/dtype.h"
 #include "engine/tensor.h"
 #include "transport/channel.h"
@@ -141,9 +142,8 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(const FrameHeaderBytes& bytes,
                                               uint64_t expected_job,
                                               uint64_t max_payload_bytes);
 
-// Equal length and bytes, in time independent of where they differ (so the
-// secret cannot be guessed byte by byte from response times).
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
+// Compares handshake secrets (common/auth_token.h).
+using ::conveyor::ConstantTimeEquals;
 
 }  // namespace conveyor::transport
 

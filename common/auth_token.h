@@ -1,0 +1,46 @@
+// The cluster's shared secret: read from --auth-token-file by every daemon and
+// by conveyorctl, presented on every gRPC call as "authorization: Bearer
+// <token>", and compared in constant time. The data plane needs no token of
+// its own: its per-job handshake secret reaches workers only through the
+// authenticated control plane.
+//
+// A token is secret: errors name the file, never its content, and nothing
+// here logs. Thread-safe (pure functions).
+#ifndef CONVEYOR_COMMON_AUTH_TOKEN_H_
+#define CONVEYOR_COMMON_AUTH_TOKEN_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace conveyor {
+
+// The gRPC metadata key the token travels under (lower case, as gRPC wants).
+inline constexpr char kAuthMetadataKey[] = "authorization";
+inline constexpr absl::string_view kBearerPrefix = "Bearer ";
+
+// Longest token accepted; a longer file is more likely the wrong file.
+inline constexpr size_t kMaxAuthTokenBytes = 4096;
+
+// The token in `path`: the file's content without surrounding whitespace
+// (so `echo secret > file` works). InvalidArgument naming the path when the
+// token is empty, longer than kMaxAuthTokenBytes or holds characters other
+// than printable ASCII (gRPC metadata values must be); the errno-derived
+// code when the file cannot be read.
+absl::StatusOr<std::string> ReadAuthTokenFile(const std::string& path);
+
+// The metadata value a client sends: "Bearer <token>".
+std::string AuthMetadataValue(absl::string_view token);
+
+// Whether a presented metadata value carries `token`, compared in time
+// independent of where they differ.
+bool AuthMetadataMatches(absl::string_view presented, absl::string_view token);
+
+// Equal length and bytes, in time independent of where they differ (so a
+// secret cannot be guessed byte by byte from response times).
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
+
+}  // namespace conveyor
+
+#endif  // CONVEYOR_COMMON_AUTH_TOKEN_H_
