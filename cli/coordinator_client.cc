@@ -24,7 +24,8 @@ std::string ResolveCoordinatorAddress(absl::string_view flag) {
 }
 
 absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
-    std::string address, absl::Duration rpc_timeout, std::string auth_token) {
+    std::string address, absl::Duration rpc_timeout, std::string auth_token,
+    std::shared_ptr<grpc::ChannelCredentials> credentials) {
   if (address.empty()) {
     return absl::InvalidArgumentError("the coordinator address is empty");
   }
@@ -39,7 +40,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
   args.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
   args.SetMaxSendMessageSize(proto::kMaxMessageBytes);
   std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-      address, grpc::InsecureChannelCredentials(), args);
+      address,
+      credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(),
+      args);
   return std::unique_ptr<CoordinatorClient>(new CoordinatorClient(
       std::move(address), rpc_timeout, std::move(auth_token),
       v1::Coordinator::NewStub(channel)));

@@ -24,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "conveyor/v1/conveyor.grpc.pb.h"
+#include "grpcpp/security/credentials.h"
 
 namespace conveyor::cli {
 
@@ -42,10 +43,12 @@ class CoordinatorClient {
   // coordinator shows up there as Unavailable. InvalidArgument for an empty
   // address or a non-positive timeout. A non-empty `auth_token` is presented
   // on every call (common/auth_token.h); a coordinator that wants another
-  // answers Unauthenticated.
+  // answers Unauthenticated. `credentials`: TLS (proto/credentials.h); null:
+  // plaintext.
   static absl::StatusOr<std::unique_ptr<CoordinatorClient>> Create(
       std::string address, absl::Duration rpc_timeout,
-      std::string auth_token = "");
+      std::string auth_token = "",
+      std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
   CoordinatorClient(const CoordinatorClient&) = delete;
   CoordinatorClient& operator=(const CoordinatorClient&) = delete;

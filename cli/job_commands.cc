@@ -23,6 +23,13 @@ void AddClientOptions(CLI::App* cmd, JobCommandOptions& o) {
   cmd->add_option("--timeout", o.timeout_seconds,
                   "Seconds to wait for each request's answer")
       ->capture_default_str();
+  cmd->add_option("--tls-ca", o.tls.ca,
+                  "PEM CA that signed the coordinator's certificate: "
+                  "connect with TLS");
+  cmd->add_option("--tls-cert", o.tls.cert,
+                  "PEM client certificate, for a coordinator that requires "
+                  "one (with --tls-key)");
+  cmd->add_option("--tls-key", o.tls.key, "PEM private key of --tls-cert");
   cmd->add_option("--auth-token-file", o.auth_token_file,
                   absl::StrCat("File holding the cluster's shared token "
                                "(default: $",
@@ -204,10 +211,13 @@ absl::Status RunJobCommand(const JobCommands& c, const JobCommandOptions& o,
     }
     token = *std::move(read);
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorClient> client,
-                   CoordinatorClient::Create(
-                       ResolveCoordinatorAddress(o.coordinator),
-                       absl::Seconds(o.timeout_seconds), std::move(token)));
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                   proto::MakeChannelCredentials(o.tls));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<CoordinatorClient> client,
+      CoordinatorClient::Create(ResolveCoordinatorAddress(o.coordinator),
+                                absl::Seconds(o.timeout_seconds),
+                                std::move(token), std::move(credentials)));
   const WatchOptions watch{.log_every = o.log_every, .tty = tty};
   if (c.submit->parsed()) return RunSubmit(*client, o, watch, out);
   if (c.status->parsed()) return RunStatus(*client, o.job_id, absl::Now(), out);

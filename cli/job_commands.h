@@ -32,6 +32,7 @@
 #include "cli/job_file.h"
 #include "cli/watch.h"
 #include "conveyor/v1/conveyor.pb.h"
+#include "proto/credentials.h"
 
 namespace conveyor::cli {
 
@@ -39,6 +40,7 @@ struct JobCommandOptions {
   std::string coordinator;  // Empty: ResolveCoordinatorAddress's fallbacks.
   // Empty: $CONVEYOR_AUTH_TOKEN_FILE, else no token.
   std::string auth_token_file;
+  proto::TlsFiles tls;  // --tls-ca, --tls-cert, --tls-key
   double timeout_seconds = 10;
   std::string job_file;                // submit
   std::vector<std::string> overrides;  // submit --set

@@ -29,6 +29,7 @@
 #include "coordinator/job_manager.h"          // the state machine
 #include "coordinator/service.h"              // the gRPC services
 #include "grpcpp/grpcpp.h"                    // ServerBuilder
+#include "proto/credentials.h"                // MakeServerCredentials
 #include "proto/protocol.h"                   // kMaxMessageBytes
 #include "spdlog/spdlog.h"                    // SPDLOG_*
 #include "telemetry/daemon_metrics.h"         // ProcessCollector
@@ -46,6 +47,7 @@ struct Flags {
   std::string config;
   std::string ready_file;
   std::string auth_token_file;
+  conveyor::proto::TlsFiles tls;
   std::string log_level = "info";
 };
 
@@ -117,6 +119,12 @@ int main(int argc, char** argv) {
   app.add_option("--auth-token-file", flags.auth_token_file,
                  "File holding the cluster's shared token: every call "
                  "(conveyorctl's and workers') must present it");
+  app.add_option("--tls-cert", flags.tls.cert,
+                 "PEM certificate to serve TLS with (with --tls-key)");
+  app.add_option("--tls-key", flags.tls.key, "PEM private key of --tls-cert");
+  app.add_option("--tls-ca", flags.tls.ca,
+                 "PEM CA: require client certificates it signed (mutual "
+                 "TLS)");
   app.add_option("--log-level", flags.log_level,
                  absl::StrCat("Log level: ", conveyor::kLogLevels))
       ->capture_default_str();
@@ -162,6 +170,15 @@ int main(int argc, char** argv) {
     }
     auth_token = *std::move(token);
   }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      conveyor::proto::MakeServerCredentials(flags.tls);
+  if (!credentials.ok()) {
+    std::cerr << "conveyor-coordinator: " << credentials.status().message()
+              << "\n";
+    return credentials.status().code() == absl::StatusCode::kInvalidArgument
+               ? conveyor::kExitUsage
+               : kExitFailure;
+  }
   conveyor::coordinator::CoordinatorService coordinator_service(&manager,
                                                                 auth_token);
   conveyor::coordinator::WorkerSessionService session_service(&manager,
@@ -169,8 +186,7 @@ int main(int argc, char** argv) {
 
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(flags.listen, grpc::InsecureServerCredentials(),
-                           &port);
+  builder.AddListeningPort(flags.listen, *credentials, &port);
   builder.SetMaxReceiveMessageSize(conveyor::proto::kMaxMessageBytes);
   builder.SetMaxSendMessageSize(conveyor::proto::kMaxMessageBytes);
   builder.RegisterService(&coordinator_service);

@@ -181,7 +181,10 @@ absl::Status WorkerSession::RunStream(bool* refused) {
   // A fresh channel per attempt: no reconnect backoff carried over from the
   // last outage, so attempts really come every reconnect_interval.
   std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-      options_.coordinator, grpc::InsecureChannelCredentials(), args);
+      options_.coordinator,
+      options_.credentials != nullptr ? options_.credentials
+                                      : grpc::InsecureChannelCredentials(),
+      args);
   std::unique_ptr<v1::WorkerSession::Stub> stub =
       v1::WorkerSession::NewStub(channel);
   grpc::ClientContext context;

@@ -48,6 +48,7 @@
 #include "worker/worker_metrics.h"
 
 namespace grpc {
+class ChannelCredentials;
 class ClientContext;
 }  // namespace grpc
 
@@ -79,6 +80,8 @@ struct SessionOptions {
   // session; empty: none. A coordinator that refuses it ends Run, as version
   // skew does: retrying cannot fix a wrong token.
   std::string auth_token;
+  // TLS to the coordinator (proto/credentials.h); null: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
 class WorkerSession {

@@ -27,8 +27,9 @@
 #include "common/auth_token.h"      // defines: ReadAuthTokenFile
 #include "common/build_info.h"      // defines: kVersion, kGitRevision, ...
 #include "common/command_line.h"
-#include "common/logging.h"  // defines: InitLogging, kLogLevels
-#include "spdlog/spdlog.h"   // defines: SPDLOG_INFO, ...
+#include "common/logging.h"     // defines: InitLogging, kLogLevels
+#include "proto/credentials.h"  // defines: MakeChannelCredentials
+#include "spdlog/spdlog.h"      // defines: SPDLOG_INFO, ...
 #include "telemetry/daemon_metrics.h"
 #include "telemetry/metrics_server.h"
 #include "worker/session.h"  // defines: WorkerSession
@@ -155,6 +156,14 @@ int main(int argc, char** argv) {
   app.add_option("--auth-token-file", auth_token_file,
                  "File holding the cluster's shared token, presented to the "
                  "coordinator");
+  conveyor::proto::TlsFiles tls;
+  app.add_option("--tls-ca", tls.ca,
+                 "PEM CA that signed the coordinator's certificate: connect "
+                 "with TLS");
+  app.add_option("--tls-cert", tls.cert,
+                 "PEM client certificate, for a coordinator that requires "
+                 "one (with --tls-key)");
+  app.add_option("--tls-key", tls.key, "PEM private key of --tls-cert");
   app.add_option("--log-level", log_level,
                  absl::StrCat("Log level: ", conveyor::kLogLevels))
       ->capture_default_str();
@@ -184,6 +193,15 @@ int main(int argc, char** argv) {
     } else {
       valid = absl::InvalidArgumentError(
           absl::StrCat("--auth-token-file: ", token.status().message()));
+    }
+  }
+  if (valid.ok()) {
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+        conveyor::proto::MakeChannelCredentials(tls);
+    if (credentials.ok()) {
+      options.credentials = *std::move(credentials);
+    } else {
+      valid = absl::InvalidArgumentError(credentials.status().message());
     }
   }
   if (!valid.ok()) {
