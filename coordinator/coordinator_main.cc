@@ -212,12 +212,12 @@ int main(int argc, char** argv) {
       conveyor::kVersion, address, flags.heartbeat_timeout);
   std::unique_ptr<conveyor::telemetry::MetricsServer> metrics_server;
   std::string ready = absl::StrCat(address, "\n");
+  // The server holds collectables weakly: this one must outlive it.
+  auto process = std::make_shared<conveyor::telemetry::ProcessCollector>();
   if (!flags.metrics_address.empty()) {
     absl::StatusOr<std::unique_ptr<conveyor::telemetry::MetricsServer>>
         started = conveyor::telemetry::MetricsServer::Start(
-            flags.metrics_address,
-            {metrics->registry(), metrics,
-             std::make_shared<conveyor::telemetry::ProcessCollector>()});
+            flags.metrics_address, {metrics->registry(), metrics, process});
     if (!started.ok()) {
       std::cerr << "conveyor-coordinator: --metrics-address: "
                 << started.status().message() << "\n";

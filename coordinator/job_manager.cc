@@ -404,9 +404,16 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobManager::WaitEvents(
   };
   // A new watcher starts at the latest event: the job as it is now.
   if (*cursor < 0) *cursor = std::max(job->first_event, end() - 1);
-  events_cv_.wait_until(lock, deadline,
-                        [&] { return shutdown_ || *cursor < end(); });
+  // The job is looked up again on every wake-up: while the lock was free it
+  // may have ended and, much later, been forgotten (max_finished_jobs).
+  events_cv_.wait_until(lock, deadline, [&] {
+    job = available();
+    return shutdown_ || job == nullptr || *cursor < end();
+  });
   if (shutdown_) return absl::CancelledError("coordinator shutting down");
+  if (job == nullptr) {
+    return absl::NotFoundError(absl::StrCat("job '", id, "' was forgotten"));
+  }
   std::vector<v1::JobEvent> out;
   *cursor = std::max(*cursor, job->first_event);
   for (; *cursor < end(); ++*cursor) {
@@ -824,6 +831,28 @@ void JobManager::Finish(JobRecord& job, v1::JobState state,
   job.info.set_queue_position(0);
   SetState(job, state);
   if (options_.observer != nullptr) options_.observer->OnFinished(job.info);
+  // A finished job keeps only its newest events (a watcher that is behind
+  // skips older ones, as it would while the job ran), and only the newest
+  // max_finished_jobs finished jobs are kept at all, so a coordinator that
+  // runs for months does not grow with its history.
+  while (static_cast<int>(job.events.size()) >
+         std::max(1, options_.events_per_finished_job)) {
+    job.events.pop_front();
+    ++job.first_event;
+  }
+  job.events.shrink_to_fit();
+  // Nor does it need its parsed job, action lists, parameter names or YAML
+  // (GetTrace still reads the plan's ranks and stages).
+  job.plan.job = engine::JobSpec();
+  job.plan.schedule.actions.clear();
+  job.plan.schedule.actions.shrink_to_fit();
+  for (StagePlan& s : job.plan.stages) {
+    s.parameter_names.clear();
+    s.parameter_names.shrink_to_fit();
+  }
+  job.request.clear_yaml();
+  finished_jobs_.push_back(job.number);
+  const uint64_t finished_number = job.number;
   if (!job.traces.empty()) {
     finished_traces_.push_back(job.number);
     while (static_cast<int>(finished_traces_.size()) >
@@ -831,6 +860,16 @@ void JobManager::Finish(JobRecord& job, v1::JobState state,
       jobs_.at(finished_traces_.front()).traces.clear();
       finished_traces_.pop_front();
     }
+  }
+  while (static_cast<int>(finished_jobs_.size()) >
+         std::max(1, options_.max_finished_jobs)) {
+    const uint64_t oldest = finished_jobs_.front();
+    finished_jobs_.pop_front();
+    if (oldest == finished_number) continue;  // Cannot happen: max >= 1.
+    finished_traces_.erase(
+        std::remove(finished_traces_.begin(), finished_traces_.end(), oldest),
+        finished_traces_.end());
+    jobs_.erase(oldest);
   }
 }
 

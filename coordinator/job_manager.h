@@ -91,6 +91,12 @@ struct JobManagerOptions {
   // long-lived coordinator's memory must not grow with its history).
   int trace_steps = 16;
   int trace_finished_jobs = 32;
+  // Once a job has ended it keeps only its newest this many events, and only
+  // the newest max_finished_jobs ended jobs are kept at all (older ones are
+  // NOT_FOUND): the coordinator's memory stays bounded however many jobs it
+  // has run.
+  int events_per_finished_job = 16;
+  int max_finished_jobs = 1000;
   // Timed runs per layer and action when a `stages: auto` job's layers are
   // profiled.
   int profile_repetitions = 3;
@@ -279,6 +285,8 @@ class JobManager {
   std::map<std::string, CachedProfile> profiles_ ABSL_GUARDED_BY(mu_);
   size_t cached_profile_layers_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<std::string> profile_order_ ABSL_GUARDED_BY(mu_);
+  // Ended jobs, oldest first (max_finished_jobs).
+  std::deque<uint64_t> finished_jobs_ ABSL_GUARDED_BY(mu_);
   // Ended jobs that still hold timelines, oldest first.
   std::deque<uint64_t> finished_traces_ ABSL_GUARDED_BY(mu_);
 };

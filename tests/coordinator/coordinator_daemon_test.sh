@@ -26,11 +26,19 @@ check "negative heartbeat timeout exits 2" test $? -eq 2
 # The file says one address; --listen wins.
 printf 'listen: 127.0.0.1:1\nheartbeat_timeout: 3\n' >"$dir/good.yaml"
 "$bin" --config "$dir/good.yaml" --listen 127.0.0.1:0 \
-  --ready-file "$dir/addr" >"$dir/log" 2>&1 &
+  --metrics-address 127.0.0.1:0 --ready-file "$dir/addr" >"$dir/log" 2>&1 &
 pid=$!
 for _ in $(seq 100); do [ -s "$dir/addr" ] && break; sleep 0.05; done
-check "ready file holds the bound address" grep -Eq '^127\.0\.0\.1:[0-9]+$' "$dir/addr"
-check "--listen wins over the file" test "$(cut -d: -f2 "$dir/addr")" != 1
+check "ready file holds the bound address" grep -Eq '^127\.0\.0\.1:[0-9]+$' <(head -1 "$dir/addr")
+# The process gauges are served (their collector once died with its
+# temporary shared_ptr, and the coordinator served none).
+metrics=$(sed -n 2p "$dir/addr" | cut -d' ' -f2)
+python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('http://$metrics/metrics').read().decode())" \
+  >"$dir/metrics" 2>&1
+for gauge in resident_memory_bytes threads open_fds start_time_seconds; do
+  check "serves conveyor_process_$gauge" grep -q "^conveyor_process_$gauge " "$dir/metrics"
+done
+check "--listen wins over the file" test "$(head -1 "$dir/addr" | cut -d: -f2)" != 1
 kill -TERM "$pid"
 wait "$pid"
 check "SIGTERM exits 0" test $? -eq 0

@@ -643,6 +643,74 @@ TEST(JobManagerProfileCacheTest, KeepsOnlyTheNewestProfiles) {
   EXPECT_TRUE(run(a));
 }
 
+// A coordinator that runs for months must not grow with its history: an
+// ended job keeps only its newest events, and only the newest ended jobs
+// are kept at all.
+TEST(JobManagerHistoryTest, EndedJobsKeepFewEventsAndOnlyTheNewestAreKept) {
+  JobManager manager({.events_per_finished_job = 3,
+                      .max_finished_jobs = 2,
+                      .version = kVersion});
+  std::vector<std::string> workers;
+  for (const char* name : {"a", "b"}) {
+    v1::RegisterRequest r;
+    r.set_protocol_version(proto::kProtocolVersion);
+    r.set_version(kVersion);
+    r.set_name(name);
+    r.add_devices("cpu:1");
+    workers.push_back(
+        manager.RegisterWorker(r, std::make_shared<FakeConnection>())
+            ->worker_id());
+  }
+  auto send = [&](const std::string& w, const v1::WorkerMessage& m) {
+    ASSERT_TRUE(manager.HandleWorkerMessage(w, m).ok());
+  };
+  std::vector<std::string> jobs;
+  for (int j = 0; j < 3; ++j) {
+    v1::SubmitJobRequest request;
+    request.set_yaml(JobYaml(2, "mlp", /*steps=*/10));
+    request.set_file_name("job.yaml");
+    absl::StatusOr<v1::Job> job = manager.SubmitJob(request);
+    ASSERT_TRUE(job.ok()) << job.status();
+    jobs.push_back(job->id());
+    for (const std::string& w : workers) {
+      v1::WorkerMessage m;
+      m.mutable_ready()->set_job_id(job->id());
+      m.mutable_ready()->set_data_endpoint("127.0.0.1:1");
+      send(w, m);
+    }
+    for (int step = 1; step <= 10; ++step) {
+      for (const std::string& w : workers) {
+        v1::WorkerMessage m;
+        m.mutable_step()->set_job_id(job->id());
+        m.mutable_step()->set_step(step);
+        send(w, m);
+      }
+    }
+    for (const std::string& w : workers) {
+      v1::WorkerMessage m;
+      m.mutable_ended()->set_job_id(job->id());
+      m.mutable_ended()->set_state(v1::SUCCEEDED);
+      send(w, m);
+    }
+    ASSERT_EQ(manager.GetJob(job->id())->state(), v1::SUCCEEDED);
+  }
+  // The oldest of three ended jobs is forgotten.
+  EXPECT_EQ(manager.GetJob(jobs[0]).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager.ListJobs().size(), 2u);
+  // The newest keeps 3 events (of 10 steps and its state changes), the
+  // last of them its end; a watcher from the start skips to them.
+  int64_t cursor = 0;
+  bool done = false;
+  absl::StatusOr<std::vector<v1::JobEvent>> events = manager.WaitEvents(
+      jobs[2], &cursor, std::chrono::steady_clock::now(), &done);
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->size(), 3u);
+  EXPECT_EQ(events->back().job().state(), v1::SUCCEEDED);
+  EXPECT_EQ((*events)[1].step().step(), 10);
+  EXPECT_TRUE(done);
+}
+
 TEST(JobManagerTraceTest, OnlyTheNewestEndedJobsKeepTheirTimelines) {
   JobManager manager({.trace_finished_jobs = 2, .version = kVersion});
   std::vector<std::string> workers;
