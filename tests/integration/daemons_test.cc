@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
@@ -729,15 +730,19 @@ TEST_F(DaemonsTest, AutoStagesIsolateTheSlowLayersOfAnUnevenModel) {
   EXPECT_EQ(WaitForIdle(*client_, kWorkers), kWorkers);
 }
 
-void ExpectLostWorkerFailsTheJob(int signal, const std::string& observed) {
+// Signals the worker of stage `rank` of a running 3-stage job; the job must
+// fail naming it within the heartbeat timeout + 5 s, the survivors go back
+// to idle, and once the cluster is stopped no worker process is left.
+void ExpectLostWorkerFailsTheJob(int signal, const std::string& observed,
+                                 int rank = 1) {
   std::unique_ptr<cli::LocalCluster> cluster = DaemonsTest::StartCluster(3);
   ASSERT_NE(cluster, nullptr);
   auto client = *cli::CoordinatorClient::Create(cluster->coordinator_address(),
                                                 absl::Seconds(10));
   ASSERT_TRUE(cluster->WaitForWorkers(*client).ok());
   v1::SubmitJobRequest request;
-  request.set_yaml(
-      MlpJob(3, "1f1b", 1, 1000000, TempDir(absl::StrCat("lost_", signal))));
+  request.set_yaml(MlpJob(3, "1f1b", 1, 1000000,
+                          TempDir(absl::StrCat("lost_", signal, "_", rank))));
   request.set_file_name("job.yaml");
   absl::StatusOr<v1::Job> job = client->SubmitJob(request);
   ASSERT_TRUE(job.ok()) << job.status();
@@ -752,8 +757,8 @@ void ExpectLostWorkerFailsTheJob(int signal, const std::string& observed) {
     return j;
   }();
   ASSERT_EQ(running.state(), v1::RUNNING);
-  // The middle stage's worker; LocalCluster names worker i "local-<i>".
-  const std::string victim = running.worker_ids(1);
+  // LocalCluster names worker i "local-<i>".
+  const std::string victim = running.worker_ids(rank);
   int victim_index = -1;
   for (const v1::Worker& w : Workers(*client)) {
     if (w.id() == victim) {
@@ -775,7 +780,9 @@ void ExpectLostWorkerFailsTheJob(int signal, const std::string& observed) {
   const double seconds = SecondsSince(start);
   EXPECT_EQ(failed.state(), v1::FAILED);
   EXPECT_THAT(failed.message(), HasSubstr(victim + " (local-"));
-  EXPECT_THAT(failed.message(), HasSubstr("rank 1, stages 1) lost"));
+  EXPECT_THAT(
+      failed.message(),
+      HasSubstr(absl::StrCat("rank ", rank, ", stages ", rank, ") lost")));
   EXPECT_THAT(failed.message(), HasSubstr(observed));
   EXPECT_LT(seconds, DaemonsTest::kHeartbeatTimeoutSeconds + 5);
   // The two survivors are idle again; the victim is LOST.
@@ -793,10 +800,22 @@ void ExpectLostWorkerFailsTheJob(int signal, const std::string& observed) {
   EXPECT_EQ(idle, 2);
   EXPECT_EQ(lost, 1);
   if (signal == SIGSTOP) ::kill(pid, SIGKILL);  // Stop() would wait for it.
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 3; ++i) pids.push_back(cluster->worker_pid(i));
+  cluster.reset();
+  for (pid_t p : pids) {
+    EXPECT_TRUE(p <= 0 || (::kill(p, 0) == -1 && errno == ESRCH))
+        << "worker process " << p << " is still there";
+  }
 }
 
 TEST(DaemonsFailureTest, KilledWorkerFailsTheJobNamingIt) {
   ExpectLostWorkerFailsTheJob(SIGKILL, "control connection closed");
+}
+
+TEST(DaemonsFailureTest, KilledFirstAndLastStageWorkersFailTheJobNamingThem) {
+  ExpectLostWorkerFailsTheJob(SIGKILL, "control connection closed", 0);
+  ExpectLostWorkerFailsTheJob(SIGKILL, "control connection closed", 2);
 }
 
 TEST(DaemonsFailureTest, HungWorkerFailsTheJobAfterTheHeartbeatTimeout) {
