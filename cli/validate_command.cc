@@ -37,7 +37,7 @@ absl::Status RunValidateCommand(const ValidateCommandOptions& o,
         std::vector<engine::LayerProfile> profile,
         engine::ProfileLayers(
             engine::CpuBackend::Get(), plan.job.model,
-            {.microbatch_size = coordinator::MicrobatchSize(plan.job),
+            {.microbatch_size = plan.job.training.microbatch_size(),
              .repetitions = o.profile_repetitions}));
     ASSIGN_OR_RETURN(plan, coordinator::ChooseStages(plan, std::move(profile),
                                                      "this machine's CPU",

@@ -477,7 +477,8 @@ void JobManager::Place(JobRecord& job,
   job.profile_device = absl::StrJoin(first.info.devices(), ",");
   job.profile_key = ProfileCacheKey(
       job.profile_device,
-      engine::ProfileKey(job.plan.job.model, MicrobatchSize(job.plan.job)));
+      engine::ProfileKey(job.plan.job.model,
+                         job.plan.job.training.microbatch_size()));
   if (auto it = profiles_.find(job.profile_key); it != profiles_.end()) {
     ApplyProfile(job, it->second.layers, /*from_cache=*/true);
     return;

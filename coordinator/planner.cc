@@ -83,7 +83,8 @@ std::string DescribeAutoSplit(const JobPlan& plan) {
   std::string out = absl::StrFormat(
       "stages: auto from a profile on %s%s (microbatch of %d samples); "
       "%s search, %d split(s) simulated\n",
-      a.profiled_on, a.from_cache ? " (cached)" : "", MicrobatchSize(plan.job),
+      a.profiled_on, a.from_cache ? " (cached)" : "",
+      plan.job.training.microbatch_size(),
       r.exhaustive ? "exhaustive" : "local", r.simulations);
   absl::StrAppendFormat(&out, "%-6s %-6s %-12s %9s %9s %9s %14s\n", "stage",
                         "rank", "layers", "F ms", "BI ms", "BW ms", "memory");
@@ -233,11 +234,6 @@ absl::StatusOr<JobPlan> PlanJob(engine::JobSpec job) {
   return PlanCut(std::move(job), std::move(markers));
 }
 
-int64_t MicrobatchSize(const engine::JobSpec& job) {
-  return job.training.batch_size /
-         std::max<int64_t>(1, job.training.microbatches);
-}
-
 absl::StatusOr<scheduler::StageSearchInput> StageSearchInputFor(
     const JobPlan& plan, const std::vector<engine::LayerProfile>& profile) {
   const engine::JobSpec& job = plan.job;
@@ -324,7 +320,7 @@ std::string DescribePlan(const JobPlan& plan) {
       job.name, scheduler::ScheduleKindName(plan.schedule.kind), plan.num_ranks,
       plan.virtual_stages, plan.num_stages, job.training.steps,
       job.training.batch_size, job.training.microbatches,
-      job.training.batch_size / job.training.microbatches);
+      job.training.microbatch_size());
   absl::StrAppendFormat(&out, "%-6s %-6s %-12s %-40s %12s\n", "stage", "rank",
                         "layers", "kinds", "parameters");
   for (const StagePlan& s : plan.stages) {

@@ -81,9 +81,6 @@ inline bool NeedsProfile(const JobPlan& plan) {
   return plan.job.pipeline.auto_stages && !plan.auto_split.has_value();
 }
 
-// The samples in one microbatch of `job` (what a profile must measure).
-int64_t MicrobatchSize(const engine::JobSpec& job);
-
 // The stage search's input for `plan`'s job and schedule with `profile`:
 // state bytes are parameters, gradients and the optimizer's state tensors;
 // the markers are fixed boundaries. InvalidArgument when the profile does

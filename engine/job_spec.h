@@ -60,6 +60,11 @@ struct TrainingSpec {
   int64_t steps = 1;
   int64_t batch_size = 1;    // Samples per step; a multiple of microbatches.
   int64_t microbatches = 1;  // M
+
+  // Samples in one microbatch (the parser checks M divides the batch).
+  int64_t microbatch_size() const {
+    return batch_size / (microbatches > 0 ? microbatches : 1);
+  }
 };
 
 // Upper bound on pipeline.num_stages with `stages: auto` (the partitioner's

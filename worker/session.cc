@@ -499,8 +499,7 @@ void WorkerSession::ProfileMain(Job* job) {
                                           request.base_dir()));
     return engine::ProfileLayers(
         engine::CpuBackend::Get(), spec.model,
-        {.microbatch_size = spec.training.batch_size /
-                            std::max<int64_t>(1, spec.training.microbatches),
+        {.microbatch_size = spec.training.microbatch_size(),
          .repetitions = std::clamp(request.repetitions(), 1, 100),
          .cancelled = &job->profile_cancelled});
   }();

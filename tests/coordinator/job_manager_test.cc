@@ -3,6 +3,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -588,19 +589,29 @@ TEST_F(JobManagerTest, KeepsTheNewestStepTimelinesForGetTrace) {
   EXPECT_TRUE(manager_.GetTrace(job, 20).ok());
 }
 
+// Registers a worker named `name` on a standalone `manager` through
+// `connection`; returns its id.
+std::string RegisterOn(JobManager& manager, const std::string& name,
+                       std::shared_ptr<FakeConnection> connection =
+                           std::make_shared<FakeConnection>()) {
+  v1::RegisterRequest r;
+  r.set_protocol_version(proto::kProtocolVersion);
+  r.set_version(kVersion);
+  r.set_name(name);
+  r.add_devices("cpu:1");
+  absl::StatusOr<v1::Registered> reg =
+      manager.RegisterWorker(r, std::move(connection));
+  EXPECT_TRUE(reg.ok()) << reg.status();
+  return reg.ok() ? reg->worker_id() : "";
+}
+
 TEST(JobManagerProfileCacheTest, KeepsOnlyTheNewestProfiles) {
   JobManager manager({.max_cached_profiles = 1, .version = kVersion});
   std::vector<std::string> workers;
   std::vector<std::shared_ptr<FakeConnection>> connections;
   for (const char* name : {"a", "b"}) {
-    v1::RegisterRequest r;
-    r.set_protocol_version(proto::kProtocolVersion);
-    r.set_version(kVersion);
-    r.set_name(name);
-    r.add_devices("cpu:1");
     connections.push_back(std::make_shared<FakeConnection>());
-    workers.push_back(
-        manager.RegisterWorker(r, connections.back())->worker_id());
+    workers.push_back(RegisterOn(manager, name, connections.back()));
   }
   // Runs a job of `yaml` through profiling (when asked) and to its end;
   // returns whether its first worker was asked to profile.
@@ -652,14 +663,7 @@ TEST(JobManagerHistoryTest, EndedJobsKeepFewEventsAndOnlyTheNewestAreKept) {
                       .version = kVersion});
   std::vector<std::string> workers;
   for (const char* name : {"a", "b"}) {
-    v1::RegisterRequest r;
-    r.set_protocol_version(proto::kProtocolVersion);
-    r.set_version(kVersion);
-    r.set_name(name);
-    r.add_devices("cpu:1");
-    workers.push_back(
-        manager.RegisterWorker(r, std::make_shared<FakeConnection>())
-            ->worker_id());
+    workers.push_back(RegisterOn(manager, name));
   }
   auto send = [&](const std::string& w, const v1::WorkerMessage& m) {
     ASSERT_TRUE(manager.HandleWorkerMessage(w, m).ok());
@@ -715,14 +719,7 @@ TEST(JobManagerTraceTest, OnlyTheNewestEndedJobsKeepTheirTimelines) {
   JobManager manager({.trace_finished_jobs = 2, .version = kVersion});
   std::vector<std::string> workers;
   for (const char* name : {"a", "b"}) {
-    v1::RegisterRequest r;
-    r.set_protocol_version(proto::kProtocolVersion);
-    r.set_version(kVersion);
-    r.set_name(name);
-    r.add_devices("cpu:1");
-    workers.push_back(
-        manager.RegisterWorker(r, std::make_shared<FakeConnection>())
-            ->worker_id());
+    workers.push_back(RegisterOn(manager, name));
   }
   std::vector<std::string> jobs;
   for (int j = 0; j < 4; ++j) {

@@ -8,21 +8,7 @@ set -u
 coordinator=${COORDINATOR:?}
 worker=${WORKER:?}
 ctl=${CONVEYORCTL:?}
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; done
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-passed=0
-failed=0
-check() {  # check NAME COMMAND...
-  local name=$1
-  shift
-  if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: $name"; fi
-}
+source "$(dirname "$0")/daemon_test_lib.sh"
 
 token=Tok3n-$RANDOM$RANDOM
 wrong=Wr0ng-$RANDOM$RANDOM
@@ -79,5 +65,4 @@ for f in "$dir"/*.log "$dir"/*.out "$dir/metrics.txt"; do
   check "no token in $(basename "$f")" bash -c "! grep -q -e '$token' -e '$wrong' '$f'"
 done
 
-echo "$passed passed, $failed failed"
-test "$failed" -eq 0
+finish

@@ -10,21 +10,7 @@ coordinator=${COORDINATOR:?}
 worker=${WORKER:?}
 ctl=${CONVEYORCTL:?}
 command -v openssl >/dev/null || { echo "openssl is not installed"; exit 77; }
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; done
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-passed=0
-failed=0
-check() {  # check NAME COMMAND...
-  local name=$1
-  shift
-  if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: $name"; fi
-}
+source "$(dirname "$0")/daemon_test_lib.sh"
 
 # ca NAME: a self-signed CA in $dir/NAME.pem, $dir/NAME.key.
 ca() {
@@ -98,5 +84,4 @@ done
 check "the worker with the right files registers" grep -q insider "$dir/workers.out"
 check "the worker with the wrong CA does not" bash -c "! grep -q outsider '$dir/workers.out'"
 
-echo "$passed passed, $failed failed"
-test "$failed" -eq 0
+finish
