@@ -1,10 +1,17 @@
-// The on-disk layout of a pipelined job's parameters, shared by the workers
-// that write it and `conveyorctl export` that reads it:
+// The on-disk layout of a pipelined job's checkpoints, shared by the workers
+// that write the stage files, the coordinator that commits each step with a
+// manifest, resume, and `conveyorctl export`:
 //
-//   <checkpoint.dir>/step-<N>/stage-<s>.safetensors
+//   <checkpoint.dir>/step-<N>/stage-<s>.safetensors   one per stage
+//   <checkpoint.dir>/step-<N>/manifest.json           written last
 //
-// one file per stage, with the metadata format (kStageFileFormat), job,
-// stage, num_stages and step. Thread-safe (constants and pure functions).
+// A stage file holds the stage's parameters under their global names and,
+// for resume, the optimizer's state as tensors named
+// "optimizer/<slot>/<parameter>" (slot: momentum_buffer, exp_avg,
+// exp_avg_sq), with the metadata format (kStageFileFormat), job, stage,
+// num_stages, step and optimizer_step. A step directory without a manifest
+// is incomplete and does not exist for resume or export (see
+// engine/checkpoint_manifest.h). Thread-safe (constants and pure functions).
 #ifndef CONVEYOR_ENGINE_STAGE_FILE_H_
 #define CONVEYOR_ENGINE_STAGE_FILE_H_
 
@@ -16,6 +23,11 @@
 namespace conveyor::engine {
 
 inline constexpr char kStageFileFormat[] = "conveyor-stage-v1";
+inline constexpr char kOptimizerTensorPrefix[] = "optimizer/";
+inline constexpr char kManifestFileName[] = "manifest.json";
+
+// "<checkpoint_dir>/step-<step>".
+std::string StepDirPath(absl::string_view checkpoint_dir, int64_t step);
 
 // "<checkpoint_dir>/step-<step>/stage-<stage>.safetensors".
 std::string StageFilePath(absl::string_view checkpoint_dir, int64_t step,
