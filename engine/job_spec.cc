@@ -43,8 +43,9 @@ constexpr int64_t kUint16Vocab = 65536;
 // Errors of a document given without a file name carry this in its place.
 constexpr absl::string_view kNoFileLabel = "<job>";
 
-constexpr absl::string_view kTopKeys[] = {
-    "name", "model", "data", "training", "optimizer", "pipeline", "checkpoint"};
+constexpr absl::string_view kTopKeys[] = {"name",       "model",     "data",
+                                          "training",   "optimizer", "pipeline",
+                                          "checkpoint", "resume",    "restart"};
 constexpr absl::string_view kTrainingKeys[] = {"steps", "batch_size",
                                                "microbatches"};
 constexpr absl::string_view kPipelineKeys[] = {
@@ -53,6 +54,9 @@ constexpr absl::string_view kStagesModes[] = {"markers", "auto"};
 // Largest memory budget accepted (1 EiB): anything above is a typo.
 constexpr double kMaxMemoryBudget = 1152921504606846976.0;
 constexpr absl::string_view kCheckpointKeys[] = {"dir", "every", "keep_latest"};
+constexpr absl::string_view kRestartKeys[] = {"max_restarts"};
+// More restarts than this is a crash loop, not a policy.
+constexpr int64_t kMaxRestarts = 1000;
 
 // data: every key any source takes, then the keys of each source, so that a
 // key of another source is reported as misplaced rather than unknown.
@@ -141,6 +145,10 @@ class JobParser {
   absl::StatusOr<double> ParseBytes(const YamlValue& value) const;
   absl::Status ParseCheckpoint(const YamlValue& value,
                                CheckpointSpec& checkpoint) const;
+  absl::Status ParseResume(const YamlValue& value,
+                           const CheckpointSpec& checkpoint,
+                           ResumeSpec& resume) const;
+  absl::Status ParseRestart(const YamlValue& value, RestartSpec& restart) const;
 
   YamlReader reader_;
   std::string default_name_;
@@ -208,6 +216,12 @@ absl::StatusOr<JobSpec> JobParser::Parse(const YAML::Node& doc) const {
   if (const YamlMapEntry* checkpoint = top.Find("checkpoint");
       checkpoint != nullptr) {
     RETURN_IF_ERROR(ParseCheckpoint(checkpoint->value, job.checkpoint));
+  }
+  if (const YamlMapEntry* resume = top.Find("resume"); resume != nullptr) {
+    RETURN_IF_ERROR(ParseResume(resume->value, job.checkpoint, job.resume));
+  }
+  if (const YamlMapEntry* restart = top.Find("restart"); restart != nullptr) {
+    RETURN_IF_ERROR(ParseRestart(restart->value, job.restart));
   }
   return job;
 }
@@ -576,6 +590,37 @@ absl::Status JobParser::ParseCheckpoint(const YamlValue& value,
     ASSIGN_OR_RETURN(checkpoint.keep_latest,
                      reader_.ParseInt(e->value, 0, kMaxKeepLatest));
   }
+  return absl::OkStatus();
+}
+
+absl::Status JobParser::ParseResume(const YamlValue& value,
+                                    const CheckpointSpec& checkpoint,
+                                    ResumeSpec& resume) const {
+  ASSIGN_OR_RETURN(const std::string text, reader_.ParseString(value));
+  resume.where = value.where;
+  if (text == "latest") {
+    // "latest" of what: without a checkpoint directory there is nothing to
+    // look in, and starting from scratch instead would be silent data loss.
+    if (checkpoint.dir.empty()) {
+      return reader_.Error(value,
+                           "'latest' needs checkpoint.dir, where the job's "
+                           "checkpoints are; or give the checkpoint's path");
+    }
+    resume.kind = ResumeSpec::Kind::kLatest;
+    return absl::OkStatus();
+  }
+  resume.kind = ResumeSpec::Kind::kPath;
+  resume.path = Resolve(base_dir_, text);
+  return absl::OkStatus();
+}
+
+absl::Status JobParser::ParseRestart(const YamlValue& value,
+                                     RestartSpec& restart) const {
+  ASSIGN_OR_RETURN(const YamlMap map, reader_.ReadMap(value, kRestartKeys));
+  ASSIGN_OR_RETURN(const YamlMapEntry* max,
+                   reader_.Require(map, "max_restarts"));
+  ASSIGN_OR_RETURN(restart.max_restarts,
+                   reader_.ParseInt(max->value, 0, kMaxRestarts));
   return absl::OkStatus();
 }
 

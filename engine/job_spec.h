@@ -93,6 +93,24 @@ struct CheckpointSpec {
   int64_t keep_latest = 0;  // 0: keep all.
 };
 
+// resume: latest | PATH. Where a job continues from: the newest complete
+// checkpoint in checkpoint.dir, or the one at PATH (a step directory, or a
+// checkpoint directory meaning its newest complete step). A job asked to
+// resume never starts from scratch: no complete checkpoint is an error.
+struct ResumeSpec {
+  enum class Kind { kNone, kLatest, kPath };
+  Kind kind = Kind::kNone;
+  std::string path;  // kPath, resolved against the job's directory.
+  SourceLocation where;
+};
+
+// restart: {max_restarts: N}. A job that loses a worker (or fails on one) is
+// re-planned on the live workers and resumes from its newest complete
+// checkpoint, at most N times, instead of failing.
+struct RestartSpec {
+  int64_t max_restarts = 0;
+};
+
 struct JobSpec {
   std::string name;
   ModelSpec model;
@@ -101,13 +119,15 @@ struct JobSpec {
   TrainingSpec training;
   PipelineSpec pipeline;
   CheckpointSpec checkpoint;
+  ResumeSpec resume;
+  RestartSpec restart;
 };
 
 // What one sample of `model` looks like, for the data source.
 SampleShapes ModelSampleShapes(const ModelSpec& model);
 
 // Parses a job document. Relative paths (data.path, model.init.from,
-// checkpoint.dir) are resolved against `base_dir` when it is non-empty.
+// checkpoint.dir, resume) are resolved against `base_dir` when it is non-empty.
 absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view yaml_text,
                                      absl::string_view file_name,
                                      absl::string_view base_dir = "");

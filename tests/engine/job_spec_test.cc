@@ -360,7 +360,8 @@ TEST(JobSpecErrorTest, TopLevelMustBeAMap) {
 TEST(JobSpecErrorTest, UnknownTopLevelKeyListsAllowed) {
   EXPECT_EQ(ParseError(Job({.extra = "optimiser: {}\n"})),
             "job.yaml:9:1: (top level): unknown key 'optimiser'; allowed: "
-            "name, model, data, training, optimizer, pipeline, checkpoint");
+            "name, model, data, training, optimizer, pipeline, checkpoint, "
+            "resume, restart");
 }
 
 TEST(JobSpecErrorTest, DuplicateTopLevelKey) {
@@ -709,6 +710,46 @@ TEST(JobSpecErrorTest, Checkpoint) {
 TEST(JobSpecErrorTest, DuplicateKeyInSection) {
   EXPECT_EQ(ParseError(Job({.optimizer = "{kind: adam, lr: 0.1, lr: 0.2}"})),
             "job.yaml:8:34: optimizer: duplicate key 'lr'");
+}
+
+TEST(JobSpecTest, ResumeAndRestart) {
+  const JobSpec none = ParseOk(Job({}));
+  EXPECT_EQ(none.resume.kind, ResumeSpec::Kind::kNone);
+  EXPECT_EQ(none.restart.max_restarts, 0);
+
+  const JobSpec latest =
+      ParseOk(Job({.extra = "checkpoint: {dir: out, every: 2}\nresume: latest\n"
+                            "restart: {max_restarts: 3}\n"}),
+              "job.yaml", "/base");
+  EXPECT_EQ(latest.resume.kind, ResumeSpec::Kind::kLatest);
+  EXPECT_EQ(latest.restart.max_restarts, 3);
+
+  // A path resolves against the job's directory like every other path.
+  const JobSpec path =
+      ParseOk(Job({.extra = "resume: old/step-40\n"}), "job.yaml", "/base");
+  EXPECT_EQ(path.resume.kind, ResumeSpec::Kind::kPath);
+  EXPECT_EQ(path.resume.path, "/base/old/step-40");
+  EXPECT_EQ(path.resume.where.line, 9);
+}
+
+TEST(JobSpecErrorTest, ResumeAndRestart) {
+  // Never a silent fresh start: "latest" with nowhere to look is an error.
+  EXPECT_EQ(ParseError(Job({.extra = "resume: latest\n"})),
+            "job.yaml:9:9: resume: 'latest' needs checkpoint.dir, where the "
+            "job's checkpoints are; or give the checkpoint's path");
+  EXPECT_EQ(ParseError(Job({.extra = "resume: ''\n"})),
+            "job.yaml:9:9: resume: must be a non-empty string; got the quoted "
+            "string \"\"");
+  EXPECT_EQ(ParseError(Job({.extra = "resume: [a]\n"})),
+            "job.yaml:9:9: resume: must be a non-empty string; got a list");
+  EXPECT_EQ(ParseError(Job({.extra = "restart: {max_restarts: -1}\n"})),
+            "job.yaml:9:25: restart.max_restarts: must be a non-negative "
+            "integer; got '-1'");
+  EXPECT_EQ(ParseError(Job({.extra = "restart: {}\n"})),
+            "job.yaml:9:10: restart: missing required key 'max_restarts'");
+  EXPECT_EQ(ParseError(Job({.extra = "restart: {max_restart: 1}\n"})),
+            "job.yaml:9:11: restart: unknown key 'max_restart'; allowed: "
+            "max_restarts");
 }
 
 }  // namespace
