@@ -136,6 +136,52 @@ absl::StatusOr<double> Optimizer::Step(std::optional<double> global_grad_norm) {
   return norm;
 }
 
+namespace {
+
+// torch.optim's state names, so a checkpoint reads like torch's state_dict.
+constexpr absl::string_view kMomentumSlot = "momentum_buffer";
+constexpr absl::string_view kExpAvgSlot = "exp_avg";
+constexpr absl::string_view kExpAvgSqSlot = "exp_avg_sq";
+
+}  // namespace
+
+std::vector<Optimizer::StateTensor> Optimizer::StateTensors() const {
+  const bool sgd = config_.kind == OptimizerConfig::Kind::kSgd;
+  std::vector<StateTensor> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (state1_[i].defined()) {
+      out.push_back({.slot = std::string(sgd ? kMomentumSlot : kExpAvgSlot),
+                     .param = params_[i],
+                     .tensor = state1_[i]});
+    }
+    if (state2_[i].defined()) {
+      out.push_back({.slot = std::string(kExpAvgSqSlot),
+                     .param = params_[i],
+                     .tensor = state2_[i]});
+    }
+  }
+  return out;
+}
+
+absl::Status Optimizer::RestoreState(int64_t step, const StateReader& read) {
+  if (step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer state: step ", step, " is negative"));
+  }
+  for (const StateTensor& s : StateTensors()) {
+    ASSIGN_OR_RETURN(std::vector<float> values, read(s.slot, *s.param));
+    if (static_cast<int64_t>(values.size()) != s.tensor.numel()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer state ", s.slot, " of '", s.param->name, "' has ",
+          values.size(), " values; the parameter has ", s.tensor.numel()));
+    }
+    RETURN_IF_ERROR(backend_->CopyFromHost(
+        values.data(), values.size() * sizeof(float), s.tensor));
+  }
+  step_ = step;
+  return absl::OkStatus();
+}
+
 void Optimizer::ZeroGrad() {
   for (Parameter* p : params_) backend_->Fill(p->grad, 0.0f);
 }

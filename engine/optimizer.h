@@ -11,11 +11,15 @@
 #define CONVEYOR_ENGINE_OPTIMIZER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "engine/layer.h"
 
 namespace conveyor::engine {
@@ -69,6 +73,26 @@ class Optimizer {
 
   void ZeroGrad();
   int64_t step() const { return step_; }
+
+  // What a checkpoint must hold for a resumed run to continue bitwise: the
+  // step count (which sets the learning rate, bias correction and sgd's
+  // first-step rule) and every state tensor, by slot name (torch's:
+  // "momentum_buffer"; "exp_avg" and "exp_avg_sq") and parameter.
+  struct StateTensor {
+    std::string slot;
+    const Parameter* param = nullptr;
+    Tensor tensor;
+  };
+  std::vector<StateTensor> StateTensors() const;
+
+  // Restores what StateTensors describes: sets the step count and fills
+  // every state tensor with `read(slot, parameter)`, which returns its values
+  // (row-major f32). InvalidArgument naming the slot and parameter when a
+  // value count disagrees with the parameter's shape, or for a negative
+  // step; read's own errors as they are.
+  using StateReader = std::function<absl::StatusOr<std::vector<float>>(
+      absl::string_view slot, const Parameter& param)>;
+  absl::Status RestoreState(int64_t step, const StateReader& read);
   double current_lr() const { return LearningRate(config_, step_); }
 
  private:

@@ -1,6 +1,9 @@
 #include "engine/optimizer.h"
 
 #include <cmath>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "engine/layers/dense.h"
 #include "gmock/gmock.h"
@@ -80,6 +83,73 @@ TEST(OptimizerTest, SgdMomentumOverTwoSteps) {
   ASSERT_TRUE(opt->Step().ok());
   ASSERT_TRUE(opt->Step().ok());
   EXPECT_NEAR(ToVector(p.value)[0], 0.71f, 1e-6);
+}
+
+// Resume continues bitwise: an optimizer restored from another's state after
+// k steps takes the same next steps, for every kind with state.
+TEST(OptimizerTest, RestoredStateContinuesBitwise) {
+  const OptimizerConfig configs[] = {
+      {.kind = OptimizerConfig::Kind::kSgd, .lr = 0.1, .momentum = 0.9},
+      {.kind = OptimizerConfig::Kind::kAdam, .lr = 0.01},
+      {.kind = OptimizerConfig::Kind::kAdamW,
+       .lr = 0.01,
+       .schedule = {.kind = LrSchedule::Kind::kCosine,
+                    .total_steps = 6,
+                    .min_lr = 0.001}}};
+  for (const OptimizerConfig& c : configs) {
+    Parameter a = Param({1, -2, 3}, {0.5, 0.25, -1});
+    auto original = *Optimizer::Create(B(), c, {&a});
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(original->Step().ok());
+
+    std::map<std::string, std::vector<float>> saved;
+    for (const Optimizer::StateTensor& s : original->StateTensors()) {
+      EXPECT_EQ(s.param, &a);
+      saved[s.slot] = ToVector(s.tensor);
+    }
+    EXPECT_EQ(saved.size(), c.kind == OptimizerConfig::Kind::kSgd ? 1u : 2u);
+    EXPECT_TRUE(saved.contains(
+        c.kind == OptimizerConfig::Kind::kSgd ? "momentum_buffer" : "exp_avg"));
+
+    Parameter b = Param(ToVector(a.value), {0.5, 0.25, -1});
+    auto restored = *Optimizer::Create(B(), c, {&b});
+    ASSERT_TRUE(
+        restored
+            ->RestoreState(3,
+                           [&](absl::string_view slot, const Parameter& p)
+                               -> absl::StatusOr<std::vector<float>> {
+                             EXPECT_EQ(&p, &b);
+                             return saved.at(std::string(slot));
+                           })
+            .ok());
+    EXPECT_EQ(restored->step(), 3);
+    EXPECT_EQ(restored->current_lr(), original->current_lr());
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(original->Step().ok());
+      ASSERT_TRUE(restored->Step().ok());
+    }
+    EXPECT_EQ(ToVector(a.value), ToVector(b.value));
+  }
+}
+
+TEST(OptimizerTest, RestoreStateRejectsWrongSizesAndSteps) {
+  Parameter p = Param({1, 2}, {0, 0});
+  auto opt = *Optimizer::Create(
+      B(), {.kind = OptimizerConfig::Kind::kAdam, .lr = 0.1}, {&p});
+  auto short_reader = [](absl::string_view, const Parameter&)
+      -> absl::StatusOr<std::vector<float>> { return std::vector<float>{1}; };
+  absl::Status s = opt->RestoreState(1, short_reader);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr("optimizer state exp_avg of 'p' has 1 values; the "
+                        "parameter has 2"));
+  EXPECT_EQ(opt->step(), 0);  // Nothing restored on failure.
+  auto missing = [](absl::string_view slot,
+                    const Parameter&) -> absl::StatusOr<std::vector<float>> {
+    return absl::NotFoundError(absl::StrCat("no ", slot));
+  };
+  EXPECT_EQ(opt->RestoreState(1, missing).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(opt->RestoreState(-1, short_reader).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(OptimizerTest, RejectsInconsistentSettings) {
