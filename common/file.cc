@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <filesystem>
 #include <new>
 
 #include "absl/strings/str_cat.h"
@@ -92,6 +93,16 @@ absl::Status WriteFileAtomically(const std::string& path,
     ::unlink(tmp.c_str());
     return ErrnoError(err, path, "rename");
   }
+  // The rename lives in the directory: until the directory is synced, a
+  // crash can forget it even though the file's data is on disk.
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  const int dir_fd = ::open(dir.empty() ? "." : dir.c_str(),
+                            O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) return ErrnoError(errno, dir, "open directory");
+  const int synced = ::fsync(dir_fd);
+  const int err = errno;
+  ::close(dir_fd);
+  if (synced != 0) return ErrnoError(err, dir, "fsync directory");
   return absl::OkStatus();
 }
 

@@ -29,7 +29,8 @@ absl::StatusOr<std::string> ReadFile(
 
 // Writes `contents` to `path` so that readers see the old file or the whole
 // new one, never a part: a temporary file in the same directory, fsync, then
-// rename over `path`.
+// rename over `path` and fsync the directory, so the new file also survives
+// a crash once this returns.
 absl::Status WriteFileAtomically(const std::string& path,
                                  absl::string_view contents);
 
