@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
-#include <set>
+#include <optional>
 #include <system_error>
 #include <utility>
 
@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "engine/checkpoint_manifest.h"
 #include "engine/safetensors.h"
 #include "engine/stage_file.h"
 
@@ -22,20 +23,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Far above any pipeline we run, low enough that a corrupt num_stages cannot
-// make us probe millions of file names.
-constexpr int64_t kMaxStages = 1 << 16;
-// How many skipped steps an error about "no complete step" lists.
-constexpr size_t kMaxReasons = 5;
-
-struct StepDir {
-  int64_t step = 0;
-  fs::path path;
-};
-
 struct LoadedStep {
   std::string job;
-  int num_stages = 0;
   std::vector<engine::SafetensorsReader> stages;  // By stage.
 };
 
@@ -54,69 +43,6 @@ bool ParseIndex(absl::string_view text, int64_t* out) {
 absl::Status AsPrecondition(absl::Status status) {
   if (status.code() != absl::StatusCode::kInvalidArgument) return status;
   return absl::FailedPreconditionError(status.message());
-}
-
-absl::StatusOr<std::vector<StepDir>> ListSteps(const std::string& dir) {
-  std::error_code ec;
-  const fs::file_status st = fs::status(dir, ec);
-  if (ec || !fs::exists(st)) {
-    return absl::NotFoundError(
-        absl::StrCat(dir, ": no such checkpoint directory",
-                     ec && ec != std::errc::no_such_file_or_directory
-                         ? absl::StrCat(" (", ec.message(), ")")
-                         : ""));
-  }
-  if (!fs::is_directory(st)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(dir, ": not a directory"));
-  }
-  std::vector<StepDir> steps;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
-       it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    int64_t step = 0;
-    if (!absl::StartsWith(name, "step-") ||
-        !ParseIndex(absl::string_view(name).substr(5), &step)) {
-      continue;
-    }
-    std::error_code dir_ec;
-    if (!it->is_directory(dir_ec)) continue;
-    steps.push_back({step, it->path()});
-  }
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(dir, ": cannot list: ", ec.message()));
-  }
-  std::sort(steps.begin(), steps.end(),
-            [](const StepDir& a, const StepDir& b) { return a.step > b.step; });
-  return steps;
-}
-
-// The stage numbers of the stage-<s>.safetensors files in `dir`.
-absl::StatusOr<std::set<int64_t>> ListStageFiles(const fs::path& dir) {
-  std::set<int64_t> stages;
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
-       it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    constexpr absl::string_view kPrefix = "stage-";
-    constexpr absl::string_view kSuffix = ".safetensors";
-    if (!absl::StartsWith(name, kPrefix) || !absl::EndsWith(name, kSuffix)) {
-      continue;  // Includes the writer's temporaries (".safetensors.tmp-N").
-    }
-    int64_t stage = 0;
-    if (ParseIndex(
-            absl::string_view(name).substr(
-                kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size()),
-            &stage)) {
-      stages.insert(stage);
-    }
-  }
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(dir.string(), ": cannot list: ", ec.message()));
-  }
-  return stages;
 }
 
 absl::StatusOr<std::string> Metadata(const engine::SafetensorsReader& file,
@@ -142,13 +68,15 @@ absl::StatusOr<int64_t> MetadataInt(const engine::SafetensorsReader& file,
   return value;
 }
 
-// Opens stage `stage` of `step` and checks that its metadata describe it.
-// `num_stages` and `job` are those of stage 0, or unset when this is stage 0.
+// Opens the stage file `digest` of `manifest`'s step and checks that its
+// metadata describe it. `job` is stage 0's, or unset when this is stage 0.
+// The manifest vouches for the bytes; this catches a worker that wrote the
+// wrong thing (another step, another job) under the right name.
 absl::StatusOr<engine::SafetensorsReader> OpenStage(
-    const StepDir& step, int64_t stage, std::optional<int64_t> num_stages,
+    const std::string& step_dir, const engine::CheckpointManifest& manifest,
+    const engine::StageFileDigest& digest,
     const std::optional<std::string>& job) {
-  const std::string path =
-      (step.path / absl::StrCat("stage-", stage, ".safetensors")).string();
+  const std::string path = (fs::path(step_dir) / digest.file).string();
   absl::StatusOr<engine::SafetensorsReader> opened =
       engine::SafetensorsReader::Open(path);
   if (!opened.ok()) return AsPrecondition(opened.status());
@@ -161,26 +89,22 @@ absl::StatusOr<engine::SafetensorsReader> OpenStage(
                      engine::kStageFileFormat, "'"));
   }
   ASSIGN_OR_RETURN(int64_t file_stage, MetadataInt(file, "stage"));
-  if (file_stage != stage) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        name, ": metadata says stage ", file_stage, ", the file name ", stage));
+  if (file_stage != digest.stage) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name, ": metadata says stage ", file_stage,
+                     ", the file name ", digest.stage));
   }
   ASSIGN_OR_RETURN(int64_t file_step, MetadataInt(file, "step"));
-  if (file_step != step.step) {
+  if (file_step != manifest.step) {
     return absl::FailedPreconditionError(
         absl::StrCat(name, ": metadata says step ", file_step,
-                     ", the directory step ", step.step));
+                     ", the directory step ", manifest.step));
   }
   ASSIGN_OR_RETURN(int64_t file_stages, MetadataInt(file, "num_stages"));
-  if (file_stages < 1 || file_stages > kMaxStages) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(name, ": metadata 'num_stages' is ", file_stages,
-                     ", not in [1, ", kMaxStages, "]"));
-  }
-  if (num_stages.has_value() && file_stages != *num_stages) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(name, ": num_stages ", file_stages, " disagrees with ",
-                     "stage-0.safetensors (", *num_stages, ")"));
+  if (file_stages != manifest.num_stages) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name, ": num_stages ", file_stages, " disagrees with the manifest (",
+        manifest.num_stages, ")"));
   }
   ASSIGN_OR_RETURN(std::string file_job, Metadata(file, "job"));
   if (job.has_value() && file_job != *job) {
@@ -191,48 +115,21 @@ absl::StatusOr<engine::SafetensorsReader> OpenStage(
   return file;
 }
 
-absl::StatusOr<LoadedStep> LoadStep(const StepDir& step) {
-  const std::string label = step.path.filename().string();
-  ASSIGN_OR_RETURN(std::set<int64_t> present, ListStageFiles(step.path));
-  if (!present.contains(0)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(label, ": stage-0.safetensors is missing",
-                     present.empty() ? " (no stage files at all)" : ""));
-  }
+absl::StatusOr<LoadedStep> LoadStep(const std::string& dir,
+                                    const engine::CheckpointManifest& m) {
+  const std::string step_dir = engine::StepDirPath(dir, m.step);
   LoadedStep loaded;
-  ASSIGN_OR_RETURN(engine::SafetensorsReader first,
-                   OpenStage(step, 0, std::nullopt, std::nullopt));
-  ASSIGN_OR_RETURN(loaded.job, Metadata(first, "job"));
-  ASSIGN_OR_RETURN(int64_t num_stages, MetadataInt(first, "num_stages"));
-  loaded.num_stages = static_cast<int>(num_stages);
-  std::vector<std::string> missing;
-  for (int64_t s = 1; s < num_stages; ++s) {
-    if (!present.contains(s)) missing.push_back(absl::StrCat("stage-", s));
-  }
-  if (!missing.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(label, ": missing ", absl::StrJoin(missing, ", "), " of ",
-                     num_stages, " stages (a worker did not finish writing?)"));
-  }
-  if (*present.rbegin() >= num_stages) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(label, ": stage-", *present.rbegin(),
-                     ".safetensors exists but num_stages is ", num_stages));
-  }
-  loaded.stages.push_back(std::move(first));
-  for (int64_t s = 1; s < num_stages; ++s) {
+  std::optional<std::string> job;
+  for (const engine::StageFileDigest& digest : m.stages) {  // By stage.
     ASSIGN_OR_RETURN(engine::SafetensorsReader file,
-                     OpenStage(step, s, num_stages, loaded.job));
+                     OpenStage(step_dir, m, digest, job));
+    if (!job.has_value()) {
+      ASSIGN_OR_RETURN(job, Metadata(file, "job"));
+    }
     loaded.stages.push_back(std::move(file));
   }
+  loaded.job = job.value_or("");
   return loaded;
-}
-
-std::string StepList(const std::vector<StepDir>& steps) {
-  std::vector<int64_t> numbers;
-  for (const StepDir& s : steps) numbers.push_back(s.step);
-  std::sort(numbers.begin(), numbers.end());
-  return absl::StrJoin(numbers, ", ");
 }
 
 }  // namespace
@@ -255,7 +152,8 @@ CLI::App* AddExportCommand(CLI::App& app, ExportCommandOptions& o) {
 absl::StatusOr<ExportResult> ExportCheckpoint(const std::string& dir,
                                               std::optional<int64_t> step,
                                               const std::string& output) {
-  ASSIGN_OR_RETURN(std::vector<StepDir> steps, ListSteps(dir));
+  ASSIGN_OR_RETURN(std::vector<int64_t> steps,
+                   engine::ListCheckpointSteps(dir));
   if (steps.empty()) {
     std::string hint;
     std::error_code ec;
@@ -268,44 +166,37 @@ absl::StatusOr<ExportResult> ExportCheckpoint(const std::string& dir,
         absl::StrCat(dir, ": no step-<N> directories", hint));
   }
   ExportResult result;
-  std::optional<LoadedStep> loaded;
+  engine::CheckpointManifest manifest;
+  // Checksums are verified: an export is read once and then trusted
+  // elsewhere, so a damaged file must stop it here.
   if (step.has_value()) {
-    auto it = std::find_if(steps.begin(), steps.end(),
-                           [&](const StepDir& s) { return s.step == *step; });
-    if (it == steps.end()) {
-      return absl::NotFoundError(
-          absl::StrCat(dir, ": no step-", *step, "; steps: ", StepList(steps)));
+    if (!std::binary_search(steps.begin(), steps.end(), *step)) {
+      return absl::NotFoundError(absl::StrCat(
+          dir, ": no step-", *step, "; steps: ", absl::StrJoin(steps, ", ")));
     }
-    ASSIGN_OR_RETURN(loaded, LoadStep(*it));
-    result.step = it->step;
+    ASSIGN_OR_RETURN(manifest, engine::LoadCompleteCheckpoint(
+                                   dir, *step, /*verify_checksums=*/true));
   } else {
-    // A job that stopped while writing leaves an incomplete last step; the
+    // A job that stopped while saving leaves an incomplete newest step; the
     // one before it is still a consistent export.
-    for (const StepDir& s : steps) {
-      absl::StatusOr<LoadedStep> attempt = LoadStep(s);
-      if (attempt.ok()) {
-        loaded = *std::move(attempt);
-        result.step = s.step;
-        break;
-      }
-      result.skipped.push_back(std::string(attempt.status().message()));
-    }
-    if (!loaded.has_value()) {
-      std::vector<std::string> reasons = result.skipped;
-      if (reasons.size() > kMaxReasons) {
-        reasons.resize(kMaxReasons);
-        reasons.push_back("...");
-      }
-      return absl::FailedPreconditionError(absl::StrCat(
-          dir, ": no complete step: ", absl::StrJoin(reasons, "; ")));
-    }
+    ASSIGN_OR_RETURN(
+        engine::LatestCheckpoint latest,
+        engine::FindLatestCompleteCheckpoint(dir, /*verify_checksums=*/true));
+    manifest = std::move(latest.manifest);
+    result.skipped = std::move(latest.skipped);
   }
+  result.step = manifest.step;
+  ASSIGN_OR_RETURN(LoadedStep loaded, LoadStep(dir, manifest));
 
   std::vector<engine::TensorToWrite> tensors;
   std::map<std::string, int> owner;  // Tensor name -> stage.
-  for (int s = 0; s < loaded->num_stages; ++s) {
-    const engine::SafetensorsReader& file = loaded->stages[s];
+  for (int s = 0; s < manifest.num_stages; ++s) {
+    const engine::SafetensorsReader& file = loaded.stages[s];
     for (const engine::TensorInfo& info : file.tensors()) {
+      // Optimizer state is for resuming a run, not part of the model.
+      if (absl::StartsWith(info.name, engine::kOptimizerTensorPrefix)) {
+        continue;
+      }
       auto [it, inserted] = owner.emplace(info.name, s);
       if (!inserted) {
         return absl::FailedPreconditionError(
@@ -322,8 +213,8 @@ absl::StatusOr<ExportResult> ExportCheckpoint(const std::string& dir,
       result.bytes += bytes.size();
     }
   }
-  result.job = loaded->job;
-  result.num_stages = loaded->num_stages;
+  result.job = loaded.job;
+  result.num_stages = manifest.num_stages;
   result.num_tensors = static_cast<int64_t>(tensors.size());
   // "format: pt" is what Hugging Face's loaders look for in a file of
   // PyTorch tensors; the rest says where the file came from.

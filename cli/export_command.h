@@ -1,17 +1,22 @@
 // `conveyorctl export CHECKPOINT_DIR [--step N] --output FILE.safetensors`:
-// gathers one step of a pipelined job's checkpoint into a single safetensors
-// file with the global (PyTorch) parameter names, loadable by the equivalent
-// PyTorch module or as a job's model.init.from.
+// gathers the parameters of one step of a pipelined job's checkpoint into a
+// single safetensors file with the global (PyTorch) parameter names,
+// loadable by the equivalent PyTorch module or as a job's model.init.from.
 //
-// At the end of a job each worker writes, for every stage s it holds,
-// <dir>/step-<N>/stage-<s>.safetensors with the metadata
+// Workers write <dir>/step-<N>/stage-<s>.safetensors for every stage, with
+// the metadata
 //   format: conveyor-stage-v1, job: <id>, stage: <s>, num_stages: <S>,
 //   step: <N>
-// Export takes step N (default: the highest step whose stage files
-// 0..S-1 are all present and consistent; incomplete higher steps are
-// skipped with a note), checks that every file agrees (format, job, step,
-// num_stages, its own stage number) and that no tensor name appears twice,
-// and writes the tensors, bytes unchanged, atomically to the output.
+// and the coordinator commits the step by writing its manifest last
+// (engine/checkpoint_manifest.h). Export reads complete steps only: one
+// whose manifest parses and whose files all have the recorded size and
+// CRC-32C. Without --step it takes the newest such step (newer incomplete
+// or corrupt steps are skipped with a note); --step N must name a complete
+// step. It then checks that every file agrees with the manifest and the
+// others (format, job, step, num_stages, its own stage number) and that no
+// tensor name appears twice, and writes the parameters, bytes unchanged,
+// atomically to the output. The optimizer state the stage files carry for
+// resume ("optimizer/<slot>/<parameter>") is left out.
 // Thread-compatible: the options are the caller's.
 #ifndef CONVEYOR_CLI_EXPORT_COMMAND_H_
 #define CONVEYOR_CLI_EXPORT_COMMAND_H_
@@ -43,16 +48,23 @@ struct ExportResult {
   int64_t num_tensors = 0;
   int64_t num_elements = 0;
   uint64_t bytes = 0;
-  // Why higher steps were passed over when choosing the latest one.
+  // Why newer steps were passed over when choosing the latest one.
   std::vector<std::string> skipped;
 };
 
-// Writes step `step` (nullopt: the latest complete one) of the checkpoint in
-// `dir` to `output`. Errors: NotFound for a missing directory or step;
-// FailedPrecondition for an incomplete or inconsistent step (a missing stage
-// file, metadata that disagrees, a duplicate tensor name, a file that is not
-// valid safetensors), or when no step is complete; the errno-derived code
-// when the output cannot be written.
+// Writes the parameters of step `step` (nullopt: the newest complete one)
+// of the checkpoint in `dir` to `output`. Errors:
+//   NotFound            a missing directory, no step-<N> directories, or no
+//                       step `step`;
+//   FailedPrecondition  `step` has no manifest (incomplete), no step is
+//                       complete, or the stage files disagree (metadata
+//                       against the manifest or each other, a duplicate
+//                       tensor name, a file that is not valid safetensors);
+//   DataLoss            `step`'s manifest is unreadable or a stage file is
+//                       missing or differs from the manifest's size or
+//                       CRC-32C;
+//   the errno-derived code when a file cannot be read or the output cannot
+//   be written.
 absl::StatusOr<ExportResult> ExportCheckpoint(const std::string& dir,
                                               std::optional<int64_t> step,
                                               const std::string& output);

@@ -84,6 +84,14 @@ CoordinatorMetrics::CoordinatorMetrics()
                     .Name("conveyor_jobs_finished_total")
                     .Help("Jobs that reached a final state, by state")
                     .Register(*registry_)),
+      // Not labelled by job: a restart loop must show on dashboards, but
+      // the series count must not grow with the job history.
+      restarts_(BuildCounter()
+                    .Name("conveyor_job_restarts_total")
+                    .Help("Times a job was re-planned after a failure "
+                          "(restart: {max_restarts})")
+                    .Register(*registry_)
+                    .Add({})),
       job_info_(BuildGauge()
                     .Name("conveyor_job_info")
                     .Help("1 while the job is queued, planning or running")
@@ -195,6 +203,10 @@ void CoordinatorMetrics::OnFinished(const v1::Job& job) {
   tokens_per_second_.Remove(s.tokens_per_second);
   bubble_ratio_.Remove(s.bubble_ratio);
   jobs_.erase(it);
+}
+
+void CoordinatorMetrics::OnRestarted(const v1::Job& /*job*/) {
+  restarts_.Increment();
 }
 
 std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {

@@ -12,8 +12,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "engine/checkpoint_manifest.h"
 #include "engine/job_spec.h"
 #include "engine/profiler.h"
+#include "engine/stage_file.h"
 #include "proto/protocol.h"
 #include "spdlog/spdlog.h"
 
@@ -163,6 +165,20 @@ absl::Status JobManager::HandleWorkerMessage(const std::string& worker_id,
       OnEnded(*w, message.ended());
       Schedule();
       return absl::OkStatus();
+    case v1::WorkerMessage::kCheckpoint:
+      OnCheckpoint(*w, message.checkpoint());
+      return absl::OkStatus();
+    case v1::WorkerMessage::kDeregister: {
+      // Leaving on purpose: its job (if any) fails or restarts as for a
+      // loss, and the registry forgets it rather than listing it LOST.
+      SPDLOG_INFO("{} deregisters: {}", DescribeWorker(*w),
+                  message.deregister().reason());
+      MarkLost(*w, absl::StrCat("deregistered (", message.deregister().reason(),
+                                ")"));
+      workers_.erase(static_cast<int64_t>(ParseId(worker_id, kWorkerPrefix)));
+      Schedule();
+      return absl::OkStatus();
+    }
     case v1::WorkerMessage::kRegister:
       return absl::FailedPreconditionError(
           absl::StrCat(worker_id, " is already registered"));
@@ -194,7 +210,7 @@ void JobManager::MarkLost(WorkerRecord& w, const std::string& observed) {
   w.info.clear_job_id();
   w.info.clear_stages();
   if (job != nullptr && !proto::IsTerminal(job->info.state())) {
-    Finish(*job, v1::FAILED, absl::StrCat(who, " lost: ", observed));
+    FailOrRestart(*job, absl::StrCat(who, " lost: ", observed));
   }
 }
 
@@ -213,8 +229,31 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
   absl::StatusOr<engine::JobSpec> spec =
       engine::ParseJobSpec(request.yaml(), file_name, request.base_dir());
   if (!spec.ok()) return spec.status();
+  const std::string config_hash = engine::JobConfigHash(request.yaml());
+  // Outside the lock: finding the checkpoint reads the filesystem.
+  std::optional<ResumePoint> resume;
+  if (spec->resume.kind != engine::ResumeSpec::Kind::kNone) {
+    absl::StatusOr<ResumePoint> point =
+        FindResumePoint(spec->resume, spec->checkpoint.dir, config_hash);
+    if (!point.ok()) return point.status();
+    if (absl::Status s = AdoptCheckpointCut(*point, *spec); !s.ok()) return s;
+    resume = *std::move(point);
+  }
   absl::StatusOr<JobPlan> plan = PlanJob(*std::move(spec));
   if (!plan.ok()) return plan.status();
+  if (resume.has_value()) {
+    if (absl::Status s = CheckResumeFitsPlan(*resume, *plan); !s.ok()) {
+      return s;
+    }
+  }
+  const std::string checkpoint_dir = plan->job.checkpoint.dir;
+  if (!checkpoint_dir.empty()) {
+    if (absl::Status s = CheckNothingNewer(
+            checkpoint_dir, resume.has_value() ? resume->step : 0);
+        !s.ok()) {
+      return s;
+    }
+  }
 
   std::lock_guard<std::mutex> lock(mu_);
   if (shutdown_) return absl::UnavailableError("coordinator shutting down");
@@ -226,6 +265,16 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
         "stages",
         plan->job.name, plan->num_ranks, plan->num_stages, plan->virtual_stages,
         live));
+  }
+  // Two live jobs writing one directory would overwrite each other's steps.
+  for (const auto& [n, other] : jobs_) {
+    if (!checkpoint_dir.empty() && !proto::IsTerminal(other.info.state()) &&
+        other.info.checkpoint_dir() == checkpoint_dir) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint.dir ", checkpoint_dir, " is in use by ",
+                       other.info.id(), " ('", other.info.name(),
+                       "'); give this job another checkpoint.dir"));
+    }
   }
   if (static_cast<int>(queue_.size()) >= options_.max_queued_jobs) {
     return absl::ResourceExhaustedError(
@@ -239,6 +288,8 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
   job.request = request;
   job.request.set_file_name(file_name);
   job.plan = *std::move(plan);
+  job.config_hash = config_hash;
+  job.resume = std::move(resume);
   const engine::JobSpec& spec_ref = job.plan.job;
   job.samples_per_step = static_cast<double>(spec_ref.training.batch_size);
   if (spec_ref.model.token_input) {
@@ -258,6 +309,12 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
   info.set_microbatches(static_cast<int32_t>(spec_ref.training.microbatches));
   info.set_created_unix_ms(NowUnixMs());
   info.set_checkpoint_dir(spec_ref.checkpoint.dir);
+  info.set_max_restarts(static_cast<int32_t>(spec_ref.restart.max_restarts));
+  if (job.resume.has_value()) {
+    info.set_steps_done(job.resume->step);
+    info.set_resumed_from_step(job.resume->step);
+    info.set_resumed_from(job.resume->step_dir);
+  }
   for (const StagePlan& s : job.plan.stages) {
     v1::StagePlacement* p = info.add_stages();
     p->set_stage(s.stage);
@@ -614,7 +671,10 @@ v1::JobProgram JobManager::MakeProgram(const JobRecord& job, int rank) const {
   const JobPlan& plan = job.plan;
   v1::JobProgram program;
   program.set_job_id(job.info.id());
-  program.set_job_number(job.number);
+  // Unique per attempt: a restarted job's data plane never accepts a
+  // tensor of the attempt before it.
+  program.set_job_number((job.number << 16) |
+                         static_cast<uint64_t>(job.attempt));
   program.set_secret(job.secret);
   program.set_yaml(job.request.yaml());
   program.set_file_name(job.request.file_name());
@@ -639,6 +699,16 @@ v1::JobProgram JobManager::MakeProgram(const JobRecord& job, int rank) const {
   program.set_checkpoint_dir(plan.job.checkpoint.dir);
   for (const StagePlan& s : plan.stages) {
     program.add_stage_begin(s.first_layer);
+  }
+  if (job.resume.has_value()) {
+    program.set_resume_step(job.resume->step);
+    program.set_resume_dir(job.resume->step_dir);
+    for (const v1::StageFile& f : job.resume->files) {
+      if (f.stage() >= 0 && f.stage() < plan.num_stages &&
+          plan.stages[f.stage()].rank == rank) {
+        *program.add_resume_files() = f;
+      }
+    }
   }
   return program;
 }
@@ -756,9 +826,20 @@ void JobManager::OnEnded(WorkerRecord& w, const v1::JobEnded& ended) {
                                      [](bool b) { return b; });
   if (ended.state() == v1::SUCCEEDED) {
     if (all_ended && !job->failing) {
-      Finish(*job, v1::SUCCEEDED, "");
+      // Every rank wrote its final files before reporting success, so the
+      // last step is committed by now unless a report went missing.
+      const int64_t last = job->info.steps_total();
+      if (!job->plan.job.checkpoint.dir.empty() &&
+          job->info.last_checkpoint_step() != last) {
+        Finish(*job, v1::FAILED,
+               absl::StrCat("the final checkpoint (step ", last,
+                            ") is incomplete: not every stage reported its "
+                            "file"));
+      } else {
+        Finish(*job, v1::SUCCEEDED, "");
+      }
     } else if (all_ended) {
-      Finish(*job, v1::FAILED, job->failure);
+      FailOrRestart(*job, job->failure);
     }
     return;
   }
@@ -779,7 +860,143 @@ void JobManager::OnEnded(WorkerRecord& w, const v1::JobEnded& ended) {
     }
   }
   // Every worker has answered, so none was lost: no reason to wait.
-  if (all_ended) Finish(*job, v1::FAILED, job->failure);
+  if (all_ended) FailOrRestart(*job, job->failure);
+}
+
+void JobManager::OnCheckpoint(WorkerRecord& w,
+                              const v1::CheckpointSaved& saved) {
+  JobRecord* job = FindJob(saved.job_id());
+  if (job == nullptr || job->info.state() != v1::RUNNING ||
+      w.info.job_id() != saved.job_id() ||
+      job->plan.job.checkpoint.dir.empty()) {
+    return;  // Late: the job ended or restarted meanwhile.
+  }
+  const auto& ids = job->info.worker_ids();
+  const int rank = static_cast<int>(
+      std::find(ids.begin(), ids.end(), w.info.id()) - ids.begin());
+  const int64_t step = saved.step();
+  const int64_t first = job->resume.has_value() ? job->resume->step : 0;
+  if (rank >= ids.size() || step <= first || step > job->info.steps_total()) {
+    return;
+  }
+  std::map<int, v1::StageFile>& files = job->pending_checkpoints[step];
+  for (const v1::StageFile& f : saved.files()) {
+    // A worker speaks only for its own stages; anything else would let one
+    // rank's report stand in for another's missing file.
+    if (f.stage() < 0 || f.stage() >= job->plan.num_stages ||
+        job->plan.stages[f.stage()].rank != rank) {
+      FailOrRestart(*job, absl::StrCat(DescribeWorker(w),
+                                       " reported a checkpoint file for stage ",
+                                       f.stage(), ", which it does not hold"));
+      return;
+    }
+    files[f.stage()] = f;
+  }
+  if (static_cast<int>(files.size()) < job->plan.num_stages) return;
+  const std::map<int, v1::StageFile> complete = std::move(files);
+  job->pending_checkpoints.erase(step);
+  CommitCheckpoint(*job, step, complete);
+}
+
+void JobManager::CommitCheckpoint(JobRecord& job, int64_t step,
+                                  const std::map<int, v1::StageFile>& files) {
+  const std::string& dir = job.plan.job.checkpoint.dir;
+  const engine::CheckpointManifest manifest = MakeManifest(
+      job.plan, job.info.id(), job.config_hash, step, files, NowUnixMs());
+  // Under the lock: the manifest is small, and no other commit or resume
+  // of this job may interleave with it.
+  if (absl::Status written = engine::WriteManifest(dir, manifest);
+      !written.ok()) {
+    Finish(job, v1::FAILED,
+           absl::StrCat("committing the checkpoint of step ", step,
+                        " failed: ", written.message()));
+    return;
+  }
+  job.committed = ResumePointOf(manifest, dir);
+  job.info.set_last_checkpoint_step(step);
+  SPDLOG_INFO("{}: checkpoint of step {} complete in {}", job.info.id(), step,
+              engine::StepDirPath(dir, step));
+  if (const int64_t keep = job.plan.job.checkpoint.keep_latest; keep > 0) {
+    absl::StatusOr<std::vector<int64_t>> removed =
+        engine::PruneCheckpoints(dir, static_cast<int>(keep));
+    if (!removed.ok()) {
+      // The new step is committed; an old one left behind costs only disk.
+      SPDLOG_WARN("{}: pruning old checkpoints in {}: {}", job.info.id(), dir,
+                  std::string(removed.status().message()));
+    } else if (!removed->empty()) {
+      SPDLOG_INFO("{}: removed checkpoint steps {} (keep_latest {})",
+                  job.info.id(), absl::StrJoin(*removed, ", "), keep);
+    }
+  }
+  AddEvent(job, nullptr);
+}
+
+void JobManager::FailOrRestart(JobRecord& job, const std::string& reason) {
+  if (proto::IsTerminal(job.info.state())) return;
+  const bool placed =
+      job.info.state() == v1::PLANNING || job.info.state() == v1::RUNNING;
+  if (!placed || job.info.restarts() >= job.info.max_restarts()) {
+    Finish(job, v1::FAILED,
+           job.info.max_restarts() > 0
+               ? absl::StrCat(reason, " (after ", job.info.restarts(), " of ",
+                              job.info.max_restarts(), " restarts)")
+               : reason);
+    return;
+  }
+  // The final step is committed: the job's result is complete and durable,
+  // whatever happened to a worker while it reported its end.
+  if (job.committed.has_value() &&
+      job.committed->step >= job.info.steps_total()) {
+    Finish(job, v1::SUCCEEDED, "");
+    return;
+  }
+  const int live = LiveWorkers();
+  if (live < job.plan.num_ranks) {
+    Finish(
+        job, v1::FAILED,
+        absl::StrCat(reason, "; not restarted: the job needs ",
+                     job.plan.num_ranks, " workers and ", live, " are live"));
+    return;
+  }
+  StopWorkers(job, reason);
+  // The next attempt starts from the newest step this job committed, or
+  // where the job itself started.
+  if (job.committed.has_value()) job.resume = job.committed;
+  const int64_t from = job.resume.has_value() ? job.resume->step : 0;
+  ++job.attempt;
+  job.secret = MakeSecret();
+  job.info.clear_worker_ids();
+  for (v1::StagePlacement& p : *job.info.mutable_stages()) p.clear_worker_id();
+  job.endpoints.clear();
+  job.ended.clear();
+  job.succeeded.clear();
+  job.is_ready.clear();
+  job.ready = 0;
+  job.failing = false;
+  job.failure.clear();
+  job.programs_sent = false;
+  job.profiling = false;
+  job.profile_requested = false;
+  job.pending_steps.clear();
+  job.pending_counts.clear();
+  job.pending_checkpoints.clear();
+  v1::Job& info = job.info;
+  info.set_restarts(info.restarts() + 1);
+  info.set_last_restart_reason(reason);
+  info.set_steps_done(from);
+  if (job.resume.has_value()) {
+    info.set_resumed_from_step(job.resume->step);
+    info.set_resumed_from(job.resume->step_dir);
+  }
+  SPDLOG_WARN("{}: restart {} of {} after: {}; resuming from {}", info.id(),
+              info.restarts(), info.max_restarts(), reason,
+              from > 0 ? absl::StrCat("step ", from) : "the start");
+  // At the head: the job was running, and a restart must not wait behind
+  // work submitted after it.
+  queue_.push_front(job.number);
+  UpdateQueuePositions();
+  SetState(job, v1::QUEUED);
+  if (options_.observer != nullptr) options_.observer->OnRestarted(info);
 }
 
 void JobManager::Finish(JobRecord& job, v1::JobState state,
@@ -796,31 +1013,8 @@ void JobManager::Finish(JobRecord& job, v1::JobState state,
                  queue_.end());
     UpdateQueuePositions();
   } else {
-    if (!job.programs_sent) {
-      // Only the first worker may have heard of the job (asked to profile
-      // it); the others are free at once.
-      job.profiling = false;
-      for (int r = job.profile_requested ? 1 : 0;
-           r < job.info.worker_ids_size(); ++r) {
-        WorkerRecord* w = FindWorker(job.info.worker_ids(r));
-        if (w != nullptr && w->info.job_id() == job.info.id()) {
-          ReleaseWorker(*w);
-          job.ended[r] = true;
-        }
-      }
-    }
-    v1::CoordinatorMessage m;
-    m.mutable_cancel()->set_job_id(job.info.id());
-    m.mutable_cancel()->set_reason(
-        message.empty() ? std::string(proto::JobStateName(state)) : message);
-    const auto& ids = job.info.worker_ids();
-    for (int r = 0; r < ids.size(); ++r) {
-      WorkerRecord* w = FindWorker(ids[r]);
-      if (!job.ended[r] && w != nullptr && w->info.job_id() == job.info.id() &&
-          w->info.state() == v1::BUSY) {
-        w->connection->Send(m);
-      }
-    }
+    StopWorkers(job, message.empty() ? std::string(proto::JobStateName(state))
+                                     : message);
   }
   if (state == v1::SUCCEEDED) {
     SPDLOG_INFO("{} SUCCEEDED after {} steps", job.info.id(),
@@ -874,6 +1068,33 @@ void JobManager::Finish(JobRecord& job, v1::JobState state,
   }
 }
 
+void JobManager::StopWorkers(JobRecord& job, const std::string& reason) {
+  if (!job.programs_sent) {
+    // Only the first worker may have heard of the job (asked to profile
+    // it); the others are free at once.
+    job.profiling = false;
+    for (int r = job.profile_requested ? 1 : 0; r < job.info.worker_ids_size();
+         ++r) {
+      WorkerRecord* w = FindWorker(job.info.worker_ids(r));
+      if (w != nullptr && w->info.job_id() == job.info.id()) {
+        ReleaseWorker(*w);
+        job.ended[r] = true;
+      }
+    }
+  }
+  v1::CoordinatorMessage m;
+  m.mutable_cancel()->set_job_id(job.info.id());
+  m.mutable_cancel()->set_reason(reason);
+  const auto& ids = job.info.worker_ids();
+  for (int r = 0; r < ids.size(); ++r) {
+    WorkerRecord* w = FindWorker(ids[r]);
+    if (!job.ended[r] && w != nullptr && w->info.job_id() == job.info.id() &&
+        w->info.state() == v1::BUSY) {
+      w->connection->Send(m);
+    }
+  }
+}
+
 void JobManager::SetState(JobRecord& job, v1::JobState state) {
   job.info.set_state(state);
   AddEvent(job, nullptr);
@@ -919,8 +1140,8 @@ void JobManager::Tick() {
       for (int r = 0; r < job.info.worker_ids_size(); ++r) {
         if (!job.is_ready[r]) slow.push_back(job.info.worker_ids(r));
       }
-      Finish(
-          job, v1::FAILED,
+      FailOrRestart(
+          job,
           job.profiling
               ? absl::StrFormat(
                     "%s did not report its layer profile within %.0f s",
@@ -930,7 +1151,7 @@ void JobManager::Tick() {
                                 Seconds(options_.prepare_timeout)));
     }
     if (job.failing && now >= job.failure_deadline) {
-      Finish(job, v1::FAILED, job.failure);
+      FailOrRestart(job, job.failure);
     }
   }
   Schedule();

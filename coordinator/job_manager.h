@@ -17,14 +17,25 @@
 // cached), the planner chooses the split, and only then do the programs go
 // out. The job stays PLANNING throughout, under the same prepare_timeout.
 //
+// Checkpoints. Each worker reports the files it wrote for a step
+// (CheckpointSaved); once every stage's are in, the manager writes the step's
+// manifest (coordinator/checkpoints.h) and only then counts the step as the
+// job's last_checkpoint_step, pruning older steps to checkpoint.keep_latest.
+// A job with `resume:` is checked against its checkpoint at submission (the
+// same configuration, stages and cut) and refused rather than started from
+// scratch when there is none.
+//
 // Failure semantics. A worker is lost when its connection closes or it sends
 // nothing for heartbeat_timeout; its job fails at once with a reason naming
 // the worker, its rank and stages and what was observed, and the job's other
-// workers are told to cancel. When a worker reports a failure instead, the
-// job waits a short grace period before failing, because a peer's death is
-// usually seen first by its neighbours' data plane: if the dead worker's loss
-// is observed within the grace, the job's reason names it rather than the
-// neighbour's symptom.
+// workers are told to cancel. With `restart: {max_restarts: N}` the job is
+// instead queued again (at the head of the queue) to resume from the newest
+// step it committed, on whichever workers are idle, at most N times; a
+// worker that deregisters (SIGTERM) counts as lost. When a worker reports a
+// failure instead, the job waits a short grace period before failing, because a
+// peer's death is usually seen first by its neighbours' data plane: if the dead
+// worker's loss is observed within the grace, the job's reason names it rather
+// than the neighbour's symptom.
 //
 // Thread-safe: every method may be called from any thread (one mutex).
 // WorkerConnection::Send must not block (it queues).
@@ -39,6 +50,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +58,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "conveyor/v1/conveyor.pb.h"
+#include "coordinator/checkpoints.h"
 #include "coordinator/planner.h"
 
 namespace conveyor::coordinator {
@@ -69,6 +82,8 @@ class JobObserver {
   virtual void OnStep(const v1::Job& job, const v1::StepSummary& step) = 0;
   // The job reached SUCCEEDED, FAILED or CANCELLED.
   virtual void OnFinished(const v1::Job& job) = 0;
+  // The job lost a worker and was queued again (restart: {max_restarts}).
+  virtual void OnRestarted(const v1::Job& /*job*/) {}
 };
 
 struct JobManagerOptions {
@@ -223,6 +238,17 @@ class JobManager {
     TimePoint failure_deadline;
     std::deque<v1::JobEvent> events;
     int64_t first_event = 0;  // Sequence number of events.front().
+    // engine::JobConfigHash of the YAML, recorded in every manifest.
+    std::string config_hash;
+    // Where the current attempt starts; nullopt: from the init.
+    std::optional<ResumePoint> resume;
+    // The newest step this manager committed for the job.
+    std::optional<ResumePoint> committed;
+    // Checkpoint files reported per step, by stage, until all are in.
+    std::map<int64_t, std::map<int, v1::StageFile>> pending_checkpoints;
+    // Restarts so far; part of the data plane's job number, so a restarted
+    // attempt can never be confused with the one before it.
+    int attempt = 0;
   };
 
   WorkerRecord* FindWorker(const std::string& id)
@@ -249,12 +275,26 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnEnded(WorkerRecord& w, const v1::JobEnded& ended)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnCheckpoint(WorkerRecord& w, const v1::CheckpointSaved& saved)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the manifest of `step` from its stages' files.
+  void CommitCheckpoint(JobRecord& job, int64_t step,
+                        const std::map<int, v1::StageFile>& files)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkLost(WorkerRecord& w, const std::string& observed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Moves a job to a final state, tells its workers to stop (unless they
   // all ended already) and records the event.
   void Finish(JobRecord& job, v1::JobState state, const std::string& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A placed job that failed for `reason`: restarts it when its policy
+  // allows, else Finish(FAILED).
+  void FailOrRestart(JobRecord& job, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells the job's workers that have not ended to cancel, freeing at once
+  // those that never heard of it (see Finish).
+  void StopWorkers(JobRecord& job, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetState(JobRecord& job, v1::JobState state)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

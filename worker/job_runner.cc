@@ -5,11 +5,16 @@
 #include <algorithm>
 #include <cerrno>
 #include <filesystem>
+#include <map>
+#include <set>
+#include <span>
 #include <system_error>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/crc32c.h"
 #include "common/file.h"
 #include "common/status_macros.h"
 #include "engine/cpu/cpu_backend.h"
@@ -111,6 +116,7 @@ absl::StatusOr<std::unique_ptr<JobRunner>> JobRunner::Create(
 
 absl::Status JobRunner::Build(const JobRunnerOptions& options) {
   on_checkpoint_ = options.on_checkpoint;
+  checkpoint_delay_ = options.checkpoint_delay;
   const engine::ModelSpec& model = job_.model;
   const int p = program_.num_ranks(), rank = program_.rank();
   const int num_stages = program_.num_stages();
@@ -167,9 +173,16 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
     stages_.push_back(std::move(stage));
   }
 
+  if (program_.resume_step() < 0 || program_.resume_step() > program_.steps()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("program: resume_step ", program_.resume_step(),
+                     " is outside [0, ", program_.steps(), "]"));
+  }
   // Initialize as InProcessTrainer does, so a pipelined job starts from the
-  // same parameters as its reference.
-  if (model.seed) {
+  // same parameters as its reference; a resumed one loads them below.
+  if (program_.resume_step() > 0) {
+    // Nothing to initialize: every parameter comes from the checkpoint.
+  } else if (model.seed) {
     for (auto& stage : stages_) {
       RETURN_IF_ERROR(stage->InitializeFromSeed(*model.seed));
     }
@@ -185,6 +198,7 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
   engine::ResolveSchedule(job_.optimizer, job_.training.steps);
   ASSIGN_OR_RETURN(optimizer_,
                    engine::Optimizer::Create(backend_, job_.optimizer, params));
+  if (program_.resume_step() > 0) RETURN_IF_ERROR(LoadResumeFiles());
   ASSIGN_OR_RETURN(actions_,
                    proto::ActionsFromProto(program_.actions(), num_stages));
   for (const scheduler::Action& a : actions_) {
@@ -197,12 +211,6 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
   // Fail now, not after the last step, when the results cannot be written.
   if (!program_.checkpoint_dir().empty()) {
     RETURN_IF_ERROR(CreateDirectories(program_.checkpoint_dir()));
-    if (job_.checkpoint.every > 0 || job_.checkpoint.keep_latest > 0) {
-      SPDLOG_WARN(
-          "job {}: checkpoint.every and keep_latest are not implemented by "
-          "workers yet; writing the final parameters only",
-          program_.job_id());
-    }
   }
 
   ASSIGN_OR_RETURN(const std::string host,
@@ -269,6 +277,7 @@ absl::Status JobRunner::Run(
 absl::Status JobRunner::RunSteps(
     const std::function<void(const StepProgress&)>& on_step) {
   const bool clip = job_.optimizer.clip_grad_norm.has_value();
+  const int64_t every = job_.checkpoint.every;
   for (int64_t step = steps_done_.load(); step < program_.steps(); ++step) {
     if (cancelled_.load()) return CancelStatus();
     const double lr = optimizer_->current_lr();
@@ -289,17 +298,15 @@ absl::Status JobRunner::RunSteps(
                .peak_activation_bytes = r.peak_activation_bytes,
                .result = &r});
     }
+    const int64_t done = step + 1;
+    if (!program_.checkpoint_dir().empty() &&
+        (done == program_.steps() || (every > 0 && done % every == 0))) {
+      if (cancelled_.load()) return CancelStatus();
+      RETURN_IF_ERROR(WriteCheckpoint(done));
+    }
   }
   if (cancelled_.load()) return CancelStatus();
-  if (program_.checkpoint_dir().empty()) return absl::OkStatus();
-  const auto start = std::chrono::steady_clock::now();
-  absl::Status written = WriteCheckpoint();
-  if (on_checkpoint_) {
-    on_checkpoint_(written.ok(), std::chrono::duration<double>(
-                                     std::chrono::steady_clock::now() - start)
-                                     .count());
-  }
-  return written;
+  return absl::OkStatus();
 }
 
 // Every rank sends its value to every other rank under a tag no stage uses
@@ -345,24 +352,169 @@ absl::StatusOr<double> JobRunner::AllReduceSum(int64_t step, double value) {
   return total;
 }
 
-absl::Status JobRunner::WriteCheckpoint() {
-  const int64_t step = steps_done_.load();
+absl::Status JobRunner::WriteCheckpoint(int64_t step) {
+  const auto start = std::chrono::steady_clock::now();
+  CheckpointWrite write;
+  write.step = step;
+  absl::StatusOr<std::vector<v1::StageFile>> files = WriteStageFiles(step);
+  write.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  if (files.ok()) {
+    write.files = *std::move(files);
+  } else {
+    write.status = files.status();
+  }
+  if (on_checkpoint_) on_checkpoint_(write);
+  return write.status;
+}
+
+absl::StatusOr<std::vector<v1::StageFile>> JobRunner::WriteStageFiles(
+    int64_t step) {
+  RETURN_IF_ERROR(backend_->Synchronize());
+  const std::vector<engine::Optimizer::StateTensor> state =
+      optimizer_->StateTensors();
+  std::vector<v1::StageFile> files;
   for (const auto& stage : stages_) {
     const std::string path =
         engine::StageFilePath(program_.checkpoint_dir(), step, stage->index());
     RETURN_IF_ERROR(
         CreateDirectories(std::filesystem::path(path).parent_path()));
-    // SaveParameters writes atomically, so conveyorctl export never reads a
-    // half-written stage file.
-    RETURN_IF_ERROR(engine::SaveParameters(
-        backend_, stage->parameters(), path,
-        {{"job", job_.name},
-         {"stage", absl::StrCat(stage->index())},
-         {"num_stages", absl::StrCat(program_.num_stages())},
-         {"step", absl::StrCat(step)},
-         {"format", engine::kStageFileFormat}}));
-    SPDLOG_INFO("job {}: wrote {}", program_.job_id(), path);
+    if (checkpoint_delay_.count() > 0) {
+      std::this_thread::sleep_for(checkpoint_delay_);
+      if (cancelled_.load()) return CancelStatus();
+    }
+    // Host copies of everything the file holds: the parameters under their
+    // global names, then the optimizer's state of those parameters.
+    std::vector<std::vector<float>> host;
+    std::vector<engine::TensorToWrite> tensors;
+    auto add = [&](std::string name, const engine::Tensor& t) -> absl::Status {
+      host.emplace_back(t.numel());
+      RETURN_IF_ERROR(backend_->CopyToHost(t, host.back().data(), t.bytes()));
+      tensors.push_back({.name = std::move(name),
+                         .dtype = engine::DType::kF32,
+                         .shape = t.shape(),
+                         .data = host.back().data(),
+                         .bytes = t.bytes()});
+      return absl::OkStatus();
+    };
+    host.reserve(stage->parameters().size() + state.size());
+    std::set<const engine::Parameter*> mine;
+    for (engine::Parameter* p : stage->parameters()) {
+      mine.insert(p);
+      RETURN_IF_ERROR(add(p->name, p->value));
+    }
+    for (const engine::Optimizer::StateTensor& st : state) {
+      if (!mine.contains(st.param)) continue;
+      RETURN_IF_ERROR(add(absl::StrCat(engine::kOptimizerTensorPrefix, st.slot,
+                                       "/", st.param->name),
+                          st.tensor));
+    }
+    ASSIGN_OR_RETURN(
+        const std::string bytes,
+        engine::SerializeSafetensors(
+            tensors,
+            {{"job", job_.name},
+             {"stage", absl::StrCat(stage->index())},
+             {"num_stages", absl::StrCat(program_.num_stages())},
+             {"step", absl::StrCat(step)},
+             {"optimizer_step", absl::StrCat(optimizer_->step())},
+             // The data source is indexed by step: this is how far it got.
+             {"samples_seen", absl::StrCat(step * job_.training.batch_size)},
+             {"format", engine::kStageFileFormat}}));
+    // Atomic and durable: a reader sees the whole file or none, and once
+    // the coordinator hears of it, it survives a crash.
+    RETURN_IF_ERROR(WriteFileAtomically(path, bytes));
+    v1::StageFile& file = files.emplace_back();
+    file.set_stage(stage->index());
+    file.set_file(std::filesystem::path(path).filename().string());
+    file.set_bytes(bytes.size());
+    file.set_crc32c(Crc32c(std::span<const uint8_t>(
+        reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size())));
+    SPDLOG_INFO("job {}: wrote {} ({} bytes)", program_.job_id(), path,
+                bytes.size());
   }
+  return files;
+}
+
+absl::Status JobRunner::LoadResumeFiles() {
+  const int64_t step = program_.resume_step();
+  std::map<int, const v1::StageFile*> expected;
+  for (const v1::StageFile& f : program_.resume_files()) {
+    expected[f.stage()] = &f;
+  }
+  // Every file stays open (in memory) until the optimizer state is read.
+  std::vector<engine::SafetensorsReader> readers;
+  std::map<std::string, const engine::SafetensorsReader*> reader_of;
+  for (const auto& stage : stages_) {
+    auto it = expected.find(stage->index());
+    if (it == expected.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("program: no resume file for stage ", stage->index()));
+    }
+    const v1::StageFile& f = *it->second;
+    // The name comes from the coordinator's manifest; only the canonical
+    // one is accepted, so it cannot point outside the step directory.
+    const std::string want =
+        absl::StrCat("stage-", stage->index(), ".safetensors");
+    if (f.file() != want) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("program: resume file '", f.file(), "' for stage ",
+                       stage->index(), " is not ", want));
+    }
+    const std::string path =
+        (std::filesystem::path(program_.resume_dir()) / want).string();
+    // One byte more than expected is enough to tell the size is wrong.
+    ASSIGN_OR_RETURN(std::string bytes, ReadFile(path, f.bytes() + 1));
+    if (bytes.size() != f.bytes()) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": ", bytes.size() > f.bytes() ? "more than " : "",
+          bytes.size() > f.bytes() ? f.bytes() : bytes.size(),
+          " bytes, but the checkpoint's manifest records ", f.bytes()));
+    }
+    const uint32_t crc = Crc32c(std::span<const uint8_t>(
+        reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+    if (crc != f.crc32c()) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": CRC-32C ", absl::Hex(crc, absl::kZeroPad8),
+          " differs from the manifest's ",
+          absl::Hex(f.crc32c(), absl::kZeroPad8), "; the file is corrupt"));
+    }
+    ASSIGN_OR_RETURN(
+        engine::SafetensorsReader reader,
+        engine::SafetensorsReader::FromBytes(std::move(bytes), path));
+    const auto& meta = reader.metadata();
+    auto meta_is = [&](const char* key, const std::string& value) {
+      auto m = meta.find(key);
+      return m != meta.end() && m->second == value;
+    };
+    if (!meta_is("format", engine::kStageFileFormat) ||
+        !meta_is("stage", absl::StrCat(stage->index())) ||
+        !meta_is("step", absl::StrCat(step)) ||
+        !meta_is("optimizer_step", absl::StrCat(step))) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": its metadata does not describe stage ", stage->index(),
+          " at step ", step, " (format ", engine::kStageFileFormat, ")"));
+    }
+    RETURN_IF_ERROR(stage->LoadFrom(reader));
+    readers.push_back(std::move(reader));
+  }
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    for (engine::Parameter* p : stages_[i]->parameters()) {
+      reader_of[p->name] = &readers[i];
+    }
+  }
+  RETURN_IF_ERROR(optimizer_->RestoreState(
+      step,
+      [&](absl::string_view slot, const engine::Parameter& param)
+          -> absl::StatusOr<std::vector<float>> {
+        const engine::SafetensorsReader* r = reader_of.at(param.name);
+        return r->ReadF32(absl::StrCat(engine::kOptimizerTensorPrefix, slot,
+                                       "/", param.name));
+      }));
+  steps_done_.store(step);
+  SPDLOG_INFO("job {}: resumed {} from step {} in {}", program_.job_id(),
+              DescribeRank(program_), step, program_.resume_dir());
   return absl::OkStatus();
 }
 

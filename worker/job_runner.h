@@ -9,13 +9,25 @@
 //                    opens the data source and optimizer, and binds the data
 //                    plane (TcpChannel) so data_endpoint() can be reported.
 //   Start(peers)     connects to every other rank of the job.
-//   Run(on_step)     runs program.steps steps, calls on_step after each, and
-//                    writes this rank's stages to the checkpoint directory.
+//   Run(on_step)     runs the steps from program.resume_step to
+//                    program.steps, calls on_step after each, and writes
+//                    this rank's stages to the checkpoint directory every
+//                    checkpoint.every steps and after the last.
 //   Cancel(status)   from any thread: aborts the data plane at once (which
 //                    wakes a blocked Recv or Connect and tells the peers why)
 //                    and makes Run/Start return `status`.
 // Any failure of Start or Run aborts the channel with the failure, so the
 // other ranks stop with the original reason instead of a timeout.
+//
+// Checkpoints. A checkpoint of step N holds, per stage, the parameters and
+// the optimizer's state (engine/stage_file.h), so that a run resumed from it
+// ends bitwise equal to one that never stopped: the data source is indexed
+// by step (N is the data position) and training draws no random numbers
+// after initialization, so nothing else carries over. Each file is written
+// to a temporary name, fsynced and renamed; on_checkpoint then reports the
+// files' sizes and CRC-32C, for the coordinator's manifest. A program with
+// resume_step > 0 starts from the files in resume_dir instead of the init,
+// after checking each against the size and CRC the manifest recorded.
 //
 // Thread-safety: Start and Run are called from one thread (the job thread);
 // Cancel, data_endpoint and the accessors from any thread. The session
@@ -54,6 +66,14 @@ namespace conveyor::worker {
 // Used when a program's recv_timeout_ms is 0.
 inline constexpr std::chrono::milliseconds kDefaultRecvTimeout{30000};
 
+// One checkpoint write of this rank's stages.
+struct CheckpointWrite {
+  int64_t step = 0;
+  absl::Status status;  // OK: every file below is durable at its name.
+  double seconds = 0;
+  std::vector<v1::StageFile> files;  // One per stage of the rank, on success.
+};
+
 struct JobRunnerOptions {
   // Where the job's data plane listens: "host:port", port 0 for a free one.
   // The host is what peers are told (data_endpoint()), except a wildcard
@@ -63,8 +83,11 @@ struct JobRunnerOptions {
   std::chrono::milliseconds connect_timeout{10000};
   // Told about the data plane's traffic and failures; outlives the runner.
   transport::DataPlaneObserver* observer = nullptr;
-  // After each checkpoint write: whether it succeeded and how long it took.
-  std::function<void(bool ok, double seconds)> on_checkpoint = nullptr;
+  // After each checkpoint write (on the job thread): see CheckpointWrite.
+  std::function<void(const CheckpointWrite&)> on_checkpoint = nullptr;
+  // Fault injection for tests of a worker killed mid-checkpoint: sleep this
+  // long before writing each stage file. Never set in production.
+  std::chrono::milliseconds checkpoint_delay{0};
 };
 
 // What one finished step reports; the session turns it into a StepReport.
@@ -92,7 +115,8 @@ class JobRunner {
   //   FailedPrecondition: "program/build mismatch ...": this build arrives
   //     at other stages, layers or parameter names than the coordinator's;
   //   NotFound/PermissionDenied/...: init.from or data files, or the
-  //     checkpoint directory cannot be created;
+  //     checkpoint directory cannot be created, or a resume file is missing;
+  //   DataLoss: a resume file's size or CRC-32C differs from the program's;
   //   Unavailable: the data address cannot be bound.
   static absl::StatusOr<std::unique_ptr<JobRunner>> Create(
       const v1::JobProgram& program, const JobRunnerOptions& options);
@@ -140,7 +164,11 @@ class JobRunner {
       const std::function<void(const StepProgress&)>& on_step);
   // Sums `value` over all ranks through the channel (see job_runner.cc).
   absl::StatusOr<double> AllReduceSum(int64_t step, double value);
-  absl::Status WriteCheckpoint();
+  // Writes this rank's stages for `step` and reports it to on_checkpoint.
+  absl::Status WriteCheckpoint(int64_t step);
+  absl::StatusOr<std::vector<v1::StageFile>> WriteStageFiles(int64_t step);
+  // Loads the parameters and optimizer state of program.resume_step.
+  absl::Status LoadResumeFiles();
   // The cancel status if Cancel was called, else `status`; aborts the
   // channel with the result when it is an error.
   absl::Status Fail(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
@@ -150,7 +178,8 @@ class JobRunner {
   engine::JobSpec job_;
   engine::Backend* const backend_;
   std::chrono::milliseconds recv_timeout_{kDefaultRecvTimeout};
-  std::function<void(bool, double)> on_checkpoint_;
+  std::function<void(const CheckpointWrite&)> on_checkpoint_;
+  std::chrono::milliseconds checkpoint_delay_{0};
 
   std::vector<std::unique_ptr<engine::Stage>> stages_;  // Ascending index.
   std::unique_ptr<engine::DataSource> data_;

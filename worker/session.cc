@@ -344,7 +344,12 @@ void WorkerSession::HeartbeatLoop(grpc::ClientContext* context,
   };
   mu_.AwaitWithTimeout(absl::Condition(&job_reported),
                        absl::FromChrono(options_.shutdown_grace));
+  // Leaving on purpose: the coordinator forgets this worker now instead of
+  // reporting it lost when the stream closes.
+  v1::WorkerMessage bye;
+  bye.mutable_deregister()->set_reason("the worker is shutting down");
   mu_.Unlock();
+  writer->Write(bye);
   writer->WritesDone();
   mu_.Lock();
   if (!mu_.AwaitWithTimeout(absl::Condition(&stream_done_),
@@ -600,11 +605,23 @@ absl::Status WorkerSession::RunJob(Job* job) {
     }
     metrics = options_.metrics->StartJob(program.job_id(), stages);
     runner_options.observer = metrics.get();
-    runner_options.on_checkpoint = [m = options_.metrics](bool ok,
-                                                          double seconds) {
-      m->RecordCheckpoint(ok, seconds);
-    };
   }
+  runner_options.checkpoint_delay = options_.checkpoint_delay;
+  // The coordinator commits a step's checkpoint once every rank's files are
+  // in; it hears of them on the stream, before the next StepReport.
+  runner_options.on_checkpoint = [this, job](const CheckpointWrite& write) {
+    if (options_.metrics != nullptr) {
+      options_.metrics->RecordCheckpoint(write.status.ok(), write.seconds);
+    }
+    if (!write.status.ok()) return;  // The job fails with the error.
+    v1::WorkerMessage m;
+    v1::CheckpointSaved* saved = m.mutable_checkpoint();
+    saved->set_job_id(job->program.job_id());
+    saved->set_step(write.step);
+    saved->set_seconds(write.seconds);
+    for (const v1::StageFile& f : write.files) *saved->add_files() = f;
+    job->writer->Write(m);
+  };
   ASSIGN_OR_RETURN(std::unique_ptr<JobRunner> runner,
                    JobRunner::Create(program, runner_options));
   {

@@ -18,7 +18,13 @@
 //               PrepareJob, is answered JobEnded.
 // A job whose StartJob does not come within prepare_timeout ends FAILED, so
 // it cannot pin the worker. Every job, however it ends, releases its
-// resources and the worker serves the next one.
+// resources and the worker serves the next one. After each checkpoint write
+// the job sends CheckpointSaved (the files' sizes and CRC-32C) before its
+// next StepReport, so the coordinator can commit the step.
+//
+// Shutdown (the daemon's SIGTERM) cancels the job, waits (shutdown_grace)
+// for its JobEnded to go out, then sends Deregister and closes the stream:
+// the coordinator forgets the worker rather than reporting it lost.
 //
 // A broken stream (or a coordinator that cannot be reached) aborts the job,
 // whose results could no longer be reported, and the session reconnects and
@@ -72,6 +78,8 @@ struct SessionOptions {
   // At Shutdown: how long to wait for the job to report its end, and then
   // for the coordinator to close the stream, before cancelling the call.
   std::chrono::milliseconds shutdown_grace{2000};
+  // Fault injection for tests (JobRunnerOptions::checkpoint_delay).
+  std::chrono::milliseconds checkpoint_delay{0};
   // Where this worker's /metrics is served (reported at registration), and
   // the metrics to keep; both optional.
   std::string metrics_address;

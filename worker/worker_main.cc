@@ -167,6 +167,13 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level,
                  absl::StrCat("Log level: ", conveyor::kLogLevels))
       ->capture_default_str();
+  // Fault injection for the tests that kill a worker mid-checkpoint: pause
+  // before writing each stage file. Hidden (empty group): not for users.
+  int64_t checkpoint_delay_ms = 0;
+  app.add_option("--fault-checkpoint-delay-ms", checkpoint_delay_ms)
+      ->envname("CONVEYOR_FAULT_CHECKPOINT_DELAY_MS")
+      ->check(CLI::Range(int64_t{0}, int64_t{3600000}))
+      ->group("");
 
   if (std::optional<int> exit = conveyor::ParseCommandLine(
           app, argc, argv, "conveyor-worker", &log_level);
@@ -207,6 +214,12 @@ int main(int argc, char** argv) {
   if (!valid.ok()) {
     std::cerr << "conveyor-worker: " << valid.message() << "\n";
     return conveyor::kExitUsage;
+  }
+
+  options.checkpoint_delay = std::chrono::milliseconds(checkpoint_delay_ms);
+  if (checkpoint_delay_ms > 0) {
+    SPDLOG_WARN("fault injection: pausing {} ms before each checkpoint file",
+                checkpoint_delay_ms);
   }
 
   // Served before registering, so the coordinator learns the bound address.

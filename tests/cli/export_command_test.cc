@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/checkpoint_manifest.h"
 #include "engine/safetensors.h"
 #include "engine/stage_file.h"
 #include "gmock/gmock.h"
@@ -75,8 +76,36 @@ class ExportTest : public ::testing::Test {
             .ok());
   }
 
+  // Commits `step` as the coordinator does once every stage file is in: a
+  // manifest with their sizes and checksums, written last.
+  void WriteManifestFor(int64_t step, int num_stages) {
+    const std::string step_dir = engine::StepDirPath(ckpt_, step);
+    engine::CheckpointManifest m;
+    m.job = "mlp";
+    m.job_id = "job-7";
+    m.step = step;
+    m.config_hash = "0123456789abcdef";
+    m.num_stages = num_stages;
+    for (int s = 0; s < num_stages; ++s) {
+      m.stage_begin.push_back(s);
+      absl::StatusOr<engine::StageFileDigest> d =
+          engine::DigestStageFile(step_dir, s);
+      ASSERT_TRUE(d.ok()) << d.status();
+      m.stages.push_back(*d);
+    }
+    m.created_unix_ms = 1;
+    absl::Status written = engine::WriteManifest(ckpt_, m);
+    ASSERT_TRUE(written.ok()) << written;
+  }
+
+  // A complete step: every stage file, then the manifest.
   void WriteStep(int64_t step, int num_stages) {
     for (int s = 0; s < num_stages; ++s) WriteStage(step, s, num_stages);
+    WriteManifestFor(step, num_stages);
+  }
+
+  std::string StagePath(int64_t step, int stage) {
+    return engine::StageFilePath(ckpt_, step, stage);
   }
 
   fs::path dir_;
@@ -122,14 +151,23 @@ TEST_F(ExportTest, GathersEveryStageByGlobalName) {
 TEST_F(ExportTest, PicksTheHighestCompleteStepAndSaysWhatItSkipped) {
   WriteStep(100, 2);
   WriteStep(200, 2);
-  WriteStage(300, 0, 2);  // The job stopped while writing step 300.
+  WriteStep(300, 2);
+  std::fstream(StagePath(300, 1),
+               std::ios::in | std::ios::out | std::ios::binary)
+      .put('\x7f');  // Step 300 was damaged after it was committed.
+  // The job stopped while writing step 400: every stage file is there, but
+  // the coordinator never committed it.
+  WriteStage(400, 0, 2);
+  WriteStage(400, 1, 2);
   fs::create_directories(fs::path(ckpt_) / "step-x");  // Not a step.
   absl::StatusOr<ExportResult> r =
       ExportCheckpoint(ckpt_, std::nullopt, output_);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->step, 200);
-  ASSERT_EQ(r->skipped.size(), 1u);
-  EXPECT_THAT(r->skipped[0], HasSubstr("step-300: missing stage-1 of 2"));
+  ASSERT_EQ(r->skipped.size(), 2u);
+  EXPECT_THAT(r->skipped[0], HasSubstr("step 400 is incomplete: no manifest"));
+  EXPECT_THAT(r->skipped[1],
+              HasSubstr("step-300/stage-1.safetensors: CRC-32C"));
 }
 
 TEST_F(ExportTest, StepSelectsAnOlderStep) {
@@ -153,47 +191,98 @@ TEST_F(ExportTest, MissingStepIsNotFoundAndListsTheSteps) {
   EXPECT_THAT(r.status().message(), HasSubstr("no step-150; steps: 100, 200"));
 }
 
-TEST_F(ExportTest, MissingStageIsAnError) {
-  WriteStage(100, 0, 3);
-  WriteStage(100, 2, 3);
-  absl::StatusOr<ExportResult> r = ExportCheckpoint(ckpt_, 100, output_);
+TEST_F(ExportTest, StepWithoutManifestIsRefusedAndSkipped) {
+  WriteStep(100, 2);
+  WriteStage(200, 0, 2);
+  WriteStage(200, 1, 2);
+  absl::StatusOr<ExportResult> r = ExportCheckpoint(ckpt_, 200, output_);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(r.status().message(),
-              HasSubstr("step-100: missing stage-1 of 3"));
+              HasSubstr("step 200 is incomplete: no manifest"));
+  EXPECT_FALSE(fs::exists(output_));
+
+  absl::StatusOr<ExportResult> latest =
+      ExportCheckpoint(ckpt_, std::nullopt, output_);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->step, 100);
+  ASSERT_EQ(latest->skipped.size(), 1u);
+  EXPECT_THAT(latest->skipped[0],
+              HasSubstr("step 200 is incomplete: no manifest"));
+}
+
+TEST_F(ExportTest, FlippedByteIsDataLoss) {
+  WriteStep(100, 2);
+  {
+    std::fstream f(StagePath(100, 1),
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);  // The last byte of a tensor.
+    f.put('\x55');
+  }
+  absl::StatusOr<ExportResult> r = ExportCheckpoint(ckpt_, 100, output_);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(), HasSubstr("stage-1.safetensors: CRC-32C "));
+  EXPECT_THAT(r.status().message(), HasSubstr(", the manifest records "));
   EXPECT_FALSE(fs::exists(output_));
   // Without --step there is nothing complete to fall back on.
   absl::StatusOr<ExportResult> latest =
       ExportCheckpoint(ckpt_, std::nullopt, output_);
   ASSERT_FALSE(latest.ok());
-  EXPECT_THAT(latest.status().message(), HasSubstr("no complete step"));
+  EXPECT_EQ(latest.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(latest.status().message(), HasSubstr("no complete checkpoint"));
 }
 
-TEST_F(ExportTest, MissingStageZeroIsAnError) {
-  WriteStage(100, 1, 2);
+TEST_F(ExportTest, MissingOrTruncatedStageFileIsDataLoss) {
+  WriteStep(100, 3);
+  fs::remove(StagePath(100, 1));
   absl::StatusOr<ExportResult> r = ExportCheckpoint(ckpt_, 100, output_);
   ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(r.status().message(),
-              HasSubstr("stage-0.safetensors is missing"));
-}
+              HasSubstr("step-100/stage-1.safetensors: missing"));
 
-TEST_F(ExportTest, ExtraStageBeyondNumStagesIsAnError) {
-  WriteStep(100, 2);
-  WriteStage(100, 2, 3);
-  absl::StatusOr<ExportResult> r = ExportCheckpoint(ckpt_, 100, output_);
+  WriteStep(200, 2);
+  fs::resize_file(StagePath(200, 0), fs::file_size(StagePath(200, 0)) - 4);
+  r = ExportCheckpoint(ckpt_, 200, output_);
   ASSERT_FALSE(r.ok());
-  EXPECT_THAT(r.status().message(),
-              HasSubstr("stage-2.safetensors exists but num_stages is 2"));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(), HasSubstr("the manifest records"));
 }
 
-TEST_F(ExportTest, DisagreeingNumStagesIsAnError) {
+TEST_F(ExportTest, OptimizerStateIsNotExported) {
+  for (int s = 0; s < 2; ++s) {
+    WriteStage(100, s, 2, {},
+               absl::StrCat(engine::kOptimizerTensorPrefix, "exp_avg/layers.",
+                            s, ".bias"));
+  }
+  WriteManifestFor(100, 2);
+  absl::StatusOr<ExportResult> r = ExportCheckpoint(ckpt_, 100, output_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->num_tensors, 4);
+  EXPECT_EQ(r->num_elements, 12);
+  absl::StatusOr<engine::SafetensorsReader> file =
+      engine::SafetensorsReader::Open(output_);
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::vector<std::string> names;
+  for (const engine::TensorInfo& info : file->tensors()) {
+    names.push_back(info.name);
+  }
+  EXPECT_THAT(names, ::testing::UnorderedElementsAre(
+                         "layers.0.weight", "layers.0.bias", "layers.1.weight",
+                         "layers.1.bias"));
+}
+
+TEST_F(ExportTest, NumStagesDisagreeingWithTheManifestIsAnError) {
   WriteStage(100, 0, 2);
   WriteStage(100, 1, 2, Metadata(1, 3, 100));
+  WriteManifestFor(100, 2);
   absl::StatusOr<ExportResult> r = ExportCheckpoint(ckpt_, 100, output_);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(r.status().message(),
-              HasSubstr("num_stages 3 disagrees with stage-0.safetensors (2)"));
+              HasSubstr("stage-1.safetensors: num_stages 3 disagrees with "
+                        "the manifest (2)"));
 }
 
 TEST_F(ExportTest, InconsistentMetadataIsAnError) {
@@ -215,8 +304,11 @@ TEST_F(ExportTest, InconsistentMetadataIsAnError) {
     fs::remove_all(fs::path(ckpt_) / "step-100");
     WriteStage(100, 0, 2);
     WriteStage(100, 1, 2, c.metadata);
+    WriteManifestFor(100, 2);
     absl::StatusOr<ExportResult> r = ExportCheckpoint(ckpt_, 100, output_);
     ASSERT_FALSE(r.ok()) << c.error;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition)
+        << c.error;
     EXPECT_THAT(r.status().message(), HasSubstr(c.error));
     EXPECT_THAT(r.status().message(), HasSubstr("stage-1.safetensors"));
   }
@@ -225,6 +317,7 @@ TEST_F(ExportTest, InconsistentMetadataIsAnError) {
 TEST_F(ExportTest, DuplicateTensorNamesAreAnError) {
   WriteStage(100, 0, 2, {}, "layers.1.bias");
   WriteStage(100, 1, 2);
+  WriteManifestFor(100, 2);
   absl::StatusOr<ExportResult> r = ExportCheckpoint(ckpt_, 100, output_);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -234,13 +327,18 @@ TEST_F(ExportTest, DuplicateTensorNamesAreAnError) {
   EXPECT_FALSE(fs::exists(output_));
 }
 
-TEST_F(ExportTest, CorruptStageFileIsAPreconditionNotABadArgument) {
-  WriteStep(100, 2);
-  std::ofstream(fs::path(ckpt_) / "step-100" / "stage-1.safetensors")
-      << "not safetensors";
+TEST_F(ExportTest, CommittedFileThatIsNotSafetensorsIsAPrecondition) {
+  // Corrupt before the manifest was written, so the checksums agree: the
+  // reader, not the manifest, has to catch it, and it is a state to fix,
+  // not a bad argument.
+  WriteStage(100, 0, 2);
+  fs::create_directories(fs::path(ckpt_) / "step-100");
+  std::ofstream(StagePath(100, 1)) << "not safetensors";
+  WriteManifestFor(100, 2);
   absl::StatusOr<ExportResult> r = ExportCheckpoint(ckpt_, 100, output_);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("stage-1.safetensors"));
 }
 
 TEST_F(ExportTest, DirectoryErrors) {
@@ -264,8 +362,8 @@ TEST_F(ExportTest, RunPrintsASummaryAndRejectsANegativeStep) {
   ASSERT_TRUE(
       RunExportCommand({.checkpoint_dir = ckpt_, .output = output_}, out).ok());
   EXPECT_EQ(out.str(),
-            absl::StrCat("note: skipped step-200: stage-0.safetensors is "
-                         "missing\n",
+            absl::StrCat("note: skipped ", engine::StepDirPath(ckpt_, 200),
+                         ": step 200 is incomplete: no manifest\n",
                          "exported step 100 of job job-7: 2 stage(s), 4 "
                          "tensors, 12 parameters (0.0 MiB) to ",
                          output_, "\n"));

@@ -1,13 +1,21 @@
 #include "coordinator/job_manager.h"
 
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "common/crc32c.h"
+#include "engine/checkpoint_manifest.h"
+#include "engine/stage_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/protocol.h"
@@ -32,6 +40,9 @@ class RecordingObserver final : public JobObserver {
   void OnFinished(const v1::Job& job) override {
     log.push_back(absl::StrCat("finished ", job.id(), " ",
                                proto::JobStateName(job.state())));
+  }
+  void OnRestarted(const v1::Job& job) override {
+    log.push_back("restarted " + job.id());
   }
   std::vector<std::string> log;
 };
@@ -771,6 +782,315 @@ TEST_F(JobManagerTest, TellsItsObserverAboutSubmissionsStepsAndEnds) {
   EXPECT_THAT(observer_.log,
               ::testing::ElementsAre("submitted " + job, "step " + job + " 1",
                                      "finished " + job + " CANCELLED"));
+}
+
+// ---------------------------------------------------------------------------
+// Checkpoints, resume and restarts.
+
+class JobManagerCheckpointTest : public JobManagerTest {
+ protected:
+  JobManagerCheckpointTest()
+      : dir_((std::filesystem::path(::testing::TempDir()) /
+              absl::StrCat("job_manager_ckpt_", getpid(), "_",
+                           ::testing::UnitTest::GetInstance()
+                               ->current_test_info()
+                               ->name()))
+                 .string()) {
+    std::filesystem::remove_all(dir_);
+  }
+
+  // JobYaml(2) with a checkpoint section and `extra` top-level lines.
+  std::string CkptYaml(const std::string& checkpoint,
+                       const std::string& extra = "", int steps = 3) {
+    return absl::StrCat(JobYaml(2, "mlp", steps), "checkpoint: {dir: ", dir_,
+                        checkpoint.empty() ? "" : ", ", checkpoint, "}\n",
+                        extra);
+  }
+
+  // Writes stage `stage`'s file of `step` as a worker would, and returns
+  // what the worker reports of it.
+  v1::StageFile WriteStage(int64_t step, int stage) {
+    const std::string path = engine::StageFilePath(dir_, step, stage);
+    std::filesystem::create_directories(
+        std::filesystem::path(path).parent_path());
+    const std::string bytes = absl::StrCat("stage ", stage, " step ", step);
+    std::ofstream(path, std::ios::binary) << bytes;
+    v1::StageFile f;
+    f.set_stage(stage);
+    f.set_file(absl::StrCat("stage-", stage, ".safetensors"));
+    f.set_bytes(bytes.size());
+    f.set_crc32c(Crc32c(std::span<const uint8_t>(
+        reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size())));
+    return f;
+  }
+  void Saved(const std::string& worker, const std::string& job, int64_t step,
+             std::vector<v1::StageFile> files) {
+    v1::WorkerMessage m;
+    m.mutable_checkpoint()->set_job_id(job);
+    m.mutable_checkpoint()->set_step(step);
+    for (v1::StageFile& f : files) *m.mutable_checkpoint()->add_files() = f;
+    Send(worker, m);
+  }
+  // Both ranks of a 2-stage job run `step` and write its files.
+  void StepWithCheckpoint(const std::string& w1, const std::string& w2,
+                          const std::string& job, int64_t step) {
+    Step(w1, job, step, false);
+    Step(w2, job, step, true);
+    Saved(w1, job, step, {WriteStage(step, 0)});
+    Saved(w2, job, step, {WriteStage(step, 1)});
+  }
+  bool Committed(int64_t step) {
+    return std::filesystem::exists(
+        std::filesystem::path(engine::StepDirPath(dir_, step)) /
+        engine::kManifestFileName);
+  }
+  std::string StartJob(const std::string& yaml, const std::string& w1,
+                       const std::string& w2) {
+    absl::StatusOr<v1::Job> job = Submit(yaml);
+    EXPECT_TRUE(job.ok()) << job.status();
+    if (!job.ok()) return "";
+    Ready(w1, job->id(), 5001);
+    Ready(w2, job->id(), 5002);
+    EXPECT_EQ(State(job->id()), v1::RUNNING);
+    return job->id();
+  }
+  v1::JobProgram LastProgram(const std::string& worker) {
+    auto prepares = Conn(worker).Of(v1::CoordinatorMessage::kPrepare);
+    EXPECT_FALSE(prepares.empty());
+    return prepares.empty() ? v1::JobProgram()
+                            : prepares.back().prepare().program();
+  }
+
+  std::string dir_;
+};
+
+TEST_F(JobManagerCheckpointTest, AStepCountsOnlyOnceEveryStageIsInAndIsPruned) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string job =
+      StartJob(CkptYaml("every: 1, keep_latest: 2"), w1, w2);
+
+  Step(w1, job, 1, false);
+  Step(w2, job, 1, true);
+  Saved(w1, job, 1, {WriteStage(1, 0)});
+  // One stage is not a checkpoint: nothing is committed yet.
+  EXPECT_FALSE(Committed(1));
+  EXPECT_EQ(manager_.GetJob(job)->last_checkpoint_step(), 0);
+  Saved(w2, job, 1, {WriteStage(1, 1)});
+  EXPECT_TRUE(Committed(1));
+  EXPECT_EQ(manager_.GetJob(job)->last_checkpoint_step(), 1);
+
+  absl::StatusOr<engine::CheckpointManifest> m =
+      engine::LoadCompleteCheckpoint(dir_, 1, /*verify_checksums=*/true);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->job, "mlp");
+  EXPECT_EQ(m->job_id, job);
+  EXPECT_EQ(m->num_stages, 2);
+  EXPECT_EQ(m->stage_begin, (std::vector<int>{0, 1}));
+  EXPECT_EQ(m->config_hash, engine::JobConfigHash(CkptYaml("")));
+
+  StepWithCheckpoint(w1, w2, job, 2);
+  StepWithCheckpoint(w1, w2, job, 3);
+  // keep_latest: 2 keeps steps 2 and 3.
+  EXPECT_FALSE(std::filesystem::exists(engine::StepDirPath(dir_, 1)));
+  EXPECT_TRUE(Committed(2));
+  EXPECT_TRUE(Committed(3));
+  Ended(w1, job, v1::SUCCEEDED);
+  Ended(w2, job, v1::SUCCEEDED);
+  EXPECT_EQ(State(job), v1::SUCCEEDED);
+  EXPECT_EQ(manager_.GetJob(job)->last_checkpoint_step(), 3);
+}
+
+TEST_F(JobManagerCheckpointTest, SuccessWithoutTheFinalCheckpointIsAFailure) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string job = StartJob(CkptYaml(""), w1, w2);
+  for (int step = 1; step <= 3; ++step) {
+    Step(w1, job, step, false);
+    Step(w2, job, step, true);
+  }
+  Saved(w1, job, 3, {WriteStage(3, 0)});  // Stage 1's report never came.
+  Ended(w1, job, v1::SUCCEEDED);
+  Ended(w2, job, v1::SUCCEEDED);
+  EXPECT_EQ(State(job), v1::FAILED);
+  EXPECT_THAT(manager_.GetJob(job)->message(),
+              HasSubstr("the final checkpoint (step 3) is incomplete"));
+  EXPECT_FALSE(Committed(3));
+}
+
+TEST_F(JobManagerCheckpointTest, AFileForAnotherRanksStageFailsTheJob) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string job = StartJob(CkptYaml("every: 1"), w1, w2);
+  Saved(w1, job, 1, {WriteStage(1, 0), WriteStage(1, 1)});
+  EXPECT_EQ(State(job), v1::FAILED);
+  EXPECT_THAT(manager_.GetJob(job)->message(),
+              HasSubstr("reported a checkpoint file for stage 1, which it "
+                        "does not hold"));
+  EXPECT_FALSE(Committed(1));
+}
+
+TEST_F(JobManagerCheckpointTest, ResumeLatestStartsAfterTheNewestCompleteStep) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string first = StartJob(CkptYaml("every: 1"), w1, w2);
+  StepWithCheckpoint(w1, w2, first, 1);
+  StepWithCheckpoint(w1, w2, first, 2);
+  // Step 3's files: only one stage before the job was cancelled.
+  Step(w1, first, 3, false);
+  Saved(w1, first, 3, {WriteStage(3, 0)});
+  ASSERT_TRUE(manager_.CancelJob(first, "interrupted").ok());
+  Ended(w1, first, v1::CANCELLED);
+  Ended(w2, first, v1::CANCELLED);
+
+  absl::StatusOr<v1::Job> resumed =
+      Submit(CkptYaml("every: 1", "resume: latest\n"));
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->steps_done(), 2);
+  EXPECT_EQ(resumed->resumed_from_step(), 2);
+  EXPECT_EQ(resumed->resumed_from(), engine::StepDirPath(dir_, 2));
+  for (const std::string& w : {w1, w2}) {
+    const v1::JobProgram p = LastProgram(w);
+    EXPECT_EQ(p.job_id(), resumed->id());
+    EXPECT_EQ(p.resume_step(), 2);
+    EXPECT_EQ(p.resume_dir(), engine::StepDirPath(dir_, 2));
+    // Each rank is told only of its own stage's file, as the manifest has it.
+    ASSERT_EQ(p.resume_files_size(), 1);
+    EXPECT_EQ(p.resume_files(0).stage(), p.rank());
+    EXPECT_EQ(p.resume_files(0).file(),
+              absl::StrCat("stage-", p.rank(), ".safetensors"));
+  }
+
+  // One live job per directory: a second would overwrite its steps.
+  absl::StatusOr<v1::Job> twice =
+      Submit(CkptYaml("every: 1", "resume: latest\n"));
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(twice.status().message(),
+              HasSubstr(absl::StrCat("is in use by ", resumed->id())));
+  ASSERT_TRUE(manager_.CancelJob(resumed->id(), "stop").ok());
+
+  // An older step named by its path would write over the newer complete
+  // step 2 (and retention would then delete the job's own steps): refused.
+  absl::StatusOr<v1::Job> older = Submit(
+      CkptYaml("every: 1",
+               absl::StrCat("resume: ", engine::StepDirPath(dir_, 1), "\n")));
+  EXPECT_EQ(older.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(older.status().message(),
+              HasSubstr("already holds a complete checkpoint of an earlier "
+                        "run (step 2), newer than where this job starts "
+                        "(step 1)"));
+  // So is a fresh start there.
+  EXPECT_FALSE(Submit(CkptYaml("every: 1")).ok());
+  // The newest step named by its path is fine.
+  absl::StatusOr<v1::Job> by_path = Submit(
+      CkptYaml("every: 1",
+               absl::StrCat("resume: ", engine::StepDirPath(dir_, 2), "\n")));
+  ASSERT_TRUE(by_path.ok()) << by_path.status();
+  EXPECT_EQ(by_path->resumed_from_step(), 2);
+}
+
+TEST_F(JobManagerCheckpointTest, ResumeNeverSilentlyStartsFromScratch) {
+  AddWorker("a");
+  AddWorker("b");
+  // Nothing written yet.
+  absl::StatusOr<v1::Job> none = Submit(CkptYaml("", "resume: latest\n"));
+  ASSERT_FALSE(none.ok());
+  EXPECT_THAT(none.status().message(),
+              HasSubstr("the job was asked to resume, so it does not start "
+                        "from scratch"));
+
+  // A step directory without a manifest is incomplete.
+  const std::string w1 = AddWorker("c"), w2 = AddWorker("d");
+  (void)w1;
+  (void)w2;
+  WriteStage(2, 0);
+  WriteStage(2, 1);
+  absl::StatusOr<v1::Job> partial = Submit(CkptYaml(
+      "", absl::StrCat("resume: ", engine::StepDirPath(dir_, 2), "\n")));
+  ASSERT_FALSE(partial.ok());
+  EXPECT_EQ(partial.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(partial.status().message(), HasSubstr("step-2"));
+
+  absl::StatusOr<v1::Job> missing =
+      Submit(CkptYaml("", absl::StrCat("resume: ", dir_, "/nowhere\n")));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobManagerCheckpointTest, ResumeRefusesAnotherConfiguration) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string first = StartJob(CkptYaml("every: 1"), w1, w2);
+  StepWithCheckpoint(w1, w2, first, 1);
+  ASSERT_TRUE(manager_.CancelJob(first, "stop").ok());
+  Ended(w1, first, v1::CANCELLED);
+  Ended(w2, first, v1::CANCELLED);
+
+  std::string other = CkptYaml("every: 1", "resume: latest\n");
+  other = absl::StrReplaceAll(other, {{"lr: 0.1", "lr: 0.2"}});
+  absl::StatusOr<v1::Job> job = Submit(other);
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(job.status().message(), HasSubstr("another configuration"));
+  // Resuming the finished run is refused too: nothing is left to train.
+  absl::StatusOr<v1::Job> done =
+      Submit(CkptYaml("every: 1", "resume: latest\n", 1));
+  ASSERT_FALSE(done.ok());
+}
+
+TEST_F(JobManagerCheckpointTest, ALostWorkerRestartsTheJobFromItsLastCommit) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string job =
+      StartJob(CkptYaml("every: 1", "restart: {max_restarts: 1}\n"), w1, w2);
+  const uint64_t first_number = LastProgram(w1).job_number();
+  StepWithCheckpoint(w1, w2, job, 1);
+  const std::string spare = AddWorker("spare");
+
+  manager_.WorkerDisconnected(w2, "control connection closed");
+  // Not failed: queued again at the head, the survivor told to stop.
+  v1::Job info = *manager_.GetJob(job);
+  EXPECT_EQ(info.state(), v1::QUEUED);
+  EXPECT_EQ(info.restarts(), 1);
+  EXPECT_THAT(info.last_restart_reason(), HasSubstr("lost"));
+  EXPECT_EQ(info.steps_done(), 1);
+  ASSERT_FALSE(Conn(w1).Of(v1::CoordinatorMessage::kCancel).empty());
+  // The survivor frees itself; the job is placed on it and the spare.
+  Ended(w1, job, v1::CANCELLED);
+  EXPECT_EQ(State(job), v1::PLANNING);
+  const v1::JobProgram p = LastProgram(spare);
+  EXPECT_EQ(p.job_id(), job);
+  EXPECT_EQ(p.resume_step(), 1);
+  EXPECT_NE(p.job_number(), first_number);  // A new data plane.
+  EXPECT_EQ(LastProgram(w1).resume_step(), 1);
+  EXPECT_THAT(observer_.log, testing::Contains("restarted " + job));
+
+  // A second loss is past the policy: FAILED, saying so.
+  Ready(w1, job, 5003);
+  Ready(spare, job, 5004);
+  EXPECT_EQ(State(job), v1::RUNNING);
+  manager_.WorkerDisconnected(spare, "control connection closed");
+  info = *manager_.GetJob(job);
+  EXPECT_EQ(info.state(), v1::FAILED);
+  EXPECT_THAT(info.message(), HasSubstr("(after 1 of 1 restarts)"));
+}
+
+TEST_F(JobManagerCheckpointTest, ARestartNeedsEnoughLiveWorkers) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string job =
+      StartJob(CkptYaml("", "restart: {max_restarts: 3}\n"), w1, w2);
+  manager_.WorkerDisconnected(w2, "control connection closed");
+  EXPECT_EQ(State(job), v1::FAILED);
+  EXPECT_THAT(manager_.GetJob(job)->message(),
+              HasSubstr("not restarted: the job needs 2 workers and 1 are "
+                        "live"));
+}
+
+TEST_F(JobManagerCheckpointTest, ADeregisteredWorkerIsForgottenAndItsJobFails) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string job = StartJob(JobYaml(2), w1, w2);
+  v1::WorkerMessage bye;
+  bye.mutable_deregister()->set_reason("the worker is shutting down");
+  Send(w2, bye);
+  EXPECT_EQ(State(job), v1::FAILED);
+  EXPECT_THAT(manager_.GetJob(job)->message(),
+              HasSubstr("deregistered (the worker is shutting down)"));
+  EXPECT_EQ(WorkerState(w2), v1::WORKER_STATE_UNSPECIFIED);  // Not listed.
+  EXPECT_TRUE(Conn(w2).closed);
 }
 
 }  // namespace

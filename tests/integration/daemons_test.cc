@@ -34,9 +34,11 @@
 #include "cli/local_cluster.h"
 #include "cli/trace_render.h"
 #include "common/file.h"
+#include "engine/checkpoint_manifest.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/job_spec.h"
 #include "engine/safetensors.h"
+#include "engine/stage_file.h"
 #include "engine/trainer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -149,6 +151,39 @@ Params ReadParams(const std::string& path) {
     out[t.name] = *file->ReadF32(t.name);
   }
   return out;
+}
+
+// MlpJob(2 stages, 1f1b) slowed by a fixed-time layer (so that a test can
+// act between steps), with periodic checkpoints in `dir` and `extra`
+// top-level lines.
+std::string SlowCheckpointedJob(int steps, const std::string& dir,
+                                const std::string& checkpoint,
+                                const std::string& extra = "") {
+  std::string yaml = MlpJob(2, "1f1b", 1, steps, dir);
+  yaml = absl::StrReplaceAll(
+      yaml,
+      {{"    - relu\n",
+        "    - relu\n    - delay: {forward_ms: 8, backward_ms: 0}\n"},
+       {absl::StrCat("checkpoint: {dir: ", dir, "}\n"),
+        absl::StrCat("checkpoint: {dir: ", dir, ", ", checkpoint, "}\n")}});
+  return yaml + extra;
+}
+
+// The newest complete step of `dir`, exported: parameters by name.
+Params ExportedParams(const std::string& dir) {
+  const std::string out = dir + ".export.safetensors";
+  absl::StatusOr<cli::ExportResult> result =
+      cli::ExportCheckpoint(dir, std::nullopt, out);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? ReadParams(out) : Params{};
+}
+
+void ExpectBitwiseEqual(const Params& got, const Params& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, values] : want) {
+    ASSERT_TRUE(got.contains(name)) << name;
+    EXPECT_EQ(got.at(name), values) << name;
+  }
 }
 
 class DaemonsTest : public ::testing::Test {
@@ -321,6 +356,43 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"transformer", "interleaved-1f1b", 4, 2},
                       Case{"mlp", "zb-h1", 4}, Case{"transformer", "zb-h1", 2}),
     CaseName);
+
+// Interrupted after a few checkpoints and resumed with `resume: latest`, a
+// job ends with exactly the parameters of a run that never stopped.
+TEST_F(DaemonsTest, InterruptedAndResumedEqualsUninterruptedBitwise) {
+  const std::string full = TempDir("resume_full");
+  const std::string part = TempDir("resume_part");
+  const std::string policy = "every: 3, keep_latest: 2";
+  absl::StatusOr<v1::Job> u = Submit(SlowCheckpointedJob(12, full, policy));
+  ASSERT_TRUE(u.ok()) << u.status();
+  ASSERT_EQ(WaitForEnd(*client_, u->id()).state(), v1::SUCCEEDED);
+
+  absl::StatusOr<v1::Job> i = Submit(SlowCheckpointedJob(12, part, policy));
+  ASSERT_TRUE(i.ok()) << i.status();
+  const v1::Job seven = WaitForSteps(*client_, i->id(), 7);
+  ASSERT_EQ(seven.state(), v1::RUNNING) << "finished before the interrupt";
+  ASSERT_TRUE(client_->CancelJob(i->id()).ok());
+  const v1::Job interrupted = WaitForEnd(*client_, i->id());
+  ASSERT_EQ(interrupted.state(), v1::CANCELLED);
+  EXPECT_GE(interrupted.last_checkpoint_step(), 6);
+  EXPECT_EQ(WaitForIdle(*client_, kWorkers), kWorkers);
+
+  absl::StatusOr<v1::Job> r =
+      Submit(SlowCheckpointedJob(12, part, policy, "resume: latest\n"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->resumed_from_step(), interrupted.last_checkpoint_step());
+  const v1::Job resumed = WaitForEnd(*client_, r->id());
+  ASSERT_EQ(resumed.state(), v1::SUCCEEDED) << resumed.message();
+  EXPECT_EQ(resumed.steps_done(), 12);
+  EXPECT_EQ(resumed.last_checkpoint_step(), 12);
+  ExpectBitwiseEqual(ExportedParams(part), ExportedParams(full));
+  // keep_latest: 2 complete steps are left, the newest last.
+  absl::StatusOr<std::vector<int64_t>> steps =
+      engine::ListCheckpointSteps(part);
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  EXPECT_EQ(*steps, (std::vector<int64_t>{9, 12}));
+  EXPECT_EQ(WaitForIdle(*client_, kWorkers), kWorkers);
+}
 
 TEST_F(DaemonsTest, CancelEndsARunningJobWithinTwoSecondsAndWorkersGoOn) {
   const std::string dir = TempDir("cancel");
@@ -807,6 +879,150 @@ void ExpectLostWorkerFailsTheJob(int signal, const std::string& observed,
     EXPECT_TRUE(p <= 0 || (::kill(p, 0) == -1 && errno == ESRCH))
         << "worker process " << p << " is still there";
   }
+}
+
+// The pid of the worker holding `rank` of `job`.
+pid_t WorkerPidOfRank(cli::LocalCluster& cluster,
+                      cli::CoordinatorClient& client, const v1::Job& job,
+                      int rank) {
+  const std::string id = job.worker_ids(rank);
+  for (const v1::Worker& w : Workers(client)) {
+    int index = -1;
+    if (w.id() == id &&
+        absl::SimpleAtoi(absl::StripPrefix(w.name(), "local-"), &index)) {
+      return cluster.worker_pid(index);
+    }
+  }
+  return -1;
+}
+
+// Workers that pause before each checkpoint file, so a test can kill one
+// while it writes: the step must never count, and resume (by hand, or by the
+// job's restart policy) must continue from the previous complete step and
+// end bitwise equal to an uninterrupted run.
+TEST(DaemonsFailureTest, WorkerKilledWhileWritingACheckpoint) {
+  ::setenv("CONVEYOR_FAULT_CHECKPOINT_DELAY_MS", "800", /*overwrite=*/1);
+  std::unique_ptr<cli::LocalCluster> cluster = DaemonsTest::StartCluster(4);
+  ::unsetenv("CONVEYOR_FAULT_CHECKPOINT_DELAY_MS");
+  ASSERT_NE(cluster, nullptr);
+  auto client = *cli::CoordinatorClient::Create(cluster->coordinator_address(),
+                                                absl::Seconds(10));
+  ASSERT_TRUE(cluster->WaitForWorkers(*client).ok());
+  auto submit = [&](const std::string& yaml) {
+    v1::SubmitJobRequest request;
+    request.set_yaml(yaml);
+    request.set_file_name("job.yaml");
+    absl::StatusOr<v1::Job> job = client->SubmitJob(request);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->id() : "";
+  };
+  auto wait_for_end = [&](const std::string& id) {
+    v1::Job job;
+    const Clock::time_point start = Clock::now();
+    while (SecondsSince(start) < 120) {
+      job = *client->GetJob(id);
+      if (proto::IsTerminal(job.state())) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return job;
+  };
+  // Kills rank 1's worker once it has begun writing step 4.
+  auto kill_while_writing_step_4 = [&](const std::string& id,
+                                       const std::string& dir) {
+    const Clock::time_point start = Clock::now();
+    while (!std::filesystem::exists(engine::StepDirPath(dir, 4)) &&
+           SecondsSince(start) < 60) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    const v1::Job job = *client->GetJob(id);
+    ASSERT_EQ(job.state(), v1::RUNNING);
+    const pid_t pid = WorkerPidOfRank(*cluster, *client, job, 1);
+    ASSERT_GT(pid, 0);
+    ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  };
+  const std::string policy = "every: 2";
+
+  const std::string full = TempDir("killed_ckpt_full");
+  const v1::Job u = wait_for_end(submit(SlowCheckpointedJob(6, full, policy)));
+  ASSERT_EQ(u.state(), v1::SUCCEEDED) << u.message();
+  const Params uninterrupted = ExportedParams(full);
+
+  // No restart policy: the job fails; step 4 never counts.
+  const std::string dir = TempDir("killed_ckpt");
+  const std::string killed = submit(SlowCheckpointedJob(6, dir, policy));
+  kill_while_writing_step_4(killed, dir);
+  const v1::Job failed = wait_for_end(killed);
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_EQ(failed.last_checkpoint_step(), 2);
+  EXPECT_FALSE(std::filesystem::exists(
+      std::filesystem::path(engine::StepDirPath(dir, 4)) /
+      engine::kManifestFileName));
+  EXPECT_EQ(engine::LoadCompleteCheckpoint(dir, 4, false).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  const v1::Job resumed = wait_for_end(
+      submit(SlowCheckpointedJob(6, dir, policy, "resume: latest\n")));
+  ASSERT_EQ(resumed.state(), v1::SUCCEEDED) << resumed.message();
+  EXPECT_EQ(resumed.resumed_from_step(), 2);
+  ExpectBitwiseEqual(ExportedParams(dir), uninterrupted);
+
+  // With a restart policy and a spare worker the same kill completes the
+  // job, from step 2, on the survivors.
+  const std::string restart_dir = TempDir("killed_ckpt_restart");
+  const std::string restarted = submit(SlowCheckpointedJob(
+      6, restart_dir, policy, "restart: {max_restarts: 1}\n"));
+  kill_while_writing_step_4(restarted, restart_dir);
+  const v1::Job done = wait_for_end(restarted);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.message();
+  EXPECT_EQ(done.restarts(), 1);
+  EXPECT_THAT(done.last_restart_reason(), HasSubstr("lost"));
+  EXPECT_EQ(done.resumed_from_step(), 2);
+  ExpectBitwiseEqual(ExportedParams(restart_dir), uninterrupted);
+}
+
+// SIGTERM: the worker stops its job promptly, deregisters (the coordinator
+// forgets it instead of listing it LOST) and exits.
+TEST(DaemonsFailureTest, SigtermedWorkerDeregistersAndItsJobFailsNamingIt) {
+  std::unique_ptr<cli::LocalCluster> cluster = DaemonsTest::StartCluster(2);
+  ASSERT_NE(cluster, nullptr);
+  auto client = *cli::CoordinatorClient::Create(cluster->coordinator_address(),
+                                                absl::Seconds(10));
+  ASSERT_TRUE(cluster->WaitForWorkers(*client).ok());
+  v1::SubmitJobRequest request;
+  request.set_yaml(MlpJob(2, "1f1b", 1, 1000000, TempDir("sigterm")));
+  request.set_file_name("job.yaml");
+  absl::StatusOr<v1::Job> job = client->SubmitJob(request);
+  ASSERT_TRUE(job.ok()) << job.status();
+  v1::Job running;
+  const Clock::time_point wait = Clock::now();
+  while (SecondsSince(wait) < 60) {
+    running = *client->GetJob(job->id());
+    if (running.steps_done() >= 2 || proto::IsTerminal(running.state())) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(running.state(), v1::RUNNING);
+  const pid_t pid = WorkerPidOfRank(*cluster, *client, running, 1);
+  ASSERT_GT(pid, 0);
+  const Clock::time_point start = Clock::now();
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  v1::Job failed;
+  while (SecondsSince(start) < 10) {
+    failed = *client->GetJob(job->id());
+    if (proto::IsTerminal(failed.state())) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_THAT(failed.message(), HasSubstr(running.worker_ids(1)));
+  EXPECT_LT(SecondsSince(start), 5);
+  // Forgotten, not LOST; the other worker is idle again.
+  std::vector<v1::Worker> workers;
+  while (SecondsSince(start) < 10) {
+    workers = Workers(*client);
+    if (workers.size() == 1 && workers[0].state() == v1::IDLE) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_EQ(workers[0].state(), v1::IDLE);
+  EXPECT_NE(workers[0].id(), running.worker_ids(1));
 }
 
 TEST(DaemonsFailureTest, KilledWorkerFailsTheJobNamingIt) {

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -20,9 +21,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "coordinator/planner.h"
+#include "engine/checkpoint_manifest.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/safetensors.h"
+#include "engine/stage_file.h"
 #include "engine/trainer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -266,6 +270,8 @@ TEST(JobRunnerTest, WritesOneFilePerStageWithMetadata) {
         {"stage", absl::StrCat(stage)},
         {"num_stages", "4"},
         {"step", "3"},
+        {"optimizer_step", "3"},
+        {"samples_seen", "48"},
         {"format", "conveyor-stage-v1"}};
     EXPECT_EQ(file->metadata(), want) << path;
     // Stage s holds layers 2s (dense) and 2s+1 (gelu); the head is on the
@@ -279,8 +285,14 @@ TEST(JobRunnerTest, WritesOneFilePerStageWithMetadata) {
       expected.push_back("layers.8.bias");
       expected.push_back("layers.8.weight");
     }
+    const std::vector<std::string> params = expected;
+    for (const std::string& name : params) {
+      for (const char* slot : {"exp_avg", "exp_avg_sq"}) {
+        expected.push_back(absl::StrCat("optimizer/", slot, "/", name));
+      }
+    }
     EXPECT_THAT(names, ::testing::UnorderedElementsAreArray(expected));
-    for (const std::string& name : expected) {
+    for (const std::string& name : params) {
       auto values = file->ReadF32(name);
       ASSERT_TRUE(values.ok()) << values.status();
       EXPECT_EQ(*values, got.params.at(name)) << name;
@@ -293,6 +305,121 @@ TEST(JobRunnerTest, WritesOneFilePerStageWithMetadata) {
     ++entries;
   }
   EXPECT_EQ(entries, 5);  // step-3 and its 4 files.
+  std::filesystem::remove_all(dir);
+}
+
+// Programs that resume from step `step` of `dir`, as the coordinator makes
+// them from the step's manifest.
+std::vector<v1::JobProgram> ResumePrograms(const std::string& yaml,
+                                           const std::string& dir,
+                                           const std::string& resume_dir,
+                                           int64_t step) {
+  std::vector<v1::JobProgram> programs = Programs(yaml, dir);
+  for (v1::JobProgram& p : programs) {
+    p.set_resume_step(step);
+    p.set_resume_dir(engine::StepDirPath(resume_dir, step));
+    for (const v1::StageProgram& sp : p.stages()) {
+      absl::StatusOr<engine::StageFileDigest> d = engine::DigestStageFile(
+          engine::StepDirPath(resume_dir, step), sp.stage());
+      EXPECT_TRUE(d.ok()) << d.status();
+      if (!d.ok()) continue;
+      v1::StageFile* f = p.add_resume_files();
+      f->set_stage(d->stage);
+      f->set_file(d->file);
+      f->set_bytes(d->bytes);
+      f->set_crc32c(d->crc32c);
+    }
+  }
+  return programs;
+}
+
+// The heart of resume: interrupted after a checkpoint and resumed from it, a
+// job ends with the bitwise parameters of one that never stopped, for every
+// optimizer kind that keeps state and with clipping (a cross-rank
+// reduction) on.
+TEST(JobRunnerTest, ResumedFromACheckpointEqualsUninterruptedBitwise) {
+  for (const std::string optimizer : {"adamw", "sgd"}) {
+    JobOptions o{.schedule = "interleaved-1f1b",
+                 .stages = 4,
+                 .virtual_stages = 2,
+                 .clip = true,
+                 .steps = 6};
+    std::string yaml = JobYaml(o);
+    if (optimizer == "sgd") {
+      yaml = absl::StrReplaceAll(yaml, {{"kind: adamw, lr: 0.01",
+                                         "kind: sgd, lr: 0.05, momentum: "
+                                         "0.9"}});
+    }
+    yaml += "checkpoint: {dir: unused, every: 2}\n";
+    const std::string full = TempDir(optimizer + "_full");
+    const std::string part = TempDir(optimizer + "_part");
+    const Result uninterrupted = RunJob(Programs(yaml, full));
+    for (const absl::Status& s : uninterrupted.statuses) {
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    // Checkpoints at 2, 4 and 6 (every 2, and the last).
+    for (int step : {2, 4, 6}) {
+      EXPECT_TRUE(std::filesystem::exists(engine::StageFilePath(full, step, 3)))
+          << step;
+    }
+    // A second run resumes from the first run's step 2 and writes its own.
+    const Result resumed = RunJob(ResumePrograms(yaml, part, full, 2));
+    for (const absl::Status& s : resumed.statuses) ASSERT_TRUE(s.ok()) << s;
+    EXPECT_FALSE(std::filesystem::exists(engine::StepDirPath(part, 2)));
+    EXPECT_TRUE(std::filesystem::exists(engine::StageFilePath(part, 4, 0)));
+    ASSERT_EQ(resumed.params.size(), uninterrupted.params.size());
+    for (const auto& [name, values] : uninterrupted.params) {
+      EXPECT_EQ(resumed.params.at(name), values) << optimizer << " " << name;
+    }
+    // Steps 3..6 ran, with the learning rates of those steps.
+    EXPECT_EQ(resumed.learning_rates.size(), 4u);
+    // The optimizer state written at the end is the same too.
+    for (int stage = 0; stage < 4; ++stage) {
+      auto a = *engine::SafetensorsReader::Open(
+          engine::StageFilePath(full, 6, stage));
+      auto b = *engine::SafetensorsReader::Open(
+          engine::StageFilePath(part, 6, stage));
+      for (const auto& t : a.tensors()) {
+        EXPECT_EQ(*a.ReadF32(t.name), *b.ReadF32(t.name)) << t.name;
+      }
+    }
+    std::filesystem::remove_all(full);
+    std::filesystem::remove_all(part);
+  }
+}
+
+TEST(JobRunnerTest, ACorruptOrMismatchedResumeFileIsRefused) {
+  const std::string yaml = JobYaml({.steps = 2});
+  const std::string dir = TempDir("corrupt");
+  const Result first = RunJob(Programs(yaml, dir));
+  for (const absl::Status& s : first.statuses) ASSERT_TRUE(s.ok()) << s;
+
+  // The manifest's CRC no longer matches a flipped byte.
+  std::vector<v1::JobProgram> programs = ResumePrograms(yaml, "", dir, 2);
+  {
+    const std::string path = engine::StageFilePath(dir, 2, 0);
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('\x7f');
+  }
+  absl::StatusOr<std::unique_ptr<JobRunner>> corrupt =
+      JobRunner::Create(programs[0], {});
+  EXPECT_EQ(corrupt.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(corrupt.status().message(), HasSubstr("the file is corrupt"));
+
+  // A size that differs.
+  programs[1].mutable_resume_files(0)->set_bytes(
+      programs[1].resume_files(0).bytes() + 1);
+  absl::StatusOr<std::unique_ptr<JobRunner>> short_file =
+      JobRunner::Create(programs[1], {});
+  EXPECT_EQ(short_file.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(short_file.status().message(),
+              HasSubstr("bytes, but the checkpoint's manifest records"));
+
+  // A name outside the step directory is never followed.
+  programs[1].mutable_resume_files(0)->set_file("../stage-1.safetensors");
+  EXPECT_EQ(JobRunner::Create(programs[1], {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
   std::filesystem::remove_all(dir);
 }
 

@@ -1,0 +1,199 @@
+#include "coordinator/checkpoints.h"
+
+#include <filesystem>
+#include <optional>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "common/status_macros.h"
+#include "engine/profiler.h"
+#include "engine/stage_file.h"
+
+namespace conveyor::coordinator {
+namespace {
+
+// N for a directory named "step-N", else nullopt.
+std::optional<int64_t> StepOfDirName(absl::string_view name) {
+  int64_t step = 0;
+  if (!absl::ConsumePrefix(&name, "step-") || !absl::SimpleAtoi(name, &step) ||
+      step < 0 || absl::StrCat(step) != name) {
+    return std::nullopt;
+  }
+  return step;
+}
+
+absl::StatusOr<engine::CheckpointManifest> FindManifest(
+    const engine::ResumeSpec& resume, const std::string& checkpoint_dir) {
+  if (resume.kind == engine::ResumeSpec::Kind::kLatest) {
+    ASSIGN_OR_RETURN(engine::LatestCheckpoint latest,
+                     engine::FindLatestCompleteCheckpoint(
+                         checkpoint_dir, /*verify_checksums=*/false));
+    return latest.manifest;
+  }
+  const std::filesystem::path path(resume.path);
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) {
+    return absl::NotFoundError(
+        absl::StrCat("resume: ", resume.path, " is not a directory"));
+  }
+  // "…/step-N" is one step; any other directory is a checkpoint directory,
+  // resumed from its newest complete step.
+  const std::filesystem::path normal = path.lexically_normal();
+  const std::filesystem::path leaf = normal.has_filename()
+                                         ? normal.filename()
+                                         : normal.parent_path().filename();
+  if (std::optional<int64_t> step = StepOfDirName(leaf.string())) {
+    const std::filesystem::path parent =
+        normal.has_filename() ? normal.parent_path()
+                              : normal.parent_path().parent_path();
+    return engine::LoadCompleteCheckpoint(parent.string(), *step,
+                                          /*verify_checksums=*/false);
+  }
+  ASSIGN_OR_RETURN(engine::LatestCheckpoint latest,
+                   engine::FindLatestCompleteCheckpoint(
+                       resume.path, /*verify_checksums=*/false));
+  return latest.manifest;
+}
+
+}  // namespace
+
+ResumePoint ResumePointOf(const engine::CheckpointManifest& manifest,
+                          const std::string& checkpoint_dir) {
+  ResumePoint point;
+  point.step = manifest.step;
+  point.step_dir = engine::StepDirPath(checkpoint_dir, manifest.step);
+  point.stage_begin = manifest.stage_begin;
+  for (const engine::StageFileDigest& d : manifest.stages) {
+    v1::StageFile& f = point.files.emplace_back();
+    f.set_stage(d.stage);
+    f.set_file(d.file);
+    f.set_bytes(d.bytes);
+    f.set_crc32c(d.crc32c);
+  }
+  return point;
+}
+
+absl::StatusOr<ResumePoint> FindResumePoint(const engine::ResumeSpec& resume,
+                                            const std::string& checkpoint_dir,
+                                            const std::string& config_hash) {
+  absl::StatusOr<engine::CheckpointManifest> manifest =
+      FindManifest(resume, checkpoint_dir);
+  const std::string what =
+      resume.kind == engine::ResumeSpec::Kind::kLatest
+          ? absl::StrCat("resume: latest (in ", checkpoint_dir, ")")
+          : absl::StrCat("resume: ", resume.path);
+  if (!manifest.ok()) {
+    // Never a silent fresh start: the job is refused with the reason.
+    return absl::Status(
+        manifest.status().code(),
+        absl::StrCat(what, ": ", manifest.status().message(),
+                     "; the job was asked to resume, so it does not start "
+                     "from scratch"));
+  }
+  if (manifest->config_hash != config_hash) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": step ", manifest->step, " was written by job '", manifest->job,
+        "' with another configuration (config hash ", manifest->config_hash,
+        ", this job's ", config_hash,
+        "): its model, data, optimizer, training or pipeline section differs"));
+  }
+  // The step directory the manifest was found in, whatever path named it.
+  std::string dir = checkpoint_dir;
+  if (resume.kind == engine::ResumeSpec::Kind::kPath) {
+    std::filesystem::path p =
+        std::filesystem::path(resume.path).lexically_normal();
+    if (!p.has_filename()) p = p.parent_path();
+    dir = StepOfDirName(p.filename().string()).has_value()
+              ? p.parent_path().string()
+              : p.string();
+  }
+  return ResumePointOf(*manifest, dir);
+}
+
+absl::Status AdoptCheckpointCut(const ResumePoint& point,
+                                engine::JobSpec& spec) {
+  if (!spec.pipeline.auto_stages) return absl::OkStatus();
+  if (absl::Status s =
+          engine::SetStageBoundaries(&spec.model, point.stage_begin);
+      !s.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("resume: the checkpoint's stages (first layers ",
+                     absl::StrJoin(point.stage_begin, ", "),
+                     ") do not fit this model: ", s.message()));
+  }
+  spec.pipeline.auto_stages = false;
+  return absl::OkStatus();
+}
+
+absl::Status CheckResumeFitsPlan(const ResumePoint& point,
+                                 const JobPlan& plan) {
+  std::vector<int> cut;
+  for (const StagePlan& s : plan.stages) cut.push_back(s.first_layer);
+  if (point.stage_begin != cut) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "resume: ", point.step_dir, " holds ", point.stage_begin.size(),
+        " stages starting at layers [", absl::StrJoin(point.stage_begin, ", "),
+        "], this job has ", cut.size(), " starting at [",
+        absl::StrJoin(cut, ", "), "]"));
+  }
+  if (point.step >= plan.job.training.steps) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("resume: ", point.step_dir, " is step ", point.step,
+                     " and training.steps is ", plan.job.training.steps,
+                     ": the job has nothing left to train"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckNothingNewer(const std::string& checkpoint_dir,
+                               int64_t start_step) {
+  absl::StatusOr<std::vector<int64_t>> steps =
+      engine::ListCheckpointSteps(checkpoint_dir);
+  if (!steps.ok()) {
+    return steps.status().code() == absl::StatusCode::kNotFound
+               ? absl::OkStatus()
+               : steps.status();
+  }
+  for (auto it = steps->rbegin(); it != steps->rend() && *it > start_step;
+       ++it) {
+    if (engine::LoadCompleteCheckpoint(checkpoint_dir, *it,
+                                       /*verify_checksums=*/false)
+            .ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint.dir ", checkpoint_dir,
+          " already holds a complete checkpoint of an earlier run (step ", *it,
+          "), newer than where this job starts (step ", start_step,
+          "); continue that run with 'resume: latest', or use another "
+          "checkpoint.dir, or remove the old one"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+engine::CheckpointManifest MakeManifest(
+    const JobPlan& plan, const std::string& job_id,
+    const std::string& config_hash, int64_t step,
+    const std::map<int, v1::StageFile>& files, int64_t now_unix_ms) {
+  engine::CheckpointManifest m;
+  m.job = plan.job.name;
+  m.job_id = job_id;
+  m.step = step;
+  m.config_hash = config_hash;
+  m.num_stages = plan.num_stages;
+  for (const StagePlan& s : plan.stages) m.stage_begin.push_back(s.first_layer);
+  for (const auto& [stage, f] : files) {
+    m.stages.push_back({.stage = stage,
+                        .file = f.file(),
+                        .bytes = f.bytes(),
+                        .crc32c = f.crc32c()});
+  }
+  m.created_unix_ms = now_unix_ms;
+  return m;
+}
+
+}  // namespace conveyor::coordinator

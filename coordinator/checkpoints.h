@@ -1,0 +1,81 @@
+// The coordinator's part of checkpoints: where a job resumes from, and the
+// manifest that commits a step once every stage's file is in.
+//
+// Workers write the stage files (worker/job_runner.h); the coordinator is
+// the only writer of manifests (engine/checkpoint_manifest.h), so a step
+// counts as complete exactly when every stage reported a durable file and
+// the manifest naming their sizes and CRC-32C was written after them.
+//
+// Thread-safe (pure functions over the filesystem).
+#ifndef CONVEYOR_COORDINATOR_CHECKPOINTS_H_
+#define CONVEYOR_COORDINATOR_CHECKPOINTS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "conveyor/v1/conveyor.pb.h"
+#include "coordinator/planner.h"
+#include "engine/checkpoint_manifest.h"
+#include "engine/job_spec.h"
+
+namespace conveyor::coordinator {
+
+// A complete checkpoint step a job starts after.
+struct ResumePoint {
+  int64_t step = 0;
+  std::string step_dir;
+  std::vector<int> stage_begin;      // The cut the checkpoint was taken with.
+  std::vector<v1::StageFile> files;  // By stage.
+};
+
+// Resolves `resume` for a job whose config hash is `config_hash`:
+//   kLatest: the newest complete step in `checkpoint_dir`;
+//   kPath:   the step directory at resume.path ("…/step-N"), or, when the
+//            path is a checkpoint directory, its newest complete step.
+// Sizes are checked, checksums are left to the workers that read the files.
+// Errors say what was found: NotFound for a missing path; FailedPrecondition
+// for no complete step (with why each was passed over), an incomplete step,
+// or a checkpoint of another job configuration (both hashes); DataLoss for
+// a stage file whose size differs from its manifest.
+absl::StatusOr<ResumePoint> FindResumePoint(const engine::ResumeSpec& resume,
+                                            const std::string& checkpoint_dir,
+                                            const std::string& config_hash);
+
+// A stages: auto job resumes with the cut its checkpoint was written with,
+// so the model is not profiled again: cuts `spec` there and makes it a
+// markers job for the planner. No-op for other jobs. InvalidArgument when
+// the cut does not fit the model.
+absl::Status AdoptCheckpointCut(const ResumePoint& point,
+                                engine::JobSpec& spec);
+
+// FailedPrecondition unless the checkpoint fits `plan`: the same stages and
+// cut, and a step before training.steps (a finished job has nothing left to
+// resume).
+absl::Status CheckResumeFitsPlan(const ResumePoint& point, const JobPlan& plan);
+
+// FailedPrecondition when `checkpoint_dir` holds a complete step newer than
+// `start_step` (where a job starts: 0, or its resume step): the job would
+// overwrite another run's checkpoints, and retention, which keeps the newest
+// complete steps, would delete the job's own as it wrote them. OK when the
+// directory does not exist or holds nothing newer.
+absl::Status CheckNothingNewer(const std::string& checkpoint_dir,
+                               int64_t start_step);
+
+// The manifest committing `step` of a job from its stages' reported files
+// (by stage; all of plan.num_stages present).
+engine::CheckpointManifest MakeManifest(
+    const JobPlan& plan, const std::string& job_id,
+    const std::string& config_hash, int64_t step,
+    const std::map<int, v1::StageFile>& files, int64_t now_unix_ms);
+
+// The resume point a restart uses: the step `manifest` committed.
+ResumePoint ResumePointOf(const engine::CheckpointManifest& manifest,
+                          const std::string& checkpoint_dir);
+
+}  // namespace conveyor::coordinator
+
+#endif  // CONVEYOR_COORDINATOR_CHECKPOINTS_H_

@@ -1,0 +1,801 @@
+#include "engine/checkpoint_manifest.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <exception>
+#include <filesystem>
+#include <limits>
+#include <new>
+#include <set>
+#include <span>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/crc32c.h"
+#include "common/file.h"
+#include "common/status_macros.h"
+#include "common/yaml_reader.h"
+#include "engine/stage_file.h"
+#include "nlohmann/json.hpp"
+#include "yaml-cpp/yaml.h"
+
+namespace conveyor::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+// Keeps keys in insertion order, which gives the written manifest its fixed
+// layout ("format" first, the stages after the scalars).
+using OrderedJson = nlohmann::ordered_json;
+
+// A manifest is three levels deep (object, stages array, stage object). The
+// cap keeps a hostile "[[[[..." far from any recursion in the JSON library.
+constexpr int kMaxJsonDepth = 8;
+// How many reasons "no complete checkpoint" lists.
+constexpr size_t kMaxReasons = 5;
+// Stage files are read in chunks this large: big enough that the syscalls
+// cost nothing next to the CRC, small enough to sit in L2.
+constexpr size_t kReadChunkBytes = size_t{1} << 20;
+
+// ---------------------------------------------------------------------------
+// Parsing.
+
+absl::Status FieldError(absl::string_view source, absl::string_view field,
+                        absl::string_view message) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(source, ": ", field, ": ", message));
+}
+
+// A short, printable rendition of a JSON value for error messages.
+std::string Describe(const Json& value) {
+  std::string text = value.dump(-1, ' ', /*ensure_ascii=*/true,
+                                Json::error_handler_t::replace);
+  if (text.size() > 64) text = absl::StrCat(text.substr(0, 61), "...");
+  return absl::StrCat(value.type_name(), " ", text);
+}
+
+// The deepest nesting of [ and { outside strings exceeds kMaxJsonDepth.
+bool TooDeep(absl::string_view text) {
+  int depth = 0;
+  bool in_string = false;
+  bool escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
+// Parses `text` as JSON, rejecting duplicate keys (the library would keep
+// the last silently, so two writers' values could hide each other).
+absl::StatusOr<Json> ParseStrictJson(absl::string_view text,
+                                     absl::string_view source) {
+  if (TooDeep(text)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": JSON nested deeper than ", kMaxJsonDepth,
+                     " levels; not a checkpoint manifest"));
+  }
+  std::vector<std::set<std::string>> open_objects;
+  std::string duplicate;
+  auto callback = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
+    switch (event) {
+      case Json::parse_event_t::object_start:
+        open_objects.emplace_back();
+        break;
+      case Json::parse_event_t::object_end:
+        if (!open_objects.empty()) open_objects.pop_back();
+        break;
+      case Json::parse_event_t::key:
+        if (!open_objects.empty() && parsed.is_string() &&
+            !open_objects.back().insert(parsed.get<std::string>()).second &&
+            duplicate.empty()) {
+          duplicate = parsed.get<std::string>();
+        }
+        break;
+      default:
+        break;
+    }
+    return true;
+  };
+  try {
+    Json json = Json::parse(text.begin(), text.end(), callback);
+    if (!duplicate.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": duplicate key \"",
+                       absl::CHexEscape(duplicate.substr(0, 64)), "\""));
+    }
+    return json;
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": not valid JSON: ", e.what()));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(source, ": out of memory parsing the manifest"));
+  }
+}
+
+// Reads the fields of one JSON object, each at most once, and rejects the
+// keys nobody asked for, so a typo or a field from a newer format is an
+// error rather than ignored.
+class ObjectReader {
+ public:
+  // `object` must be an object and outlive the reader.
+  ObjectReader(const Json& object, absl::string_view source, std::string path)
+      : object_(object), source_(source), path_(std::move(path)) {}
+
+  std::string Field(absl::string_view key) const {
+    return path_.empty() ? std::string(key) : absl::StrCat(path_, ".", key);
+  }
+
+  absl::Status Error(absl::string_view key, absl::string_view message) const {
+    return FieldError(source_, Field(key), message);
+  }
+
+  absl::StatusOr<const Json*> Get(absl::string_view key) {
+    known_.insert(std::string(key));
+    auto it = object_.find(std::string(key));
+    if (it == object_.end()) return Error(key, "missing");
+    return &*it;
+  }
+
+  absl::StatusOr<std::string> String(absl::string_view key) {
+    ASSIGN_OR_RETURN(const Json* value, Get(key));
+    if (!value->is_string()) {
+      return Error(key,
+                   absl::StrCat("must be a string; got ", Describe(*value)));
+    }
+    return value->get<std::string>();
+  }
+
+  absl::StatusOr<int64_t> Int(absl::string_view key, int64_t min, int64_t max) {
+    ASSIGN_OR_RETURN(const Json* value, Get(key));
+    return IntValue(*value, Field(key), min, max);
+  }
+
+  absl::StatusOr<uint64_t> Uint64(absl::string_view key) {
+    ASSIGN_OR_RETURN(const Json* value, Get(key));
+    if (value->is_number_unsigned()) return value->get<uint64_t>();
+    if (value->is_number_integer() && value->get<int64_t>() >= 0) {
+      return static_cast<uint64_t>(value->get<int64_t>());
+    }
+    return Error(key, absl::StrCat("must be a non-negative integer; got ",
+                                   Describe(*value)));
+  }
+
+  // An integer in [min, max] (1.0 and 1e3 are not integers).
+  absl::StatusOr<int64_t> IntValue(const Json& value, absl::string_view field,
+                                   int64_t min, int64_t max) const {
+    int64_t n = 0;
+    // The library stores every non-negative integer as unsigned.
+    if (value.is_number_unsigned()) {
+      const uint64_t u = value.get<uint64_t>();
+      if (u > static_cast<uint64_t>(max)) {
+        return FieldError(
+            source_, field,
+            absl::StrCat("must be in [", min, ", ", max, "]; got ", u));
+      }
+      n = static_cast<int64_t>(u);
+    } else if (value.is_number_integer()) {
+      n = value.get<int64_t>();
+    } else {
+      return FieldError(
+          source_, field,
+          absl::StrCat("must be an integer; got ", Describe(value)));
+    }
+    if (n < min || n > max) {
+      return FieldError(
+          source_, field,
+          absl::StrCat("must be in [", min, ", ", max, "]; got ", n));
+    }
+    return n;
+  }
+
+  // Rejects the first key not read through Get().
+  absl::Status CheckNoUnknownKeys() const {
+    for (auto it = object_.begin(); it != object_.end(); ++it) {
+      if (!known_.contains(it.key())) {
+        return FieldError(
+            source_, path_.empty() ? "(top level)" : path_,
+            absl::StrCat("unknown key \"",
+                         absl::CHexEscape(it.key().substr(0, 64)), "\""));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const Json& object_;
+  absl::string_view source_;
+  std::string path_;
+  std::set<std::string> known_;
+};
+
+bool IsLowerHex(absl::string_view text) {
+  return std::all_of(text.begin(), text.end(), [](char c) {
+    return absl::ascii_isdigit(static_cast<unsigned char>(c)) ||
+           (c >= 'a' && c <= 'f');
+  });
+}
+
+absl::StatusOr<StageFileDigest> ParseStage(const Json& value,
+                                           absl::string_view source,
+                                           const std::string& path,
+                                           int num_stages) {
+  if (!value.is_object()) {
+    return FieldError(source, path,
+                      absl::StrCat("must be an object; got ", Describe(value)));
+  }
+  ObjectReader r(value, source, path);
+  StageFileDigest d;
+  ASSIGN_OR_RETURN(int64_t stage, r.Int("stage", 0, num_stages - 1));
+  d.stage = static_cast<int>(stage);
+  ASSIGN_OR_RETURN(d.file, r.String("file"));
+  // The only name allowed, which also rules out "../" and absolute paths:
+  // a manifest can never make a reader open a file outside the step.
+  if (d.file != StageFileName(d.stage)) {
+    return r.Error("file",
+                   absl::StrCat("must be \"", StageFileName(d.stage),
+                                "\" for stage ", d.stage, "; got \"",
+                                absl::CHexEscape(d.file.substr(0, 64)), "\""));
+  }
+  ASSIGN_OR_RETURN(d.bytes, r.Uint64("bytes"));
+  ASSIGN_OR_RETURN(std::string crc, r.String("crc32c"));
+  uint32_t crc_value = 0;
+  if (crc.size() != 8 || !IsLowerHex(crc) ||
+      !absl::SimpleHexAtoi(crc, &crc_value)) {
+    return r.Error("crc32c",
+                   absl::StrCat("must be 8 lowercase hex digits; got \"",
+                                absl::CHexEscape(crc.substr(0, 16)), "\""));
+  }
+  d.crc32c = crc_value;
+  RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+  return d;
+}
+
+absl::StatusOr<CheckpointManifest> ParseManifestJson(const Json& json,
+                                                     absl::string_view source) {
+  if (!json.is_object()) {
+    return FieldError(source, "(top level)",
+                      absl::StrCat("must be an object; got ", Describe(json)));
+  }
+  ObjectReader r(json, source, "");
+  CheckpointManifest m;
+  ASSIGN_OR_RETURN(std::string format, r.String("format"));
+  if (format != kManifestFormat) {
+    return r.Error("format",
+                   absl::StrCat("must be \"", kManifestFormat, "\"; got \"",
+                                absl::CHexEscape(format.substr(0, 64)), "\""));
+  }
+  ASSIGN_OR_RETURN(m.job, r.String("job"));
+  ASSIGN_OR_RETURN(m.job_id, r.String("job_id"));
+  ASSIGN_OR_RETURN(m.step,
+                   r.Int("step", 0, std::numeric_limits<int64_t>::max()));
+  ASSIGN_OR_RETURN(m.config_hash, r.String("config_hash"));
+  if (m.config_hash.empty()) return r.Error("config_hash", "must not be empty");
+  ASSIGN_OR_RETURN(int64_t num_stages,
+                   r.Int("num_stages", 1, kMaxManifestStages));
+  m.num_stages = static_cast<int>(num_stages);
+
+  ASSIGN_OR_RETURN(const Json* begins, r.Get("stage_begin"));
+  if (!begins->is_array() ||
+      begins->size() != static_cast<size_t>(num_stages)) {
+    return r.Error("stage_begin",
+                   absl::StrCat("must be a list of num_stages (", num_stages,
+                                ") first layers; got ", Describe(*begins)));
+  }
+  for (size_t i = 0; i < begins->size(); ++i) {
+    const std::string field = absl::StrCat("stage_begin[", i, "]");
+    ASSIGN_OR_RETURN(int64_t begin,
+                     r.IntValue((*begins)[i], field, 0, INT_MAX));
+    if (i == 0 ? begin != 0 : begin <= m.stage_begin.back()) {
+      return FieldError(
+          source, field,
+          absl::StrCat("is ", begin,
+                       "; the first layers must start at 0 and strictly "
+                       "increase"));
+    }
+    m.stage_begin.push_back(static_cast<int>(begin));
+  }
+
+  ASSIGN_OR_RETURN(const Json* stages, r.Get("stages"));
+  if (!stages->is_array() ||
+      stages->size() != static_cast<size_t>(num_stages)) {
+    return r.Error("stages",
+                   absl::StrCat("must be a list of num_stages (", num_stages,
+                                ") stage files; got ", Describe(*stages)));
+  }
+  std::vector<bool> seen(static_cast<size_t>(num_stages), false);
+  for (size_t i = 0; i < stages->size(); ++i) {
+    const std::string field = absl::StrCat("stages[", i, "]");
+    ASSIGN_OR_RETURN(StageFileDigest d,
+                     ParseStage((*stages)[i], source, field, m.num_stages));
+    if (seen[d.stage]) {
+      return FieldError(source, absl::StrCat(field, ".stage"),
+                        absl::StrCat("stage ", d.stage, " appears twice"));
+    }
+    seen[d.stage] = true;
+    m.stages.push_back(std::move(d));
+  }
+  // num_stages entries, each in range and none twice: every stage is there.
+  std::sort(m.stages.begin(), m.stages.end(),
+            [](const StageFileDigest& a, const StageFileDigest& b) {
+              return a.stage < b.stage;
+            });
+
+  ASSIGN_OR_RETURN(
+      m.created_unix_ms,
+      r.Int("created_unix_ms", 0, std::numeric_limits<int64_t>::max()));
+  RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+  return m;
+}
+
+// ---------------------------------------------------------------------------
+// Files.
+
+struct FileDigest {
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;
+};
+
+// Size and CRC-32C of the regular file at `path`, read in chunks.
+absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(errno, path, "open");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoError(errno, path, "fstat");
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a regular file"));
+  }
+  // Advisory: read-ahead helps a multi-GB sequential scan; failure is fine.
+  (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  std::vector<uint8_t> buffer(kReadChunkBytes);
+  FileDigest digest;
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError(errno, path, "read");
+    }
+    if (n == 0) break;
+    const size_t got = static_cast<size_t>(n);
+    digest.crc32c =
+        Crc32c(std::span<const uint8_t>(buffer.data(), got), digest.crc32c);
+    digest.bytes += got;
+  }
+  return digest;
+}
+
+std::string Hex32(uint32_t value) { return absl::StrFormat("%08x", value); }
+
+// Checks one stage file of a step against its manifest entry.
+absl::Status CheckStageFile(const std::string& step_dir,
+                            const StageFileDigest& expected, bool verify) {
+  const std::string path = (fs::path(step_dir) / expected.file).string();
+  FileDigest actual;
+  if (verify) {
+    absl::StatusOr<FileDigest> digest = DigestFile(path);
+    if (absl::IsNotFound(digest.status())) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": missing; the manifest records ", expected.bytes, " bytes"));
+    }
+    if (absl::IsInvalidArgument(digest.status())) {
+      return absl::DataLossError(digest.status().message());
+    }
+    RETURN_IF_ERROR(digest.status());
+    actual = *digest;
+  } else {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) {
+      if (errno == ENOENT) {
+        return absl::DataLossError(
+            absl::StrCat(path, ": missing; the manifest records ",
+                         expected.bytes, " bytes"));
+      }
+      return ErrnoError(errno, path, "stat");
+    }
+    if (!S_ISREG(st.st_mode)) {
+      return absl::DataLossError(absl::StrCat(path, ": not a regular file"));
+    }
+    actual.bytes = static_cast<uint64_t>(st.st_size);
+  }
+  if (actual.bytes != expected.bytes) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": ", actual.bytes, " bytes, the manifest records ",
+                     expected.bytes, " (truncated or overwritten)"));
+  }
+  if (verify && actual.crc32c != expected.crc32c) {
+    return absl::DataLossError(absl::StrCat(
+        path, ": CRC-32C ", Hex32(actual.crc32c), ", the manifest records ",
+        Hex32(expected.crc32c), " (the file is corrupt)"));
+  }
+  return absl::OkStatus();
+}
+
+// N for a canonical "step-N" (no sign, no leading zero, fits int64).
+bool ParseStepDirName(absl::string_view name, int64_t* step) {
+  constexpr absl::string_view kPrefix = "step-";
+  if (name.size() <= kPrefix.size() ||
+      name.substr(0, kPrefix.size()) != kPrefix) {
+    return false;
+  }
+  const absl::string_view digits = name.substr(kPrefix.size());
+  if (digits.size() > 19 || (digits.size() > 1 && digits[0] == '0')) {
+    return false;
+  }
+  for (char c : digits) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return absl::SimpleAtoi(digits, step);  // False on overflow.
+}
+
+// ---------------------------------------------------------------------------
+// Config hash.
+
+constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
+constexpr uint64_t kFnvPrime = 0x100000001b3ull;
+
+uint64_t Fnv1a64(absl::string_view a, absl::string_view b) {
+  uint64_t h = kFnvOffset;
+  for (absl::string_view part : {a, b}) {
+    for (char c : part) {
+      h ^= static_cast<uint8_t>(c);
+      h *= kFnvPrime;
+    }
+  }
+  return h;
+}
+
+// The canonical text of a YAML tree. Every node starts with a type letter
+// and every scalar and collection carries its length, so two different
+// trees never serialize to the same text. Bounded in depth and size, since
+// aliases can make a small file a very large (or, with a self-reference,
+// infinite) tree.
+class Canonicalizer {
+ public:
+  static constexpr int kMaxDepth = 64;
+  static constexpr size_t kMaxBytes = size_t{16} << 20;
+
+  // False if the tree is beyond the bounds.
+  bool Append(const YAML::Node& node, int depth, bool top_level) {
+    if (depth > kMaxDepth || out_.size() > kMaxBytes) return false;
+    switch (node.Type()) {
+      case YAML::NodeType::Scalar:
+        absl::StrAppend(&out_, "S", node.Scalar().size(), ":", node.Scalar());
+        return true;
+      case YAML::NodeType::Sequence:
+        absl::StrAppend(&out_, "L", node.size(), "[");
+        for (const YAML::Node& item : node) {
+          if (!Append(item, depth + 1, false)) return false;
+        }
+        out_ += "]";
+        return true;
+      case YAML::NodeType::Map:
+        return AppendMap(node, depth, top_level);
+      case YAML::NodeType::Null:
+      case YAML::NodeType::Undefined:
+        out_ += "N";
+        return true;
+    }
+    return false;
+  }
+
+  const std::string& text() const { return out_; }
+
+ private:
+  bool AppendMap(const YAML::Node& node, int depth, bool top_level) {
+    // Sections that say where the job's files go or how it recovers, not
+    // what it trains.
+    static constexpr absl::string_view kIgnored[] = {"name", "checkpoint",
+                                                     "resume", "restart"};
+    // Sorted by index: assigning a YAML::Node (as a sort of the nodes
+    // themselves would) rebinds the node it refers to inside the tree.
+    std::vector<std::pair<std::string, size_t>> keys;
+    std::vector<YAML::Node> values;
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      if (top_level && it->first.IsScalar() &&
+          std::find(std::begin(kIgnored), std::end(kIgnored),
+                    it->first.Scalar()) != std::end(kIgnored)) {
+        continue;
+      }
+      Canonicalizer key;
+      if (!key.Append(it->first, depth + 1, false)) return false;
+      keys.emplace_back(key.text(), values.size());
+      values.push_back(it->second);
+    }
+    std::stable_sort(
+        keys.begin(), keys.end(),
+        [](const auto& a, const auto& b) { return a.first < b.first; });
+    absl::StrAppend(&out_, "M", keys.size(), "{");
+    for (const auto& [key, index] : keys) {
+      out_ += key;
+      if (!Append(values[index], depth + 1, false)) return false;
+    }
+    out_ += "}";
+    return true;
+  }
+
+  std::string out_;
+};
+
+}  // namespace
+
+std::string StageFileName(int stage) {
+  return absl::StrCat("stage-", stage, ".safetensors");
+}
+
+std::string ManifestToJson(const CheckpointManifest& m) {
+  OrderedJson stages = OrderedJson::array();
+  for (const StageFileDigest& d : m.stages) {
+    OrderedJson s;
+    s["stage"] = d.stage;
+    s["file"] = d.file;
+    s["bytes"] = d.bytes;
+    s["crc32c"] = Hex32(d.crc32c);
+    stages.push_back(std::move(s));
+  }
+  OrderedJson j;
+  j["format"] = kManifestFormat;
+  j["job"] = m.job;
+  j["job_id"] = m.job_id;
+  j["step"] = m.step;
+  j["config_hash"] = m.config_hash;
+  j["num_stages"] = m.num_stages;
+  j["stage_begin"] = m.stage_begin;
+  j["stages"] = std::move(stages);
+  j["created_unix_ms"] = m.created_unix_ms;
+  return j.dump(2, ' ', /*ensure_ascii=*/false,
+                OrderedJson::error_handler_t::replace) +
+         "\n";
+}
+
+absl::StatusOr<CheckpointManifest> ParseManifest(absl::string_view json,
+                                                 absl::string_view source) {
+  if (json.size() > static_cast<size_t>(kMaxManifestBytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": ", json.size(), " bytes, over the limit of ",
+                     kMaxManifestBytes, " for a manifest"));
+  }
+  ASSIGN_OR_RETURN(Json parsed, ParseStrictJson(json, source));
+  try {
+    return ParseManifestJson(parsed, source);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(source, ": out of memory reading the manifest"));
+  } catch (const std::exception& e) {
+    // The reads above check types first, so this is a bug, but the input is
+    // untrusted and the boundary must not throw.
+    return absl::InternalError(absl::StrCat(
+        source, ": unexpected error reading the manifest: ", e.what()));
+  }
+}
+
+absl::StatusOr<StageFileDigest> DigestStageFile(const std::string& step_dir,
+                                                int stage) {
+  StageFileDigest d;
+  d.stage = stage;
+  d.file = StageFileName(stage);
+  ASSIGN_OR_RETURN(FileDigest digest,
+                   DigestFile((fs::path(step_dir) / d.file).string()));
+  d.bytes = digest.bytes;
+  d.crc32c = digest.crc32c;
+  return d;
+}
+
+absl::Status WriteManifest(const std::string& checkpoint_dir,
+                           const CheckpointManifest& manifest) {
+  const std::string step_dir = StepDirPath(checkpoint_dir, manifest.step);
+  const std::string path = (fs::path(step_dir) / kManifestFileName).string();
+  // A manifest that could not be read back would make the step look
+  // corrupt forever; refuse it before anything reaches the disk.
+  absl::StatusOr<CheckpointManifest> checked =
+      ParseManifest(ManifestToJson(manifest), path);
+  if (!checked.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "refusing to write an invalid manifest: ", checked.status().message()));
+  }
+  struct stat st;
+  if (::stat(step_dir.c_str(), &st) != 0) {
+    if (errno == ENOENT) {
+      return absl::NotFoundError(absl::StrCat(
+          step_dir, ": no such step directory (the stage files come first)"));
+    }
+    return ErrnoError(errno, step_dir, "stat");
+  }
+  // The stages in order, whatever order the caller collected them in.
+  return WriteFileAtomically(path, ManifestToJson(*checked));
+}
+
+absl::StatusOr<CheckpointManifest> LoadCompleteCheckpoint(
+    const std::string& checkpoint_dir, int64_t step, bool verify_checksums) {
+  const std::string step_dir = StepDirPath(checkpoint_dir, step);
+  struct stat st;
+  if (::stat(step_dir.c_str(), &st) != 0) {
+    if (errno == ENOENT) {
+      return absl::NotFoundError(
+          absl::StrCat(step_dir, ": no such step directory"));
+    }
+    return ErrnoError(errno, step_dir, "stat");
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(step_dir, ": not a directory"));
+  }
+  const std::string path = (fs::path(step_dir) / kManifestFileName).string();
+  absl::StatusOr<std::string> text = ReadFile(path, kMaxManifestBytes);
+  if (absl::IsNotFound(text.status())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(step_dir, ": step ", step, " is incomplete: no manifest"));
+  }
+  if (absl::IsInvalidArgument(text.status())) {  // Too large, not a file.
+    return absl::DataLossError(text.status().message());
+  }
+  RETURN_IF_ERROR(text.status());
+  absl::StatusOr<CheckpointManifest> manifest = ParseManifest(*text, path);
+  if (absl::IsInvalidArgument(manifest.status())) {
+    return absl::DataLossError(manifest.status().message());
+  }
+  RETURN_IF_ERROR(manifest.status());
+  if (manifest->step != step) {
+    return absl::DataLossError(absl::StrCat(path, ": step: ", manifest->step,
+                                            ", but the directory is step-",
+                                            step));
+  }
+  for (const StageFileDigest& d : manifest->stages) {
+    RETURN_IF_ERROR(CheckStageFile(step_dir, d, verify_checksums));
+  }
+  return manifest;
+}
+
+absl::StatusOr<std::vector<int64_t>> ListCheckpointSteps(
+    const std::string& checkpoint_dir) {
+  struct stat st;
+  if (::stat(checkpoint_dir.c_str(), &st) != 0) {
+    if (errno == ENOENT) {
+      return absl::NotFoundError(
+          absl::StrCat(checkpoint_dir, ": no such checkpoint directory"));
+    }
+    return ErrnoError(errno, checkpoint_dir, "stat");
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(checkpoint_dir, ": not a directory"));
+  }
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (fs::directory_iterator it(checkpoint_dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    int64_t step = 0;
+    if (!ParseStepDirName(it->path().filename().string(), &step)) continue;
+    std::error_code dir_ec;
+    if (it->is_directory(dir_ec)) steps.push_back(step);
+  }
+  if (ec) return ErrnoError(ec.value(), checkpoint_dir, "list");
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+absl::StatusOr<LatestCheckpoint> FindLatestCompleteCheckpoint(
+    const std::string& checkpoint_dir, bool verify_checksums) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> steps,
+                   ListCheckpointSteps(checkpoint_dir));
+  LatestCheckpoint latest;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    absl::StatusOr<CheckpointManifest> manifest =
+        LoadCompleteCheckpoint(checkpoint_dir, *it, verify_checksums);
+    if (manifest.ok()) {
+      latest.manifest = *std::move(manifest);
+      return latest;
+    }
+    // A job that stopped while saving leaves an incomplete newest step; the
+    // one before it is still a consistent checkpoint.
+    latest.skipped.push_back(std::string(manifest.status().message()));
+  }
+  if (steps.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        checkpoint_dir, ": no complete checkpoint (no step-<N> directories)"));
+  }
+  std::vector<std::string> reasons = latest.skipped;
+  if (reasons.size() > kMaxReasons) {
+    const size_t more = reasons.size() - kMaxReasons;
+    reasons.resize(kMaxReasons);
+    reasons.push_back(absl::StrCat("and ", more, " more"));
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat(checkpoint_dir,
+                   ": no complete checkpoint: ", absl::StrJoin(reasons, "; ")));
+}
+
+absl::StatusOr<std::vector<int64_t>> PruneCheckpoints(
+    const std::string& checkpoint_dir, int keep_latest) {
+  if (keep_latest <= 0) return std::vector<int64_t>{};
+  ASSIGN_OR_RETURN(std::vector<int64_t> steps,
+                   ListCheckpointSteps(checkpoint_dir));
+  // Newest first. Steps newer than the newest complete one are passed over
+  // unexamined for removal: a worker may be writing them right now.
+  std::vector<int64_t> remove;
+  int complete_kept = 0;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    absl::StatusOr<CheckpointManifest> manifest =
+        LoadCompleteCheckpoint(checkpoint_dir, *it, /*verify_checksums=*/false);
+    if (manifest.ok()) {
+      if (complete_kept < keep_latest) {
+        ++complete_kept;
+      } else {
+        remove.push_back(*it);
+      }
+      continue;
+    }
+    if (complete_kept == 0) continue;  // Newer than any complete step.
+    const absl::StatusCode code = manifest.status().code();
+    if (code == absl::StatusCode::kFailedPrecondition ||
+        code == absl::StatusCode::kDataLoss) {
+      remove.push_back(*it);  // Left by a crash: never to be completed.
+    } else if (code != absl::StatusCode::kNotFound) {  // NotFound: gone.
+      return manifest.status();
+    }
+  }
+  // Oldest first, so a failure part way leaves the newer steps.
+  std::sort(remove.begin(), remove.end());
+  std::vector<int64_t> removed;
+  for (int64_t step : remove) {
+    const std::string dir = StepDirPath(checkpoint_dir, step);
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    if (ec) return ErrnoError(ec.value(), dir, "remove");
+    removed.push_back(step);
+  }
+  return removed;
+}
+
+std::string JobConfigHash(absl::string_view yaml_text) {
+  constexpr absl::string_view kCanonicalTag = "conveyor-job-config-v1\n";
+  constexpr absl::string_view kRawTag = "conveyor-job-config-raw-v1\n";
+  uint64_t hash = 0;
+  bool hashed = false;
+  try {
+    absl::StatusOr<YAML::Node> doc =
+        LoadYaml(yaml_text, "job", YamlDocuments::kExactlyOne);
+    if (doc.ok()) {
+      Canonicalizer canonical;
+      if (canonical.Append(*doc, 0, /*top_level=*/true)) {
+        hash = Fnv1a64(kCanonicalTag, canonical.text());
+        hashed = true;
+      }
+    }
+  } catch (const std::exception&) {
+    // Fall back to the raw text below: a hash must always come out.
+  }
+  if (!hashed) hash = Fnv1a64(kRawTag, yaml_text);
+  return absl::StrFormat("%016x", hash);
+}
+
+}  // namespace conveyor::engine

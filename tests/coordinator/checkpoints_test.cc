@@ -1,0 +1,176 @@
+#include "coordinator/checkpoints.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/stage_file.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/coordinator/test_util.h"
+
+namespace conveyor::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+
+engine::ResumeSpec Latest() {
+  engine::ResumeSpec r;
+  r.kind = engine::ResumeSpec::Kind::kLatest;
+  return r;
+}
+engine::ResumeSpec AtPath(const std::string& path) {
+  engine::ResumeSpec r;
+  r.kind = engine::ResumeSpec::Kind::kPath;
+  r.path = path;
+  return r;
+}
+ResumePoint PointAt(int64_t step, std::vector<int> stage_begin) {
+  ResumePoint p;
+  p.step = step;
+  p.stage_begin = std::move(stage_begin);
+  return p;
+}
+
+class CheckpointsTest : public ::testing::Test {
+ protected:
+  CheckpointsTest()
+      : dir_((std::filesystem::path(::testing::TempDir()) /
+              absl::StrCat("checkpoints_test_", getpid(), "_",
+                           ::testing::UnitTest::GetInstance()
+                               ->current_test_info()
+                               ->name()))
+                 .string()) {
+    std::filesystem::remove_all(dir_);
+  }
+
+  JobPlan Plan(const std::string& yaml) {
+    absl::StatusOr<engine::JobSpec> spec = engine::ParseJobSpec(yaml, "j.yaml");
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    absl::StatusOr<JobPlan> plan = PlanJob(*std::move(spec));
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return *std::move(plan);
+  }
+
+  // Writes step `step` of a 2-stage job planned as `plan`, with a manifest
+  // when `complete`.
+  void WriteStep(const JobPlan& plan, int64_t step, bool complete,
+                 const std::string& hash = "00000000000000aa") {
+    std::map<int, v1::StageFile> files;
+    for (int stage = 0; stage < plan.num_stages; ++stage) {
+      const std::string path = engine::StageFilePath(dir_, step, stage);
+      std::filesystem::create_directories(
+          std::filesystem::path(path).parent_path());
+      std::ofstream(path, std::ios::binary) << "stage " << stage;
+      absl::StatusOr<engine::StageFileDigest> d =
+          engine::DigestStageFile(engine::StepDirPath(dir_, step), stage);
+      ASSERT_TRUE(d.ok()) << d.status();
+      v1::StageFile& f = files[stage];
+      f.set_stage(stage);
+      f.set_file(d->file);
+      f.set_bytes(d->bytes);
+      f.set_crc32c(d->crc32c);
+    }
+    if (!complete) return;
+    ASSERT_TRUE(engine::WriteManifest(
+                    dir_, MakeManifest(plan, "job-1", hash, step, files, 1))
+                    .ok());
+  }
+
+  std::string dir_;
+};
+
+TEST_F(CheckpointsTest, FindsLatestOrTheNamedStepAndChecksTheConfig) {
+  const JobPlan plan = Plan(JobYaml(2, "mlp", /*steps=*/10));
+  WriteStep(plan, 2, true);
+  WriteStep(plan, 4, true);
+  WriteStep(plan, 6, false);  // Being written, or torn by a crash.
+
+  absl::StatusOr<ResumePoint> latest =
+      FindResumePoint(Latest(), dir_, "00000000000000aa");
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->step, 4);
+  EXPECT_EQ(latest->step_dir, engine::StepDirPath(dir_, 4));
+  EXPECT_EQ(latest->stage_begin, (std::vector<int>{0, 1}));
+  ASSERT_EQ(latest->files.size(), 2u);
+  EXPECT_EQ(latest->files[1].file(), "stage-1.safetensors");
+  EXPECT_TRUE(CheckResumeFitsPlan(*latest, plan).ok());
+
+  // A step directory, with or without a trailing slash; a checkpoint
+  // directory means its newest complete step.
+  for (const std::string& path :
+       {engine::StepDirPath(dir_, 2), engine::StepDirPath(dir_, 2) + "/"}) {
+    absl::StatusOr<ResumePoint> p =
+        FindResumePoint(AtPath(path), "", "00000000000000aa");
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->step, 2);
+    EXPECT_EQ(p->step_dir, engine::StepDirPath(dir_, 2));
+  }
+  absl::StatusOr<ResumePoint> in_dir =
+      FindResumePoint(AtPath(dir_), "", "00000000000000aa");
+  ASSERT_TRUE(in_dir.ok()) << in_dir.status();
+  EXPECT_EQ(in_dir->step, 4);
+
+  absl::StatusOr<ResumePoint> torn = FindResumePoint(
+      AtPath(engine::StepDirPath(dir_, 6)), "", "00000000000000aa");
+  EXPECT_EQ(torn.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(torn.status().message(),
+              HasSubstr("does not start from scratch"));
+
+  absl::StatusOr<ResumePoint> other =
+      FindResumePoint(Latest(), dir_, "00000000000000bb");
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(other.status().message(),
+              HasSubstr("config hash 00000000000000aa, this job's "
+                        "00000000000000bb"));
+}
+
+TEST_F(CheckpointsTest, TheCheckpointMustFitThePlan) {
+  const JobPlan two = Plan(JobYaml(2, "mlp", /*steps=*/3));
+  WriteStep(two, 2, true);
+  absl::StatusOr<ResumePoint> p =
+      FindResumePoint(Latest(), dir_, "00000000000000aa");
+  ASSERT_TRUE(p.ok()) << p.status();
+
+  absl::Status stages = CheckResumeFitsPlan(*p, Plan(JobYaml(3)));
+  EXPECT_EQ(stages.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(stages.message(),
+              HasSubstr("holds 2 stages starting at layers [0, 1], this job "
+                        "has 3 starting at [0, 1, 2]"));
+  absl::Status finished =
+      CheckResumeFitsPlan(*p, Plan(JobYaml(2, "mlp", /*steps=*/2)));
+  EXPECT_THAT(finished.message(), HasSubstr("nothing left to train"));
+}
+
+TEST_F(CheckpointsTest, AnAutoJobResumesWithItsCheckpointsCut) {
+  std::string yaml =
+      "model:\n  input_shape: [4]\n  init: {seed: 1}\n  layers:\n"
+      "    - dense: {features: 4}\n    - dense: {features: 4}\n"
+      "    - dense: {features: 4}\n  loss: mse\n"
+      "data: {source: synthetic-regression}\n"
+      "training: {steps: 3, batch_size: 8, microbatches: 4}\n"
+      "optimizer: {kind: sgd, lr: 0.1}\n"
+      "pipeline: {schedule: 1f1b, stages: auto, num_stages: 2}\n";
+  absl::StatusOr<engine::JobSpec> spec = engine::ParseJobSpec(yaml, "j.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const ResumePoint point = PointAt(1, {0, 2});
+  ASSERT_TRUE(AdoptCheckpointCut(point, *spec).ok());
+  EXPECT_FALSE(spec->pipeline.auto_stages);
+  absl::StatusOr<JobPlan> plan = PlanJob(*spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(NeedsProfile(*plan));
+  EXPECT_EQ(plan->stages[1].first_layer, 2);
+  EXPECT_TRUE(CheckResumeFitsPlan(point, *plan).ok());
+
+  absl::StatusOr<engine::JobSpec> again = engine::ParseJobSpec(yaml, "j.yaml");
+  const ResumePoint bad = PointAt(1, {0, 7});
+  EXPECT_THAT(AdoptCheckpointCut(bad, *again).message(),
+              HasSubstr("do not fit this model"));
+}
+
+}  // namespace
+}  // namespace conveyor::coordinator
