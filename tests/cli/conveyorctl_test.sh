@@ -183,19 +183,42 @@ def write(path, tensors, meta):
     h += b" " * (-len(h) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(h)) + h + data)
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
 root = sys.argv[1]
+# Steps 10 and 20 are complete (the coordinator wrote their manifests);
+# step 30 has one stage file and no manifest, as after a crash mid-write.
 for step, stages in ((10, (0, 1)), (20, (0, 1)), (30, (0,))):
     d = os.path.join(root, "step-%d" % step)
     os.makedirs(d)
+    files = []
     for s in stages:
         meta = {"format": "conveyor-stage-v1", "job": "job-3", "stage": str(s),
                 "num_stages": "2", "step": str(step)}
-        write(os.path.join(d, "stage-%d.safetensors" % s),
-              {"layers.%d.weight" % s: [s + step, 2.0], "layers.%d.bias" % s: [0.5]}, meta)
+        path = os.path.join(d, "stage-%d.safetensors" % s)
+        write(path, {"layers.%d.weight" % s: [s + step, 2.0],
+                     "layers.%d.bias" % s: [0.5],
+                     "optimizer/exp_avg/layers.%d.bias" % s: [9.0]}, meta)
+        data = open(path, "rb").read()
+        files.append({"stage": s, "file": "stage-%d.safetensors" % s,
+                      "bytes": len(data), "crc32c": "%08x" % crc32c(data)})
+    if len(stages) == 2:
+        manifest = {"format": "conveyor-checkpoint-v1", "job": "mlp",
+                    "job_id": "job-3", "step": step,
+                    "config_hash": "0123456789abcdef", "num_stages": 2,
+                    "stage_begin": [0, 1], "stages": files,
+                    "created_unix_ms": 1700000000000}
+        with open(os.path.join(d, "manifest.json"), "w") as f:
+            json.dump(manifest, f)
 PY
 check export_latest 0 'exported step 20 of job job-3: 2 stage\(s\), 4 tensors, 6 parameters' -- \
   export "$tmp/ckpt" -o "$tmp/export.safetensors"
-check export_skips_incomplete 0 'note: skipped step-30: missing stage-1 of 2' -- \
+check export_skips_incomplete 0 'note: skipped .*step-30: step 30 is incomplete: no manifest' -- \
   export "$tmp/ckpt" -o "$tmp/export.safetensors"
 if python3 - "$tmp/export.safetensors" <<'PY'
 import json, struct, sys
@@ -210,7 +233,7 @@ assert struct.unpack("<2f", b[8 + n + o[0]:8 + n + o[1]]) == (21.0, 2.0)
 PY
 then passed=$((passed + 1)); else echo "FAIL export_content"; failed=$((failed + 1)); fi
 check export_step 0 'exported step 10 ' -- export "$tmp/ckpt" --step 10 -o "$tmp/e10.safetensors"
-check export_incomplete_step 1 'step-30: missing stage-1 of 2 stages' -- \
+check export_incomplete_step 1 'step 30 is incomplete: no manifest' -- \
   export "$tmp/ckpt" --step 30 -o "$tmp/e30.safetensors"
 check export_unknown_step 1 'no step-7; steps: 10, 20, 30' -- \
   export "$tmp/ckpt" --step 7 -o "$tmp/e7.safetensors"
