@@ -276,7 +276,25 @@ std::string FormatJobDetails(const v1::Job& job, absl::Time now) {
     }
   }
   if (!job.checkpoint_dir().empty()) {
-    fields.push_back({"checkpoint", job.checkpoint_dir()});
+    fields.push_back(
+        {"checkpoint",
+         job.last_checkpoint_step() > 0
+             ? absl::StrCat(job.checkpoint_dir(), " (newest complete: step ",
+                            job.last_checkpoint_step(), ")")
+             : job.checkpoint_dir()});
+  }
+  if (job.resumed_from_step() > 0) {
+    fields.push_back(
+        {"resumed", absl::StrCat("from step ", job.resumed_from_step(), " (",
+                                 job.resumed_from(), ")")});
+  }
+  if (job.max_restarts() > 0) {
+    std::string text =
+        absl::StrCat(job.restarts(), " of at most ", job.max_restarts());
+    if (!job.last_restart_reason().empty()) {
+      absl::StrAppend(&text, "; last after: ", job.last_restart_reason());
+    }
+    fields.push_back({"restarts", text});
   }
   if (job.has_auto_split()) {
     const v1::AutoSplit& a = job.auto_split();

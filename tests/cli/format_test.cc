@@ -148,6 +148,26 @@ TEST(FormatOutcomeTest, SaysHowTheJobEnded) {
             "CANCELLED: (no reason given) (after 40/200 steps)");
 }
 
+TEST(FormatJobDetailsTest, ShowsCheckpointsResumeAndRestarts) {
+  v1::Job job;
+  job.set_id("job-4");
+  job.set_state(v1::RUNNING);
+  job.set_checkpoint_dir("/ckpt/run");
+  EXPECT_THAT(FormatJobDetails(job, absl::FromUnixMillis(0)),
+              HasSubstr("checkpoint  /ckpt/run\n"));
+  job.set_last_checkpoint_step(40);
+  job.set_resumed_from_step(20);
+  job.set_resumed_from("/ckpt/run/step-20");
+  job.set_max_restarts(2);
+  job.set_restarts(1);
+  job.set_last_restart_reason("worker-2 (b, rank 1, stages 1) lost");
+  const std::string text = FormatJobDetails(job, absl::FromUnixMillis(0));
+  EXPECT_THAT(text, HasSubstr("/ckpt/run (newest complete: step 40)"));
+  EXPECT_THAT(text, HasSubstr("from step 20 (/ckpt/run/step-20)"));
+  EXPECT_THAT(text, HasSubstr("1 of at most 2; last after: worker-2 (b, rank "
+                              "1, stages 1) lost"));
+}
+
 TEST(FormatJobDetailsTest, ShowsTheAutoSplitOnceChosen) {
   v1::Job job = RunningJob();
   job.mutable_auto_split()->set_chosen(false);
