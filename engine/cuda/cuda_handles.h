@@ -1,5 +1,6 @@
 // Owning handles for CUDA runtime objects: std::unique_ptr with a deleter, so
-// a stream, event or device allocation is released on every return path.
+// a stream, event, device allocation or page-locked host allocation is
+// released on every return path.
 //
 //   cudaStream_t raw = nullptr;
 //   RETURN_IF_ERROR(CudaStatus(cudaStreamCreate(&raw), "cudaStreamCreate"));
@@ -46,6 +47,16 @@ struct CudaFreeDeleter {
 };
 template <typename T>
 using CudaDevicePtr = std::unique_ptr<T, CudaFreeDeleter>;
+
+// Page-locked host memory from cudaMallocHost: the target of device-to-host
+// copies that must not stage through a bounce buffer.
+struct CudaFreeHostDeleter {
+  void operator()(void* host_ptr) const noexcept {
+    (void)cudaFreeHost(host_ptr);
+  }
+};
+template <typename T>
+using CudaHostPtr = std::unique_ptr<T, CudaFreeHostDeleter>;
 
 }  // namespace conveyor
 

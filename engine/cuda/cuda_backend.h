@@ -1,0 +1,223 @@
+// CudaBackend: the Backend on one CUDA device. GEMMs go to cuBLAS (fp32
+// compute, row-major operands mapped onto column-major cuBLAS by swapping
+// them); every other kernel is our own (engine/cuda/*.cu), each matching the
+// CPU backend's semantics (engine/cpu/), which is its reference.
+//
+// Execution: one compute stream per backend. Every method enqueues its work
+// on that stream and returns without waiting, except where the Backend
+// contract hands a value to the host: CopyToHost, MseLoss,
+// CrossEntropyLoss, SumSquares and EmbeddingForward (whose status depends on
+// the ids) wait for the stream through an event; CopyFromHost waits only
+// when the source is page-locked memory that the copy may still be reading.
+// Synchronize() waits for everything. Other streams (communication) order
+// themselves against compute with RecordEvent / WaitForEvent, never a host
+// sync.
+//
+// Memory comes from a CachingAllocator: after the first step, Empty() and
+// the scratch of reductions never call cudaMalloc. Blocks are reused in
+// compute-stream order, so memory handed to another stream must be kept
+// alive (a Tensor handle held) until that stream is done with it.
+//
+// Errors: shape mismatches abort (CONVEYOR_CHECK), as in every backend, and
+// so does a failed kernel launch (a bug). Out of memory returns
+// ResourceExhausted from the methods that return a status; a method that
+// returns void and needs scratch memory it cannot get skips its work and
+// records the error, which the next Synchronize() or host-value call
+// returns. Asynchronous faults in kernels surface as kInternal from the next
+// call that waits.
+//
+// Every tensor passed in must belong to this backend; all tensors must be
+// released before the backend is destroyed. Each method makes the backend's
+// device current on the calling thread. Thread-compatible, like every
+// Backend; blocks may be freed (tensors dropped) from any thread.
+#ifndef CONVEYOR_ENGINE_CUDA_CUDA_BACKEND_H_
+#define CONVEYOR_ENGINE_CUDA_CUDA_BACKEND_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/backend.h"
+#include "engine/cuda/caching_allocator.h"
+#include "engine/cuda/cublas_util.h"
+#include "engine/cuda/cuda_handles.h"
+
+namespace conveyor::engine {
+
+namespace cuda_internal {
+struct DeviceScalars;
+}  // namespace cuda_internal
+
+struct CudaBackendOptions {
+  // Lets cuBLAS round GEMM inputs to TF32 (10-bit mantissa) on tensor cores:
+  // several times faster on Ampere and later, but results then differ from
+  // the CPU backend by about 1e-3 relative. Off: full fp32 GEMMs.
+  bool allow_tf32 = false;
+  // cuBLAS workspace, allocated once at creation so cuBLAS never allocates
+  // on the step path. 32 MiB is what cuBLAS recommends for Hopper.
+  size_t cublas_workspace_bytes = size_t{32} << 20;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  // A backend on device ordinal `device` (after CUDA_VISIBLE_DEVICES).
+  // Returns:
+  //   kInvalidArgument for a negative ordinal;
+  //   kFailedPrecondition when no CUDA device or driver is usable;
+  //   kNotFound when `device` is not a visible ordinal;
+  //   kFailedPrecondition also when this binary has no kernels for the
+  //     device's architecture (a smoke-test kernel runs first);
+  //   kUnavailable when the device is held by another process;
+  //   kResourceExhausted when the device cannot hold the stream, cuBLAS
+  //     workspace or result buffers;
+  //   other CUDA/cuBLAS failures as CudaStatus / CublasStatus map them.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(
+      int device, const CudaBackendOptions& options = {});
+
+  // Waits for queued work, then frees the cached memory.
+  ~CudaBackend() override;
+
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  // "cuda:<device>".
+  absl::string_view Name() const override { return name_; }
+  int device() const { return device_; }
+  // The compute stream: for libraries that must run in order with the
+  // backend's kernels (NCCL on the same stream, profilers).
+  cudaStream_t stream() const { return stream_.get(); }
+
+  // Records `event` on the compute stream after everything enqueued so far;
+  // another stream can then cudaStreamWaitEvent on it. kInternal if the
+  // event is invalid or the context is broken.
+  absl::Status RecordEvent(cudaEvent_t event);
+  // Makes compute work enqueued after this call wait for `event` (recorded
+  // on another stream), without blocking the host. kInternal as above.
+  absl::Status WaitForEvent(cudaEvent_t event);
+
+  CachingAllocator::Stats allocator_stats() const {
+    return allocator_->stats();
+  }
+  // Waits for the stream, then returns every cached block to the driver
+  // (cudaFree). Off the step path only: between jobs, or to hand memory to
+  // another process.
+  absl::Status EmptyCache();
+
+  // --- Backend ---------------------------------------------------------------
+  absl::StatusOr<Tensor> Empty(const Shape& shape, DType dtype) override;
+  void FreeBuffer(void* data, size_t bytes) override;
+  absl::Status CopyFromHost(const void* src, size_t bytes,
+                            const Tensor& dst) override;
+  absl::Status CopyToHost(const Tensor& src, void* dst, size_t bytes) override;
+  void Copy(const Tensor& src, const Tensor& dst) override;
+  absl::Status Synchronize() override;
+
+  void Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a,
+            const Tensor& b, float beta, const Tensor& c) override;
+  void GemmStridedBatched(const GemmBatch& batch) override;
+
+  void Fill(const Tensor& x, float value) override;
+  void Scale(const Tensor& x, float alpha) override;
+  void Axpy(float alpha, const Tensor& x, const Tensor& y) override;
+  void Add(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void AddRowBias(const Tensor& x, const Tensor& bias) override;
+  void SumRows(const Tensor& x, float beta, const Tensor& out) override;
+  void Relu(const Tensor& x, const Tensor& y) override;
+  void ReluBackward(const Tensor& x, const Tensor& dy,
+                    const Tensor& dx) override;
+  void Gelu(const Tensor& x, bool tanh, const Tensor& y) override;
+  void GeluBackward(const Tensor& x, bool tanh, const Tensor& dy,
+                    const Tensor& dx) override;
+
+  void LayerNorm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                 float eps, const Tensor& y, const Tensor& mean,
+                 const Tensor& rstd) override;
+  void LayerNormBackwardInput(const Tensor& x, const Tensor& gamma,
+                              const Tensor& mean, const Tensor& rstd,
+                              const Tensor& dy, const Tensor& dx) override;
+  void LayerNormBackwardWeight(const Tensor& x, const Tensor& mean,
+                               const Tensor& rstd, const Tensor& dy,
+                               const Tensor& dgamma,
+                               const Tensor& dbeta) override;
+
+  void Softmax(const Tensor& x, float scale, bool causal,
+               const Tensor& y) override;
+  void SoftmaxBackward(const Tensor& y, const Tensor& dy, float scale,
+                       const Tensor& dx) override;
+  void SplitHeads(const Tensor& qkv, int64_t heads, const Tensor& q,
+                  const Tensor& k, const Tensor& v) override;
+  void SplitHeadsBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                          int64_t heads, const Tensor& dqkv) override;
+  void MergeHeads(const Tensor& x, const Tensor& out) override;
+  void MergeHeadsBackward(const Tensor& dout, const Tensor& dx) override;
+
+  absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table,
+                                const Tensor& out) override;
+  void EmbeddingBackward(const Tensor& ids, const Tensor& dy,
+                         const Tensor& dtable) override;
+
+  absl::StatusOr<float> MseLoss(const Tensor& y, const Tensor& target,
+                                float grad_scale, const Tensor& dy) override;
+  absl::StatusOr<float> CrossEntropyLoss(const Tensor& logits,
+                                         const Tensor& targets,
+                                         float grad_scale,
+                                         const Tensor& dlogits) override;
+
+  void SgdUpdate(const SgdParams& p, const Tensor& param, const Tensor& grad,
+                 const Tensor& momentum) override;
+  void AdamUpdate(const AdamParams& p, const Tensor& param, const Tensor& grad,
+                  const Tensor& exp_avg, const Tensor& exp_avg_sq) override;
+  absl::StatusOr<double> SumSquares(const Tensor& x) override;
+
+ private:
+  // Device memory released when it goes out of scope; the scratch of one
+  // call. Freed right after the kernels using it are enqueued: the next user
+  // of the block runs later on the same stream.
+  class Scratch;
+
+  CudaBackend(int device, const CudaBackendOptions& options);
+
+  // Makes device_ current on the calling thread.
+  void Activate() const;
+  // Device pointer of a tensor of this backend (aborts for another
+  // backend's tensor: a bug in the caller).
+  template <typename T>
+  T* Ptr(const Tensor& t) const;
+  float* F(const Tensor& t) const { return Ptr<float>(t); }
+  // Scratch of `bytes` bytes; on failure records the error for the next
+  // Synchronize() (void methods) and returns a null block.
+  Scratch ScratchOrDefer(size_t bytes, absl::string_view what);
+  // Waits on the host for the work enqueued so far; then returns the first
+  // error a void method deferred, if any.
+  absl::Status WaitForHost(absl::string_view what);
+  // Copies the device scalars to host_scalars_ and waits for them.
+  absl::Status FetchScalars(absl::string_view what);
+  // The I64 element at `index` of a device tensor (for error messages).
+  absl::StatusOr<int64_t> FetchId(const Tensor& ids, int64_t index);
+
+  const int device_;
+  const CudaBackendOptions options_;
+  const std::string name_;
+  // Declared first so it is destroyed last: everything below may still have
+  // work queued on it.
+  CudaStreamPtr stream_;
+  CudaEventPtr host_wait_event_;
+  CudaDevicePtr<void> cublas_workspace_;
+  CublasHandlePtr cublas_;
+  // Results of reductions, on the device and page-locked on the host, plus
+  // the first-pass partial sums (kMaxReduceBlocks doubles).
+  CudaDevicePtr<cuda_internal::DeviceScalars> scalars_;
+  CudaDevicePtr<double> partials_;
+  CudaHostPtr<cuda_internal::DeviceScalars> host_scalars_;
+  CudaHostPtr<int64_t> host_id_;
+  std::unique_ptr<CachingAllocator> allocator_;
+  absl::Status deferred_error_;
+};
+
+}  // namespace conveyor::engine
+
+#endif  // CONVEYOR_ENGINE_CUDA_CUDA_BACKEND_H_
