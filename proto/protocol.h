@@ -21,7 +21,10 @@ namespace conveyor::proto {
 // Bumped on any incompatible change to conveyor.v1's session semantics. A
 // worker whose protocol or release version differs from the coordinator's is
 // refused at registration.
-inline constexpr int kProtocolVersion = 1;
+//   2: checkpoints reported (CheckpointSaved) and resumed (JobProgram
+//      resume_*), Deregister. A version-1 worker would ignore resume_step
+//      and silently train from scratch, so it must be refused.
+inline constexpr int kProtocolVersion = 2;
 
 // Largest control-plane message either end accepts (programs carry the job
 // YAML and an action list).
