@@ -27,13 +27,19 @@ std::optional<int64_t> StepOfDirName(absl::string_view name) {
   return step;
 }
 
-absl::StatusOr<engine::CheckpointManifest> FindManifest(
-    const engine::ResumeSpec& resume, const std::string& checkpoint_dir) {
+// A manifest and the checkpoint directory it was found in.
+struct FoundManifest {
+  engine::CheckpointManifest manifest;
+  std::string checkpoint_dir;
+};
+
+absl::StatusOr<FoundManifest> FindManifest(const engine::ResumeSpec& resume,
+                                           const std::string& checkpoint_dir) {
   if (resume.kind == engine::ResumeSpec::Kind::kLatest) {
     ASSIGN_OR_RETURN(engine::LatestCheckpoint latest,
                      engine::FindLatestCompleteCheckpoint(
                          checkpoint_dir, /*verify_checksums=*/false));
-    return latest.manifest;
+    return FoundManifest{std::move(latest.manifest), checkpoint_dir};
   }
   const std::filesystem::path path(resume.path);
   std::error_code ec;
@@ -51,13 +57,17 @@ absl::StatusOr<engine::CheckpointManifest> FindManifest(
     const std::filesystem::path parent =
         normal.has_filename() ? normal.parent_path()
                               : normal.parent_path().parent_path();
-    return engine::LoadCompleteCheckpoint(parent.string(), *step,
-                                          /*verify_checksums=*/false);
+    ASSIGN_OR_RETURN(engine::CheckpointManifest manifest,
+                     engine::LoadCompleteCheckpoint(
+                         parent.string(), *step, /*verify_checksums=*/false));
+    return FoundManifest{std::move(manifest), parent.string()};
   }
   ASSIGN_OR_RETURN(engine::LatestCheckpoint latest,
                    engine::FindLatestCompleteCheckpoint(
                        resume.path, /*verify_checksums=*/false));
-  return latest.manifest;
+  const std::filesystem::path dir =
+      normal.has_filename() ? normal : normal.parent_path();
+  return FoundManifest{std::move(latest.manifest), dir.string()};
 }
 
 }  // namespace
@@ -81,38 +91,28 @@ ResumePoint ResumePointOf(const engine::CheckpointManifest& manifest,
 absl::StatusOr<ResumePoint> FindResumePoint(const engine::ResumeSpec& resume,
                                             const std::string& checkpoint_dir,
                                             const std::string& config_hash) {
-  absl::StatusOr<engine::CheckpointManifest> manifest =
-      FindManifest(resume, checkpoint_dir);
+  absl::StatusOr<FoundManifest> found = FindManifest(resume, checkpoint_dir);
   const std::string what =
       resume.kind == engine::ResumeSpec::Kind::kLatest
           ? absl::StrCat("resume: latest (in ", checkpoint_dir, ")")
           : absl::StrCat("resume: ", resume.path);
-  if (!manifest.ok()) {
+  if (!found.ok()) {
     // Never a silent fresh start: the job is refused with the reason.
     return absl::Status(
-        manifest.status().code(),
-        absl::StrCat(what, ": ", manifest.status().message(),
+        found.status().code(),
+        absl::StrCat(what, ": ", found.status().message(),
                      "; the job was asked to resume, so it does not start "
                      "from scratch"));
   }
-  if (manifest->config_hash != config_hash) {
+  const engine::CheckpointManifest& manifest = found->manifest;
+  if (manifest.config_hash != config_hash) {
     return absl::FailedPreconditionError(absl::StrCat(
-        what, ": step ", manifest->step, " was written by job '", manifest->job,
-        "' with another configuration (config hash ", manifest->config_hash,
+        what, ": step ", manifest.step, " was written by job '", manifest.job,
+        "' with another configuration (config hash ", manifest.config_hash,
         ", this job's ", config_hash,
         "): its model, data, optimizer, training or pipeline section differs"));
   }
-  // The step directory the manifest was found in, whatever path named it.
-  std::string dir = checkpoint_dir;
-  if (resume.kind == engine::ResumeSpec::Kind::kPath) {
-    std::filesystem::path p =
-        std::filesystem::path(resume.path).lexically_normal();
-    if (!p.has_filename()) p = p.parent_path();
-    dir = StepOfDirName(p.filename().string()).has_value()
-              ? p.parent_path().string()
-              : p.string();
-  }
-  return ResumePointOf(*manifest, dir);
+  return ResumePointOf(manifest, found->checkpoint_dir);
 }
 
 absl::Status AdoptCheckpointCut(const ResumePoint& point,
