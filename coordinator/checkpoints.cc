@@ -88,6 +88,24 @@ ResumePoint ResumePointOf(const engine::CheckpointManifest& manifest,
   return point;
 }
 
+v1::CheckpointRef ToProto(const ResumePoint& point) {
+  v1::CheckpointRef ref;
+  ref.set_step(point.step);
+  ref.set_step_dir(point.step_dir);
+  for (int b : point.stage_begin) ref.add_stage_begin(b);
+  for (const v1::StageFile& f : point.files) *ref.add_files() = f;
+  return ref;
+}
+
+ResumePoint FromProto(const v1::CheckpointRef& ref) {
+  ResumePoint point;
+  point.step = ref.step();
+  point.step_dir = ref.step_dir();
+  point.stage_begin.assign(ref.stage_begin().begin(), ref.stage_begin().end());
+  point.files.assign(ref.files().begin(), ref.files().end());
+  return point;
+}
+
 absl::StatusOr<ResumePoint> FindResumePoint(const engine::ResumeSpec& resume,
                                             const std::string& checkpoint_dir,
                                             const std::string& config_hash) {

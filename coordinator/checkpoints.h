@@ -76,6 +76,10 @@ engine::CheckpointManifest MakeManifest(
 ResumePoint ResumePointOf(const engine::CheckpointManifest& manifest,
                           const std::string& checkpoint_dir);
 
+// A resume point as the coordinator's state file keeps it, and back.
+v1::CheckpointRef ToProto(const ResumePoint& point);
+ResumePoint FromProto(const v1::CheckpointRef& ref);
+
 }  // namespace conveyor::coordinator
 
 #endif  // CONVEYOR_COORDINATOR_CHECKPOINTS_H_

@@ -28,6 +28,7 @@
 #include "coordinator/coordinator_metrics.h"  // /metrics
 #include "coordinator/job_manager.h"          // the state machine
 #include "coordinator/service.h"              // the gRPC services
+#include "coordinator/state_file.h"           // StateFile
 #include "grpcpp/grpcpp.h"                    // ServerBuilder
 #include "proto/credentials.h"                // MakeServerCredentials
 #include "proto/protocol.h"                   // kMaxMessageBytes
@@ -47,6 +48,7 @@ struct Flags {
   std::string config;
   std::string ready_file;
   std::string auth_token_file;
+  std::string state_file;
   conveyor::proto::TlsFiles tls;
   std::string log_level = "info";
 };
@@ -62,8 +64,9 @@ absl::Status ApplyConfigFile(const std::string& path, const CLI::App& app,
   conveyor::YamlReader reader(path);
   ASSIGN_OR_RETURN(
       conveyor::YamlMap map,
-      reader.ReadMap(reader.Root(doc), {"listen", "heartbeat_timeout",
-                                        "recv_timeout", "metrics_address"}));
+      reader.ReadMap(reader.Root(doc),
+                     {"listen", "heartbeat_timeout", "recv_timeout",
+                      "metrics_address", "state_file"}));
   auto given = [&](const char* flag) { return app.count(flag) > 0; };
   for (const conveyor::YamlMapEntry& e : map.entries) {
     if (e.key == "listen" && !given("--listen")) {
@@ -75,6 +78,8 @@ absl::Status ApplyConfigFile(const std::string& path, const CLI::App& app,
       ASSIGN_OR_RETURN(flags.recv_timeout, reader.ParsePositiveDouble(e.value));
     } else if (e.key == "metrics_address" && !given("--metrics-address")) {
       ASSIGN_OR_RETURN(flags.metrics_address, reader.ParseString(e.value));
+    } else if (e.key == "state_file" && !given("--state-file")) {
+      ASSIGN_OR_RETURN(flags.state_file, reader.ParseString(e.value));
     }
   }
   return absl::OkStatus();
@@ -113,7 +118,10 @@ int main(int argc, char** argv) {
       "written to the ready file); empty: not served");
   app.add_option("--config", flags.config,
                  "YAML file with listen, heartbeat_timeout, recv_timeout, "
-                 "metrics_address (flags win)");
+                 "metrics_address, state_file (flags win)");
+  app.add_option("--state-file", flags.state_file,
+                 "Keep job records in this file so that they survive a "
+                 "restart; empty: in memory only");
   app.add_option("--ready-file", flags.ready_file,
                  "Write the bound address here (atomically) once serving");
   app.add_option("--auth-token-file", flags.auth_token_file,
@@ -151,14 +159,45 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   // Shared: the metrics server holds its collectables weakly.
+  // Before anything is served: the records it holds decide the job ids.
+  std::unique_ptr<conveyor::coordinator::StateFile> state_file;
+  std::optional<conveyor::v1::CoordinatorState> saved;
+  if (!flags.state_file.empty()) {
+    absl::StatusOr<std::unique_ptr<conveyor::coordinator::StateFile>> opened =
+        conveyor::coordinator::StateFile::Open(flags.state_file);
+    absl::StatusOr<std::optional<conveyor::v1::CoordinatorState>> loaded =
+        opened.ok() ? (*opened)->Load() : opened.status();
+    if (!loaded.ok()) {
+      std::cerr << "conveyor-coordinator: --state-file: "
+                << loaded.status().message()
+                << (absl::IsDataLoss(loaded.status())
+                        ? " (move the file aside to start without its jobs)"
+                        : "")
+                << "\n";
+      return kExitFailure;
+    }
+    state_file = *std::move(opened);
+    saved = *std::move(loaded);
+  }
+
   auto metrics = std::make_shared<conveyor::coordinator::CoordinatorMetrics>();
   conveyor::coordinator::JobManager manager({
       .heartbeat_timeout = Millis(flags.heartbeat_timeout),
       .recv_timeout = Millis(flags.recv_timeout),
       .observer = metrics.get(),
+      .state_file = state_file.get(),
       .version = conveyor::kVersion,
   });
   metrics->Attach(&manager);
+  if (saved.has_value()) {
+    if (absl::Status s = manager.Restore(*saved); !s.ok()) {
+      std::cerr << "conveyor-coordinator: --state-file " << flags.state_file
+                << ": " << s.message()
+                << " (move the file aside to start without its jobs)\n";
+      return kExitFailure;
+    }
+    manager.Persist();
+  }
   std::string auth_token;
   if (!flags.auth_token_file.empty()) {
     absl::StatusOr<std::string> token =

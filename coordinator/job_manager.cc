@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/status_macros.h"
 #include "engine/checkpoint_manifest.h"
 #include "engine/job_spec.h"
 #include "engine/profiler.h"
@@ -255,66 +256,89 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
     }
   }
 
-  std::lock_guard<std::mutex> lock(mu_);
-  if (shutdown_) return absl::UnavailableError("coordinator shutting down");
-  const int live = LiveWorkers();
-  if (plan->num_ranks > live) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "job '%s' needs %d workers (%d stages, %d per worker) but the "
-        "cluster has %d live worker(s); start more workers or use fewer "
-        "stages",
-        plan->job.name, plan->num_ranks, plan->num_stages, plan->virtual_stages,
-        live));
-  }
-  // Two live jobs writing one directory would overwrite each other's steps.
-  for (const auto& [n, other] : jobs_) {
-    if (!checkpoint_dir.empty() && !proto::IsTerminal(other.info.state()) &&
-        other.info.checkpoint_dir() == checkpoint_dir) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("checkpoint.dir ", checkpoint_dir, " is in use by ",
-                       other.info.id(), " ('", other.info.name(),
-                       "'); give this job another checkpoint.dir"));
+  v1::Job submitted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutdown_) return absl::UnavailableError("coordinator shutting down");
+    const int live = LiveWorkers();
+    if (plan->num_ranks > live) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "job '%s' needs %d workers (%d stages, %d per worker) but the "
+          "cluster has %d live worker(s); start more workers or use fewer "
+          "stages",
+          plan->job.name, plan->num_ranks, plan->num_stages,
+          plan->virtual_stages, live));
     }
+    // Two live jobs writing one directory would overwrite each other's steps.
+    for (const auto& [n, other] : jobs_) {
+      if (!checkpoint_dir.empty() && !proto::IsTerminal(other.info.state()) &&
+          other.info.checkpoint_dir() == checkpoint_dir) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("checkpoint.dir ", checkpoint_dir, " is in use by ",
+                         other.info.id(), " ('", other.info.name(),
+                         "'); give this job another checkpoint.dir"));
+      }
+    }
+    if (static_cast<int>(queue_.size()) >= options_.max_queued_jobs) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the job queue is full (", options_.max_queued_jobs,
+                       " jobs waiting); retry later"));
+    }
+    const uint64_t number = next_job_++;
+    JobRecord& job = jobs_[number];
+    job.number = number;
+    job.secret = MakeSecret();
+    job.request = request;
+    job.request.set_file_name(file_name);
+    job.plan = *std::move(plan);
+    job.config_hash = config_hash;
+    job.resume = std::move(resume);
+    v1::Job& info = job.info;
+    info.set_id(absl::StrCat(kJobPrefix, number));
+    info.set_name(job.plan.job.name);
+    info.set_created_unix_ms(NowUnixMs());
+    DescribePlan(job);
+    if (job.resume.has_value()) {
+      info.set_steps_done(job.resume->step);
+      info.set_resumed_from_step(job.resume->step);
+      info.set_resumed_from(job.resume->step_dir);
+    }
+    info.set_state(v1::QUEUED);
+    SPDLOG_INFO("{} '{}' queued: {} over {} worker(s)", info.id(), info.name(),
+                info.schedule(), info.num_workers());
+    queue_.push_back(number);
+    UpdateQueuePositions();
+    AddEvent(job, nullptr);
+    MarkChanged();
+    if (options_.observer != nullptr) options_.observer->OnSubmitted(job.info);
+    Schedule();
+    submitted = job.info;
   }
-  if (static_cast<int>(queue_.size()) >= options_.max_queued_jobs) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the job queue is full (", options_.max_queued_jobs,
-                     " jobs waiting); retry later"));
-  }
-  const uint64_t number = next_job_++;
-  JobRecord& job = jobs_[number];
-  job.number = number;
-  job.secret = MakeSecret();
-  job.request = request;
-  job.request.set_file_name(file_name);
-  job.plan = *std::move(plan);
-  job.config_hash = config_hash;
-  job.resume = std::move(resume);
-  const engine::JobSpec& spec_ref = job.plan.job;
-  job.samples_per_step = static_cast<double>(spec_ref.training.batch_size);
-  if (spec_ref.model.token_input) {
+  // Before answering: an acknowledged submission survives a crash.
+  Persist();
+  return submitted;
+}
+
+void JobManager::DescribePlan(JobRecord& job) {
+  const engine::JobSpec& spec = job.plan.job;
+  job.samples_per_step = static_cast<double>(spec.training.batch_size);
+  job.tokens_per_sample = 0;
+  if (spec.model.token_input) {
     job.tokens_per_sample = 1;
-    for (int64_t d : spec_ref.model.input_shape) job.tokens_per_sample *= d;
+    for (int64_t d : spec.model.input_shape) job.tokens_per_sample *= d;
   }
   v1::Job& info = job.info;
-  info.set_id(absl::StrCat(kJobPrefix, number));
-  info.set_name(spec_ref.name);
-  info.set_steps_total(spec_ref.training.steps);
+  info.set_steps_total(spec.training.steps);
   info.set_schedule(
       std::string(scheduler::ScheduleKindName(job.plan.schedule.kind)));
   info.set_num_stages(job.plan.num_stages);
   info.set_num_workers(job.plan.num_ranks);
   info.set_virtual_stages(job.plan.virtual_stages);
-  info.set_batch_size(spec_ref.training.batch_size);
-  info.set_microbatches(static_cast<int32_t>(spec_ref.training.microbatches));
-  info.set_created_unix_ms(NowUnixMs());
-  info.set_checkpoint_dir(spec_ref.checkpoint.dir);
-  info.set_max_restarts(static_cast<int32_t>(spec_ref.restart.max_restarts));
-  if (job.resume.has_value()) {
-    info.set_steps_done(job.resume->step);
-    info.set_resumed_from_step(job.resume->step);
-    info.set_resumed_from(job.resume->step_dir);
-  }
+  info.set_batch_size(spec.training.batch_size);
+  info.set_microbatches(static_cast<int32_t>(spec.training.microbatches));
+  info.set_checkpoint_dir(spec.checkpoint.dir);
+  info.set_max_restarts(static_cast<int32_t>(spec.restart.max_restarts));
+  info.clear_stages();
   for (const StagePlan& s : job.plan.stages) {
     v1::StagePlacement* p = info.add_stages();
     p->set_stage(s.stage);
@@ -323,18 +347,8 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
     p->set_num_layers(s.num_layers);
     p->set_num_params(s.num_params);
   }
-  if (spec_ref.pipeline.auto_stages) {
-    info.mutable_auto_split()->set_chosen(false);
-  }
-  info.set_state(v1::QUEUED);
-  SPDLOG_INFO("{} '{}' queued: {} over {} worker(s)", info.id(), info.name(),
-              info.schedule(), info.num_workers());
-  queue_.push_back(number);
-  UpdateQueuePositions();
-  AddEvent(job, nullptr);
-  if (options_.observer != nullptr) options_.observer->OnSubmitted(job.info);
-  Schedule();
-  return job.info;
+  info.clear_auto_split();
+  if (spec.pipeline.auto_stages) info.mutable_auto_split()->set_chosen(false);
 }
 
 absl::StatusOr<v1::Trace> JobManager::GetTrace(const std::string& id,
@@ -419,16 +433,21 @@ std::vector<v1::Job> JobManager::ListJobs() const {
 
 absl::StatusOr<v1::Job> JobManager::CancelJob(const std::string& id,
                                               const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mu_);
-  JobRecord* job = FindJob(id);
-  if (job == nullptr) {
-    return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  v1::Job cancelled;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    JobRecord* job = FindJob(id);
+    if (job == nullptr) {
+      return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+    }
+    if (!proto::IsTerminal(job->info.state())) {
+      Finish(*job, v1::CANCELLED, reason);
+      Schedule();
+    }
+    cancelled = job->info;
   }
-  if (!proto::IsTerminal(job->info.state())) {
-    Finish(*job, v1::CANCELLED, reason);
-    Schedule();
-  }
-  return job->info;
+  Persist();
+  return cancelled;
 }
 
 std::vector<v1::Worker> JobManager::ListWorkers() const {
@@ -914,6 +933,7 @@ void JobManager::CommitCheckpoint(JobRecord& job, int64_t step,
   }
   job.committed = ResumePointOf(manifest, dir);
   job.info.set_last_checkpoint_step(step);
+  MarkChanged();
   SPDLOG_INFO("{}: checkpoint of step {} complete in {}", job.info.id(), step,
               engine::StepDirPath(dir, step));
   if (const int64_t keep = job.plan.job.checkpoint.keep_latest; keep > 0) {
@@ -959,6 +979,16 @@ void JobManager::FailOrRestart(JobRecord& job, const std::string& reason) {
     return;
   }
   StopWorkers(job, reason);
+  PrepareNextAttempt(job, reason);
+  // At the head: the job was running, and a restart must not wait behind
+  // work submitted after it.
+  queue_.push_front(job.number);
+  UpdateQueuePositions();
+  SetState(job, v1::QUEUED);
+  if (options_.observer != nullptr) options_.observer->OnRestarted(job.info);
+}
+
+void JobManager::PrepareNextAttempt(JobRecord& job, const std::string& reason) {
   // The next attempt starts from the newest step this job committed, or
   // where the job itself started.
   if (job.committed.has_value()) job.resume = job.committed;
@@ -991,12 +1021,6 @@ void JobManager::FailOrRestart(JobRecord& job, const std::string& reason) {
   SPDLOG_WARN("{}: restart {} of {} after: {}; resuming from {}", info.id(),
               info.restarts(), info.max_restarts(), reason,
               from > 0 ? absl::StrCat("step ", from) : "the start");
-  // At the head: the job was running, and a restart must not wait behind
-  // work submitted after it.
-  queue_.push_front(job.number);
-  UpdateQueuePositions();
-  SetState(job, v1::QUEUED);
-  if (options_.observer != nullptr) options_.observer->OnRestarted(info);
 }
 
 void JobManager::Finish(JobRecord& job, v1::JobState state,
@@ -1098,6 +1122,7 @@ void JobManager::StopWorkers(JobRecord& job, const std::string& reason) {
 void JobManager::SetState(JobRecord& job, v1::JobState state) {
   job.info.set_state(state);
   AddEvent(job, nullptr);
+  MarkChanged();
 }
 
 void JobManager::AddEvent(JobRecord& job, const v1::StepSummary* step) {
@@ -1123,8 +1148,15 @@ void JobManager::ReleaseWorker(WorkerRecord& w) {
 // Time and lifecycle.
 
 void JobManager::Tick() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (shutdown_) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutdown_) return;
+    TickLocked();
+  }
+  Persist();
+}
+
+void JobManager::TickLocked() {
   const TimePoint now = options_.clock();
   for (auto& [number, w] : workers_) {
     if (w.info.state() == v1::LOST) continue;
@@ -1158,9 +1190,208 @@ void JobManager::Tick() {
 }
 
 void JobManager::Shutdown() {
+  Persist();
   std::lock_guard<std::mutex> lock(mu_);
   shutdown_ = true;
   events_cv_.notify_all();
+}
+
+// ---------------------------------------------------------------------------
+// The state file.
+
+void JobManager::Persist() {
+  if (options_.state_file == nullptr) return;
+  std::lock_guard<std::mutex> persist(persist_mu_);
+  v1::CoordinatorState state;
+  uint64_t changes = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (changes_ == persisted_changes_) return;
+    changes = changes_;
+    state = Snapshot();
+  }
+  // Outside mu_: a slow disk delays only the next write, not the workers'
+  // reports or the clients' calls.
+  if (absl::Status s = options_.state_file->Save(state); !s.ok()) {
+    if (!persist_failing_) {
+      SPDLOG_ERROR(
+          "cannot write the state file (job records would not survive a "
+          "restart; retrying): {}",
+          s.ToString());
+    }
+    persist_failing_ = true;
+    return;
+  }
+  if (persist_failing_) {
+    SPDLOG_INFO("state file {} written again", options_.state_file->path());
+  }
+  persist_failing_ = false;
+  persisted_changes_ = changes;
+}
+
+v1::CoordinatorState JobManager::Snapshot() const {
+  v1::CoordinatorState state;
+  state.set_version(options_.version);
+  state.set_next_job(next_job_);
+  for (const auto& [number, job] : jobs_) {
+    v1::JobRecordState* saved = state.add_jobs();
+    *saved->mutable_info() = job.info;
+    *saved->mutable_request() = job.request;
+    saved->set_config_hash(job.config_hash);
+    if (job.resume.has_value()) *saved->mutable_resume() = ToProto(*job.resume);
+    if (job.committed.has_value()) {
+      *saved->mutable_committed() = ToProto(*job.committed);
+    }
+    saved->set_attempt(job.attempt);
+  }
+  for (uint64_t number : queue_) state.add_queue(number);
+  return state;
+}
+
+absl::Status JobManager::Replan(JobRecord& job) {
+  absl::StatusOr<engine::JobSpec> spec = engine::ParseJobSpec(
+      job.request.yaml(), job.request.file_name(), job.request.base_dir());
+  if (!spec.ok()) return spec.status();
+  if (job.resume.has_value()) {
+    RETURN_IF_ERROR(AdoptCheckpointCut(*job.resume, *spec));
+  }
+  ASSIGN_OR_RETURN(JobPlan plan, PlanJob(*std::move(spec)));
+  if (job.resume.has_value()) {
+    RETURN_IF_ERROR(CheckResumeFitsPlan(*job.resume, plan));
+  }
+  job.plan = std::move(plan);
+  DescribePlan(job);
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::Restore(const v1::CoordinatorState& state) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!jobs_.empty() || !workers_.empty()) {
+    return absl::FailedPreconditionError(
+        "job records can only be restored before any job or worker");
+  }
+  // First every record, so that a bad file changes nothing.
+  for (const v1::JobRecordState& saved : state.jobs()) {
+    const uint64_t number = ParseId(saved.info().id(), kJobPrefix);
+    if (number == 0 || number >= (uint64_t{1} << 47) ||
+        jobs_.contains(number)) {
+      jobs_.clear();
+      return absl::DataLossError(absl::StrCat(
+          "state file: job id '", saved.info().id(),
+          number == 0 ? "' is not job-<n>" : "' is out of range or repeated"));
+    }
+    JobRecord& job = jobs_[number];
+    job.number = number;
+    job.info = saved.info();
+    job.request = saved.request();
+    job.config_hash = saved.config_hash();
+    job.attempt = saved.attempt();
+    if (saved.has_resume()) job.resume = FromProto(saved.resume());
+    if (saved.has_committed()) job.committed = FromProto(saved.committed());
+    job.secret = MakeSecret();
+    // No worker of this coordinator has heard of the job.
+    const int ranks = job.info.worker_ids_size();
+    job.ended.assign(ranks, true);
+    job.succeeded.assign(ranks, false);
+    job.is_ready.assign(ranks, false);
+    job.endpoints.assign(ranks, "");
+    job.programs_sent = true;
+    job.info.set_queue_position(0);
+  }
+  next_job_ =
+      std::max<uint64_t>({next_job_, state.next_job(),
+                          jobs_.empty() ? 1 : jobs_.rbegin()->first + 1});
+
+  std::vector<uint64_t> ended;        // In the order they ended.
+  std::vector<uint64_t> interrupted;  // Placed when the coordinator stopped.
+  std::vector<uint64_t> queued;
+  for (uint64_t number : state.queue()) {
+    auto it = jobs_.find(number);
+    if (it != jobs_.end() && it->second.info.state() == v1::QUEUED &&
+        std::find(queued.begin(), queued.end(), number) == queued.end()) {
+      queued.push_back(number);
+    }
+  }
+  for (auto& [number, job] : jobs_) {
+    const v1::JobState s = job.info.state();
+    if (proto::IsTerminal(s)) {
+      ended.push_back(number);
+    } else if (s != v1::QUEUED) {
+      interrupted.push_back(number);
+    } else if (std::find(queued.begin(), queued.end(), number) ==
+               queued.end()) {
+      queued.push_back(number);  // Cannot happen with a file we wrote.
+    }
+  }
+  std::stable_sort(ended.begin(), ended.end(), [&](uint64_t a, uint64_t b) {
+    return jobs_.at(a).info.ended_unix_ms() < jobs_.at(b).info.ended_unix_ms();
+  });
+  for (uint64_t number : ended) {
+    JobRecord& job = jobs_.at(number);
+    job.request.clear_yaml();
+    AddEvent(job, nullptr);
+    finished_jobs_.push_back(number);
+  }
+  // Each kept job's next event: the job as it is now.
+  auto start = [&](JobRecord& job) {
+    AddEvent(job, nullptr);
+    if (options_.observer != nullptr) options_.observer->OnSubmitted(job.info);
+  };
+  std::vector<uint64_t> restarted;
+  for (uint64_t number : interrupted) {
+    JobRecord& job = jobs_.at(number);
+    const std::string at =
+        absl::StrCat("the coordinator restarted while the job was ",
+                     proto::JobStateName(job.info.state()), " (step ",
+                     job.info.steps_done(), ")");
+    start(job);
+    if (job.committed.has_value() &&
+        job.committed->step >= job.info.steps_total()) {
+      Finish(job, v1::SUCCEEDED, "");  // Its final step is committed.
+      continue;
+    }
+    if (job.info.restarts() >= job.info.max_restarts()) {
+      Finish(job, v1::FAILED,
+             job.committed.has_value()
+                 ? absl::StrCat(at, "; step ", job.committed->step,
+                                " is its newest complete checkpoint: submit "
+                                "it again with `resume: latest` to continue")
+                 : absl::StrCat(at, "; it had committed no checkpoint"));
+      continue;
+    }
+    PrepareNextAttempt(job, at);
+    if (absl::Status s = Replan(job); !s.ok()) {
+      Finish(job, v1::FAILED,
+             absl::StrCat(at, "; planning it again failed: ", s.message()));
+      continue;
+    }
+    restarted.push_back(number);
+    if (options_.observer != nullptr) options_.observer->OnRestarted(job.info);
+  }
+  for (uint64_t number : queued) {
+    JobRecord& job = jobs_.at(number);
+    start(job);
+    if (absl::Status s = Replan(job); !s.ok()) {
+      Finish(job, v1::FAILED,
+             absl::StrCat("the coordinator restarted and planning the job "
+                          "again failed: ",
+                          s.message()));
+      continue;
+    }
+    queue_.push_back(number);
+  }
+  // Restarted jobs first, as a restart after a lost worker would be.
+  queue_.insert(queue_.begin(), restarted.begin(), restarted.end());
+  for (uint64_t number : restarted) SetState(jobs_.at(number), v1::QUEUED);
+  UpdateQueuePositions();
+  SPDLOG_INFO(
+      "restored {} job record(s): {} ended, {} queued, {} restarted after "
+      "the coordinator's restart",
+      jobs_.size(), ended.size(), queue_.size() - restarted.size(),
+      restarted.size());
+  // The outcomes decided here (FAILED, restarted) are records too.
+  MarkChanged();
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------

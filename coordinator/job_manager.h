@@ -37,6 +37,18 @@
 // worker's loss is observed within the grace, the job's reason names it rather
 // than the neighbour's symptom.
 //
+// Durability. With a StateFile (--state-file) the job records (each job's
+// Job, its submission, checkpoint and restart state, and the queue) are
+// written to disk whenever a job changes state or commits a checkpoint:
+// synchronously before SubmitJob and CancelJob return, so an acknowledged
+// submission or cancellation survives a crash, and otherwise from Tick
+// (within ~100 ms). Restore reads them back at start: ended jobs are listed
+// as they were, queued jobs queue again in their order, and jobs that were
+// placed when the coordinator went down (their workers stopped them when the
+// session broke) restart from their newest committed step when their
+// restart policy allows, and are FAILED saying so otherwise. Step counts and
+// events between two writes are not kept.
+//
 // Thread-safe: every method may be called from any thread (one mutex).
 // WorkerConnection::Send must not block (it queues).
 #ifndef CONVEYOR_COORDINATOR_JOB_MANAGER_H_
@@ -60,6 +72,7 @@
 #include "conveyor/v1/conveyor.pb.h"
 #include "coordinator/checkpoints.h"
 #include "coordinator/planner.h"
+#include "coordinator/state_file.h"
 
 namespace conveyor::coordinator {
 
@@ -120,6 +133,9 @@ struct JobManagerOptions {
   int max_cached_profiles = 64;
   // Optional; outlives the manager.
   JobObserver* observer = nullptr;
+  // Optional; where job records are kept (see the header comment). Outlives
+  // the manager.
+  const StateFile* state_file = nullptr;
   // Version a worker must report (besides proto::kProtocolVersion).
   std::string version;
   std::function<std::chrono::steady_clock::time_point()> clock =
@@ -188,11 +204,24 @@ class JobManager {
 
   // ---- Time and lifecycle ----
 
+  // Takes over the job records a previous coordinator saved (see the header
+  // comment). Only before the first worker registers or job is submitted:
+  // FailedPrecondition after. DataLoss for records that contradict each other
+  // (a job id twice, or not "job-<n>"); a job that cannot be planned again is
+  // FAILED with the reason instead.
+  absl::Status Restore(const v1::CoordinatorState& state);
+
+  // Writes the state file when job records changed since the last write (a
+  // failure is logged and retried at the next call). Tick, SubmitJob,
+  // CancelJob and Shutdown call it.
+  void Persist();
+
   // Checks heartbeats and timeouts and starts queued jobs; the daemon calls
   // it every ~100 ms.
   void Tick();
 
-  // Wakes every waiter; later WaitEvents return Cancelled.
+  // Writes the state file, then wakes every waiter; later WaitEvents return
+  // Cancelled.
   void Shutdown();
 
  private:
@@ -256,6 +285,7 @@ class JobManager {
   JobRecord* FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int LiveWorkers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  void TickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Place(JobRecord& job, const std::vector<WorkerRecord*>& workers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -296,8 +326,22 @@ class JobManager {
   // those that never heard of it (see Finish).
   void StopWorkers(JobRecord& job, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Clears a placed job's placement and per-attempt state for its next
+  // attempt, which resumes from the newest committed step (or where the
+  // job started), and counts the restart for `reason`.
+  void PrepareNextAttempt(JobRecord& job, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fills the fields of job.info that job.plan decides (stages, schedule,
+  // sizes), and the rates derived from it.
+  void DescribePlan(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Parses and plans a restored job's YAML again (resuming with job.resume's
+  // cut), and describes the plan in job.info.
+  absl::Status Replan(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::CoordinatorState Snapshot() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetState(JobRecord& job, v1::JobState state)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Job records changed: the state file is due for a write.
+  void MarkChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ++changes_; }
   void AddEvent(JobRecord& job, const v1::StepSummary* step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseWorker(WorkerRecord& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -308,7 +352,13 @@ class JobManager {
   int64_t NowUnixMs() const;
 
   const JobManagerOptions options_;
+  // Taken before mu_, never while holding it: one writer of the state file at
+  // a time, each writing a snapshot at least as new as the last one.
+  std::mutex persist_mu_;
+  uint64_t persisted_changes_ ABSL_GUARDED_BY(persist_mu_) = 0;
+  bool persist_failing_ ABSL_GUARDED_BY(persist_mu_) = false;
   mutable std::mutex mu_;
+  uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
   std::condition_variable events_cv_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 1;

@@ -50,11 +50,30 @@ class RecordingObserver final : public JobObserver {
 class JobManagerTest : public ::testing::Test {
  protected:
   JobManagerTest()
-      : manager_({.heartbeat_timeout = std::chrono::seconds(3),
-                  .failure_grace = std::chrono::milliseconds(500),
-                  .observer = &observer_,
-                  .version = kVersion,
-                  .clock = [this] { return now_; }}) {}
+      : state_file_(OpenStateFile()), manager_(Options(&observer_)) {}
+
+  JobManagerOptions Options(JobObserver* observer) {
+    return {.heartbeat_timeout = std::chrono::seconds(3),
+            .failure_grace = std::chrono::milliseconds(500),
+            .observer = observer,
+            .state_file = state_file_.get(),
+            .version = kVersion,
+            .clock = [this] { return now_; }};
+  }
+
+  // Every test's manager keeps its records in a state file of its own.
+  static std::unique_ptr<StateFile> OpenStateFile() {
+    const std::filesystem::path path =
+        std::filesystem::path(::testing::TempDir()) /
+        absl::StrCat(
+            "job_manager_state_", getpid(), "_",
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove(path);
+    absl::StatusOr<std::unique_ptr<StateFile>> file =
+        StateFile::Open(path.string());
+    EXPECT_TRUE(file.ok()) << file.status();
+    return file.ok() ? *std::move(file) : nullptr;
+  }
 
   // Registers a worker; returns its id.
   std::string AddWorker(const std::string& name) {
@@ -131,6 +150,7 @@ class JobManagerTest : public ::testing::Test {
 
   Clock::time_point now_ = Clock::time_point() + std::chrono::hours(1);
   RecordingObserver observer_;
+  std::unique_ptr<StateFile> state_file_;
   JobManager manager_;
   std::map<std::string, std::shared_ptr<FakeConnection>> connections_;
 };
@@ -1091,6 +1111,115 @@ TEST_F(JobManagerCheckpointTest, ADeregisteredWorkerIsForgottenAndItsJobFails) {
               HasSubstr("deregistered (the worker is shutting down)"));
   EXPECT_EQ(WorkerState(w2), v1::WORKER_STATE_UNSPECIFIED);  // Not listed.
   EXPECT_TRUE(Conn(w2).closed);
+}
+
+}  // namespace
+}  // namespace conveyor::coordinator
+
+namespace conveyor::coordinator {
+namespace {
+
+// A coordinator restart: a new manager restores what the old one saved.
+TEST_F(JobManagerCheckpointTest, JobRecordsSurviveACoordinatorRestart) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string w3 = AddWorker("c"), w4 = AddWorker("d");
+  // Running with a committed step and a restart policy: restarts.
+  const std::string restarting =
+      StartJob(CkptYaml("every: 1", "restart: {max_restarts: 1}\n", 4), w1, w2);
+  StepWithCheckpoint(w1, w2, restarting, 1);
+  Step(w1, restarting, 2, false);
+  // Running without a restart policy: fails, saying why.
+  absl::StatusOr<v1::Job> failing = Submit(JobYaml(2, "plain", 5));
+  ASSERT_TRUE(failing.ok()) << failing.status();
+  Ready(w3, failing->id(), 5003);
+  Ready(w4, failing->id(), 5004);
+  Step(w3, failing->id(), 1, false);
+  Step(w4, failing->id(), 1, true);
+  // Queued: queues again, in order; cancelled: stays so.
+  absl::StatusOr<v1::Job> queued = Submit(JobYaml(2, "waiting"));
+  absl::StatusOr<v1::Job> cancelled = Submit(JobYaml(2, "cancelled"));
+  ASSERT_TRUE(queued.ok() && cancelled.ok());
+  ASSERT_TRUE(manager_.CancelJob(cancelled->id(), "by test").ok());
+  manager_.Tick();  // Writes what changed since the last write.
+
+  absl::StatusOr<std::optional<v1::CoordinatorState>> saved =
+      state_file_->Load();
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  ASSERT_TRUE(saved->has_value());
+  RecordingObserver observer;
+  JobManager restored(Options(&observer));
+  ASSERT_TRUE(restored.Restore(**saved).ok());
+
+  v1::Job job = *restored.GetJob(restarting);
+  EXPECT_EQ(job.state(), v1::QUEUED);
+  EXPECT_EQ(job.queue_position(), 1);
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_THAT(job.last_restart_reason(),
+              HasSubstr("coordinator restarted while the job was RUNNING"));
+  EXPECT_EQ(job.steps_done(), 1);
+  EXPECT_EQ(job.resumed_from_step(), 1);
+  EXPECT_EQ(job.last_checkpoint_step(), 1);
+  job = *restored.GetJob(failing->id());
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.message(), HasSubstr("coordinator restarted while the job "
+                                       "was RUNNING (step 1)"));
+  EXPECT_THAT(job.message(), HasSubstr("committed no checkpoint"));
+  job = *restored.GetJob(queued->id());
+  EXPECT_EQ(job.state(), v1::QUEUED);
+  EXPECT_EQ(job.queue_position(), 2);
+  EXPECT_EQ(restored.GetJob(cancelled->id())->state(), v1::CANCELLED);
+  EXPECT_EQ(restored.GetJob(cancelled->id())->message(), "by test");
+  EXPECT_THAT(observer.log, testing::Contains("restarted " + restarting));
+
+  // Ids go on where they stopped; the restarted job still holds its
+  // checkpoint directory; it resumes from step 1 on the first workers.
+  auto add = [&](const std::string& name) {
+    auto conn = std::make_shared<FakeConnection>();
+    v1::RegisterRequest r;
+    r.set_protocol_version(proto::kProtocolVersion);
+    r.set_version(kVersion);
+    r.set_name(name);
+    r.add_devices("cpu:1");
+    r.set_data_address("127.0.0.1:0");
+    EXPECT_TRUE(restored.RegisterWorker(r, conn).ok());
+    return conn;
+  };
+  std::shared_ptr<FakeConnection> c1 = add("a"), c2 = add("b");
+  EXPECT_EQ(restored.GetJob(restarting)->state(), v1::PLANNING);
+  auto prepares = c2->Of(v1::CoordinatorMessage::kPrepare);
+  ASSERT_EQ(prepares.size(), 1u);
+  EXPECT_EQ(prepares[0].prepare().program().job_id(), restarting);
+  EXPECT_EQ(prepares[0].prepare().program().resume_step(), 1);
+  v1::SubmitJobRequest request;
+  request.set_yaml(CkptYaml("every: 1"));
+  request.set_file_name("job.yaml");
+  EXPECT_EQ(restored.SubmitJob(request).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // Holds a newer step.
+  request.set_yaml(CkptYaml("every: 1", "resume: latest\n", 4));
+  EXPECT_THAT(std::string(restored.SubmitJob(request).status().message()),
+              HasSubstr("is in use by " + restarting));
+  request.set_yaml(JobYaml(2, "after"));
+  absl::StatusOr<v1::Job> after = restored.SubmitJob(request);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->id(), "job-5");
+}
+
+TEST_F(JobManagerCheckpointTest, RestoreRefusesContradictoryRecords) {
+  v1::CoordinatorState state;
+  state.add_jobs()->mutable_info()->set_id("job-3");
+  state.add_jobs()->mutable_info()->set_id("job-3");
+  RecordingObserver observer;
+  JobManager restored(Options(&observer));
+  absl::Status s = restored.Restore(state);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("job-3"));
+  EXPECT_TRUE(restored.ListJobs().empty());
+  state.mutable_jobs(1)->mutable_info()->set_id("worker-3");
+  EXPECT_THAT(restored.Restore(state).message(), HasSubstr("not job-<n>"));
+  // Only before anything else happens.
+  AddWorker("a");
+  EXPECT_EQ(manager_.Restore(v1::CoordinatorState()).code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace
