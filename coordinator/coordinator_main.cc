@@ -178,6 +178,16 @@ int main(int argc, char** argv) {
     }
     state_file = *std::move(opened);
     saved = *std::move(loaded);
+    // A first start writes an empty file: an unwritable path fails now, not
+    // at the first job.
+    if (!saved.has_value()) {
+      if (absl::Status s = state_file->Save(conveyor::v1::CoordinatorState());
+          !s.ok()) {
+        std::cerr << "conveyor-coordinator: --state-file: " << s.message()
+                  << "\n";
+        return kExitFailure;
+      }
+    }
   }
 
   auto metrics = std::make_shared<conveyor::coordinator::CoordinatorMetrics>();

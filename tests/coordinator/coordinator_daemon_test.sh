@@ -24,7 +24,7 @@ check "bad config names file:line:col and the key" \
 check "negative heartbeat timeout exits 2" test $? -eq 2
 
 # The file says one address; --listen wins.
-printf 'listen: 127.0.0.1:1\nheartbeat_timeout: 3\n' >"$dir/good.yaml"
+printf 'listen: 127.0.0.1:1\nheartbeat_timeout: 3\nstate_file: %s\n' "$dir/state" >"$dir/good.yaml"
 "$bin" --config "$dir/good.yaml" --listen 127.0.0.1:0 \
   --metrics-address 127.0.0.1:0 --ready-file "$dir/addr" >"$dir/log" 2>&1 &
 pid=$!
@@ -39,9 +39,15 @@ for gauge in resident_memory_bytes threads open_fds start_time_seconds; do
   check "serves conveyor_process_$gauge" grep -q "^conveyor_process_$gauge " "$dir/metrics"
 done
 check "--listen wins over the file" test "$(head -1 "$dir/addr" | cut -d: -f2)" != 1
+check "state_file from the file: written at start" test -s "$dir/state"
 kill -TERM "$pid"
 wait "$pid"
 check "SIGTERM exits 0" test $? -eq 0
+
+# A state file in a directory that does not exist fails the start.
+"$bin" --listen 127.0.0.1:0 --state-file "$dir/missing/state" >"$dir/out" 2>&1
+check "unusable state file exits 1" test $? -eq 1
+check "unusable state file is named" grep -q "missing/state" "$dir/out"
 
 "$bin" --version >"$dir/out" 2>&1
 check "--version names the protocol" grep -q "control protocol" "$dir/out"

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# A coordinator restart with real processes. The coordinator keeps its job
+# records in --state-file; it is killed (-9) while a checkpointed job with a
+# restart policy runs. Its workers notice, stop the job and register again
+# once a new coordinator is up on the same address and state file; that one
+# still lists the jobs that ended before, and the interrupted job restarts
+# from its newest committed step and ends with parameters bitwise equal to
+# an uninterrupted run's. A corrupt state file, or one another coordinator
+# holds, is refused (exit 1) rather than silently started without.
+# Needs COORDINATOR, WORKER and CONVEYORCTL (the binaries' paths).
+set -u
+coordinator=${COORDINATOR:?}
+worker=${WORKER:?}
+ctl=${CONVEYORCTL:?}
+source "$(dirname "$0")/daemon_test_lib.sh"
+
+job_yaml() {  # job_yaml CHECKPOINT_DIR [EXTRA]
+  cat <<YAML
+name: restartable
+model:
+  input_shape: [64]
+  init: {seed: 0}
+  layers:
+    - dense: {features: 256}
+    - relu
+    - delay: {forward_ms: 10, backward_ms: 0}
+    - boundary
+    - dense: {features: 64}
+  loss: mse
+data: {source: synthetic-regression, seed: 0}
+training: {steps: 40, batch_size: 64, microbatches: 4}
+optimizer: {kind: adam, lr: 0.003}
+pipeline: {schedule: 1f1b}
+checkpoint: {dir: $1, every: 5}
+${2:-}
+YAML
+}
+
+# start_coordinator LISTEN LOG: starts it on the state file, waits for its
+# ready file; sets coordinator_pid and address.
+start_coordinator() {
+  rm -f "$dir/ready"
+  "$coordinator" --listen "$1" --state-file "$dir/state" \
+    --heartbeat-timeout 3 --ready-file "$dir/ready" >"$2" 2>&1 &
+  coordinator_pid=$!
+  pids+=($coordinator_pid)
+  for _ in $(seq 200); do [ -s "$dir/ready" ] && break; sleep 0.05; done
+  address=$(head -1 "$dir/ready" 2>/dev/null)
+}
+field() {  # field JOB NAME: the value `conveyorctl status` shows for NAME.
+  local out
+  out=$("$ctl" status "$1" --coordinator "$address" 2>/dev/null)
+  if [ "$2" = state ]; then  # The first line: "job-1 (name): STATE".
+    head -1 <<<"$out" | sed 's/^.*): //'
+  else
+    sed -n "s/^  $2  *//p" <<<"$out" | head -1
+  fi
+}
+wait_for() {  # wait_for SECONDS COMMAND...: polls until COMMAND succeeds.
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@"; do
+    [ $SECONDS -ge $deadline ] && return 1
+    sleep 0.1
+  done
+}
+idle_workers() {
+  test "$("$ctl" workers --coordinator "$address" 2>/dev/null | grep -c IDLE)" -eq "$1"
+}
+job_ended() {
+  case "$(field "$1" state)" in SUCCEEDED* | FAILED* | CANCELLED*) return 0 ;; esac
+  return 1
+}
+checkpointed() {
+  field "$1" checkpoint | grep -Eq 'newest complete: step ([5-9]|[1-9][0-9])\)'
+}
+# Tensor bytes by name of a safetensors file (the metadata may differ).
+same_tensors() {
+  python3 - "$1" "$2" <<'PY'
+import json, struct, sys
+def tensors(path):
+    data = open(path, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    body = data[8 + n:]
+    return {k: (v["dtype"], v["shape"], body[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in header.items() if k != "__metadata__"}
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+sys.exit(0 if a == b and a else 1)
+PY
+}
+
+start_coordinator 127.0.0.1:0 "$dir/coordinator1.log"
+check "coordinator 1 is serving" test -n "$address"
+for i in 0 1; do
+  "$worker" --coordinator "$address" --name "w$i" >"$dir/worker$i.log" 2>&1 &
+  pids+=($!)
+done
+check "workers register" wait_for 20 idle_workers 2
+
+# A second coordinator on the same state file is refused.
+"$coordinator" --listen 127.0.0.1:0 --state-file "$dir/state" >"$dir/second.log" 2>&1
+check "second coordinator on the state file exits 1" test $? -eq 1
+check "and says the file is in use" grep -q "in use by another coordinator" "$dir/second.log"
+
+# The reference: the same job, uninterrupted.
+job_yaml "$dir/full" >"$dir/full.yaml"
+full=$("$ctl" submit "$dir/full.yaml" --coordinator "$address" 2>&1 | grep -o 'job-[0-9]*' | head -1)
+check "reference job ran" wait_for 60 job_ended "$full"
+check "reference job succeeded" bash -c "[[ '$(field "$full" state)' == SUCCEEDED* ]]"
+
+job_yaml "$dir/ckpt" "restart: {max_restarts: 1}" >"$dir/job.yaml"
+job=$("$ctl" submit "$dir/job.yaml" --coordinator "$address" 2>&1 | grep -o 'job-[0-9]*' | head -1)
+check "interrupted job committed a checkpoint" wait_for 60 checkpointed "$job"
+{
+  kill -KILL "$coordinator_pid"
+  wait "$coordinator_pid"
+} 2>/dev/null
+
+# The same address, the same state file.
+start_coordinator "$address" "$dir/coordinator2.log"
+check "coordinator 2 is serving on the same address" test -n "$address"
+check "the ended job is still listed" bash -c "[[ '$(field "$full" state)' == SUCCEEDED* ]]"
+check "interrupted job ran to its end" wait_for 90 job_ended "$job"
+check "interrupted job succeeded" bash -c "[[ '$(field "$job" state)' == SUCCEEDED* ]]"
+check "it restarted once, saying why" bash -c \
+  "[[ '$(field "$job" restarts)' == '1 of at most 1; last after: the coordinator restarted'* ]]"
+check "it resumed from a committed step" bash -c \
+  "[[ '$(field "$job" resumed)' =~ ^from\ step\ ([5-9]|[1-9][0-9]) ]]"
+check "both workers came back" wait_for 20 idle_workers 2
+"$ctl" export "$dir/full" -o "$dir/full.safetensors" >/dev/null 2>&1
+"$ctl" export "$dir/ckpt" -o "$dir/ckpt.safetensors" >/dev/null 2>&1
+check "parameters equal the uninterrupted run's, bitwise" \
+  same_tensors "$dir/full.safetensors" "$dir/ckpt.safetensors"
+job_yaml "$dir/next" >"$dir/next.yaml"
+next=$("$ctl" submit "$dir/next.yaml" --coordinator "$address" 2>&1 | grep -o 'job-[0-9]*' | head -1)
+check "job ids go on after the restart" test "${next#job-}" -gt "${job#job-}"
+
+kill -TERM "$coordinator_pid"
+wait "$coordinator_pid" 2>/dev/null
+check "coordinator 2 exits 0 on SIGTERM" test $? -eq 0
+
+# A damaged state file is refused, not replaced by an empty one.
+printf 'garbage' >"$dir/state"
+"$coordinator" --listen 127.0.0.1:0 --state-file "$dir/state" >"$dir/corrupt.log" 2>&1
+check "corrupt state file exits 1" test $? -eq 1
+check "and says what to do" grep -q "move the file aside" "$dir/corrupt.log"
+
+finish || { tail -n 30 "$dir"/coordinator*.log "$dir"/worker*.log; exit 1; }
