@@ -45,7 +45,7 @@ absl::Status RunInProcess(const RunCommandOptions& o, std::ostream& out) {
   ASSIGN_OR_RETURN(JobSource source,
                    ReadJobSource(o.job_file, AllOverrides(o)));
   ASSIGN_OR_RETURN(engine::JobSpec job, ParseJobSource(source));
-  engine::Backend* backend = engine::CpuBackend::Get();
+  engine::Backend* backend = engine::CpuBackend::Get(job.training.precision);
   // Create the checkpoint directory first: a run that cannot write its
   // result should fail before training, not after.
   if (!job.checkpoint.dir.empty()) {

@@ -36,7 +36,8 @@ absl::Status RunValidateCommand(const ValidateCommandOptions& o,
     ASSIGN_OR_RETURN(
         std::vector<engine::LayerProfile> profile,
         engine::ProfileLayers(
-            engine::CpuBackend::Get(), plan.job.model,
+            engine::CpuBackend::Get(plan.job.training.precision),
+            plan.job.model,
             {.microbatch_size = plan.job.training.microbatch_size(),
              .repetitions = o.profile_repetitions}));
     ASSIGN_OR_RETURN(plan, coordinator::ChooseStages(plan, std::move(profile),

@@ -47,7 +47,7 @@ constexpr absl::string_view kTopKeys[] = {"name",       "model",     "data",
                                           "training",   "optimizer", "pipeline",
                                           "checkpoint", "resume",    "restart"};
 constexpr absl::string_view kTrainingKeys[] = {"steps", "batch_size",
-                                               "microbatches"};
+                                               "microbatches", "precision"};
 constexpr absl::string_view kPipelineKeys[] = {
     "schedule", "virtual_stages", "stages", "num_stages", "memory_budget"};
 constexpr absl::string_view kStagesModes[] = {"markers", "auto"};
@@ -317,6 +317,11 @@ absl::Status JobParser::ParseTraining(const YamlValue& value,
   if (const YamlMapEntry* e = map.Find("microbatches"); e != nullptr) {
     ASSIGN_OR_RETURN(training.microbatches,
                      reader_.ParseInt(e->value, 1, kMaxBatchSize));
+  }
+  if (const YamlMapEntry* e = map.Find("precision"); e != nullptr) {
+    ASSIGN_OR_RETURN(const int index,
+                     reader_.ParseEnum(e->value, kPrecisionNames));
+    training.precision = static_cast<Precision>(index);
   }
   if (training.batch_size % training.microbatches != 0) {
     return reader_.Error(

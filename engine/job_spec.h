@@ -49,6 +49,7 @@
 #include "engine/data.h"
 #include "engine/model_spec.h"
 #include "engine/optimizer.h"
+#include "engine/precision.h"
 
 namespace conveyor::engine {
 
@@ -60,6 +61,8 @@ struct TrainingSpec {
   int64_t steps = 1;
   int64_t batch_size = 1;    // Samples per step; a multiple of microbatches.
   int64_t microbatches = 1;  // M
+  // How GEMMs round their inputs (engine/precision.h).
+  Precision precision = Precision::kFp32;
 
   // Samples in one microbatch (the parser checks M divides the batch).
   int64_t microbatch_size() const {

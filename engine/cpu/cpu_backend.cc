@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/parallel.h"
@@ -26,10 +27,31 @@ void CheckSameNumel(const Tensor& a, const Tensor& b, const char* what) {
 
 }  // namespace
 
-CpuBackend* CpuBackend::Get() {
-  static CpuBackend* backend = new CpuBackend();
-  return backend;
+CpuBackend* CpuBackend::Get(Precision precision) {
+  static CpuBackend* fp32 = new CpuBackend(Precision::kFp32);
+  static CpuBackend* bf16 = new CpuBackend(Precision::kBf16);
+  return precision == Precision::kBf16 ? bf16 : fp32;
 }
+
+namespace {
+
+// The elements a strided batch of row-major matrices spans: `batch`
+// matrices `stride` apart, each `rows` rows `ld` apart of `cols` columns.
+int64_t Extent(int64_t batch, int64_t stride, int64_t rows, int64_t cols,
+               int64_t ld) {
+  if (rows == 0 || cols == 0 || batch == 0) return 0;
+  return (batch - 1) * stride + (rows - 1) * ld + cols;
+}
+
+// A copy of `n` floats from `x`, each rounded to bfloat16.
+std::vector<float> RoundedCopy(const float* x, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n));
+  float* o = out.data();
+  ParallelFor(n, [=](int64_t i) { o[i] = RoundToBf16(x[i]); });
+  return out;
+}
+
+}  // namespace
 
 absl::StatusOr<Tensor> CpuBackend::Empty(const Shape& shape, DType dtype) {
   for (int64_t d : shape) {
@@ -122,6 +144,22 @@ void CpuBackend::Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a,
 
 void CpuBackend::GemmStridedBatched(const GemmBatch& g) {
   if (g.m == 0 || g.n == 0) return;
+  if (precision_ == Precision::kBf16 && g.k > 0) {
+    // The products of bf16 values are exact in fp32, so rounding the inputs
+    // and multiplying in fp32 is what bf16 tensor cores compute, up to the
+    // order of accumulation.
+    const std::vector<float> a =
+        RoundedCopy(g.a, Extent(g.batch, g.stride_a, g.trans_a ? g.k : g.m,
+                                g.trans_a ? g.m : g.k, g.lda));
+    const std::vector<float> b =
+        RoundedCopy(g.b, Extent(g.batch, g.stride_b, g.trans_b ? g.n : g.k,
+                                g.trans_b ? g.k : g.n, g.ldb));
+    GemmBatch rounded = g;
+    rounded.a = a.data();
+    rounded.b = b.data();
+    Get(Precision::kFp32)->GemmStridedBatched(rounded);
+    return;
+  }
   for (int64_t i = 0; i < g.batch; ++i) {
     float* c = g.c + i * g.stride_c;
     if (g.k == 0) {

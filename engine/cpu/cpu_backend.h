@@ -1,20 +1,25 @@
 // CpuBackend: the Backend on host memory. GEMMs go to OpenBLAS SGEMM; the
 // other kernels are plain loops the compiler can vectorise, split across cores
 // with OpenMP where a tensor is big enough for that to pay. Work runs
-// synchronously, so Synchronize() has nothing to wait for.
+// synchronously, so Synchronize() has nothing to wait for. A bf16 instance
+// (engine/precision.h) rounds copies of every GEMM's inputs to bfloat16 first.
 // Thread-compatible, like every Backend.
 #ifndef CONVEYOR_ENGINE_CPU_CPU_BACKEND_H_
 #define CONVEYOR_ENGINE_CPU_CPU_BACKEND_H_
 
 #include "engine/backend.h"
+#include "engine/precision.h"
 
 namespace conveyor::engine {
 
 class CpuBackend final : public Backend {
  public:
-  // The process-wide CPU backend. CPU memory needs no per-device state, so
-  // one instance serves every tensor.
-  static CpuBackend* Get();
+  // The process-wide CPU backend for `precision`. CPU memory needs no
+  // per-device state, so the instances share every tensor: only how their
+  // GEMMs round differs.
+  static CpuBackend* Get(Precision precision = Precision::kFp32);
+
+  Precision precision() const { return precision_; }
 
   absl::string_view Name() const override { return "cpu"; }
 
@@ -84,7 +89,8 @@ class CpuBackend final : public Backend {
   absl::StatusOr<double> SumSquares(const Tensor& x) override;
 
  private:
-  CpuBackend() = default;
+  explicit CpuBackend(Precision precision) : precision_(precision) {}
+  const Precision precision_;
 };
 
 }  // namespace conveyor::engine

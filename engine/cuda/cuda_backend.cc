@@ -406,6 +406,10 @@ void CudaBackend::GemmStridedBatched(const GemmBatch& g) {
             ldc = AsInt(g.ldc, "gemm ldc exceeds int");
   const cublasComputeType_t compute =
       options_.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  if (options_.precision == Precision::kBf16) {
+    GemmBf16(g, op_a, op_b, m, n, k, lda, ldb, ldc);
+    return;
+  }
   if (g.batch == 1) {
     CONVEYOR_CUBLAS_CHECK(
         cublasGemmEx(cublas_.get(), op_b, op_a, n, m, k, &g.alpha, g.b,
@@ -417,6 +421,48 @@ void CudaBackend::GemmStridedBatched(const GemmBatch& g) {
       cublas_.get(), op_b, op_a, n, m, k, &g.alpha, g.b, CUDA_R_32F, ldb,
       g.stride_b, g.a, CUDA_R_32F, lda, g.stride_a, &g.beta, g.c, CUDA_R_32F,
       ldc, g.stride_c, AsInt(g.batch, "gemm batch exceeds int"), compute,
+      CUBLAS_GEMM_DEFAULT));
+}
+
+namespace {
+
+// The elements a strided batch of row-major matrices spans (see
+// CpuBackend's twin): what must be rounded to bf16.
+int64_t Extent(int64_t batch, int64_t stride, int64_t rows, int64_t cols,
+               int64_t ld) {
+  if (rows == 0 || cols == 0 || batch == 0) return 0;
+  return (batch - 1) * stride + (rows - 1) * ld + cols;
+}
+
+}  // namespace
+
+void CudaBackend::GemmBf16(const GemmBatch& g, cublasOperation_t op_a,
+                           cublasOperation_t op_b, int m, int n, int k, int lda,
+                           int ldb, int ldc) {
+  // Rounded copies of the spans the operands cover, in scratch memory from
+  // the caching allocator (no cudaMalloc here); freed once the GEMM is
+  // queued, which is safe because every kernel runs on the one stream.
+  const int64_t extent_a = Extent(g.batch, g.stride_a, g.trans_a ? g.k : g.m,
+                                  g.trans_a ? g.m : g.k, g.lda);
+  const int64_t extent_b = Extent(g.batch, g.stride_b, g.trans_b ? g.n : g.k,
+                                  g.trans_b ? g.k : g.n, g.ldb);
+  Scratch a16 = ScratchOrDefer(extent_a * sizeof(uint16_t), "bf16 GEMM");
+  Scratch b16 = ScratchOrDefer(extent_b * sizeof(uint16_t), "bf16 GEMM");
+  if (!a16.ok() || !b16.ok()) return;
+  ci::ToBf16(g.a, a16.as<uint16_t>(), extent_a, stream());
+  ci::ToBf16(g.b, b16.as<uint16_t>(), extent_b, stream());
+  if (g.batch == 1) {
+    CONVEYOR_CUBLAS_CHECK(cublasGemmEx(
+        cublas_.get(), op_b, op_a, n, m, k, &g.alpha, b16.as<uint16_t>(),
+        CUDA_R_16BF, ldb, a16.as<uint16_t>(), CUDA_R_16BF, lda, &g.beta, g.c,
+        CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return;
+  }
+  CONVEYOR_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      cublas_.get(), op_b, op_a, n, m, k, &g.alpha, b16.as<uint16_t>(),
+      CUDA_R_16BF, ldb, g.stride_b, a16.as<uint16_t>(), CUDA_R_16BF, lda,
+      g.stride_a, &g.beta, g.c, CUDA_R_32F, ldc, g.stride_c,
+      AsInt(g.batch, "gemm batch exceeds int"), CUBLAS_COMPUTE_32F,
       CUBLAS_GEMM_DEFAULT));
 }
 

@@ -45,6 +45,7 @@
 #include "engine/cuda/caching_allocator.h"
 #include "engine/cuda/cublas_util.h"
 #include "engine/cuda/cuda_handles.h"
+#include "engine/precision.h"
 
 namespace conveyor::engine {
 
@@ -57,6 +58,10 @@ struct CudaBackendOptions {
   // several times faster on Ampere and later, but results then differ from
   // the CPU backend by about 1e-3 relative. Off: full fp32 GEMMs.
   bool allow_tf32 = false;
+  // bf16: GEMM inputs are rounded to bfloat16 and multiplied on bf16 tensor
+  // cores with fp32 accumulation into fp32 outputs (engine/precision.h);
+  // allow_tf32 then does not matter.
+  Precision precision = Precision::kFp32;
   // cuBLAS workspace, allocated once at creation so cuBLAS never allocates
   // on the step path. 32 MiB is what cuBLAS recommends for Hopper.
   size_t cublas_workspace_bytes = size_t{32} << 20;
@@ -191,6 +196,11 @@ class CudaBackend final : public Backend {
   // Scratch of `bytes` bytes; on failure records the error for the next
   // Synchronize() (void methods) and returns a null block.
   Scratch ScratchOrDefer(size_t bytes, absl::string_view what);
+  // GemmStridedBatched with bf16-rounded inputs (options_.precision); the
+  // int arguments are the checked cuBLAS sizes.
+  void GemmBf16(const GemmBatch& g, cublasOperation_t op_a,
+                cublasOperation_t op_b, int m, int n, int k, int lda, int ldb,
+                int ldc);
   // Waits on the host for the work enqueued so far; then returns the first
   // error a void method deferred, if any.
   absl::Status WaitForHost(absl::string_view what);

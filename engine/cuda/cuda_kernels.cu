@@ -3,6 +3,7 @@
 // (engine/cpu/cpu_backend.cc, cpu_nn_kernels.cc) operation for operation, so
 // the two differ only by float rounding (nvcc may fuse a multiply and an add
 // into one FMA; the CPU build does not).
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -22,6 +23,14 @@ struct FillOp {
   float* x;
   float value;
   __device__ void operator()(int64_t i) const { x[i] = value; }
+};
+
+struct ToBf16Op {
+  const float* x;
+  uint16_t* y;
+  __device__ void operator()(int64_t i) const {
+    y[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
+  }
 };
 
 struct ScaleOp {
@@ -187,6 +196,10 @@ void ResetScalars(DeviceScalars* scalars, cudaStream_t stream) {
 
 void Fill(float* x, int64_t n, float value, cudaStream_t stream) {
   ForEach(n, FillOp{x, value}, stream);
+}
+
+void ToBf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
+  ForEach(n, ToBf16Op{x, y}, stream);
 }
 
 void Scale(float* x, int64_t n, float alpha, cudaStream_t stream) {

@@ -192,6 +192,7 @@ TEST(JobSpecTest, OmittedFieldsTakeTheirDefaults) {
   EXPECT_EQ(job.training.steps, 3);
   EXPECT_EQ(job.training.batch_size, 5);
   EXPECT_EQ(job.training.microbatches, 1);
+  EXPECT_EQ(job.training.precision, Precision::kFp32);
 
   const OptimizerConfig opt_defaults;
   EXPECT_EQ(job.optimizer.kind, OptimizerConfig::Kind::kAdam);
@@ -497,7 +498,17 @@ TEST(JobSpecErrorTest, TrainingValues) {
   EXPECT_EQ(ParseError(Job({.training = "{steps: 1, batch_size: 8, epochs: "
                                         "2}"})),
             "job.yaml:7:37: training: unknown key 'epochs'; allowed: steps, "
-            "batch_size, microbatches");
+            "batch_size, microbatches, precision");
+  EXPECT_EQ(ParseError(Job({.training = "{steps: 1, batch_size: 8, "
+                                        "precision: fp16}"})),
+            "job.yaml:7:48: training.precision: must be one of: fp32, bf16; "
+            "got 'fp16'");
+}
+
+TEST(JobSpecTest, Bf16Precision) {
+  const JobSpec job =
+      ParseOk(Job({.training = "{steps: 3, batch_size: 4, precision: bf16}"}));
+  EXPECT_EQ(job.training.precision, Precision::kBf16);
 }
 
 TEST(JobSpecErrorTest, BatchSizeNotAMultipleOfMicrobatches) {

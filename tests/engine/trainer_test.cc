@@ -63,7 +63,8 @@ struct RunResult {
 };
 
 RunResult Train(const JobSpec& job) {
-  auto trainer = InProcessTrainer::Create(CpuBackend::Get(), job);
+  auto trainer =
+      InProcessTrainer::Create(CpuBackend::Get(job.training.precision), job);
   EXPECT_TRUE(trainer.ok()) << trainer.status();
   RunResult r;
   EXPECT_TRUE((*trainer)
@@ -85,6 +86,39 @@ TEST(TrainerTest, LossFallsOnSyntheticRegression) {
   ASSERT_EQ(r.losses.size(), 60u);
   EXPECT_LT(r.losses.back(), 0.25 * r.losses.front())
       << r.losses.front() << " -> " << r.losses.back();
+}
+
+// bf16 GEMM inputs: training converges as in fp32, and the parameters stay
+// close to fp32's, but are not fp32's (the inputs were rounded).
+TEST(TrainerTest, Bf16GemmsTrainCloseToFp32) {
+  for (int64_t steps : {3, 30}) {
+    JobSpec fp32 = MakeJob(false, false, 2, steps);
+    if (steps == 3) {
+      // SGD: the parameters' difference follows the gradients' (Adam's
+      // normalized steps would magnify the rounding of near-zero ones).
+      fp32.optimizer = {.kind = OptimizerConfig::Kind::kSgd, .lr = 0.05};
+    }
+    JobSpec bf16 = fp32;
+    bf16.training.precision = Precision::kBf16;
+    const RunResult a = Train(fp32), b = Train(bf16);
+    ASSERT_EQ(b.losses.size(), static_cast<size_t>(steps));
+    ASSERT_EQ(a.params.size(), b.params.size());
+    double max_diff = 0;
+    for (size_t i = 0; i < a.params.size(); ++i) {
+      for (size_t j = 0; j < a.params[i].size(); ++j) {
+        max_diff = std::max<double>(max_diff,
+                                    std::abs(b.params[i][j] - a.params[i][j]));
+      }
+    }
+    EXPECT_GT(max_diff, 0);
+    if (steps == 3) {
+      EXPECT_LT(max_diff, 1e-3);
+    } else {
+      EXPECT_LT(b.losses.back(), 0.5 * b.losses.front());
+      EXPECT_NEAR(b.losses.back(), a.losses.back(),
+                  0.1 * a.losses.back() + 1e-3);
+    }
+  }
 }
 
 TEST(TrainerTest, FourStageSplitMatchesTheUnsplitModel) {

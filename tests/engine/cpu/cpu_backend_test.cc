@@ -1,11 +1,14 @@
 #include "engine/cpu/cpu_backend.h"
 
 #include <cmath>
+#include <cstring>
 #include <functional>
+#include <limits>
 #include <stdexcept>
 #include <vector>
 
 #include "engine/cpu/parallel.h"
+#include "engine/precision.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/engine/test_util.h"
@@ -87,6 +90,55 @@ TEST(CpuBackendTest, StridedBatchedGemmRunsEachBatch) {
                          NaiveGemm(false, false, m, n, k, 1, ai, bi, 0,
                                    std::vector<float>(m * n)),
                          1e-5, 1e-5));
+  }
+}
+
+TEST(PrecisionTest, RoundToBf16RoundsToNearestEven) {
+  EXPECT_EQ(RoundToBf16(1.0f), 1.0f);
+  // bf16 keeps 7 mantissa bits: 1 + 2^-7 is representable, 1 + 2^-8 is the
+  // tie between 1 and 1 + 2^-7 and goes to the even one (1).
+  EXPECT_EQ(RoundToBf16(1.0f + 0x1p-7f), 1.0f + 0x1p-7f);
+  EXPECT_EQ(RoundToBf16(1.0f + 0x1p-8f), 1.0f);
+  EXPECT_EQ(RoundToBf16(1.0f + 0x1p-7f + 0x1p-8f), 1.0f + 0x1p-6f);
+  EXPECT_EQ(RoundToBf16(1.0f + 0x1p-8f + 0x1p-20f), 1.0f + 0x1p-7f);
+  EXPECT_EQ(RoundToBf16(-3.0f), -3.0f);
+  EXPECT_EQ(RoundToBf16(0.0f), 0.0f);
+  EXPECT_TRUE(std::isinf(RoundToBf16(std::numeric_limits<float>::max())));
+  EXPECT_TRUE(std::isinf(RoundToBf16(-INFINITY)));
+  EXPECT_TRUE(std::isnan(RoundToBf16(std::nanf(""))));
+  // A NaN whose payload is only in the low bits must not become infinity.
+  uint32_t bits = 0x7f800001u;
+  float low_nan;
+  std::memcpy(&low_nan, &bits, sizeof(low_nan));
+  EXPECT_TRUE(std::isnan(RoundToBf16(low_nan)));
+  EXPECT_EQ(PrecisionName(Precision::kBf16), "bf16");
+}
+
+TEST(CpuBackendTest, Bf16GemmMultipliesTheRoundedInputsInFp32) {
+  const int m = 6, n = 5, k = 9;
+  CpuBackend* bf16 = CpuBackend::Get(Precision::kBf16);
+  EXPECT_NE(bf16, B());
+  EXPECT_EQ(bf16->precision(), Precision::kBf16);
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      auto a = Random(m * k, 11), b = Random(k * n, 12), c = Random(m * n, 13);
+      Tensor ta_t = FromVector(ta ? Shape{k, m} : Shape{m, k}, a);
+      Tensor tb_t = FromVector(tb ? Shape{n, k} : Shape{k, n}, b);
+      Tensor tc = FromVector({m, n}, c);
+      bf16->Gemm(ta, tb, 0.5f, ta_t, tb_t, 2.0f, tc);
+      std::vector<float> ra = a, rb = b;
+      for (float& x : ra) x = RoundToBf16(x);
+      for (float& x : rb) x = RoundToBf16(x);
+      const std::vector<float> got = ToVector(tc);
+      EXPECT_TRUE(AllClose(
+          got, NaiveGemm(ta, tb, m, n, k, 0.5f, ra, rb, 2.0f, c), 1e-5, 1e-5))
+          << "ta=" << ta << " tb=" << tb;
+      // ... which is not the fp32 product: the rounding happened.
+      EXPECT_FALSE(AllClose(
+          got, NaiveGemm(ta, tb, m, n, k, 0.5f, a, b, 2.0f, c), 1e-6, 1e-6));
+      // The inputs themselves are untouched.
+      EXPECT_EQ(ToVector(ta_t), a);
+    }
   }
 }
 

@@ -265,6 +265,65 @@ TEST_F(CudaBackendTest, StridedBatchedGemmMatchesCpuWithPaddedLayouts) {
   }
 }
 
+// bf16 mixed precision: both backends round the inputs to bf16 (the same
+// rounding, bit for bit) and multiply exactly in fp32, so they differ only
+// in the order of accumulation.
+TEST_F(CudaBackendTest, Bf16GemmsMatchTheCpuBf16Reference) {
+  CudaBackendOptions options;
+  options.precision = Precision::kBf16;
+  absl::StatusOr<std::unique_ptr<CudaBackend>> created =
+      CudaBackend::Create(0, options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  CudaBackend* bf16 = created->get();
+  CpuBackend* cpu16 = CpuBackend::Get(Precision::kBf16);
+  auto upload = [&](const Tensor& t) {
+    absl::StatusOr<Tensor> out = bf16->Empty(t.shape(), t.dtype());
+    EXPECT_TRUE(out.ok()) << out.status();
+    EXPECT_TRUE(bf16->CopyFromHost(t.raw(), t.bytes(), *out).ok());
+    return *out;
+  };
+  const int64_t m = 37, n = 29, k = 53;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const Tensor a = RandomTensor(ta ? Shape{k, m} : Shape{m, k}, 1);
+      const Tensor b = RandomTensor(tb ? Shape{n, k} : Shape{k, n}, 2);
+      const Tensor c = RandomTensor({m, n}, 3);
+      const Tensor ga = upload(a), gb = upload(b), gc = upload(c);
+      cpu16->Gemm(ta, tb, 0.75f, a, b, 0.5f, c);
+      bf16->Gemm(ta, tb, 0.75f, ga, gb, 0.5f, gc);
+      EXPECT_TRUE(AllClose(Values(gc), Values(c), 1e-4, 1e-4))
+          << "ta=" << ta << " tb=" << tb;
+    }
+  }
+  // Strided batches (attention's GEMMs) round every batch.
+  GemmBatch g;
+  g.batch = 3;
+  g.m = 6;
+  g.n = 5;
+  g.k = 7;
+  g.lda = 7;
+  g.stride_a = 6 * 7;
+  g.ldb = 5;
+  g.stride_b = 7 * 5;
+  g.ldc = 5;
+  g.stride_c = 6 * 5;
+  const Tensor a = RandomTensor({3 * 6 * 7}, 4),
+               b = RandomTensor({3 * 7 * 5}, 5);
+  const Tensor c = RandomTensor({3 * 6 * 5}, 6);
+  const Tensor ga = upload(a), gb = upload(b), gc = upload(c);
+  GemmBatch on_cpu = g, on_gpu = g;
+  on_cpu.a = a.data<float>();
+  on_cpu.b = b.data<float>();
+  on_cpu.c = c.data<float>();
+  on_gpu.a = ga.data<float>();
+  on_gpu.b = gb.data<float>();
+  on_gpu.c = gc.data<float>();
+  cpu16->GemmStridedBatched(on_cpu);
+  bf16->GemmStridedBatched(on_gpu);
+  EXPECT_TRUE(AllClose(Values(gc), Values(c), 1e-4, 1e-4));
+  EXPECT_TRUE(bf16->Synchronize().ok());
+}
+
 // --- Elementwise -------------------------------------------------------------
 
 TEST_F(CudaBackendTest, ElementwiseKernelsMatchCpu) {
