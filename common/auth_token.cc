@@ -7,6 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
+#include "common/hmac.h"
 #include "common/status_macros.h"
 
 namespace conveyor {
@@ -43,6 +44,23 @@ bool AuthMetadataMatches(absl::string_view presented, absl::string_view token) {
   // The whole value is compared, prefix included, so a value without the
   // prefix fails in the same time as a wrong token.
   return ConstantTimeEquals(presented, AuthMetadataValue(token));
+}
+
+absl::StatusOr<std::string> DataPlaneSecret(absl::string_view token,
+                                            absl::string_view job_secret,
+                                            uint64_t job_number) {
+  if (job_secret.empty()) {
+    return absl::InvalidArgumentError("the job's data-plane secret is empty");
+  }
+  if (token.empty()) return std::string(job_secret);
+  // The label keeps this MAC apart from any other the token may key one
+  // day; the job number ends at the first ':' after it (digits only),
+  // so no two (number, secret) pairs give the same message. Binding the
+  // number as well as the secret means a handshake seen on the wire is no
+  // use for any other job.
+  return HmacSha256Hex(
+      token,
+      absl::StrCat("conveyor-data-plane-v1:", job_number, ":", job_secret));
 }
 
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {

@@ -1,14 +1,18 @@
 // The cluster's shared secret: read from --auth-token-file by every daemon and
 // by conveyorctl, presented on every gRPC call as "authorization: Bearer
-// <token>", and compared in constant time. The data plane needs no token of
-// its own: its per-job handshake secret reaches workers only through the
-// authenticated control plane.
+// <token>", and compared in constant time. The data plane's handshake
+// (transport/tcp/frame.h) is keyed with it too, without carrying it: the
+// plaintext handshake presents DataPlaneSecret, an HMAC of the job's secret
+// under the token, so a process without the token cannot join a job's data
+// plane even if it learns the job's secret, and the token cannot be read off
+// the wire.
 //
 // A token is secret: errors name the file, never its content, and nothing
 // here logs. Thread-safe (pure functions).
 #ifndef CONVEYOR_COMMON_AUTH_TOKEN_H_
 #define CONVEYOR_COMMON_AUTH_TOKEN_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -36,6 +40,19 @@ std::string AuthMetadataValue(absl::string_view token);
 // Whether a presented metadata value carries `token`, compared in time
 // independent of where they differ.
 bool AuthMetadataMatches(absl::string_view presented, absl::string_view token);
+
+// The handshake secret of job `job_number` whose per-job secret (from the
+// coordinator's JobProgram) is `job_secret`: with a token, the hex
+// HMAC-SHA256 (common/hmac.h) under `token` of a label, the job number and
+// the job secret (64 hex digits, within frame.h's kMaxSecretBytes); without
+// one (empty `token`: a cluster without --auth-token-file), `job_secret`
+// itself, so clusters without auth need nothing new. Ranks agree exactly
+// when their tokens do, so a worker with another token (or none) fails the
+// handshake.
+// InvalidArgument for an empty `job_secret`; Internal when libcrypto fails.
+absl::StatusOr<std::string> DataPlaneSecret(absl::string_view token,
+                                            absl::string_view job_secret,
+                                            uint64_t job_number);
 
 // Equal length and bytes, in time independent of where they differ (so a
 // secret cannot be guessed byte by byte from response times).

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/auth_token.h"
 #include "common/crc32c.h"
 #include "common/file.h"
 #include "common/status_macros.h"
@@ -215,12 +216,18 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
 
   ASSIGN_OR_RETURN(const std::string host,
                    AdvertisedHost(options.listen_address));
+  absl::StatusOr<std::string> secret = DataPlaneSecret(
+      options.auth_token, program_.secret(), program_.job_number());
+  if (!secret.ok()) {
+    return absl::Status(secret.status().code(),
+                        absl::StrCat("program: ", secret.status().message()));
+  }
   ASSIGN_OR_RETURN(channel_, transport::TcpChannel::Create(
                                  {.rank = rank,
                                   .world_size = p,
                                   .listen_address = options.listen_address,
                                   .job = program_.job_number(),
-                                  .secret = program_.secret(),
+                                  .secret = *std::move(secret),
                                   .connect_timeout = options.connect_timeout,
                                   .observer = options.observer},
                                  backend_));

@@ -81,6 +81,10 @@ struct JobRunnerOptions {
   std::string listen_address = "127.0.0.1:0";
   // How long Start keeps dialing peers that are not listening yet.
   std::chrono::milliseconds connect_timeout{10000};
+  // The cluster's shared token (common/auth_token.h); empty: none. Keys the
+  // data plane's handshake (DataPlaneSecret), so ranks with different tokens
+  // cannot connect; the token itself never leaves this process.
+  std::string auth_token;
   // Told about the data plane's traffic and failures; outlives the runner.
   transport::DataPlaneObserver* observer = nullptr;
   // After each checkpoint write (on the job thread): see CheckpointWrite.
@@ -117,7 +121,8 @@ class JobRunner {
   //   NotFound/PermissionDenied/...: init.from or data files, or the
   //     checkpoint directory cannot be created, or a resume file is missing;
   //   DataLoss: a resume file's size or CRC-32C differs from the program's;
-  //   Unavailable: the data address cannot be bound.
+  //   Unavailable: the data address cannot be bound;
+  //   Internal: libcrypto cannot derive the data-plane secret.
   static absl::StatusOr<std::unique_ptr<JobRunner>> Create(
       const v1::JobProgram& program, const JobRunnerOptions& options);
 

@@ -597,7 +597,8 @@ absl::Status WorkerSession::RunJob(Job* job) {
   std::unique_ptr<JobMetrics> metrics;
   JobRunnerOptions runner_options = {
       .listen_address = options_.data_address,
-      .connect_timeout = options_.data_connect_timeout};
+      .connect_timeout = options_.data_connect_timeout,
+      .auth_token = options_.auth_token};
   if (options_.metrics != nullptr) {
     std::vector<int> stages;
     for (const v1::StageProgram& s : program.stages()) {

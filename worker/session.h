@@ -85,8 +85,9 @@ struct SessionOptions {
   std::string metrics_address;
   WorkerMetrics* metrics = nullptr;
   // The cluster's shared token (common/auth_token.h), presented on the
-  // session; empty: none. A coordinator that refuses it ends Run, as version
-  // skew does: retrying cannot fix a wrong token.
+  // session and keying every job's data-plane handshake; empty: none. A
+  // coordinator that refuses it ends Run, as version skew does: retrying
+  // cannot fix a wrong token.
   std::string auth_token;
   // TLS to the coordinator (proto/credentials.h); null: plaintext.
   std::shared_ptr<grpc::ChannelCredentials> credentials;

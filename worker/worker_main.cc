@@ -155,7 +155,8 @@ int main(int argc, char** argv) {
   std::string auth_token_file;
   app.add_option("--auth-token-file", auth_token_file,
                  "File holding the cluster's shared token, presented to the "
-                 "coordinator");
+                 "coordinator and keying the data-plane handshake (every "
+                 "worker of a cluster needs the same one)");
   conveyor::proto::TlsFiles tls;
   app.add_option("--tls-ca", tls.ca,
                  "PEM CA that signed the coordinator's certificate: connect "

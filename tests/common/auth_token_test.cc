@@ -67,5 +67,54 @@ TEST(AuthTokenTest, ConstantTimeEqualsComparesWholeStrings) {
   EXPECT_TRUE(ConstantTimeEquals("", ""));
 }
 
+constexpr char kJobSecret[] = "00112233445566778899aabbccddeeff";
+
+std::string Derived(absl::string_view token, absl::string_view job_secret,
+                    uint64_t job_number) {
+  absl::StatusOr<std::string> secret =
+      DataPlaneSecret(token, job_secret, job_number);
+  EXPECT_TRUE(secret.ok()) << secret.status();
+  return secret.ok() ? *secret : "";
+}
+
+TEST(DataPlaneSecretTest, IsAPinnedHmacOfTheJobUnderTheToken) {
+  // Every rank of a job must derive the same bytes, whichever build it runs:
+  // the value is pinned, computed independently with Python's hmac module.
+  EXPECT_EQ(Derived("tok", kJobSecret, 7),
+            "6e61eb84f29b1faa8f35c5283c1840b0bd5399dce87d16fce5e8e9d4730c4fa5");
+}
+
+TEST(DataPlaneSecretTest, FitsTheHandshakeAndNeverContainsTheToken) {
+  const std::string token = "Tok3n-very-secret";
+  const std::string secret = Derived(token, kJobSecret, 1);
+  EXPECT_EQ(secret.size(), 64u);  // transport/tcp/frame.h: kMaxSecretBytes.
+  EXPECT_THAT(secret, Not(HasSubstr(token)));
+  EXPECT_THAT(secret, Not(HasSubstr(kJobSecret)));
+}
+
+TEST(DataPlaneSecretTest, DiffersByTokenJobSecretAndJobNumber) {
+  const std::string base = Derived("token-a", kJobSecret, 1);
+  EXPECT_EQ(Derived("token-a", kJobSecret, 1), base);
+  EXPECT_NE(Derived("token-b", kJobSecret, 1), base);
+  EXPECT_NE(Derived("token-a", "ffeeddccbbaa99887766554433221100", 1), base);
+  EXPECT_NE(Derived("token-a", kJobSecret, 2), base);
+  // The job number and secret cannot trade digits: "1" + ":2..." differs
+  // from "12" + ":...".
+  EXPECT_NE(Derived("token-a", "2abc", 1), Derived("token-a", "abc", 12));
+}
+
+TEST(DataPlaneSecretTest, WithoutATokenIsTheJobSecretItself) {
+  // Clusters without --auth-token-file keep today's handshake.
+  EXPECT_EQ(Derived("", kJobSecret, 7), kJobSecret);
+}
+
+TEST(DataPlaneSecretTest, EmptyJobSecretIsInvalid) {
+  for (absl::string_view token : {"", "tok"}) {
+    absl::StatusOr<std::string> secret = DataPlaneSecret(token, "", 7);
+    EXPECT_EQ(secret.status().code(), absl::StatusCode::kInvalidArgument)
+        << token;
+  }
+}
+
 }  // namespace
 }  // namespace conveyor

@@ -28,7 +28,10 @@
 // not take the following end of file for a lost peer.
 //
 // The secret travels in the clear: it keeps stray processes and other jobs
-// off the data plane, not eavesdroppers (run jobs on a private network).
+// off the data plane, not eavesdroppers (run jobs on a private network). In
+// a cluster with an auth token it is not the job's secret but an HMAC of it
+// under the token (common/auth_token.h: DataPlaneSecret, 64 hex digits), so
+// joining needs the token, and the token never appears on the wire.
 //
 // Thread-safe: stateless functions.
 #ifndef CONVEYOR_TRANSPORT_TCP_FRAME_H_

@@ -123,7 +123,13 @@ std::string EndpointString(const tcp::socket& socket) {
 absl::Status HelloRejection(HelloResult result, std::string message) {
   switch (result) {
     case HelloResult::kBadSecret:
-      return absl::PermissionDeniedError(std::move(message));
+      // With auth tokens the secret is derived from the token
+      // (common/auth_token.h: DataPlaneSecret), so a token mismatch between
+      // workers ends here: say so, since nothing else will.
+      return absl::PermissionDeniedError(absl::StrCat(
+          message,
+          " (not this job's secret, or the workers were started with "
+          "different --auth-token-file tokens)"));
     default:
       return absl::FailedPreconditionError(std::move(message));
   }

@@ -82,7 +82,9 @@ struct TcpChannelConfig {
   // "host:port" (IPv6 as "[::1]:port") to listen on; port 0 picks a free one.
   std::string listen_address = "127.0.0.1:0";
   uint64_t job = 0;
-  // 1 to 64 bytes, the same on every rank of the job.
+  // 1 to 64 bytes, the same on every rank of the job: the job's secret, or
+  // in a cluster with an auth token the DataPlaneSecret derived from both
+  // (common/auth_token.h).
   std::string secret;
   // How long Connect keeps dialing a peer that is not listening yet, and how
   // long an accepted connection may take to complete its handshake.
@@ -125,7 +127,8 @@ class TcpChannel final : public Channel {
   // since peers start at different times. On failure the channel is aborted
   // with the returned status:
   //   InvalidArgument: wrong number of peers, unparsable address;
-  //   PermissionDenied: a peer rejected the secret;
+  //   PermissionDenied: a peer rejected the secret (another job's, or one
+  //     derived from another auth token);
   //   FailedPrecondition: a peer runs another job or protocol version, or
   //     Connect was already called;
   //   DeadlineExceeded: a peer did not accept within connect_timeout;

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/auth_token.h"
 #include "engine/cpu/cpu_backend.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -23,6 +24,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
@@ -299,6 +301,39 @@ TEST(TcpChannelTest, WrongSecretIsRejectedAndNothingIsDelivered) {
   EXPECT_TRUE(receiver->status().ok());
   auto got = receiver->Recv(T(0, 0), 50ms);
   EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+// The handshake secret a worker derives from the cluster token
+// (common/auth_token.h): equal tokens connect, different ones (or none
+// against one) are refused like a wrong secret, by both ranks.
+TEST(TcpChannelTest, SecretsDerivedFromDifferentTokensAreRejected) {
+  auto* cpu = engine::CpuBackend::Get();
+  auto with_token = [&](int rank, absl::string_view token) {
+    TcpChannelConfig config = Config(rank, 2);
+    config.secret = *DataPlaneSecret(token, kSecret, kJob);
+    return *TcpChannel::Create(config, cpu);
+  };
+  for (absl::string_view other : {"token-b", ""}) {
+    auto receiver = with_token(1, "token-a");
+    auto intruder = with_token(0, other);
+    absl::Status s =
+        intruder->Connect({Address(*intruder), Address(*receiver)});
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << other;
+    EXPECT_THAT(s.message(), AllOf(HasSubstr("wrong secret"),
+                                   HasSubstr("--auth-token-file")));
+    EXPECT_THAT(s.message(), Not(HasSubstr("token-a")));
+    EXPECT_EQ(receiver->rejected_connections(), 1);
+  }
+  auto a = with_token(0, "token-a");
+  auto b = with_token(1, "token-a");
+  const std::vector<std::string> peers = {Address(*a), Address(*b)};
+  ASSERT_TRUE(a->Connect(peers).ok());
+  ASSERT_TRUE(b->Connect(peers).ok());
+  const engine::Tensor sent = RandomBytes({4}, engine::DType::kF32, 1);
+  ASSERT_TRUE(a->Send(1, T(0, 0), sent).ok());
+  auto got = b->Recv(T(0, 0), 5s);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(SameTensor(*got, sent));
 }
 
 TEST(TcpChannelTest, HandshakeRejectsOtherJobWrongRankAndDuplicates) {
