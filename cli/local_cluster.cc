@@ -164,6 +164,9 @@ absl::Status LocalCluster::StartWorkers() {
     if (options_.metrics) {
       argv.insert(argv.end(), {"--metrics-address", "127.0.0.1:0"});
     }
+    if (!options_.worker_devices.empty()) {
+      argv.insert(argv.end(), {"--devices", options_.worker_devices});
+    }
     ASSIGN_OR_RETURN(
         std::unique_ptr<Subprocess> worker,
         Subprocess::Spawn(

@@ -133,6 +133,7 @@ absl::Status RunOnLocalCluster(const RunCommandOptions& o, bool tty,
   const BinarySearch search = BinarySearch::FromEnvironment();
   LocalClusterOptions options;
   options.num_workers = num_workers;
+  options.worker_devices = o.devices;
   ASSIGN_OR_RETURN(options.coordinator_binary,
                    FindDaemonBinary(kCoordinatorBinary, search));
   ASSIGN_OR_RETURN(options.worker_binary,
@@ -224,6 +225,9 @@ CLI::App* AddRunCommand(CLI::App& app, RunCommandOptions& o) {
   cmd->add_option("-w,--workers", o.workers,
                   "Worker daemons to start (default: as many as the job's "
                   "pipeline needs)");
+  cmd->add_option("--devices", o.devices,
+                  "Each worker's device, e.g. cuda:0 (every worker shares "
+                  "it; default: the CPU)");
   cmd->add_option("--set", o.overrides,
                   "Override a value: key.path=value (the value is YAML; "
                   "repeatable)");
@@ -245,9 +249,10 @@ absl::Status RunRunCommand(const RunCommandOptions& o, bool tty,
         "run: --steps, --log-every and --workers must be >= 0");
   }
   if (o.in_process) {
-    if (o.workers > 0) {
+    if (o.workers > 0 || !o.devices.empty()) {
       return absl::InvalidArgumentError(
-          "run: --workers starts daemons; it does not go with --in-process");
+          "run: --workers and --devices are for the daemons; they do not go "
+          "with --in-process");
     }
     return RunInProcess(o, out);
   }

@@ -32,6 +32,9 @@ struct RunCommandOptions {
   std::string job_file;
   bool in_process = false;
   int workers = 0;  // 0: as many as the job needs.
+  // Each worker's --devices (e.g. "cuda:0": every worker shares that GPU);
+  // empty: the worker's default, the CPU.
+  std::string devices;
   std::vector<std::string> overrides;
   int64_t steps = 0;      // 0: the job's training.steps.
   int64_t log_every = 0;  // 0: about 20 lines over the job.

@@ -109,8 +109,12 @@ absl::StatusOr<std::unique_ptr<JobRunner>> JobRunner::Create(
           absl::StrCat("program: stage_begin: ", s.message()));
     }
   }
+  engine::Backend* backend = engine::CpuBackend::Get(job.training.precision);
+  if (options.backends != nullptr) {
+    ASSIGN_OR_RETURN(backend, options.backends->Get(job.training.precision));
+  }
   std::unique_ptr<JobRunner> runner(
-      new JobRunner(program, std::move(job), engine::CpuBackend::Get()));
+      new JobRunner(program, std::move(job), backend));
   RETURN_IF_ERROR(runner->Build(options));
   return runner;
 }

@@ -59,6 +59,7 @@
 #include "engine/stage_file.h"
 #include "scheduler/action.h"
 #include "transport/tcp/tcp_channel.h"
+#include "worker/device_backends.h"
 #include "worker/stage_executor.h"
 
 namespace conveyor::worker {
@@ -85,6 +86,9 @@ struct JobRunnerOptions {
   // data plane's handshake (DataPlaneSecret), so ranks with different tokens
   // cannot connect; the token itself never leaves this process.
   std::string auth_token;
+  // The device the job computes on (worker/device_backends.h), for the
+  // job's training.precision; nullptr: the CPU. Outlives the runner.
+  DeviceBackends* backends = nullptr;
   // Told about the data plane's traffic and failures; outlives the runner.
   transport::DataPlaneObserver* observer = nullptr;
   // After each checkpoint write (on the job thread): see CheckpointWrite.

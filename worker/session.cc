@@ -502,8 +502,14 @@ void WorkerSession::ProfileMain(Job* job) {
     ASSIGN_OR_RETURN(engine::JobSpec spec,
                      engine::ParseJobSpec(request.yaml(), request.file_name(),
                                           request.base_dir()));
+    // Profiled where the job will run: on this worker's device.
+    engine::Backend* backend = engine::CpuBackend::Get(spec.training.precision);
+    if (options_.backends != nullptr) {
+      ASSIGN_OR_RETURN(backend,
+                       options_.backends->Get(spec.training.precision));
+    }
     return engine::ProfileLayers(
-        engine::CpuBackend::Get(), spec.model,
+        backend, spec.model,
         {.microbatch_size = spec.training.microbatch_size(),
          .repetitions = std::clamp(request.repetitions(), 1, 100),
          .cancelled = &job->profile_cancelled});
@@ -598,7 +604,8 @@ absl::Status WorkerSession::RunJob(Job* job) {
   JobRunnerOptions runner_options = {
       .listen_address = options_.data_address,
       .connect_timeout = options_.data_connect_timeout,
-      .auth_token = options_.auth_token};
+      .auth_token = options_.auth_token,
+      .backends = options_.backends};
   if (options_.metrics != nullptr) {
     std::vector<int> stages;
     for (const v1::StageProgram& s : program.stages()) {

@@ -51,6 +51,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "conveyor/v1/conveyor.pb.h"
+#include "worker/device_backends.h"
 #include "worker/worker_metrics.h"
 
 namespace grpc {
@@ -84,6 +85,9 @@ struct SessionOptions {
   // the metrics to keep; both optional.
   std::string metrics_address;
   WorkerMetrics* metrics = nullptr;
+  // What jobs compute on (from --devices); nullptr: the CPU. Outlives the
+  // session.
+  DeviceBackends* backends = nullptr;
   // The cluster's shared token (common/auth_token.h), presented on the
   // session and keying every job's data-plane handshake; empty: none. A
   // coordinator that refuses it ends Run, as version skew does: retrying

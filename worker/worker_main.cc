@@ -73,25 +73,6 @@ std::string DefaultName() {
   return absl::StrCat(host[0] != '\0' ? host : "localhost", ":", getpid());
 }
 
-// Workers run stages on the CPU backend only for now; GPU devices come with
-// the CUDA executor.
-absl::Status CheckDevice(const std::string& device) {
-  constexpr absl::string_view kAllowed =
-      "allowed: cpu:N with N >= 1 (CUDA devices are not supported by the "
-      "worker yet)";
-  int n = 0;
-  if (absl::StartsWith(device, "cpu:")) {
-    const char* begin = device.data() + 4;
-    const char* end = device.data() + device.size();
-    auto [ptr, ec] = std::from_chars(begin, end, n);
-    if (ec == std::errc() && ptr == end && begin != end && n >= 1) {
-      return absl::OkStatus();
-    }
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--devices: '", device, "' is not supported; ", kAllowed));
-}
-
 // "host:port" with a port in [0, 65535]; the host is checked when a job
 // binds it.
 absl::Status CheckAddress(absl::string_view flag, const std::string& address) {
@@ -138,7 +119,8 @@ int main(int argc, char** argv) {
       ->envname("CONVEYOR_COORDINATOR")
       ->capture_default_str();
   app.add_option("--devices", options.devices,
-                 "Devices to offer, comma-separated; only cpu:N for now")
+                 "The device to compute on: cpu:N (N cores) or cuda:K (GPU "
+                 "ordinal K; one per worker)")
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--data-address", options.data_address,
@@ -181,13 +163,9 @@ int main(int argc, char** argv) {
       exit.has_value()) {
     return *exit;
   }
-  absl::Status valid = options.devices.empty()
-                           ? absl::InvalidArgumentError(
-                                 "--devices: empty; allowed: cpu:N with N >= 1")
-                           : absl::OkStatus();
-  for (const std::string& d : options.devices) {
-    if (valid.ok()) valid = CheckDevice(d);
-  }
+  absl::StatusOr<std::unique_ptr<conveyor::worker::DeviceBackends>> backends =
+      conveyor::worker::DeviceBackends::Create(options.devices);
+  absl::Status valid = backends.status();
   if (valid.ok()) valid = CheckAddress("--coordinator", options.coordinator);
   if (valid.ok()) valid = CheckAddress("--data-address", options.data_address);
   if (valid.ok() && !metrics_address.empty()) {
@@ -214,8 +192,20 @@ int main(int argc, char** argv) {
   }
   if (!valid.ok()) {
     std::cerr << "conveyor-worker: " << valid.message() << "\n";
-    return conveyor::kExitUsage;
+    return valid.code() == absl::StatusCode::kFailedPrecondition
+               ? kExitFailure
+               : conveyor::kExitUsage;
   }
+  // A GPU worker opens its device now: one that cannot use it must not
+  // register and be handed jobs.
+  if (absl::StatusOr<conveyor::engine::Backend*> device =
+          (*backends)->Get(conveyor::engine::Precision::kFp32);
+      !device.ok()) {
+    std::cerr << "conveyor-worker: --devices: " << device.status().message()
+              << "\n";
+    return kExitFailure;
+  }
+  options.backends = backends->get();
 
   options.checkpoint_delay = std::chrono::milliseconds(checkpoint_delay_ms);
   if (checkpoint_delay_ms > 0) {

@@ -120,6 +120,11 @@ std::string EndpointString(const tcp::socket& socket) {
   return absl::StrCat(ep.address().to_string(), ":", ep.port());
 }
 
+// Whether `backend`'s tensors live in host memory (any CpuBackend).
+bool IsHost(engine::Backend* backend) {
+  return dynamic_cast<engine::CpuBackend*>(backend) != nullptr;
+}
+
 absl::Status HelloRejection(HelloResult result, std::string message) {
   switch (result) {
     case HelloResult::kBadSecret:
@@ -286,7 +291,7 @@ class TcpChannel::Impl {
     // may drive the tensor's backend: stage device tensors here.
     engine::Tensor payload = tensor;
     engine::Backend* cpu = engine::CpuBackend::Get();
-    if (tensor.backend() != cpu) {
+    if (!IsHost(tensor.backend())) {
       absl::StatusOr<engine::Tensor> host =
           cpu->Empty(tensor.shape(), tensor.dtype());
       if (!host.ok()) return host.status();
@@ -334,7 +339,8 @@ class TcpChannel::Impl {
       }
       tensor = std::move(node.mapped());
     }
-    if (backend_ == engine::CpuBackend::Get()) return tensor;
+    // Host memory serves every CPU backend (fp32 or bf16 GEMMs alike).
+    if (IsHost(backend_)) return tensor;
     // Received into host memory by the I/O thread; moved to the caller's
     // backend here, on the thread that drives it.
     absl::StatusOr<engine::Tensor> device =
