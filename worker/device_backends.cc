@@ -62,7 +62,8 @@ absl::StatusOr<std::unique_ptr<DeviceBackends>> DeviceBackends::Create(
     return absl::FailedPreconditionError(absl::StrCat(
         "--devices: cuda:", cuda,
         ": this conveyor-worker was built without the CUDA backend (the "
-        "CUDA toolkit was not found at build time); use cpu:N"));
+        "CUDA toolkit was not found, or CONVEYOR_WORKER_CUDA is off: see "
+        "docs/cuda.md); use cpu:N"));
   }
   return std::unique_ptr<DeviceBackends>(new DeviceBackends(cuda));
 }
