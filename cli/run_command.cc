@@ -251,8 +251,9 @@ absl::Status RunRunCommand(const RunCommandOptions& o, bool tty,
   if (o.in_process) {
     if (o.workers > 0 || !o.devices.empty()) {
       return absl::InvalidArgumentError(
-          "run: --workers and --devices are for the daemons; they do not go "
-          "with --in-process");
+          absl::StrCat("run: ", o.workers > 0 ? "--workers" : "--devices",
+                       " is for the daemons; it does not go with "
+                       "--in-process"));
     }
     return RunInProcess(o, out);
   }

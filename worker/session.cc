@@ -168,7 +168,13 @@ void WorkerSession::Shutdown() {
   absl::MutexLock lock(&mu_);
   if (stopping_) return;
   stopping_ = true;
-  CancelJobLocked(absl::CancelledError("worker shutting down"));
+  // A registered worker's heartbeat thread sends Deregister first and only
+  // then cancels the job: were the job cancelled here, its neighbours could
+  // report the abort, and this rank its end, before the Deregister, and the
+  // coordinator would blame a neighbour's symptom instead of this worker.
+  if (!registered_) {
+    CancelJobLocked(absl::CancelledError("worker shutting down"));
+  }
   // Before registration nothing needs a graceful close; a connection
   // attempt to an unresponsive address could otherwise hold Run.
   if (context_ != nullptr && !registered_) context_->TryCancel();
@@ -337,19 +343,25 @@ void WorkerSession::HeartbeatLoop(grpc::ClientContext* context,
     mu_.Lock();
   }
   if (stream_done_) return;
-  // Shutdown: let the job report its end, close our side, and give the
-  // coordinator a moment to end the call before cancelling it.
+  // Shutdown. Leaving on purpose: the coordinator forgets this worker (and
+  // fails or restarts its job naming it) instead of reporting it lost when
+  // the stream closes. Deregister comes before anything the job says, so
+  // the job's reason is this departure, not a neighbour's symptom of it.
+  v1::WorkerMessage bye;
+  bye.mutable_deregister()->set_reason("the worker is shutting down");
+  mu_.Unlock();
+  writer->Write(bye);
+  mu_.Lock();
+  // Then abandon the job, let it report its end (which the coordinator no
+  // longer needs), close our side, and give the coordinator a moment to end
+  // the call before cancelling it.
+  CancelJobLocked(absl::CancelledError("worker shutting down"));
   auto job_reported = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return job_ == nullptr || job_->reported || stream_done_;
   };
   mu_.AwaitWithTimeout(absl::Condition(&job_reported),
                        absl::FromChrono(options_.shutdown_grace));
-  // Leaving on purpose: the coordinator forgets this worker now instead of
-  // reporting it lost when the stream closes.
-  v1::WorkerMessage bye;
-  bye.mutable_deregister()->set_reason("the worker is shutting down");
   mu_.Unlock();
-  writer->Write(bye);
   writer->WritesDone();
   mu_.Lock();
   if (!mu_.AwaitWithTimeout(absl::Condition(&stream_done_),

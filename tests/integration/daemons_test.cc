@@ -52,6 +52,7 @@
 namespace conveyor {
 namespace {
 
+using ::testing::Contains;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using Clock = std::chrono::steady_clock;
@@ -153,20 +154,27 @@ Params ReadParams(const std::string& path) {
   return out;
 }
 
-// MlpJob(2 stages, 1f1b) slowed by a fixed-time layer (so that a test can
-// act between steps), with periodic checkpoints in `dir` and `extra`
-// top-level lines.
-std::string SlowCheckpointedJob(int steps, const std::string& dir,
-                                const std::string& checkpoint,
-                                const std::string& extra = "") {
-  std::string yaml = MlpJob(2, "1f1b", 1, steps, dir);
+// MlpJob(`stages` stages, 1f1b) with a fixed-time layer of `forward_ms` after
+// every ReLU (so that a test can act between steps, or within one), with
+// checkpoint settings `checkpoint` for `dir` and `extra` top-level lines.
+std::string SlowMlpJob(int stages, int forward_ms, int steps,
+                       const std::string& dir, const std::string& checkpoint,
+                       const std::string& extra) {
+  std::string yaml = MlpJob(stages, "1f1b", 1, steps, dir);
   yaml = absl::StrReplaceAll(
       yaml,
-      {{"    - relu\n",
-        "    - relu\n    - delay: {forward_ms: 8, backward_ms: 0}\n"},
+      {{"    - relu\n", absl::StrCat("    - relu\n    - delay: {forward_ms: ",
+                                     forward_ms, ", backward_ms: 0}\n")},
        {absl::StrCat("checkpoint: {dir: ", dir, "}\n"),
         absl::StrCat("checkpoint: {dir: ", dir, ", ", checkpoint, "}\n")}});
   return yaml + extra;
+}
+
+// SlowMlpJob on 2 stages, 8 ms per forward.
+std::string SlowCheckpointedJob(int steps, const std::string& dir,
+                                const std::string& checkpoint,
+                                const std::string& extra = "") {
+  return SlowMlpJob(2, 8, steps, dir, checkpoint, extra);
 }
 
 // The newest complete step of `dir`, exported: parameters by name.
@@ -977,6 +985,129 @@ TEST(DaemonsFailureTest, WorkerKilledWhileWritingACheckpoint) {
   EXPECT_THAT(done.last_restart_reason(), HasSubstr("lost"));
   EXPECT_EQ(done.resumed_from_step(), 2);
   ExpectBitwiseEqual(ExportedParams(restart_dir), uninterrupted);
+}
+
+// A worker SIGKILLed mid-step (step 3 done, step 2 committed, step 4 in
+// flight and its checkpoint not begun) in the first, a middle and the last
+// stage: with `restart: {max_restarts: 1}` and a spare worker the job is
+// queued again within the heartbeat timeout + 5 s, resumes from step 2 on the
+// survivors, succeeds, and ends bitwise equal to an uninterrupted run. One
+// cluster of 6 workers serves all three kills: each uses up one worker, and
+// the last restart still finds 3 live.
+TEST(DaemonsFailureTest,
+     KilledMidStepFirstMiddleAndLastStageWorkersRestartAndMatch) {
+  constexpr int kRanks = 3;
+  constexpr int kWorkers = 2 * kRanks;
+  constexpr int kSteps = 6;
+  // About 0.1 s a step (4 microbatches through two 20 ms forwards). The kill
+  // comes 40 ms after step 3 is seen: every rank is then at work on step 4
+  // (the last has its first microbatch), and its end is still far off.
+  auto job_yaml = [](const std::string& dir, const std::string& extra) {
+    return SlowMlpJob(kRanks, 20, kSteps, dir, "every: 2", extra);
+  };
+  std::unique_ptr<cli::LocalCluster> cluster =
+      DaemonsTest::StartCluster(kWorkers);
+  ASSERT_NE(cluster, nullptr);
+  auto client = *cli::CoordinatorClient::Create(cluster->coordinator_address(),
+                                                absl::Seconds(10));
+  ASSERT_TRUE(cluster->WaitForWorkers(*client).ok());
+  auto submit = [&](const std::string& yaml) {
+    v1::SubmitJobRequest request;
+    request.set_yaml(yaml);
+    request.set_file_name("job.yaml");
+    absl::StatusOr<v1::Job> job = client->SubmitJob(request);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->id() : "";
+  };
+
+  const std::string full = TempDir("midstep_full");
+  v1::Job u;
+  const std::string u_id = submit(job_yaml(full, ""));
+  for (const Clock::time_point start = Clock::now();
+       SecondsSince(start) < 120 && !proto::IsTerminal(u.state());) {
+    u = *client->GetJob(u_id);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(u.state(), v1::SUCCEEDED) << u.message();
+  const Params uninterrupted = ExportedParams(full);
+  ASSERT_FALSE(uninterrupted.empty());
+
+  for (int rank = 0; rank < kRanks; ++rank) {
+    SCOPED_TRACE(absl::StrCat("killed rank ", rank));
+    const std::string dir = TempDir(absl::StrCat("midstep_", rank));
+    const std::string id =
+        submit(job_yaml(dir, "restart: {max_restarts: 1}\n"));
+    v1::Job running;
+    for (const Clock::time_point start = Clock::now();
+         SecondsSince(start) < 60;) {
+      running = *client->GetJob(id);
+      if ((running.steps_done() >= 3 && running.last_checkpoint_step() >= 2) ||
+          proto::IsTerminal(running.state())) {
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_EQ(running.state(), v1::RUNNING) << running.message();
+    std::this_thread::sleep_for(std::chrono::milliseconds(40));
+    // Mid-step 4: not after it, nor in its checkpoint.
+    ASSERT_EQ(client->GetJob(id)->steps_done(), 3);
+    ASSERT_FALSE(std::filesystem::exists(engine::StepDirPath(dir, 4)));
+    const std::string victim = running.worker_ids(rank);
+    const pid_t pid = WorkerPidOfRank(*cluster, *client, running, rank);
+    ASSERT_GT(pid, 0);  // kill(-1) would signal every process we may signal.
+    const Clock::time_point killed = Clock::now();
+    ASSERT_EQ(::kill(pid, SIGKILL), 0);
+
+    v1::Job done;
+    double restarted_after = -1;
+    while (SecondsSince(killed) < 60) {
+      done = *client->GetJob(id);
+      if (restarted_after < 0 && done.restarts() > 0) {
+        restarted_after = SecondsSince(killed);
+      }
+      if (proto::IsTerminal(done.state())) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::cout << "rank " << rank << " killed: restarted after "
+              << restarted_after << " s, done after " << SecondsSince(killed)
+              << " s\n";
+    ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.message();
+    EXPECT_EQ(done.steps_done(), kSteps);
+    EXPECT_EQ(done.restarts(), 1);
+    EXPECT_GE(restarted_after, 0);
+    EXPECT_LT(restarted_after, DaemonsTest::kHeartbeatTimeoutSeconds + 5);
+    EXPECT_THAT(done.last_restart_reason(), HasSubstr(victim + " (local-"));
+    EXPECT_THAT(
+        done.last_restart_reason(),
+        HasSubstr(absl::StrCat("rank ", rank, ", stages ", rank, ") lost")));
+    EXPECT_EQ(done.resumed_from_step(), 2);
+    EXPECT_THAT(done.worker_ids(), Not(Contains(victim)));
+    EXPECT_EQ(done.last_checkpoint_step(), kSteps);
+    ExpectBitwiseEqual(ExportedParams(dir), uninterrupted);
+
+    // The survivors are idle again; every victim so far is LOST.
+    int idle = 0, lost = 0;
+    for (const Clock::time_point wait = Clock::now();
+         SecondsSince(wait) < 10;) {
+      idle = lost = 0;
+      for (const v1::Worker& w : Workers(*client)) {
+        idle += w.state() == v1::IDLE;
+        lost += w.state() == v1::LOST;
+      }
+      if (idle == kWorkers - rank - 1 && lost == rank + 1) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_EQ(idle, kWorkers - rank - 1);
+    EXPECT_EQ(lost, rank + 1);
+  }
+
+  std::vector<pid_t> pids;
+  for (int i = 0; i < kWorkers; ++i) pids.push_back(cluster->worker_pid(i));
+  cluster.reset();
+  for (pid_t p : pids) {
+    EXPECT_TRUE(p <= 0 || (::kill(p, 0) == -1 && errno == ESRCH))
+        << "worker process " << p << " is still there";
+  }
 }
 
 // SIGTERM: the worker stops its job promptly, deregisters (the coordinator
