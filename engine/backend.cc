@@ -21,4 +21,26 @@ absl::StatusOr<Tensor> Backend::Zeros(const Shape& shape, DType dtype) {
   return t;
 }
 
+namespace {
+
+// `batch` row-major matrices `stride` apart, each `rows` rows `ld` apart of
+// `cols` columns.
+int64_t Extent(int64_t batch, int64_t stride, int64_t rows, int64_t cols,
+               int64_t ld) {
+  if (rows == 0 || cols == 0 || batch == 0) return 0;
+  return (batch - 1) * stride + (rows - 1) * ld + cols;
+}
+
+}  // namespace
+
+int64_t GemmExtentA(const GemmBatch& g) {
+  return Extent(g.batch, g.stride_a, g.trans_a ? g.k : g.m,
+                g.trans_a ? g.m : g.k, g.lda);
+}
+
+int64_t GemmExtentB(const GemmBatch& g) {
+  return Extent(g.batch, g.stride_b, g.trans_b ? g.n : g.k,
+                g.trans_b ? g.k : g.n, g.ldb);
+}
+
 }  // namespace conveyor::engine

@@ -44,6 +44,12 @@ struct GemmBatch {
   int64_t ldc = 0, stride_c = 0;
 };
 
+// The elements operand A (or B) of `g` spans from its pointer, strides and
+// padding included: what a backend that copies or converts the operands
+// (bf16 GEMMs) must cover. 0 for an empty batch or matrix.
+int64_t GemmExtentA(const GemmBatch& g);
+int64_t GemmExtentB(const GemmBatch& g);
+
 struct AdamParams {
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   float weight_decay = 0.0f;

@@ -35,14 +35,6 @@ CpuBackend* CpuBackend::Get(Precision precision) {
 
 namespace {
 
-// The elements a strided batch of row-major matrices spans: `batch`
-// matrices `stride` apart, each `rows` rows `ld` apart of `cols` columns.
-int64_t Extent(int64_t batch, int64_t stride, int64_t rows, int64_t cols,
-               int64_t ld) {
-  if (rows == 0 || cols == 0 || batch == 0) return 0;
-  return (batch - 1) * stride + (rows - 1) * ld + cols;
-}
-
 // A copy of `n` floats from `x`, each rounded to bfloat16.
 std::vector<float> RoundedCopy(const float* x, int64_t n) {
   std::vector<float> out(static_cast<size_t>(n));
@@ -148,12 +140,8 @@ void CpuBackend::GemmStridedBatched(const GemmBatch& g) {
     // The products of bf16 values are exact in fp32, so rounding the inputs
     // and multiplying in fp32 is what bf16 tensor cores compute, up to the
     // order of accumulation.
-    const std::vector<float> a =
-        RoundedCopy(g.a, Extent(g.batch, g.stride_a, g.trans_a ? g.k : g.m,
-                                g.trans_a ? g.m : g.k, g.lda));
-    const std::vector<float> b =
-        RoundedCopy(g.b, Extent(g.batch, g.stride_b, g.trans_b ? g.n : g.k,
-                                g.trans_b ? g.k : g.n, g.ldb));
+    const std::vector<float> a = RoundedCopy(g.a, GemmExtentA(g));
+    const std::vector<float> b = RoundedCopy(g.b, GemmExtentB(g));
     GemmBatch rounded = g;
     rounded.a = a.data();
     rounded.b = b.data();

@@ -424,28 +424,14 @@ void CudaBackend::GemmStridedBatched(const GemmBatch& g) {
       CUBLAS_GEMM_DEFAULT));
 }
 
-namespace {
-
-// The elements a strided batch of row-major matrices spans (see
-// CpuBackend's twin): what must be rounded to bf16.
-int64_t Extent(int64_t batch, int64_t stride, int64_t rows, int64_t cols,
-               int64_t ld) {
-  if (rows == 0 || cols == 0 || batch == 0) return 0;
-  return (batch - 1) * stride + (rows - 1) * ld + cols;
-}
-
-}  // namespace
-
 void CudaBackend::GemmBf16(const GemmBatch& g, cublasOperation_t op_a,
                            cublasOperation_t op_b, int m, int n, int k, int lda,
                            int ldb, int ldc) {
   // Rounded copies of the spans the operands cover, in scratch memory from
   // the caching allocator (no cudaMalloc here); freed once the GEMM is
   // queued, which is safe because every kernel runs on the one stream.
-  const int64_t extent_a = Extent(g.batch, g.stride_a, g.trans_a ? g.k : g.m,
-                                  g.trans_a ? g.m : g.k, g.lda);
-  const int64_t extent_b = Extent(g.batch, g.stride_b, g.trans_b ? g.n : g.k,
-                                  g.trans_b ? g.k : g.n, g.ldb);
+  const int64_t extent_a = GemmExtentA(g);
+  const int64_t extent_b = GemmExtentB(g);
   Scratch a16 = ScratchOrDefer(extent_a * sizeof(uint16_t), "bf16 GEMM");
   Scratch b16 = ScratchOrDefer(extent_b * sizeof(uint16_t), "bf16 GEMM");
   if (!a16.ok() || !b16.ok()) return;
