@@ -47,47 +47,11 @@ start_coordinator() {
   for _ in $(seq 200); do [ -s "$dir/ready" ] && break; sleep 0.05; done
   address=$(head -1 "$dir/ready" 2>/dev/null)
 }
-field() {  # field JOB NAME: the value `conveyorctl status` shows for NAME.
-  local out
-  out=$("$ctl" status "$1" --coordinator "$address" 2>/dev/null)
-  if [ "$2" = state ]; then  # The first line: "job-1 (name): STATE".
-    head -1 <<<"$out" | sed 's/^.*): //'
-  else
-    sed -n "s/^  $2  *//p" <<<"$out" | head -1
-  fi
-}
-wait_for() {  # wait_for SECONDS COMMAND...: polls until COMMAND succeeds.
-  local deadline=$((SECONDS + $1))
-  shift
-  until "$@"; do
-    [ $SECONDS -ge $deadline ] && return 1
-    sleep 0.1
-  done
-}
 idle_workers() {
   test "$("$ctl" workers --coordinator "$address" 2>/dev/null | grep -c IDLE)" -eq "$1"
 }
-job_ended() {
-  case "$(field "$1" state)" in SUCCEEDED* | FAILED* | CANCELLED*) return 0 ;; esac
-  return 1
-}
 checkpointed() {
   field "$1" checkpoint | grep -Eq 'newest complete: step ([5-9]|[1-9][0-9])\)'
-}
-# Tensor bytes by name of a safetensors file (the metadata may differ).
-same_tensors() {
-  python3 - "$1" "$2" <<'PY'
-import json, struct, sys
-def tensors(path):
-    data = open(path, "rb").read()
-    n = struct.unpack("<Q", data[:8])[0]
-    header = json.loads(data[8:8 + n])
-    body = data[8 + n:]
-    return {k: (v["dtype"], v["shape"], body[v["data_offsets"][0]:v["data_offsets"][1]])
-            for k, v in header.items() if k != "__metadata__"}
-a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
-sys.exit(0 if a == b and a else 1)
-PY
 }
 
 start_coordinator 127.0.0.1:0 "$dir/coordinator1.log"

@@ -1,7 +1,8 @@
 # Sourced by the shell tests that run real daemons: a scratch directory
 # ($dir), background processes to stop at exit (append their pids to
 # `pids`), and `check NAME COMMAND...`, which counts; `finish` prints the
-# counts and fails when a check did.
+# counts and fails when a check did. Helpers for jobs: `wait_for`, `field`
+# and `job_ended` (these two need $ctl and $address), `same_tensors`.
 dir=$(mktemp -d)
 pids=()
 cleanup() {
@@ -20,4 +21,39 @@ check() {  # check NAME COMMAND...
 finish() {
   echo "$passed passed, $failed failed"
   test "$failed" -eq 0
+}
+wait_for() {  # wait_for SECONDS COMMAND...: polls until COMMAND succeeds.
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@"; do
+    [ $SECONDS -ge $deadline ] && return 1
+    sleep 0.05
+  done
+}
+field() {  # field JOB NAME: what `conveyorctl status` shows for NAME.
+  local out
+  out=$("$ctl" status "$1" --coordinator "$address" 2>/dev/null)
+  if [ "$2" = state ]; then  # The first line: "job-1 (name): STATE".
+    head -1 <<<"$out" | sed 's/^.*): //'
+  else
+    sed -n "s/^  $2  *//p" <<<"$out" | head -1
+  fi
+}
+job_ended() {  # job_ended JOB
+  case "$(field "$1" state)" in SUCCEEDED* | FAILED* | CANCELLED*) return 0 ;; esac
+  return 1
+}
+same_tensors() {  # same_tensors A B: equal tensor bytes by name (metadata aside)
+  python3 - "$1" "$2" <<'PY'
+import json, struct, sys
+def tensors(path):
+    data = open(path, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    body = data[8 + n:]
+    return {k: (v["dtype"], v["shape"], body[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in header.items() if k != "__metadata__"}
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+sys.exit(0 if a == b and a else 1)
+PY
 }

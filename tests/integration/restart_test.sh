@@ -37,27 +37,6 @@ checkpoint: {dir: $1, every: 4}
 ${2:-}
 YAML
 }
-field() {  # field JOB NAME (as in `conveyorctl status`; "state": line 1)
-  local out
-  out=$("$ctl" status "$1" --coordinator "$address" 2>/dev/null)
-  if [ "$2" = state ]; then
-    head -1 <<<"$out" | sed 's/^.*): //'
-  else
-    sed -n "s/^  $2  *//p" <<<"$out" | head -1
-  fi
-}
-wait_for() {  # wait_for SECONDS COMMAND...
-  local deadline=$((SECONDS + $1))
-  shift
-  until "$@"; do
-    [ $SECONDS -ge $deadline ] && return 1
-    sleep 0.05
-  done
-}
-ended() {
-  case "$(field "$1" state)" in SUCCEEDED* | FAILED* | CANCELLED*) return 0 ;; esac
-  return 1
-}
 # Past its first checkpoint and not at a checkpoint step: mid-step.
 mid_run() {
   local progress steps
@@ -68,21 +47,6 @@ mid_run() {
 }
 idle_workers() {
   test "$("$ctl" workers --coordinator "$address" 2>/dev/null | grep -c IDLE)" -ge "$1"
-}
-# Tensor bytes by name of two safetensors files are equal.
-same_tensors() {
-  python3 - "$1" "$2" <<'PY'
-import json, struct, sys
-def tensors(path):
-    data = open(path, "rb").read()
-    n = struct.unpack("<Q", data[:8])[0]
-    header = json.loads(data[8:8 + n])
-    body = data[8 + n:]
-    return {k: body[v["data_offsets"][0]:v["data_offsets"][1]]
-            for k, v in header.items() if k != "__metadata__"}
-a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
-sys.exit(0 if a == b and a else 1)
-PY
 }
 
 "$coordinator" --listen 127.0.0.1:0 --heartbeat-timeout 3 \
@@ -101,7 +65,7 @@ check "four workers register" wait_for 20 idle_workers 4
 
 job_yaml "$dir/full" >"$dir/full.yaml"
 full=$("$ctl" submit "$dir/full.yaml" --coordinator "$address" 2>&1 | grep -o 'job-[0-9]*' | head -1)
-check "uninterrupted run ends" wait_for 60 ended "$full"
+check "uninterrupted run ends" wait_for 60 job_ended "$full"
 check "uninterrupted run succeeds" bash -c "[[ '$(field "$full" state)' == SUCCEEDED* ]]"
 "$ctl" export "$dir/full" -o "$dir/full.safetensors" >/dev/null 2>&1
 
@@ -122,7 +86,7 @@ for rank in 0 1 2; do
     kill -KILL "$victim"
     wait "$victim" 2>/dev/null  # Reaped here, quietly.
   fi
-  check "rank $rank: job ends" wait_for 60 ended "$job"
+  check "rank $rank: job ends" wait_for 60 job_ended "$job"
   check "rank $rank: job succeeded" bash -c "[[ '$(field "$job" state)' == SUCCEEDED* ]]"
   check "rank $rank: one restart naming the killed worker" bash -c \
     "[[ '$(field "$job" restarts)' == '1 of at most 1; last after: '*'$id'* ]]"
