@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
@@ -495,15 +496,32 @@ TEST_F(DaemonsTest, TraceOfAFourStage1F1BStepAccountsForTheStepTime) {
   // 4 microbatches: at least F and B per microbatch on every rank.
   EXPECT_GE(complete_events, 4 * 2 * 4);
 
-  for (const cli::RankAccounting& r : cli::AccountTrace(*trace)) {
-    SCOPED_TRACE(absl::StrCat("rank ", r.rank));
-    ASSERT_GT(r.step_seconds, 0);
-    const double accounted =
-        r.compute_seconds + r.communication_seconds + r.idle_seconds;
-    std::cout << "rank " << r.rank << ": spans account for "
-              << 100 * accounted / r.step_seconds << "% of the step\n";
-    EXPECT_NEAR(accounted / r.step_seconds, 1.0, 0.02);
-    EXPECT_GT(r.compute_seconds, 0);
+  // Per rank, the median over steps 2 to 6 of the share the spans account
+  // for: a step lasts about a millisecond here, so one preemption of the
+  // worker between two spans (CI runs tests two at a time on two cores) can
+  // leave a single step 10% short, while an accounting bug shows in every
+  // step.
+  std::map<int, std::vector<double>> shares;
+  for (int64_t step = 2; step <= 6; ++step) {
+    absl::StatusOr<v1::Trace> t = client_->GetTrace(job->id(), step);
+    ASSERT_TRUE(t.ok()) << t.status();
+    for (const cli::RankAccounting& r : cli::AccountTrace(*t)) {
+      SCOPED_TRACE(absl::StrCat("rank ", r.rank, ", step ", step));
+      ASSERT_GT(r.step_seconds, 0);
+      EXPECT_GT(r.compute_seconds, 0);
+      shares[r.rank].push_back(
+          (r.compute_seconds + r.communication_seconds + r.idle_seconds) /
+          r.step_seconds);
+    }
+  }
+  ASSERT_EQ(shares.size(), 4u);
+  for (auto& [rank, v] : shares) {
+    SCOPED_TRACE(absl::StrCat("rank ", rank));
+    ASSERT_EQ(v.size(), 5u);
+    std::sort(v.begin(), v.end());
+    std::cout << "rank " << rank << ": spans account for " << 100 * v[2]
+              << "% of the step (median of 5 steps)\n";
+    EXPECT_NEAR(v[2], 1.0, 0.02);
   }
 
   // The same through conveyorctl's command, as an SVG file.
