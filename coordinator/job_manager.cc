@@ -127,6 +127,15 @@ absl::StatusOr<v1::Registered> JobManager::RegisterWorker(
 
 absl::Status JobManager::HandleWorkerMessage(const std::string& worker_id,
                                              const v1::WorkerMessage& message) {
+  absl::Status status = Dispatch(worker_id, message);
+  // A committed checkpoint or a job's end is on disk before the worker's
+  // next message is read, not up to a Tick later.
+  Persist();
+  return status;
+}
+
+absl::Status JobManager::Dispatch(const std::string& worker_id,
+                                  const v1::WorkerMessage& message) {
   std::lock_guard<std::mutex> lock(mu_);
   WorkerRecord* w = FindWorker(worker_id);
   if (w == nullptr) {
@@ -1340,6 +1349,23 @@ absl::Status JobManager::Restore(const v1::CoordinatorState& state) {
   std::vector<uint64_t> restarted;
   for (uint64_t number : interrupted) {
     JobRecord& job = jobs_.at(number);
+    // The manifest is written before the record of it: a step committed
+    // just before the coordinator went down may be newer on disk than in
+    // the state file. The directory is the job's alone (and the step of its
+    // configuration), so its newest complete step is the job's.
+    if (!job.info.checkpoint_dir().empty()) {
+      engine::ResumeSpec latest;
+      latest.kind = engine::ResumeSpec::Kind::kLatest;
+      absl::StatusOr<ResumePoint> on_disk =
+          FindResumePoint(latest, job.info.checkpoint_dir(), job.config_hash);
+      const int64_t known =
+          std::max<int64_t>(job.committed.has_value() ? job.committed->step : 0,
+                            job.resume.has_value() ? job.resume->step : 0);
+      if (on_disk.ok() && on_disk->step > known) {
+        job.info.set_last_checkpoint_step(on_disk->step);
+        job.committed = *std::move(on_disk);
+      }
+    }
     const std::string at =
         absl::StrCat("the coordinator restarted while the job was ",
                      proto::JobStateName(job.info.state()), " (step ",

@@ -40,14 +40,17 @@
 // Durability. With a StateFile (--state-file) the job records (each job's
 // Job, its submission, checkpoint and restart state, and the queue) are
 // written to disk whenever a job changes state or commits a checkpoint:
-// synchronously before SubmitJob and CancelJob return, so an acknowledged
-// submission or cancellation survives a crash, and otherwise from Tick
-// (within ~100 ms). Restore reads them back at start: ended jobs are listed
-// as they were, queued jobs queue again in their order, and jobs that were
-// placed when the coordinator went down (their workers stopped them when the
-// session broke) restart from their newest committed step when their
-// restart policy allows, and are FAILED saying so otherwise. Step counts and
-// events between two writes are not kept.
+// synchronously before SubmitJob, CancelJob and HandleWorkerMessage return
+// (so an acknowledged submission or cancellation survives a crash, and a
+// commit is recorded before the worker's next message is read), and
+// otherwise from Tick (within ~100 ms). Restore also takes a job's newest
+// complete step from its checkpoint directory, which may be newer than the
+// record if the coordinator died between the manifest and the record. Restore
+// reads them back at start: ended jobs are listed as they were, queued jobs
+// queue again in their order, and jobs that were placed when the coordinator
+// went down (their workers stopped them when the session broke) restart from
+// their newest committed step when their restart policy allows, and are FAILED
+// saying so otherwise. Step counts and events between two writes are not kept.
 //
 // Thread-safe: every method may be called from any thread (one mutex).
 // WorkerConnection::Send must not block (it queues).
@@ -280,6 +283,9 @@ class JobManager {
     int attempt = 0;
   };
 
+  // HandleWorkerMessage's work, under mu_ (taken here).
+  absl::Status Dispatch(const std::string& worker_id,
+                        const v1::WorkerMessage& message);
   WorkerRecord* FindWorker(const std::string& id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   JobRecord* FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
