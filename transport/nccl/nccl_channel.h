@@ -1,0 +1,140 @@
+// NcclChannel: a rank's Channel endpoint when pipeline stages run on
+// different GPUs: tensors move GPU to GPU over NCCL (NVLink, PCIe or the
+// network, whatever NCCL picks), never through host memory. It is a
+// P2pChannel (p2p_channel.h: headers over a HeaderLink, payloads in NCCL
+// groups agreed in rounds, so no Send/Recv order can deadlock) over an
+// NcclCommunicator (nccl_communicator.h: non-blocking communicator,
+// communication stream ordered after compute by events, async errors
+// polled, ncclCommAbort on failure).
+//
+// How the worker uses it (not wired yet; proto and worker change with it):
+//  1. Prepare. When a job's program arrives, rank 0's worker calls
+//     CreateNcclUniqueId() and reports the 128 bytes in JobReady (a new
+//     `bytes nccl_unique_id` field) next to its data-plane endpoint. The id
+//     names a bootstrap socket in rank 0's process, so rank 0 creates it
+//     (never the coordinator, which may not be reachable from the GPUs'
+//     network) and must stay up until every rank has joined. Every worker
+//     also reports its device (cuda:K and the GPU's UUID, for the same-GPU
+//     check below).
+//  2. Start. The coordinator relays the id in StartJob, with the endpoints.
+//     Each worker connects its TcpChannel as today (it carries the header
+//     messages: a HeaderLink over the existing connections, one new frame
+//     kind), then calls NcclChannel::Create with its rank, the job's world
+//     size, its device ordinal and CudaBackend, the unique id, the
+//     data-plane job number, peers = its pipeline neighbours, and
+//     init_timeout = the program's connect timeout. Every rank calls Create
+//     at about the same time: it returns once all of them have joined and
+//     each has connected to its peers, or fails with DeadlineExceeded (a
+//     rank never came), which fails the job like a failed Connect.
+//  3. Fallback to TCP: NCCL refuses two ranks on one GPU, and cannot reach
+//     a CPU rank. When any two ranks of the job share a GPU (same UUID) or
+//     any rank runs on the CPU, the whole job keeps the TcpChannel for
+//     tensors (it stages device tensors through host memory), decided by
+//     the coordinator from the reported devices and sent in StartJob, so
+//     every rank makes the same choice. (Mixing both per peer pair is
+//     possible later: the ranks on NCCL would need their own communicator.)
+//  4. Run. The StageExecutor gets the NcclChannel as its Channel; tensors
+//     it sends must stay unmodified after Send (as with every channel),
+//     and it receives device tensors of its backend.
+//  5. End. A cancel or a failure calls Abort (ncclCommAbort; the peers
+//     hear of it over the header link and abort too). The channel is
+//     destroyed before the backend; the destructor finishes the rounds
+//     already proposed and shuts the communicator down.
+//
+// Thread-safe, as every Channel.
+#ifndef CONVEYOR_TRANSPORT_NCCL_NCCL_CHANNEL_H_
+#define CONVEYOR_TRANSPORT_NCCL_NCCL_CHANNEL_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "transport/channel.h"
+#include "transport/nccl/header_link.h"
+#include "transport/nccl/p2p_channel.h"
+
+namespace conveyor::engine {
+class CudaBackend;
+}  // namespace conveyor::engine
+
+namespace conveyor::transport {
+
+// The size of an NCCL unique id (NCCL_UNIQUE_ID_BYTES).
+inline constexpr size_t kNcclUniqueIdBytes = 128;
+
+// A fresh unique id for one job's communicator, as kNcclUniqueIdBytes opaque
+// bytes. Starts NCCL's bootstrap root in this process, which must outlive
+// the communicator's creation on every rank. Unavailable when NCCL cannot
+// open its bootstrap socket (no usable network interface). Needs no GPU.
+absl::StatusOr<std::string> CreateNcclUniqueId();
+
+struct NcclChannelOptions {
+  int rank = 0;
+  int world_size = 1;  // Ranks in the job, all on NCCL.
+  int device = 0;      // CUDA ordinal; must be backend->device().
+  // CreateNcclUniqueId() of rank 0, the same on every rank.
+  std::string unique_id;
+  uint64_t job = 0;  // Data-plane job number, as in Tag::job.
+  // The ranks exchanged with (symmetric); empty: all others.
+  std::vector<int> peers;
+  // Both outlive the channel; the backend also outlives every tensor Recv
+  // returned.
+  HeaderLink* header_link = nullptr;
+  engine::CudaBackend* backend = nullptr;
+  // Joining the communicator and connecting to the peers.
+  std::chrono::milliseconds init_timeout{60000};
+
+  // P2pChannelOptions (p2p_channel.h).
+  uint64_t max_tensor_bytes = uint64_t{1} << 36;
+  bool abort_on_recv_timeout = true;
+  std::chrono::milliseconds stall_timeout{60000};
+  std::chrono::milliseconds linger{10000};
+};
+
+class NcclChannel final : public Channel {
+ public:
+  // Joins the job's communicator and starts the channel. Returns
+  //   InvalidArgument: rank outside [0, world_size), a unique id of the
+  //     wrong size, a null link or backend, device != backend->device(),
+  //     non-positive timeouts, a bad peer list;
+  //   DeadlineExceeded: not every rank joined, or a peer did not connect,
+  //     within init_timeout (the communicator is aborted; nothing hangs);
+  //   FailedPrecondition: NCCL refused the setup (e.g. two ranks on one
+  //     GPU: use TCP there);
+  //   Unavailable / Internal: other NCCL or CUDA failures, as mapped by
+  //     nccl_status.h and engine/cuda/cuda_status.h.
+  static absl::StatusOr<std::unique_ptr<NcclChannel>> Create(
+      const NcclChannelOptions& options);
+
+  ~NcclChannel() override;
+
+  NcclChannel(const NcclChannel&) = delete;
+  NcclChannel& operator=(const NcclChannel&) = delete;
+
+  // Channel, as P2pChannel documents. Send accepts tensors of the
+  // channel's backend and CPU tensors (copied to the device first);
+  // Recv returns tensors of the channel's backend.
+  absl::Status Send(int to, const Tag& tag,
+                    const engine::Tensor& tensor) override;
+  absl::StatusOr<engine::Tensor> Recv(
+      const Tag& tag, std::chrono::milliseconds timeout) override;
+  void Abort(const absl::Status& status) override;
+
+  // OK, or the status the channel was aborted with.
+  absl::Status status() const;
+  P2pChannel::Stats stats() const;
+
+ private:
+  explicit NcclChannel(std::unique_ptr<P2pChannel> channel);
+
+  std::unique_ptr<P2pChannel> channel_;
+};
+
+}  // namespace conveyor::transport
+
+#endif  // CONVEYOR_TRANSPORT_NCCL_NCCL_CHANNEL_H_
