@@ -111,6 +111,16 @@ FrameHeader GoodbyeFrameHeader(uint64_t job) {
   return h;
 }
 
+FrameHeader MessageFrameHeader(uint64_t job, size_t bytes) {
+  FrameHeader h;
+  h.kind = FrameKind::kMessage;
+  h.dtype = engine::DType::kU8;
+  h.job = job;
+  h.payload_bytes = bytes;
+  h.shape = {static_cast<int64_t>(bytes)};
+  return h;
+}
+
 Tag TagOf(const FrameHeader& header) {
   return {.job = header.job,
           .step = header.step,
@@ -209,7 +219,7 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(const FrameHeaderBytes& bytes,
         "bad frame header: job ", h.job, ", expected ", expected_job));
   }
   const uint8_t kind = p[6], dtype = p[7], ndim = p[8];
-  if (kind > static_cast<uint8_t>(FrameKind::kGoodbye)) {
+  if (kind > static_cast<uint8_t>(FrameKind::kMessage)) {
     return Invalid(absl::StrCat("unknown kind ", kind));
   }
   if (dtype >= kNumDTypes)
@@ -287,6 +297,14 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(const FrameHeaderBytes& bytes,
     case FrameKind::kGoodbye:
       if (h.status_code != 0 || h.payload_bytes != 0) {
         return Invalid("goodbye frame with a payload");
+      }
+      break;
+    case FrameKind::kMessage:
+      if (h.status_code != 0 || h.dtype != engine::DType::kU8 || ndim != 1 ||
+          h.payload_bytes > kMaxMessageBytes) {
+        return Invalid(
+            absl::StrCat("message frame is not a U8 message of at most ",
+                         kMaxMessageBytes, " bytes"));
       }
       break;
   }

@@ -25,7 +25,10 @@
 // carries the sender's abort status (its code, and its message as the U8
 // payload) so every worker fails with the original reason; a goodbye frame
 // (empty) says the sender closed its channel on purpose, so the reader does
-// not take the following end of file for a lost peer.
+// not take the following end of file for a lost peer; a message frame
+// carries opaque bytes (U8, at most kMaxMessageBytes) for the channel's
+// message handler: the NCCL channel's tensor headers ride on them
+// (tcp_header_link.h), in order with the frames before and after.
 //
 // The secret travels in the clear: it keeps stray processes and other jobs
 // off the data plane, not eavesdroppers (run jobs on a private network). In
@@ -64,6 +67,9 @@ inline constexpr int kMaxFrameDims = 8;
 // Abort messages are truncated to this; the limit also bounds what a reader
 // allocates for one.
 inline constexpr size_t kMaxAbortMessageBytes = 4096;
+// Message frames: small control messages (NCCL tensor headers are a few
+// hundred bytes); the bound keeps what a reader allocates for one small.
+inline constexpr size_t kMaxMessageBytes = 64 * 1024;
 
 using HelloBytes = std::array<uint8_t, kHelloSize>;
 using HelloAckBytes = std::array<uint8_t, kHelloAckSize>;
@@ -94,6 +100,7 @@ enum class FrameKind : uint8_t {
   kGradient = 1,
   kAbort = 2,
   kGoodbye = 3,
+  kMessage = 4,
 };
 
 struct FrameHeader {
@@ -118,6 +125,8 @@ absl::StatusOr<FrameHeader> TensorFrameHeader(const Tag& tag,
 FrameHeader AbortFrameHeader(uint64_t job, const absl::Status& status);
 std::string AbortPayload(const absl::Status& status);
 FrameHeader GoodbyeFrameHeader(uint64_t job);
+// A message frame of `bytes` payload bytes (at most kMaxMessageBytes).
+FrameHeader MessageFrameHeader(uint64_t job, size_t bytes);
 
 // The tag of a tensor frame (kind activation or gradient).
 Tag TagOf(const FrameHeader& header);
@@ -139,7 +148,8 @@ void EncodeFrameHeader(const FrameHeader& header, FrameHeaderBytes* out);
 // ndim <= 8, reserved bytes zero, dims >= 0 with unused dims zero, tag
 // fields >= 0, numel * dtype size == payload bytes without overflow, and
 // payload bytes <= max_payload_bytes (abort frames: <= kMaxAbortMessageBytes;
-// goodbye frames: empty) (InvalidArgument). A caller may allocate
+// goodbye frames: empty; message frames: U8, <= kMaxMessageBytes)
+// (InvalidArgument). A caller may allocate
 // `payload_bytes` once this returns OK.
 absl::StatusOr<FrameHeader> DecodeFrameHeader(const FrameHeaderBytes& bytes,
                                               uint64_t expected_job,

@@ -312,6 +312,44 @@ class TcpChannel::Impl {
     return absl::OkStatus();
   }
 
+  absl::Status SendMessage(int to, std::string message) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!status_.ok()) return status_;
+      if (!connected_) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("rank ", config_.rank,
+                         " sends a message before Connect succeeded"));
+      }
+    }
+    if (to < 0 || to >= config_.world_size || to == config_.rank) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", config_.rank, " sends a message to rank ", to,
+                       ", which is not a peer"));
+    }
+    if (message.size() > kMaxMessageBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", config_.rank, " sends a message of ",
+                       message.size(), " bytes; at most ", kMaxMessageBytes));
+    }
+    auto frame = std::make_shared<OutFrame>();
+    EncodeFrameHeader(MessageFrameHeader(config_.job, message.size()),
+                      &frame->header);
+    frame->message = std::move(message);
+    asio::post(io_, [this, to, frame] { Enqueue(out_[to].get(), frame); });
+    return absl::OkStatus();
+  }
+
+  void SetMessageHandler(MessageHandler* handler)
+      ABSL_LOCKS_EXCLUDED(handler_mu_) {
+    absl::MutexLock lock(&handler_mu_);
+    handler_ = handler;
+    if (handler == nullptr) return;
+    // Deliver on the I/O thread, like everything after, so callbacks never
+    // run concurrently.
+    asio::post(io_, [this] { FlushMessages(); });
+  }
+
   absl::StatusOr<engine::Tensor> Recv(const Tag& tag,
                                       std::chrono::milliseconds timeout) {
     engine::Tensor tensor;
@@ -439,7 +477,29 @@ class TcpChannel::Impl {
     mailbox_.clear();
     SPDLOG_WARN("transport: rank {} aborts: {}", config_.rank,
                 std::string(status_.message()));
-    asio::post(io_, [this, s = status_] { OnAbort(s); });
+    asio::post(io_, [this, s = status_] {
+      {
+        absl::MutexLock lock(&handler_mu_);
+        handler_failure_ = s;
+      }
+      FlushMessages();
+      OnAbort(s);
+    });
+  }
+
+  // I/O thread: hands what is pending to the message handler, if any.
+  void FlushMessages() ABSL_LOCKS_EXCLUDED(handler_mu_) {
+    absl::MutexLock lock(&handler_mu_);
+    if (handler_ == nullptr) return;
+    while (!pending_messages_.empty()) {
+      auto [from, message] = std::move(pending_messages_.front());
+      pending_messages_.pop_front();
+      handler_->OnMessage(from, std::move(message));
+    }
+    if (!handler_failure_.ok() && !failure_delivered_) {
+      failure_delivered_ = true;
+      handler_->OnChannelFailed(handler_failure_);
+    }
   }
 
   absl::Status Deliver(const Tag& tag, engine::Tensor tensor)
@@ -815,6 +875,24 @@ class TcpChannel::Impl {
                                " aborted the job: ", link->message)));
             });
         return;
+      case FrameKind::kMessage:
+        link->message.resize(h.payload_bytes);
+        asio::async_read(link->socket, asio::buffer(link->message),
+                         [this, link](const asio::error_code& ec, size_t) {
+                           if (link->closed) return;
+                           if (ec) return InLinkEnded(link, ec);
+                           {
+                             absl::MutexLock lock(&handler_mu_);
+                             if (handler_failure_.ok()) {
+                               pending_messages_.emplace_back(
+                                   link->rank, std::move(link->message));
+                             }
+                           }
+                           link->message.clear();
+                           FlushMessages();
+                           ReadHeader(link);
+                         });
+        return;
       case FrameKind::kGoodbye:
         link->said_goodbye = true;
         said_goodbye_[link->rank] = true;
@@ -973,6 +1051,15 @@ class TcpChannel::Impl {
   bool finished_ = false;
   bool linger_armed_ = false;
 
+  // Held while a message callback runs, so SetMessageHandler(nullptr)
+  // waits for it. Never taken together with mu_.
+  absl::Mutex handler_mu_;
+  MessageHandler* handler_ ABSL_GUARDED_BY(handler_mu_) = nullptr;
+  std::deque<std::pair<int, std::string>> pending_messages_
+      ABSL_GUARDED_BY(handler_mu_);
+  absl::Status handler_failure_ ABSL_GUARDED_BY(handler_mu_);
+  bool failure_delivered_ ABSL_GUARDED_BY(handler_mu_) = false;
+
   mutable absl::Mutex mu_;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   std::map<Tag, engine::Tensor> mailbox_ ABSL_GUARDED_BY(mu_);
@@ -1025,6 +1112,14 @@ absl::StatusOr<engine::Tensor> TcpChannel::Recv(
 }
 
 void TcpChannel::Abort(const absl::Status& status) { impl_->Fail(status); }
+
+absl::Status TcpChannel::SendMessage(int to, std::string message) {
+  return impl_->SendMessage(to, std::move(message));
+}
+
+void TcpChannel::SetMessageHandler(MessageHandler* handler) {
+  impl_->SetMessageHandler(handler);
+}
 
 int64_t TcpChannel::rejected_connections() const {
   return impl_->rejected_connections();

@@ -145,6 +145,28 @@ class TcpChannel final : public Channel {
       const Tag& tag, std::chrono::milliseconds timeout) override;
   void Abort(const absl::Status& status) override;
 
+  // Control messages: small opaque byte strings (at most kMaxMessageBytes,
+  // frame.h) for a peer, written on the same connection as its tensors and
+  // so in order with them. The NCCL channel announces its tensors this way
+  // (tcp_header_link.h) while the payloads travel over NCCL.
+  class MessageHandler {
+   public:
+    virtual ~MessageHandler() = default;
+    // A message from rank `from`; messages from one rank come in order.
+    virtual void OnMessage(int from, std::string message) = 0;
+    // The channel failed (aborted, or a peer was lost): nothing more comes.
+    // Called once, after every message that arrived before.
+    virtual void OnChannelFailed(const absl::Status& status) = 0;
+  };
+  // Queues `message` for rank `to` (not the own rank). Errors as Send's, and
+  // InvalidArgument for a message over kMaxMessageBytes.
+  absl::Status SendMessage(int to, std::string message);
+  // Starts delivering to `handler` (first what arrived before, then a
+  // failure that happened before), on the I/O thread; nullptr stops, and
+  // returns only once no callback runs any more. Callbacks must be quick
+  // and must not call SetMessageHandler.
+  void SetMessageHandler(MessageHandler* handler);
+
   // Connections refused at the handshake (garbage, wrong secret, job,
   // version or rank, duplicates, handshake timeouts) since Create.
   int64_t rejected_connections() const;

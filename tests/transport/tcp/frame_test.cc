@@ -173,6 +173,32 @@ TEST(FrameTest, GoodbyeRoundTripsAndMustBeEmpty) {
               HasSubstr("goodbye frame with a payload"));
 }
 
+TEST(FrameTest, MessageFramesAreBoundedU8) {
+  FrameHeader h = MessageFrameHeader(kJob, 300);
+  absl::StatusOr<FrameHeader> got = DecodeFrameHeader(Encode(h), kJob, kMax);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->kind, FrameKind::kMessage);
+  EXPECT_EQ(got->payload_bytes, 300u);
+
+  // Bounded by kMaxMessageBytes, not by the (larger) tensor limit.
+  h = MessageFrameHeader(kJob, kMaxMessageBytes + 1);
+  EXPECT_THAT(DecodeFrameHeader(Encode(h), kJob, kMax).status().message(),
+              HasSubstr("message frame is not a U8 message"));
+  h = MessageFrameHeader(kJob, 8);
+  h.dtype = engine::DType::kF32;
+  h.shape = {2};
+  EXPECT_EQ(DecodeFrameHeader(Encode(h), kJob, kMax).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  h = MessageFrameHeader(kJob, 8);
+  h.status_code = 2;
+  EXPECT_EQ(DecodeFrameHeader(Encode(h), kJob, kMax).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  FrameHeaderBytes b = Encode(MessageFrameHeader(kJob, 8));
+  b[6] = 5;  // The next kind is unknown.
+  EXPECT_THAT(DecodeFrameHeader(b, kJob, kMax).status().message(),
+              HasSubstr("unknown kind 5"));
+}
+
 TEST(FrameTest, TensorFrameHeaderRejectsWhatCannotBeSent) {
   auto* cpu = engine::CpuBackend::Get();
   engine::Tensor nine_dims =
