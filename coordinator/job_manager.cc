@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
+#include "coordinator/data_plane_choice.h"
 #include "engine/checkpoint_manifest.h"
 #include "engine/job_spec.h"
 #include "engine/profiler.h"
@@ -269,7 +270,17 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shutdown_) return absl::UnavailableError("coordinator shutting down");
-    const int live = LiveWorkers();
+    const int64_t devices = plan->job.pipeline.devices_per_stage;
+    const int live = LiveWorkers(devices);
+    if (plan->num_ranks > live && devices > 1) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "job '%s' needs %d workers with at least %d devices each "
+          "(pipeline.devices_per_stage at %s) but the cluster has %d live "
+          "worker(s) with that many; start workers with more devices "
+          "(--devices cuda:0,1,...) or lower devices_per_stage",
+          plan->job.name, plan->num_ranks, devices,
+          plan->job.pipeline.devices_per_stage_where.ToString(), live));
+    }
     if (plan->num_ranks > live) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "job '%s' needs %d workers (%d stages, %d per worker) but the "
@@ -345,6 +356,8 @@ void JobManager::DescribePlan(JobRecord& job) {
   info.set_virtual_stages(job.plan.virtual_stages);
   info.set_batch_size(spec.training.batch_size);
   info.set_microbatches(static_cast<int32_t>(spec.training.microbatches));
+  info.set_devices_per_stage(
+      static_cast<int32_t>(spec.pipeline.devices_per_stage));
   info.set_checkpoint_dir(spec.checkpoint.dir);
   info.set_max_restarts(static_cast<int32_t>(spec.restart.max_restarts));
   info.clear_stages();
@@ -514,9 +527,14 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobManager::WaitEvents(
 void JobManager::Schedule() {
   while (!queue_.empty()) {
     JobRecord& job = jobs_.at(queue_.front());
+    // A stage runs data parallel over pipeline.devices_per_stage devices of
+    // its worker (engine/mesh_stage.h): only workers with that many serve.
+    const int64_t devices = job.plan.job.pipeline.devices_per_stage;
     std::vector<WorkerRecord*> idle;
     for (auto& [number, w] : workers_) {
-      if (w.info.state() == v1::IDLE) idle.push_back(&w);
+      if (w.info.state() == v1::IDLE && w.info.devices_size() >= devices) {
+        idle.push_back(&w);
+      }
     }
     // Strict FIFO: a later, smaller job does not overtake the head, so a
     // large job cannot starve behind a stream of small ones.
@@ -532,6 +550,7 @@ void JobManager::Place(JobRecord& job,
                        const std::vector<WorkerRecord*>& workers) {
   const int p = job.plan.num_ranks;
   job.endpoints.assign(p, "");
+  job.ready_reports.assign(p, v1::JobReady());
   job.ended.assign(p, false);
   job.succeeded.assign(p, false);
   job.is_ready.assign(p, false);
@@ -758,9 +777,14 @@ void JobManager::OnReady(WorkerRecord& w, const v1::JobReady& ready) {
   }
   job->is_ready[rank] = true;
   job->endpoints[rank] = ready.data_endpoint();
+  job->ready_reports[rank] = ready;
   if (++job->ready < job->plan.num_ranks) return;
+  const DataPlaneChoice plane = ChooseDataPlane(job->ready_reports);
+  job->info.set_data_plane(plane.description);
+  SPDLOG_INFO("{}: tensors over {}", job->info.id(), plane.description);
   v1::CoordinatorMessage m;
   m.mutable_start()->set_job_id(job->info.id());
+  m.mutable_start()->set_nccl_unique_id(plane.nccl_unique_id);
   for (const std::string& e : job->endpoints) m.mutable_start()->add_peers(e);
   for (const std::string& id : ids) {
     const WorkerRecord* peer = FindWorker(id);
@@ -979,7 +1003,7 @@ void JobManager::FailOrRestart(JobRecord& job, const std::string& reason) {
     Finish(job, v1::SUCCEEDED, "");
     return;
   }
-  const int live = LiveWorkers();
+  const int live = LiveWorkers(job.plan.job.pipeline.devices_per_stage);
   if (live < job.plan.num_ranks) {
     Finish(
         job, v1::FAILED,
@@ -1433,10 +1457,12 @@ JobManager::JobRecord* JobManager::FindJob(const std::string& id) {
   return it == jobs_.end() ? nullptr : &it->second;
 }
 
-int JobManager::LiveWorkers() const {
+int JobManager::LiveWorkers(int64_t min_devices) const {
   int n = 0;
   for (const auto& [number, w] : workers_) {
-    if (w.info.state() != v1::LOST) ++n;
+    if (w.info.state() != v1::LOST && w.info.devices_size() >= min_devices) {
+      ++n;
+    }
   }
   return n;
 }

@@ -242,9 +242,10 @@ class JobManager {
     v1::SubmitJobRequest request;
     uint64_t number = 0;
     std::string secret;
-    std::vector<std::string> endpoints;  // By rank, from JobReady.
-    std::vector<bool> ended;             // By rank: sent JobEnded.
-    std::vector<bool> is_ready;          // By rank: sent JobReady.
+    std::vector<std::string> endpoints;       // By rank, from JobReady.
+    std::vector<v1::JobReady> ready_reports;  // By rank.
+    std::vector<bool> ended;                  // By rank: sent JobEnded.
+    std::vector<bool> is_ready;               // By rank: sent JobReady.
     int ready = 0;
     // Step reports by 1-based step until every rank has reported.
     std::map<int64_t, std::vector<v1::StepReport>> pending_steps;
@@ -289,7 +290,9 @@ class JobManager {
   WorkerRecord* FindWorker(const std::string& id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   JobRecord* FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int LiveWorkers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Workers not LOST with at least `min_devices` devices (--devices).
+  int LiveWorkers(int64_t min_devices = 1) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void TickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

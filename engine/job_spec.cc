@@ -34,6 +34,7 @@ namespace {
 constexpr int64_t kMaxSteps = int64_t{1} << 38;
 constexpr int64_t kMaxBatchSize = int64_t{1} << 24;
 constexpr int64_t kMaxVirtualStages = 1024;
+constexpr int64_t kMaxDevicesPerStage = 64;
 constexpr int64_t kMaxKeepLatest = int64_t{1} << 20;
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 // Token ids a file can hold: one byte or a little-endian uint16.
@@ -49,7 +50,8 @@ constexpr absl::string_view kTopKeys[] = {"name",       "model",     "data",
 constexpr absl::string_view kTrainingKeys[] = {"steps", "batch_size",
                                                "microbatches", "precision"};
 constexpr absl::string_view kPipelineKeys[] = {
-    "schedule", "virtual_stages", "stages", "num_stages", "memory_budget"};
+    "schedule",   "virtual_stages", "stages",
+    "num_stages", "memory_budget",  "devices_per_stage"};
 constexpr absl::string_view kStagesModes[] = {"markers", "auto"};
 // Largest memory budget accepted (1 EiB): anything above is a typo.
 constexpr double kMaxMemoryBudget = 1152921504606846976.0;
@@ -141,6 +143,7 @@ class JobParser {
   absl::Status ParseBetas(const YamlValue& value,
                           OptimizerConfig& optimizer) const;
   absl::Status ParsePipeline(const YamlMapEntry& entry,
+                             const TrainingSpec& training,
                              PipelineSpec& pipeline) const;
   absl::StatusOr<double> ParseBytes(const YamlValue& value) const;
   absl::Status ParseCheckpoint(const YamlValue& value,
@@ -209,7 +212,7 @@ absl::StatusOr<JobSpec> JobParser::Parse(const YAML::Node& doc) const {
 
   if (const YamlMapEntry* pipeline = top.Find("pipeline");
       pipeline != nullptr) {
-    RETURN_IF_ERROR(ParsePipeline(*pipeline, job.pipeline));
+    RETURN_IF_ERROR(ParsePipeline(*pipeline, job.training, job.pipeline));
   } else {
     job.pipeline.where = SourceLocation{reader_.file(), 0, 0};
   }
@@ -489,6 +492,7 @@ absl::Status JobParser::ParseSchedule(const YamlValue& value,
 }
 
 absl::Status JobParser::ParsePipeline(const YamlMapEntry& entry,
+                                      const TrainingSpec& training,
                                       PipelineSpec& pipeline) const {
   ASSIGN_OR_RETURN(const YamlMap map,
                    reader_.ReadMap(entry.value, kPipelineKeys));
@@ -502,6 +506,21 @@ absl::Status JobParser::ParsePipeline(const YamlMapEntry& entry,
   if (const YamlMapEntry* e = map.Find("virtual_stages"); e != nullptr) {
     ASSIGN_OR_RETURN(pipeline.virtual_stages,
                      reader_.ParseInt(e->value, 1, kMaxVirtualStages));
+  }
+  if (const YamlMapEntry* e = map.Find("devices_per_stage"); e != nullptr) {
+    ASSIGN_OR_RETURN(pipeline.devices_per_stage,
+                     reader_.ParseInt(e->value, 1, kMaxDevicesPerStage));
+    pipeline.devices_per_stage_where = e->value.where;
+    // Each device takes an equal share of every microbatch's samples.
+    if (training.microbatch_size() % pipeline.devices_per_stage != 0) {
+      return reader_.Error(
+          e->value,
+          absl::StrCat("each device of a stage takes an equal share of a "
+                       "microbatch, so devices_per_stage must divide the "
+                       "microbatch size (batch_size / microbatches = ",
+                       training.microbatch_size(), "); got ",
+                       pipeline.devices_per_stage));
+    }
   }
   if (const YamlMapEntry* e = map.Find("stages"); e != nullptr) {
     ASSIGN_OR_RETURN(const int mode, reader_.ParseEnum(e->value, kStagesModes));

@@ -88,6 +88,13 @@ struct PipelineSpec {
   double memory_budget_bytes = 0;  // With auto_stages; 0: no budget.
   SourceLocation num_stages_where;
   SourceLocation memory_budget_where;
+  // Devices each stage runs on, data parallel (engine/mesh_stage.h): every
+  // microbatch is split evenly over them, so the parser checks this divides
+  // the microbatch size; the planner places each stage on a worker with at
+  // least this many devices (--devices) and reports at
+  // devices_per_stage_where otherwise.
+  int64_t devices_per_stage = 1;
+  SourceLocation devices_per_stage_where;
 };
 
 struct CheckpointSpec {

@@ -75,14 +75,15 @@ class JobManagerTest : public ::testing::Test {
     return file.ok() ? *std::move(file) : nullptr;
   }
 
-  // Registers a worker; returns its id.
-  std::string AddWorker(const std::string& name) {
+  // Registers a worker with `devices`; returns its id.
+  std::string AddWorker(const std::string& name,
+                        const std::vector<std::string>& devices = {"cpu:1"}) {
     auto conn = std::make_shared<FakeConnection>();
     v1::RegisterRequest r;
     r.set_protocol_version(proto::kProtocolVersion);
     r.set_version(kVersion);
     r.set_name(name);
-    r.add_devices("cpu:1");
+    for (const std::string& d : devices) r.add_devices(d);
     r.set_data_address("127.0.0.1:0");
     absl::StatusOr<v1::Registered> reg = manager_.RegisterWorker(r, conn);
     EXPECT_TRUE(reg.ok()) << reg.status();
@@ -199,6 +200,84 @@ TEST_F(JobManagerTest, JobNeedingMoreWorkersThanExistIsRejected) {
   EXPECT_THAT(s.message(), HasSubstr("needs 2 workers"));
   EXPECT_THAT(s.message(), HasSubstr("has 1 live worker"));
   EXPECT_EQ(Conn(w).sent.size(), 1u);
+}
+
+// pipeline.devices_per_stage: stages go only to workers with that many
+// devices; too few such workers is refused at submission like too few
+// workers, naming the setting.
+TEST_F(JobManagerTest, StagesGoOnlyToWorkersWithDevicesPerStageDevices) {
+  std::string yaml = JobYaml(2);
+  yaml = absl::StrReplaceAll(
+      yaml, {{"pipeline: {schedule: 1f1b}",
+              "pipeline: {schedule: 1f1b, devices_per_stage: 2}"}});
+  const std::string small1 = AddWorker("small1");
+  const std::string mesh1 = AddWorker("mesh1", {"cuda:0", "cuda:1"});
+  absl::Status s = Submit(yaml).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.message(),
+              HasSubstr("needs 2 workers with at least 2 devices each "
+                        "(pipeline.devices_per_stage at job.yaml:"));
+  EXPECT_THAT(s.message(), HasSubstr("has 1 live worker(s) with that many"));
+
+  const std::string small2 = AddWorker("small2");
+  const std::string mesh2 = AddWorker("mesh2", {"cpu:1", "cpu:1", "cpu:1"});
+  absl::StatusOr<v1::Job> job = Submit(yaml);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(State(job->id()), v1::PLANNING);
+  EXPECT_THAT(manager_.GetJob(job->id())->worker_ids(),
+              ::testing::UnorderedElementsAre(mesh1, mesh2));
+  EXPECT_EQ(WorkerState(small1), v1::IDLE);
+  EXPECT_EQ(WorkerState(small2), v1::IDLE);
+  // A job of single-device stages still runs on the others meanwhile.
+  absl::StatusOr<v1::Job> plain = Submit(JobYaml(2, "plain"));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_THAT(manager_.GetJob(plain->id())->worker_ids(),
+              ::testing::UnorderedElementsAre(small1, small2));
+}
+
+// The coordinator decides the data plane from the JobReady reports, so all
+// ranks agree: NCCL with rank 0's id when each rank has a GPU of its own.
+TEST_F(JobManagerTest, StartJobRelaysRankZerosNcclIdOnlyWhenEveryRankCanUseIt) {
+  const std::string w1 = AddWorker("a", {"cuda:0"});
+  const std::string w2 = AddWorker("b", {"cuda:1"});
+  const std::string id(128, 'x');
+  auto ready = [&](const std::string& w, const std::string& job, int port,
+                   const std::string& uuid, const std::string& nccl_id) {
+    v1::WorkerMessage m;
+    m.mutable_ready()->set_job_id(job);
+    m.mutable_ready()->set_data_endpoint(absl::StrCat("127.0.0.1:", port));
+    m.mutable_ready()->set_device_uuid(uuid);
+    m.mutable_ready()->set_nccl(true);
+    m.mutable_ready()->set_nccl_unique_id(nccl_id);
+    Send(w, m);
+  };
+  absl::StatusOr<v1::Job> job = Submit(JobYaml(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ready(w2, job->id(), 5002, "GPU-b", "");
+  ready(w1, job->id(), 5001, "GPU-a", id);
+  ASSERT_EQ(State(job->id()), v1::RUNNING);
+  EXPECT_EQ(manager_.GetJob(job->id())->data_plane(), "nccl");
+  for (const std::string& w : {w1, w2}) {
+    auto start = Conn(w).Of(v1::CoordinatorMessage::kStart);
+    ASSERT_EQ(start.size(), 1u);
+    EXPECT_EQ(start[0].start().nccl_unique_id(), id);
+  }
+  Ended(w1, job->id(), v1::SUCCEEDED);
+  Ended(w2, job->id(), v1::SUCCEEDED);
+
+  // Both ranks on one GPU: TCP, and every rank hears so (an empty id).
+  absl::StatusOr<v1::Job> shared = Submit(JobYaml(2, "shared"));
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  ready(w1, shared->id(), 5001, "GPU-a", id);
+  ready(w2, shared->id(), 5002, "GPU-a", "");
+  ASSERT_EQ(State(shared->id()), v1::RUNNING);
+  EXPECT_EQ(manager_.GetJob(shared->id())->data_plane(),
+            "tcp (ranks 0 and 1 share GPU GPU-a)");
+  for (const std::string& w : {w1, w2}) {
+    auto start = Conn(w).Of(v1::CoordinatorMessage::kStart);
+    ASSERT_EQ(start.size(), 2u);
+    EXPECT_TRUE(start[1].start().nccl_unique_id().empty());
+  }
 }
 
 TEST_F(JobManagerTest, RunsAJobThroughEveryStateWithOneEventPerStep) {

@@ -634,7 +634,8 @@ TEST(JobSpecErrorTest, Pipeline) {
   EXPECT_EQ(ParseError(Job({.extra = "pipeline: {schedule: gpipe, stage: "
                                      "2}\n"})),
             "job.yaml:9:29: pipeline: unknown key 'stage'; allowed: "
-            "schedule, virtual_stages, stages, num_stages, memory_budget");
+            "schedule, virtual_stages, stages, num_stages, memory_budget, "
+            "devices_per_stage");
   EXPECT_EQ(ParseError(Job({.extra = "pipeline: {schedule: gpipe, stages: "
                                      "2}\n"})),
             "job.yaml:9:37: pipeline.stages: must be one of: markers, auto; "
@@ -642,6 +643,28 @@ TEST(JobSpecErrorTest, Pipeline) {
   EXPECT_EQ(ParseError(Job({.extra = "pipeline: {schedule: {a: 1}}\n"})),
             "job.yaml:9:22: pipeline.schedule: must be a non-empty string; "
             "got a map");
+}
+
+TEST(JobSpecTest, DevicesPerStage) {
+  EXPECT_EQ(ParseOk(Job({})).pipeline.devices_per_stage, 1);
+  // Microbatches of 8 / 2 = 4 samples: 2 and 4 devices split them evenly.
+  const JobSpec job =
+      ParseOk(Job({.extra = "pipeline: {devices_per_stage: 4}\n"}));
+  EXPECT_EQ(job.pipeline.devices_per_stage, 4);
+  EXPECT_EQ(job.pipeline.devices_per_stage_where.ToString(), "job.yaml:9:31");
+}
+
+TEST(JobSpecErrorTest, DevicesPerStage) {
+  EXPECT_EQ(ParseError(Job({.extra = "pipeline: {devices_per_stage: 3}\n"})),
+            "job.yaml:9:31: pipeline.devices_per_stage: each device of a "
+            "stage takes an equal share of a microbatch, so "
+            "devices_per_stage must divide the microbatch size (batch_size / "
+            "microbatches = 4); got 3");
+  EXPECT_EQ(ParseError(Job({.extra = "pipeline: {devices_per_stage: 0}\n"})),
+            "job.yaml:9:31: pipeline.devices_per_stage: must be a positive "
+            "integer; got '0'");
+  EXPECT_THAT(ParseError(Job({.extra = "pipeline: {devices_per_stage: 65}\n"})),
+              HasSubstr("pipeline.devices_per_stage"));
 }
 
 TEST(JobSpecErrorTest, AutoStages) {
