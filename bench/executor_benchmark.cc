@@ -36,7 +36,7 @@ void BM_ExecutorOverhead(benchmark::State& state) {
   if (!spec.ok()) return state.SkipWithError("model spec");
   engine::Backend* be = engine::CpuBackend::Get();
   std::vector<std::unique_ptr<engine::Stage>> owned;
-  std::map<int, engine::Stage*> by_index;
+  std::map<int, engine::PipelineStage*> by_index;
   std::vector<engine::Parameter*> params;
   for (int s = 0; s < stages; ++s) {
     owned.push_back(*engine::Stage::Create(be, *spec, s));

@@ -350,7 +350,7 @@ class Pipeline {
     for (Rank& rank : ranks_) RETURN_IF_ERROR(rank.channel->Connect(peers));
     for (int r = 0; r < p; ++r) {
       Rank& rank = ranks_[r];
-      std::map<int, engine::Stage*> stages;
+      std::map<int, engine::PipelineStage*> stages;
       for (const auto& stage : rank.stages) {
         stages[stage->index()] = stage.get();
       }

@@ -2,7 +2,8 @@
 // run one microbatch action at a time: Forward(mb), BackwardInput(mb),
 // BackwardWeight(mb), or Backward(mb) for both. This is what a worker runs
 // for each action of its schedule, and what the in-process reference trainer
-// runs for every stage in turn.
+// runs for every stage in turn. It is the one-device PipelineStage
+// (engine/pipeline_stage.h); engine::MeshStage runs several, data parallel.
 //
 // Per microbatch the stage keeps the stash from forward until BI, then only
 // what BW reads (Layer::ReleaseForWeightBackward) until BW, then nothing; so a
@@ -22,11 +23,12 @@
 #include "absl/status/statusor.h"
 #include "engine/layers/composite.h"
 #include "engine/model_spec.h"
+#include "engine/pipeline_stage.h"
 #include "engine/safetensors.h"
 
 namespace conveyor::engine {
 
-class Stage {
+class Stage : public PipelineStage {
  public:
   // Builds layers [spec.stage_begin[stage], spec.StageEnd(stage)) with zeroed
   // parameters. InvalidArgument for an out-of-range stage.
@@ -36,32 +38,35 @@ class Stage {
 
   // Fills every parameter from the spec's seed: a function of the seed and
   // the parameter's global name only, so any split gives the same values.
-  absl::Status InitializeFromSeed(uint64_t seed);
+  absl::Status InitializeFromSeed(uint64_t seed) override;
   // Loads every parameter from `file` by global name. InvalidArgument naming
   // the tensor when it is missing, not a float, or shaped differently (with
   // both shapes).
-  absl::Status LoadFrom(const SafetensorsReader& file);
+  absl::Status LoadFrom(const SafetensorsReader& file) override;
 
-  std::vector<Parameter*> parameters() { return chain_.parameters(); }
-  int index() const { return index_; }
+  std::vector<Parameter*> parameters() override { return chain_.parameters(); }
+  int index() const override { return index_; }
   bool is_first() const { return index_ == 0; }
 
-  absl::StatusOr<Tensor> Forward(int microbatch, const Tensor& x);
+  absl::StatusOr<Tensor> Forward(int microbatch, const Tensor& x) override;
   // dx for the previous stage (undefined on the first stage).
-  absl::StatusOr<Tensor> BackwardInput(int microbatch, const Tensor& dy);
+  absl::StatusOr<Tensor> BackwardInput(int microbatch,
+                                       const Tensor& dy) override;
   // Accumulates parameter gradients and frees the microbatch's activations.
-  absl::Status BackwardWeight(int microbatch);
+  absl::Status BackwardWeight(int microbatch) override;
   absl::StatusOr<Tensor> Backward(int microbatch, const Tensor& dy);
 
   // Forgets every microbatch in flight (after a failed step, so the next
   // step starts clean).
-  void DropInFlight() { states_.clear(); }
+  void DropInFlight() override { states_.clear(); }
 
   // Microbatches forwarded but not yet through BW.
-  int in_flight() const { return static_cast<int>(states_.size()); }
-  size_t live_activation_bytes() const;
-  size_t peak_activation_bytes() const { return peak_bytes_; }
-  void ResetPeakActivationBytes() { peak_bytes_ = live_activation_bytes(); }
+  int in_flight() const override { return static_cast<int>(states_.size()); }
+  size_t live_activation_bytes() const override;
+  size_t peak_activation_bytes() const override { return peak_bytes_; }
+  void ResetPeakActivationBytes() override {
+    peak_bytes_ = live_activation_bytes();
+  }
 
  private:
   struct MicrobatchState {

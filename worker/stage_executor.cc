@@ -36,7 +36,7 @@ SpanKind KindOf(Op op) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
-    const ExecutorConfig& config, std::map<int, engine::Stage*> stages,
+    const ExecutorConfig& config, std::map<int, engine::PipelineStage*> stages,
     engine::DataSource* data, engine::Optimizer* optimizer,
     transport::Channel* channel, engine::Backend* backend) {
   if (config.num_ranks < 1 || config.num_stages < config.num_ranks ||
@@ -97,7 +97,7 @@ absl::Status StageExecutor::SendTo(int to, const transport::Tag& tag,
 }
 
 absl::Status StageExecutor::Forward(int64_t step, const Action& a) {
-  engine::Stage* stage = stages_.at(a.stage);
+  engine::PipelineStage* stage = stages_.at(a.stage);
   const int m = config_.microbatches;
   Tensor x;
   if (a.stage == 0) {
@@ -136,7 +136,7 @@ absl::Status StageExecutor::Forward(int64_t step, const Action& a) {
 }
 
 absl::Status StageExecutor::BackwardInput(int64_t step, const Action& a) {
-  engine::Stage* stage = stages_.at(a.stage);
+  engine::PipelineStage* stage = stages_.at(a.stage);
   Tensor dy;
   if (a.stage + 1 == config_.num_stages) {
     auto it = loss_grads_.find(a.microbatch);
@@ -226,22 +226,37 @@ absl::StatusOr<RankStepResult> StageExecutor::RunActions(
     }
     result.peak_activation_bytes += stage->peak_activation_bytes();
   }
+  // A mesh stage's gradients are complete only once its replicas' are
+  // summed, before the norm and the update read them. Its time counts as the
+  // optimizer's, in the span of the work that follows (no span of its own,
+  // so a single-device step's timeline is unchanged).
+  start = spans_.Now();
+  for (auto& [index, stage] : stages_) {
+    RETURN_IF_ERROR(stage->BeforeOptimizerStep());
+  }
   std::optional<double> global_norm;
   if (all_reduce) {
-    start = spans_.Now();
     ASSIGN_OR_RETURN(double local, optimizer_->GradSquaredSum());
     start = spans_.Record(SpanKind::kOptimizer, start);
     absl::StatusOr<double> total = all_reduce(local);
     spans_.Record(SpanKind::kAllReduce, start);
     RETURN_IF_ERROR(total.status());
     global_norm = std::sqrt(*total);
+    start = spans_.Now();
   }
-  start = spans_.Now();
   absl::StatusOr<double> norm = optimizer_->Step(global_norm);
   absl::Status synced = backend_->Synchronize();
+  // Replicas of a mesh stage take the updated parameters, within the
+  // update's span.
+  absl::Status replicated = absl::OkStatus();
+  for (auto& [index, stage] : stages_) {
+    if (!norm.ok() || !synced.ok() || !replicated.ok()) break;
+    replicated = stage->AfterOptimizerStep();
+  }
   const auto end = spans_.Record(SpanKind::kOptimizer, start);
   ASSIGN_OR_RETURN(result.grad_norm, std::move(norm));
   RETURN_IF_ERROR(synced);
+  RETURN_IF_ERROR(replicated);
   result.has_loss = stages_.count(config_.num_stages - 1) > 0;
   result.loss = loss_sum_ / config_.microbatches;
   result.seconds =

@@ -11,9 +11,10 @@
 //              the input gradient goes to stage s-1 (not from stage 0).
 //   BW(s, mb): the weight gradient, from what BI kept.
 // After the actions every microbatch must be through BW. Gradients were
-// accumulated over the step; clipping uses the norm over all ranks, obtained
-// through the caller's reduction, so a pipelined step equals the in-process
-// reference step.
+// accumulated over the step (a mesh stage sums its replicas' into
+// parameters() first: PipelineStage::BeforeOptimizerStep); clipping uses the
+// norm over all ranks, obtained through the caller's reduction, so a pipelined
+// step equals the in-process reference step.
 //
 // Thread-compatible: one thread runs a rank's executor.
 #ifndef CONVEYOR_WORKER_STAGE_EXECUTOR_H_
@@ -30,7 +31,7 @@
 #include "engine/data.h"
 #include "engine/loss_kind.h"
 #include "engine/optimizer.h"
-#include "engine/stage.h"
+#include "engine/pipeline_stage.h"
 #include "scheduler/action.h"
 #include "telemetry/span_recorder.h"
 #include "transport/channel.h"
@@ -85,13 +86,15 @@ using AllReduceSum = std::function<absl::StatusOr<double>(double)>;
 
 class StageExecutor {
  public:
-  // `stages` maps global stage index to the rank's Stage; all must satisfy
+  // `stages` maps global stage index to the rank's stage (one device's
+  // engine::Stage or a mesh's engine::MeshStage); all must satisfy
   // s mod P == rank. The data source, optimizer (over exactly these stages'
   // parameters) and channel outlive the executor.
   static absl::StatusOr<std::unique_ptr<StageExecutor>> Create(
-      const ExecutorConfig& config, std::map<int, engine::Stage*> stages,
-      engine::DataSource* data, engine::Optimizer* optimizer,
-      transport::Channel* channel, engine::Backend* backend);
+      const ExecutorConfig& config,
+      std::map<int, engine::PipelineStage*> stages, engine::DataSource* data,
+      engine::Optimizer* optimizer, transport::Channel* channel,
+      engine::Backend* backend);
 
   // Runs `actions` for step `step` and the optimizer step. `all_reduce` is
   // needed only when the optimizer clips gradients. On any error the step is
@@ -102,9 +105,9 @@ class StageExecutor {
 
  private:
   StageExecutor(const ExecutorConfig& config,
-                std::map<int, engine::Stage*> stages, engine::DataSource* data,
-                engine::Optimizer* optimizer, transport::Channel* channel,
-                engine::Backend* backend)
+                std::map<int, engine::PipelineStage*> stages,
+                engine::DataSource* data, engine::Optimizer* optimizer,
+                transport::Channel* channel, engine::Backend* backend)
       : config_(config),
         stages_(std::move(stages)),
         data_(data),
@@ -127,7 +130,7 @@ class StageExecutor {
                          transport::TensorKind kind) const;
 
   ExecutorConfig config_;
-  std::map<int, engine::Stage*> stages_;
+  std::map<int, engine::PipelineStage*> stages_;
   engine::DataSource* data_;
   engine::Optimizer* optimizer_;
   transport::Channel* channel_;

@@ -1,0 +1,71 @@
+// PipelineStage: what a rank's executor (worker/stage_executor.h) needs of
+// one pipeline stage: run its microbatch actions, expose the parameters the
+// optimizer updates, and account for activation memory. engine::Stage runs a
+// stage on one device; engine::MeshStage runs it data parallel over the
+// devices of a mesh, behind the same interface, so the executor and its
+// schedules do not know how many devices a stage uses.
+//
+// The two optimizer hooks let a stage with replicas keep them in step: the
+// executor calls BeforeOptimizerStep() after the step's last action and
+// before the gradient norm and the update (a mesh sums its replicas'
+// gradients into parameters()), and AfterOptimizerStep() after the update (a
+// mesh copies the updated parameters to the other replicas). A single-device
+// stage has nothing to do in either.
+//
+// Thread-compatible: one thread drives a stage.
+#ifndef CONVEYOR_ENGINE_PIPELINE_STAGE_H_
+#define CONVEYOR_ENGINE_PIPELINE_STAGE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/layer.h"
+#include "engine/tensor.h"
+
+namespace conveyor::engine {
+
+class SafetensorsReader;
+
+class PipelineStage {
+ public:
+  virtual ~PipelineStage() = default;
+
+  // Global stage index in the model.
+  virtual int index() const = 0;
+  // The initial parameters: drawn from `seed` exactly as the in-process
+  // reference draws them, or read from a safetensors file by name.
+  virtual absl::Status InitializeFromSeed(uint64_t seed) = 0;
+  virtual absl::Status LoadFrom(const SafetensorsReader& file) = 0;
+  // The parameters the optimizer steps, checkpoints hold and the gradient
+  // norm covers; their gradients are complete only after
+  // BeforeOptimizerStep().
+  virtual std::vector<Parameter*> parameters() = 0;
+
+  virtual absl::StatusOr<Tensor> Forward(int microbatch, const Tensor& x) = 0;
+  // dx for the previous stage (undefined on the first stage).
+  virtual absl::StatusOr<Tensor> BackwardInput(int microbatch,
+                                               const Tensor& dy) = 0;
+  // Accumulates parameter gradients and frees the microbatch's activations.
+  virtual absl::Status BackwardWeight(int microbatch) = 0;
+
+  // Forgets every microbatch in flight (after a failed step, so the next
+  // step starts clean).
+  virtual void DropInFlight() = 0;
+
+  // Microbatches forwarded but not yet through BW.
+  virtual int in_flight() const = 0;
+  virtual size_t live_activation_bytes() const = 0;
+  virtual size_t peak_activation_bytes() const = 0;
+  virtual void ResetPeakActivationBytes() = 0;
+
+  // See the file comment. Called once per step each, in that order.
+  virtual absl::Status BeforeOptimizerStep() { return absl::OkStatus(); }
+  virtual absl::Status AfterOptimizerStep() { return absl::OkStatus(); }
+};
+
+}  // namespace conveyor::engine
+
+#endif  // CONVEYOR_ENGINE_PIPELINE_STAGE_H_
