@@ -15,6 +15,7 @@
 #include "engine/cpu/cpu_backend.h"  // defines: CpuBackend
 #include "engine/job_spec.h"         // defines: ModelSampleShapes
 #include "engine/model_spec.h"       // defines: ParseModelSpecYaml
+#include "engine/stage.h"            // defines: Stage
 #include "scheduler/generators.h"    // defines: GenerateSchedule
 #include "transport/in_memory_channel.h"  // defines: InMemoryHub
 #include "worker/stage_executor.h"        // defines: StageExecutor

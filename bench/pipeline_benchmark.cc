@@ -71,6 +71,7 @@
 #include "engine/cpu/cpu_backend.h"     // defines: CpuBackend
 #include "engine/job_spec.h"            // defines: ModelSampleShapes
 #include "engine/model_spec.h"          // defines: ParseModelSpecYaml
+#include "engine/stage.h"               // defines: Stage
 #include "scheduler/generators.h"       // defines: GenerateSchedule
 #include "scheduler/simulator.h"        // defines: Simulate, SimulationCosts
 #include "scheduler/stage_search.h"     // defines: SearchStages

@@ -192,6 +192,13 @@ std::string FormatStateLine(const v1::Job& job) {
       if (job.worker_ids_size() > 0) {
         absl::StrAppend(&out, " on ", absl::StrJoin(job.worker_ids(), ", "));
       }
+      if (job.devices_per_stage() > 1) {
+        absl::StrAppend(&out, ", ", job.devices_per_stage(),
+                        " devices per stage");
+      }
+      if (!job.data_plane().empty()) {
+        absl::StrAppend(&out, "; data plane: ", job.data_plane());
+      }
       if (job.state() == v1::RUNNING && job.steps_done() > 0) {
         absl::StrAppend(&out, "; ",
                         StepsText(job.steps_done(), job.steps_total()),
@@ -274,6 +281,15 @@ std::string FormatJobDetails(const v1::Job& job, absl::Time now) {
           {"running", absl::StrCat("for ", FormatDuration(SecondsSince(
                                                job.started_unix_ms(), now)))});
     }
+  }
+  if (job.devices_per_stage() > 1) {
+    fields.push_back(
+        {"devices",
+         absl::StrCat(job.devices_per_stage(),
+                      " per stage (each microbatch split over them)")});
+  }
+  if (!job.data_plane().empty()) {
+    fields.push_back({"data plane", job.data_plane()});
   }
   if (!job.checkpoint_dir().empty()) {
     fields.push_back(

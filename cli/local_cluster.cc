@@ -164,8 +164,10 @@ absl::Status LocalCluster::StartWorkers() {
     if (options_.metrics) {
       argv.insert(argv.end(), {"--metrics-address", "127.0.0.1:0"});
     }
-    if (!options_.worker_devices.empty()) {
-      argv.insert(argv.end(), {"--devices", options_.worker_devices});
+    const std::vector<std::string>& devices = options_.worker_devices;
+    if (!devices.empty()) {
+      argv.insert(argv.end(),
+                  {"--devices", devices.size() == 1 ? devices[0] : devices[i]});
     }
     ASSIGN_OR_RETURN(
         std::unique_ptr<Subprocess> worker,

@@ -60,8 +60,9 @@ struct LocalClusterOptions {
   std::string coordinator_binary;  // Paths, as found by FindDaemonBinary.
   std::string worker_binary;
   int heartbeat_timeout_seconds = 5;
-  // Every worker's --devices; empty: the worker's default (the CPU).
-  std::string worker_devices;
+  // The workers' --devices: one entry serves every worker, or one per
+  // worker (worker i gets entry i); empty: the worker's default (the CPU).
+  std::vector<std::string> worker_devices;
   absl::Duration ready_timeout = absl::Seconds(20);    // The ready file.
   absl::Duration workers_timeout = absl::Seconds(20);  // N IDLE workers.
   absl::Duration stop_timeout = absl::Seconds(5);      // SIGTERM to SIGKILL.

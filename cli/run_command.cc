@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "cli/coordinator_client.h"
 #include "cli/exit_status.h"
 #include "cli/format.h"
@@ -134,6 +135,31 @@ absl::Status RunOnLocalCluster(const RunCommandOptions& o, bool tty,
   LocalClusterOptions options;
   options.num_workers = num_workers;
   options.worker_devices = o.devices;
+  if (o.devices.size() > 1 &&
+      static_cast<int>(o.devices.size()) != num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "run: --devices given ", o.devices.size(), " times for ", num_workers,
+        " workers; give it once (every worker gets it) or once per worker"));
+  }
+  // A job whose stages run data parallel needs workers with that many
+  // devices: by default a CPU mesh (the devices share the CPU; the split
+  // and the gradient sums are the same as on GPUs).
+  const int64_t devices = plan.job.pipeline.devices_per_stage;
+  if (o.devices.empty() && devices > 1) {
+    options.worker_devices = {
+        absl::StrJoin(std::vector<std::string>(devices, "cpu:1"), ",")};
+  }
+  for (const std::string& d : o.devices) {
+    const int64_t given = static_cast<int64_t>(
+        std::vector<std::string>(absl::StrSplit(d, ',')).size());
+    if (given < devices) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("run: --devices ", d, " gives a worker ", given,
+                       " device(s); the job's pipeline.devices_per_stage (",
+                       plan.job.pipeline.devices_per_stage_where.ToString(),
+                       ") needs ", devices));
+    }
+  }
   ASSIGN_OR_RETURN(options.coordinator_binary,
                    FindDaemonBinary(kCoordinatorBinary, search));
   ASSIGN_OR_RETURN(options.worker_binary,
@@ -226,8 +252,11 @@ CLI::App* AddRunCommand(CLI::App& app, RunCommandOptions& o) {
                   "Worker daemons to start (default: as many as the job's "
                   "pipeline needs)");
   cmd->add_option("--devices", o.devices,
-                  "Each worker's device, e.g. cuda:0 (every worker shares "
-                  "it; default: the CPU)");
+                  "The workers' devices: once for all (cuda:0: they share "
+                  "GPU 0; cuda:0,1: each owns a mesh of GPUs 0 and 1, see "
+                  "pipeline.devices_per_stage) or once per worker (cuda:0 "
+                  "then cuda:1: tensors go over NCCL); default: the CPU, a "
+                  "CPU mesh for devices_per_stage > 1");
   cmd->add_option("--set", o.overrides,
                   "Override a value: key.path=value (the value is YAML; "
                   "repeatable)");

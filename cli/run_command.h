@@ -32,9 +32,10 @@ struct RunCommandOptions {
   std::string job_file;
   bool in_process = false;
   int workers = 0;  // 0: as many as the job needs.
-  // Each worker's --devices (e.g. "cuda:0": every worker shares that GPU);
-  // empty: the worker's default, the CPU.
-  std::string devices;
+  // The workers' --devices: one value for all (e.g. "cuda:0": every worker
+  // shares that GPU), or one per worker ("cuda:0", "cuda:1": each its own,
+  // so their tensors go over NCCL); empty: the worker's default, the CPU.
+  std::vector<std::string> devices;
   std::vector<std::string> overrides;
   int64_t steps = 0;      // 0: the job's training.steps.
   int64_t log_every = 0;  // 0: about 20 lines over the job.

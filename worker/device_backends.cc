@@ -1,41 +1,123 @@
 #include "worker/device_backends.h"
 
+#include <dlfcn.h>
+#include <unistd.h>
+
 #include <charconv>
+#include <cstdlib>
+#include <set>
 #include <system_error>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
+#include "common/status_macros.h"
 #include "engine/cpu/cpu_backend.h"
-#ifdef CONVEYOR_WORKER_CUDA
-#include "engine/cuda/cuda_backend.h"
-#endif
+#include "worker/cuda_plugin_api.h"
 
 namespace conveyor::worker {
 namespace {
 
 constexpr absl::string_view kAllowed =
-    "allowed: cpu:N with N >= 1, or cuda:K with K >= 0 (one device per "
-    "worker)";
+    "allowed: cpu:N (N >= 1 cores; several cpu entries make a CPU mesh) or "
+    "cuda:K (GPU ordinal K >= 0; several make a CUDA mesh), not mixed; a "
+    "bare number repeats the kind of the entry before it (cuda:0,1)";
 
-// The number after `prefix` in `device`, at least `min`; -1 otherwise.
-int NumberAfter(const std::string& device, absl::string_view prefix, int min) {
-  if (!absl::StartsWith(device, prefix)) return -1;
+// `text` as a number of at least `min`; -1 otherwise.
+int Number(absl::string_view text, int min) {
   int n = -1;
-  const char* begin = device.data() + prefix.size();
-  const char* end = device.data() + device.size();
+  const char* begin = text.data();
+  const char* end = text.data() + text.size();
   auto [ptr, ec] = std::from_chars(begin, end, n);
   return ec == std::errc() && ptr == end && begin != end && n >= min ? n : -1;
+}
+
+// Where the plugin is: $CONVEYOR_CUDA_PLUGIN, else next to the executable
+// (build/bin/ holds both conveyor-worker and libconveyor_cuda.so).
+std::string CudaPluginPath() {
+  if (const char* path = std::getenv("CONVEYOR_CUDA_PLUGIN");
+      path != nullptr && path[0] != '\0') {
+    return path;
+  }
+  std::string exe(4096, '\0');
+  const ssize_t n = readlink("/proc/self/exe", exe.data(), exe.size());
+  exe.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  const size_t slash = exe.rfind('/');
+  const std::string dir =
+      slash == std::string::npos ? "." : exe.substr(0, slash);
+  return absl::StrCat(dir, "/", kCudaPluginFileName);
+}
+
+// Loads the plugin (once per file: dlopen counts references to a loaded
+// file, and we never dlclose it, because the backends, tensors and channels
+// it creates run its code for the rest of the process). RTLD_LOCAL keeps
+// its symbols (and cuBLAS's, NCCL's) out of the worker's global namespace;
+// RTLD_NOW reports a missing dependency here, not at the first call.
+absl::StatusOr<const CudaPluginApi*> LoadCudaPlugin() {
+  const std::string path = CudaPluginPath();
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* error = dlerror();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot load the CUDA plugin ", path, ": ",
+        error != nullptr ? error : "unknown dlopen error",
+        " (it is built next to conveyor-worker; set CONVEYOR_CUDA_PLUGIN to "
+        "its full path to load another)"));
+  }
+  dlerror();  // Clears any earlier error, so a null dlsym result is ours.
+  void* entry = dlsym(handle, kCudaPluginEntryName);
+  if (entry == nullptr) {
+    const char* error = dlerror();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the CUDA plugin ", path, " has no entry point ", kCudaPluginEntryName,
+        ": ", error != nullptr ? error : "null symbol"));
+  }
+  const CudaPluginApi* api =
+      reinterpret_cast<const CudaPluginApi* (*)()>(entry)();
+  if (api == nullptr || api->abi_version != kCudaPluginAbiVersion ||
+      api->struct_size != sizeof(CudaPluginApi)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the CUDA plugin ", path, " has ABI version ",
+        api == nullptr ? 0 : api->abi_version, " (table of ",
+        api == nullptr ? 0 : api->struct_size, " bytes); this worker needs ",
+        kCudaPluginAbiVersion, " (", sizeof(CudaPluginApi),
+        " bytes): use the plugin built with this conveyor-worker"));
+  }
+  return api;
 }
 
 }  // namespace
 
 bool HaveCudaBackend() {
-#ifdef CONVEYOR_WORKER_CUDA
+#ifdef CONVEYOR_HAVE_CUDA_PLUGIN
   return true;
 #else
   return false;
 #endif
 }
+
+class DeviceBackends::Impl {
+ public:
+  // Ordinals of a CUDA mesh, or each CPU device's cores.
+  bool cuda = false;
+  std::vector<int> numbers;
+  const CudaPluginApi* plugin = nullptr;  // CUDA only.
+
+  absl::Mutex mu;
+  // CUDA only: the backend of (device, precision), created on first use.
+  std::map<std::pair<int, engine::Precision>, std::unique_ptr<engine::Backend>>
+      owned ABSL_GUARDED_BY(mu);
+
+  absl::Status CheckDevice(int device) const {
+    if (device < 0 || device >= static_cast<int>(numbers.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device ", device, " outside the mesh of ",
+                       numbers.size(), " devices"));
+    }
+    return absl::OkStatus();
+  }
+};
 
 absl::StatusOr<std::unique_ptr<DeviceBackends>> DeviceBackends::Create(
     const std::vector<std::string>& devices) {
@@ -43,55 +125,159 @@ absl::StatusOr<std::unique_ptr<DeviceBackends>> DeviceBackends::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("--devices: empty; ", kAllowed));
   }
-  int cuda = -1;
-  for (const std::string& d : devices) {
-    const int k = NumberAfter(d, "cuda:", 0);
-    if (k < 0 && NumberAfter(d, "cpu:", 1) < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--devices: '", d, "' is not supported; ", kAllowed));
+  auto impl = std::make_unique<Impl>();
+  absl::string_view kind;      // "cpu" or "cuda", from the first entry.
+  absl::string_view previous;  // The kind of the entry before.
+  std::set<int> ordinals;
+  for (const std::string& entry : devices) {
+    const absl::string_view d = absl::StripAsciiWhitespace(entry);
+    absl::string_view this_kind;
+    int n = -1;
+    if (absl::StartsWith(d, "cuda:")) {
+      this_kind = "cuda";
+      n = Number(d.substr(5), 0);
+    } else if (absl::StartsWith(d, "cpu:")) {
+      this_kind = "cpu";
+      n = Number(d.substr(4), 1);
+    } else if (!previous.empty()) {
+      this_kind = previous;
+      n = Number(d, this_kind == "cuda" ? 0 : 1);
     }
-    if (k >= 0) cuda = k;
+    if (n < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--devices: '", entry, "' is not supported; ", kAllowed));
+    }
+    if (kind.empty()) kind = this_kind;
+    if (this_kind != kind) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--devices: '", entry, "' mixes ", this_kind, " with ", kind,
+          " devices; a worker's mesh is all CPU or all CUDA; ", kAllowed));
+    }
+    if (kind == "cuda" && !ordinals.insert(n).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--devices: cuda:", n,
+                       " is listed twice (one backend per GPU); ", kAllowed));
+    }
+    previous = this_kind;
+    impl->numbers.push_back(n);
   }
-  if (cuda >= 0 && devices.size() > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--devices: ", devices.size(),
-        " devices given with a CUDA device; a worker owns one device for now "
-        "(meshes of several are not built yet): run one worker per GPU"));
+  impl->cuda = kind == "cuda";
+  if (impl->cuda) {
+    if (!HaveCudaBackend()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--devices: cuda:", impl->numbers[0],
+          ": this conveyor-worker was built without the CUDA plugin (the "
+          "CUDA toolkit was not found at build time: see docs/cuda.md); use "
+          "cpu:N"));
+    }
+    absl::StatusOr<const CudaPluginApi*> plugin = LoadCudaPlugin();
+    if (!plugin.ok()) {
+      return absl::Status(plugin.status().code(),
+                          absl::StrCat("--devices: cuda:", impl->numbers[0],
+                                       ": ", plugin.status().message()));
+    }
+    impl->plugin = *plugin;
   }
-  if (cuda >= 0 && !HaveCudaBackend()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--devices: cuda:", cuda,
-        ": this conveyor-worker was built without the CUDA backend (the "
-        "CUDA toolkit was not found, or CONVEYOR_WORKER_CUDA is off: see "
-        "docs/cuda.md); use cpu:N"));
-  }
-  return std::unique_ptr<DeviceBackends>(new DeviceBackends(cuda));
+  return std::unique_ptr<DeviceBackends>(new DeviceBackends(std::move(impl)));
 }
 
+DeviceBackends::DeviceBackends(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+
+// The backends go before anything else of the plugin's; the plugin itself
+// stays loaded (LoadCudaPlugin).
 DeviceBackends::~DeviceBackends() = default;
 
+int DeviceBackends::size() const {
+  return static_cast<int>(impl_->numbers.size());
+}
+
+std::string DeviceBackends::device_name(int device) const {
+  CONVEYOR_CHECK(impl_->CheckDevice(device).ok(), "device outside the mesh");
+  return impl_->cuda ? absl::StrCat("cuda:", impl_->numbers[device]) : "cpu";
+}
+
+int DeviceBackends::cuda_device() const {
+  return impl_->cuda ? impl_->numbers[0] : -1;
+}
+
+absl::StatusOr<std::string> DeviceBackends::device_uuid(int device) {
+  RETURN_IF_ERROR(impl_->CheckDevice(device));
+  if (!impl_->cuda) return std::string();
+  std::string uuid;
+  RETURN_IF_ERROR(impl_->plugin->device_uuid(impl_->numbers[device], &uuid));
+  return uuid;
+}
+
 absl::StatusOr<engine::Backend*> DeviceBackends::Get(
-    engine::Precision precision) {
-  if (cuda_device_ < 0) return engine::CpuBackend::Get(precision);
-#ifdef CONVEYOR_WORKER_CUDA
-  absl::MutexLock lock(&mu_);
-  std::unique_ptr<engine::Backend>& backend = owned_[precision];
+    int device, engine::Precision precision) {
+  RETURN_IF_ERROR(impl_->CheckDevice(device));
+  // Every device of a CPU mesh computes on the one CPU backend.
+  if (!impl_->cuda) return engine::CpuBackend::Get(precision);
+  absl::MutexLock lock(&impl_->mu);
+  std::unique_ptr<engine::Backend>& backend = impl_->owned[{device, precision}];
   if (backend == nullptr) {
-    engine::CudaBackendOptions options;
-    options.precision = precision;
-    absl::StatusOr<std::unique_ptr<engine::CudaBackend>> created =
-        engine::CudaBackend::Create(cuda_device_, options);
+    const int ordinal = impl_->numbers[device];
+    absl::Status created =
+        impl_->plugin->create_backend(ordinal, precision, &backend);
     if (!created.ok()) {
-      owned_.erase(precision);
-      return created.status();
+      impl_->owned.erase({device, precision});
+      // Named, for meshes; CudaBackend::Create's messages mostly are already.
+      const std::string name = absl::StrCat("cuda:", ordinal);
+      if (absl::StartsWith(created.message(), name)) return created;
+      return absl::Status(created.code(),
+                          absl::StrCat(name, ": ", created.message()));
     }
-    backend = *std::move(created);
   }
   return backend.get();
-#else
-  (void)precision;
-  return absl::FailedPreconditionError("built without the CUDA backend");
-#endif
+}
+
+absl::StatusOr<std::unique_ptr<engine::MeshCollective>>
+DeviceBackends::CreateMeshCollective(int devices, engine::Precision precision) {
+  if (devices < 1 || devices > size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a mesh collective over ", devices,
+                     " devices; this worker has ", size()));
+  }
+  std::vector<engine::Backend*> backends;
+  for (int d = 0; d < devices; ++d) {
+    ASSIGN_OR_RETURN(engine::Backend * backend, Get(d, precision));
+    backends.push_back(backend);
+  }
+  // A plugin without NCCL still gets a working (host-staged) collective.
+  if (!impl_->cuda || !impl_->plugin->has_nccl) {
+    return engine::CreateHostMeshCollective(std::move(backends));
+  }
+  std::unique_ptr<engine::MeshCollective> collective;
+  RETURN_IF_ERROR(impl_->plugin->create_mesh_collective(backends.data(),
+                                                        devices, &collective));
+  return collective;
+}
+
+bool DeviceBackends::nccl_available() const {
+  return impl_->cuda && impl_->plugin->has_nccl;
+}
+
+absl::StatusOr<std::string> DeviceBackends::CreateNcclUniqueId() {
+  if (!nccl_available()) {
+    return absl::FailedPreconditionError(
+        "NCCL needs a CUDA worker whose plugin was built with NCCL");
+  }
+  std::string id;
+  RETURN_IF_ERROR(impl_->plugin->create_nccl_unique_id(&id));
+  return id;
+}
+
+absl::StatusOr<std::unique_ptr<transport::Channel>>
+DeviceBackends::CreateNcclChannel(const NcclJoin& join) {
+  if (!nccl_available()) {
+    return absl::FailedPreconditionError(
+        "NCCL needs a CUDA worker whose plugin was built with NCCL");
+  }
+  ASSIGN_OR_RETURN(engine::Backend * backend, Get(0, join.precision));
+  std::unique_ptr<transport::Channel> channel;
+  RETURN_IF_ERROR(impl_->plugin->create_nccl_channel(join, backend, &channel));
+  return channel;
 }
 
 }  // namespace conveyor::worker

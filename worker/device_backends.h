@@ -1,22 +1,31 @@
-// DeviceBackends: the engine backend a worker computes on, from its
-// --devices.
+// DeviceBackends: the devices a worker computes on (its mesh), from
+// --devices, and what the worker needs from CUDA and NCCL for them.
 //
-//   cpu:N   the CPU backend (N: the cores offered, for the coordinator's
-//           listing); one process-wide instance per precision.
-//   cuda:K  a CudaBackend on device ordinal K (after CUDA_VISIBLE_DEVICES),
-//           only in builds with the CUDA backend. One per precision, created
-//           on first use and kept for the worker's life: its cuBLAS handle,
-//           stream and cached memory serve job after job.
+//   cpu:N             the CPU backend (N: the cores offered, for the
+//                     coordinator's listing); one process-wide instance per
+//                     precision.
+//   cpu:N,cpu:N,...   a CPU mesh of that many devices that share the CPU: a
+//                     stage's microbatches are split over them exactly as
+//                     over GPUs (development and CI; no speedup).
+//   cuda:K[,L,...]    CudaBackends on device ordinals K, L, ... (after
+//                     CUDA_VISIBLE_DEVICES): a mesh when more than one. One
+//                     backend per device and precision, created on first use
+//                     and kept for the worker's life: cuBLAS handle, stream
+//                     and cached memory serve job after job.
 //
-// One device per worker: a mesh (several devices in one worker, splitting a
-// stage's microbatches data-parallel) is not built yet; run one worker per
-// GPU. Thread-safe.
+// The CUDA code (backends, NCCL) is loaded at run time from the CUDA plugin
+// (see the .cc) so that a worker without GPUs never loads CUDA libraries.
+//
+// Thread-safe.
 #ifndef CONVEYOR_WORKER_DEVICE_BACKENDS_H_
 #define CONVEYOR_WORKER_DEVICE_BACKENDS_H_
 
+#include <chrono>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -24,17 +33,38 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/backend.h"
+#include "engine/mesh_collective.h"
 #include "engine/precision.h"
+#include "transport/channel.h"
+#include "transport/nccl/header_link.h"
 
 namespace conveyor::worker {
 
-// True when this build has the CUDA backend.
+// True when this build can run CUDA devices (the plugin was built).
 bool HaveCudaBackend();
+
+// What a rank needs to join its job's NCCL communicator
+// (transport/nccl/nccl_channel.h, NcclChannelOptions).
+struct NcclJoin {
+  int rank = 0;
+  int world_size = 1;
+  std::string unique_id;   // CreateNcclUniqueId() of rank 0.
+  uint64_t job = 0;        // Data-plane job number.
+  std::vector<int> peers;  // Pipeline neighbours; empty: all others.
+  transport::HeaderLink* header_link = nullptr;  // Outlives the channel.
+  engine::Precision precision = engine::Precision::kFp32;  // Which backend.
+  std::chrono::milliseconds init_timeout{60000};
+  std::chrono::milliseconds stall_timeout{60000};
+  bool abort_on_recv_timeout = true;
+};
 
 class DeviceBackends {
  public:
-  // Parses --devices. InvalidArgument naming the device and the allowed
-  // forms; FailedPrecondition for cuda:K in a build without CUDA.
+  // Parses --devices (one flag value per list entry; the caller splits on
+  // commas). InvalidArgument naming the device and the allowed forms (mixed
+  // cpu and cuda, a repeated ordinal); FailedPrecondition for cuda:K in a
+  // build without the CUDA plugin, or when the plugin cannot be loaded
+  // (naming the file and dlerror()).
   static absl::StatusOr<std::unique_ptr<DeviceBackends>> Create(
       const std::vector<std::string>& devices);
   ~DeviceBackends();
@@ -42,20 +72,46 @@ class DeviceBackends {
   DeviceBackends(const DeviceBackends&) = delete;
   DeviceBackends& operator=(const DeviceBackends&) = delete;
 
-  // The backend for `precision`, created on first use. For cuda:K, the
-  // errors of CudaBackend::Create (no device, busy, out of memory).
-  absl::StatusOr<engine::Backend*> Get(engine::Precision precision);
+  // Devices in the mesh (>= 1).
+  int size() const;
+  // "cpu" or "cuda:K" for device d.
+  std::string device_name(int device) const;
+  // -1 for a CPU worker; the first device's ordinal otherwise.
+  int cuda_device() const;
+  // The GPU's UUID ("GPU-xxxxxxxx-..."), so the coordinator can tell two
+  // workers on one GPU apart from two on different ones; "" for the CPU.
+  absl::StatusOr<std::string> device_uuid(int device);
 
-  // -1 for a CPU worker.
-  int cuda_device() const { return cuda_device_; }
+  // The backend of device d for `precision`, created on first use. For CUDA
+  // devices the errors of CudaBackend::Create (no device, busy, out of
+  // memory). Get(precision) is Get(0, precision).
+  absl::StatusOr<engine::Backend*> Get(int device, engine::Precision precision);
+  absl::StatusOr<engine::Backend*> Get(engine::Precision precision) {
+    return Get(0, precision);
+  }
+
+  // A collective over the first `devices` devices' backends for
+  // `precision`: CreateHostMeshCollective for CPU meshes, NCCL for CUDA
+  // ones. InvalidArgument when devices is outside [1, size()].
+  absl::StatusOr<std::unique_ptr<engine::MeshCollective>> CreateMeshCollective(
+      int devices, engine::Precision precision);
+
+  // Whether this worker can put its tensors on NCCL: a CUDA worker whose
+  // plugin was built with NCCL.
+  bool nccl_available() const;
+  // A fresh NCCL unique id (transport::CreateNcclUniqueId): rank 0 of a job
+  // creates it when the job is prepared. FailedPrecondition when
+  // !nccl_available().
+  absl::StatusOr<std::string> CreateNcclUniqueId();
+  // Joins the job's communicator on device 0 (NcclChannel::Create);
+  // FailedPrecondition when !nccl_available().
+  absl::StatusOr<std::unique_ptr<transport::Channel>> CreateNcclChannel(
+      const NcclJoin& join);
 
  private:
-  explicit DeviceBackends(int cuda_device) : cuda_device_(cuda_device) {}
-
-  const int cuda_device_;
-  absl::Mutex mu_;
-  std::map<engine::Precision, std::unique_ptr<engine::Backend>> owned_
-      ABSL_GUARDED_BY(mu_);
+  class Impl;
+  explicit DeviceBackends(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace conveyor::worker

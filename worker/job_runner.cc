@@ -19,6 +19,8 @@
 #include "common/file.h"
 #include "common/status_macros.h"
 #include "engine/cpu/cpu_backend.h"
+#include "engine/mesh_collective.h"
+#include "engine/mesh_stage.h"
 #include "engine/profiler.h"
 #include "engine/safetensors.h"
 #include "engine/trainer.h"
@@ -114,7 +116,7 @@ absl::StatusOr<std::unique_ptr<JobRunner>> JobRunner::Create(
     ASSIGN_OR_RETURN(backend, options.backends->Get(job.training.precision));
   }
   std::unique_ptr<JobRunner> runner(
-      new JobRunner(program, std::move(job), backend));
+      new JobRunner(program, std::move(job), backend, options.backends));
   RETURN_IF_ERROR(runner->Build(options));
   return runner;
 }
@@ -144,12 +146,37 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
                                  absl::StrJoin(got, ", "), "]"));
   }
 
+  // pipeline.devices_per_stage > 1: each stage runs data parallel over that
+  // many devices of this worker (engine/mesh_stage.h).
+  const int devices = static_cast<int>(job_.pipeline.devices_per_stage);
+  if (devices > 1) {
+    if (backends_ != nullptr) {
+      if (devices > backends_->size()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "pipeline.devices_per_stage is ", devices, " but this worker has ",
+            backends_->size(), " device(s) (--devices)"));
+      }
+      ASSIGN_OR_RETURN(mesh_, backends_->CreateMeshCollective(
+                                  devices, job_.training.precision));
+    } else {
+      // No device list: a CPU mesh, as in tests.
+      ASSIGN_OR_RETURN(mesh_,
+                       engine::CreateHostMeshCollective(
+                           std::vector<engine::Backend*>(devices, backend_)));
+    }
+  }
+
   // Build, and check each stage against the coordinator's plan of it.
   std::vector<engine::Parameter*> params;
   for (const v1::StageProgram& sp : program_.stages()) {
     const int st = sp.stage();
-    ASSIGN_OR_RETURN(std::unique_ptr<engine::Stage> stage,
-                     engine::Stage::Create(backend_, model, st));
+    std::unique_ptr<engine::PipelineStage> stage;
+    if (mesh_ != nullptr) {
+      ASSIGN_OR_RETURN(stage,
+                       engine::MeshStage::Create(mesh_.get(), model, st));
+    } else {
+      ASSIGN_OR_RETURN(stage, engine::Stage::Create(backend_, model, st));
+    }
     const int first = model.stage_begin[st];
     const int num_layers = model.StageEnd(st) - first;
     if (first != sp.first_layer() || num_layers != sp.num_layers()) {
@@ -240,22 +267,95 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
   if (program_.recv_timeout_ms() > 0) {
     recv_timeout_ = std::chrono::milliseconds(program_.recv_timeout_ms());
   }
-  std::map<int, engine::Stage*> by_index;
+  RETURN_IF_ERROR(CreateExecutor(channel_.get()));
+
+  // What JobReady reports for the coordinator's choice of data plane.
+  connect_timeout_ = options.connect_timeout;
+  if (backends_ != nullptr && backends_->cuda_device() >= 0) {
+    absl::StatusOr<std::string> uuid = backends_->device_uuid(0);
+    if (uuid.ok()) {
+      device_uuid_ = *std::move(uuid);
+    } else {
+      // Without it the coordinator cannot rule out two ranks on this GPU;
+      // it keeps the job on TCP, which always works.
+      SPDLOG_WARN("{}: no GPU UUID ({}); the job's tensors stay on TCP",
+                  DescribeRank(program_), uuid.status().ToString());
+    }
+    nccl_ = !device_uuid_.empty() && backends_->nccl_available();
+  }
+  if (nccl_ && rank == 0 && p > 1) {
+    absl::StatusOr<std::string> id = backends_->CreateNcclUniqueId();
+    if (id.ok()) {
+      nccl_unique_id_ = *std::move(id);
+    } else {
+      SPDLOG_WARN(
+          "{}: cannot create an NCCL id ({}); the job's tensors "
+          "stay on TCP",
+          DescribeRank(program_), id.status().ToString());
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::CreateExecutor(transport::Channel* channel) {
+  std::map<int, engine::PipelineStage*> by_index;
   for (auto& stage : stages_) by_index[stage->index()] = stage.get();
   ASSIGN_OR_RETURN(
       executor_,
       StageExecutor::Create(
           {.job = program_.job_number(),
-           .rank = rank,
-           .num_ranks = p,
-           .num_stages = num_stages,
+           .rank = program_.rank(),
+           .num_ranks = program_.num_ranks(),
+           .num_stages = program_.num_stages(),
            .batch_size = job_.training.batch_size,
            .microbatches = static_cast<int>(job_.training.microbatches),
-           .loss = model.loss,
+           .loss = job_.model.loss,
            .recv_timeout = recv_timeout_},
-          std::move(by_index), data_.get(), optimizer_.get(), channel_.get(),
+          std::move(by_index), data_.get(), optimizer_.get(), channel,
           backend_));
   return absl::OkStatus();
+}
+
+absl::Status JobRunner::JoinNccl(const std::string& nccl_unique_id) {
+  if (backends_ == nullptr || !nccl_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        DescribeRank(program_),
+        ": the coordinator put the job on NCCL, but this worker cannot use "
+        "NCCL"));
+  }
+  const int p = program_.num_ranks(), rank = program_.rank();
+  header_link_ =
+      std::make_unique<transport::TcpHeaderLink>(channel_.get(), rank, p);
+  NcclJoin join;
+  join.rank = rank;
+  join.world_size = p;
+  join.unique_id = nccl_unique_id;
+  join.job = program_.job_number();
+  // Pipeline neighbours, wrapping around: with virtual stages, stage P-1's
+  // activations go to stage P on rank 0. Symmetric, as NCCL rounds need.
+  if (p == 2) {
+    join.peers = {1 - rank};
+  } else if (p > 2) {
+    join.peers = {(rank + p - 1) % p, (rank + 1) % p};
+  }
+  join.header_link = header_link_.get();
+  join.precision = job_.training.precision;
+  join.init_timeout = connect_timeout_;
+  // A stalled NCCL group means a lost or hung peer: fail after as long as
+  // a tensor may take to come.
+  join.stall_timeout = recv_timeout_;
+  ASSIGN_OR_RETURN(std::unique_ptr<transport::Channel> nccl,
+                   backends_->CreateNcclChannel(join));
+  transport::Channel* channel = nccl.get();
+  {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_.load()) {
+      nccl->Abort(cancel_status_);
+      return cancel_status_;
+    }
+    nccl_channel_ = std::move(nccl);
+  }
+  return CreateExecutor(channel);
 }
 
 JobRunner::~JobRunner() = default;
@@ -268,7 +368,8 @@ std::vector<engine::Parameter*> JobRunner::parameters() const {
   return all;
 }
 
-absl::Status JobRunner::Start(const std::vector<std::string>& peers) {
+absl::Status JobRunner::Start(const std::vector<std::string>& peers,
+                              const std::string& nccl_unique_id) {
   if (cancelled_.load()) return CancelStatus();
   if (static_cast<int>(peers.size()) != program_.num_ranks()) {
     return Fail(absl::InvalidArgumentError(
@@ -277,7 +378,9 @@ absl::Status JobRunner::Start(const std::vector<std::string>& peers) {
   }
   // Connect returns the abort status when Cancel aborts the channel while it
   // dials, so a cancel during a slow start is prompt too.
-  return Fail(channel_->Connect(peers));
+  RETURN_IF_ERROR(Fail(channel_->Connect(peers)));
+  if (nccl_unique_id.empty()) return absl::OkStatus();
+  return Fail(JoinNccl(nccl_unique_id));
 }
 
 absl::Status JobRunner::Run(
@@ -536,9 +639,17 @@ void JobRunner::Cancel(const absl::Status& status) {
     cancel_status_ = status.ok() ? absl::CancelledError("cancelled") : status;
     cancelled_.store(true);
   }
-  // Outside the lock: Abort only posts to the channel's I/O thread, but
-  // nothing here needs mu_ held for it.
-  channel_->Abort(status.ok() ? absl::CancelledError("cancelled") : status);
+  AbortChannels(status.ok() ? absl::CancelledError("cancelled") : status);
+}
+
+void JobRunner::AbortChannels(const absl::Status& status) {
+  // NCCL first: its peers then hear this reason over the header link
+  // before the TCP channel's abort breaks that link.
+  {
+    absl::MutexLock lock(&mu_);
+    if (nccl_channel_ != nullptr) nccl_channel_->Abort(status);
+  }
+  channel_->Abort(status);
 }
 
 absl::Status JobRunner::CancelStatus() const {
@@ -551,7 +662,7 @@ absl::Status JobRunner::Fail(absl::Status status) {
   // After Cancel, the step's error is only the echo of the abort: report
   // the cancel itself.
   if (cancelled_.load()) return CancelStatus();
-  channel_->Abort(status);
+  AbortChannels(status);
   return status;
 }
 

@@ -54,11 +54,14 @@
 #include "engine/backend.h"
 #include "engine/data.h"
 #include "engine/job_spec.h"
+#include "engine/mesh_collective.h"
 #include "engine/optimizer.h"
+#include "engine/pipeline_stage.h"
 #include "engine/stage.h"
 #include "engine/stage_file.h"
 #include "scheduler/action.h"
 #include "transport/tcp/tcp_channel.h"
+#include "transport/tcp/tcp_header_link.h"
 #include "worker/device_backends.h"
 #include "worker/stage_executor.h"
 
@@ -143,11 +146,25 @@ class JobRunner {
   // Steps completed so far.
   int64_t steps_done() const { return steps_done_.load(); }
 
-  // Connects to the other ranks; peers[r] is rank r's data endpoint. Returns
+  // For JobReady: the GPU's UUID ("" on the CPU), whether this rank can put
+  // its tensors on NCCL, and on rank 0 of such a job the NCCL id it created
+  // (empty when it could not: the coordinator then keeps the job on TCP).
+  const std::string& device_uuid() const { return device_uuid_; }
+  bool nccl() const { return nccl_; }
+  const std::string& nccl_unique_id() const { return nccl_unique_id_; }
+
+  // Connects to the other ranks; peers[r] is rank r's data endpoint. With a
+  // non-empty `nccl_unique_id` (the coordinator's choice, StartJob) the
+  // rank then joins the job's NCCL communicator and its tensors travel
+  // over NCCL, announced over the TCP connections (TcpHeaderLink). Returns
   // the cancel status if Cancel came first, else the channel's Connect
   // errors (InvalidArgument, PermissionDenied, FailedPrecondition,
-  // DeadlineExceeded); the channel is aborted on failure.
-  absl::Status Start(const std::vector<std::string>& peers);
+  // DeadlineExceeded) or NcclChannel's (DeadlineExceeded when a rank never
+  // joined within the connect timeout); the channels are aborted on
+  // failure. A Cancel while joining NCCL takes effect once the join ends
+  // (bounded by the connect timeout).
+  absl::Status Start(const std::vector<std::string>& peers,
+                     const std::string& nccl_unique_id = "");
 
   // Runs the remaining steps, calling on_step (on this thread) after each,
   // then writes the checkpoint if the program has a directory. Returns the
@@ -165,10 +182,19 @@ class JobRunner {
 
  private:
   JobRunner(v1::JobProgram program, engine::JobSpec job,
-            engine::Backend* backend)
-      : program_(std::move(program)), job_(std::move(job)), backend_(backend) {}
+            engine::Backend* backend, DeviceBackends* backends)
+      : program_(std::move(program)),
+        job_(std::move(job)),
+        backend_(backend),
+        backends_(backends) {}
 
   absl::Status Build(const JobRunnerOptions& options);
+  // The executor, moving tensors through `channel`.
+  absl::Status CreateExecutor(transport::Channel* channel);
+  // Joins the job's NCCL communicator (Start).
+  absl::Status JoinNccl(const std::string& nccl_unique_id);
+  // Aborts the NCCL channel, if any, then the TCP one.
+  void AbortChannels(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status RunSteps(
       const std::function<void(const StepProgress&)>& on_step);
   // Sums `value` over all ranks through the channel (see job_runner.cc).
@@ -186,16 +212,30 @@ class JobRunner {
   const v1::JobProgram program_;
   engine::JobSpec job_;
   engine::Backend* const backend_;
+  DeviceBackends* const backends_;  // Null: the CPU.
   std::chrono::milliseconds recv_timeout_{kDefaultRecvTimeout};
+  std::chrono::milliseconds connect_timeout_{10000};
+  std::string device_uuid_;
+  bool nccl_ = false;
+  std::string nccl_unique_id_;
   std::function<void(const CheckpointWrite&)> on_checkpoint_;
   std::chrono::milliseconds checkpoint_delay_{0};
 
-  std::vector<std::unique_ptr<engine::Stage>> stages_;  // Ascending index.
+  // With pipeline.devices_per_stage > 1: moves tensors between the devices
+  // the stages are replicated on. Outlives the stages.
+  std::unique_ptr<engine::MeshCollective> mesh_;
+  // Stages (MeshStages on a mesh), ascending index.
+  std::vector<std::unique_ptr<engine::PipelineStage>> stages_;
   std::unique_ptr<engine::DataSource> data_;
   std::unique_ptr<engine::Optimizer> optimizer_;
   std::vector<scheduler::Action> actions_;
-  // Declared before the executor, which points at it, and destroyed after.
+  // Destroyed in reverse: the executor before the channel it uses, the
+  // NCCL channel before the header link it announces over, the link before
+  // the TCP channel carrying it.
   std::unique_ptr<transport::TcpChannel> channel_;
+  std::unique_ptr<transport::TcpHeaderLink> header_link_;
+  // Set by Start when the job is on NCCL; read by Cancel.
+  std::unique_ptr<transport::Channel> nccl_channel_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<StageExecutor> executor_;
   std::string data_endpoint_;
 

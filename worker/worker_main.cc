@@ -21,6 +21,7 @@
 
 #include "CLI/CLI.hpp"              // defines: CLI::App, CLI::ParseError
 #include "absl/status/status.h"     // defines: absl::Status
+#include "absl/strings/ascii.h"     // defines: absl::StripAsciiWhitespace
 #include "absl/strings/match.h"     // defines: absl::StartsWith
 #include "absl/strings/str_cat.h"   // defines: absl::StrCat
 #include "absl/strings/str_join.h"  // defines: absl::StrJoin
@@ -92,6 +93,21 @@ absl::Status CheckAddress(absl::string_view flag, const std::string& address) {
   return absl::OkStatus();
 }
 
+// --devices as the coordinator lists them: a bare number takes the kind of
+// the entry before it (DeviceBackends::Create accepts both), so
+// "cuda:0,1" registers as cuda:0 and cuda:1.
+std::vector<std::string> SpelledOut(const std::vector<std::string>& devices) {
+  std::vector<std::string> out;
+  std::string kind;
+  for (const std::string& entry : devices) {
+    const std::string d(absl::StripAsciiWhitespace(entry));
+    const size_t colon = d.find(':');
+    if (colon != std::string::npos) kind = d.substr(0, colon + 1);
+    out.push_back(colon != std::string::npos ? d : kind + d);
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -118,9 +134,14 @@ int main(int argc, char** argv) {
                  "The coordinator's host:port")
       ->envname("CONVEYOR_COORDINATOR")
       ->capture_default_str();
-  app.add_option("--devices", options.devices,
-                 "The device to compute on: cpu:N (N cores) or cuda:K (GPU "
-                 "ordinal K; one per worker)")
+  app.add_option(
+         "--devices", options.devices,
+         "The devices to compute on, comma-separated or in repeated flags: "
+         "cpu:N (the CPU, N cores); cpu:N,cpu:N,... (a CPU mesh of that many "
+         "devices sharing the CPU, for development); cuda:K (GPU ordinal K); "
+         "cuda:K,L,... or cuda:K,cuda:L,... (a mesh of those GPUs). CUDA "
+         "comes from libconveyor_cuda.so next to this binary, or the file "
+         "CONVEYOR_CUDA_PLUGIN names")
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--data-address", options.data_address,
@@ -196,16 +217,19 @@ int main(int argc, char** argv) {
                ? kExitFailure
                : conveyor::kExitUsage;
   }
-  // A GPU worker opens its device now: one that cannot use it must not
+  // A GPU worker opens its devices now: one that cannot use them must not
   // register and be handed jobs.
-  if (absl::StatusOr<conveyor::engine::Backend*> device =
-          (*backends)->Get(conveyor::engine::Precision::kFp32);
-      !device.ok()) {
-    std::cerr << "conveyor-worker: --devices: " << device.status().message()
-              << "\n";
-    return kExitFailure;
+  for (int d = 0; d < (*backends)->size(); ++d) {
+    if (absl::StatusOr<conveyor::engine::Backend*> device =
+            (*backends)->Get(d, conveyor::engine::Precision::kFp32);
+        !device.ok()) {
+      std::cerr << "conveyor-worker: --devices: " << device.status().message()
+                << "\n";
+      return kExitFailure;
+    }
   }
   options.backends = backends->get();
+  options.devices = SpelledOut(options.devices);
 
   options.checkpoint_delay = std::chrono::milliseconds(checkpoint_delay_ms);
   if (checkpoint_delay_ms > 0) {

@@ -126,6 +126,12 @@ TEST(FormatStateLineTest, DescribesEachState) {
   EXPECT_EQ(FormatStateLine(job),
             "job-7 (mlp): RUNNING: 1f1b: 2 worker(s) x 1 virtual stage(s) = 2 "
             "stage(s); batch 128 in 4 microbatch(es) on worker-1, worker-2");
+  job.set_devices_per_stage(2);
+  job.set_data_plane("nccl");
+  EXPECT_EQ(FormatStateLine(job),
+            "job-7 (mlp): RUNNING: 1f1b: 2 worker(s) x 1 virtual stage(s) = 2 "
+            "stage(s); batch 128 in 4 microbatch(es) on worker-1, worker-2, 2 "
+            "devices per stage; data plane: nccl");
 }
 
 TEST(FormatOutcomeTest, SaysHowTheJobEnded) {
@@ -166,6 +172,21 @@ TEST(FormatJobDetailsTest, ShowsCheckpointsResumeAndRestarts) {
   EXPECT_THAT(text, HasSubstr("from step 20 (/ckpt/run/step-20)"));
   EXPECT_THAT(text, HasSubstr("1 of at most 2; last after: worker-2 (b, rank "
                               "1, stages 1) lost"));
+}
+
+TEST(FormatJobDetailsTest, ShowsDevicesPerStageAndTheDataPlane) {
+  v1::Job job = RunningJob();
+  std::string text = FormatJobDetails(job, absl::FromUnixMillis(0));
+  EXPECT_THAT(text, Not(HasSubstr("devices")));
+  EXPECT_THAT(text, Not(HasSubstr("data plane")));
+  job.set_devices_per_stage(2);
+  job.set_data_plane("tcp (ranks 0 and 1 share GPU GPU-a)");
+  text = FormatJobDetails(job, absl::FromUnixMillis(0));
+  EXPECT_THAT(text,
+              HasSubstr("  devices     2 per stage (each microbatch split "
+                        "over them)\n"));
+  EXPECT_THAT(text,
+              HasSubstr("  data plane  tcp (ranks 0 and 1 share GPU GPU-a)\n"));
 }
 
 TEST(FormatJobDetailsTest, ShowsTheAutoSplitOnceChosen) {

@@ -2,7 +2,8 @@
 # ($dir), background processes to stop at exit (append their pids to
 # `pids`), and `check NAME COMMAND...`, which counts; `finish` prints the
 # counts and fails when a check did. Helpers for jobs: `wait_for`, `field`
-# and `job_ended` (these two need $ctl and $address), `same_tensors`.
+# and `job_ended` (these two need $ctl and $address), `same_tensors`,
+# `allclose`.
 dir=$(mktemp -d)
 pids=()
 cleanup() {
@@ -55,5 +56,29 @@ def tensors(path):
             for k, v in header.items() if k != "__metadata__"}
 a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
 sys.exit(0 if a == b and a else 1)
+PY
+}
+allclose() {  # allclose A B RTOL ATOL: every f32 tensor of two safetensors files
+  python3 - "$@" <<'PY'
+import json, struct, sys
+def tensors(path):
+    data = open(path, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    body = data[8 + n:]
+    out = {}
+    for k, v in header.items():
+        if k == "__metadata__":
+            continue
+        b, e = v["data_offsets"]
+        out[k] = struct.unpack(f"<{(e - b) // 4}f", body[b:e])
+    return out
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+rtol, atol = float(sys.argv[3]), float(sys.argv[4])
+if a.keys() != b.keys() or not a:
+    sys.exit(f"different tensors: {sorted(a)} vs {sorted(b)}")
+worst = max(abs(x - y) - rtol * abs(y) for k in a for x, y in zip(a[k], b[k]))
+print(f"worst excess over rtol {rtol}: {worst:.3g} (atol {atol})")
+sys.exit(0 if worst <= atol else 1)
 PY
 }

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Jobs on a GPU through the real daemons: `conveyorctl run --devices cuda:0`
-# starts two workers sharing GPU 0. A 2-stage MLP must end with parameters
-# allclose to the CPU reference (`run --in-process`), in fp32 and in bf16
-# (whose reference is the CPU's bf16 emulation), and examples/transformer.yaml
-# and examples/gpt.yaml must train. Skipped (exit 77) where no worker can
-# open cuda:0. Needs WORKER and CONVEYORCTL (the binaries' paths).
+# Jobs on GPUs through the real daemons. `conveyorctl run --devices cuda:0`
+# starts two workers sharing GPU 0 (tensors over TCP): a 2-stage MLP must end
+# with parameters allclose to the CPU reference (`run --in-process`), in fp32
+# and in bf16 (whose reference is the CPU's bf16 emulation), and
+# examples/transformer.yaml and examples/gpt.yaml must train. With two GPUs
+# or more, also: one worker per GPU (`--devices cuda:0 --devices cuda:1`),
+# whose tensors must go over NCCL, and stages data parallel over a mesh of
+# two GPUs (`devices_per_stage: 2`, `--devices cuda:0,1`), both allclose to
+# the reference. Skipped (exit 77) where no worker can open cuda:0. Needs
+# WORKER and CONVEYORCTL (the binaries' paths).
 set -u
 worker=${WORKER:?}
 ctl=${CONVEYORCTL:?}
@@ -19,7 +23,7 @@ if grep -q -- "--devices" "$dir/probe.log"; then
   exit 77
 fi
 
-mlp() {  # mlp DIR PRECISION
+mlp() {  # mlp DIR PRECISION [DEVICES_PER_STAGE]
   cat <<YAML
 name: gpu-mlp
 model:
@@ -35,33 +39,9 @@ model:
 data: {source: synthetic-regression, seed: 0}
 training: {steps: 10, batch_size: 64, microbatches: 4, precision: $2}
 optimizer: {kind: sgd, lr: 0.05}
-pipeline: {schedule: 1f1b}
+pipeline: {schedule: 1f1b, devices_per_stage: ${3:-1}}
 checkpoint: {dir: $1}
 YAML
-}
-allclose() {  # allclose A B RTOL ATOL: every tensor of two safetensors files
-  python3 - "$@" <<'PY'
-import json, struct, sys
-def tensors(path):
-    data = open(path, "rb").read()
-    n = struct.unpack("<Q", data[:8])[0]
-    header = json.loads(data[8:8 + n])
-    body = data[8 + n:]
-    out = {}
-    for k, v in header.items():
-        if k == "__metadata__":
-            continue
-        b, e = v["data_offsets"]
-        out[k] = struct.unpack(f"<{(e - b) // 4}f", body[b:e])
-    return out
-a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
-rtol, atol = float(sys.argv[3]), float(sys.argv[4])
-if a.keys() != b.keys() or not a:
-    sys.exit(f"different tensors: {sorted(a)} vs {sorted(b)}")
-worst = max(abs(x - y) - rtol * abs(y) for k in a for x, y in zip(a[k], b[k]))
-print(f"worst excess over rtol {rtol}: {worst:.3g} (atol {atol})")
-sys.exit(0 if worst <= atol else 1)
-PY
 }
 
 for precision in fp32 bf16; do
@@ -75,6 +55,27 @@ for precision in fp32 bf16; do
   check "$precision: GPU parameters allclose to the CPU's" \
     allclose "$dir/gpu-$precision.safetensors" "$dir/cpu-$precision/params.safetensors" 1e-4 1e-5
 done
+
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+if [ "${gpus:-0}" -ge 2 ]; then
+  # One worker per GPU: the coordinator puts the tensors on NCCL.
+  mlp "$dir/nccl" fp32 >"$dir/nccl.yaml"
+  "$ctl" run "$dir/nccl.yaml" --devices cuda:0 --devices cuda:1 >"$dir/nccl.out" 2>&1
+  check "one worker per GPU succeeds" test $? -eq 0
+  check "... with its tensors over NCCL" grep -q "data plane: nccl" "$dir/nccl.out"
+  "$ctl" export "$dir/nccl" -o "$dir/nccl.safetensors" >/dev/null
+  check "NCCL parameters allclose to the CPU's" \
+    allclose "$dir/nccl.safetensors" "$dir/cpu-fp32/params.safetensors" 1e-4 1e-5
+  # Each stage data parallel over both GPUs (the workers share the mesh).
+  mlp "$dir/mesh" fp32 2 >"$dir/mesh.yaml"
+  "$ctl" run "$dir/mesh.yaml" --devices cuda:0,1 >"$dir/mesh.out" 2>&1
+  check "stages on a mesh of two GPUs succeed" test $? -eq 0
+  "$ctl" export "$dir/mesh" -o "$dir/mesh.safetensors" >/dev/null
+  check "mesh parameters allclose to the CPU's" \
+    allclose "$dir/mesh.safetensors" "$dir/cpu-fp32/params.safetensors" 1e-4 1e-5
+else
+  echo "fewer than 2 GPUs: NCCL and mesh runs not tried"
+fi
 
 for example in transformer gpt; do
   "$ctl" run "$root/examples/$example.yaml" --devices cuda:0 --steps 20 \

@@ -45,6 +45,7 @@ struct JobOptions {
   int virtual_stages = 1;
   bool clip = false;
   int steps = 3;
+  int devices_per_stage = 1;  // > 1: every stage on a CPU mesh.
 };
 
 // An MLP with `stages` stages (one dense + gelu each, then a head).
@@ -69,7 +70,8 @@ std::string JobYaml(const JobOptions& o) {
       o.clip ? ", clip_grad_norm: 0.05" : "",
       "}\n"
       "pipeline: {schedule: ",
-      o.schedule, ", virtual_stages: ", o.virtual_stages, "}\n");
+      o.schedule, ", virtual_stages: ", o.virtual_stages,
+      ", devices_per_stage: ", o.devices_per_stage, "}\n");
 }
 
 // The coordinator's programs for `yaml`, one per rank.
@@ -207,7 +209,8 @@ class JobRunnerEqualsReferenceTest : public ::testing::TestWithParam<Case> {};
 
 // Without clipping every rank runs the reference's kernels in the same
 // order: bitwise equal. With clipping the global norm is summed across ranks
-// in another order than the reference's: allclose.
+// in another order than the reference's, and on a mesh each weight gradient
+// is a sum of the devices' partial sums: allclose.
 TEST_P(JobRunnerEqualsReferenceTest, FinalParametersLossesAndRates) {
   const Case& c = GetParam();
   const std::string yaml = JobYaml(c.job);
@@ -218,7 +221,7 @@ TEST_P(JobRunnerEqualsReferenceTest, FinalParametersLossesAndRates) {
   ASSERT_EQ(got.params.size(), want.params.size());
   for (const auto& [name, values] : want.params) {
     ASSERT_TRUE(got.params.count(name)) << name;
-    if (c.job.clip) {
+    if (c.job.clip || c.job.devices_per_stage > 1) {
       EXPECT_TRUE(engine::testing_util::AllClose(got.params.at(name), values,
                                                  1e-5, 1e-6))
           << c.what << ": " << name;
@@ -249,7 +252,17 @@ INSTANTIATE_TEST_SUITE_P(
               .virtual_stages = 2,
               .clip = true},
              "interleaved P=2 V=2 clipped",
-             "InterleavedV2Clipped"}),
+             "InterleavedV2Clipped"},
+        Case{{.schedule = "1f1b", .stages = 2, .devices_per_stage = 2},
+             "1f1b P=2, 2 devices per stage",
+             "OneFOneBMeshOfTwo"},
+        Case{{.schedule = "interleaved-1f1b",
+              .stages = 4,
+              .virtual_stages = 2,
+              .clip = true,
+              .devices_per_stage = 4},
+             "interleaved P=2 V=2 clipped, 4 devices per stage",
+             "InterleavedV2ClippedMeshOfFour"}),
     [](const ::testing::TestParamInfo<Case>& info) {
       return std::string(info.param.name);
     });
