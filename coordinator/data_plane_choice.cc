@@ -7,11 +7,8 @@
 namespace conveyor::coordinator {
 namespace {
 
-// NCCL_UNIQUE_ID_BYTES; anything else is not an id NCCL made.
-constexpr size_t kNcclUniqueIdBytes = 128;
-
 DataPlaneChoice Tcp(const std::string& why) {
-  return {.nccl_unique_id = "", .description = absl::StrCat("tcp (", why, ")")};
+  return {.nccl = false, .description = absl::StrCat("tcp (", why, ")")};
 }
 
 }  // namespace
@@ -33,12 +30,7 @@ DataPlaneChoice ChooseDataPlane(const std::vector<v1::JobReady>& ready) {
                               rank.device_uuid()));
     }
   }
-  if (ready[0].nccl_unique_id().size() != kNcclUniqueIdBytes) {
-    return Tcp(absl::StrCat("rank 0 reported an NCCL id of ",
-                            ready[0].nccl_unique_id().size(), " bytes, not ",
-                            kNcclUniqueIdBytes));
-  }
-  return {.nccl_unique_id = ready[0].nccl_unique_id(), .description = "nccl"};
+  return {.nccl = true, .description = "nccl"};
 }
 
 }  // namespace conveyor::coordinator

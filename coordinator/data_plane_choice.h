@@ -17,8 +17,7 @@
 namespace conveyor::coordinator {
 
 struct DataPlaneChoice {
-  // Empty: TCP. Otherwise rank 0's NCCL id, relayed in StartJob.
-  std::string nccl_unique_id;
+  bool nccl = false;  // StartJob.nccl; false: TCP.
   // "nccl", or "tcp (why not NCCL)", for Job.data_plane and the log.
   std::string description;
 };

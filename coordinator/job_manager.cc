@@ -784,7 +784,7 @@ void JobManager::OnReady(WorkerRecord& w, const v1::JobReady& ready) {
   SPDLOG_INFO("{}: tensors over {}", job->info.id(), plane.description);
   v1::CoordinatorMessage m;
   m.mutable_start()->set_job_id(job->info.id());
-  m.mutable_start()->set_nccl_unique_id(plane.nccl_unique_id);
+  m.mutable_start()->set_nccl(plane.nccl);
   for (const std::string& e : job->endpoints) m.mutable_start()->add_peers(e);
   for (const std::string& id : ids) {
     const WorkerRecord* peer = FindWorker(id);

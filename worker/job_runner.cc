@@ -283,17 +283,6 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
     }
     nccl_ = !device_uuid_.empty() && backends_->nccl_available();
   }
-  if (nccl_ && rank == 0 && p > 1) {
-    absl::StatusOr<std::string> id = backends_->CreateNcclUniqueId();
-    if (id.ok()) {
-      nccl_unique_id_ = *std::move(id);
-    } else {
-      SPDLOG_WARN(
-          "{}: cannot create an NCCL id ({}); the job's tensors "
-          "stay on TCP",
-          DescribeRank(program_), id.status().ToString());
-    }
-  }
   return absl::OkStatus();
 }
 
@@ -316,7 +305,7 @@ absl::Status JobRunner::CreateExecutor(transport::Channel* channel) {
   return absl::OkStatus();
 }
 
-absl::Status JobRunner::JoinNccl(const std::string& nccl_unique_id) {
+absl::Status JobRunner::JoinNccl() {
   if (backends_ == nullptr || !nccl_) {
     return absl::FailedPreconditionError(absl::StrCat(
         DescribeRank(program_),
@@ -324,6 +313,19 @@ absl::Status JobRunner::JoinNccl(const std::string& nccl_unique_id) {
         "NCCL"));
   }
   const int p = program_.num_ranks(), rank = program_.rank();
+  // The id names a bootstrap root in rank 0's process that waits until
+  // every rank has joined, so it is made only now that the job uses it, and
+  // travels as rank 0's first message to each rank, ahead of any header.
+  std::string nccl_unique_id;
+  if (rank == 0) {
+    ASSIGN_OR_RETURN(nccl_unique_id, backends_->CreateNcclUniqueId());
+    for (int r = 1; r < p; ++r) {
+      RETURN_IF_ERROR(channel_->SendMessage(r, nccl_unique_id));
+    }
+  } else {
+    ASSIGN_OR_RETURN(nccl_unique_id,
+                     channel_->TakeMessage(0, connect_timeout_));
+  }
   header_link_ =
       std::make_unique<transport::TcpHeaderLink>(channel_.get(), rank, p);
   NcclJoin join;
@@ -369,7 +371,7 @@ std::vector<engine::Parameter*> JobRunner::parameters() const {
 }
 
 absl::Status JobRunner::Start(const std::vector<std::string>& peers,
-                              const std::string& nccl_unique_id) {
+                              bool nccl) {
   if (cancelled_.load()) return CancelStatus();
   if (static_cast<int>(peers.size()) != program_.num_ranks()) {
     return Fail(absl::InvalidArgumentError(
@@ -379,8 +381,8 @@ absl::Status JobRunner::Start(const std::vector<std::string>& peers,
   // Connect returns the abort status when Cancel aborts the channel while it
   // dials, so a cancel during a slow start is prompt too.
   RETURN_IF_ERROR(Fail(channel_->Connect(peers)));
-  if (nccl_unique_id.empty()) return absl::OkStatus();
-  return Fail(JoinNccl(nccl_unique_id));
+  if (!nccl) return absl::OkStatus();
+  return Fail(JoinNccl());
 }
 
 absl::Status JobRunner::Run(

@@ -146,25 +146,22 @@ class JobRunner {
   // Steps completed so far.
   int64_t steps_done() const { return steps_done_.load(); }
 
-  // For JobReady: the GPU's UUID ("" on the CPU), whether this rank can put
-  // its tensors on NCCL, and on rank 0 of such a job the NCCL id it created
-  // (empty when it could not: the coordinator then keeps the job on TCP).
+  // For JobReady: the GPU's UUID ("" on the CPU) and whether this rank can
+  // put its tensors on NCCL.
   const std::string& device_uuid() const { return device_uuid_; }
   bool nccl() const { return nccl_; }
-  const std::string& nccl_unique_id() const { return nccl_unique_id_; }
 
-  // Connects to the other ranks; peers[r] is rank r's data endpoint. With a
-  // non-empty `nccl_unique_id` (the coordinator's choice, StartJob) the
-  // rank then joins the job's NCCL communicator and its tensors travel
-  // over NCCL, announced over the TCP connections (TcpHeaderLink). Returns
-  // the cancel status if Cancel came first, else the channel's Connect
-  // errors (InvalidArgument, PermissionDenied, FailedPrecondition,
-  // DeadlineExceeded) or NcclChannel's (DeadlineExceeded when a rank never
-  // joined within the connect timeout); the channels are aborted on
-  // failure. A Cancel while joining NCCL takes effect once the join ends
-  // (bounded by the connect timeout).
-  absl::Status Start(const std::vector<std::string>& peers,
-                     const std::string& nccl_unique_id = "");
+  // Connects to the other ranks; peers[r] is rank r's data endpoint. With
+  // `nccl` (the coordinator's choice, StartJob) the ranks then join the
+  // job's NCCL communicator, whose id rank 0 creates now and sends to every
+  // rank over the TCP connections, and tensors travel over NCCL, announced
+  // over those connections (TcpHeaderLink). Returns the cancel status if
+  // Cancel came first, else the channel's Connect errors (InvalidArgument,
+  // PermissionDenied, FailedPrecondition, DeadlineExceeded) or NCCL's
+  // (DeadlineExceeded when a rank never joined within the connect
+  // timeout); the channels are aborted on failure. A Cancel while joining
+  // NCCL takes effect once the join ends (bounded by the connect timeout).
+  absl::Status Start(const std::vector<std::string>& peers, bool nccl = false);
 
   // Runs the remaining steps, calling on_step (on this thread) after each,
   // then writes the checkpoint if the program has a directory. Returns the
@@ -191,8 +188,9 @@ class JobRunner {
   absl::Status Build(const JobRunnerOptions& options);
   // The executor, moving tensors through `channel`.
   absl::Status CreateExecutor(transport::Channel* channel);
-  // Joins the job's NCCL communicator (Start).
-  absl::Status JoinNccl(const std::string& nccl_unique_id);
+  // Hands out the NCCL id (rank 0) or waits for it, then joins the job's
+  // NCCL communicator (Start).
+  absl::Status JoinNccl();
   // Aborts the NCCL channel, if any, then the TCP one.
   void AbortChannels(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status RunSteps(
@@ -217,7 +215,6 @@ class JobRunner {
   std::chrono::milliseconds connect_timeout_{10000};
   std::string device_uuid_;
   bool nccl_ = false;
-  std::string nccl_unique_id_;
   std::function<void(const CheckpointWrite&)> on_checkpoint_;
   std::chrono::milliseconds checkpoint_delay_{0};
 

@@ -93,7 +93,7 @@ struct WorkerSession::Job {
   std::shared_ptr<StreamWriter> writer;
   std::optional<std::vector<std::string>> peers;  // From StartJob.
   std::vector<std::string> peer_names;            // From StartJob.
-  std::string nccl_unique_id;                     // From StartJob.
+  bool nccl = false;                              // From StartJob.
   absl::Status cancel;                            // Not OK once cancelled.
   JobRunner* runner = nullptr;  // While the job thread holds one.
   bool ended = false;           // The worker is no longer busy with it.
@@ -446,7 +446,7 @@ void WorkerSession::OnStart(const v1::StartJob& start,
         job_->peers.emplace(start.peers().begin(), start.peers().end());
         job_->peer_names.assign(start.peer_names().begin(),
                                 start.peer_names().end());
-        job_->nccl_unique_id = start.nccl_unique_id();
+        job_->nccl = start.nccl();
       }
       return;
     }
@@ -664,13 +664,12 @@ absl::Status WorkerSession::RunJob(Job* job) {
   ready.mutable_ready()->set_data_endpoint(runner->data_endpoint());
   ready.mutable_ready()->set_device_uuid(runner->device_uuid());
   ready.mutable_ready()->set_nccl(runner->nccl());
-  ready.mutable_ready()->set_nccl_unique_id(runner->nccl_unique_id());
   job->writer->Write(ready);
   SPDLOG_INFO("{} ready, data plane on {}", program.job_id(),
               runner->data_endpoint());
 
   std::vector<std::string> peers;
-  std::string nccl_unique_id;
+  bool nccl = false;
   {
     absl::MutexLock lock(&mu_);
     auto started = [job]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -684,13 +683,13 @@ absl::Status WorkerSession::RunJob(Job* job) {
     }
     if (!job->cancel.ok()) return job->cancel;
     peers = *job->peers;
-    nccl_unique_id = job->nccl_unique_id;
+    nccl = job->nccl;
     if (metrics != nullptr) metrics->SetPeerNames(job->peer_names);
   }
-  RETURN_IF_ERROR(runner->Start(peers, nccl_unique_id));
+  RETURN_IF_ERROR(runner->Start(peers, nccl));
   SPDLOG_INFO("{} connected to {} peer(s), tensors over {}; running {} steps",
-              program.job_id(), peers.size() - 1,
-              nccl_unique_id.empty() ? "TCP" : "NCCL", program.steps());
+              program.job_id(), peers.size() - 1, nccl ? "NCCL" : "TCP",
+              program.steps());
   return runner->Run([&](const StepProgress& p) {
     v1::WorkerMessage m;
     v1::StepReport* r = m.mutable_step();

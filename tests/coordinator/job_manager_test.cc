@@ -236,47 +236,45 @@ TEST_F(JobManagerTest, StagesGoOnlyToWorkersWithDevicesPerStageDevices) {
 }
 
 // The coordinator decides the data plane from the JobReady reports, so all
-// ranks agree: NCCL with rank 0's id when each rank has a GPU of its own.
-TEST_F(JobManagerTest, StartJobRelaysRankZerosNcclIdOnlyWhenEveryRankCanUseIt) {
+// ranks agree: NCCL when each rank has a GPU of its own with NCCL.
+TEST_F(JobManagerTest, StartJobSaysNcclOnlyWhenEveryRankCanUseIt) {
   const std::string w1 = AddWorker("a", {"cuda:0"});
   const std::string w2 = AddWorker("b", {"cuda:1"});
-  const std::string id(128, 'x');
   auto ready = [&](const std::string& w, const std::string& job, int port,
-                   const std::string& uuid, const std::string& nccl_id) {
+                   const std::string& uuid) {
     v1::WorkerMessage m;
     m.mutable_ready()->set_job_id(job);
     m.mutable_ready()->set_data_endpoint(absl::StrCat("127.0.0.1:", port));
     m.mutable_ready()->set_device_uuid(uuid);
     m.mutable_ready()->set_nccl(true);
-    m.mutable_ready()->set_nccl_unique_id(nccl_id);
     Send(w, m);
   };
   absl::StatusOr<v1::Job> job = Submit(JobYaml(2));
   ASSERT_TRUE(job.ok()) << job.status();
-  ready(w2, job->id(), 5002, "GPU-b", "");
-  ready(w1, job->id(), 5001, "GPU-a", id);
+  ready(w2, job->id(), 5002, "GPU-b");
+  ready(w1, job->id(), 5001, "GPU-a");
   ASSERT_EQ(State(job->id()), v1::RUNNING);
   EXPECT_EQ(manager_.GetJob(job->id())->data_plane(), "nccl");
   for (const std::string& w : {w1, w2}) {
     auto start = Conn(w).Of(v1::CoordinatorMessage::kStart);
     ASSERT_EQ(start.size(), 1u);
-    EXPECT_EQ(start[0].start().nccl_unique_id(), id);
+    EXPECT_TRUE(start[0].start().nccl());
   }
   Ended(w1, job->id(), v1::SUCCEEDED);
   Ended(w2, job->id(), v1::SUCCEEDED);
 
-  // Both ranks on one GPU: TCP, and every rank hears so (an empty id).
+  // Both ranks on one GPU: TCP, and every rank hears so.
   absl::StatusOr<v1::Job> shared = Submit(JobYaml(2, "shared"));
   ASSERT_TRUE(shared.ok()) << shared.status();
-  ready(w1, shared->id(), 5001, "GPU-a", id);
-  ready(w2, shared->id(), 5002, "GPU-a", "");
+  ready(w1, shared->id(), 5001, "GPU-a");
+  ready(w2, shared->id(), 5002, "GPU-a");
   ASSERT_EQ(State(shared->id()), v1::RUNNING);
   EXPECT_EQ(manager_.GetJob(shared->id())->data_plane(),
             "tcp (ranks 0 and 1 share GPU GPU-a)");
   for (const std::string& w : {w1, w2}) {
     auto start = Conn(w).Of(v1::CoordinatorMessage::kStart);
     ASSERT_EQ(start.size(), 2u);
-    EXPECT_TRUE(start[1].start().nccl_unique_id().empty());
+    EXPECT_FALSE(start[1].start().nccl());
   }
 }
 

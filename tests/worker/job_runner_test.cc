@@ -458,6 +458,34 @@ TEST(JobRunnerTest, CancelStopsBothRanksPromptly) {
   EXPECT_LT(got.losses.size(), 100000u);
 }
 
+// A coordinator that puts a CPU job on NCCL (a skewed or buggy one): every
+// rank refuses at Start, naming why, instead of waiting for an id.
+TEST(JobRunnerTest, NcclWithoutAGpuFailsStartOnEveryRank) {
+  const std::vector<v1::JobProgram> programs = Programs(JobYaml({}));
+  std::vector<std::unique_ptr<JobRunner>> runners;
+  std::vector<std::string> peers;
+  for (const v1::JobProgram& p : programs) {
+    auto runner = JobRunner::Create(p, {});
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    EXPECT_FALSE((*runner)->nccl());
+    EXPECT_EQ((*runner)->device_uuid(), "");
+    peers.push_back((*runner)->data_endpoint());
+    runners.push_back(*std::move(runner));
+  }
+  std::vector<absl::Status> statuses(runners.size());
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < runners.size(); ++r) {
+    threads.emplace_back(
+        [&, r] { statuses[r] = runners[r]->Start(peers, /*nccl=*/true); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : statuses) {
+    EXPECT_FALSE(s.ok());
+  }
+  EXPECT_EQ(statuses[0].code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(statuses[0].message(), HasSubstr("cannot use NCCL"));
+}
+
 TEST(JobRunnerTest, CancelBeforeStartFailsStart) {
   const std::vector<v1::JobProgram> programs = Programs(JobYaml({}));
   auto runner = JobRunner::Create(programs[0], {});

@@ -7,39 +7,32 @@
 // communication stream ordered after compute by events, async errors
 // polled, ncclCommAbort on failure).
 //
-// How the worker uses it (not wired yet; proto and worker change with it):
-//  1. Prepare. When a job's program arrives, rank 0's worker calls
-//     CreateNcclUniqueId() and reports the 128 bytes in JobReady (a new
-//     `bytes nccl_unique_id` field) next to its data-plane endpoint. The id
-//     names a bootstrap socket in rank 0's process, so rank 0 creates it
-//     (never the coordinator, which may not be reachable from the GPUs'
-//     network) and must stay up until every rank has joined. Every worker
-//     also reports its device (cuda:K and the GPU's UUID, for the same-GPU
-//     check below).
-//  2. Start. The coordinator relays the id in StartJob, with the endpoints.
-//     Each worker connects its TcpChannel as today (it carries the header
-//     messages: a HeaderLink over the existing connections, one new frame
-//     kind), then calls NcclChannel::Create with its rank, the job's world
-//     size, its device ordinal and CudaBackend, the unique id, the
-//     data-plane job number, peers = its pipeline neighbours, and
-//     init_timeout = the program's connect timeout. Every rank calls Create
-//     at about the same time: it returns once all of them have joined and
-//     each has connected to its peers, or fails with DeadlineExceeded (a
-//     rank never came), which fails the job like a failed Connect.
-//  3. Fallback to TCP: NCCL refuses two ranks on one GPU, and cannot reach
-//     a CPU rank. When any two ranks of the job share a GPU (same UUID) or
-//     any rank runs on the CPU, the whole job keeps the TcpChannel for
-//     tensors (it stages device tensors through host memory), decided by
-//     the coordinator from the reported devices and sent in StartJob, so
-//     every rank makes the same choice. (Mixing both per peer pair is
-//     possible later: the ranks on NCCL would need their own communicator.)
+// How the worker uses it (worker/job_runner.cc; docs/cuda.md, "Where it
+// runs"):
+//  1. Prepare. Every rank reports in JobReady its GPU's UUID and whether
+//     its worker has NCCL.
+//  2. Decide. The coordinator puts the job on NCCL only when every rank has
+//     a GPU of its own with NCCL (NCCL refuses two ranks on one GPU and
+//     cannot reach a CPU rank), else on TCP, and says so in StartJob, so
+//     every rank makes the same choice.
+//  3. Start. Each worker connects its TcpChannel as for any job (it carries
+//     the header messages: TcpHeaderLink, over message frames). Rank 0 then
+//     calls CreateNcclUniqueId() and sends the id to every rank as its
+//     first message; the id names a bootstrap root in rank 0's process,
+//     which waits until every rank has joined, so it is made only for a job
+//     that uses it. Each rank calls Create with its rank, the world size,
+//     its device and CudaBackend, the id, the job number, its pipeline
+//     neighbours as peers and the connect timeout as init_timeout; it
+//     returns once all ranks have joined and connected, or fails with
+//     DeadlineExceeded, which fails the job like a failed Connect.
 //  4. Run. The StageExecutor gets the NcclChannel as its Channel; tensors
 //     it sends must stay unmodified after Send (as with every channel),
 //     and it receives device tensors of its backend.
 //  5. End. A cancel or a failure calls Abort (ncclCommAbort; the peers
 //     hear of it over the header link and abort too). The channel is
-//     destroyed before the backend; the destructor finishes the rounds
-//     already proposed and shuts the communicator down.
+//     destroyed before the header link and the backend; the destructor
+//     finishes the rounds already proposed and shuts the communicator
+//     down.
 //
 // Thread-safe, as every Channel.
 #ifndef CONVEYOR_TRANSPORT_NCCL_NCCL_CHANNEL_H_

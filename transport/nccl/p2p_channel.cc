@@ -319,7 +319,11 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
       // After a goodbye, the link closing is expected; a rank this one
       // exchanges nothing with is its peers' concern.
       if (peer.rounds_total || !peer.is_peer) return absl::OkStatus();
-      return absl::UnavailableError(
+      // The link's code: Unavailable for a lost peer, the original code
+      // when the link broke because a rank aborted (TcpHeaderLink), so
+      // every rank fails with the reason's code.
+      return absl::Status(
+          in.link_error.code(),
           absl::StrCat("rank ", rank_, " lost its header link to rank ",
                        in.peer, ": ", in.link_error.message()));
     }

@@ -3,6 +3,7 @@
 #include <sys/mman.h>  // madvise
 #include <unistd.h>    // sysconf
 
+#include <algorithm>
 #include <asio.hpp>  // io_context, ip::tcp, steady_timer, async_read/write
 #include <atomic>
 #include <deque>
@@ -336,8 +337,39 @@ class TcpChannel::Impl {
     EncodeFrameHeader(MessageFrameHeader(config_.job, message.size()),
                       &frame->header);
     frame->message = std::move(message);
+    frame->droppable = true;
     asio::post(io_, [this, to, frame] { Enqueue(out_[to].get(), frame); });
     return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::string> TakeMessage(int from,
+                                          std::chrono::milliseconds timeout)
+      ABSL_LOCKS_EXCLUDED(handler_mu_) {
+    absl::MutexLock lock(&handler_mu_);
+    if (handler_ != nullptr) {
+      return absl::FailedPreconditionError(
+          "TakeMessage while a message handler is set");
+    }
+    auto find = [&] {
+      return std::find_if(pending_messages_.begin(), pending_messages_.end(),
+                          [&](const std::pair<int, std::string>& m) {
+                            return m.first == from;
+                          });
+    };
+    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(handler_mu_) {
+      return !handler_failure_.ok() || find() != pending_messages_.end();
+    };
+    handler_mu_.AwaitWithTimeout(absl::Condition(&ready),
+                                 absl::FromChrono(timeout));
+    if (auto it = find(); it != pending_messages_.end()) {
+      std::string message = std::move(it->second);
+      pending_messages_.erase(it);
+      return message;
+    }
+    if (!handler_failure_.ok()) return handler_failure_;
+    return absl::DeadlineExceededError(
+        absl::StrCat("rank ", config_.rank, " waited ", timeout.count(),
+                     " ms for a message from rank ", from));
   }
 
   void SetMessageHandler(MessageHandler* handler)
@@ -419,8 +451,12 @@ class TcpChannel::Impl {
   struct OutFrame {
     FrameHeaderBytes header;
     engine::Tensor tensor;  // Tensor frames.
-    std::string message;    // Abort frames.
-    bool final = false;     // Abort or goodbye: close the link after it.
+    std::string message;    // Abort and message frames.
+    // Message frames: dropped, not an error, once the peer closed its
+    // channel (HeaderLink's contract: a peer that stopped its end hears
+    // nothing more; two ranks closing together must not fail each other).
+    bool droppable = false;
+    bool final = false;  // Abort or goodbye: close the link after it.
     std::chrono::steady_clock::time_point queued;  // Tensor frames.
   };
 
@@ -650,7 +686,10 @@ class TcpChannel::Impl {
   // left to send to it, the job lost a rank; give its own abort frame, if
   // any, a moment to arrive first.
   void OutLinkLost(OutLink* l, const asio::error_code& ec) {
-    const bool undelivered = !l->queue.empty();
+    // Message frames to a peer that closed may go unread (see OutFrame).
+    const bool undelivered = std::any_of(
+        l->queue.begin(), l->queue.end(),
+        [](const std::shared_ptr<OutFrame>& f) { return !f->droppable; });
     CloseOutLink(l);
     if (closing_) return;
     std::string reason =
@@ -669,6 +708,7 @@ class TcpChannel::Impl {
   // --- I/O thread: writing --------------------------------------------------
 
   void Enqueue(OutLink* l, std::shared_ptr<OutFrame> frame) {
+    if (said_goodbye_[l->rank] && frame->droppable) return;
     if (said_goodbye_[l->rank] && !abort_handled_ && !closing_) {
       // The peer closed its channel: nobody would read this tensor.
       Fail(absl::FailedPreconditionError(
@@ -1115,6 +1155,11 @@ void TcpChannel::Abort(const absl::Status& status) { impl_->Fail(status); }
 
 absl::Status TcpChannel::SendMessage(int to, std::string message) {
   return impl_->SendMessage(to, std::move(message));
+}
+
+absl::StatusOr<std::string> TcpChannel::TakeMessage(
+    int from, std::chrono::milliseconds timeout) {
+  return impl_->TakeMessage(from, timeout);
 }
 
 void TcpChannel::SetMessageHandler(MessageHandler* handler) {

@@ -161,6 +161,13 @@ class TcpChannel final : public Channel {
   // Queues `message` for rank `to` (not the own rank). Errors as Send's, and
   // InvalidArgument for a message over kMaxMessageBytes.
   absl::Status SendMessage(int to, std::string message);
+  // Takes the first message from rank `from` that arrived and is not yet
+  // delivered, waiting at most `timeout`; only while no handler is set (a
+  // handler takes messages as they come). How rank 0 hands out the NCCL id
+  // before the ranks start their header links. DeadlineExceeded after
+  // `timeout`; the channel's status once it failed.
+  absl::StatusOr<std::string> TakeMessage(int from,
+                                          std::chrono::milliseconds timeout);
   // Starts delivering to `handler` (first what arrived before, then a
   // failure that happened before), on the I/O thread; nullptr stops, and
   // returns only once no callback runs any more. Callbacks must be quick

@@ -41,10 +41,13 @@ void TcpHeaderLink::OnMessage(int from, std::string message) {
 void TcpHeaderLink::OnChannelFailed(const absl::Status& status) {
   for (int peer = 0; peer < world_size_; ++peer) {
     if (peer == rank_) continue;
+    // The channel's code: Unavailable for a lost peer, the aborting
+    // rank's own code when an abort broke the channel.
     receiver_->OnLinkError(
-        peer, absl::UnavailableError(
-                  absl::StrCat("rank ", rank_, ": the header link to rank ",
-                               peer, " is broken: ", status.message())));
+        peer,
+        absl::Status(status.code(),
+                     absl::StrCat("rank ", rank_, ": the header link to rank ",
+                                  peer, " is broken: ", status.message())));
   }
 }
 

@@ -6,7 +6,9 @@
 // from a goodbye, and are keyed by the job's secret.
 //
 // A failed TcpChannel (a peer lost, an abort) breaks the link to every
-// peer: each gets OnLinkError with the channel's status.
+// peer: each gets OnLinkError with the channel's status code (Unavailable
+// for a lost peer; an aborting rank's own code, carried by its abort
+// frames, so the NCCL channel fails with the original reason's code).
 //
 // Thread-safe, as HeaderLink.
 #ifndef CONVEYOR_TRANSPORT_TCP_TCP_HEADER_LINK_H_

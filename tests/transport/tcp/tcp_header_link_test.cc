@@ -106,11 +106,17 @@ TEST(TcpHeaderLinkTest, MessagesArriveInOrderIncludingThoseBeforeStart) {
         std::string(1 + (i * 331) % kMaxMessageBytes, 'a' + i % 26));
     from2.push_back(absl::StrCat("two-", i));
   }
+  // How rank 0 hands out the NCCL id: its first message, taken before the
+  // link starts; everything after it stays for the link, in order.
+  ASSERT_TRUE(channels[0]->SendMessage(1, "the-nccl-id").ok());
   // Half of them before rank 1 starts its link: kept, then delivered first.
   for (int i = 0; i < 100; ++i) {
     ASSERT_TRUE(link0.Send(1, from0[i]).ok());
     ASSERT_TRUE(link2.Send(1, from2[i]).ok());
   }
+  absl::StatusOr<std::string> id = channels[1]->TakeMessage(0, 5s);
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(*id, "the-nccl-id");
   std::this_thread::sleep_for(20ms);
   Recorder r1;
   link1.Start(&r1);
@@ -125,6 +131,25 @@ TEST(TcpHeaderLinkTest, MessagesArriveInOrderIncludingThoseBeforeStart) {
   EXPECT_THAT(r1.From(2), ElementsAreArray(from2));
   EXPECT_TRUE(r1.errors().empty());
   link1.Stop();
+}
+
+TEST(TcpHeaderLinkTest, TakeMessageTimesOutOrReportsTheFailure) {
+  auto channels = Connected(2);
+  ASSERT_EQ(channels.size(), 2u);
+  absl::StatusOr<std::string> none = channels[1]->TakeMessage(0, 50ms);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(none.status().message(),
+              HasSubstr("waited 50 ms for a message from rank 0"));
+  // Rank 0 fails before sending its id: rank 1 hears why, at once.
+  std::thread fail([&] {
+    std::this_thread::sleep_for(50ms);
+    channels[0]->Abort(absl::UnavailableError("rank 0 has no NCCL id"));
+  });
+  const Clock::time_point start = Clock::now();
+  absl::StatusOr<std::string> failed = channels[1]->TakeMessage(0, 10s);
+  fail.join();
+  EXPECT_LT(Clock::now() - start, 5s);
+  EXPECT_THAT(failed.status().message(), HasSubstr("rank 0 has no NCCL id"));
 }
 
 TEST(TcpHeaderLinkTest, RefusesOversizedMessagesAndMessagesToItself) {
@@ -152,13 +177,28 @@ TEST(TcpHeaderLinkTest, AChannelFailureBreaksTheLinkToEveryPeer) {
   EXPECT_EQ(errors[0].first, 0);
   EXPECT_EQ(errors[1].first, 2);
   for (const auto& [peer, status] : errors) {
-    EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+    // The aborting rank's code, not a generic "unavailable".
+    EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
     EXPECT_THAT(status.message(), HasSubstr("rank 0's device failed"));
   }
   absl::Status s = link1.Send(2, "late");
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(s.message(), HasSubstr("header link to rank 2 is broken"));
   link1.Stop();
+}
+
+// Two ranks closing together: a header (say a round proposal) sent to a
+// peer that already said goodbye is dropped, as HeaderLink promises, and
+// does not fail the sender's channel (which would abort its other peers).
+TEST(TcpHeaderLinkTest, MessagesToAPeerThatClosedAreDroppedNotAnError) {
+  auto channels = Connected(2);
+  ASSERT_EQ(channels.size(), 2u);
+  channels[1].reset();  // Flushes, says goodbye, closes.
+  std::this_thread::sleep_for(200ms);
+  TcpHeaderLink link(channels[0].get(), 0, 2);
+  EXPECT_TRUE(link.Send(1, "late proposal").ok());
+  std::this_thread::sleep_for(100ms);
+  EXPECT_TRUE(channels[0]->status().ok()) << channels[0]->status();
 }
 
 engine::Tensor Filled(float value, int64_t rows) {
@@ -247,7 +287,7 @@ TEST(TcpHeaderLinkTest, APeersChannelFailureFailsAPendingRecvPromptly) {
   }
   std::thread killer([&] {
     std::this_thread::sleep_for(100ms);
-    channels[0]->Abort(absl::UnavailableError("rank 0 went away"));
+    channels[0]->Abort(absl::ResourceExhaustedError("rank 0 went away"));
   });
   const Clock::time_point start = Clock::now();
   const Tag tag = {.job = kJob,
@@ -260,6 +300,8 @@ TEST(TcpHeaderLinkTest, APeersChannelFailureFailsAPendingRecvPromptly) {
   EXPECT_FALSE(got.ok());
   EXPECT_LT(Clock::now() - start, 10s);
   EXPECT_THAT(got.status().message(), HasSubstr("rank 0 went away"));
+  // Rank 0's code reaches its peer: a policy reading codes sees the cause.
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted);
   p2p.clear();
   links.clear();
 }
