@@ -342,7 +342,9 @@ absl::Status JobRunner::JoinNccl() {
   }
   join.header_link = header_link_.get();
   join.precision = job_.training.precision;
-  join.init_timeout = connect_timeout_;
+  // Joining includes NCCL's bootstrap and connecting every peer (slower
+  // across nodes than a TCP dial), so it gets at least the receive timeout.
+  join.init_timeout = std::max(connect_timeout_, recv_timeout_);
   // A stalled NCCL group means a lost or hung peer: fail after as long as
   // a tensor may take to come.
   join.stall_timeout = recv_timeout_;

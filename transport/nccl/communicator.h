@@ -15,9 +15,9 @@
 //    group it is running wait forever. P2pChannel's rounds
 //    (p2p_channel.h) are what rule that out.
 //
-// Thread-safety: PrepareSend may be called from any thread (it is called by
-// Send's caller, the thread that drives the tensor's backend); every other
-// method from the channel's progress thread only.
+// Thread-safety: PrepareSend and Interrupt may be called from any thread
+// (PrepareSend by Send's caller, the thread that drives the tensor's
+// backend); every other method from the channel's progress thread only.
 #ifndef CONVEYOR_TRANSPORT_NCCL_COMMUNICATOR_H_
 #define CONVEYOR_TRANSPORT_NCCL_COMMUNICATOR_H_
 
@@ -114,6 +114,12 @@ class CommunicatorInterface {
   // Stops every outstanding operation at once (ncclCommAbort). Afterwards
   // only Quiescent may be called.
   virtual void Abort() = 0;
+
+  // Any thread: the channel is failing, so a Launch blocked in NCCL's
+  // connection setup returns Cancelled now instead of at its deadline (the
+  // progress thread then aborts). A cancel must not wait out the stall
+  // timeout. Implementations that never block need nothing.
+  virtual void Interrupt() {}
 
   // After Abort: whether the device can no longer touch the buffers of
   // groups that never completed, so they may be freed.

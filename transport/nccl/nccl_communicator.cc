@@ -179,6 +179,11 @@ absl::Status NcclCommunicator::WaitReady(absl::string_view what,
       return NcclStatus(state, absl::StrCat("rank ", options_.rank, ": ", what),
                         comm_.get());
     }
+    if (interrupted_.load()) {
+      comm_.reset();  // ncclCommAbort: stops NCCL's background work.
+      return absl::CancelledError(absl::StrCat(
+          "rank ", options_.rank, ": ", what, ": the channel is failing"));
+    }
     if (Clock::now() > deadline) {
       comm_.reset();  // ncclCommAbort: stops NCCL's background work.
       return absl::DeadlineExceededError(

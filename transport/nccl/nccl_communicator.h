@@ -26,6 +26,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -93,6 +94,7 @@ class NcclCommunicator final : public CommunicatorInterface {
   absl::StatusOr<bool> Poll(uint64_t id) override;
   absl::Status AsyncError() override;
   void Abort() override;
+  void Interrupt() override { interrupted_.store(true); }
   bool Quiescent() override;
   absl::Status Close(std::chrono::milliseconds timeout) override;
 
@@ -127,6 +129,7 @@ class NcclCommunicator final : public CommunicatorInterface {
   NcclCommPtr comm_;
   std::map<uint64_t, cudaEvent_t> groups_;  // Launched, not yet done.
   uint64_t next_group_ = 0;
+  std::atomic<bool> interrupted_{false};  // Ends WaitReady early.
 };
 
 }  // namespace conveyor::transport

@@ -154,10 +154,14 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
   }
 
   void Fail(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    SetStatusLocked(status.ok() ? absl::CancelledError(absl::StrCat(
-                                      "rank ", rank_, ": channel aborted"))
-                                : status);
+    {
+      absl::MutexLock lock(&mu_);
+      SetStatusLocked(status.ok() ? absl::CancelledError(absl::StrCat(
+                                        "rank ", rank_, ": channel aborted"))
+                                  : status);
+    }
+    // The progress thread may be blocked in a Launch: free it now.
+    comm_->Interrupt();
   }
 
   absl::Status status() const {
