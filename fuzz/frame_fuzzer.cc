@@ -105,6 +105,13 @@ void FuzzFrameHeader(const uint8_t* data, size_t size, uint64_t limit) {
     case FrameKind::kGoodbye:
       if (h->payload_bytes != 0) Fail("goodbye frame with a payload");
       break;
+    case FrameKind::kMessage:
+      // Read whole into a string for the message handler: bounded.
+      if (h->payload_bytes > conveyor::transport::kMaxMessageBytes ||
+          h->status_code != 0) {
+        Fail("message frame over the limit or with a status code");
+      }
+      break;
   }
 }
 
