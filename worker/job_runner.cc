@@ -71,6 +71,18 @@ absl::Status CreateDirectories(const std::filesystem::path& dir) {
 
 }  // namespace
 
+std::vector<int> PipelinePeers(int rank, int num_ranks, bool ring) {
+  std::vector<int> peers;
+  for (int peer : {rank - 1, rank + 1}) {
+    if (ring) peer = (peer + num_ranks) % num_ranks;
+    if (peer < 0 || peer >= num_ranks || peer == rank) continue;
+    if (std::find(peers.begin(), peers.end(), peer) == peers.end()) {
+      peers.push_back(peer);
+    }
+  }
+  return peers;
+}
+
 std::string DescribeRank(const v1::JobProgram& program) {
   std::vector<int> stages;
   for (const v1::StageProgram& sp : program.stages()) {
@@ -333,13 +345,7 @@ absl::Status JobRunner::JoinNccl() {
   join.world_size = p;
   join.unique_id = nccl_unique_id;
   join.job = program_.job_number();
-  // Pipeline neighbours, wrapping around: with virtual stages, stage P-1's
-  // activations go to stage P on rank 0. Symmetric, as NCCL rounds need.
-  if (p == 2) {
-    join.peers = {1 - rank};
-  } else if (p > 2) {
-    join.peers = {(rank + p - 1) % p, (rank + 1) % p};
-  }
+  join.peers = PipelinePeers(rank, p, job_.pipeline.virtual_stages > 1);
   join.header_link = header_link_.get();
   join.precision = job_.training.precision;
   // Joining includes NCCL's bootstrap and connecting every peer (slower
@@ -647,8 +653,9 @@ void JobRunner::Cancel(const absl::Status& status) {
 }
 
 void JobRunner::AbortChannels(const absl::Status& status) {
-  // NCCL first: its peers then hear this reason over the header link
-  // before the TCP channel's abort breaks that link.
+  // NCCL first, so a progress thread blocked in NCCL stops at once. The
+  // peers hear the reason from the TCP channel's abort frames, which break
+  // their header links with its code, failing their NCCL channels too.
   {
     absl::MutexLock lock(&mu_);
     if (nccl_channel_ != nullptr) nccl_channel_->Abort(status);

@@ -115,6 +115,13 @@ struct StepProgress {
   const RankStepResult* result = nullptr;
 };
 
+// The ranks `rank` exchanges tensors with, for the NCCL channel's peer list
+// (symmetric, as its rounds need): its pipeline neighbours. With virtual
+// stages (`ring`) the ends are neighbours too, since stage P-1 feeds stage
+// P on rank 0; without, leaving that edge out keeps the two ends' rounds
+// from waiting on each other.
+std::vector<int> PipelinePeers(int rank, int num_ranks, bool ring);
+
 // "rank 1 (stages 1, 3)" for `program`, to prefix failure messages with.
 std::string DescribeRank(const v1::JobProgram& program);
 

@@ -486,6 +486,30 @@ TEST(JobRunnerTest, NcclWithoutAGpuFailsStartOnEveryRank) {
   EXPECT_THAT(statuses[0].message(), HasSubstr("cannot use NCCL"));
 }
 
+TEST(JobRunnerTest,
+     PipelinePeersAreTheNeighboursAndCloseARingOnlyWithVirtualStages) {
+  using ::testing::ElementsAre;
+  EXPECT_THAT(PipelinePeers(0, 1, false), ElementsAre());
+  EXPECT_THAT(PipelinePeers(0, 2, false), ElementsAre(1));
+  EXPECT_THAT(PipelinePeers(1, 2, true), ElementsAre(0));
+  EXPECT_THAT(PipelinePeers(0, 4, false), ElementsAre(1));
+  EXPECT_THAT(PipelinePeers(2, 4, false), ElementsAre(1, 3));
+  EXPECT_THAT(PipelinePeers(3, 4, false), ElementsAre(2));
+  EXPECT_THAT(PipelinePeers(0, 4, true), ElementsAre(3, 1));
+  EXPECT_THAT(PipelinePeers(3, 4, true), ElementsAre(2, 0));
+  // Symmetric, as the NCCL channel's rounds need.
+  for (bool ring : {false, true}) {
+    for (int p = 1; p <= 5; ++p) {
+      for (int r = 0; r < p; ++r) {
+        for (int q : PipelinePeers(r, p, ring)) {
+          EXPECT_THAT(PipelinePeers(q, p, ring), ::testing::Contains(r))
+              << r << " -> " << q << " of " << p << (ring ? " (ring)" : "");
+        }
+      }
+    }
+  }
+}
+
 TEST(JobRunnerTest, CancelBeforeStartFailsStart) {
   const std::vector<v1::JobProgram> programs = Programs(JobYaml({}));
   auto runner = JobRunner::Create(programs[0], {});
