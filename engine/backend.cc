@@ -3,8 +3,14 @@
 #include <string>
 
 #include "common/status_macros.h"
+#include "engine/cpu/cpu_backend.h"
 
 namespace conveyor::engine {
+
+absl::StatusOr<Tensor> Backend::EmptyHostStaging(const Shape& shape,
+                                                 DType dtype) {
+  return CpuBackend::Get()->Empty(shape, dtype);
+}
 
 absl::StatusOr<Tensor> Backend::Zeros(const Shape& shape, DType dtype) {
   ASSIGN_OR_RETURN(Tensor t, Empty(shape, dtype));

@@ -73,6 +73,13 @@ class Backend {
   // Uninitialized memory. ResourceExhausted when the device is out of memory.
   virtual absl::StatusOr<Tensor> Empty(const Shape& shape, DType dtype) = 0;
   absl::StatusOr<Tensor> Zeros(const Shape& shape, DType dtype = DType::kF32);
+  // Uninitialized host memory to stage this backend's tensors through (the
+  // TCP channel's send and receive buffers): a tensor of the CPU backend,
+  // page-locked on CUDA so CopyToHost and CopyFromHost run at full DMA
+  // speed, plain memory by default. Thread-safe, unlike the rest of the
+  // interface: the TCP channel's I/O thread allocates with it.
+  virtual absl::StatusOr<Tensor> EmptyHostStaging(const Shape& shape,
+                                                  DType dtype);
   // Called by Buffer when the last tensor using it goes.
   virtual void FreeBuffer(void* data, size_t bytes) = 0;
   virtual absl::Status CopyFromHost(const void* src, size_t bytes,

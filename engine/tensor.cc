@@ -19,7 +19,13 @@ std::string ShapeString(const Shape& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-Buffer::~Buffer() { backend_->FreeBuffer(data_, bytes_); }
+Buffer::~Buffer() {
+  if (release_) {
+    release_(data_, bytes_);
+  } else {
+    backend_->FreeBuffer(data_, bytes_);
+  }
+}
 
 Tensor::Tensor(std::shared_ptr<Buffer> buffer, Shape shape, DType dtype,
                size_t offset_bytes)

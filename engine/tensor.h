@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,11 +32,21 @@ int64_t NumElements(const Shape& shape);
 // "[2, 3]".
 std::string ShapeString(const Shape& shape);
 
-// Memory a backend allocated; returned to it on destruction.
+// Memory a backend computes on; returned to it on destruction.
 class Buffer {
  public:
+  // Memory `backend` allocated: its FreeBuffer takes it back.
   Buffer(Backend* backend, void* data, size_t bytes)
       : backend_(backend), data_(data), bytes_(bytes) {}
+  // Memory lent to `backend` by someone else, who takes it back through
+  // `release` (page-locked host memory a device backend stages its tensors
+  // through: engine/host_staging_pool.h).
+  Buffer(Backend* backend, void* data, size_t bytes,
+         std::function<void(void*, size_t)> release)
+      : backend_(backend),
+        data_(data),
+        bytes_(bytes),
+        release_(std::move(release)) {}
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -48,6 +59,7 @@ class Buffer {
   Backend* backend_;
   void* data_;
   size_t bytes_;
+  std::function<void(void*, size_t)> release_;  // Empty: backend_.
 };
 
 template <typename T>

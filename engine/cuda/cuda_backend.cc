@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
 #include "common/status_macros.h"
+#include "engine/cpu/cpu_backend.h"
 #include "engine/cuda/cuda_status.h"  // defines: CudaStatus, CONVEYOR_CUDA_CHECK
 #include "engine/cuda/device_info.h"       // defines: ListCudaDevices
 #include "engine/cuda/internal/kernels.h"  // defines: the kernel launchers
@@ -167,7 +168,29 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
           },
           .release = [](void* ptr, size_t /*bytes*/) { (void)cudaFree(ptr); },
       });
+  b->host_staging_ = std::make_unique<HostStagingPool>(
+      [device](size_t bytes) -> absl::StatusOr<void*> {
+        // The TCP channel's I/O thread allocates too: make the device
+        // current there. Portable, so every context may DMA from it.
+        RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
+        void* ptr = nullptr;
+        if (const cudaError_t error =
+                cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable);
+            error != cudaSuccess) {
+          (void)cudaGetLastError();  // Not sticky; see cudaMalloc above.
+          return CudaStatus(
+              error, absl::StrCat("cuda:", device, ": cudaHostAlloc(", bytes,
+                                  " bytes)"));
+        }
+        return ptr;
+      },
+      [](void* ptr) { (void)cudaFreeHost(ptr); }, options.host_staging_bytes);
   return b;
+}
+
+absl::StatusOr<Tensor> CudaBackend::EmptyHostStaging(const Shape& shape,
+                                                     DType dtype) {
+  return host_staging_->Empty(CpuBackend::Get(), shape, dtype);
 }
 
 CudaBackend::CudaBackend(int device, const CudaBackendOptions& options)

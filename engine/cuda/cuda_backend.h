@@ -45,6 +45,7 @@
 #include "engine/cuda/caching_allocator.h"
 #include "engine/cuda/cublas_util.h"
 #include "engine/cuda/cuda_handles.h"
+#include "engine/host_staging_pool.h"
 #include "engine/precision.h"
 
 namespace conveyor::engine {
@@ -65,6 +66,10 @@ struct CudaBackendOptions {
   // cuBLAS workspace, allocated once at creation so cuBLAS never allocates
   // on the step path. 32 MiB is what cuBLAS recommends for Hopper.
   size_t cublas_workspace_bytes = size_t{32} << 20;
+  // Page-locked host memory kept for reuse by EmptyHostStaging (the TCP
+  // channel's staging of this device's tensors): a pipeline's activations
+  // and gradients, a few microbatches of them in flight per peer.
+  size_t host_staging_bytes = size_t{1} << 30;
 };
 
 class CudaBackend final : public Backend {
@@ -114,6 +119,10 @@ class CudaBackend final : public Backend {
 
   // --- Backend ---------------------------------------------------------------
   absl::StatusOr<Tensor> Empty(const Shape& shape, DType dtype) override;
+  // Page-locked (cudaHostAlloc, portable), pooled: staged copies run at DMA
+  // speed and no allocation costs milliseconds on the step path.
+  absl::StatusOr<Tensor> EmptyHostStaging(const Shape& shape,
+                                          DType dtype) override;
   void FreeBuffer(void* data, size_t bytes) override;
   absl::Status CopyFromHost(const void* src, size_t bytes,
                             const Tensor& dst) override;
@@ -225,6 +234,7 @@ class CudaBackend final : public Backend {
   CudaHostPtr<cuda_internal::DeviceScalars> host_scalars_;
   CudaHostPtr<int64_t> host_id_;
   std::unique_ptr<CachingAllocator> allocator_;
+  std::unique_ptr<HostStagingPool> host_staging_;
   absl::Status deferred_error_;
 };
 

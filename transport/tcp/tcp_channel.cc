@@ -289,12 +289,13 @@ class TcpChannel::Impl {
     if (!header.ok()) return header.status();
 
     // The I/O thread may read only host memory, and only the caller's thread
-    // may drive the tensor's backend: stage device tensors here.
+    // may drive the tensor's backend: stage device tensors here, in the
+    // backend's staging memory (page-locked on CUDA, so the copy runs at
+    // DMA speed).
     engine::Tensor payload = tensor;
-    engine::Backend* cpu = engine::CpuBackend::Get();
     if (!IsHost(tensor.backend())) {
       absl::StatusOr<engine::Tensor> host =
-          cpu->Empty(tensor.shape(), tensor.dtype());
+          tensor.backend()->EmptyHostStaging(tensor.shape(), tensor.dtype());
       if (!host.ok()) return host.status();
       absl::Status s =
           tensor.backend()->CopyToHost(tensor, host->raw(), tensor.bytes());
@@ -884,11 +885,14 @@ class TcpChannel::Impl {
       case FrameKind::kGradient: {
         // The header is validated: this allocates exactly the announced
         // (and bounded) size, and the payload lands in it directly.
+        // Into the receiving backend's staging memory: page-locked for a
+        // GPU, which Recv then copies it to at DMA speed.
         absl::StatusOr<engine::Tensor> tensor =
-            engine::CpuBackend::Get()->Empty(h.shape, h.dtype);
+            backend_->EmptyHostStaging(h.shape, h.dtype);
         if (!tensor.ok()) return BadFrame(link, tensor.status());
         link->tensor = *std::move(tensor);
-        HintHugePages(link->tensor.raw(), h.payload_bytes);
+        if (IsHost(backend_))
+          HintHugePages(link->tensor.raw(), h.payload_bytes);
         if (h.payload_bytes == 0) return OnTensor(link);
         asio::async_read(
             link->socket,
