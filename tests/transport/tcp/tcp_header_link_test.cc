@@ -208,25 +208,42 @@ engine::Tensor Filled(float value, int64_t rows) {
   return t;
 }
 
+// Two ranks as the worker wires them without a GPU: P2pChannels (the NCCL
+// channel's protocol) over FakeCommunicator, announcing tensors over
+// TcpHeaderLinks on connected TcpChannels. Members go in reverse: channels
+// before their links, links before the TCP channels carrying them.
+struct NcclOverTcp {
+  NcclOverTcp(std::chrono::milliseconds stall, std::chrono::milliseconds linger)
+      : channels(Connected(2)), comms(2) {
+    if (channels.size() != 2) return;
+    for (int r = 0; r < 2; ++r) {
+      links.push_back(std::make_unique<TcpHeaderLink>(channels[r].get(), r, 2));
+      P2pChannelOptions options;
+      options.job = kJob;
+      options.stall_timeout = stall;
+      options.linger = linger;
+      auto channel =
+          P2pChannel::Create(comms.Create(r), links[r].get(), options);
+      EXPECT_TRUE(channel.ok()) << channel.status();
+      if (!channel.ok()) return;
+      p2p.push_back(*std::move(channel));
+    }
+  }
+  bool ok() const { return p2p.size() == 2; }
+
+  std::vector<std::unique_ptr<TcpChannel>> channels;
+  FakeCommunicatorHub comms;
+  std::vector<std::unique_ptr<TcpHeaderLink>> links;
+  std::vector<std::unique_ptr<P2pChannel>> p2p;
+};
+
 // The worker's wiring without a GPU: P2pChannels (the NCCL channel's
 // protocol) over FakeCommunicator, announcing tensors over TcpHeaderLinks.
 // Both ranks send everything before receiving in reverse order.
 TEST(TcpHeaderLinkTest, CarriesTheNcclProtocolBetweenTwoRanks) {
-  auto channels = Connected(2);
-  ASSERT_EQ(channels.size(), 2u);
-  FakeCommunicatorHub comms(2);
-  std::vector<std::unique_ptr<TcpHeaderLink>> links;
-  std::vector<std::unique_ptr<P2pChannel>> p2p;
-  for (int r = 0; r < 2; ++r) {
-    links.push_back(std::make_unique<TcpHeaderLink>(channels[r].get(), r, 2));
-    P2pChannelOptions options;
-    options.job = kJob;
-    options.stall_timeout = 10s;
-    options.linger = 5s;
-    auto channel = P2pChannel::Create(comms.Create(r), links[r].get(), options);
-    ASSERT_TRUE(channel.ok()) << channel.status();
-    p2p.push_back(*std::move(channel));
-  }
+  NcclOverTcp job(10s, 5s);
+  ASSERT_TRUE(job.ok());
+  auto& p2p = job.p2p;
   constexpr int kTensors = 16;
   std::vector<std::thread> threads;
   for (int rank = 0; rank < 2; ++rank) {
@@ -262,29 +279,16 @@ TEST(TcpHeaderLinkTest, CarriesTheNcclProtocolBetweenTwoRanks) {
     });
   }
   for (std::thread& t : threads) t.join();
-  p2p.clear();  // Channels before their links, links before the TCP ones.
-  links.clear();
 }
 
 // A rank whose TCP channel fails (its process died, in effect) cannot
 // leave its peer waiting on the NCCL protocol: the peer's Recv fails with
 // the link error long before its timeout.
 TEST(TcpHeaderLinkTest, APeersChannelFailureFailsAPendingRecvPromptly) {
-  auto channels = Connected(2);
-  ASSERT_EQ(channels.size(), 2u);
-  FakeCommunicatorHub comms(2);
-  std::vector<std::unique_ptr<TcpHeaderLink>> links;
-  std::vector<std::unique_ptr<P2pChannel>> p2p;
-  for (int r = 0; r < 2; ++r) {
-    links.push_back(std::make_unique<TcpHeaderLink>(channels[r].get(), r, 2));
-    P2pChannelOptions options;
-    options.job = kJob;
-    options.stall_timeout = 30s;
-    options.linger = 1s;
-    auto channel = P2pChannel::Create(comms.Create(r), links[r].get(), options);
-    ASSERT_TRUE(channel.ok()) << channel.status();
-    p2p.push_back(*std::move(channel));
-  }
+  NcclOverTcp job(30s, 1s);
+  ASSERT_TRUE(job.ok());
+  auto& p2p = job.p2p;
+  auto& channels = job.channels;
   std::thread killer([&] {
     std::this_thread::sleep_for(100ms);
     channels[0]->Abort(absl::ResourceExhaustedError("rank 0 went away"));
@@ -302,8 +306,6 @@ TEST(TcpHeaderLinkTest, APeersChannelFailureFailsAPendingRecvPromptly) {
   EXPECT_THAT(got.status().message(), HasSubstr("rank 0 went away"));
   // Rank 0's code reaches its peer: a policy reading codes sees the cause.
   EXPECT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted);
-  p2p.clear();
-  links.clear();
 }
 
 }  // namespace
