@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 
@@ -52,15 +51,7 @@ HostStagingPool::~HostStagingPool() = default;
 
 absl::StatusOr<Tensor> HostStagingPool::Empty(Backend* host, const Shape& shape,
                                               DType dtype) {
-  uint64_t bytes = DTypeSize(dtype);
-  for (int64_t d : shape) {
-    if (d < 0 ||
-        __builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("host staging tensor of shape ", ShapeString(shape),
-                       ": negative or too large"));
-    }
-  }
+  ASSIGN_OR_RETURN(const uint64_t bytes, ShapeBytes(shape, dtype));
   if (bytes == 0) return host->Empty(shape, dtype);
   void* data = nullptr;
   {

@@ -19,6 +19,26 @@ std::string ShapeString(const Shape& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
+absl::StatusOr<uint64_t> ShapeBytes(const Shape& shape, DType dtype) {
+  uint64_t elements = 1;
+  bool overflow = false;
+  for (int64_t d : shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("negative dimension ", d));
+    }
+    overflow |=
+        __builtin_mul_overflow(elements, static_cast<uint64_t>(d), &elements);
+  }
+  uint64_t bytes = 0;
+  overflow |= __builtin_mul_overflow(
+      elements, static_cast<uint64_t>(DTypeSize(dtype)), &bytes);
+  if (overflow || elements > static_cast<uint64_t>(INT64_MAX)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape ", ShapeString(shape), " overflows"));
+  }
+  return bytes;
+}
+
 Buffer::~Buffer() {
   if (release_) {
     release_(data_, bytes_);

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "common/check.h"
 #include "engine/dtype.h"
 
@@ -31,6 +32,12 @@ int64_t NumElements(const Shape& shape);
 
 // "[2, 3]".
 std::string ShapeString(const Shape& shape);
+
+// The bytes a tensor of `shape` and `dtype` holds, for sizes that come from
+// outside (the wire, files): InvalidArgument "negative dimension N" or
+// "shape [..] overflows" (its element count or byte size beyond 64 bits or
+// its element count beyond int64), never a wrapped size.
+absl::StatusOr<uint64_t> ShapeBytes(const Shape& shape, DType dtype);
 
 // Memory a backend computes on; returned to it on destruction.
 class Buffer {

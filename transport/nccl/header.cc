@@ -88,10 +88,6 @@ absl::StatusOr<TensorHeader> DecodeTensorHeader(const char* p, uint64_t job,
                                 ", microbatch ", h.tag.microbatch, ", stage ",
                                 h.tag.stage, ")"));
   }
-  // The product is what the receiver allocates, so it must equal the
-  // announced byte count, computed without overflow.
-  uint64_t elements = 1;
-  bool overflow = false;
   h.shape.resize(ndim);
   for (int i = 0; i < kMaxTensorHeaderDims; ++i) {
     const auto dim = static_cast<int64_t>(GetU64(p + 32 + 8 * i));
@@ -102,17 +98,12 @@ absl::StatusOr<TensorHeader> DecodeTensorHeader(const char* p, uint64_t job,
     }
     if (dim < 0) return Invalid(absl::StrCat("negative dimension ", dim));
     h.shape[i] = dim;
-    overflow |=
-        __builtin_mul_overflow(elements, static_cast<uint64_t>(dim), &elements);
   }
-  uint64_t bytes_needed = 0;
-  overflow |= __builtin_mul_overflow(
-      elements, static_cast<uint64_t>(engine::DTypeSize(h.dtype)),
-      &bytes_needed);
-  if (overflow || elements > static_cast<uint64_t>(INT64_MAX)) {
-    return Invalid(
-        absl::StrCat("shape ", engine::ShapeString(h.shape), " overflows"));
-  }
+  // The product is what the receiver allocates, so it must equal the
+  // announced byte count.
+  absl::StatusOr<uint64_t> shape_bytes = engine::ShapeBytes(h.shape, h.dtype);
+  if (!shape_bytes.ok()) return Invalid(shape_bytes.status().message());
+  const uint64_t bytes_needed = *shape_bytes;
   if (bytes_needed != h.bytes) {
     return Invalid(absl::StrCat(
         engine::DTypeName(h.dtype), engine::ShapeString(h.shape), " needs ",

@@ -242,10 +242,6 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(const FrameHeaderBytes& bytes,
                                 ", microbatch ", h.microbatch, ", stage ",
                                 h.stage, ")"));
   }
-  // Element count and byte size with overflow checks: the product is what
-  // the reader will allocate, so it must equal the announced payload.
-  uint64_t elements = 1;
-  bool overflow = false;
   h.shape.resize(ndim);
   for (int i = 0; i < kMaxFrameDims; ++i) {
     const auto dim = static_cast<int64_t>(GetU64(p + 48 + 8 * i));
@@ -258,17 +254,12 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(const FrameHeaderBytes& bytes,
       return Invalid(absl::StrCat("negative dimension ", dim));
     }
     h.shape[i] = dim;
-    overflow |=
-        __builtin_mul_overflow(elements, static_cast<uint64_t>(dim), &elements);
   }
-  uint64_t bytes_needed = 0;
-  overflow |= __builtin_mul_overflow(
-      elements, static_cast<uint64_t>(engine::DTypeSize(h.dtype)),
-      &bytes_needed);
-  if (overflow || elements > static_cast<uint64_t>(INT64_MAX)) {
-    return Invalid(
-        absl::StrCat("shape ", engine::ShapeString(h.shape), " overflows"));
-  }
+  // The product is what the reader will allocate, so it must equal the
+  // announced payload.
+  absl::StatusOr<uint64_t> shape_bytes = engine::ShapeBytes(h.shape, h.dtype);
+  if (!shape_bytes.ok()) return Invalid(shape_bytes.status().message());
+  const uint64_t bytes_needed = *shape_bytes;
   if (bytes_needed != h.payload_bytes) {
     return Invalid(absl::StrCat(
         engine::DTypeName(h.dtype), engine::ShapeString(h.shape), " needs ",
