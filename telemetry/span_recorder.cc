@@ -42,6 +42,7 @@ SpanClass ClassOf(SpanKind kind) {
 
 void SpanRecorder::StartStep() {
   spans_.clear();  // Keeps the capacity: no allocation after the first step.
+  last_end_us_ = 0;
   if (!enabled_) return;
   step_start_ = Clock::now();
   step_start_unix_us_ = std::chrono::duration_cast<std::chrono::microseconds>(
@@ -49,25 +50,26 @@ void SpanRecorder::StartStep() {
                             .count();
 }
 
-SpanRecorder::Clock::time_point SpanRecorder::Record(
-    SpanKind kind, Clock::time_point start, int32_t stage, int32_t microbatch,
-    int32_t peer, uint64_t bytes) {
-  if (!enabled_) return start;
+SpanRecorder::Clock::time_point SpanRecorder::Record(SpanKind kind,
+                                                     int32_t stage,
+                                                     int32_t microbatch,
+                                                     int32_t peer,
+                                                     uint64_t bytes) {
+  if (!enabled_) return Clock::time_point();
   const Clock::time_point now = Clock::now();
-  using std::chrono::duration_cast;
-  using std::chrono::microseconds;
-  // Both ends are rounded from the step's start, so that back-to-back spans
-  // tile exactly and rounding never accumulates over a step's many spans.
-  const int64_t begin_us =
-      duration_cast<microseconds>(start - step_start_).count();
-  const int64_t end_us = duration_cast<microseconds>(now - step_start_).count();
+  // Ends are rounded from the step's start, so that rounding never
+  // accumulates over a step's many spans.
+  const int64_t end_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(now - step_start_)
+          .count();
   spans_.push_back(Span{.kind = kind,
                         .stage = stage,
                         .microbatch = microbatch,
                         .peer = peer,
-                        .start_us = begin_us,
-                        .duration_us = end_us - begin_us,
+                        .start_us = last_end_us_,
+                        .duration_us = end_us - last_end_us_,
                         .bytes = bytes});
+  last_end_us_ = end_us;
   return now;
 }
 

@@ -2,7 +2,7 @@
 // on which stage and microbatch, when, for how long), for `conveyorctl trace`
 // and the per-stage metrics.
 //
-// Recording costs two monotonic clock reads and one vector append per span,
+// Recording costs one monotonic clock read and one vector append per span,
 // with the vector's capacity kept across steps, so it stays on for every step
 // (bench/pipeline_benchmark measures the difference). Times are microseconds
 // from the step's start on a monotonic clock; the wall-clock start is kept
@@ -62,16 +62,15 @@ class SpanRecorder {
   // Clears the previous step's spans and notes the step's start.
   void StartStep();
 
-  // A span from `start` (a Now() reading) until now. Returns now, so that
-  // back-to-back spans can share one clock reading.
-  Clock::time_point Record(SpanKind kind, Clock::time_point start,
-                           int32_t stage = -1, int32_t microbatch = -1,
-                           int32_t peer = -1, uint64_t bytes = 0);
-
-  // The time for a span's start (the epoch when disabled).
-  Clock::time_point Now() const {
-    return enabled_ ? Clock::now() : Clock::time_point();
-  }
+  // A span from where the previous one ended (the step's start for the
+  // first) until now; returns now. Spans therefore tile the step with no
+  // gaps: the executor's own bookkeeping between two spans counts into the
+  // span that follows it, and compute + communication + idle is the step
+  // time exactly, however the thread is scheduled between spans. The epoch
+  // when disabled.
+  Clock::time_point Record(SpanKind kind, int32_t stage = -1,
+                           int32_t microbatch = -1, int32_t peer = -1,
+                           uint64_t bytes = 0);
 
   Clock::time_point step_start() const { return step_start_; }
   int64_t step_start_unix_us() const { return step_start_unix_us_; }
@@ -81,6 +80,7 @@ class SpanRecorder {
   bool enabled_ = true;
   Clock::time_point step_start_{};
   int64_t step_start_unix_us_ = 0;
+  int64_t last_end_us_ = 0;  // From step_start_: where the next span starts.
   std::vector<Span> spans_;
 };
 

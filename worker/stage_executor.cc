@@ -80,19 +80,16 @@ transport::Tag StageExecutor::MakeTag(int64_t step, int mb, int stage,
 
 absl::StatusOr<Tensor> StageExecutor::Receive(const transport::Tag& tag,
                                               int for_stage) {
-  const auto start = spans_.Now();
   absl::StatusOr<Tensor> t = channel_->Recv(tag, config_.recv_timeout);
-  spans_.Record(SpanKind::kRecvWait, start, for_stage, tag.microbatch,
+  spans_.Record(SpanKind::kRecvWait, for_stage, tag.microbatch,
                 tag.stage % config_.num_ranks, t.ok() ? t->bytes() : 0);
   return t;
 }
 
 absl::Status StageExecutor::SendTo(int to, const transport::Tag& tag,
                                    const Tensor& tensor) {
-  const auto start = spans_.Now();
   absl::Status s = channel_->Send(to, tag, tensor);
-  spans_.Record(SpanKind::kSend, start, tag.stage, tag.microbatch, to,
-                tensor.bytes());
+  spans_.Record(SpanKind::kSend, tag.stage, tag.microbatch, to, tensor.bytes());
   return s;
 }
 
@@ -101,19 +98,17 @@ absl::Status StageExecutor::Forward(int64_t step, const Action& a) {
   const int m = config_.microbatches;
   Tensor x;
   if (a.stage == 0) {
-    const auto start = spans_.Now();
     absl::StatusOr<Tensor> inputs =
         data_->Inputs(backend_, step, a.microbatch, m, config_.batch_size);
-    spans_.Record(SpanKind::kData, start, a.stage, a.microbatch);
+    spans_.Record(SpanKind::kData, a.stage, a.microbatch);
     ASSIGN_OR_RETURN(x, std::move(inputs));
   } else {
     ASSIGN_OR_RETURN(x, Receive(MakeTag(step, a.microbatch, a.stage - 1,
                                         TensorKind::kActivation),
                                 a.stage));
   }
-  auto start = spans_.Now();
   absl::StatusOr<Tensor> forward = stage->Forward(a.microbatch, x);
-  start = spans_.Record(SpanKind::kForward, start, a.stage, a.microbatch);
+  spans_.Record(SpanKind::kForward, a.stage, a.microbatch);
   ASSIGN_OR_RETURN(Tensor y, std::move(forward));
   if (a.stage + 1 < config_.num_stages) {
     return SendTo((a.stage + 1) % config_.num_ranks,
@@ -124,11 +119,11 @@ absl::Status StageExecutor::Forward(int64_t step, const Action& a) {
   // gradient is that of the mean loss over the batch.
   absl::StatusOr<Tensor> targets =
       data_->Targets(backend_, step, a.microbatch, m, config_.batch_size);
-  start = spans_.Record(SpanKind::kData, start, a.stage, a.microbatch);
+  spans_.Record(SpanKind::kData, a.stage, a.microbatch);
   ASSIGN_OR_RETURN(Tensor target, std::move(targets));
   absl::StatusOr<engine::LossResult> computed =
       engine::ComputeLoss(backend_, config_.loss, y, target, 1.0f / m);
-  spans_.Record(SpanKind::kLoss, start, a.stage, a.microbatch);
+  spans_.Record(SpanKind::kLoss, a.stage, a.microbatch);
   ASSIGN_OR_RETURN(engine::LossResult loss, std::move(computed));
   loss_sum_ += loss.loss;
   loss_grads_[a.microbatch] = loss.grad;
@@ -152,14 +147,13 @@ absl::Status StageExecutor::BackwardInput(int64_t step, const Action& a) {
                                          TensorKind::kGradient),
                                  a.stage));
   }
-  const auto start = spans_.Now();
   absl::StatusOr<Tensor> backward = stage->BackwardInput(a.microbatch, dy);
   if (a.op == Op::kBackward && backward.ok()) {
     // B is BI then BW on the same microbatch: one span, as scheduled.
     absl::Status weight = stage->BackwardWeight(a.microbatch);
     if (!weight.ok()) backward = weight;
   }
-  spans_.Record(KindOf(a.op), start, a.stage, a.microbatch);
+  spans_.Record(KindOf(a.op), a.stage, a.microbatch);
   ASSIGN_OR_RETURN(Tensor dx, std::move(backward));
   if (a.stage == 0) return absl::OkStatus();
   return SendTo((a.stage - 1) % config_.num_ranks,
@@ -185,9 +179,8 @@ absl::StatusOr<RankStepResult> StageExecutor::RunActions(
       spans_.enabled() ? spans_.step_start() : SpanRecorder::Clock::now();
   loss_sum_ = 0;
   loss_grads_.clear();
-  auto start = spans_.Now();
   optimizer_->ZeroGrad();
-  spans_.Record(SpanKind::kOptimizer, start);
+  spans_.Record(SpanKind::kOptimizer);
   RankStepResult result;
   for (auto& [index, stage] : stages_) stage->ResetPeakActivationBytes();
   for (const Action& a : actions) {
@@ -206,9 +199,8 @@ absl::StatusOr<RankStepResult> StageExecutor::RunActions(
         s = BackwardInput(step, a);
         break;
       case Op::kBackwardWeight: {
-        const auto start = spans_.Now();
         s = stages_.at(a.stage)->BackwardWeight(a.microbatch);
-        spans_.Record(SpanKind::kBackwardWeight, start, a.stage, a.microbatch);
+        spans_.Record(SpanKind::kBackwardWeight, a.stage, a.microbatch);
         break;
       }
     }
@@ -230,19 +222,17 @@ absl::StatusOr<RankStepResult> StageExecutor::RunActions(
   // summed, before the norm and the update read them. Its time counts as the
   // optimizer's, in the span of the work that follows (no span of its own,
   // so a single-device step's timeline is unchanged).
-  start = spans_.Now();
   for (auto& [index, stage] : stages_) {
     RETURN_IF_ERROR(stage->BeforeOptimizerStep());
   }
   std::optional<double> global_norm;
   if (all_reduce) {
     ASSIGN_OR_RETURN(double local, optimizer_->GradSquaredSum());
-    start = spans_.Record(SpanKind::kOptimizer, start);
+    spans_.Record(SpanKind::kOptimizer);
     absl::StatusOr<double> total = all_reduce(local);
-    spans_.Record(SpanKind::kAllReduce, start);
+    spans_.Record(SpanKind::kAllReduce);
     RETURN_IF_ERROR(total.status());
     global_norm = std::sqrt(*total);
-    start = spans_.Now();
   }
   absl::StatusOr<double> norm = optimizer_->Step(global_norm);
   absl::Status synced = backend_->Synchronize();
@@ -253,7 +243,7 @@ absl::StatusOr<RankStepResult> StageExecutor::RunActions(
     if (!norm.ok() || !synced.ok() || !replicated.ok()) break;
     replicated = stage->AfterOptimizerStep();
   }
-  const auto end = spans_.Record(SpanKind::kOptimizer, start);
+  const auto end = spans_.Record(SpanKind::kOptimizer);
   ASSIGN_OR_RETURN(result.grad_norm, std::move(norm));
   RETURN_IF_ERROR(synced);
   RETURN_IF_ERROR(replicated);

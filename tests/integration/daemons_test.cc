@@ -465,7 +465,7 @@ TEST_F(DaemonsTest, BadJobsAreRejectedBeforeAnyWorkerIsUsed) {
 // Acceptance of the step timelines: a 4-stage 1f1b step's trace is valid
 // Chrome trace JSON with one process per worker, and on every rank its
 // spans account for the step: compute + communication + idle = step time
-// within 2%.
+// within 2% (exactly, up to a microsecond of rounding, by construction).
 TEST_F(DaemonsTest, TraceOfAFourStage1F1BStepAccountsForTheStepTime) {
   absl::StatusOr<v1::Job> job =
       Submit(MlpJob(4, "1f1b", 1, 6, TempDir("trace")));
@@ -496,33 +496,24 @@ TEST_F(DaemonsTest, TraceOfAFourStage1F1BStepAccountsForTheStepTime) {
   // 4 microbatches: at least F and B per microbatch on every rank.
   EXPECT_GE(complete_events, 4 * 2 * 4);
 
-  // Per rank, the median over steps 2 to 6 of the share the spans account
-  // for: a step lasts about a millisecond here, so one preemption of the
-  // worker between two spans (CI runs tests two at a time on two cores) can
-  // leave a single step 10% short, while an accounting bug shows in every
-  // step.
-  std::map<int, std::vector<double>> shares;
+  // Every step of every rank: the spans tile the step by construction, so
+  // the share is 1 up to the microsecond rounding of the last span's end,
+  // even where the worker was preempted between two spans (CI runs tests two
+  // at a time on two cores).
+  int ranks_seen = 0;
   for (int64_t step = 2; step <= 6; ++step) {
     absl::StatusOr<v1::Trace> t = client_->GetTrace(job->id(), step);
     ASSERT_TRUE(t.ok()) << t.status();
     for (const cli::RankAccounting& r : cli::AccountTrace(*t)) {
       SCOPED_TRACE(absl::StrCat("rank ", r.rank, ", step ", step));
+      ++ranks_seen;
       ASSERT_GT(r.step_seconds, 0);
       EXPECT_GT(r.compute_seconds, 0);
-      shares[r.rank].push_back(
-          (r.compute_seconds + r.communication_seconds + r.idle_seconds) /
-          r.step_seconds);
+      EXPECT_NEAR(r.compute_seconds + r.communication_seconds + r.idle_seconds,
+                  r.step_seconds, 0.02 * r.step_seconds + 1e-6);
     }
   }
-  ASSERT_EQ(shares.size(), 4u);
-  for (auto& [rank, v] : shares) {
-    SCOPED_TRACE(absl::StrCat("rank ", rank));
-    ASSERT_EQ(v.size(), 5u);
-    std::sort(v.begin(), v.end());
-    std::cout << "rank " << rank << ": spans account for " << 100 * v[2]
-              << "% of the step (median of 5 steps)\n";
-    EXPECT_NEAR(v[2], 1.0, 0.02);
-  }
+  EXPECT_EQ(ranks_seen, 4 * 5);
 
   // The same through conveyorctl's command, as an SVG file.
   const std::string svg_path = TempDir("trace_svg") + "/step.svg";
