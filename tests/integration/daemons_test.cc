@@ -217,29 +217,20 @@ class DaemonsTest : public ::testing::Test {
     return cluster.ok() ? *std::move(cluster) : nullptr;
   }
 
- protected:
-  static void SetUpTestSuite() {
-    cluster_ = StartCluster(kWorkers).release();
-    ASSERT_NE(cluster_, nullptr);
-    client_ = cli::CoordinatorClient::Create(cluster_->coordinator_address(),
-                                             absl::Seconds(10))
-                  ->release();
-    absl::Status ready = cluster_->WaitForWorkers(*client_);
-    ASSERT_TRUE(ready.ok()) << ready;
-  }
-  static void TearDownTestSuite() {
-    delete client_;
-    delete cluster_;
-    client_ = nullptr;
-    cluster_ = nullptr;
-  }
-
-  static absl::StatusOr<v1::Job> Submit(const std::string& yaml) {
+  static absl::StatusOr<v1::Job> Submit(cli::CoordinatorClient& client,
+                                        const std::string& yaml) {
     v1::SubmitJobRequest request;
     request.set_yaml(yaml);
     request.set_file_name("job.yaml");
     request.set_base_dir(::testing::TempDir());
-    return client_->SubmitJob(request);
+    return client.SubmitJob(request);
+  }
+  // The submitted job's id; "" (and a failed expectation) if refused.
+  static std::string SubmitForId(cli::CoordinatorClient& client,
+                                 const std::string& yaml) {
+    absl::StatusOr<v1::Job> job = Submit(client, yaml);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->id() : "";
   }
 
   // Polls until the job is in a final state or `timeout` passes.
@@ -258,6 +249,26 @@ class DaemonsTest : public ::testing::Test {
     return job;
   }
 
+ protected:
+  static void SetUpTestSuite() {
+    cluster_ = StartCluster(kWorkers).release();
+    ASSERT_NE(cluster_, nullptr);
+    client_ = cli::CoordinatorClient::Create(cluster_->coordinator_address(),
+                                             absl::Seconds(10))
+                  ->release();
+    absl::Status ready = cluster_->WaitForWorkers(*client_);
+    ASSERT_TRUE(ready.ok()) << ready;
+  }
+  static void TearDownTestSuite() {
+    delete client_;
+    delete cluster_;
+    client_ = nullptr;
+    cluster_ = nullptr;
+  }
+
+  static absl::StatusOr<v1::Job> Submit(const std::string& yaml) {
+    return Submit(*client_, yaml);
+  }
   // Waits until `id` has done at least `steps` steps (or ended).
   static v1::Job WaitForSteps(cli::CoordinatorClient& client,
                               const std::string& id, int64_t steps) {
@@ -642,10 +653,7 @@ TEST_F(DaemonsTest, ExportedBubbleRatioMatchesTheSimulator) {
 // reported activation peak over the job's steps.
 std::pair<v1::Job, std::vector<uint64_t>> RunWatchingPeaks(
     cli::CoordinatorClient& client, const std::string& yaml) {
-  v1::SubmitJobRequest request;
-  request.set_yaml(yaml);
-  request.set_file_name("job.yaml");
-  absl::StatusOr<v1::Job> submitted = client.SubmitJob(request);
+  absl::StatusOr<v1::Job> submitted = DaemonsTest::Submit(client, yaml);
   EXPECT_TRUE(submitted.ok()) << submitted.status();
   if (!submitted.ok()) return {};
   std::vector<uint64_t> peaks;
@@ -829,11 +837,9 @@ void ExpectLostWorkerFailsTheJob(int signal, const std::string& observed,
   auto client = *cli::CoordinatorClient::Create(cluster->coordinator_address(),
                                                 absl::Seconds(10));
   ASSERT_TRUE(cluster->WaitForWorkers(*client).ok());
-  v1::SubmitJobRequest request;
-  request.set_yaml(MlpJob(3, "1f1b", 1, 1000000,
-                          TempDir(absl::StrCat("lost_", signal, "_", rank))));
-  request.set_file_name("job.yaml");
-  absl::StatusOr<v1::Job> job = client->SubmitJob(request);
+  absl::StatusOr<v1::Job> job = DaemonsTest::Submit(
+      *client, MlpJob(3, "1f1b", 1, 1000000,
+                      TempDir(absl::StrCat("lost_", signal, "_", rank))));
   ASSERT_TRUE(job.ok()) << job.status();
   v1::Job running = [&] {
     v1::Job j;
@@ -926,22 +932,10 @@ TEST(DaemonsFailureTest, WorkerKilledWhileWritingACheckpoint) {
                                                 absl::Seconds(10));
   ASSERT_TRUE(cluster->WaitForWorkers(*client).ok());
   auto submit = [&](const std::string& yaml) {
-    v1::SubmitJobRequest request;
-    request.set_yaml(yaml);
-    request.set_file_name("job.yaml");
-    absl::StatusOr<v1::Job> job = client->SubmitJob(request);
-    EXPECT_TRUE(job.ok()) << job.status();
-    return job.ok() ? job->id() : "";
+    return DaemonsTest::SubmitForId(*client, yaml);
   };
   auto wait_for_end = [&](const std::string& id) {
-    v1::Job job;
-    const Clock::time_point start = Clock::now();
-    while (SecondsSince(start) < 120) {
-      job = *client->GetJob(id);
-      if (proto::IsTerminal(job.state())) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return job;
+    return DaemonsTest::WaitForEnd(*client, id);
   };
   // Kills rank 1's worker once it has begun writing step 4.
   auto kill_while_writing_step_4 = [&](const std::string& id,
@@ -1021,12 +1015,7 @@ TEST(DaemonsFailureTest,
                                                 absl::Seconds(10));
   ASSERT_TRUE(cluster->WaitForWorkers(*client).ok());
   auto submit = [&](const std::string& yaml) {
-    v1::SubmitJobRequest request;
-    request.set_yaml(yaml);
-    request.set_file_name("job.yaml");
-    absl::StatusOr<v1::Job> job = client->SubmitJob(request);
-    EXPECT_TRUE(job.ok()) << job.status();
-    return job.ok() ? job->id() : "";
+    return DaemonsTest::SubmitForId(*client, yaml);
   };
 
   const std::string full = TempDir("midstep_full");
@@ -1127,10 +1116,8 @@ TEST(DaemonsFailureTest, SigtermedWorkerDeregistersAndItsJobFailsNamingIt) {
   auto client = *cli::CoordinatorClient::Create(cluster->coordinator_address(),
                                                 absl::Seconds(10));
   ASSERT_TRUE(cluster->WaitForWorkers(*client).ok());
-  v1::SubmitJobRequest request;
-  request.set_yaml(MlpJob(2, "1f1b", 1, 1000000, TempDir("sigterm")));
-  request.set_file_name("job.yaml");
-  absl::StatusOr<v1::Job> job = client->SubmitJob(request);
+  absl::StatusOr<v1::Job> job = DaemonsTest::Submit(
+      *client, MlpJob(2, "1f1b", 1, 1000000, TempDir("sigterm")));
   ASSERT_TRUE(job.ok()) << job.status();
   v1::Job running;
   const Clock::time_point wait = Clock::now();

@@ -109,6 +109,24 @@ void OnEveryGpu(int n,
   for (std::thread& t : threads) t.join();
 }
 
+// Runs fn(rank, backend, channel) on one thread per rank, rank r on GPU r,
+// each with a channel of an n-rank communicator joined through in-process
+// header links. The channel closes before its backend goes.
+void OnEveryChannel(
+    int n,
+    const std::function<void(int, engine::CudaBackend*, NcclChannel*)>& fn) {
+  absl::StatusOr<std::string> id = CreateNcclUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status();
+  InProcessHeaderHub links(n);
+  OnEveryGpu(n, [&](int rank, engine::CudaBackend* cuda) {
+    absl::StatusOr<std::unique_ptr<NcclChannel>> channel =
+        NcclChannel::Create(Options(rank, n, *id, links.link(rank), cuda));
+    ASSERT_TRUE(channel.ok()) << channel.status();
+    fn(rank, cuda, channel->get());
+    channel->reset();
+  });
+}
+
 TEST(NcclChannelTest, UniqueIdHasNcclSize) {
   absl::StatusOr<std::string> id = CreateNcclUniqueId();
   ASSERT_TRUE(id.ok()) << id.status();
@@ -137,15 +155,9 @@ TEST(NcclChannelTest, CreateRejectsBadOptions) {
 
 TEST(NcclChannelTest, SingleRankCommunicatorWorks) {
   SKIP_WITHOUT_GPUS(1);
-  absl::StatusOr<std::string> id = CreateNcclUniqueId();
-  ASSERT_TRUE(id.ok()) << id.status();
-  InProcessHeaderHub links(1);
-  OnEveryGpu(1, [&](int rank, engine::CudaBackend* cuda) {
-    absl::StatusOr<std::unique_ptr<NcclChannel>> channel =
-        NcclChannel::Create(Options(rank, 1, *id, links.link(rank), cuda));
-    ASSERT_TRUE(channel.ok()) << channel.status();
-    ASSERT_TRUE((*channel)->Send(0, T(0, 0), DeviceFilled(cuda, 5, 100)).ok());
-    absl::StatusOr<engine::Tensor> t = (*channel)->Recv(T(0, 0), 5s);
+  OnEveryChannel(1, [&](int, engine::CudaBackend* cuda, NcclChannel* channel) {
+    ASSERT_TRUE(channel->Send(0, T(0, 0), DeviceFilled(cuda, 5, 100)).ok());
+    absl::StatusOr<engine::Tensor> t = channel->Recv(T(0, 0), 5s);
     ASSERT_TRUE(t.ok()) << t.status();
     EXPECT_TRUE(HoldsFilled(*t, 5, 100));
   });
@@ -179,111 +191,90 @@ TEST(NcclChannelTest, InitTimesOutWhenAPeerNeverJoins) {
 // copied to the device, and an empty one.
 TEST(NcclChannelTest, ExchangesOutOfOrderInBothDirectionsAtOnce) {
   SKIP_WITHOUT_GPUS(2);
-  absl::StatusOr<std::string> id = CreateNcclUniqueId();
-  ASSERT_TRUE(id.ok()) << id.status();
-  InProcessHeaderHub links(2);
   constexpr int kTensors = 8;
   constexpr int64_t kBig = int64_t{4} << 20;  // 16 MiB of floats.
-  OnEveryGpu(2, [&](int rank, engine::CudaBackend* cuda) {
-    absl::StatusOr<std::unique_ptr<NcclChannel>> created =
-        NcclChannel::Create(Options(rank, 2, *id, links.link(rank), cuda));
-    ASSERT_TRUE(created.ok()) << created.status();
-    NcclChannel* channel = created->get();
-    const int peer = 1 - rank;
-    const TensorKind mine =
-        rank == 0 ? TensorKind::kActivation : TensorKind::kGradient;
-    const TensorKind theirs =
-        rank == 0 ? TensorKind::kGradient : TensorKind::kActivation;
-    for (int mb = 0; mb < kTensors; ++mb) {
-      const int64_t n = mb % 2 == 0 ? kBig : 1000 + mb;
-      ASSERT_TRUE(channel
-                      ->Send(peer, T(mb, rank, mine),
-                             DeviceFilled(cuda, 1000.0f * rank + mb, n))
-                      .ok());
-    }
-    absl::StatusOr<engine::Tensor> host =
-        engine::CpuBackend::Get()->Empty({3}, engine::DType::kF32);
-    ASSERT_TRUE(host.ok());
-    for (int i = 0; i < 3; ++i) host->data<float>()[i] = 7.0f + i;
-    ASSERT_TRUE(channel->Send(peer, T(100, rank, mine), *host).ok());
-    absl::StatusOr<engine::Tensor> empty =
-        cuda->Empty({0, 4}, engine::DType::kF32);
-    ASSERT_TRUE(empty.ok());
-    ASSERT_TRUE(channel->Send(peer, T(101, rank, mine), *empty).ok());
+  OnEveryChannel(
+      2, [&](int rank, engine::CudaBackend* cuda, NcclChannel* channel) {
+        const int peer = 1 - rank;
+        const TensorKind mine =
+            rank == 0 ? TensorKind::kActivation : TensorKind::kGradient;
+        const TensorKind theirs =
+            rank == 0 ? TensorKind::kGradient : TensorKind::kActivation;
+        for (int mb = 0; mb < kTensors; ++mb) {
+          const int64_t n = mb % 2 == 0 ? kBig : 1000 + mb;
+          ASSERT_TRUE(channel
+                          ->Send(peer, T(mb, rank, mine),
+                                 DeviceFilled(cuda, 1000.0f * rank + mb, n))
+                          .ok());
+        }
+        absl::StatusOr<engine::Tensor> host =
+            engine::CpuBackend::Get()->Empty({3}, engine::DType::kF32);
+        ASSERT_TRUE(host.ok());
+        for (int i = 0; i < 3; ++i) host->data<float>()[i] = 7.0f + i;
+        ASSERT_TRUE(channel->Send(peer, T(100, rank, mine), *host).ok());
+        absl::StatusOr<engine::Tensor> empty =
+            cuda->Empty({0, 4}, engine::DType::kF32);
+        ASSERT_TRUE(empty.ok());
+        ASSERT_TRUE(channel->Send(peer, T(101, rank, mine), *empty).ok());
 
-    for (int mb = kTensors - 1; mb >= 0; --mb) {
-      const int64_t n = mb % 2 == 0 ? kBig : 1000 + mb;
-      absl::StatusOr<engine::Tensor> t =
-          channel->Recv(T(mb, peer, theirs), 30s);
-      ASSERT_TRUE(t.ok()) << t.status();
-      EXPECT_EQ(t->backend(), cuda);
-      EXPECT_TRUE(HoldsFilled(*t, 1000.0f * peer + mb, n));
-    }
-    absl::StatusOr<engine::Tensor> from_host =
-        channel->Recv(T(100, peer, theirs), 30s);
-    ASSERT_TRUE(from_host.ok()) << from_host.status();
-    EXPECT_TRUE(HoldsFilled(*from_host, 7, 3));
-    absl::StatusOr<engine::Tensor> got_empty =
-        channel->Recv(T(101, peer, theirs), 30s);
-    ASSERT_TRUE(got_empty.ok()) << got_empty.status();
-    EXPECT_EQ(got_empty->shape(), (engine::Shape{0, 4}));
-    EXPECT_TRUE(channel->status().ok()) << channel->status();
-    created->reset();  // Closes before the backend goes.
-  });
+        for (int mb = kTensors - 1; mb >= 0; --mb) {
+          const int64_t n = mb % 2 == 0 ? kBig : 1000 + mb;
+          absl::StatusOr<engine::Tensor> t =
+              channel->Recv(T(mb, peer, theirs), 30s);
+          ASSERT_TRUE(t.ok()) << t.status();
+          EXPECT_EQ(t->backend(), cuda);
+          EXPECT_TRUE(HoldsFilled(*t, 1000.0f * peer + mb, n));
+        }
+        absl::StatusOr<engine::Tensor> from_host =
+            channel->Recv(T(100, peer, theirs), 30s);
+        ASSERT_TRUE(from_host.ok()) << from_host.status();
+        EXPECT_TRUE(HoldsFilled(*from_host, 7, 3));
+        absl::StatusOr<engine::Tensor> got_empty =
+            channel->Recv(T(101, peer, theirs), 30s);
+        ASSERT_TRUE(got_empty.ok()) << got_empty.status();
+        EXPECT_EQ(got_empty->shape(), (engine::Shape{0, 4}));
+        EXPECT_TRUE(channel->status().ok()) << channel->status();
+      });
 }
 
 TEST(NcclChannelTest, RecvTimesOutWhenThePeerNeverSends) {
   SKIP_WITHOUT_GPUS(2);
-  absl::StatusOr<std::string> id = CreateNcclUniqueId();
-  ASSERT_TRUE(id.ok()) << id.status();
-  InProcessHeaderHub links(2);
-  OnEveryGpu(2, [&](int rank, engine::CudaBackend* cuda) {
-    absl::StatusOr<std::unique_ptr<NcclChannel>> channel =
-        NcclChannel::Create(Options(rank, 2, *id, links.link(rank), cuda));
-    ASSERT_TRUE(channel.ok()) << channel.status();
+  OnEveryChannel(2, [&](int rank, engine::CudaBackend*, NcclChannel* channel) {
     if (rank == 1) {
       const Clock::time_point start = Clock::now();
-      absl::StatusOr<engine::Tensor> t = (*channel)->Recv(T(0, 0), 200ms);
+      absl::StatusOr<engine::Tensor> t = channel->Recv(T(0, 0), 200ms);
       const auto took = Clock::now() - start;
       EXPECT_EQ(t.status().code(), absl::StatusCode::kDeadlineExceeded);
       EXPECT_THAT(t.status().message(), HasSubstr("rank 1 waited 200 ms"));
       EXPECT_LT(took, 5s);
     } else {
       // Rank 0 sends nothing and learns of rank 1's failure.
-      absl::StatusOr<engine::Tensor> t = (*channel)->Recv(T(0, 1), 30s);
+      absl::StatusOr<engine::Tensor> t = channel->Recv(T(0, 1), 30s);
       EXPECT_EQ(t.status().code(), absl::StatusCode::kDeadlineExceeded);
       EXPECT_THAT(t.status().message(), HasSubstr("rank 1 aborted"));
     }
-    channel->reset();
   });
 }
 
 TEST(NcclChannelTest, AbortFailsAPendingRecvOnBothRanks) {
   SKIP_WITHOUT_GPUS(2);
-  absl::StatusOr<std::string> id = CreateNcclUniqueId();
-  ASSERT_TRUE(id.ok()) << id.status();
-  InProcessHeaderHub links(2);
-  OnEveryGpu(2, [&](int rank, engine::CudaBackend* cuda) {
-    absl::StatusOr<std::unique_ptr<NcclChannel>> channel =
-        NcclChannel::Create(Options(rank, 2, *id, links.link(rank), cuda));
-    ASSERT_TRUE(channel.ok()) << channel.status();
+  OnEveryChannel(2, [&](int rank, engine::CudaBackend*, NcclChannel* channel) {
     if (rank == 0) {
       std::thread aborter([&] {
         std::this_thread::sleep_for(100ms);
-        (*channel)->Abort(absl::CancelledError("job 11 cancelled"));
+        channel->Abort(absl::CancelledError("job 11 cancelled"));
       });
       const Clock::time_point start = Clock::now();
-      absl::StatusOr<engine::Tensor> t = (*channel)->Recv(T(0, 1), 30s);
+      absl::StatusOr<engine::Tensor> t = channel->Recv(T(0, 1), 30s);
       aborter.join();
       EXPECT_EQ(t.status().code(), absl::StatusCode::kCancelled);
       EXPECT_LT(Clock::now() - start, 5s);
     } else {
-      absl::StatusOr<engine::Tensor> t = (*channel)->Recv(T(0, 0), 30s);
+      absl::StatusOr<engine::Tensor> t = channel->Recv(T(0, 0), 30s);
       EXPECT_EQ(t.status().code(), absl::StatusCode::kCancelled);
       EXPECT_THAT(t.status().message(),
                   HasSubstr("rank 0 aborted: job 11 cancelled"));
     }
-    channel->reset();
   });
 }
 
