@@ -56,9 +56,13 @@ template <typename T>
 absl::Status DeviceAlloc(CudaDevicePtr<T>& out, size_t bytes,
                          absl::string_view what) {
   void* raw = nullptr;
-  RETURN_IF_ERROR(
-      CudaStatus(cudaMalloc(&raw, bytes),
-                 absl::StrCat("cudaMalloc(", bytes, " bytes) for ", what)));
+  if (const cudaError_t error = cudaMalloc(&raw, bytes); error != cudaSuccess) {
+    // Not sticky: cleared, or this thread's next launch check would report
+    // it as its own (see the caching allocator's raw allocation below).
+    (void)cudaGetLastError();
+    return CudaStatus(error,
+                      absl::StrCat("cudaMalloc(", bytes, " bytes) for ", what));
+  }
   out.reset(static_cast<T*>(raw));
   return absl::OkStatus();
 }
@@ -66,8 +70,11 @@ absl::Status DeviceAlloc(CudaDevicePtr<T>& out, size_t bytes,
 template <typename T>
 absl::Status HostAlloc(CudaHostPtr<T>& out, absl::string_view what) {
   void* raw = nullptr;
-  RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&raw, sizeof(T)),
-                             absl::StrCat("cudaMallocHost for ", what)));
+  if (const cudaError_t error = cudaMallocHost(&raw, sizeof(T));
+      error != cudaSuccess) {
+    (void)cudaGetLastError();  // Not sticky; as above.
+    return CudaStatus(error, absl::StrCat("cudaMallocHost for ", what));
+  }
   out.reset(static_cast<T*>(raw));
   return absl::OkStatus();
 }
@@ -184,7 +191,14 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
         }
         return ptr;
       },
-      [](void* ptr) { (void)cudaFreeHost(ptr); }, options.host_staging_bytes);
+      // The last holder may be any thread (the TCP I/O thread after a
+      // send): without the device current there, the runtime would make a
+      // context on device 0, which may be another worker's GPU.
+      [device](void* ptr) {
+        (void)cudaSetDevice(device);
+        (void)cudaFreeHost(ptr);
+      },
+      options.host_staging_bytes);
   return b;
 }
 

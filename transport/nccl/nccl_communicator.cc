@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cuda/cuda_status.h"
+#include "transport/nccl/nccl_launch_lock.h"
 #include "transport/nccl/nccl_status.h"
 
 namespace conveyor::transport {
@@ -42,6 +43,12 @@ class NcclCommunicator::EventPool {
         return e;
       }
     }
+    // An event belongs to the device current when it is made, and must be
+    // recorded on that device's streams: the caller's thread may have
+    // another device current (a mesh stage's last peer copy leaves its
+    // last device current before the send).
+    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_),
+                               absl::StrCat("cudaSetDevice(", device_, ")")));
     cudaEvent_t e = nullptr;
     RETURN_IF_ERROR(CudaStatus(
         cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
@@ -256,6 +263,9 @@ absl::Status NcclCommunicator::EnqueueGroup(const std::vector<P2pOp>& ops,
                    "cudaStreamWaitEvent"));
   }
   ncclComm_t comm = comm_.get();
+  // No other thread may issue NCCL operations on this device (a mesh's
+  // communicator) until this group is launched.
+  NcclLaunchLock launch({backend_->device()});
   RETURN_IF_ERROR(NcclStatus(ncclGroupStart(), "ncclGroupStart", comm));
   ncclResult_t first = ncclSuccess;
   for (const P2pOp& op : ops) {
@@ -289,6 +299,7 @@ absl::Status NcclCommunicator::EnqueueGroup(const std::vector<P2pOp>& ops,
 
 absl::StatusOr<PreparedSend> NcclCommunicator::PrepareSend(
     const engine::Tensor& tensor) {
+  RETURN_IF_ERROR(Activate());
   engine::Tensor payload = tensor;
   if (tensor.backend() != backend_) {
     if (dynamic_cast<engine::CpuBackend*>(tensor.backend()) == nullptr) {

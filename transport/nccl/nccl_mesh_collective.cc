@@ -15,6 +15,7 @@
 #include "engine/cuda/cuda_handles.h"
 #include "engine/cuda/cuda_status.h"
 #include "engine/tensor.h"
+#include "transport/nccl/nccl_launch_lock.h"
 #include "transport/nccl/nccl_status.h"
 
 namespace conveyor::transport {
@@ -184,6 +185,10 @@ class NcclMeshCollective final : public engine::MeshCollective {
                      const std::vector<std::vector<Tensor>>& per_tensor,
                      Call call) {
     absl::Status status;
+    // The channel's progress thread may issue to device 0 meanwhile.
+    std::vector<int> devices;
+    for (const CudaBackend* b : backends_) devices.push_back(b->device());
+    NcclLaunchLock launch(std::move(devices));
     RETURN_IF_ERROR(NcclStatus(ncclGroupStart(), "ncclGroupStart"));
     for (const std::vector<Tensor>& all : per_tensor) {
       if (all[0].numel() == 0) continue;
