@@ -22,19 +22,46 @@ torch_env=(env)
 if [ -n "${CONVEYOR_TORCH_LD_LIBRARY_PATH+set}" ]; then
   torch_env=(env "LD_LIBRARY_PATH=$CONVEYOR_TORCH_LD_LIBRARY_PATH")
 fi
+# Each part has a time limit (seconds, times CONVEYOR_GPU_BENCH_LIMIT_SCALE),
+# so that one hang costs that part and not the whole run: a GPU machine may
+# be lent for minutes only. -k: killed if it ignores the TERM.
+scale=${CONVEYOR_GPU_BENCH_LIMIT_SCALE:-1}
+limit() { echo $(($1 * scale)); }
+status=0
+# run_part NAME LIMIT STDOUT LOG COMMAND...: runs it with its output to
+# STDOUT and its errors to LOG, says so when it failed and shows the end of
+# LOG, which stays in $work.
+run_part() {
+  local name=$1 seconds=$2 out=$3 log=$4
+  shift 4
+  timeout -k 10 "$(limit "$seconds")" "$@" >"$out" 2>"$log"
+  local rc=$?
+  if [ "$rc" != 0 ]; then
+    [ "$rc" = 124 ] || [ "$rc" = 137 ] &&
+      echo "($name: stopped after its limit of $(limit "$seconds")s)"
+    echo "($name: exit $rc; the end of $log:)"
+    tail -n 15 "$log" | sed 's/^/  /'
+  fi
+  return "$rc"
+}
 
-"$gpu_bin" --benchmark_filter='^gemm/' --benchmark_repetitions=3 \
-  --benchmark_report_aggregates_only=true --benchmark_min_time=0.25 \
-  --benchmark_out="$work/gpu_gemm.json" --benchmark_out_format=json \
-  >/dev/null 2>"$work/gpu_benchmark.log"
-"$gpu_bin" --benchmark_filter='^step/' \
-  --benchmark_out="$work/gpu_steps.json" --benchmark_out_format=json \
-  >/dev/null 2>>"$work/gpu_benchmark.log"
+# The manual time of a GEMM iteration is one call's, of ten timed together,
+# so the library's minimum time covers a tenth of the wall time.
+run_part "GEMM benchmarks" 200 /dev/null "$work/gpu_gemm.log" \
+  "$gpu_bin" --benchmark_filter='^gemm/' --benchmark_repetitions=3 \
+  --benchmark_report_aggregates_only=true --benchmark_min_time=0.03 \
+  --benchmark_out="$work/gpu_gemm.json" --benchmark_out_format=json ||
+  status=1
+run_part "step benchmarks" 150 /dev/null "$work/gpu_steps.log" \
+  "$gpu_bin" --benchmark_filter='^step/' \
+  --benchmark_out="$work/gpu_steps.json" --benchmark_out_format=json ||
+  status=1
 # PyTorch with CUDA is rarely Debian's (CPU-only) python3-torch: take the
 # first interpreter whose torch sees a GPU.
 torch_py=
 for py in ${CONVEYOR_TORCH_PYTHON:-} python3 /usr/bin/python3; do
-  if "${torch_env[@]}" "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' \
+  if timeout -k 5 60 "${torch_env[@]}" "$py" -c \
+      'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' \
       >/dev/null 2>&1; then
     torch_py=$py
     break
@@ -43,28 +70,45 @@ done
 echo '{}' >"$work/torch_gpu.json"
 if [ -z "$torch_py" ]; then
   echo "(no PyTorch with CUDA found; set CONVEYOR_TORCH_PYTHON to an interpreter that has one)"
-elif ! "${torch_env[@]}" "$torch_py" "$root/bench/torch_gpu_reference.py" \
-    >"$work/torch_gpu.json" 2>"$work/torch_gpu_reference.log"; then
-  echo "(PyTorch GPU reference failed: see $work/torch_gpu_reference.log)"
+elif ! run_part "PyTorch GPU reference" 200 "$work/torch_gpu.json" \
+    "$work/torch_gpu_reference.log" \
+    "${torch_env[@]}" "$torch_py" "$root/bench/torch_gpu_reference.py"; then
   echo '{}' >"$work/torch_gpu.json"
 fi
 rm -f "$work/gpu_idle_gaps.json"
 if command -v nsys >/dev/null 2>&1; then
   gaps=0
-  "$root/bench/gpu_idle_gaps.sh" --bin "$gpu_bin" --out "$work/gpu_idle_gaps" \
-    --json "$work/gpu_idle_gaps.json" >"$work/gpu_idle_gaps.log" 2>&1 || gaps=$?
-  [ "$gaps" = 0 ] || [ "$gaps" = 1 ] ||
-    echo "(idle gaps not measured: see $work/gpu_idle_gaps.log)"
+  timeout -k 10 "$(limit 200)" "$root/bench/gpu_idle_gaps.sh" --bin "$gpu_bin" \
+    --out "$work/gpu_idle_gaps" --json "$work/gpu_idle_gaps.json" \
+    >"$work/gpu_idle_gaps.log" 2>&1 || gaps=$?
+  if [ "$gaps" != 0 ] && [ ! -f "$work/gpu_idle_gaps.json" ]; then
+    echo "(idle gaps not measured: exit $gaps; the end of $work/gpu_idle_gaps.log:)"
+    tail -n 15 "$work/gpu_idle_gaps.log" | sed 's/^/  /'
+  fi
 else
   echo "(idle gaps not measured: nsys is not installed; bench/gpu_idle_gaps.sh needs it)"
 fi
 python3 - "$work/gpu_gemm.json" "$work/gpu_steps.json" "$work/torch_gpu.json" \
-    "$work/gpu_idle_gaps.json" <<'PY'
+    "$work/gpu_idle_gaps.json" <<'PY' || status=1
 import json, os, sys
-gemm, steps, torch = (json.load(open(p)) for p in sys.argv[1:4])
-ctx = gemm["context"]
+
+def load(path):
+    # A benchmark that aborted or timed out leaves no file or a cut one:
+    # its table is then empty, and the others are still printed.
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"({os.path.basename(path)}: {e})")
+        return None
+
+gemm, steps, torch = (load(p) for p in sys.argv[1:4])
+failed = sum(x is None for x in (gemm, steps))
+gemm = gemm or {"context": {}, "benchmarks": []}
+steps = steps or {"context": {}, "benchmarks": []}
+torch = torch or {}
+ctx = gemm["context"] or steps["context"]
 gpu = ctx.get("gpu", "?")
-failed = 0
 for b in gemm["benchmarks"] + steps["benchmarks"]:
     if b.get("error_occurred"):
         print(f"ERROR {b['name']}: {b.get('error_message', '?')}")
@@ -133,3 +177,4 @@ print(f"(GPU: {gpu}, compute capability {ctx.get('gpu_compute_capability', '?')}
       f"blocks, d 1024, 8 heads, MLP 4096, sequence 2048, batch 8 in 4 microbatches, MSE, AdamW)")
 sys.exit(1 if failed else 0)
 PY
+exit "$status"

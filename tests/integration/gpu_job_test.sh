@@ -16,7 +16,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 source "$(dirname "$0")/daemon_test_lib.sh"
 
 # A worker that cannot use the device exits 1 at once, saying why.
-timeout 10 "$worker" --devices cuda:0 --coordinator 127.0.0.1:1 \
+timeout -k 5 10 "$worker" --devices cuda:0 --coordinator 127.0.0.1:1 \
   >"$dir/probe.log" 2>&1
 if grep -q -- "--devices" "$dir/probe.log"; then
   echo "skipped: $(head -1 "$dir/probe.log")"
