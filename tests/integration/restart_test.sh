@@ -21,11 +21,11 @@ model:
   layers:
     - dense: {features: 64}
     - relu
-    - delay: {forward_ms: 4, backward_ms: 0}
+    - delay: {forward_ms: 15, backward_ms: 0}
     - boundary
     - dense: {features: 64}
     - relu
-    - delay: {forward_ms: 4, backward_ms: 0}
+    - delay: {forward_ms: 15, backward_ms: 0}
     - boundary
     - dense: {features: 32}
   loss: mse
@@ -37,6 +37,9 @@ checkpoint: {dir: $1, every: 4}
 ${2:-}
 YAML
 }
+# About 0.1 s a step, so 30 steps give the kill a window of seconds: under
+# CI's load each conveyorctl call can take a tenth of one, and a job that
+# ended before the kill landed would fail the test for nothing.
 # Past its first checkpoint and not at a checkpoint step: mid-step.
 mid_run() {
   local progress steps
@@ -45,6 +48,11 @@ mid_run() {
   steps=${progress%%/*}
   [ -n "$steps" ] && [ "$steps" -ge 5 ] && [ $((steps % 4)) -ne 0 ]
 }
+worker_of_rank() {  # worker_of_rank JOB RANK: the worker id running RANK
+  "$ctl" status "$1" --coordinator "$address" 2>/dev/null |
+    awk -v s="$2" '$1 == s && $2 == s { print $NF }'
+}
+placed() { [ -n "$(worker_of_rank "$1" "$2")" ]; }
 idle_workers() {
   test "$("$ctl" workers --coordinator "$address" 2>/dev/null | grep -c IDLE)" -ge "$1"
 }
@@ -73,15 +81,17 @@ spare=4
 for rank in 0 1 2; do
   job_yaml "$dir/ckpt-$rank" "restart: {max_restarts: 1}" >"$dir/job-$rank.yaml"
   job=$("$ctl" submit "$dir/job-$rank.yaml" --coordinator "$address" 2>&1 | grep -o 'job-[0-9]*' | head -1)
-  check "rank $rank: job reaches mid-run" wait_for 60 mid_run "$job"
-  # The stage table's WORKER column names the rank's worker id; the worker
-  # list maps it to the name we started it under.
-  id=$("$ctl" status "$job" --coordinator "$address" 2>/dev/null |
-    awk -v s="$rank" '$1 == s && $2 == s { print $NF }')
+  # The victim is looked up as soon as the job is placed, so that the kill
+  # follows the mid-run observation at once. The stage table's WORKER column
+  # names the rank's worker id; the worker list maps it to the name we
+  # started it under.
+  wait_for 60 placed "$job" "$rank"
+  id=$(worker_of_rank "$job" "$rank")
   name=$("$ctl" workers --coordinator "$address" 2>/dev/null |
     awk -v id="$id" '$1 == id { print $2 }')
   victim=${pid_of[$name]:-}
   check "rank $rank: its worker found ($id, $name)" test -n "$victim"
+  check "rank $rank: job reaches mid-run" wait_for 60 mid_run "$job"
   if [ -n "$victim" ]; then
     kill -KILL "$victim"
     wait "$victim" 2>/dev/null  # Reaped here, quietly.
