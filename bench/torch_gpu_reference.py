@@ -15,7 +15,9 @@ Precision (--precision, default fp32) matches CONVEYOR_GPU_PRECISION:
   bf16  autocast to bfloat16, the nearest PyTorch analogue of Conveyor's bf16
         GEMMs (which keep activations fp32, so not like for like)
 
-Timed, each as the median of CUDA-synchronized steps after 3 warm-up steps:
+Timed, each as the mean of CUDA-synchronized steps after 3 warm-up steps (the
+mean, as gpu_benchmark.cc's manual time is, so the ratio compares like with
+like):
   ms_per_step            data already on the GPU; attention as PyTorch picks it
                          (scaled_dot_product_attention: a fused kernel that
                          never materializes the [B, H, S, S] scores)
@@ -133,7 +135,7 @@ def time_steps(torch, nn, precision, seconds, host_data=False, context=None):
             times.append((time.perf_counter() - start) * 1e3)
     del model, opt, xs, ys
     torch.cuda.empty_cache()
-    return statistics.median(times), len(times)
+    return statistics.fmean(times), len(times)
 
 
 def time_gemms(torch, precision, seconds):
