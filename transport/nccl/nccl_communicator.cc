@@ -299,7 +299,6 @@ absl::Status NcclCommunicator::EnqueueGroup(const std::vector<P2pOp>& ops,
 
 absl::StatusOr<PreparedSend> NcclCommunicator::PrepareSend(
     const engine::Tensor& tensor) {
-  RETURN_IF_ERROR(Activate());
   engine::Tensor payload = tensor;
   if (tensor.backend() != backend_) {
     if (dynamic_cast<engine::CpuBackend*>(tensor.backend()) == nullptr) {
