@@ -57,9 +57,6 @@ absl::Status DeviceAlloc(CudaDevicePtr<T>& out, size_t bytes,
                          absl::string_view what) {
   void* raw = nullptr;
   if (const cudaError_t error = cudaMalloc(&raw, bytes); error != cudaSuccess) {
-    // Not sticky: cleared, or this thread's next launch check would report
-    // it as its own (see the caching allocator's raw allocation below).
-    (void)cudaGetLastError();
     return CudaStatus(error,
                       absl::StrCat("cudaMalloc(", bytes, " bytes) for ", what));
   }
@@ -72,7 +69,6 @@ absl::Status HostAlloc(CudaHostPtr<T>& out, absl::string_view what) {
   void* raw = nullptr;
   if (const cudaError_t error = cudaMallocHost(&raw, sizeof(T));
       error != cudaSuccess) {
-    (void)cudaGetLastError();  // Not sticky; as above.
     return CudaStatus(error, absl::StrCat("cudaMallocHost for ", what));
   }
   out.reset(static_cast<T*>(raw));
@@ -164,9 +160,6 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
             void* ptr = nullptr;
             if (const cudaError_t error = cudaMalloc(&ptr, bytes);
                 error != cudaSuccess) {
-              // Out of memory is not sticky: clear it, or the next launch
-              // check (cudaGetLastError) would report it as its own.
-              (void)cudaGetLastError();
               return CudaStatus(
                   error, absl::StrCat("cuda:", device, ": cudaMalloc(", bytes,
                                       " bytes)"));
@@ -184,7 +177,6 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
         if (const cudaError_t error =
                 cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable);
             error != cudaSuccess) {
-          (void)cudaGetLastError();  // Not sticky; see cudaMalloc above.
           return CudaStatus(
               error, absl::StrCat("cuda:", device, ": cudaHostAlloc(", bytes,
                                   " bytes)"));

@@ -63,6 +63,13 @@ std::string CudaErrorMessage(cudaError_t error) {
 
 absl::Status CudaStatus(cudaError_t error, absl::string_view context) {
   if (error == cudaSuccess) return absl::OkStatus();
+  // The failed call also left `error` as this thread's last error. Reported
+  // here, it is consumed: otherwise the next launch check on this thread
+  // (cudaGetLastError after a kernel launch) would take it for its own and
+  // abort, or blame an innocent kernel; on the first GPU run a failed
+  // cudaSetDevice of a missing device failed the next smoke test's launch
+  // so. Sticky errors (a faulted context) stay sticky regardless.
+  (void)cudaGetLastError();
   std::string message = CudaErrorMessage(error);
   if (!context.empty()) message = absl::StrCat(context, ": ", message);
   return absl::Status(CudaErrorToStatusCode(error), message);

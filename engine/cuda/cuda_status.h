@@ -55,7 +55,10 @@ std::string CudaErrorMessage(cudaError_t error);
 
 // OK for cudaSuccess; otherwise a status with CudaErrorToStatusCode(error) and
 // the message "<context>: <CudaErrorMessage(error)>". `context` says what was
-// being done, e.g. "cudaMalloc(4096 bytes) on device 0".
+// being done, e.g. "cudaMalloc(4096 bytes) on device 0". Pass it the result
+// of the call that just failed on this thread: it also clears the thread's
+// last error (cudaGetLastError), which the failure set, so that a later
+// launch check does not report it again as its own.
 absl::Status CudaStatus(cudaError_t error, absl::string_view context);
 
 }  // namespace conveyor

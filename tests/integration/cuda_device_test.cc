@@ -180,5 +180,22 @@ TEST(CudaDeviceTest, SmokeTestPassesOnEveryDevice) {
   }
 }
 
+// Regression test for the first GPU run: a failed runtime call reported as
+// a Status (here cudaSetDevice of a missing ordinal) left its error as the
+// thread's last error, and the next smoke test's launch check took it for
+// its own ("launching a kernel ...: invalid device ordinal"). CudaStatus
+// now consumes the error it reports.
+TEST(CudaDeviceTest, AReportedFailureDoesNotFailTheNextLaunch) {
+  const absl::StatusOr<std::vector<CudaDeviceInfo>> devices = ListCudaDevices();
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  if (devices->empty()) GTEST_SKIP() << "no CUDA device";
+  const int missing = static_cast<int>(devices->size());
+  ASSERT_EQ(RunDeviceSmokeTest(missing).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess);
+  const absl::Status status = RunDeviceSmokeTest(0);
+  EXPECT_TRUE(status.ok()) << status;
+}
+
 }  // namespace
 }  // namespace conveyor
