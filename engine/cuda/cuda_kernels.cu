@@ -33,6 +33,28 @@ struct ToBf16Op {
   }
 };
 
+// Four elements a thread: one 16-byte load and one 8-byte store instead of
+// four of each, for operands whose addresses allow it. The bf16 GEMM path
+// rounds both operands on every call, so this copy is on every GEMM's
+// critical path (the first GPU run measured the bf16 GEMMs at 0.25-0.69 of
+// cuBLAS on operands rounded beforehand).
+struct ToBf16x4Op {
+  const float4* x;
+  uint2* y;
+  __device__ void operator()(int64_t i) const {
+    const float4 v = x[i];
+    const uint32_t lo =
+        static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(v.x))) |
+        static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(v.y)))
+            << 16;
+    const uint32_t hi =
+        static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(v.z))) |
+        static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(v.w)))
+            << 16;
+    y[i] = make_uint2(lo, hi);
+  }
+};
+
 struct ScaleOp {
   float* x;
   float alpha;
@@ -199,7 +221,19 @@ void Fill(float* x, int64_t n, float value, cudaStream_t stream) {
 }
 
 void ToBf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
-  ForEach(n, ToBf16Op{x, y}, stream);
+  const bool aligned = reinterpret_cast<uintptr_t>(x) % alignof(float4) == 0 &&
+                       reinterpret_cast<uintptr_t>(y) % alignof(uint2) == 0;
+  if (!aligned) {
+    ForEach(n, ToBf16Op{x, y}, stream);
+    return;
+  }
+  const int64_t groups = n / 4;
+  ForEach(groups,
+          ToBf16x4Op{reinterpret_cast<const float4*>(x),
+                     reinterpret_cast<uint2*>(y)},
+          stream);
+  // The last n % 4 elements, one a thread (ForEach launches nothing for 0).
+  ForEach(n - groups * 4, ToBf16Op{x + groups * 4, y + groups * 4}, stream);
 }
 
 void Scale(float* x, int64_t n, float alpha, cudaStream_t stream) {

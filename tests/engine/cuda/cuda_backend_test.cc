@@ -295,32 +295,37 @@ TEST_F(CudaBackendTest, Bf16GemmsMatchTheCpuBf16Reference) {
           << "ta=" << ta << " tb=" << tb;
     }
   }
-  // Strided batches (attention's GEMMs) round every batch.
-  GemmBatch g;
-  g.batch = 3;
-  g.m = 6;
-  g.n = 5;
-  g.k = 7;
-  g.lda = 7;
-  g.stride_a = 6 * 7;
-  g.ldb = 5;
-  g.stride_b = 7 * 5;
-  g.ldc = 5;
-  g.stride_c = 6 * 5;
-  const Tensor a = RandomTensor({3 * 6 * 7}, 4),
-               b = RandomTensor({3 * 7 * 5}, 5);
-  const Tensor c = RandomTensor({3 * 6 * 5}, 6);
-  const Tensor ga = upload(a), gb = upload(b), gc = upload(c);
-  GemmBatch on_cpu = g, on_gpu = g;
-  on_cpu.a = a.data<float>();
-  on_cpu.b = b.data<float>();
-  on_cpu.c = c.data<float>();
-  on_gpu.a = ga.data<float>();
-  on_gpu.b = gb.data<float>();
-  on_gpu.c = gc.data<float>();
-  cpu16->GemmStridedBatched(on_cpu);
-  bf16->GemmStridedBatched(on_gpu);
-  EXPECT_TRUE(AllClose(Values(gc), Values(c), 1e-4, 1e-4));
+  // Strided batches (attention's GEMMs) round every batch; at an offset of
+  // one float the operands are not 16-byte aligned, which the rounding
+  // kernel's vectorized path must notice (4-byte loads instead).
+  for (const int64_t offset : {0, 1}) {
+    GemmBatch g;
+    g.batch = 3;
+    g.m = 6;
+    g.n = 5;
+    g.k = 7;
+    g.lda = 7;
+    g.stride_a = 6 * 7;
+    g.ldb = 5;
+    g.stride_b = 7 * 5;
+    g.ldc = 5;
+    g.stride_c = 6 * 5;
+    const Tensor a = RandomTensor({3 * 6 * 7 + offset}, 4),
+                 b = RandomTensor({3 * 7 * 5 + offset}, 5);
+    const Tensor c = RandomTensor({3 * 6 * 5}, 6);
+    const Tensor ga = upload(a), gb = upload(b), gc = upload(c);
+    GemmBatch on_cpu = g, on_gpu = g;
+    on_cpu.a = a.data<float>() + offset;
+    on_cpu.b = b.data<float>() + offset;
+    on_cpu.c = c.data<float>();
+    on_gpu.a = ga.data<float>() + offset;
+    on_gpu.b = gb.data<float>() + offset;
+    on_gpu.c = gc.data<float>();
+    cpu16->GemmStridedBatched(on_cpu);
+    bf16->GemmStridedBatched(on_gpu);
+    EXPECT_TRUE(AllClose(Values(gc), Values(c), 1e-4, 1e-4))
+        << "operands at an offset of " << offset << " floats";
+  }
   EXPECT_TRUE(bf16->Synchronize().ok());
 }
 
