@@ -81,6 +81,18 @@ RunResult Train(const JobSpec& job) {
   return r;
 }
 
+// The parameters as initialized, before any step.
+std::vector<std::vector<float>> InitialParams(const JobSpec& job) {
+  auto trainer =
+      InProcessTrainer::Create(CpuBackend::Get(job.training.precision), job);
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  std::vector<std::vector<float>> params;
+  for (Parameter* p : (*trainer)->parameters()) {
+    params.push_back(ToVector(p->value));
+  }
+  return params;
+}
+
 TEST(TrainerTest, LossFallsOnSyntheticRegression) {
   RunResult r = Train(MakeJob(false, false, 4, 60));
   ASSERT_EQ(r.losses.size(), 60u);
@@ -112,7 +124,22 @@ TEST(TrainerTest, Bf16GemmsTrainCloseToFp32) {
     }
     EXPECT_GT(max_diff, 0);
     if (steps == 3) {
-      EXPECT_LT(max_diff, 1e-3);
+      // Norm-wise, against how far fp32 moved the parameters: an element
+      // bound would hinge on ReLU units whose pre-activation the rounding
+      // flips. Rounding a GEMM's inputs to bf16 (u = 2^-9) errs by about 2u
+      // of the product norm-wise; the gradients pass through 4 dense layers
+      // forward and 7 GEMMs backward, so ~11 * 2u = 4.3e-2 bounds how far
+      // the motion can differ.
+      const std::vector<std::vector<float>> start = InitialParams(fp32);
+      double diff = 0, motion = 0;
+      for (size_t i = 0; i < a.params.size(); ++i) {
+        for (size_t j = 0; j < a.params[i].size(); ++j) {
+          diff += std::pow(double{b.params[i][j]} - a.params[i][j], 2);
+          motion += std::pow(double{a.params[i][j]} - start[i][j], 2);
+        }
+      }
+      EXPECT_GT(motion, 0);
+      EXPECT_LT(std::sqrt(diff), 4.3e-2 * std::sqrt(motion));
     } else {
       EXPECT_LT(b.losses.back(), 0.5 * b.losses.front());
       EXPECT_NEAR(b.losses.back(), a.losses.back(),
@@ -122,18 +149,13 @@ TEST(TrainerTest, Bf16GemmsTrainCloseToFp32) {
 }
 
 TEST(TrainerTest, FourStageSplitMatchesTheUnsplitModel) {
+  // Bitwise: a cut changes which stage runs a layer, not the kernels or the
+  // order of any sum.
   RunResult whole = Train(MakeJob(false, false, 4, 5));
   RunResult split = Train(MakeJob(true, false, 4, 5));
   EXPECT_EQ(whole.names, split.names);
-  ASSERT_EQ(whole.losses.size(), split.losses.size());
-  for (size_t i = 0; i < whole.losses.size(); ++i) {
-    EXPECT_NEAR(whole.losses[i], split.losses[i],
-                1e-5 * std::abs(whole.losses[i]));
-  }
-  for (size_t i = 0; i < whole.params.size(); ++i) {
-    EXPECT_TRUE(AllClose(split.params[i], whole.params[i], 1e-5, 1e-7))
-        << whole.names[i];
-  }
+  EXPECT_EQ(whole.losses, split.losses);
+  EXPECT_EQ(whole.params, split.params);
 }
 
 TEST(TrainerTest, FourStageTransformerSplitMatchesTheUnsplitModel) {
@@ -162,17 +184,14 @@ model:
   };
   JobSpec split_job = job(true);
   ASSERT_EQ(split_job.model.num_stages, 4);
+  // Bitwise, as for the MLP. A tolerance would be ill-posed here: the key
+  // part of each in_proj_bias has a true gradient of zero, and AdamW turns
+  // its rounding noise into a step of about lr whose sign depends on the
+  // summation order.
   RunResult whole = Train(job(false));
   RunResult split = Train(split_job);
-  for (size_t i = 0; i < whole.losses.size(); ++i) {
-    EXPECT_NEAR(whole.losses[i], split.losses[i],
-                1e-5 * std::abs(whole.losses[i]));
-  }
-  ASSERT_EQ(whole.params.size(), split.params.size());
-  for (size_t i = 0; i < whole.params.size(); ++i) {
-    EXPECT_TRUE(AllClose(split.params[i], whole.params[i], 1e-5, 1e-7))
-        << whole.names[i];
-  }
+  EXPECT_EQ(whole.losses, split.losses);
+  EXPECT_EQ(whole.params, split.params);
 }
 
 TEST(TrainerTest, MicrobatchAccumulationEqualsOneFullBatchStep) {

@@ -350,15 +350,12 @@ TEST_P(PipelinedEqualsInProcess, FinalParametersAfterFiveSteps) {
   EXPECT_EQ(result->step, 5);
   EXPECT_EQ(result->num_stages, stages);
 
-  const Params pipelined = ReadParams(exported);
-  const Params reference = InProcessReference(yaml);
-  ASSERT_EQ(pipelined.size(), reference.size());
-  for (const auto& [name, values] : reference) {
-    ASSERT_TRUE(pipelined.contains(name)) << name;
-    EXPECT_TRUE(
-        engine::testing_util::AllClose(pipelined.at(name), values, 1e-5, 1e-6))
-        << name;
-  }
+  // Bitwise: every schedule adds each parameter's microbatch gradients in
+  // the reference's order. A tolerance here would also be ill-posed: the
+  // key part of attention's in_proj_bias has a true gradient of zero, and
+  // AdamW turns its rounding noise into a step of about lr whose sign
+  // depends on the summation order.
+  ExpectBitwiseEqual(ReadParams(exported), InProcessReference(yaml));
   EXPECT_EQ(WaitForIdle(*client_, kWorkers), kWorkers);
 }
 
@@ -706,12 +703,9 @@ TEST_F(DaemonsTest, ZeroBubbleH1MatchesOneFOneBWithNoMoreActivationMemory) {
       ASSERT_TRUE(cli::ExportCheckpoint(dir, std::nullopt, exported).ok());
       params[schedule] = ReadParams(exported);
     }
-    ASSERT_EQ(params["zb-h1"].size(), params["1f1b"].size());
-    for (const auto& [name, values] : params["1f1b"]) {
-      EXPECT_TRUE(engine::testing_util::AllClose(params["zb-h1"].at(name),
-                                                 values, 1e-5, 1e-6))
-          << model << " " << name;
-    }
+    // Bitwise, as above: zb-h1 runs each BW later, in the same order.
+    SCOPED_TRACE(model);
+    ExpectBitwiseEqual(params["zb-h1"], params["1f1b"]);
     // The device memory a job needs is its largest rank's. zb-h1 moves
     // stashes towards the later ranks (rank r holds back up to r BWs, in
     // their smaller post-BI form), so per rank it differs; the peak over
@@ -772,15 +766,12 @@ TEST_F(DaemonsTest, AutoStagesTrainTheChosenCutAndMatchInProcess) {
 
   const std::string exported = dir + "/export.safetensors";
   ASSERT_TRUE(cli::ExportCheckpoint(dir, std::nullopt, exported).ok());
-  const Params pipelined = ReadParams(exported);
-  const Params reference = InProcessReference(yaml);
-  ASSERT_EQ(pipelined.size(), reference.size());
-  for (const auto& [name, values] : reference) {
-    ASSERT_TRUE(pipelined.contains(name)) << name;
-    EXPECT_TRUE(
-        engine::testing_util::AllClose(pipelined.at(name), values, 1e-5, 1e-6))
-        << name;
-  }
+  // Bitwise: every schedule adds each parameter's microbatch gradients in
+  // the reference's order. A tolerance here would also be ill-posed: the
+  // key part of attention's in_proj_bias has a true gradient of zero, and
+  // AdamW turns its rounding noise into a step of about lr whose sign
+  // depends on the summation order.
+  ExpectBitwiseEqual(ReadParams(exported), InProcessReference(yaml));
 
   // The same model and microbatch again: the cached profile, the same cut.
   absl::StatusOr<v1::Job> again = Submit(absl::StrReplaceAll(
