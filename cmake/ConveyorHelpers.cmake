@@ -30,17 +30,33 @@ function(conveyor_cc_library)
   add_library(conveyor::${ARG_NAME} ALIAS ${target})
 endfunction()
 
-# conveyor_cc_test(NAME name SRCS ... [DEPS ...])
+# conveyor_cc_test(NAME name SRCS ... [DEPS ...] [LABELS ...])
+# Each test case is labelled with the binary's name and LABELS. `numerics`
+# marks tests that compare numbers with a reference across summation orders
+# (other backends, devices, stage cuts, PyTorch): .ci/run runs them again
+# under other OpenBLAS kernels, since a verdict that depends on the kernel
+# is a defect (docs/development.md).
 function(conveyor_cc_test)
   if(NOT CONVEYOR_BUILD_TESTS)
     return()
   endif()
-  cmake_parse_arguments(ARG "" "NAME" "SRCS;DEPS" ${ARGN})
+  cmake_parse_arguments(ARG "" "NAME" "SRCS;DEPS;LABELS" ${ARGN})
   add_executable(${ARG_NAME} ${ARG_SRCS})
   target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} GTest::gmock GTest::gtest_main)
   conveyor_set_warnings(${ARG_NAME})
   gtest_discover_tests(${ARG_NAME} DISCOVERY_TIMEOUT 60
+                       TEST_LIST ${ARG_NAME}_TESTS
                        PROPERTIES LABELS "${ARG_NAME}")
+  if(ARG_LABELS)
+    # gtest_discover_tests cannot pass a list-valued property (each item
+    # becomes an argument of its own), so the labels are set by a file that
+    # ctest includes after the discovered tests.
+    set(labels_file "${CMAKE_CURRENT_BINARY_DIR}/${ARG_NAME}_labels.cmake")
+    file(WRITE "${labels_file}"
+         "set_tests_properties(\${${ARG_NAME}_TESTS} PROPERTIES LABELS "
+         "[[${ARG_NAME};${ARG_LABELS}]])\n")
+    set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${labels_file}")
+  endif()
 endfunction()
 
 # conveyor_cc_binary(NAME name SRCS ... [DEPS ...])
