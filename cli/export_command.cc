@@ -179,11 +179,15 @@ absl::StatusOr<ExportResult> ExportCheckpoint(const std::string& dir,
   } else {
     // A job that stopped while saving leaves an incomplete newest step; the
     // one before it is still a consistent export.
-    ASSIGN_OR_RETURN(
-        engine::LatestCheckpoint latest,
-        engine::FindLatestCompleteCheckpoint(dir, /*verify_checksums=*/true));
-    manifest = std::move(latest.manifest);
-    result.skipped = std::move(latest.skipped);
+    absl::StatusOr<engine::LatestCheckpoint> latest =
+        engine::FindLatestCompleteCheckpoint(dir, /*verify_checksums=*/true);
+    if (absl::IsDataLoss(latest.status())) {
+      return absl::DataLossError(absl::StrCat(
+          latest.status().message(), "; export an older step with --step N"));
+    }
+    RETURN_IF_ERROR(latest.status());
+    manifest = std::move(latest->manifest);
+    result.skipped = std::move(latest->skipped);
   }
   result.step = manifest.step;
   ASSIGN_OR_RETURN(LoadedStep loaded, LoadStep(dir, manifest));

@@ -21,6 +21,7 @@
 #include "cli/watch.h"
 #include "common/status_macros.h"
 #include "coordinator/planner.h"
+#include "engine/checkpoint_manifest.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/job_spec.h"
 #include "engine/trainer.h"
@@ -42,10 +43,33 @@ std::vector<std::string> AllOverrides(const RunCommandOptions& o) {
   return overrides;
 }
 
+// --overwrite: the checkpoints an earlier run left in checkpoint.dir go
+// before this run starts, instead of refusing the job over them (a demo or a
+// smoke test run twice). Only step-<N> directories are removed: what the
+// refusal is about, and what this project wrote.
+absl::Status RemoveEarlierRun(const RunCommandOptions& o,
+                              const engine::JobSpec& job, std::ostream& out) {
+  if (!o.overwrite || job.checkpoint.dir.empty()) return absl::OkStatus();
+  if (job.resume.kind != engine::ResumeSpec::Kind::kNone) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "run: --overwrite starts from scratch, and the job resumes (resume at ",
+        job.resume.where.ToString(), "): drop one of them"));
+  }
+  ASSIGN_OR_RETURN(std::vector<int64_t> removed,
+                   engine::RemoveAllCheckpoints(job.checkpoint.dir));
+  if (!removed.empty()) {
+    out << "--overwrite: removed " << removed.size()
+        << " checkpoint step(s) of an earlier run from " << job.checkpoint.dir
+        << " (steps " << removed.front() << " to " << removed.back() << ")\n";
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RunInProcess(const RunCommandOptions& o, std::ostream& out) {
   ASSIGN_OR_RETURN(JobSource source,
                    ReadJobSource(o.job_file, AllOverrides(o)));
   ASSIGN_OR_RETURN(engine::JobSpec job, ParseJobSource(source));
+  RETURN_IF_ERROR(RemoveEarlierRun(o, job, out));
   engine::Backend* backend = engine::CpuBackend::Get(job.training.precision);
   // Create the checkpoint directory first: a run that cannot write its
   // result should fail before training, not after.
@@ -164,6 +188,7 @@ absl::Status RunOnLocalCluster(const RunCommandOptions& o, bool tty,
                    FindDaemonBinary(kCoordinatorBinary, search));
   ASSIGN_OR_RETURN(options.worker_binary,
                    FindDaemonBinary(kWorkerBinary, search));
+  RETURN_IF_ERROR(RemoveEarlierRun(o, plan.job, out));
 
   // From here on a signal cancels and tears down rather than kills.
   ASSIGN_OR_RETURN(std::unique_ptr<InterruptHandler> interrupts,
@@ -265,6 +290,9 @@ CLI::App* AddRunCommand(CLI::App& app, RunCommandOptions& o) {
   cmd->add_option("--log-every", o.log_every,
                   "Without a terminal, print every N-th step (default: about "
                   "20 lines over the job)");
+  cmd->add_flag("--overwrite", o.overwrite,
+                "Start from scratch: remove the checkpoint steps an earlier "
+                "run left in checkpoint.dir (instead of refusing the job)");
   cmd->add_flag("--in-process", o.in_process,
                 "Train in this process with the reference trainer (no "
                 "daemons)");

@@ -12,6 +12,10 @@
 // reference trainer, every stage in turn, and the final parameters go to
 // checkpoint.dir/params.safetensors.
 //
+// --overwrite removes the step-<N> directories an earlier run left in
+// checkpoint.dir before the run (a job that does not resume is otherwise
+// refused over them).
+//
 // --set k.path=v overrides the job (cli/overrides.h); --steps S is
 // --set training.steps=S.
 // Thread-compatible: the options are the caller's.
@@ -31,6 +35,8 @@ namespace conveyor::cli {
 struct RunCommandOptions {
   std::string job_file;
   bool in_process = false;
+  // Remove the checkpoint steps an earlier run left in checkpoint.dir first.
+  bool overwrite = false;
   int workers = 0;  // 0: as many as the job needs.
   // The workers' --devices: one value for all (e.g. "cuda:0": every worker
   // shares that GPU), or one per worker ("cuda:0", "cuda:1": each its own,

@@ -33,12 +33,25 @@ struct FoundManifest {
   std::string checkpoint_dir;
 };
 
+// The newest committed step of `dir`; a damaged one is refused with what to
+// do about it, never passed over for an older one.
+absl::StatusOr<engine::LatestCheckpoint> FindLatest(const std::string& dir) {
+  absl::StatusOr<engine::LatestCheckpoint> latest =
+      engine::FindLatestCompleteCheckpoint(dir, /*verify_checksums=*/false);
+  if (absl::IsDataLoss(latest.status())) {
+    return absl::DataLossError(absl::StrCat(
+        latest.status().message(),
+        ". Resume from an older step by its path (resume: DIR/step-N), or "
+        "move the damaged step out of the checkpoint directory"));
+  }
+  return latest;
+}
+
 absl::StatusOr<FoundManifest> FindManifest(const engine::ResumeSpec& resume,
                                            const std::string& checkpoint_dir) {
   if (resume.kind == engine::ResumeSpec::Kind::kLatest) {
     ASSIGN_OR_RETURN(engine::LatestCheckpoint latest,
-                     engine::FindLatestCompleteCheckpoint(
-                         checkpoint_dir, /*verify_checksums=*/false));
+                     FindLatest(checkpoint_dir));
     return FoundManifest{std::move(latest.manifest), checkpoint_dir};
   }
   const std::filesystem::path path(resume.path);
@@ -62,9 +75,7 @@ absl::StatusOr<FoundManifest> FindManifest(const engine::ResumeSpec& resume,
                          parent.string(), *step, /*verify_checksums=*/false));
     return FoundManifest{std::move(manifest), parent.string()};
   }
-  ASSIGN_OR_RETURN(engine::LatestCheckpoint latest,
-                   engine::FindLatestCompleteCheckpoint(
-                       resume.path, /*verify_checksums=*/false));
+  ASSIGN_OR_RETURN(engine::LatestCheckpoint latest, FindLatest(resume.path));
   const std::filesystem::path dir =
       normal.has_filename() ? normal : normal.parent_path();
   return FoundManifest{std::move(latest.manifest), dir.string()};
@@ -187,7 +198,8 @@ absl::Status CheckNothingNewer(const std::string& checkpoint_dir,
           " already holds a complete checkpoint of an earlier run (step ", *it,
           "), newer than where this job starts (step ", start_step,
           "); continue that run with 'resume: latest', or use another "
-          "checkpoint.dir, or remove the old one"));
+          "checkpoint.dir, or remove the old one (conveyorctl run "
+          "--overwrite does)"));
     }
   }
   return absl::OkStatus();

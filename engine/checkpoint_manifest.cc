@@ -363,7 +363,10 @@ struct FileDigest {
 
 // Size and CRC-32C of the regular file at `path`, read in chunks.
 absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise block until a
+  // writer comes, which may be never (a job naming one wedged a worker);
+  // the fstat below then refuses it. Reads of a regular file ignore it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return ErrnoError(errno, path, "open");
   struct Closer {
     int fd;
@@ -715,8 +718,29 @@ absl::StatusOr<LatestCheckpoint> FindLatestCompleteCheckpoint(
       latest.manifest = *std::move(manifest);
       return latest;
     }
-    // A job that stopped while saving leaves an incomplete newest step; the
-    // one before it is still a consistent checkpoint.
+    if (absl::IsDataLoss(manifest.status())) {
+      // Committed (the manifest is written last, once every file is
+      // durable) and damaged since. Falling back to an older step would
+      // silently redo the steps after it and then overwrite this one: the
+      // caller must choose, so say which older step is intact.
+      std::string older = "no older step is intact";
+      for (auto o = std::next(it); o != steps.rend(); ++o) {
+        if (LoadCompleteCheckpoint(checkpoint_dir, *o, verify_checksums).ok()) {
+          older = absl::StrCat("the newest intact step before it is ",
+                               StepDirPath(checkpoint_dir, *o));
+          break;
+        }
+      }
+      return absl::DataLossError(
+          absl::StrCat(StepDirPath(checkpoint_dir, *it),
+                       " is a committed checkpoint that fails its checks (",
+                       manifest.status().message(), "); ", older));
+    }
+    if (!absl::IsFailedPrecondition(manifest.status())) {
+      return manifest.status();  // Cannot tell (e.g. PermissionDenied).
+    }
+    // No manifest: a job that stopped while saving leaves an incomplete
+    // newest step, never committed; the one before it is consistent.
     latest.skipped.push_back(std::string(manifest.status().message()));
   }
   if (steps.empty()) {
@@ -772,6 +796,27 @@ absl::StatusOr<std::vector<int64_t>> PruneCheckpoints(
     fs::remove_all(dir, ec);
     if (ec) return ErrnoError(ec.value(), dir, "remove");
     removed.push_back(step);
+  }
+  return removed;
+}
+
+absl::StatusOr<std::vector<int64_t>> RemoveAllCheckpoints(
+    const std::string& checkpoint_dir) {
+  absl::StatusOr<std::vector<int64_t>> steps =
+      ListCheckpointSteps(checkpoint_dir);
+  if (!steps.ok()) {
+    if (steps.status().code() == absl::StatusCode::kNotFound) {
+      return std::vector<int64_t>{};
+    }
+    return steps.status();
+  }
+  std::vector<int64_t> removed;
+  for (auto it = steps->rbegin(); it != steps->rend(); ++it) {
+    const std::string dir = StepDirPath(checkpoint_dir, *it);
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    if (ec) return ErrnoError(ec.value(), dir, "remove");
+    removed.insert(removed.begin(), *it);
   }
   return removed;
 }

@@ -138,13 +138,19 @@ absl::StatusOr<std::vector<int64_t>> ListCheckpointSteps(
 
 struct LatestCheckpoint {
   CheckpointManifest manifest;
-  // Why each newer step was passed over, newest first.
+  // Why each newer (uncommitted) step was passed over, newest first.
   std::vector<std::string> skipped;
 };
 
-// The newest step that LoadCompleteCheckpoint accepts. Returns
-// ListCheckpointSteps' errors, or FailedPrecondition "no complete
-// checkpoint" with the reasons (the first few) when no step is complete.
+// The newest step that LoadCompleteCheckpoint accepts, passing over newer
+// steps that were never committed (no manifest: a crash while saving).
+// Returns ListCheckpointSteps' errors; DataLoss when the newest committed
+// step fails its checks (a truncated or altered file, a damaged manifest),
+// naming it and the newest intact step before it, since resuming from an
+// older step must be the caller's choice; the error of a step whose state
+// cannot be read (e.g. PermissionDenied); or FailedPrecondition "no
+// complete checkpoint" with the reasons (the first few) when no step is
+// committed.
 absl::StatusOr<LatestCheckpoint> FindLatestCompleteCheckpoint(
     const std::string& checkpoint_dir, bool verify_checksums);
 
@@ -160,6 +166,16 @@ absl::StatusOr<LatestCheckpoint> FindLatestCompleteCheckpoint(
 // removal (steps removed before it stay removed).
 absl::StatusOr<std::vector<int64_t>> PruneCheckpoints(
     const std::string& checkpoint_dir, int keep_latest);
+
+// Deletes every step-<N> directory in `checkpoint_dir`, complete or not,
+// newest first (so a failure part way leaves only older steps), and returns
+// the steps removed, ascending: a fresh start over an earlier run's
+// checkpoints (`conveyorctl run --overwrite`). Nothing else in the directory
+// is touched. A missing directory has nothing to remove. Returns
+// ListCheckpointSteps' other errors, or the errno-derived code of a failed
+// removal (steps removed before it stay removed).
+absl::StatusOr<std::vector<int64_t>> RemoveAllCheckpoints(
+    const std::string& checkpoint_dir);
 
 // A 16-hex-digit hash (64-bit FNV-1a) of what a job file says about the
 // training itself, recorded in every manifest so that a job is refused

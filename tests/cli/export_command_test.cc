@@ -151,23 +151,40 @@ TEST_F(ExportTest, GathersEveryStageByGlobalName) {
 TEST_F(ExportTest, PicksTheHighestCompleteStepAndSaysWhatItSkipped) {
   WriteStep(100, 2);
   WriteStep(200, 2);
-  WriteStep(300, 2);
-  std::fstream(StagePath(300, 1),
-               std::ios::in | std::ios::out | std::ios::binary)
-      .put('\x7f');  // Step 300 was damaged after it was committed.
-  // The job stopped while writing step 400: every stage file is there, but
+  // The job stopped while writing step 300: every stage file is there, but
   // the coordinator never committed it.
-  WriteStage(400, 0, 2);
-  WriteStage(400, 1, 2);
+  WriteStage(300, 0, 2);
+  WriteStage(300, 1, 2);
   fs::create_directories(fs::path(ckpt_) / "step-x");  // Not a step.
   absl::StatusOr<ExportResult> r =
       ExportCheckpoint(ckpt_, std::nullopt, output_);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->step, 200);
-  ASSERT_EQ(r->skipped.size(), 2u);
-  EXPECT_THAT(r->skipped[0], HasSubstr("step 400 is incomplete: no manifest"));
-  EXPECT_THAT(r->skipped[1],
-              HasSubstr("step-300/stage-1.safetensors: CRC-32C"));
+  ASSERT_EQ(r->skipped.size(), 1u);
+  EXPECT_THAT(r->skipped[0], HasSubstr("step 300 is incomplete: no manifest"));
+}
+
+TEST_F(ExportTest, ADamagedNewestCommittedStepIsRefusedNotSkipped) {
+  WriteStep(100, 2);
+  WriteStep(200, 2);
+  std::fstream(StagePath(200, 1),
+               std::ios::in | std::ios::out | std::ios::binary)
+      .put('\x7f');  // Step 200 was damaged after it was committed.
+  absl::StatusOr<ExportResult> r =
+      ExportCheckpoint(ckpt_, std::nullopt, output_);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("step-200 is a committed checkpoint that fails its "
+                        "checks (" +
+                        StagePath(200, 1) + ": CRC-32C"));
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("the newest intact step before it is"));
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("export an older step with --step N"));
+  EXPECT_FALSE(fs::exists(output_));
+  r = ExportCheckpoint(ckpt_, 100, output_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->step, 100);
 }
 
 TEST_F(ExportTest, StepSelectsAnOlderStep) {

@@ -129,6 +129,33 @@ TEST_F(CheckpointsTest, FindsLatestOrTheNamedStepAndChecksTheConfig) {
                         "00000000000000bb"));
 }
 
+// resume: latest once skipped a damaged committed step without a word,
+// resumed from the step before it, and then overwrote it.
+TEST_F(CheckpointsTest, LatestRefusesADamagedCommittedStepSayingWhatToDo) {
+  const JobPlan plan = Plan(JobYaml(2, "mlp", /*steps=*/10));
+  WriteStep(plan, 2, true);
+  WriteStep(plan, 4, true);
+  std::filesystem::resize_file(engine::StageFilePath(dir_, 4, 1), 2);
+  for (const engine::ResumeSpec& resume : {Latest(), AtPath(dir_)}) {
+    absl::StatusOr<ResumePoint> point =
+        FindResumePoint(resume, dir_, "00000000000000aa");
+    EXPECT_EQ(point.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(point.status().message(),
+                HasSubstr(engine::StepDirPath(dir_, 4) +
+                          " is a committed checkpoint that fails its checks"));
+    EXPECT_THAT(point.status().message(),
+                HasSubstr("the newest intact step before it is " +
+                          engine::StepDirPath(dir_, 2)));
+    EXPECT_THAT(point.status().message(),
+                HasSubstr("Resume from an older step by its path"));
+  }
+  // Named by its path, the older step resumes.
+  absl::StatusOr<ResumePoint> older = FindResumePoint(
+      AtPath(engine::StepDirPath(dir_, 2)), "", "00000000000000aa");
+  ASSERT_TRUE(older.ok()) << older.status();
+  EXPECT_EQ(older->step, 2);
+}
+
 TEST_F(CheckpointsTest, TheCheckpointMustFitThePlan) {
   const JobPlan two = Plan(JobYaml(2, "mlp", /*steps=*/3));
   WriteStep(two, 2, true);

@@ -577,12 +577,11 @@ TEST_F(CheckpointDirTest, ListCheckpointStepsIgnoresOtherNames) {
             absl::StatusCode::kFailedPrecondition);
 }
 
-TEST_F(CheckpointDirTest, FindLatestSkipsNewerIncompleteAndCorruptSteps) {
+TEST_F(CheckpointDirTest, FindLatestSkipsNewerUncommittedSteps) {
   WriteCompleteStep(10);
   WriteCompleteStep(20);
-  WriteCompleteStep(30);
-  FlipByte(StageFilePath(ckpt_, 30, 1), 0);  // Corrupt.
-  WriteStageFiles(40, 2);                    // No manifest: a crash.
+  WriteStageFiles(30, 2);  // No manifest: a crash while saving.
+  WriteStageFiles(40, 1);
   absl::StatusOr<LatestCheckpoint> latest =
       FindLatestCompleteCheckpoint(ckpt_, /*verify_checksums=*/true);
   ASSERT_TRUE(latest.ok()) << latest.status();
@@ -591,13 +590,43 @@ TEST_F(CheckpointDirTest, FindLatestSkipsNewerIncompleteAndCorruptSteps) {
   EXPECT_THAT(latest->skipped[0],
               HasSubstr("step 40 is incomplete: no manifest"));
   EXPECT_THAT(latest->skipped[1],
+              HasSubstr("step 30 is incomplete: no manifest"));
+}
+
+// A committed step that fails its checks is not passed over: resuming from
+// the step before it would redo the steps between and then overwrite it
+// (it once did so without a word).
+TEST_F(CheckpointDirTest, FindLatestRefusesADamagedCommittedStepNamingIt) {
+  WriteCompleteStep(10);
+  WriteCompleteStep(20);
+  WriteCompleteStep(30);
+  WriteStageFiles(40, 2);                    // Uncommitted: passed over.
+  FlipByte(StageFilePath(ckpt_, 30, 1), 0);  // Corrupt.
+  absl::StatusOr<LatestCheckpoint> latest =
+      FindLatestCompleteCheckpoint(ckpt_, /*verify_checksums=*/true);
+  EXPECT_EQ(latest.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(latest.status().message(),
+              HasSubstr(StepDir(30) +
+                        " is a committed checkpoint that fails its checks"));
+  EXPECT_THAT(latest.status().message(),
               HasSubstr("step-30/stage-1.safetensors: CRC-32C"));
+  EXPECT_THAT(latest.status().message(),
+              HasSubstr("the newest intact step before it is " + StepDir(20)));
 
   // Without checksums the flipped byte goes unseen.
   latest = FindLatestCompleteCheckpoint(ckpt_, /*verify_checksums=*/false);
   ASSERT_TRUE(latest.ok()) << latest.status();
   EXPECT_EQ(latest->manifest.step, 30);
-  EXPECT_EQ(latest->skipped.size(), 1u);
+
+  // Truncated, as a full disk or a bad copy leaves it: sizes catch it too.
+  std::filesystem::resize_file(StageFilePath(ckpt_, 30, 0), 1);
+  latest = FindLatestCompleteCheckpoint(ckpt_, /*verify_checksums=*/false);
+  EXPECT_EQ(latest.status().code(), absl::StatusCode::kDataLoss);
+  // With no intact step left, it says so.
+  fs::remove_all(StepDir(10));
+  fs::remove_all(StepDir(20));
+  latest = FindLatestCompleteCheckpoint(ckpt_, /*verify_checksums=*/false);
+  EXPECT_THAT(latest.status().message(), HasSubstr("no older step is intact"));
 }
 
 TEST_F(CheckpointDirTest, FindLatestWithNothingCompleteSaysWhy) {
@@ -684,6 +713,33 @@ TEST_F(CheckpointDirTest, PruneWithKeepZeroRemovesNothing) {
   EXPECT_THAT(Steps(), ElementsAre(1, 2, 3, 4));
   EXPECT_EQ(PruneCheckpoints((dir_ / "nope").string(), 1).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+TEST_F(CheckpointDirTest, RemoveAllRemovesEveryStepAndNothingElse) {
+  WriteStageFiles(1, 2);  // Incomplete.
+  WriteCompleteStep(2);
+  WriteCompleteStep(10);
+  fs::create_directories(dir_ / "step-x");  // Not a step.
+  fs::create_directories(dir_ / "step-01");
+  std::ofstream(dir_ / "params.safetensors") << "kept";
+  absl::StatusOr<std::vector<int64_t>> removed = RemoveAllCheckpoints(ckpt_);
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_THAT(*removed, ElementsAre(1, 2, 10));
+  EXPECT_THAT(Steps(), IsEmpty());
+  EXPECT_TRUE(fs::exists(dir_ / "step-x"));
+  EXPECT_TRUE(fs::exists(dir_ / "step-01"));
+  EXPECT_TRUE(fs::exists(dir_ / "params.safetensors"));
+  // Nothing left, and no directory at all: both remove nothing.
+  removed = RemoveAllCheckpoints(ckpt_);
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_THAT(*removed, IsEmpty());
+  removed = RemoveAllCheckpoints((dir_ / "nope").string());
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_THAT(*removed, IsEmpty());
+  // A file where the directory should be is an error, not a no-op.
+  std::ofstream(dir_ / "file") << "x";
+  EXPECT_EQ(RemoveAllCheckpoints((dir_ / "file").string()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# `conveyorctl run` of the same job twice, as the README's scripts/run-example
+# does, through the real daemons: without --overwrite the second run is
+# refused over the first run's checkpoint (saying how to proceed); with it,
+# the old steps go and the second run trains from scratch, ending bitwise
+# equal to the first. --overwrite with a resuming job is refused. Needs
+# CONVEYORCTL (the daemons are found beside it).
+set -u
+ctl=${CONVEYORCTL:?}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+source "$(dirname "$0")/daemon_test_lib.sh"
+
+# The README's example itself, shortened, with its checkpoints in $dir.
+run() {  # run OUTPUT ARGS...
+  local out=$1
+  shift
+  "$ctl" run "$root/examples/mlp.yaml" --steps 6 \
+    --set "checkpoint.dir=$dir/ckpt" "$@" >"$dir/$out" 2>&1
+}
+
+run first.out --overwrite
+check "the first run succeeds (--overwrite with nothing to remove)" test $? -eq 0
+check "... and removes nothing" bash -c "! grep -q 'removed' '$dir/first.out'"
+"$ctl" export "$dir/ckpt" -o "$dir/first.safetensors" >/dev/null
+check "... leaving a checkpoint" test -s "$dir/first.safetensors"
+
+run refused.out
+check "a second run without --overwrite is refused" test $? -ne 0
+check "... naming the earlier checkpoint and --overwrite" grep -q \
+  "already holds a complete checkpoint of an earlier run (step 6).*--overwrite" \
+  "$dir/refused.out"
+
+run second.out --overwrite
+check "a second run with --overwrite succeeds" test $? -eq 0
+check "... saying what it removed" grep -q \
+  "removed 1 checkpoint step(s) of an earlier run from $dir/ckpt (steps 6 to 6)" \
+  "$dir/second.out"
+"$ctl" export "$dir/ckpt" -o "$dir/second.safetensors" >/dev/null
+check "... training from scratch: bitwise equal to the first run" \
+  same_tensors "$dir/first.safetensors" "$dir/second.safetensors"
+
+run resume.out --overwrite --set resume=latest
+check "--overwrite with a resuming job is refused" test $? -eq 2
+check "... saying why" grep -q \
+  "run: --overwrite starts from scratch, and the job resumes" "$dir/resume.out"
+check "... before touching the checkpoint" test -d "$dir/ckpt/step-6"
+
+finish || { tail -n 20 "$dir"/*.out; exit 1; }
