@@ -20,7 +20,10 @@ absl::Status ErrnoError(int err, absl::string_view path,
 
 absl::StatusOr<std::string> ReadFile(const std::string& path,
                                      uint64_t max_bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise block until a
+  // writer comes, which may be never (a job naming one wedged a worker);
+  // the fstat below then refuses it. Reads of a regular file ignore it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return ErrnoError(errno, path, "open");
   struct Closer {
     int fd;

@@ -236,6 +236,10 @@ int main(int argc, char** argv) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(flags.listen, *credentials, &port);
+  // gRPC sets SO_REUSEPORT by default: a second coordinator on the same
+  // port would then start too, and the kernel would split calls between
+  // the two. Off, the second fails to bind and exits.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(conveyor::proto::kMaxMessageBytes);
   builder.SetMaxSendMessageSize(conveyor::proto::kMaxMessageBytes);
   builder.RegisterService(&coordinator_service);

@@ -220,7 +220,14 @@ void JobManager::MarkLost(WorkerRecord& w, const std::string& observed) {
   JobRecord* job = FindJob(w.info.job_id());
   w.info.clear_job_id();
   w.info.clear_stages();
-  if (job != nullptr && !proto::IsTerminal(job->info.state())) {
+  // A worker of an earlier attempt, still winding down after a restart,
+  // keeps the job's id but is no longer among its workers: its loss ends
+  // nothing of the attempt now running.
+  const bool in_attempt =
+      job != nullptr && std::find(job->info.worker_ids().begin(),
+                                  job->info.worker_ids().end(),
+                                  w.info.id()) != job->info.worker_ids().end();
+  if (in_attempt && !proto::IsTerminal(job->info.state())) {
     FailOrRestart(*job, absl::StrCat(who, " lost: ", observed));
   }
 }
@@ -1189,8 +1196,30 @@ void JobManager::Tick() {
   Persist();
 }
 
+void JobManager::DiscountStall(TimePoint now) {
+  const std::optional<TimePoint> last = std::exchange(last_tick_, now);
+  if (!last.has_value() || options_.stall_threshold.count() <= 0) return;
+  const auto gap = now - *last;
+  if (gap <= options_.stall_threshold) return;
+  // The coordinator did not run for `gap`: the heartbeats sent meanwhile
+  // wait unread in their sockets, and the workers may be fine. Judged on the
+  // coordinator's own progress, that time is no worker's silence (SIGSTOP
+  // of the coordinator for 15 s once failed a job "no heartbeat for 15.1 s"
+  // on every worker).
+  SPDLOG_WARN(
+      "the coordinator did not run for {:.1f} s (a stall, not the workers'): "
+      "heartbeat timeouts discount it",
+      Seconds(gap));
+  // (Not past now: a heartbeat read during the gap, by a thread that did
+  // run, is already recent.)
+  for (auto& [number, w] : workers_) {
+    w.last_seen = std::min(now, w.last_seen + gap);
+  }
+}
+
 void JobManager::TickLocked() {
   const TimePoint now = options_.clock();
+  DiscountStall(now);
   for (auto& [number, w] : workers_) {
     if (w.info.state() == v1::LOST) continue;
     if (now - w.last_seen > options_.heartbeat_timeout) {

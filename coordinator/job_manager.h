@@ -105,6 +105,11 @@ class JobObserver {
 struct JobManagerOptions {
   // A worker silent for longer than this is lost.
   std::chrono::milliseconds heartbeat_timeout{10000};
+  // Two Ticks further apart than this (the daemon ticks every 100 ms) mean
+  // the coordinator itself was not running: stopped, descheduled, a paused
+  // VM. That time is not counted against the workers' heartbeats, which
+  // queued up unread meanwhile. Zero: never.
+  std::chrono::milliseconds stall_threshold{2000};
   // How long workers may take to load a program and report ready.
   std::chrono::milliseconds prepare_timeout{120000};
   // How long a job reported failed by a worker waits for a lost worker to
@@ -295,6 +300,9 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void TickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Discounts a stall of the coordinator since the last Tick from every
+  // worker's silence (JobManagerOptions::stall_threshold).
+  void DiscountStall(TimePoint now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Place(JobRecord& job, const std::vector<WorkerRecord*>& workers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -370,6 +378,8 @@ class JobManager {
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
   std::condition_variable events_cv_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  // When Tick last ran; nullopt before the first.
+  std::optional<TimePoint> last_tick_ ABSL_GUARDED_BY(mu_);
   int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
   // Keyed by the number in "worker-<n>" and "job-<n>": registration and

@@ -1,7 +1,13 @@
 #include "common/file.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -45,6 +51,26 @@ TEST(ReadFileTest, ErrorsNameThePathAndTheCause) {
   auto dir = ReadFile(::testing::TempDir());
   EXPECT_EQ(dir.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(dir.status().message(), HasSubstr("not a regular file"));
+}
+
+// A named pipe with no writer: a blocking open() waited for one forever
+// (a job naming a FIFO as its data wedged a worker). ReadFile must refuse it
+// at once; should it block, the test opens the writing end to free it.
+TEST(ReadFileTest, RefusesANamedPipeWithoutWaitingForAWriter) {
+  const std::string fifo = ::testing::TempDir() + "/file_test_fifo";
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::future<absl::StatusOr<std::string>> read =
+      std::async(std::launch::async, [&] { return ReadFile(fifo); });
+  if (read.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (fd >= 0) ::close(fd);
+    ADD_FAILURE() << "ReadFile blocked on a FIFO with no writer";
+  }
+  const absl::StatusOr<std::string> got = read.get();
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(got.status().message(), HasSubstr("not a regular file"));
+  std::filesystem::remove(fifo);
 }
 
 TEST(WriteFileAtomicallyTest, ReplacesTheWholeFileAndLeavesNoTemporary) {

@@ -40,6 +40,12 @@ for gauge in resident_memory_bytes threads open_fds start_time_seconds; do
 done
 check "--listen wins over the file" test "$(head -1 "$dir/addr" | cut -d: -f2)" != 1
 check "state_file from the file: written at start" test -s "$dir/state"
+# A second coordinator on the same port must not start: with gRPC's default
+# SO_REUSEPORT it did, and the kernel split the calls between the two.
+timeout -k 2 10 "$bin" --listen "$(head -1 "$dir/addr")" \
+  --state-file "$dir/state2" >"$dir/second" 2>&1
+check "a second coordinator on a port in use exits 1" test $? -eq 1
+check "... saying the address is in use" grep -q "address in use" "$dir/second"
 kill -TERM "$pid"
 wait "$pid"
 check "SIGTERM exits 0" test $? -eq 0

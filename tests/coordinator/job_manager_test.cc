@@ -408,6 +408,33 @@ TEST_F(JobManagerTest, SilentWorkerIsLostAndItsJobFailsNamingIt) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// SIGSTOP of the coordinator for 15 s once failed every job with "no
+// heartbeat for 15.1 s" on healthy workers: a stall of the coordinator is
+// not a loss of workers. After it the workers get a full timeout again.
+TEST_F(JobManagerTest, AStalledCoordinatorDoesNotBlameItsWorkers) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string job = StartTwoStageJob(w1, w2);
+  manager_.Tick();
+  now_ += std::chrono::seconds(15);  // No Tick ran: the coordinator stalled.
+  manager_.Tick();
+  EXPECT_EQ(State(job), v1::RUNNING);
+  EXPECT_EQ(WorkerState(w1), v1::BUSY);
+  EXPECT_EQ(WorkerState(w2), v1::BUSY);
+  // Ticking on, a worker that stays silent is lost after the timeout (3 s
+  // here), counted from the end of the stall.
+  for (int i = 0; i < 20; ++i) {
+    now_ += std::chrono::milliseconds(100);
+    manager_.Tick();
+  }
+  EXPECT_EQ(State(job), v1::RUNNING);
+  for (int i = 0; i < 12; ++i) {
+    now_ += std::chrono::milliseconds(100);
+    manager_.Tick();
+  }
+  EXPECT_EQ(State(job), v1::FAILED);
+  EXPECT_THAT(manager_.GetJob(job)->message(), HasSubstr("no heartbeat for"));
+}
+
 TEST_F(JobManagerTest, ANeighboursFailureReportDefersToTheLostWorker) {
   const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
   const std::string job = StartTwoStageJob(w1, w2);
@@ -1164,6 +1191,30 @@ TEST_F(JobManagerCheckpointTest, ALostWorkerRestartsTheJobFromItsLastCommit) {
   info = *manager_.GetJob(job);
   EXPECT_EQ(info.state(), v1::FAILED);
   EXPECT_THAT(info.message(), HasSubstr("(after 1 of 1 restarts)"));
+}
+
+// A worker of an earlier attempt still winding down when it is lost: the
+// loss is that attempt's, not the new one's (it once failed a healthy
+// restarted attempt "after 1 of 1 restarts").
+TEST_F(JobManagerCheckpointTest, ALeftoverWorkerOfAnEarlierAttemptIsNotItsLoss) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string job =
+      StartJob(CkptYaml("every: 1", "restart: {max_restarts: 1}\n"), w1, w2);
+  StepWithCheckpoint(w1, w2, job, 1);
+  const std::string s1 = AddWorker("spare1"), s2 = AddWorker("spare2");
+  manager_.WorkerDisconnected(w1, "control connection closed");
+  // Restarted on the spares while w2 has not ended its part yet.
+  EXPECT_EQ(State(job), v1::PLANNING);
+  EXPECT_EQ(LastProgram(s1).job_id(), job);
+  EXPECT_EQ(LastProgram(s2).job_id(), job);
+  manager_.WorkerDisconnected(w2, "control connection closed");
+  v1::Job info = *manager_.GetJob(job);
+  EXPECT_EQ(info.state(), v1::PLANNING) << info.message();
+  EXPECT_EQ(info.restarts(), 1);
+  EXPECT_EQ(WorkerState(w2), v1::LOST);
+  Ready(s1, job, 5003);
+  Ready(s2, job, 5004);
+  EXPECT_EQ(State(job), v1::RUNNING);
 }
 
 TEST_F(JobManagerCheckpointTest, ARestartNeedsEnoughLiveWorkers) {
