@@ -224,9 +224,9 @@ void JobManager::MarkLost(WorkerRecord& w, const std::string& observed) {
   // keeps the job's id but is no longer among its workers: its loss ends
   // nothing of the attempt now running.
   const bool in_attempt =
-      job != nullptr && std::find(job->info.worker_ids().begin(),
-                                  job->info.worker_ids().end(),
-                                  w.info.id()) != job->info.worker_ids().end();
+      job != nullptr &&
+      std::find(job->info.worker_ids().begin(), job->info.worker_ids().end(),
+                w.info.id()) != job->info.worker_ids().end();
   if (in_attempt && !proto::IsTerminal(job->info.state())) {
     FailOrRestart(*job, absl::StrCat(who, " lost: ", observed));
   }

@@ -3,6 +3,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -167,6 +168,12 @@ grpc::Status CoordinatorService::WatchJob(
     grpc::ServerContext* context, const v1::WatchJobRequest* request,
     grpc::ServerWriter<v1::JobEvent>* writer) {
   if (grpc::Status s = Authenticate(context, auth_token_); !s.ok()) return s;
+  const std::optional<StreamLimiter::Slot> slot =
+      watches_.Acquire(context->peer());
+  if (!slot.has_value()) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        watches_.Refusal(context->peer()));
+  }
   int64_t cursor = -1;  // The job as it is now, then what happens next.
   while (!context->IsCancelled()) {
     bool done = false;

@@ -21,6 +21,7 @@
 
 #include "conveyor/v1/conveyor.grpc.pb.h"
 #include "coordinator/job_manager.h"
+#include "coordinator/stream_limiter.h"
 
 namespace conveyor::coordinator {
 
@@ -28,8 +29,21 @@ class CoordinatorService final : public v1::Coordinator::Service {
  public:
   // With a non-empty `auth_token` every call must present it
   // (common/auth_token.h) or fails UNAUTHENTICATED.
+  // Open WatchJob streams at most, in all and per client host: each holds a
+  // server thread, so past these a watch is refused (RESOURCE_EXHAUSTED)
+  // and every other call is still served (coordinator/stream_limiter.h).
+  struct WatchLimits {
+    int max_total = 256;
+    int max_per_client = 32;
+  };
+
   explicit CoordinatorService(JobManager* manager, std::string auth_token = "")
-      : manager_(manager), auth_token_(std::move(auth_token)) {}
+      : CoordinatorService(manager, std::move(auth_token), WatchLimits{}) {}
+  CoordinatorService(JobManager* manager, std::string auth_token,
+                     WatchLimits limits)
+      : manager_(manager),
+        auth_token_(std::move(auth_token)),
+        watches_(limits.max_total, limits.max_per_client) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* context,
                          const v1::SubmitJobRequest* request,
@@ -56,6 +70,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
  private:
   JobManager* manager_;
   const std::string auth_token_;
+  StreamLimiter watches_;
 };
 
 class WorkerSessionService final : public v1::WorkerSession::Service {

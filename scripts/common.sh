@@ -2,6 +2,9 @@
 # and build it. Sourced, not run.
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 jobs=${CONVEYOR_JOBS:-2}
+# Paths under the checkout are hashed relative to it, so a build in another
+# clone (CI's) hits the objects this one cached.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root}
 
 # configure_and_build BUILD_DIR BUILD_TYPE [TARGET...]
 configure_and_build() {

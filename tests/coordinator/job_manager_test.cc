@@ -1196,7 +1196,8 @@ TEST_F(JobManagerCheckpointTest, ALostWorkerRestartsTheJobFromItsLastCommit) {
 // A worker of an earlier attempt still winding down when it is lost: the
 // loss is that attempt's, not the new one's (it once failed a healthy
 // restarted attempt "after 1 of 1 restarts").
-TEST_F(JobManagerCheckpointTest, ALeftoverWorkerOfAnEarlierAttemptIsNotItsLoss) {
+TEST_F(JobManagerCheckpointTest,
+       ALeftoverWorkerOfAnEarlierAttemptIsNotItsLoss) {
   const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
   const std::string job =
       StartJob(CkptYaml("every: 1", "restart: {max_restarts: 1}\n"), w1, w2);

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/build_info.h"
@@ -14,6 +15,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/protocol.h"
+#include "tests/coordinator/test_util.h"
 
 namespace conveyor::coordinator {
 namespace {
@@ -24,10 +26,11 @@ using ::testing::Not;
 class ServiceTest : public ::testing::Test {
  protected:
   // With a non-empty token both services require it.
-  explicit ServiceTest(const std::string& token = "")
+  explicit ServiceTest(const std::string& token = "",
+                       CoordinatorService::WatchLimits limits = {})
       : manager_({.heartbeat_timeout = std::chrono::seconds(5),
                   .version = kVersion}),
-        coordinator_(&manager_, token),
+        coordinator_(&manager_, token, limits),
         sessions_(&manager_, token) {
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
@@ -130,6 +133,84 @@ TEST_F(ServiceTest, StatusCodesReachTheClientUnchanged) {
     EXPECT_FALSE(reader->Read(&event));
     EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
   }
+}
+
+// Watch streams each hold a server thread: 792 of them once exhausted the
+// server, refusing every other call. Past the caps a watch is refused at
+// once, and workers and job control are still served.
+class WatchLimitServiceTest : public ServiceTest {
+ protected:
+  WatchLimitServiceTest()
+      : ServiceTest("", {.max_total = 3, .max_per_client = 2}) {}
+};
+
+TEST_F(WatchLimitServiceTest, WatchesPastTheCapAreRefusedAndOtherCallsServed) {
+  auto sessions = v1::WorkerSession::NewStub(channel_);
+  grpc::ClientContext session_context;
+  auto session = sessions->Session(&session_context);
+  ASSERT_TRUE(session->Write(Register(kVersion)));
+  v1::CoordinatorMessage reply;
+  ASSERT_TRUE(session->Read(&reply));
+  // A job that stays PLANNING: its worker never reports ready.
+  auto stub = v1::Coordinator::NewStub(channel_);
+  v1::SubmitJobResponse submitted;
+  {
+    grpc::ClientContext context;
+    v1::SubmitJobRequest request;
+    request.set_yaml(JobYaml(1));
+    ASSERT_TRUE(stub->SubmitJob(&context, request, &submitted).ok());
+  }
+  struct Watch {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader;
+  };
+  auto open = [&] {
+    auto w = std::make_unique<Watch>();
+    v1::WatchJobRequest request;
+    request.set_id(submitted.job().id());
+    w->reader = stub->WatchJob(&w->context, request);
+    return w;
+  };
+  std::vector<std::unique_ptr<Watch>> watches;
+  for (int i = 0; i < 2; ++i) {
+    watches.push_back(open());
+    v1::JobEvent event;
+    ASSERT_TRUE(watches.back()->reader->Read(&event));  // The job as it is.
+  }
+  std::unique_ptr<Watch> refused = open();
+  v1::JobEvent event;
+  EXPECT_FALSE(refused->reader->Read(&event));
+  const grpc::Status status = refused->reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("too many open watch streams: 2 from 127.0.0.1"));
+  // Job control and worker registration go on.
+  {
+    grpc::ClientContext context;
+    v1::ListJobsResponse jobs;
+    EXPECT_TRUE(stub->ListJobs(&context, v1::ListJobsRequest(), &jobs).ok());
+    EXPECT_EQ(jobs.jobs_size(), 1);
+  }
+  grpc::ClientContext second_context;
+  auto second = sessions->Session(&second_context);
+  ASSERT_TRUE(second->Write(Register(kVersion)));
+  ASSERT_TRUE(second->Read(&reply));
+  EXPECT_EQ(reply.registered().worker_id(), "worker-2");
+  // A watch that ends gives its place back.
+  watches[0]->context.TryCancel();
+  (void)watches[0]->reader->Finish();
+  bool reopened = false;
+  for (int i = 0; i < 100 && !reopened; ++i) {
+    std::unique_ptr<Watch> again = open();
+    reopened = again->reader->Read(&event);
+    again->context.TryCancel();
+    (void)again->reader->Finish();
+    if (!reopened) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(reopened);
+  for (auto& w : watches) w->context.TryCancel();
+  session_context.TryCancel();
+  second_context.TryCancel();
 }
 
 class AuthServiceTest : public ServiceTest {
