@@ -242,12 +242,12 @@ TEST_F(ExportTest, FlippedByteIsDataLoss) {
   EXPECT_THAT(r.status().message(), HasSubstr("stage-1.safetensors: CRC-32C "));
   EXPECT_THAT(r.status().message(), HasSubstr(", the manifest records "));
   EXPECT_FALSE(fs::exists(output_));
-  // Without --step there is nothing complete to fall back on.
+  // Without --step: the same damage, and nothing intact to name instead.
   absl::StatusOr<ExportResult> latest =
       ExportCheckpoint(ckpt_, std::nullopt, output_);
   ASSERT_FALSE(latest.ok());
-  EXPECT_EQ(latest.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(latest.status().message(), HasSubstr("no complete checkpoint"));
+  EXPECT_EQ(latest.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(latest.status().message(), HasSubstr("no older step is intact"));
 }
 
 TEST_F(ExportTest, MissingOrTruncatedStageFileIsDataLoss) {

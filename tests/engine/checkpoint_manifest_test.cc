@@ -637,15 +637,23 @@ TEST_F(CheckpointDirTest, FindLatestWithNothingCompleteSaysWhy) {
               HasSubstr("no complete checkpoint (no step-<N> directories)"));
 
   WriteStageFiles(1, 2);
-  WriteCompleteStep(2);
-  fs::remove(StageFilePath(ckpt_, 2, 0));
+  WriteStageFiles(2, 1);
   latest = FindLatestCompleteCheckpoint(ckpt_, true);
   EXPECT_EQ(latest.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(latest.status().message(), HasSubstr("no complete checkpoint: "));
   EXPECT_THAT(latest.status().message(),
-              HasSubstr("stage-0.safetensors: missing"));
+              HasSubstr("step 2 is incomplete: no manifest"));
   EXPECT_THAT(latest.status().message(),
               HasSubstr("step 1 is incomplete: no manifest"));
+
+  // A committed step with a file missing is damaged, not incomplete.
+  WriteCompleteStep(3);
+  fs::remove(StageFilePath(ckpt_, 3, 0));
+  latest = FindLatestCompleteCheckpoint(ckpt_, true);
+  EXPECT_EQ(latest.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(latest.status().message(),
+              HasSubstr("stage-0.safetensors: missing"));
+  EXPECT_THAT(latest.status().message(), HasSubstr("no older step is intact"));
 
   EXPECT_EQ(FindLatestCompleteCheckpoint((dir_ / "nope").string(), true)
                 .status()
