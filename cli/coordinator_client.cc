@@ -107,14 +107,14 @@ absl::StatusOr<v1::Job> CoordinatorClient::GetJob(const std::string& id) {
   return job;
 }
 
-absl::StatusOr<std::vector<v1::Job>> CoordinatorClient::ListJobs() {
+absl::StatusOr<v1::ListJobsResponse> CoordinatorClient::ListJobs() {
   grpc::ClientContext context;
   SetDeadline(context);
   v1::ListJobsResponse response;
   grpc::Status status =
       stub_->ListJobs(&context, v1::ListJobsRequest(), &response);
   if (!status.ok()) return FromGrpc(status);
-  return std::vector<v1::Job>(response.jobs().begin(), response.jobs().end());
+  return response;
 }
 
 absl::StatusOr<v1::Job> CoordinatorClient::CancelJob(const std::string& id) {

@@ -60,7 +60,8 @@ class CoordinatorClient {
   absl::StatusOr<v1::Job> SubmitJob(const v1::SubmitJobRequest& request);
   // NotFound for an unknown id.
   absl::StatusOr<v1::Job> GetJob(const std::string& id);
-  absl::StatusOr<std::vector<v1::Job>> ListJobs();
+  // The jobs, and a warning while the coordinator is unhealthy.
+  absl::StatusOr<v1::ListJobsResponse> ListJobs();
   // NotFound for an unknown id. A job that already ended is returned as is.
   absl::StatusOr<v1::Job> CancelJob(const std::string& id);
   absl::StatusOr<std::vector<v1::Worker>> ListWorkers();

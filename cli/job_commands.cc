@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -175,8 +176,13 @@ absl::Status RunCancel(CoordinatorClient& client, const std::string& id,
 
 absl::Status RunJobs(CoordinatorClient& client, absl::Time now,
                      std::ostream& out) {
-  ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, client.ListJobs());
-  out << FormatJobsTable(jobs, now);
+  ASSIGN_OR_RETURN(v1::ListJobsResponse response, client.ListJobs());
+  if (!response.warning().empty()) {
+    out << "WARNING: " << response.warning() << "\n";
+  }
+  out << FormatJobsTable(
+      std::vector<v1::Job>(response.jobs().begin(), response.jobs().end()),
+      now);
   return absl::OkStatus();
 }
 

@@ -59,7 +59,8 @@ absl::Status RemoveEarlierRun(const RunCommandOptions& o,
                    engine::RemoveAllCheckpoints(job.checkpoint.dir));
   if (!removed.empty()) {
     out << "--overwrite: removed " << removed.size()
-        << " checkpoint step(s) of an earlier run from " << job.checkpoint.dir
+        << " checkpoint step(s) of an earlier run from "
+        << std::filesystem::path(job.checkpoint.dir).lexically_normal().string()
         << " (steps " << removed.front() << " to " << removed.back() << ")\n";
   }
   return absl::OkStatus();

@@ -206,7 +206,12 @@ int main(int argc, char** argv) {
                 << " (move the file aside to start without its jobs)\n";
       return kExitFailure;
     }
-    manager.Persist();
+    if (absl::Status s = manager.Persist(); !s.ok()) {
+      std::cerr << "conveyor-coordinator: --state-file " << flags.state_file
+                << ": cannot write the restored records: " << s.message()
+                << "\n";
+      return kExitFailure;
+    }
   }
   std::string auth_token;
   if (!flags.auth_token_file.empty()) {

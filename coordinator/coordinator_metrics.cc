@@ -254,6 +254,15 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
     out[1].metric.push_back(GaugeSample({{"state", state}}, n));
   }
   out.push_back(std::move(ages));
+  prometheus::MetricFamily healthy;
+  healthy.name = "conveyor_coordinator_state_file_healthy";
+  healthy.help =
+      "1 while the state file is written (or none is kept), 0 while writes "
+      "fail and submissions and cancels are refused";
+  healthy.type = prometheus::MetricType::Gauge;
+  healthy.metric.push_back(
+      GaugeSample({}, manager->StateFileError().empty() ? 1 : 0));
+  out.push_back(std::move(healthy));
   return out;
 }
 

@@ -130,8 +130,9 @@ absl::Status JobManager::HandleWorkerMessage(const std::string& worker_id,
                                              const v1::WorkerMessage& message) {
   absl::Status status = Dispatch(worker_id, message);
   // A committed checkpoint or a job's end is on disk before the worker's
-  // next message is read, not up to a Tick later.
-  Persist();
+  // next message is read, not up to a Tick later. (A failure is logged
+  // and reported by StateFileError; the next call retries.)
+  (void)Persist();
   return status;
 }
 
@@ -333,16 +334,35 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
     info.set_state(v1::QUEUED);
     SPDLOG_INFO("{} '{}' queued: {} over {} worker(s)", info.id(), info.name(),
                 info.schedule(), info.num_workers());
+    job.durable = false;
     queue_.push_back(number);
     UpdateQueuePositions();
     AddEvent(job, nullptr);
     MarkChanged();
-    if (options_.observer != nullptr) options_.observer->OnSubmitted(job.info);
-    Schedule();
     submitted = job.info;
   }
-  // Before answering: an acknowledged submission survives a crash.
-  Persist();
+  // Before answering: an acknowledged submission survives a crash. One the
+  // state file cannot hold is withdrawn (it was never placed) and refused,
+  // or a restart would forget it and give its id to another job.
+  const absl::Status persisted = Persist();
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = jobs_.find(ParseId(submitted.id(), kJobPrefix));
+  if (it == jobs_.end()) return submitted;  // Already forgotten (cannot be).
+  JobRecord& job = it->second;
+  if (!persisted.ok()) {
+    if (job.info.state() == v1::QUEUED) {
+      std::erase(queue_, job.number);
+      jobs_.erase(it);
+      UpdateQueuePositions();
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "the job was not accepted: the coordinator cannot write its state "
+        "file (",
+        persisted.message(), "); retry once it can"));
+  }
+  job.durable = true;
+  if (options_.observer != nullptr) options_.observer->OnSubmitted(job.info);
+  Schedule();
   return submitted;
 }
 
@@ -475,7 +495,13 @@ absl::StatusOr<v1::Job> JobManager::CancelJob(const std::string& id,
     }
     cancelled = job->info;
   }
-  Persist();
+  if (absl::Status s = Persist(); !s.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        id, " is cancelled, but the coordinator cannot write its state file (",
+        s.message(),
+        "), so a restart now would not know it; retry the cancel once it "
+        "can"));
+  }
   return cancelled;
 }
 
@@ -534,6 +560,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobManager::WaitEvents(
 void JobManager::Schedule() {
   while (!queue_.empty()) {
     JobRecord& job = jobs_.at(queue_.front());
+    if (!job.durable) break;  // Placed once SubmitJob has persisted it.
     // A stage runs data parallel over pipeline.devices_per_stage devices of
     // its worker (engine/mesh_stage.h): only workers with that many serve.
     const int64_t devices = job.plan.job.pipeline.devices_per_stage;
@@ -905,6 +932,16 @@ void JobManager::OnEnded(WorkerRecord& w, const v1::JobEnded& ended) {
   if (!job->failing) {
     job->failing = true;
     job->failure = absl::StrCat(who, ": ", ended.message());
+    // A worker that could not prepare the job for a reason in the job
+    // itself (too large for the machine, a bad file, an invalid setting)
+    // would fail the same way on any other: no restart.
+    const auto code = static_cast<absl::StatusCode>(ended.code());
+    job->failure_is_final = job->info.state() == v1::PLANNING &&
+                            (code == absl::StatusCode::kInvalidArgument ||
+                             code == absl::StatusCode::kResourceExhausted ||
+                             code == absl::StatusCode::kFailedPrecondition ||
+                             code == absl::StatusCode::kNotFound ||
+                             code == absl::StatusCode::kPermissionDenied);
     job->failure_deadline = options_.clock() + options_.failure_grace;
     // Stop the others now; the job's final state waits for the grace.
     v1::CoordinatorMessage m;
@@ -995,6 +1032,14 @@ void JobManager::FailOrRestart(JobRecord& job, const std::string& reason) {
   if (proto::IsTerminal(job.info.state())) return;
   const bool placed =
       job.info.state() == v1::PLANNING || job.info.state() == v1::RUNNING;
+  if (job.failure_is_final && job.info.max_restarts() > 0) {
+    Finish(job, v1::FAILED,
+           absl::StrCat(reason,
+                        " (not restarted: preparing the job failed for a "
+                        "reason of its own, which another attempt would meet "
+                        "too)"));
+    return;
+  }
   if (!placed || job.info.restarts() >= job.info.max_restarts()) {
     Finish(job, v1::FAILED,
            job.info.max_restarts() > 0
@@ -1044,6 +1089,7 @@ void JobManager::PrepareNextAttempt(JobRecord& job, const std::string& reason) {
   job.ready = 0;
   job.failing = false;
   job.failure.clear();
+  job.failure_is_final = false;
   job.programs_sent = false;
   job.profiling = false;
   job.profile_requested = false;
@@ -1193,7 +1239,7 @@ void JobManager::Tick() {
     if (shutdown_) return;
     TickLocked();
   }
-  Persist();
+  (void)Persist();  // Logged and reported by StateFileError on failure.
 }
 
 void JobManager::DiscountStall(TimePoint now) {
@@ -1252,7 +1298,7 @@ void JobManager::TickLocked() {
 }
 
 void JobManager::Shutdown() {
-  Persist();
+  (void)Persist();  // Logged on failure; nothing more can be done now.
   std::lock_guard<std::mutex> lock(mu_);
   shutdown_ = true;
   events_cv_.notify_all();
@@ -1261,14 +1307,14 @@ void JobManager::Shutdown() {
 // ---------------------------------------------------------------------------
 // The state file.
 
-void JobManager::Persist() {
-  if (options_.state_file == nullptr) return;
+absl::Status JobManager::Persist() {
+  if (options_.state_file == nullptr) return absl::OkStatus();
   std::lock_guard<std::mutex> persist(persist_mu_);
   v1::CoordinatorState state;
   uint64_t changes = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (changes_ == persisted_changes_) return;
+    if (changes_ == persisted_changes_) return absl::OkStatus();
     changes = changes_;
     state = Snapshot();
   }
@@ -1277,18 +1323,28 @@ void JobManager::Persist() {
   if (absl::Status s = options_.state_file->Save(state); !s.ok()) {
     if (!persist_failing_) {
       SPDLOG_ERROR(
-          "cannot write the state file (job records would not survive a "
-          "restart; retrying): {}",
+          "cannot write the state file (submissions and cancels are refused "
+          "until it can be written; retrying): {}",
           s.ToString());
     }
     persist_failing_ = true;
-    return;
+    std::lock_guard<std::mutex> health(health_mu_);
+    state_file_error_ = std::string(s.message());
+    return s;
   }
   if (persist_failing_) {
     SPDLOG_INFO("state file {} written again", options_.state_file->path());
   }
   persist_failing_ = false;
   persisted_changes_ = changes;
+  std::lock_guard<std::mutex> health(health_mu_);
+  state_file_error_.clear();
+  return absl::OkStatus();
+}
+
+std::string JobManager::StateFileError() const {
+  std::lock_guard<std::mutex> health(health_mu_);
+  return state_file_error_;
 }
 
 v1::CoordinatorState JobManager::Snapshot() const {

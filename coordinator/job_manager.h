@@ -41,8 +41,9 @@
 // Job, its submission, checkpoint and restart state, and the queue) are
 // written to disk whenever a job changes state or commits a checkpoint:
 // synchronously before SubmitJob, CancelJob and HandleWorkerMessage return
-// (so an acknowledged submission or cancellation survives a crash, and a
-// commit is recorded before the worker's next message is read), and
+// (so an acknowledged submission or cancellation survives a crash: one that
+// cannot be written is refused, UNAVAILABLE; and a commit is recorded
+// before the worker's next message is read), and
 // otherwise from Tick (within ~100 ms). Restore also takes a job's newest
 // complete step from its checkpoint directory, which may be newer than the
 // record if the coordinator died between the manifest and the record. Restore
@@ -184,13 +185,16 @@ class JobManager {
 
   // Parses and plans the job, then queues it. InvalidArgument with
   // file:line:col for a bad job; ResourceExhausted when the cluster has
-  // fewer live workers than the job needs, or the queue is full.
+  // fewer live workers than the job needs, or the queue is full;
+  // Unavailable when the state file cannot be written (the job is
+  // withdrawn, and its id is never given to another).
   absl::StatusOr<v1::Job> SubmitJob(const v1::SubmitJobRequest& request);
   // NotFound for an unknown id.
   absl::StatusOr<v1::Job> GetJob(const std::string& id) const;
   std::vector<v1::Job> ListJobs() const;
   // Cancels a queued or running job (idempotent on a finished one).
-  // NotFound for an unknown id.
+  // NotFound for an unknown id; Unavailable when the state file cannot be
+  // written (the job is cancelled, but a restart would not know it: retry).
   absl::StatusOr<v1::Job> CancelJob(const std::string& id,
                                     const std::string& reason);
   std::vector<v1::Worker> ListWorkers() const;
@@ -219,10 +223,19 @@ class JobManager {
   // FAILED with the reason instead.
   absl::Status Restore(const v1::CoordinatorState& state);
 
-  // Writes the state file when job records changed since the last write (a
-  // failure is logged and retried at the next call). Tick, SubmitJob,
-  // CancelJob and Shutdown call it.
-  void Persist();
+  // Writes the state file when job records changed since the last write.
+  // OK when there is nothing to write or no state file; otherwise the
+  // write's error, which is logged once, retried at the next call, and
+  // reported by StateFileError until a write succeeds. Tick, SubmitJob,
+  // CancelJob and Shutdown call it; SubmitJob and CancelJob answer
+  // UNAVAILABLE when it fails, so nothing is acknowledged that a restart
+  // would forget.
+  absl::Status Persist();
+
+  // Empty while the state file is written (or there is none); otherwise
+  // why the last write failed, naming the file: the coordinator is
+  // unhealthy (submissions and cancels are refused) until a write succeeds.
+  std::string StateFileError() const;
 
   // Checks heartbeats and timeouts and starts queued jobs; the daemon calls
   // it every ~100 ms.
@@ -242,6 +255,14 @@ class JobManager {
   };
 
   struct JobRecord {
+    // A worker failed to prepare the job for a reason of the job's own
+    // (InvalidArgument, ResourceExhausted, ...): FailOrRestart does not
+    // restart it.
+    bool failure_is_final = false;
+    // False from SubmitJob until the state file holds the job: Schedule
+    // does not place it, so a submission that cannot be made durable is
+    // withdrawn without a trace.
+    bool durable = true;
     v1::Job info;
     JobPlan plan;
     v1::SubmitJobRequest request;
@@ -374,6 +395,9 @@ class JobManager {
   std::mutex persist_mu_;
   uint64_t persisted_changes_ ABSL_GUARDED_BY(persist_mu_) = 0;
   bool persist_failing_ ABSL_GUARDED_BY(persist_mu_) = false;
+  // Its own mutex, so that reading it never waits behind a slow write.
+  mutable std::mutex health_mu_;
+  std::string state_file_error_ ABSL_GUARDED_BY(health_mu_);
   mutable std::mutex mu_;
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
   std::condition_variable events_cv_;

@@ -150,6 +150,12 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* context,
   for (v1::Job& job : manager_->ListJobs()) {
     *response->add_jobs() = std::move(job);
   }
+  if (const std::string error = manager_->StateFileError(); !error.empty()) {
+    response->set_warning(absl::StrCat(
+        "the coordinator cannot write its state file, so it refuses "
+        "submissions and cancels until it can: ",
+        error));
+  }
   return grpc::Status::OK;
 }
 

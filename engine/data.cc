@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
+#include "common/host_memory.h"
 #include "common/status_macros.h"
 #include "engine/cpu/parallel.h"
 #include "engine/init.h"
@@ -419,6 +420,25 @@ absl::StatusOr<std::unique_ptr<DataSource>> CreateSyntheticRegression(
     return absl::InvalidArgumentError(
         "data.shuffle needs a finite data set: set data.num_samples (0 means "
         "unlimited, where every sample is fresh anyway)");
+  }
+  // W is in x out floats, sized by the model: checked before it is made, so
+  // a model too wide for this machine fails its job, not the process.
+  const uint64_t in = static_cast<uint64_t>(shapes.input.back());
+  const uint64_t out = static_cast<uint64_t>(shapes.target.back());
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(in, out, &bytes) ||
+      __builtin_mul_overflow(bytes + out, sizeof(float), &bytes)) {
+    bytes = ~uint64_t{0};
+  }
+  if (absl::Status s = CheckHostAllocation(
+          bytes, absl::StrCat("data: synthetic-regression's W of ", in, " x ",
+                              out, " floats"));
+      !s.ok()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(s.message(),
+                     "; its sides are the model's input features (the last "
+                     "of model.input_shape) and its output features (the "
+                     "last layer's)"));
   }
   return std::make_unique<SyntheticRegressionSource>(config, shapes);
 }

@@ -17,6 +17,7 @@
 #include "common/auth_token.h"
 #include "common/crc32c.h"
 #include "common/file.h"
+#include "common/host_memory.h"
 #include "common/status_macros.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/mesh_collective.h"
@@ -133,6 +134,49 @@ absl::StatusOr<std::unique_ptr<JobRunner>> JobRunner::Create(
   return runner;
 }
 
+absl::Status JobRunner::CheckParametersFitHostMemory() const {
+  // On a GPU the device allocator reports its own out-of-memory as a status;
+  // host memory is allocated lazily and a job too large for it would bring
+  // the OOM killer (or std::bad_alloc) onto the worker.
+  if (dynamic_cast<engine::CpuBackend*>(backend_) == nullptr) {
+    return absl::OkStatus();
+  }
+  uint64_t elements = 0;
+  std::vector<int> stages;
+  for (const v1::StageProgram& sp : program_.stages()) {
+    stages.push_back(sp.stage());
+    for (const engine::ParamSpec* p : job_.model.StageParams(sp.stage())) {
+      elements += static_cast<uint64_t>(p->NumElements());
+    }
+  }
+  // Each parameter: its value and gradient, plus the optimizer's state
+  // (Adam's two moments, SGD's momentum buffer), on every mesh device.
+  uint64_t copies = 2;
+  if (job_.optimizer.kind != engine::OptimizerConfig::Kind::kSgd) {
+    copies += 2;
+  } else if (job_.optimizer.momentum != 0) {
+    copies += 1;
+  }
+  copies *= static_cast<uint64_t>(job_.pipeline.devices_per_stage);
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(elements, copies * sizeof(float), &bytes)) {
+    bytes = ~uint64_t{0};
+  }
+  if (absl::Status s = CheckHostAllocation(
+          bytes,
+          absl::StrCat("rank ", program_.rank(), "'s stages [",
+                       absl::StrJoin(stages, ", "), "] with ", elements,
+                       " parameters (", copies,
+                       " floats each: values, gradients, optimizer state)"));
+      !s.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        s.message(),
+        "; make the model's layers smaller, cut it into more stages over "
+        "more workers, or use an optimizer with less state"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status JobRunner::Build(const JobRunnerOptions& options) {
   on_checkpoint_ = options.on_checkpoint;
   checkpoint_delay_ = options.checkpoint_delay;
@@ -177,6 +221,8 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
                            std::vector<engine::Backend*>(devices, backend_)));
     }
   }
+
+  RETURN_IF_ERROR(CheckParametersFitHostMemory());
 
   // Build, and check each stage against the coordinator's plan of it.
   std::vector<engine::Parameter*> params;

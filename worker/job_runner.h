@@ -192,6 +192,10 @@ class JobRunner {
         backend_(backend),
         backends_(backends) {}
 
+  // ResourceExhausted, naming the sizes and what to change, when this rank's
+  // parameters with their gradients and optimizer state cannot fit in the
+  // host memory left (CPU backends only).
+  absl::Status CheckParametersFitHostMemory() const;
   absl::Status Build(const JobRunnerOptions& options);
   // The executor, moving tensors through `channel`.
   absl::Status CreateExecutor(transport::Channel* channel);

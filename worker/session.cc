@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <new>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -522,11 +523,17 @@ void WorkerSession::ProfileMain(Job* job) {
       ASSIGN_OR_RETURN(backend,
                        options_.backends->Get(spec.training.precision));
     }
-    return engine::ProfileLayers(
-        backend, spec.model,
-        {.microbatch_size = spec.training.microbatch_size(),
-         .repetitions = std::clamp(request.repetitions(), 1, 100),
-         .cancelled = &job->profile_cancelled});
+    try {  // As in JobMain: a job too large fails, not the worker.
+      return engine::ProfileLayers(
+          backend, spec.model,
+          {.microbatch_size = spec.training.microbatch_size(),
+           .repetitions = std::clamp(request.repetitions(), 1, 100),
+           .cancelled = &job->profile_cancelled});
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(
+          "out of host memory (std::bad_alloc) while profiling: the job's "
+          "model is too large for this worker");
+    }
   }();
   v1::WorkerMessage answer;
   {
@@ -575,7 +582,19 @@ void WorkerSession::JobMain(Job* job) {
   }
   const v1::JobProgram& program = job->program;
   if (options_.metrics != nullptr) options_.metrics->SetBusy(true);
-  const absl::Status status = RunJob(job);
+  absl::Status status;
+  // The last line of defence for a job larger than this machine: sizes from
+  // a job are checked before they are allocated (common/host_memory.h), but
+  // an allocation that still fails must end the job, never the worker, which
+  // serves the jobs after it. Everything the job built is released on the
+  // way out.
+  try {
+    status = RunJob(job);
+  } catch (const std::bad_alloc&) {
+    status = absl::ResourceExhaustedError(
+        "out of host memory (std::bad_alloc): the job's model or data is too "
+        "large for this worker");
+  }
   if (options_.metrics != nullptr) {
     options_.metrics->JobEnded(status.ok() ? "succeeded"
                                : status.code() == absl::StatusCode::kCancelled

@@ -118,6 +118,7 @@ grpc::Status FakeCoordinator::ListJobs(grpc::ServerContext*,
   for (const std::string& id : job_order_) {
     *response->add_jobs() = jobs_[id].job;
   }
+  response->set_warning(options_.jobs_warning);
   return grpc::Status::OK;
 }
 

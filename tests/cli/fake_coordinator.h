@@ -35,6 +35,8 @@ class FakeCoordinator final : public v1::Coordinator::Service,
     // FAILED: after this step (0: after the last).
     int64_t fail_after_step = 0;
     std::string failure_message = "worker-2 lost: no heartbeat for 5 s";
+    // ListJobsResponse.warning (an unhealthy coordinator).
+    std::string jobs_warning = "";
   };
 
   FakeCoordinator() : FakeCoordinator(Options()) {}

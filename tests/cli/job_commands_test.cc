@@ -285,6 +285,19 @@ TEST_F(JobCommandsTest, StatusJobsAndWorkersShowTables) {
             absl::StatusCode::kNotFound);
 }
 
+// An unhealthy coordinator (it cannot write its state file) says so above
+// the list, where an operator looks first.
+TEST_F(JobCommandsTest, JobsShowsTheCoordinatorsWarningFirst) {
+  FakeCoordinator::Options options;
+  options.jobs_warning = "the coordinator cannot write its state file";
+  Start(options);
+  std::ostringstream jobs;
+  ASSERT_TRUE(RunJobs(*client_, absl::Now(), jobs).ok());
+  EXPECT_THAT(jobs.str(),
+              StartsWith("WARNING: the coordinator cannot write its state "
+                         "file\nID"));
+}
+
 TEST_F(JobCommandsTest, UnreachableCoordinatorNamesItsAddress) {
   // A port nobody listens on: bind one, then let it go.
   Start();

@@ -54,6 +54,7 @@ TEST_F(CoordinatorMetricsTest, StateGaugesAreReadAtScrapeTime) {
   EXPECT_THAT(text, HasSubstr("conveyor_jobs{state=\"cancelled\"} 0\n"));
   EXPECT_THAT(text, HasSubstr("conveyor_workers{state=\"idle\"} 0\n"));
   EXPECT_THAT(text, HasSubstr("conveyor_build_info{"));
+  EXPECT_THAT(text, HasSubstr("conveyor_coordinator_state_file_healthy 1\n"));
 
   const std::string w1 = AddWorker("a");
   const std::string w2 = AddWorker("b");

@@ -435,6 +435,50 @@ TEST_F(JobManagerTest, AStalledCoordinatorDoesNotBlameItsWorkers) {
   EXPECT_THAT(manager_.GetJob(job)->message(), HasSubstr("no heartbeat for"));
 }
 
+// On a full disk the coordinator once acknowledged 518 submissions it could
+// not record, and after a restart reissued their ids. A submission or a
+// cancel is acknowledged only once the state file holds it.
+TEST_F(JobManagerTest,
+       AStateFileThatCannotBeWrittenRefusesSubmissionsAndCancels) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::filesystem::path path = state_file_->path();
+  auto break_writes = [&] {  // The rename onto a directory fails.
+    std::filesystem::remove(path);
+    std::filesystem::create_directory(path);
+  };
+  break_writes();
+  absl::StatusOr<v1::Job> refused = Submit(JobYaml(2));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("the job was not accepted: the coordinator cannot "
+                        "write its state file"));
+  // Withdrawn before it was placed: no trace, no worker taken.
+  EXPECT_TRUE(manager_.ListJobs().empty());
+  EXPECT_EQ(WorkerState(w1), v1::IDLE);
+  EXPECT_TRUE(Conn(w1).Of(v1::CoordinatorMessage::kPrepare).empty());
+  EXPECT_THAT(manager_.StateFileError(), HasSubstr(path.string()));
+
+  // Room again: the next write clears the warning; ids are never reused.
+  std::filesystem::remove(path);
+  manager_.Tick();
+  EXPECT_EQ(manager_.StateFileError(), "");
+  absl::StatusOr<v1::Job> accepted = Submit(JobYaml(2));
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_EQ(accepted->id(), "job-2");
+  EXPECT_EQ(State(accepted->id()), v1::PLANNING);
+
+  break_writes();
+  absl::StatusOr<v1::Job> cancel = manager_.CancelJob(accepted->id(), "stop");
+  EXPECT_EQ(cancel.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(cancel.status().message(),
+              HasSubstr("job-2 is cancelled, but the coordinator cannot write "
+                        "its state file"));
+  std::filesystem::remove(path);
+  cancel = manager_.CancelJob(accepted->id(), "stop");  // The retry.
+  ASSERT_TRUE(cancel.ok()) << cancel.status();
+  EXPECT_EQ(cancel->state(), v1::CANCELLED);
+}
+
 TEST_F(JobManagerTest, ANeighboursFailureReportDefersToTheLostWorker) {
   const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
   const std::string job = StartTwoStageJob(w1, w2);

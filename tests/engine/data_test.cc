@@ -172,6 +172,21 @@ const SampleShapes kRegression = {.input = {4},
                                   .target = {3},
                                   .integer_targets = false};
 
+// A model 1,000,000 wide in and out asks for a W of 10^12 floats: once a
+// std::bad_alloc that terminated every worker, now the job's error.
+TEST(SyntheticRegressionTest, AWTooLargeForThisMachineIsRefusedNotAllocated) {
+  const SampleShapes huge = {.input = {1000000},
+                             .token_input = false,
+                             .target = {1000000},
+                             .integer_targets = false};
+  const absl::Status status = CreateError(Synthetic(), huge);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(status.message(),
+              HasSubstr("data: synthetic-regression's W of 1000000 x 1000000 "
+                        "floats needs 3.6 TiB of host memory"));
+  EXPECT_THAT(status.message(), HasSubstr("the last of model.input_shape"));
+}
+
 TEST(SyntheticRegressionTest, SameArgumentsGiveIdenticalTensors) {
   auto a = MustCreate(Synthetic(), kRegression);
   auto b = MustCreate(Synthetic(), kRegression);

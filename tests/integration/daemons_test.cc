@@ -450,7 +450,7 @@ TEST_F(DaemonsTest, JobsSubmittedBackToBackBothSucceed) {
 }
 
 TEST_F(DaemonsTest, BadJobsAreRejectedBeforeAnyWorkerIsUsed) {
-  const size_t jobs_before = client_->ListJobs()->size();
+  const int jobs_before = client_->ListJobs()->jobs_size();
   absl::Status bad =
       Submit("model:\n  input_shape: [4]\n  layerz: []\n").status();
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
@@ -459,10 +459,47 @@ TEST_F(DaemonsTest, BadJobsAreRejectedBeforeAnyWorkerIsUsed) {
       Submit(MlpJob(8, "1f1b", 1, 1, TempDir("too_big"))).status();
   EXPECT_EQ(too_big.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(too_big.message(), HasSubstr("needs 8 workers"));
-  EXPECT_EQ(client_->ListJobs()->size(), jobs_before);
+  EXPECT_EQ(client_->ListJobs()->jobs_size(), jobs_before);
   EXPECT_EQ(WaitForIdle(*client_, kWorkers, 0), kWorkers);
   EXPECT_FALSE(std::filesystem::exists(::testing::TempDir() +
                                        "/daemons_test/too_big/step-1"));
+}
+
+// A small, valid job whose data source needs 3.6 TiB (a W of 10^6 x 10^6
+// floats) once terminated every worker with std::bad_alloc, and with a
+// restart policy was restarted onto the rest until none was left. Now it
+// fails naming the size, is not restarted, and the workers serve the next.
+TEST_F(DaemonsTest, AJobTooLargeForTheMachineFailsAndTheWorkersServeTheNext) {
+  const std::string yaml = R"(name: huge
+model:
+  input_shape: [1000000]
+  init: {seed: 0}
+  layers:
+    - dense: {features: 1}
+    - relu
+    - boundary
+    - dense: {features: 1000000}
+  loss: mse
+data: {source: synthetic-regression}
+training: {steps: 2, batch_size: 4, microbatches: 2}
+optimizer: {kind: sgd, lr: 0.1}
+pipeline: {schedule: 1f1b}
+restart: {max_restarts: 5}
+)";
+  absl::StatusOr<v1::Job> job = Submit(yaml);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job ended = WaitForEnd(*client_, job->id());
+  EXPECT_EQ(ended.state(), v1::FAILED);
+  EXPECT_THAT(ended.message(),
+              HasSubstr("synthetic-regression's W of 1000000 x 1000000 floats "
+                        "needs 3.6 TiB of host memory"));
+  EXPECT_THAT(ended.message(), HasSubstr("not restarted"));
+  EXPECT_EQ(ended.restarts(), 0);
+  EXPECT_EQ(WaitForIdle(*client_, kWorkers), kWorkers);
+  absl::StatusOr<v1::Job> next =
+      Submit(MlpJob(2, "1f1b", 1, 2, TempDir("after_huge")));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(WaitForEnd(*client_, next->id()).state(), v1::SUCCEEDED);
 }
 
 // A worker that dies (SIGKILL: its sockets close at once) or hangs
