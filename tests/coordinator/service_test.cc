@@ -57,6 +57,24 @@ class ServiceTest : public ::testing::Test {
     return m;
   }
 
+  // A worker session that registered (its reply read); it stays open until
+  // the struct goes or its context is cancelled.
+  struct Session {
+    grpc::ClientContext context;
+    std::unique_ptr<
+        grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>>
+        stream;
+    v1::CoordinatorMessage reply;
+  };
+  std::unique_ptr<Session> Registered() {
+    auto session = std::make_unique<Session>();
+    session->stream =
+        v1::WorkerSession::NewStub(channel_)->Session(&session->context);
+    EXPECT_TRUE(session->stream->Write(Register(kVersion)));
+    EXPECT_TRUE(session->stream->Read(&session->reply));
+    return session;
+  }
+
   int LostWorkers() {
     int lost = 0;
     for (const v1::Worker& w : manager_.ListWorkers()) {
@@ -74,17 +92,12 @@ class ServiceTest : public ::testing::Test {
 };
 
 TEST_F(ServiceTest, SessionRegistersAndItsEndMarksTheWorkerLost) {
-  auto stub = v1::WorkerSession::NewStub(channel_);
-  grpc::ClientContext context;
-  auto stream = stub->Session(&context);
-  ASSERT_TRUE(stream->Write(Register(kVersion)));
-  v1::CoordinatorMessage reply;
-  ASSERT_TRUE(stream->Read(&reply));
-  EXPECT_EQ(reply.registered().worker_id(), "worker-1");
+  std::unique_ptr<Session> session = Registered();
+  EXPECT_EQ(session->reply.registered().worker_id(), "worker-1");
   ASSERT_EQ(manager_.ListWorkers().size(), 1u);
   EXPECT_EQ(manager_.ListWorkers()[0].state(), v1::IDLE);
-  stream->WritesDone();
-  EXPECT_TRUE(stream->Finish().ok());
+  session->stream->WritesDone();
+  EXPECT_TRUE(session->stream->Finish().ok());
   for (int i = 0; i < 100 && LostWorkers() == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -145,12 +158,7 @@ class WatchLimitServiceTest : public ServiceTest {
 };
 
 TEST_F(WatchLimitServiceTest, WatchesPastTheCapAreRefusedAndOtherCallsServed) {
-  auto sessions = v1::WorkerSession::NewStub(channel_);
-  grpc::ClientContext session_context;
-  auto session = sessions->Session(&session_context);
-  ASSERT_TRUE(session->Write(Register(kVersion)));
-  v1::CoordinatorMessage reply;
-  ASSERT_TRUE(session->Read(&reply));
+  std::unique_ptr<Session> worker = Registered();
   // A job that stays PLANNING: its worker never reports ready.
   auto stub = v1::Coordinator::NewStub(channel_);
   v1::SubmitJobResponse submitted;
@@ -191,11 +199,8 @@ TEST_F(WatchLimitServiceTest, WatchesPastTheCapAreRefusedAndOtherCallsServed) {
     EXPECT_TRUE(stub->ListJobs(&context, v1::ListJobsRequest(), &jobs).ok());
     EXPECT_EQ(jobs.jobs_size(), 1);
   }
-  grpc::ClientContext second_context;
-  auto second = sessions->Session(&second_context);
-  ASSERT_TRUE(second->Write(Register(kVersion)));
-  ASSERT_TRUE(second->Read(&reply));
-  EXPECT_EQ(reply.registered().worker_id(), "worker-2");
+  std::unique_ptr<Session> second = Registered();
+  EXPECT_EQ(second->reply.registered().worker_id(), "worker-2");
   // A watch that ends gives its place back.
   watches[0]->context.TryCancel();
   (void)watches[0]->reader->Finish();
@@ -209,8 +214,8 @@ TEST_F(WatchLimitServiceTest, WatchesPastTheCapAreRefusedAndOtherCallsServed) {
   }
   EXPECT_TRUE(reopened);
   for (auto& w : watches) w->context.TryCancel();
-  session_context.TryCancel();
-  second_context.TryCancel();
+  worker->context.TryCancel();
+  second->context.TryCancel();
 }
 
 class AuthServiceTest : public ServiceTest {
