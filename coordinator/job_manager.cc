@@ -275,6 +275,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
   }
 
   v1::Job submitted;
+  uint64_t change = 0;  // changes_ once the job is recorded.
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shutdown_) return absl::UnavailableError("coordinator shutting down");
@@ -339,17 +340,21 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
     UpdateQueuePositions();
     AddEvent(job, nullptr);
     MarkChanged();
+    change = changes_;
     submitted = job.info;
   }
   // Before answering: an acknowledged submission survives a crash. One the
   // state file cannot hold is withdrawn (it was never placed) and refused,
-  // or a restart would forget it and give its id to another job.
+  // or a restart would forget it and give its id to another job. Durable
+  // means some write since held it (perhaps a Tick's), whatever this one
+  // returned.
   const absl::Status persisted = Persist();
+  const bool durable = PersistedThrough(change);
   std::lock_guard<std::mutex> lock(mu_);
   const auto it = jobs_.find(ParseId(submitted.id(), kJobPrefix));
   if (it == jobs_.end()) return submitted;  // Already forgotten (cannot be).
   JobRecord& job = it->second;
-  if (!persisted.ok()) {
+  if (!durable) {
     if (job.info.state() == v1::QUEUED) {
       std::erase(queue_, job.number);
       jobs_.erase(it);
@@ -1340,6 +1345,12 @@ absl::Status JobManager::Persist() {
   std::lock_guard<std::mutex> health(health_mu_);
   state_file_error_.clear();
   return absl::OkStatus();
+}
+
+bool JobManager::PersistedThrough(uint64_t change) {
+  if (options_.state_file == nullptr) return true;
+  std::lock_guard<std::mutex> persist(persist_mu_);
+  return persisted_changes_ >= change;
 }
 
 std::string JobManager::StateFileError() const {

@@ -321,6 +321,9 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void TickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a write of the state file has held the records as they were at
+  // change number `change` (always, without a state file).
+  bool PersistedThrough(uint64_t change) ABSL_LOCKS_EXCLUDED(persist_mu_, mu_);
   // Discounts a stall of the coordinator since the last Tick from every
   // worker's silence (JobManagerOptions::stall_threshold).
   void DiscountStall(TimePoint now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
