@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <thread>
@@ -22,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "common/host_memory.h"
 #include "coordinator/planner.h"
 #include "engine/checkpoint_manifest.h"
 #include "engine/cpu/cpu_backend.h"
@@ -434,6 +436,42 @@ TEST(JobRunnerTest, ACorruptOrMismatchedResumeFileIsRefused) {
   EXPECT_EQ(JobRunner::Create(programs[1], {}).status().code(),
             absl::StatusCode::kInvalidArgument);
   std::filesystem::remove_all(dir);
+}
+
+// Parameters are sized by the model: a rank whose parameters, gradients and
+// Adam state cannot fit in this machine's memory (4 floats x 131072 x 131071
+// weights = 256 GiB here, near the model-size limit) is refused before any
+// is allocated, never left to the OOM killer.
+TEST(JobRunnerTest, ParametersTooLargeForTheHostAreRefusedBeforeAllocating) {
+  const uint64_t needed = uint64_t{16} * 131072 * 131071;
+  if (const std::optional<uint64_t> available = AvailableHostMemoryBytes();
+      !available.has_value() || *available >= needed) {
+    GTEST_SKIP() << "this machine could hold 256 GiB of parameters";
+  }
+  const std::string yaml = R"(name: wide
+model:
+  input_shape: [131072]
+  init: {seed: 0}
+  layers:
+    - dense: {features: 131071, bias: false}
+    - boundary
+    - dense: {features: 1, bias: false}
+  loss: mse
+data: {source: synthetic-regression}
+training: {steps: 1, batch_size: 4, microbatches: 2}
+optimizer: {kind: adam, lr: 0.1}
+pipeline: {schedule: 1f1b}
+)";
+  const std::vector<v1::JobProgram> programs = Programs(yaml);
+  ASSERT_EQ(programs.size(), 2u);
+  absl::StatusOr<std::unique_ptr<JobRunner>> wide =
+      JobRunner::Create(programs[0], {});
+  EXPECT_EQ(wide.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(wide.status().message(),
+              HasSubstr("rank 0's stages [0] with 17179738112 parameters (4 "
+                        "floats each: values, gradients, optimizer state) "
+                        "needs 256.0 GiB of host memory"));
+  EXPECT_THAT(wide.status().message(), HasSubstr("cut it into more stages"));
 }
 
 TEST(JobRunnerTest, CancelStopsBothRanksPromptly) {
