@@ -10,6 +10,7 @@
 #include "cli/overrides.h"
 #include "common/file.h"
 #include "common/status_macros.h"
+#include "common/yaml_reader.h"
 
 namespace conveyor::cli {
 namespace {
@@ -33,6 +34,8 @@ absl::StatusOr<JobSource> ReadJobSource(
     const std::string& path, absl::Span<const std::string> overrides) {
   JobSource source;
   ASSIGN_OR_RETURN(std::string text, ReadFile(path, engine::kMaxJobFileBytes));
+  // Checked here too: `submit` sends the text unparsed.
+  RETURN_IF_ERROR(CheckUtf8Text(text, path));
   source.file_name = path;
   if (!overrides.empty()) {
     ASSIGN_OR_RETURN(source.yaml, ApplyOverrides(text, path, overrides,

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "yaml-cpp/eventhandler.h"
@@ -131,9 +132,62 @@ absl::Status YamlError(const SourceLocation& where, absl::string_view path,
                    ": ", message));
 }
 
+namespace {
+
+// The offset of the first byte of `text` that is not well-formed UTF-8
+// (overlong forms, surrogates and code points past U+10FFFF included), if
+// any.
+std::optional<size_t> FirstInvalidUtf8(absl::string_view text) {
+  size_t i = 0;
+  while (i < text.size()) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    int more = 0;
+    uint32_t min = 0, cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      more = 1, min = 0x80, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      more = 2, min = 0x800, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      more = 3, min = 0x10000, cp = c & 0x07;
+    } else {
+      return i;
+    }
+    if (i + more >= text.size()) return i;  // Cut short by the end.
+    for (int k = 1; k <= more; ++k) {
+      const auto next = static_cast<unsigned char>(text[i + k]);
+      if ((next & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (next & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+    i += more + 1;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+absl::Status CheckUtf8Text(absl::string_view text, absl::string_view file) {
+  const std::optional<size_t> bad = FirstInvalidUtf8(text);
+  if (!bad.has_value()) return absl::OkStatus();
+  const absl::string_view before = text.substr(0, *bad);
+  const size_t line_start = before.rfind('\n');
+  const int line =
+      1 + static_cast<int>(std::count(before.begin(), before.end(), '\n'));
+  const int column = static_cast<int>(
+      *bad - (line_start == absl::string_view::npos ? 0 : line_start + 1) + 1);
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "%s: not UTF-8 text (byte 0x%02x); save the file as UTF-8",
+      SourceLocation{std::string(file), line, column}.ToString(),
+      static_cast<unsigned char>(text[*bad])));
+}
+
 absl::StatusOr<YAML::Node> LoadYaml(absl::string_view text,
                                     absl::string_view file,
                                     YamlDocuments documents) {
+  if (absl::Status s = CheckUtf8Text(text, file); !s.ok()) return s;
   return CatchYamlExceptions(file, "YAML", [&]() -> absl::StatusOr<YAML::Node> {
     try {
       if (documents == YamlDocuments::kFirst) {

@@ -98,6 +98,13 @@ std::string DescribeYaml(const YAML::Node& node);
 absl::Status YamlError(const SourceLocation& where, absl::string_view path,
                        absl::string_view message);
 
+// OK when `text` is well-formed UTF-8; otherwise InvalidArgument
+// "file:line:col: not UTF-8 text (byte 0xff); ..." at the first bad byte
+// (columns count bytes). LoadYaml checks it first: yaml-cpp would take other
+// bytes as they come, and job text travels in protobuf strings, which must
+// be UTF-8 (a stray byte once failed a submission with an empty message).
+absl::Status CheckUtf8Text(absl::string_view text, absl::string_view file);
+
 // How many documents LoadYaml accepts in one text.
 enum class YamlDocuments {
   // The first document; later ones are neither parsed nor checked (like

@@ -285,6 +285,20 @@ TEST_F(JobCommandsTest, StatusJobsAndWorkersShowTables) {
             absl::StatusCode::kNotFound);
 }
 
+// A stray byte once failed the submission with "conveyorctl: " and nothing
+// after: protobuf strings must be UTF-8. The file is refused where it is.
+TEST_F(JobCommandsTest, SubmitRefusesAFileThatIsNotUtf8NamingTheByte) {
+  Start();
+  const std::string path =
+      WriteJob("latin1.yaml", std::string(kJob) + "# caf\xe9\n");
+  std::ostringstream out;
+  const absl::Status status = RunSubmit(*client_, SubmitOptions(path), {}, out);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("latin1.yaml:"));
+  EXPECT_THAT(status.message(), HasSubstr(": not UTF-8 text (byte 0xe9)"));
+  EXPECT_TRUE(fake_->submitted().empty());
+}
+
 // An unhealthy coordinator (it cannot write its state file) says so above
 // the list, where an operator looks first.
 TEST_F(JobCommandsTest, JobsShowsTheCoordinatorsWarningFirst) {

@@ -73,6 +73,31 @@ TEST(LoadYamlTest, ReportsSyntaxErrorPosition) {
               HasSubstr("f.yaml:3:1: YAML syntax error"));
 }
 
+// A stray byte once reached a submission's protobuf string, which must be
+// UTF-8, and failed with an empty message. It is refused where it is.
+TEST(LoadYamlTest, RefusesTextThatIsNotUtf8NamingTheByte) {
+  EXPECT_TRUE(LoadYaml("name: caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\n",
+                       "f.yaml", YamlDocuments::kExactlyOne)
+                  .ok());
+  const struct {
+    std::string text;
+    std::string want;
+  } cases[] = {
+      {"a: 1\nname: \xff x\n", "f.yaml:2:7: not UTF-8 text (byte 0xff)"},
+      {"a: \xc3", "f.yaml:1:4: not UTF-8 text (byte 0xc3)"},          // Cut.
+      {"a: \xc3(", "f.yaml:1:4: not UTF-8 text (byte 0xc3)"},         // Bad.
+      {"a: \xc0\xaf", "f.yaml:1:4: not UTF-8 text (byte 0xc0)"},      // Long.
+      {"a: \xed\xa0\x80", "f.yaml:1:4: not UTF-8 text (byte 0xed)"},  // D800.
+      {"a: \xf4\x90\x80\x80", "f.yaml:1:4: not UTF-8 text (byte 0xf4)"},
+  };
+  for (const auto& c : cases) {
+    absl::StatusOr<YAML::Node> doc =
+        LoadYaml(c.text, "f.yaml", YamlDocuments::kExactlyOne);
+    EXPECT_EQ(doc.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(ErrorOf(doc.status()), HasSubstr(c.want)) << c.want;
+  }
+}
+
 TEST(LoadYamlTest, EmptyTextIsNull) {
   for (YamlDocuments d : {YamlDocuments::kFirst, YamlDocuments::kExactlyOne}) {
     absl::StatusOr<YAML::Node> doc = LoadYaml("", "f.yaml", d);
