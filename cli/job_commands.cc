@@ -1,6 +1,7 @@
 #include "cli/job_commands.h"
 
 #include <cstdlib>
+#include <iostream>
 #include <memory>
 #include <vector>
 
@@ -216,6 +217,10 @@ absl::Status RunJobCommand(const JobCommands& c, const JobCommandOptions& o,
           absl::StrCat("--auth-token-file: ", read.status().message()));
     }
     token = *std::move(read);
+    if (const std::string warning = AuthTokenFileWarning(token_file);
+        !warning.empty()) {
+      std::cerr << "conveyorctl: warning: " << warning << "\n";
+    }
   }
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
                    proto::MakeChannelCredentials(o.tls));

@@ -1,11 +1,14 @@
 #include "common/auth_token.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdint>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/file.h"
 #include "common/hmac.h"
 #include "common/status_macros.h"
@@ -33,7 +36,22 @@ absl::StatusOr<std::string> ReadAuthTokenFile(const std::string& path) {
           ": the token may only hold printable ASCII without spaces"));
     }
   }
+  if (token.size() < kMinAuthTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "auth token file ", path, ": the token has ", token.size(),
+        " characters; use at least ", kMinAuthTokenBytes,
+        " (for example: head -c 32 /dev/urandom | base64 > FILE)"));
+  }
   return std::string(token);
+}
+
+std::string AuthTokenFileWarning(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || (st.st_mode & 0077) == 0) return "";
+  return absl::StrFormat(
+      "auth token file %s can be read by other users (mode %04o); "
+      "chmod 600 it",
+      path, st.st_mode & 07777);
 }
 
 std::string AuthMetadataValue(absl::string_view token) {

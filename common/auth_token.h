@@ -26,13 +26,22 @@ inline constexpr absl::string_view kBearerPrefix = "Bearer ";
 
 // Longest token accepted; a longer file is more likely the wrong file.
 inline constexpr size_t kMaxAuthTokenBytes = 4096;
+// Shortest token accepted: a few characters can be guessed call by call.
+inline constexpr size_t kMinAuthTokenBytes = 16;
 
 // The token in `path`: the file's content without surrounding whitespace
 // (so `echo secret > file` works). InvalidArgument naming the path when the
-// token is empty, longer than kMaxAuthTokenBytes or holds characters other
-// than printable ASCII (gRPC metadata values must be); the errno-derived
-// code when the file cannot be read.
+// token is empty, holds characters other than printable ASCII (gRPC
+// metadata values must be), or is shorter than kMinAuthTokenBytes or longer
+// than kMaxAuthTokenBytes; the errno-derived code when the file cannot be
+// read.
 absl::StatusOr<std::string> ReadAuthTokenFile(const std::string& path);
+
+// A warning, as ssh gives for a private key, when the token file can be
+// read by other users (group or others have any permission bit); empty
+// otherwise, or when the file cannot be examined (reading it reports that).
+// Callers print it: a shared token is a credential.
+std::string AuthTokenFileWarning(const std::string& path);
 
 // The metadata value a client sends: "Bearer <token>".
 std::string AuthMetadataValue(absl::string_view token);

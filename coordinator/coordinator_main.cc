@@ -223,6 +223,11 @@ int main(int argc, char** argv) {
       return conveyor::kExitUsage;
     }
     auth_token = *std::move(token);
+    if (const std::string warning =
+            conveyor::AuthTokenFileWarning(flags.auth_token_file);
+        !warning.empty()) {
+      SPDLOG_WARN("{}", warning);
+    }
   }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       conveyor::proto::MakeServerCredentials(flags.tls);

@@ -197,6 +197,11 @@ int main(int argc, char** argv) {
         conveyor::ReadAuthTokenFile(auth_token_file);
     if (token.ok()) {
       options.auth_token = *std::move(token);
+      if (const std::string warning =
+              conveyor::AuthTokenFileWarning(auth_token_file);
+          !warning.empty()) {
+        SPDLOG_WARN("{}", warning);
+      }
     } else {
       valid = absl::InvalidArgumentError(
           absl::StrCat("--auth-token-file: ", token.status().message()));

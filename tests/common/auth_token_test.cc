@@ -1,5 +1,7 @@
 #include "common/auth_token.h"
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -21,9 +23,9 @@ std::string WriteToken(const std::string& name, const std::string& content) {
 
 TEST(AuthTokenTest, ReadsTheTokenWithoutSurroundingWhitespace) {
   absl::StatusOr<std::string> token =
-      ReadAuthTokenFile(WriteToken("token", "  s3cr3t-Token_1\n"));
+      ReadAuthTokenFile(WriteToken("token", "  s3cr3t-Token_1-0123\n"));
   ASSERT_TRUE(token.ok()) << token.status();
-  EXPECT_EQ(*token, "s3cr3t-Token_1");
+  EXPECT_EQ(*token, "s3cr3t-Token_1-0123");
 }
 
 TEST(AuthTokenTest, BadFilesAreErrorsThatNeverShowTheContent) {
@@ -36,6 +38,8 @@ TEST(AuthTokenTest, BadFilesAreErrorsThatNeverShowTheContent) {
       {"spaced", "two words-secretvalue", "printable ASCII without spaces"},
       {"control", "abc\x01secretvalue", "printable ASCII without spaces"},
       {"long", std::string(kMaxAuthTokenBytes + 1, 'x'), "longer than 4096"},
+      // A 1-character token was once accepted without a word.
+      {"short", "secretvalue", "has 11 characters; use at least 16"},
   };
   for (const auto& c : kCases) {
     absl::StatusOr<std::string> token =
@@ -49,6 +53,18 @@ TEST(AuthTokenTest, BadFilesAreErrorsThatNeverShowTheContent) {
   EXPECT_EQ(
       ReadAuthTokenFile(::testing::TempDir() + "/missing").status().code(),
       absl::StatusCode::kNotFound);
+}
+
+// As ssh says of a private key: a token file others can read is named.
+TEST(AuthTokenTest, ATokenFileOthersCanReadIsWarnedAbout) {
+  const std::string path = WriteToken("shared", "0123456789abcdef-token");
+  ASSERT_EQ(::chmod(path.c_str(), 0644), 0);
+  EXPECT_EQ(AuthTokenFileWarning(path),
+            "auth token file " + path +
+                " can be read by other users (mode 0644); chmod 600 it");
+  ASSERT_EQ(::chmod(path.c_str(), 0600), 0);
+  EXPECT_EQ(AuthTokenFileWarning(path), "");
+  EXPECT_EQ(AuthTokenFileWarning(::testing::TempDir() + "/missing"), "");
 }
 
 TEST(AuthTokenTest, MetadataMatchesOnlyTheWholeBearerValue) {

@@ -13,10 +13,11 @@ worker=${WORKER:?}
 ctl=${CONVEYORCTL:?}
 source "$(dirname "$0")/daemon_test_lib.sh"
 
-token=Tok3n-$RANDOM$RANDOM
-wrong=Wr0ng-$RANDOM$RANDOM
+token=Tok3n-$RANDOM$RANDOM-0123456789abcdef
+wrong=Wr0ng-$RANDOM$RANDOM-0123456789abcdef
 printf '%s\n' "$token" >"$dir/token"
 printf '%s\n' "$wrong" >"$dir/wrong"
+chmod 600 "$dir/token" "$dir/wrong"
 
 "$coordinator" --listen 127.0.0.1:0 --metrics-address 127.0.0.1:0 \
   --auth-token-file "$dir/token" --ready-file "$dir/ready" \

@@ -33,7 +33,8 @@ leaf server ca1 "subjectAltName=IP:127.0.0.1,DNS:localhost"
 leaf client ca1 "extendedKeyUsage=clientAuth"
 leaf stranger ca2 "extendedKeyUsage=clientAuth"
 check "certificates made" test -s "$dir/server.pem" -a -s "$dir/client.pem" -a -s "$dir/stranger.pem"
-printf 'tls-test-token\n' >"$dir/token"
+printf 'tls-test-token-0123456789\n' >"$dir/token"
+chmod 600 "$dir/token"
 
 "$coordinator" --tls-ca "$dir/ca1.pem" >"$dir/bad-flags.log" 2>&1
 check "--tls-ca alone on the coordinator: exit 2" test $? -eq 2
