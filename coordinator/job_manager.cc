@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/hash/hash.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -92,8 +93,31 @@ absl::StatusOr<v1::Registered> JobManager::RegisterWorker(
     return absl::InvalidArgumentError(
         "registration needs a worker name and at least one device");
   }
+  // Names are shown in listings, logs and metric labels: no control
+  // characters (they would rewrite a terminal) and a bounded length.
+  constexpr size_t kMaxWorkerNameBytes = 253;
+  if (request.name().size() > kMaxWorkerNameBytes ||
+      std::any_of(request.name().begin(), request.name().end(), [](char c) {
+        return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
+      })) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker name must be 1 to ", kMaxWorkerNameBytes,
+                     " characters without control characters; got ",
+                     absl::CHexEscape(request.name().substr(0, 64))));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (shutdown_) return absl::UnavailableError("coordinator shutting down");
+  // Two live workers of one name could not be told apart in listings,
+  // metrics or a drain; a lost one's name is free again (a restarted
+  // worker registers under its old name).
+  for (const auto& [n, other] : workers_) {
+    if (other.info.state() != v1::LOST && other.info.name() == request.name()) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "worker name '", request.name(), "' is taken by ", other.info.id(),
+          ", which is live; give each worker its own --name (the default "
+          "is host:pid)"));
+    }
+  }
   const int64_t number = next_worker_++;
   WorkerRecord& w = workers_[number];
   w.info.set_id(absl::StrCat(kWorkerPrefix, number));

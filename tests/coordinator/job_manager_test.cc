@@ -408,6 +408,34 @@ TEST_F(JobManagerTest, SilentWorkerIsLostAndItsJobFailsNamingIt) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// Two live workers of one name could not be told apart, and a name with
+// control characters was printed raw into listings and logs.
+TEST_F(JobManagerTest, WorkerNamesAreUniqueAmongLiveWorkersAndPrintable) {
+  const std::string a = AddWorker("a");
+  auto conn = std::make_shared<FakeConnection>();
+  v1::RegisterRequest r;
+  r.set_protocol_version(proto::kProtocolVersion);
+  r.set_version(kVersion);
+  r.set_name("a");
+  r.add_devices("cpu:1");
+  absl::StatusOr<v1::Registered> twin = manager_.RegisterWorker(r, conn);
+  EXPECT_EQ(twin.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(
+      twin.status().message(),
+      HasSubstr("worker name 'a' is taken by " + a + ", which is live"));
+  // Once the first is lost its name is free: a restarted worker takes it.
+  manager_.WorkerDisconnected(a, "control connection closed");
+  EXPECT_TRUE(manager_.RegisterWorker(r, conn).ok());
+  r.set_name("evil\x1b[2Jname");
+  absl::StatusOr<v1::Registered> control = manager_.RegisterWorker(r, conn);
+  EXPECT_EQ(control.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(control.status().message(),
+              HasSubstr("without control characters; got evil\\x1b[2Jname"));
+  r.set_name(std::string(300, 'n'));
+  EXPECT_EQ(manager_.RegisterWorker(r, conn).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // SIGSTOP of the coordinator for 15 s once failed every job with "no
 // heartbeat for 15.1 s" on healthy workers: a stall of the coordinator is
 // not a loss of workers. After it the workers get a full timeout again.

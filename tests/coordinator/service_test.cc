@@ -47,12 +47,13 @@ class ServiceTest : public ::testing::Test {
                       std::chrono::seconds(1));
   }
 
-  v1::WorkerMessage Register(const std::string& version) {
+  v1::WorkerMessage Register(const std::string& version,
+                             const std::string& name = "w") {
     v1::WorkerMessage m;
     v1::RegisterRequest* r = m.mutable_register_();
     r->set_protocol_version(proto::kProtocolVersion);
     r->set_version(version);
-    r->set_name("w");
+    r->set_name(name);
     r->add_devices("cpu:1");
     return m;
   }
@@ -66,11 +67,11 @@ class ServiceTest : public ::testing::Test {
         stream;
     v1::CoordinatorMessage reply;
   };
-  std::unique_ptr<Session> Registered() {
+  std::unique_ptr<Session> Registered(const std::string& name = "w") {
     auto session = std::make_unique<Session>();
     session->stream =
         v1::WorkerSession::NewStub(channel_)->Session(&session->context);
-    EXPECT_TRUE(session->stream->Write(Register(kVersion)));
+    EXPECT_TRUE(session->stream->Write(Register(kVersion, name)));
     EXPECT_TRUE(session->stream->Read(&session->reply));
     return session;
   }
@@ -199,7 +200,7 @@ TEST_F(WatchLimitServiceTest, WatchesPastTheCapAreRefusedAndOtherCallsServed) {
     EXPECT_TRUE(stub->ListJobs(&context, v1::ListJobsRequest(), &jobs).ok());
     EXPECT_EQ(jobs.jobs_size(), 1);
   }
-  std::unique_ptr<Session> second = Registered();
+  std::unique_ptr<Session> second = Registered("w2");
   EXPECT_EQ(second->reply.registered().worker_id(), "worker-2");
   // A watch that ends gives its place back.
   watches[0]->context.TryCancel();
