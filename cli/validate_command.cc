@@ -1,10 +1,16 @@
 #include "cli/validate_command.h"
 
+#include <memory>
+
 #include "cli/job_file.h"
 #include "common/status_macros.h"
 #include "coordinator/planner.h"
+#include "engine/checkpoint_manifest.h"
 #include "engine/cpu/cpu_backend.h"
+#include "engine/data.h"
 #include "engine/profiler.h"
+#include "engine/safetensors.h"
+#include "engine/stage.h"
 
 namespace conveyor::cli {
 
@@ -24,12 +30,39 @@ CLI::App* AddValidateCommand(CLI::App& app, ValidateCommandOptions& o) {
   return cmd;
 }
 
+namespace {
+
+// What a worker and the coordinator would find wrong with the job's files
+// only once it runs: the data (read and checked against the model's shapes,
+// as a worker does), model.init.from (every parameter, with its shape) and
+// checkpoint.dir (created if missing, and written to, as the coordinator
+// does at submission). Paths resolve as for the daemons, against the job
+// file's directory; on a cluster whose machines see other files, the
+// daemons' view is the one that counts.
+absl::Status CheckJobFiles(const engine::JobSpec& job) {
+  ASSIGN_OR_RETURN(std::unique_ptr<engine::DataSource> data,
+                   engine::DataSource::Create(
+                       job.data, engine::ModelSampleShapes(job.model)));
+  if (!job.model.init_from.empty()) {
+    ASSIGN_OR_RETURN(engine::SafetensorsReader init,
+                     engine::SafetensorsReader::Open(job.model.init_from));
+    RETURN_IF_ERROR(engine::CheckInitFileFitsModel(init, job.model));
+  }
+  if (!job.checkpoint.dir.empty()) {
+    RETURN_IF_ERROR(engine::CheckCheckpointDirWritable(job.checkpoint.dir));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status RunValidateCommand(const ValidateCommandOptions& o,
                                 std::ostream& out) {
   ASSIGN_OR_RETURN(JobSource source, ReadJobSource(o.job_file, o.overrides));
   ASSIGN_OR_RETURN(engine::JobSpec job, ParseJobSource(source));
   ASSIGN_OR_RETURN(coordinator::JobPlan plan,
                    coordinator::PlanJob(std::move(job)));
+  RETURN_IF_ERROR(CheckJobFiles(plan.job));
   if (coordinator::NeedsProfile(plan)) {
     // The coordinator profiles on the job's first worker; here the local
     // CPU stands in for it, so the figures are this machine's.

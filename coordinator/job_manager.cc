@@ -296,6 +296,10 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
         !s.ok()) {
       return s;
     }
+    if (absl::Status s = engine::CheckCheckpointDirWritable(checkpoint_dir);
+        !s.ok()) {
+      return s;
+    }
   }
 
   v1::Job submitted;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <exception>
@@ -798,6 +799,32 @@ absl::StatusOr<std::vector<int64_t>> PruneCheckpoints(
     removed.push_back(step);
   }
   return removed;
+}
+
+absl::Status CheckCheckpointDirWritable(const std::string& checkpoint_dir) {
+  auto refuse = [&](const absl::Status& cause) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint.dir ", checkpoint_dir, " cannot be written (",
+        cause.message(), "): the job would fail at its first checkpoint"));
+  };
+  std::error_code ec;
+  fs::create_directories(checkpoint_dir, ec);
+  if (ec) return refuse(ErrnoError(ec.value(), checkpoint_dir, "mkdir"));
+  // Unique per process and call, so concurrent checks never collide.
+  static std::atomic<uint64_t> counter{0};
+  const std::string probe =
+      (fs::path(checkpoint_dir) /
+       absl::StrCat(".conveyor-write-probe-", ::getpid(), "-", counter++))
+          .string();
+  const int fd =
+      ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return refuse(ErrnoError(errno, checkpoint_dir, "create a file"));
+  const bool written = ::write(fd, "x", 1) == 1 && ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  if (!written) return refuse(ErrnoError(err, checkpoint_dir, "write"));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<int64_t>> RemoveAllCheckpoints(

@@ -167,6 +167,14 @@ absl::StatusOr<LatestCheckpoint> FindLatestCompleteCheckpoint(
 absl::StatusOr<std::vector<int64_t>> PruneCheckpoints(
     const std::string& checkpoint_dir, int keep_latest);
 
+// Creates `checkpoint_dir` if it is missing and writes, fsyncs and removes
+// a probe file there, so that a job whose checkpoints cannot be written is
+// refused when it is submitted rather than failing at its first checkpoint
+// (a read-only directory once failed a job after 2 of 3 steps, losing
+// them). FailedPrecondition naming the directory and the cause (read-only
+// file system, permission, not a directory, full disk).
+absl::Status CheckCheckpointDirWritable(const std::string& checkpoint_dir);
+
 // Deletes every step-<N> directory in `checkpoint_dir`, complete or not,
 // newest first (so a failure part way leaves only older steps), and returns
 // the steps removed, ascending: a fresh start over an earlier run's

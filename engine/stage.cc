@@ -117,20 +117,33 @@ absl::Status Stage::InitializeFromSeed(uint64_t seed) {
   return absl::OkStatus();
 }
 
+absl::Status CheckInitTensor(const SafetensorsReader& file,
+                             const std::string& name, const Shape& shape) {
+  const TensorInfo* info = file.Find(name);
+  if (info == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file.source_name(), ": no tensor '", name,
+                     "' (the model needs F32 ", ShapeString(shape), ")"));
+  }
+  if (info->shape != shape) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        file.source_name(), ": tensor '", name, "' is ",
+        ShapeString(info->shape), " but the model needs ", ShapeString(shape)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckInitFileFitsModel(const SafetensorsReader& file,
+                                    const ModelSpec& model) {
+  for (const ParamSpec* p : model.Params()) {
+    RETURN_IF_ERROR(CheckInitTensor(file, p->name, p->shape));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Stage::LoadFrom(const SafetensorsReader& file) {
   for (Parameter* p : parameters()) {
-    const TensorInfo* info = file.Find(p->name);
-    if (info == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          file.source_name(), ": no tensor '", p->name,
-          "' (the model needs F32 ", ShapeString(p->value.shape()), ")"));
-    }
-    if (info->shape != p->value.shape()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(file.source_name(), ": tensor '", p->name, "' is ",
-                       ShapeString(info->shape), " but the model needs ",
-                       ShapeString(p->value.shape())));
-    }
+    RETURN_IF_ERROR(CheckInitTensor(file, p->name, p->value.shape()));
     ASSIGN_OR_RETURN(std::vector<float> values, file.ReadF32(p->name));
     RETURN_IF_ERROR(backend_->CopyFromHost(
         values.data(), values.size() * sizeof(float), p->value));

@@ -97,6 +97,18 @@ class Stage : public PipelineStage {
   size_t peak_bytes_ = 0;
 };
 
+// InvalidArgument, naming the file, the tensor and both shapes, unless
+// `file` holds tensor `name` with `shape`: what LoadFrom needs of an init
+// file, for each parameter.
+absl::Status CheckInitTensor(const SafetensorsReader& file,
+                             const std::string& name, const Shape& shape);
+
+// CheckInitTensor for every parameter of `model` (every stage): a job's
+// model.init.from checked before anything is allocated (conveyorctl
+// validate).
+absl::Status CheckInitFileFitsModel(const SafetensorsReader& file,
+                                    const ModelSpec& model);
+
 }  // namespace conveyor::engine
 
 #endif  // CONVEYOR_ENGINE_STAGE_H_

@@ -160,6 +160,17 @@ check validate_set 0 '200 steps of batch 64 in 4 microbatches of 16' -- \
   validate "$src/examples/mlp.yaml" --set training.batch_size=64
 check validate_set_position 2 'mlp.yaml \(with --set\):[0-9]+:[0-9]+: training.steps: must be a positive integer' -- \
   validate "$src/examples/mlp.yaml" --set training.steps=many
+# validate reads what the daemons would only meet once the job runs: the
+# data, model.init.from and checkpoint.dir (a read-only one once failed a job
+# after 2 of 3 steps).
+: >"$tmp/not-a-dir"
+check validate_checkpoint_dir 1 "checkpoint.dir $tmp/not-a-dir cannot be written \(.*\): the job would fail at its first checkpoint" -- \
+  validate "$src/examples/mlp.yaml" --set "checkpoint.dir=$tmp/not-a-dir"
+check validate_init_from 1 "$tmp/no-init.safetensors" -- \
+  validate "$src/examples/mlp.yaml" --set "model.init={from: $tmp/no-init.safetensors}"
+mkfifo "$tmp/fifo"
+check validate_data_fifo 2 "$tmp/fifo: not a regular file" -- \
+  validate "$src/examples/gpt.yaml" --set "data.path=$tmp/fifo"
 check set_no_equals 2 "--set needs key.path=value; got 'training.steps'" -- \
   validate "$src/examples/mlp.yaml" --set training.steps
 check set_empty_key 2 '--set needs key.path=value with non-empty keys' -- \

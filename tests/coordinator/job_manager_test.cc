@@ -408,6 +408,21 @@ TEST_F(JobManagerTest, SilentWorkerIsLostAndItsJobFailsNamingIt) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// A read-only checkpoint.dir once failed a job after 2 of 3 steps, losing
+// them: the coordinator writes there at submission, and refuses the job.
+TEST_F(JobManagerTest, AJobWhoseCheckpointsCannotBeWrittenIsRefused) {
+  AddWorker("a");
+  AddWorker("b");
+  // A directory not even root can create files in, as a read-only mount.
+  const std::string dir = "/proc";
+  absl::StatusOr<v1::Job> job =
+      Submit(absl::StrCat(JobYaml(2), "checkpoint: {dir: ", dir, "}\n"));
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(job.status().message(),
+              HasSubstr("checkpoint.dir " + dir + " cannot be written"));
+  EXPECT_TRUE(manager_.ListJobs().empty());
+}
+
 // Two live workers of one name could not be told apart, and a name with
 // control characters was printed raw into listings and logs.
 TEST_F(JobManagerTest, WorkerNamesAreUniqueAmongLiveWorkersAndPrintable) {

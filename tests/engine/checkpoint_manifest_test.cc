@@ -723,6 +723,26 @@ TEST_F(CheckpointDirTest, PruneWithKeepZeroRemovesNothing) {
             absl::StatusCode::kNotFound);
 }
 
+TEST_F(CheckpointDirTest, WritableCheckCreatesTheDirectoryAndLeavesNothing) {
+  const fs::path nested = dir_ / "a" / "b";
+  ASSERT_TRUE(CheckCheckpointDirWritable(nested.string()).ok());
+  EXPECT_TRUE(fs::is_directory(nested));
+  EXPECT_TRUE(fs::is_empty(nested));  // The probe is gone.
+  // A file where the directory should be: refused, saying what would fail.
+  std::ofstream(dir_ / "file") << "x";
+  const absl::Status status =
+      CheckCheckpointDirWritable((dir_ / "file").string());
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(),
+              HasSubstr("cannot be written (" + (dir_ / "file").string()));
+  EXPECT_THAT(status.message(),
+              HasSubstr("the job would fail at its first checkpoint"));
+  // A directory no file can be created in (even by root), as a read-only
+  // mount.
+  EXPECT_EQ(CheckCheckpointDirWritable("/proc").code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(CheckpointDirTest, RemoveAllRemovesEveryStepAndNothingElse) {
   WriteStageFiles(1, 2);  // Incomplete.
   WriteCompleteStep(2);
