@@ -8,8 +8,10 @@
 #include <cerrno>
 #include <filesystem>
 #include <new>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace conveyor {
 
@@ -18,27 +20,33 @@ absl::Status ErrnoError(int err, absl::string_view path,
   return absl::ErrnoToStatus(err, absl::StrCat(path, ": ", operation));
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path,
-                                     uint64_t max_bytes) {
-  // O_NONBLOCK: opening a FIFO for reading would otherwise block until a
-  // writer comes, which may be never (a job naming one wedged a worker);
-  // the fstat below then refuses it. Reads of a regular file ignore it.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return ErrnoError(errno, path, "open");
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+ScopedFd::~ScopedFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::StatusOr<RegularFile> OpenRegularFile(const std::string& path) {
+  // O_NONBLOCK: open() of a FIFO returns at once, and the fstat below
+  // refuses it. Reads of a regular file ignore the flag.
+  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (fd.get() < 0) return ErrnoError(errno, path, "open");
   struct stat st;
-  if (::fstat(fd, &st) != 0) return ErrnoError(errno, path, "fstat");
+  if (::fstat(fd.get(), &st) != 0) return ErrnoError(errno, path, "fstat");
   // A directory fails on read; a FIFO or device could block or never end.
   if (!S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": not a regular file"));
   }
+  return RegularFile{.fd = std::move(fd),
+                     .size = static_cast<uint64_t>(st.st_size)};
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path,
+                                     uint64_t max_bytes) {
+  ASSIGN_OR_RETURN(RegularFile file, OpenRegularFile(path));
+  const int fd = file.fd.get();
   try {
     std::string bytes;
-    const uint64_t expected = static_cast<uint64_t>(st.st_size);
+    const uint64_t expected = file.size;
     bytes.resize(static_cast<size_t>(std::min(expected, max_bytes) + 1));
     size_t filled = 0;
     for (;;) {
@@ -63,7 +71,7 @@ absl::StatusOr<std::string> ReadFile(const std::string& path,
     return bytes;
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        path, ": not enough memory to read ", st.st_size, " bytes"));
+        path, ": not enough memory to read ", file.size, " bytes"));
   }
 }
 

@@ -20,6 +20,30 @@ namespace conveyor {
 absl::Status ErrnoError(int err, absl::string_view path,
                         absl::string_view operation);
 
+// An open file descriptor, closed when this goes.
+class ScopedFd {
+ public:
+  explicit ScopedFd(int fd) : fd_(fd) {}
+  ScopedFd(ScopedFd&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  ScopedFd& operator=(ScopedFd&&) = delete;
+  ~ScopedFd();
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// The regular file at `path`, open for reading, and its size when opened.
+// Never blocks: a FIFO would otherwise wait in open() for a writer that may
+// never come (a job naming one wedged a worker). The errno-derived code
+// with the path and the failed call, or InvalidArgument "<path>: not a
+// regular file" for a directory, FIFO, device or socket.
+struct RegularFile {
+  ScopedFd fd;
+  uint64_t size = 0;
+};
+absl::StatusOr<RegularFile> OpenRegularFile(const std::string& path);
+
 // The whole content of the regular file at `path`, at most `max_bytes`
 // (reads one byte past the limit rather than trusting the size fstat reports,
 // which can change while reading).

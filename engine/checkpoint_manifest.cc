@@ -364,21 +364,8 @@ struct FileDigest {
 
 // Size and CRC-32C of the regular file at `path`, read in chunks.
 absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
-  // O_NONBLOCK: opening a FIFO for reading would otherwise block until a
-  // writer comes, which may be never (a job naming one wedged a worker);
-  // the fstat below then refuses it. Reads of a regular file ignore it.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return ErrnoError(errno, path, "open");
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return ErrnoError(errno, path, "fstat");
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": not a regular file"));
-  }
+  ASSIGN_OR_RETURN(RegularFile file, OpenRegularFile(path));
+  const int fd = file.fd.get();
   // Advisory: read-ahead helps a multi-GB sequential scan; failure is fine.
   (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   std::vector<uint8_t> buffer(kReadChunkBytes);
