@@ -1353,26 +1353,20 @@ absl::Status JobManager::Persist() {
   }
   // Outside mu_: a slow disk delays only the next write, not the workers'
   // reports or the clients' calls.
-  if (absl::Status s = options_.state_file->Save(state); !s.ok()) {
-    if (!persist_failing_) {
-      SPDLOG_ERROR(
-          "cannot write the state file (submissions and cancels are refused "
-          "until it can be written; retrying): {}",
-          s.ToString());
-    }
-    persist_failing_ = true;
-    std::lock_guard<std::mutex> health(health_mu_);
-    state_file_error_ = std::string(s.message());
-    return s;
-  }
-  if (persist_failing_) {
+  const absl::Status saved = options_.state_file->Save(state);
+  if (saved.ok()) persisted_changes_ = changes;
+  std::lock_guard<std::mutex> health(health_mu_);
+  // Logged once per outage: the first failure and the recovery.
+  if (!saved.ok() && state_file_error_.empty()) {
+    SPDLOG_ERROR(
+        "cannot write the state file (submissions and cancels are refused "
+        "until it can be written; retrying): {}",
+        saved.ToString());
+  } else if (saved.ok() && !state_file_error_.empty()) {
     SPDLOG_INFO("state file {} written again", options_.state_file->path());
   }
-  persist_failing_ = false;
-  persisted_changes_ = changes;
-  std::lock_guard<std::mutex> health(health_mu_);
-  state_file_error_.clear();
-  return absl::OkStatus();
+  state_file_error_ = saved.ok() ? "" : std::string(saved.message());
+  return saved;
 }
 
 bool JobManager::PersistedThrough(uint64_t change) {

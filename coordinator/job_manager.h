@@ -397,7 +397,6 @@ class JobManager {
   // a time, each writing a snapshot at least as new as the last one.
   std::mutex persist_mu_;
   uint64_t persisted_changes_ ABSL_GUARDED_BY(persist_mu_) = 0;
-  bool persist_failing_ ABSL_GUARDED_BY(persist_mu_) = false;
   // Its own mutex, so that reading it never waits behind a slow write.
   mutable std::mutex health_mu_;
   std::string state_file_error_ ABSL_GUARDED_BY(health_mu_);
