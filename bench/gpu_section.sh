@@ -108,6 +108,8 @@ gemm = gemm or {"context": {}, "benchmarks": []}
 steps = steps or {"context": {}, "benchmarks": []}
 torch = torch or {}
 ctx = gemm["context"] or steps["context"]
+# bf16 figures are shown but not held to their targets (reasons at each use).
+bf16 = ctx.get("precision", "fp32") == "bf16"
 gpu = ctx.get("gpu", "?")
 for b in gemm["benchmarks"] + steps["benchmarks"]:
     if b.get("error_occurred"):
@@ -137,12 +139,11 @@ for name, b in med.items():
     # time (the dense layers) to twice it (attention's [S, S] operands), so
     # until activations and weights are stored in bf16 no backend reaches
     # 0.95 here: the fraction is shown, not held to the target.
-    gated = ctx.get("precision", "fp32") != "bf16"
-    failed += gated and fraction < 0.95
+    failed += not bf16 and fraction < 0.95
     ref = torch_gemm.get(shape, {}).get("tflops")
     print(f"{shape:<32} {b['TFLOPs']:>15.1f} {c['TFLOPs']:>15.1f} {fraction:>9.3f} "
           f"{ref if ref is not None else float('nan'):>14.1f}  "
-          f"{'ok' if fraction >= 0.95 else 'BELOW TARGET' if gated else 'below (rounds per call)'}")
+          f"{'ok' if fraction >= 0.95 else 'below (rounds per call)' if bf16 else 'BELOW TARGET'}")
 print("(medians of 3; backend: Backend::Gemm on CudaBackend; cuBLAS: the same cublasGemmEx call "
       "on the same buffers and stream; torch: torch.matmul, for context)")
 
@@ -151,7 +152,6 @@ ours = {b["run_name"].split("/iterations")[0]: ms(b) for b in steps["benchmarks"
 # At bf16 the two sides compute different things (Conveyor rounds GEMM inputs
 # and keeps activations fp32; autocast keeps them bf16): the ratio is shown,
 # not held to the target.
-like_for_like = ctx.get("precision", "fp32") != "bf16"
 print()
 print(f"{'training step':<44} {'Conveyor ms':>12} {'PyTorch ms':>11} {'ratio':>7}  target <= 1.2 (then 1.0)")
 for label, mine, theirs, target in (
@@ -167,7 +167,7 @@ for label, mine, theirs, target in (
         print(f"{label:<44} {a:>12.2f} {'n/a':>11}")
         continue
     ratio = a / r
-    if not like_for_like:
+    if bf16:
         target = False
         verdict = "(bf16 storage on PyTorch's side only)"
     else:
