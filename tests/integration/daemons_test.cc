@@ -599,10 +599,20 @@ std::vector<double> Samples(const std::string& text, const std::string& metric,
   return out;
 }
 
-// Acceptance of the bubble metrics: with the fixed-time test layer, the
-// bubble ratio the workers export per stage (and the coordinator per job)
-// is the simulator's within 5 percentage points; the job's series go when
-// it ends.
+// The bubble metrics from real daemons: with the fixed-time test layer, every
+// stage (and the job) exports a ratio in [0, 1) that is no less than the
+// simulator's bubble, and the job's series go when it ends.
+//
+// Only the lower bound is asserted. The ratio is a measured time, and a
+// loaded machine (CI runs this beside other tests) wakes ranks late, which
+// only adds waiting: a two-sided bound passed on a quiet machine and failed
+// under `ctest -j` (measured 0.33 against 0.27). How close the measured bubble
+// comes to the simulator's is a benchmark's question (bench/
+// pipeline_benchmark.cc, group bubble/, which reports the worker's exported
+// ratio too); the arithmetic of the ratio is exact in worker_metrics_test and
+// coordinator_metrics_test. What this test guards is the plumbing, and a
+// ratio that reports busy time as waiting (or no waiting at all) fails it:
+// 1F1B at P = 4, M = 8 idles 3/11 of each rank's step.
 TEST_F(DaemonsTest, ExportedBubbleRatioMatchesTheSimulator) {
   constexpr int kP = 4, kM = 8;
   std::string layers;
@@ -645,6 +655,8 @@ TEST_F(DaemonsTest, ExportedBubbleRatioMatchesTheSimulator) {
           conveyor::testing::HttpGet(address, "/metrics");
       ASSERT_TRUE(text.ok()) << text.status();
       for (double v : Samples(*text, "conveyor_stage_bubble_ratio", label)) {
+        EXPECT_GE(v, 0) << address;
+        EXPECT_LT(v, 1) << address;
         sum += v;
         ++stages;
       }
@@ -657,6 +669,8 @@ TEST_F(DaemonsTest, ExportedBubbleRatioMatchesTheSimulator) {
     const std::vector<double> job_bubble =
         Samples(*coordinator, "conveyor_job_bubble_ratio", label);
     ASSERT_EQ(job_bubble.size(), 1u);
+    EXPECT_GE(job_bubble[0], 0);
+    EXPECT_LT(job_bubble[0], 1);
     job_sum += job_bubble[0];
     ++job_samples;
     std::this_thread::sleep_for(std::chrono::milliseconds(150));
@@ -664,8 +678,10 @@ TEST_F(DaemonsTest, ExportedBubbleRatioMatchesTheSimulator) {
   std::cout << "bubble ratio: exported mean over stages " << sum / samples
             << " (the coordinator's " << job_sum / job_samples
             << "), simulator " << predicted << "\n";
-  EXPECT_NEAR(sum / samples, predicted, 0.05);
-  EXPECT_NEAR(job_sum / job_samples, predicted, 0.05);
+  // The slack covers a sleep that overruns on one rank more than on the
+  // next, which can shorten that rank's wait a little.
+  EXPECT_GE(sum / samples, predicted - 0.05);
+  EXPECT_GE(job_sum / job_samples, predicted - 0.05);
 
   ASSERT_TRUE(client_->CancelJob(job->id()).ok());
   EXPECT_EQ(WaitForIdle(*client_, kWorkers), kWorkers);
