@@ -11,9 +11,16 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/cancellation.h"
 #include "common/status_macros.h"
 
 namespace conveyor {
+namespace {
+
+// 64 MiB: about 20 ms from the page cache, a fraction of a second from disk.
+constexpr size_t kReadChunkBytes = size_t{64} << 20;
+
+}  // namespace
 
 absl::Status ErrnoError(int err, absl::string_view path,
                         absl::string_view operation) {
@@ -54,8 +61,12 @@ absl::StatusOr<std::string> ReadFile(const std::string& path,
         if (filled > max_bytes) break;
         bytes.resize(std::min<uint64_t>(2 * bytes.size(), max_bytes + 1));
       }
+      // In chunks, so that a job cancelled while it reads gigabytes stops
+      // within one chunk (common/cancellation.h).
+      RETURN_IF_ERROR(CheckCancelled());
       const ssize_t n =
-          ::read(fd, bytes.data() + filled, bytes.size() - filled);
+          ::read(fd, bytes.data() + filled,
+                 std::min<size_t>(bytes.size() - filled, kReadChunkBytes));
       if (n < 0) {
         if (errno == EINTR) continue;
         return ErrnoError(errno, path, "read");

@@ -46,7 +46,9 @@ absl::StatusOr<RegularFile> OpenRegularFile(const std::string& path);
 
 // The whole content of the regular file at `path`, at most `max_bytes`
 // (reads one byte past the limit rather than trusting the size fstat reports,
-// which can change while reading).
+// which can change while reading). Returns the status of the calling
+// thread's cancellation (common/cancellation.h) if it is cancelled during the
+// read.
 absl::StatusOr<std::string> ReadFile(
     const std::string& path,
     uint64_t max_bytes = std::numeric_limits<uint64_t>::max());

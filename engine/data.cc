@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/cancellation.h"
 #include "common/file.h"
 #include "common/host_memory.h"
 #include "common/status_macros.h"
@@ -440,7 +441,11 @@ absl::StatusOr<std::unique_ptr<DataSource>> CreateSyntheticRegression(
                      "of model.input_shape) and its output features (the "
                      "last layer's)"));
   }
-  return std::make_unique<SyntheticRegressionSource>(config, shapes);
+  auto source = std::make_unique<SyntheticRegressionSource>(config, shapes);
+  // Drawing W takes seconds for a wide model; a job cancelled meanwhile
+  // stops with an unfinished one.
+  RETURN_IF_ERROR(CheckCancelled());
+  return source;
 }
 
 // Reads tensor `name` of the file as a table of rows of `per_sample` shape.
@@ -593,6 +598,9 @@ SyntheticRegressionParams MakeSyntheticRegressionParams(uint64_t seed,
   // noise level means the same for every model and losses start near 1.
   const double w_std = 1.0 / std::sqrt(static_cast<double>(in_features));
   for (size_t i = 0; i < params.weight.size(); ++i) {
+    // A cancelled job's W is left unfinished: CreateSyntheticRegression
+    // discards it (common/cancellation.h).
+    if (i % (size_t{1} << 16) == 0 && !CheckCancelled().ok()) break;
     params.weight[i] =
         static_cast<float>(w_std * NormalDraw(seed, kWeightStream, i));
   }

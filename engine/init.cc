@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/cancellation.h"
+#include "common/status_macros.h"
 
 namespace conveyor::engine {
 namespace {
@@ -38,6 +40,9 @@ double Normal(uint64_t key, uint64_t i) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
 }
 
+// About a millisecond of draws between two looks at the job's cancellation.
+constexpr int64_t kCancelCheckElements = int64_t{1} << 16;
+
 }  // namespace
 
 double UniformDraw(uint64_t seed, absl::string_view name, uint64_t i) {
@@ -61,6 +66,9 @@ absl::Status InitializeParameter(Backend* backend, uint64_t seed,
   }
   const uint64_t key = StreamKey(seed, name);
   for (int64_t i = 0; i < n; ++i) {
+    // A billion draws take tens of seconds: a cancelled job stops here
+    // (common/cancellation.h) instead of finishing them.
+    if (i % kCancelCheckElements == 0) RETURN_IF_ERROR(CheckCancelled());
     switch (rule.kind) {
       case InitRule::Kind::kUniform:
         host[i] =

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/cancellation.h"
 #include "common/status_macros.h"
 #include "engine/stage.h"
 
@@ -19,15 +20,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr int kMaxRepetitions = 100;
-
-bool Cancelled(const ProfileOptions& options) {
-  return options.cancelled != nullptr &&
-         options.cancelled->load(std::memory_order_relaxed);
-}
-
-absl::Status CancelledStatus() {
-  return absl::CancelledError("profiling cancelled");
-}
 
 Shape WithBatch(int64_t rows, const std::vector<int64_t>& per_sample) {
   Shape shape = {rows};
@@ -136,7 +128,7 @@ absl::StatusOr<LayerProfile> ProfileLayer(Backend* backend,
 
   std::vector<double> forward, backward_input, backward_weight;
   for (int r = 0; r < options.repetitions; ++r) {
-    if (Cancelled(options)) return CancelledStatus();
+    RETURN_IF_ERROR(CheckCancelled());
     ASSIGN_OR_RETURN(ActionTimes t, RunOnce(backend, *stage, x, dy,
                                             &profile.activation_bytes));
     forward.push_back(t.forward);
@@ -224,7 +216,7 @@ absl::StatusOr<std::vector<LayerProfile>> ProfileLayers(
   const uint64_t seed = model.seed.value_or(0);
   profiles.reserve(model.layers.size());
   for (int i = 0; i < static_cast<int>(model.layers.size()); ++i) {
-    if (Cancelled(options)) return CancelledStatus();
+    RETURN_IF_ERROR(CheckCancelled());
     ASSIGN_OR_RETURN(LayerProfile profile,
                      ProfileLayer(backend, one_per_stage, i, seed, options));
     profiles.push_back(profile);

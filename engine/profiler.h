@@ -21,7 +21,6 @@
 #ifndef CONVEYOR_ENGINE_PROFILER_H_
 #define CONVEYOR_ENGINE_PROFILER_H_
 
-#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -47,15 +46,14 @@ struct LayerProfile {
 struct ProfileOptions {
   int64_t microbatch_size = 1;  // Samples per microbatch, >= 1.
   int repetitions = 3;          // Timed runs per action, in 1..100.
-  // When set and true, the profile stops with Cancelled, between layers or
-  // between timed runs.
-  const std::atomic<bool>* cancelled = nullptr;
 };
 
 // One entry per layer of `model` (model.layers order; none for a model
-// without layers). InvalidArgument for options out of range; Cancelled as
-// above; whatever the backend or a layer returns otherwise (e.g.
-// ResourceExhausted when a layer does not fit).
+// without layers). InvalidArgument for options out of range; the status of
+// the calling thread's cancellation (common/cancellation.h) once it is
+// cancelled, between layers, between timed runs or in a `delay` layer; whatever
+// the backend or a layer returns otherwise (e.g. ResourceExhausted when a layer
+// does not fit).
 absl::StatusOr<std::vector<LayerProfile>> ProfileLayers(
     Backend* backend, const ModelSpec& model, const ProfileOptions& options);
 

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/auth_token.h"
+#include "common/cancellation.h"
 #include "common/crc32c.h"
 #include "common/file.h"
 #include "common/host_memory.h"
@@ -263,6 +264,9 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
     stages_.push_back(std::move(stage));
   }
 
+  // Allocating and zeroing gigabytes of parameters takes seconds; the
+  // init, the file reads and the data below poll the cancellation inside.
+  RETURN_IF_ERROR(CheckCancelled());
   if (program_.resume_step() < 0 || program_.resume_step() > program_.steps()) {
     return absl::InvalidArgumentError(
         absl::StrCat("program: resume_step ", program_.resume_step(),
@@ -405,9 +409,9 @@ absl::Status JobRunner::JoinNccl() {
   transport::Channel* channel = nccl.get();
   {
     absl::MutexLock lock(&mu_);
-    if (cancelled_.load()) {
-      nccl->Abort(cancel_status_);
-      return cancel_status_;
+    if (cancellation_.cancelled()) {
+      nccl->Abort(cancellation_.status());
+      return cancellation_.status();
     }
     nccl_channel_ = std::move(nccl);
   }
@@ -426,7 +430,7 @@ std::vector<engine::Parameter*> JobRunner::parameters() const {
 
 absl::Status JobRunner::Start(const std::vector<std::string>& peers,
                               bool nccl) {
-  if (cancelled_.load()) return CancelStatus();
+  if (cancellation_.cancelled()) return cancellation_.status();
   if (static_cast<int>(peers.size()) != program_.num_ranks()) {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("start: ", peers.size(), " peer endpoints for ",
@@ -441,6 +445,9 @@ absl::Status JobRunner::Start(const std::vector<std::string>& peers,
 
 absl::Status JobRunner::Run(
     const std::function<void(const StepProgress&)>& on_step) {
+  // Cancel aborts the channels, which wakes a blocked receive; the scope
+  // stops what does not receive: a long `delay` layer, a step's data.
+  CancellationScope scope(&cancellation_);
   return Fail(RunSteps(on_step));
 }
 
@@ -449,7 +456,7 @@ absl::Status JobRunner::RunSteps(
   const bool clip = job_.optimizer.clip_grad_norm.has_value();
   const int64_t every = job_.checkpoint.every;
   for (int64_t step = steps_done_.load(); step < program_.steps(); ++step) {
-    if (cancelled_.load()) return CancelStatus();
+    if (cancellation_.cancelled()) return cancellation_.status();
     const double lr = optimizer_->current_lr();
     worker::AllReduceSum reduce = nullptr;
     if (clip) {
@@ -471,11 +478,11 @@ absl::Status JobRunner::RunSteps(
     const int64_t done = step + 1;
     if (!program_.checkpoint_dir().empty() &&
         (done == program_.steps() || (every > 0 && done % every == 0))) {
-      if (cancelled_.load()) return CancelStatus();
+      if (cancellation_.cancelled()) return cancellation_.status();
       RETURN_IF_ERROR(WriteCheckpoint(done));
     }
   }
-  if (cancelled_.load()) return CancelStatus();
+  if (cancellation_.cancelled()) return cancellation_.status();
   return absl::OkStatus();
 }
 
@@ -552,7 +559,7 @@ absl::StatusOr<std::vector<v1::StageFile>> JobRunner::WriteStageFiles(
         CreateDirectories(std::filesystem::path(path).parent_path()));
     if (checkpoint_delay_.count() > 0) {
       std::this_thread::sleep_for(checkpoint_delay_);
-      if (cancelled_.load()) return CancelStatus();
+      if (cancellation_.cancelled()) return cancellation_.status();
     }
     // Host copies of everything the file holds: the parameters under their
     // global names, then the optimizer's state of those parameters.
@@ -689,13 +696,9 @@ absl::Status JobRunner::LoadResumeFiles() {
 }
 
 void JobRunner::Cancel(const absl::Status& status) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (cancelled_.load()) return;
-    cancel_status_ = status.ok() ? absl::CancelledError("cancelled") : status;
-    cancelled_.store(true);
-  }
-  AbortChannels(status.ok() ? absl::CancelledError("cancelled") : status);
+  if (cancellation_.cancelled()) return;
+  cancellation_.Cancel(status);
+  AbortChannels(cancellation_.status());
 }
 
 void JobRunner::AbortChannels(const absl::Status& status) {
@@ -709,16 +712,11 @@ void JobRunner::AbortChannels(const absl::Status& status) {
   channel_->Abort(status);
 }
 
-absl::Status JobRunner::CancelStatus() const {
-  absl::MutexLock lock(&mu_);
-  return cancel_status_;
-}
-
 absl::Status JobRunner::Fail(absl::Status status) {
   if (status.ok()) return status;
   // After Cancel, the step's error is only the echo of the abort: report
   // the cancel itself.
-  if (cancelled_.load()) return CancelStatus();
+  if (cancellation_.cancelled()) return cancellation_.status();
   AbortChannels(status);
   return status;
 }

@@ -14,8 +14,11 @@
 //                    this rank's stages to the checkpoint directory every
 //                    checkpoint.every steps and after the last.
 //   Cancel(status)   from any thread: aborts the data plane at once (which
-//                    wakes a blocked Recv or Connect and tells the peers why)
-//                    and makes Run/Start return `status`.
+//                    wakes a blocked Recv or Connect and tells the peers why),
+//                    cancels what Run's thread waits on or loops over
+//                    (common/cancellation.h: a `delay` layer, a step's data)
+//                    and makes Run/Start return `status`. Create is cancelled
+//                    through the cancellation its caller installs.
 // Any failure of Start or Run aborts the channel with the failure, so the
 // other ranks stop with the original reason instead of a timeout.
 //
@@ -50,6 +53,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/cancellation.h"
 #include "conveyor/v1/conveyor.pb.h"
 #include "engine/backend.h"
 #include "engine/data.h"
@@ -216,7 +220,6 @@ class JobRunner {
   // The cancel status if Cancel was called, else `status`; aborts the
   // channel with the result when it is an error.
   absl::Status Fail(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status CancelStatus() const ABSL_LOCKS_EXCLUDED(mu_);
 
   const v1::JobProgram program_;
   engine::JobSpec job_;
@@ -248,9 +251,8 @@ class JobRunner {
   std::string data_endpoint_;
 
   std::atomic<int64_t> steps_done_{0};
-  std::atomic<bool> cancelled_{false};
+  Cancellation cancellation_;  // Installed on the job thread during Run.
   mutable absl::Mutex mu_;
-  absl::Status cancel_status_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace conveyor::worker

@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "common/auth_token.h"
 #include "common/build_info.h"
+#include "common/cancellation.h"
 #include "common/status_macros.h"
 #include "conveyor/v1/conveyor.grpc.pb.h"
 #include "engine/cpu/cpu_backend.h"
@@ -106,7 +107,9 @@ struct WorkerSession::Job {
   std::optional<v1::ProfileModel> profile;
   bool profiled = false;
   bool cancel_answered = false;
-  std::atomic<bool> profile_cancelled{false};
+  // Cancelled with `cancel`; installed on the job thread, so the job's
+  // preparation and profile stop at its cancel (common/cancellation.h).
+  Cancellation cancellation;
 };
 
 absl::StatusOr<std::unique_ptr<WorkerSession>> WorkerSession::Create(
@@ -494,7 +497,7 @@ void WorkerSession::OnCancel(const v1::CancelJob& cancel) {
 void WorkerSession::CancelJobLocked(const absl::Status& status) {
   if (job_ == nullptr || job_->ended || !job_->cancel.ok()) return;
   job_->cancel = status;
-  job_->profile_cancelled = true;
+  job_->cancellation.Cancel(status);
   // Aborts the data plane, waking a blocked Recv or Connect now; a job
   // still building or waiting for StartJob sees job_->cancel instead.
   if (job_->runner != nullptr) job_->runner->Cancel(status);
@@ -527,8 +530,7 @@ void WorkerSession::ProfileMain(Job* job) {
       return engine::ProfileLayers(
           backend, spec.model,
           {.microbatch_size = spec.training.microbatch_size(),
-           .repetitions = std::clamp(request.repetitions(), 1, 100),
-           .cancelled = &job->profile_cancelled});
+           .repetitions = std::clamp(request.repetitions(), 1, 100)});
     } catch (const std::bad_alloc&) {
       return absl::ResourceExhaustedError(
           "out of host memory (std::bad_alloc) while profiling: the job's "
@@ -576,6 +578,9 @@ void WorkerSession::ProfileMain(Job* job) {
 }
 
 void WorkerSession::JobMain(Job* job) {
+  // Everything the job does on this thread, from parsing to its last step,
+  // stops at its cancel: CancelJobLocked cancels this too.
+  CancellationScope cancellable(&job->cancellation);
   if (job->profile.has_value()) {
     ProfileMain(job);
     return;

@@ -2,6 +2,9 @@
 
 #include <thread>
 
+#include "common/cancellation.h"
+#include "common/status_macros.h"
+
 #ifdef __linux__
 #include <sys/prctl.h>
 #endif
@@ -27,23 +30,33 @@ std::chrono::nanoseconds TimerSlack() {
 }
 
 // Waits `d` from now; a zero wait reads no clock.
-void Wait(std::chrono::nanoseconds d) {
-  if (d.count() > 0) WaitUntil(Clock::now() + d);
+absl::Status Wait(std::chrono::nanoseconds d) {
+  if (d.count() <= 0) return absl::OkStatus();
+  return WaitUntil(Clock::now() + d);
 }
 
 }  // namespace
 
-void WaitUntil(Clock::time_point deadline) {
+absl::Status WaitUntil(Clock::time_point deadline) {
   // The sleep must end before the deadline even when the kernel fires its
   // timer as late as the slack allows, so it aims slack + kDelaySpinWindow
   // early (about 100 us by default); the spin then ends on the deadline.
   // sleep_until may also return early on a signal: the loop sleeps again.
+  // The long part of a wait blocks on the job's cancellation instead, whose
+  // wake-up is less precise: it ends kDelayCancelWindow before `wake`, and
+  // the precise sleep does the rest.
+  const Cancellation* cancellation = CurrentCancellation();
   const Clock::time_point wake = deadline - kDelaySpinWindow - TimerSlack();
   for (Clock::time_point now = Clock::now(); now < wake; now = Clock::now()) {
+    if (cancellation != nullptr && wake - now > kDelayCancelWindow) {
+      RETURN_IF_ERROR(cancellation->WaitUntil(wake - kDelayCancelWindow));
+      continue;
+    }
     std::this_thread::sleep_until(wake);
   }
   while (Clock::now() < deadline) {
   }
+  return absl::OkStatus();
 }
 
 Delay::Delay(double forward_ms, double backward_input_ms,
@@ -53,20 +66,19 @@ Delay::Delay(double forward_ms, double backward_input_ms,
       backward_weight_(FromMillis(backward_weight_ms)) {}
 
 absl::StatusOr<Tensor> Delay::Forward(const Tensor& x, Stash& /*stash*/) {
-  Wait(forward_);
+  RETURN_IF_ERROR(Wait(forward_));
   return x;
 }
 
 absl::StatusOr<Tensor> Delay::BackwardInput(const Tensor& dy, Stash& /*stash*/,
                                             bool need_dx) {
-  Wait(backward_input_);
+  RETURN_IF_ERROR(Wait(backward_input_));
   if (!need_dx) return Tensor();
   return dy;
 }
 
 absl::Status Delay::BackwardWeight(const Tensor& /*dy*/, Stash& /*stash*/) {
-  Wait(backward_weight_);
-  return absl::OkStatus();
+  return Wait(backward_weight_);
 }
 
 }  // namespace conveyor::engine

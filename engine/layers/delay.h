@@ -10,7 +10,9 @@
 // overshoots by the kernel's timer slack (50 us by default) plus the wake-up
 // latency, which a pipeline's critical path pays once per action. Waits are
 // lower bounds: a loaded machine can only make an action later, never
-// shorter. Under remat the BI recomputes the forward, so it waits for both.
+// shorter, except that a cancelled job's wait ends early with the cancel's
+// status (a minute-long delay must not hold a cancelled job). Under remat the
+// BI recomputes the forward, so it waits for both.
 //
 // The output is the input tensor itself, not a copy: a copy would add time
 // the configuration does not ask for, and tensors are never written after
@@ -28,10 +30,17 @@ namespace conveyor::engine {
 // aims to end, on top of the thread's timer slack.
 inline constexpr std::chrono::microseconds kDelaySpinWindow{50};
 
-// Returns at or after `deadline` (steady clock): sleeps until the timer slack
-// plus kDelaySpinWindow before it (about 100 us with Linux's default slack),
-// then spins. Reads the calling thread's timer slack on each call.
-void WaitUntil(std::chrono::steady_clock::time_point deadline);
+// Waits of more than this block on the calling thread's cancellation
+// (common/cancellation.h) until this long before their end, so a cancelled
+// job leaves a one-minute wait at once; the end itself is timed as below.
+inline constexpr std::chrono::milliseconds kDelayCancelWindow{5};
+
+// Returns OK at or after `deadline` (steady clock): sleeps until the timer
+// slack plus kDelaySpinWindow before it (about 100 us with Linux's default
+// slack), then spins. Reads the calling thread's timer slack on each call.
+// Returns the cancellation's status early once the calling thread's job is
+// cancelled (at most kDelayCancelWindow late).
+absl::Status WaitUntil(std::chrono::steady_clock::time_point deadline);
 
 class Delay final : public Layer {
  public:

@@ -10,6 +10,7 @@
 #include <future>
 #include <string>
 
+#include "common/cancellation.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -71,6 +72,18 @@ TEST(ReadFileTest, RefusesANamedPipeWithoutWaitingForAWriter) {
   EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(got.status().message(), HasSubstr("not a regular file"));
   std::filesystem::remove(fifo);
+}
+
+// A job cancelled while it reads a data or init file of gigabytes stops
+// within a chunk of the read, with the cancel's status; outside a cancelled
+// job the same read succeeds.
+TEST(ReadFileTest, StopsWhenTheCallingJobIsCancelled) {
+  const std::string path = Write("file_test_cancel", std::string(1000, 'x'));
+  Cancellation cancellation;
+  CancellationScope scope(&cancellation);
+  EXPECT_TRUE(ReadFile(path).ok());
+  cancellation.Cancel(absl::CancelledError("job cancelled"));
+  EXPECT_EQ(ReadFile(path).status(), absl::CancelledError("job cancelled"));
 }
 
 TEST(WriteFileAtomicallyTest, ReplacesTheWholeFileAndLeavesNoTemporary) {

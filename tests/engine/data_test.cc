@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cancellation.h"
 #include "engine/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -185,6 +186,17 @@ TEST(SyntheticRegressionTest, AWTooLargeForThisMachineIsRefusedNotAllocated) {
               HasSubstr("data: synthetic-regression's W of 1000000 x 1000000 "
                         "floats needs 3.6 TiB of host memory"));
   EXPECT_THAT(status.message(), HasSubstr("the last of model.input_shape"));
+}
+
+// Drawing a wide model's W takes seconds: a job cancelled meanwhile gets
+// its cancel, not a data source.
+TEST(SyntheticRegressionTest, CreateStopsWhenTheCallingJobIsCancelled) {
+  Cancellation cancellation;
+  CancellationScope scope(&cancellation);
+  EXPECT_TRUE(DataSource::Create(Synthetic(), kRegression).ok());
+  cancellation.Cancel(absl::CancelledError("job cancelled"));
+  EXPECT_EQ(CreateError(Synthetic(), kRegression),
+            absl::CancelledError("job cancelled"));
 }
 
 TEST(SyntheticRegressionTest, SameArgumentsGiveIdenticalTensors) {

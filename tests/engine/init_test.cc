@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/cancellation.h"
 #include "gtest/gtest.h"
 #include "tests/engine/test_util.h"
 
@@ -56,6 +57,19 @@ TEST(InitTest, DistributionsHaveTheRequestedMoments) {
             (std::vector<float>{1, 1, 1}));
   EXPECT_EQ(Init(0, "n", {InitRule::Kind::kZeros, 0}, 2),
             (std::vector<float>{0, 0}));
+}
+
+// Initializing a billion parameters takes tens of seconds: a cancelled job
+// stops inside the fill, with the cancel's status.
+TEST(InitTest, StopsWhenTheCallingJobIsCancelled) {
+  Tensor t = *CpuBackend::Get()->Empty({1000}, DType::kF32);
+  const InitRule normal{InitRule::Kind::kNormal, 1.0};
+  Cancellation cancellation;
+  CancellationScope scope(&cancellation);
+  EXPECT_TRUE(InitializeParameter(CpuBackend::Get(), 0, "w", normal, t).ok());
+  cancellation.Cancel(absl::CancelledError("job cancelled"));
+  EXPECT_EQ(InitializeParameter(CpuBackend::Get(), 0, "w", normal, t),
+            absl::CancelledError("job cancelled"));
 }
 
 }  // namespace

@@ -5,7 +5,6 @@
 // tolerance is generous.
 #include "engine/profiler.h"
 
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <memory>
@@ -17,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/cancellation.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/model_spec.h"
 #include "engine/stage.h"
@@ -332,41 +332,49 @@ TEST(ProfileLayersTest, RejectsOptionsOutOfRange) {
 
 TEST(ProfileLayersTest, StopsWhenCancelled) {
   const ModelSpec spec = SixLayers();
-  std::atomic<bool> cancelled{true};
-  absl::StatusOr<std::vector<LayerProfile>> profiles = ProfileLayers(
-      CpuBackend::Get(), spec,
-      {.microbatch_size = 1, .repetitions = 1, .cancelled = &cancelled});
-  EXPECT_EQ(profiles.status().code(), absl::StatusCode::kCancelled);
-
-  cancelled = false;
-  EXPECT_TRUE(
-      ProfileLayers(
-          CpuBackend::Get(), spec,
-          {.microbatch_size = 1, .repetitions = 1, .cancelled = &cancelled})
-          .ok());
+  {
+    Cancellation cancellation;
+    cancellation.Cancel(absl::CancelledError("job cancelled"));
+    CancellationScope scope(&cancellation);
+    absl::StatusOr<std::vector<LayerProfile>> profiles = ProfileLayers(
+        CpuBackend::Get(), spec, {.microbatch_size = 1, .repetitions = 1});
+    EXPECT_EQ(profiles.status(), absl::CancelledError("job cancelled"));
+  }
+  Cancellation cancellation;
+  CancellationScope scope(&cancellation);
+  EXPECT_TRUE(ProfileLayers(CpuBackend::Get(), spec,
+                            {.microbatch_size = 1, .repetitions = 1})
+                  .ok());
 }
 
 TEST(ProfileLayersTest, CancellationStopsAProfileInProgress) {
-  // 20 delay layers of 5 ms forward, 4 runs each: at least 400 ms in full.
+  // 20 delay layers of 5 ms forward, 4 runs each: at least 400 ms in full;
+  // and one of a minute, which a cancel must cut short.
   std::string layers;
   for (int i = 0; i < 20; ++i) {
     absl::StrAppend(&layers, "    - delay: {forward_ms: 5, backward_ms: 0}\n");
   }
+  absl::StrAppend(&layers,
+                  "    - delay: {forward_ms: 60000, backward_ms: 0}\n");
   const ModelSpec spec = Parse(Model(layers, "[2]"));
-  std::atomic<bool> cancelled{false};
-  std::thread canceller([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    cancelled = true;
-  });
-  const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<std::vector<LayerProfile>> profiles = ProfileLayers(
-      CpuBackend::Get(), spec,
-      {.microbatch_size = 1, .repetitions = 3, .cancelled = &cancelled});
-  const auto took = std::chrono::steady_clock::now() - start;
-  canceller.join();
-  EXPECT_EQ(profiles.status().code(), absl::StatusCode::kCancelled)
-      << profiles.status();
-  EXPECT_LT(took, std::chrono::milliseconds(400));
+  for (const int cancel_after_ms : {20, 600}) {
+    SCOPED_TRACE(cancel_after_ms);
+    Cancellation cancellation;
+    CancellationScope scope(&cancellation);
+    std::thread canceller([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(cancel_after_ms));
+      cancellation.Cancel(absl::CancelledError("cancelled"));
+    });
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<std::vector<LayerProfile>> profiles = ProfileLayers(
+        CpuBackend::Get(), spec, {.microbatch_size = 1, .repetitions = 3});
+    const auto took = std::chrono::steady_clock::now() - start;
+    canceller.join();
+    EXPECT_EQ(profiles.status().code(), absl::StatusCode::kCancelled)
+        << profiles.status();
+    // A liveness bound: the profile would take over four minutes.
+    EXPECT_LT(took, std::chrono::seconds(30));
+  }
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "common/cancellation.h"
 #include "common/host_memory.h"
 #include "coordinator/planner.h"
 #include "engine/checkpoint_manifest.h"
@@ -494,6 +495,67 @@ TEST(JobRunnerTest, CancelStopsBothRanksPromptly) {
       << got.statuses[0];
   EXPECT_THAT(got.statuses[0].message(), HasSubstr("user asked"));
   EXPECT_LT(got.losses.size(), 100000u);
+}
+
+// A cancel must not wait out a long layer: stage 0's `delay` of a minute (a
+// stand-in for any long compute that receives nothing) ends at the cancel.
+// Before the fix the cancelled rank slept its minute (56.7 s measured), its
+// peer stopped at once. Only rank 0, the one in the wait, is cancelled.
+TEST(JobRunnerTest, CancelEndsALongLayerPromptly) {
+  const std::string yaml = R"(name: long-layer
+model:
+  input_shape: [2]
+  init: {seed: 0}
+  layers:
+    - delay: {forward_ms: 60000, backward_ms: 0}
+    - boundary
+    - dense: {features: 1}
+  loss: mse
+data: {source: synthetic-regression}
+training: {steps: 10, batch_size: 2, microbatches: 2}
+optimizer: {kind: sgd, lr: 0.1}
+pipeline: {schedule: 1f1b}
+)";
+  const std::vector<v1::JobProgram> programs = Programs(yaml);
+  ASSERT_EQ(programs.size(), 2u);
+  std::vector<std::unique_ptr<JobRunner>> runners;
+  std::vector<std::string> peers;
+  for (const v1::JobProgram& p : programs) {
+    absl::StatusOr<std::unique_ptr<JobRunner>> r = JobRunner::Create(p, {});
+    ASSERT_TRUE(r.ok()) << r.status();
+    peers.push_back((*r)->data_endpoint());
+    runners.push_back(*std::move(r));
+  }
+  std::vector<absl::Status> statuses(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      statuses[r] = runners[r]->Start(peers);
+      if (statuses[r].ok()) statuses[r] = runners[r]->Run(nullptr);
+    });
+  }
+  // Both ranks are in the first step by now: rank 0 in the delay, rank 1
+  // waiting for its activation.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const Clock::time_point cancelled_at = Clock::now();
+  runners[0]->Cancel(absl::CancelledError("user asked"));
+  for (auto& t : threads) t.join();
+  // A liveness bound: the README's two seconds, against a minute.
+  EXPECT_LT(Clock::now() - cancelled_at, std::chrono::seconds(2));
+  EXPECT_EQ(statuses[0], absl::CancelledError("user asked"));
+  EXPECT_EQ(statuses[1].code(), absl::StatusCode::kCancelled) << statuses[1];
+  EXPECT_EQ(runners[0]->steps_done(), 0);
+}
+
+// Preparation stops at a cancel too: Create on a thread whose job is
+// cancelled returns the cancel, whatever the parameters' source.
+TEST(JobRunnerTest, CreateStopsWhenTheJobIsCancelled) {
+  Cancellation cancellation;
+  cancellation.Cancel(absl::CancelledError("cancelled while preparing"));
+  CancellationScope scope(&cancellation);
+  const std::vector<v1::JobProgram> programs = Programs(JobYaml({}));
+  EXPECT_EQ(JobRunner::Create(programs[0], {}).status(),
+            absl::CancelledError("cancelled while preparing"));
 }
 
 // A coordinator that puts a CPU job on NCCL (a skewed or buggy one): every

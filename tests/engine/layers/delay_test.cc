@@ -7,9 +7,11 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/cancellation.h"
 #include "engine/model_spec.h"
 #include "engine/stage.h"
 #include "gmock/gmock.h"
@@ -100,7 +102,48 @@ TEST(DelayTest, WaitUntilReturnsAtOrAfterTheDeadline) {
        {std::chrono::microseconds(10), kDelaySpinWindow,
         std::chrono::microseconds(1500), std::chrono::microseconds(-100)}) {
     const Clock::time_point deadline = Clock::now() + wait;
-    WaitUntil(deadline);
+    EXPECT_TRUE(WaitUntil(deadline).ok());
+    EXPECT_GE(Clock::now(), deadline) << wait.count() << " us";
+  }
+}
+
+// A job cancelled while its delay layer waits a minute (the longest a spec
+// allows) leaves the wait at once with the cancel's status: before, a cancel
+// waited out the delay (56.7 s measured). Outside a job's scope, and before
+// its cancel, a wait keeps its full length.
+TEST(DelayTest, ACancelledJobLeavesALongWaitAtOnce) {
+  Cancellation cancellation;
+  CancellationScope scope(&cancellation);
+  Delay delay(60000, 60000, 60000);
+  Stash stash;
+  const Tensor x = FromVector({1}, {1.0f});
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    cancellation.Cancel(absl::CancelledError("cancelled by a test"));
+  });
+  const Clock::duration took = Timed([&] {
+    absl::StatusOr<Tensor> y = delay.Forward(x, stash);
+    EXPECT_EQ(y.status().code(), absl::StatusCode::kCancelled);
+    EXPECT_EQ(y.status().message(), "cancelled by a test");
+  });
+  canceller.join();
+  EXPECT_GE(took, milliseconds(100));
+  // A liveness bound, two orders of magnitude below the wait.
+  EXPECT_LT(took, std::chrono::seconds(10));
+  // Already cancelled: every action returns at once.
+  EXPECT_EQ(delay.BackwardInput(x, stash, true).status().code(),
+            absl::StatusCode::kCancelled);
+  EXPECT_EQ(delay.BackwardWeight(x, stash).code(),
+            absl::StatusCode::kCancelled);
+}
+
+TEST(DelayTest, AWaitUnderAnUncancelledScopeKeepsItsLength) {
+  Cancellation cancellation;
+  CancellationScope scope(&cancellation);
+  for (const auto wait :
+       {std::chrono::microseconds(300), std::chrono::microseconds(20000)}) {
+    const Clock::time_point deadline = Clock::now() + wait;
+    EXPECT_TRUE(WaitUntil(deadline).ok());
     EXPECT_GE(Clock::now(), deadline) << wait.count() << " us";
   }
 }
