@@ -5,6 +5,10 @@
 namespace conveyor::transport {
 
 std::string ToString(const Tag& tag) {
+  if (tag.kind == TensorKind::kPartialSum) {
+    return absl::StrCat("gradient-norm partial sum of rank ", tag.stage,
+                        ", step ", tag.step, " (job ", tag.job, ")");
+  }
   return absl::StrCat(
       tag.kind == TensorKind::kActivation ? "activation" : "gradient",
       " of stage ", tag.stage, ", step ", tag.step, ", microbatch ",

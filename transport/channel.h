@@ -27,19 +27,28 @@
 
 namespace conveyor::transport {
 
-enum class TensorKind : uint8_t { kActivation = 0, kGradient = 1 };
+enum class TensorKind : uint8_t {
+  kActivation = 0,
+  kGradient = 1,
+  // A rank's share of a step-wide sum (the squared gradient norm, for
+  // clipping): not a pipeline tensor, so `stage` holds the sending rank and
+  // `microbatch` is 0. Its own kind keeps it apart from every stage's
+  // tensors, and names it in errors.
+  kPartialSum = 2,
+};
 
 struct Tag {
   uint64_t job = 0;
   int64_t step = 0;
   int32_t microbatch = 0;
-  int32_t stage = 0;  // The producing stage.
+  int32_t stage = 0;  // The producing stage (kPartialSum: the sending rank).
   TensorKind kind = TensorKind::kActivation;
 
   friend auto operator<=>(const Tag&, const Tag&) = default;
 };
 
-// "activation of stage 2, step 5, microbatch 3 (job 7)".
+// "activation of stage 2, step 5, microbatch 3 (job 7)"; "gradient-norm
+// partial sum of rank 1, step 5 (job 7)".
 std::string ToString(const Tag& tag);
 
 class Channel {

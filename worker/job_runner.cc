@@ -497,8 +497,8 @@ absl::StatusOr<double> JobRunner::AllReduceSum(int64_t step, double value) {
     return transport::Tag{.job = program_.job_number(),
                           .step = step,
                           .microbatch = 0,
-                          .stage = program_.num_stages() + sender,
-                          .kind = transport::TensorKind::kActivation};
+                          .stage = sender,
+                          .kind = transport::TensorKind::kPartialSum};
   };
   if (p > 1) {
     ASSIGN_OR_RETURN(engine::Tensor mine,

@@ -46,9 +46,10 @@ TEST(NcclHeaderTest, RoundTripsARoundOfTensors) {
       12, {Header(0, {4, 8}),
            Header(5, {2, 3, 4}, engine::DType::kI64, TensorKind::kGradient),
            Header(1, {}, engine::DType::kBF16), Header(2, {0, 16}),
+           Header(6, {1}, engine::DType::kF64, TensorKind::kPartialSum),
            Header(3, {1, 1, 1, 1, 1, 1, 1, 2}, engine::DType::kU8)});
   const std::string bytes = EncodeLinkMessage(m);
-  EXPECT_EQ(bytes.size(), kLinkPreambleSize + 5 * kTensorHeaderSize);
+  EXPECT_EQ(bytes.size(), kLinkPreambleSize + 6 * kTensorHeaderSize);
   absl::StatusOr<LinkMessage> back = DecodeLinkMessage(bytes, kJob, kMax);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->kind, LinkMessageKind::kRound);
@@ -157,7 +158,7 @@ TEST(NcclHeaderTest, RejectsMalformedMessages) {
        absl::StatusCode::kInvalidArgument, "a round of 2 tensors"},
       {"trailing", [](std::string* s) { s->push_back('\0'); },
        absl::StatusCode::kInvalidArgument, "bytes of headers"},
-      {"tensor kind", [](std::string* s) { (*s)[kFirstTensor] = 2; },
+      {"tensor kind", [](std::string* s) { (*s)[kFirstTensor] = 3; },
        absl::StatusCode::kInvalidArgument, "unknown tensor kind"},
       {"dtype", [](std::string* s) { (*s)[kFirstTensor + 1] = 100; },
        absl::StatusCode::kInvalidArgument, "unknown dtype"},

@@ -63,7 +63,7 @@ void EncodeTensorHeader(const TensorHeader& h, char* p) {
 absl::StatusOr<TensorHeader> DecodeTensorHeader(const char* p, uint64_t job,
                                                 uint64_t max_tensor_bytes) {
   const uint8_t kind = GetU8(p), dtype = GetU8(p + 1), ndim = GetU8(p + 2);
-  if (kind > static_cast<uint8_t>(TensorKind::kGradient)) {
+  if (kind > static_cast<uint8_t>(TensorKind::kPartialSum)) {
     return Invalid(absl::StrCat("unknown tensor kind ", kind));
   }
   if (dtype >= kNumDTypes)

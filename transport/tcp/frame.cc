@@ -72,7 +72,17 @@ absl::StatusOr<FrameHeader> TensorFrameHeader(const Tag& tag,
                      " dimensions; at most ", kMaxFrameDims, " can be sent"));
   }
   FrameHeader h;
-  h.kind = static_cast<FrameKind>(tag.kind);
+  switch (tag.kind) {
+    case TensorKind::kActivation:
+      h.kind = FrameKind::kActivation;
+      break;
+    case TensorKind::kGradient:
+      h.kind = FrameKind::kGradient;
+      break;
+    case TensorKind::kPartialSum:
+      h.kind = FrameKind::kPartialSum;
+      break;
+  }
   h.dtype = tensor.dtype();
   h.shape = tensor.shape();
   h.job = tag.job;
@@ -126,7 +136,9 @@ Tag TagOf(const FrameHeader& header) {
           .step = header.step,
           .microbatch = header.microbatch,
           .stage = header.stage,
-          .kind = static_cast<TensorKind>(header.kind)};
+          .kind = header.kind == FrameKind::kPartialSum
+                      ? TensorKind::kPartialSum
+                      : static_cast<TensorKind>(header.kind)};
 }
 
 void EncodeHello(const Hello& hello, HelloBytes* out) {
@@ -219,7 +231,7 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(const FrameHeaderBytes& bytes,
         "bad frame header: job ", h.job, ", expected ", expected_job));
   }
   const uint8_t kind = p[6], dtype = p[7], ndim = p[8];
-  if (kind > static_cast<uint8_t>(FrameKind::kMessage)) {
+  if (kind > static_cast<uint8_t>(FrameKind::kPartialSum)) {
     return Invalid(absl::StrCat("unknown kind ", kind));
   }
   if (dtype >= kNumDTypes)
@@ -268,6 +280,7 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(const FrameHeaderBytes& bytes,
   switch (h.kind) {
     case FrameKind::kActivation:
     case FrameKind::kGradient:
+    case FrameKind::kPartialSum:
       if (h.status_code != 0) return Invalid("status code on a tensor frame");
       if (h.payload_bytes > max_payload_bytes) {
         return Invalid(absl::StrCat("payload of ", h.payload_bytes,

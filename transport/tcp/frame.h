@@ -95,12 +95,15 @@ enum class HelloResult : uint16_t {
 
 absl::string_view HelloResultName(HelloResult result);
 
+// Tensor frames carry a TensorKind: kActivation and kGradient have its
+// values, kPartialSum came later and has its own (TagOf converts).
 enum class FrameKind : uint8_t {
-  kActivation = 0,  // Same values as TensorKind.
+  kActivation = 0,
   kGradient = 1,
   kAbort = 2,
   kGoodbye = 3,
   kMessage = 4,
+  kPartialSum = 5,
 };
 
 struct FrameHeader {
@@ -128,7 +131,7 @@ FrameHeader GoodbyeFrameHeader(uint64_t job);
 // A message frame of `bytes` payload bytes (at most kMaxMessageBytes).
 FrameHeader MessageFrameHeader(uint64_t job, size_t bytes);
 
-// The tag of a tensor frame (kind activation or gradient).
+// The tag of a tensor frame (kind activation, gradient or partial sum).
 Tag TagOf(const FrameHeader& header);
 
 void EncodeHello(const Hello& hello, HelloBytes* out);

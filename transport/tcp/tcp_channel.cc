@@ -882,7 +882,8 @@ class TcpChannel::Impl {
     const FrameHeader& h = link->header;
     switch (h.kind) {
       case FrameKind::kActivation:
-      case FrameKind::kGradient: {
+      case FrameKind::kGradient:
+      case FrameKind::kPartialSum: {
         // The header is validated: this allocates exactly the announced
         // (and bounded) size, and the payload lands in it directly.
         // Into the receiving backend's staging memory: page-locked for a

@@ -50,6 +50,28 @@ TEST(FrameTest, TensorHeaderRoundTrips) {
   EXPECT_EQ(TagOf(*got), T(5, 3, 1, TensorKind::kGradient));
 }
 
+// The gradient-norm reduction's partial sums travel with a kind of their
+// own (frame kind 5, not the TensorKind's value 2, which is the abort
+// frame's), so they round-trip as partial sums and are named as such: a
+// stalled reduction was once reported as the "activation of stage 2".
+TEST(FrameTest, PartialSumsRoundTripAndAreNamedAsSuch) {
+  engine::Tensor t =
+      *engine::CpuBackend::Get()->Empty({1}, engine::DType::kF64);
+  const Tag tag = T(5, 0, 1, TensorKind::kPartialSum);
+  absl::StatusOr<FrameHeader> h = TensorFrameHeader(tag, t);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->kind, FrameKind::kPartialSum);
+  const FrameHeaderBytes bytes = Encode(*h);
+  EXPECT_EQ(bytes[6], 5);
+  absl::StatusOr<FrameHeader> got = DecodeFrameHeader(bytes, kJob, kMax);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(TagOf(*got), tag);
+  EXPECT_EQ(ToString(tag),
+            "gradient-norm partial sum of rank 1, step 5 (job 7)");
+  EXPECT_EQ(ToString(T(5, 3, 2)),
+            "activation of stage 2, step 5, microbatch 3 (job 7)");
+}
+
 TEST(FrameTest, LayoutIsLittleEndianAtDocumentedOffsets) {
   const FrameHeaderBytes b = Encode(ValidHeader());
   EXPECT_EQ(b[0], 'C');
@@ -194,9 +216,9 @@ TEST(FrameTest, MessageFramesAreBoundedU8) {
   EXPECT_EQ(DecodeFrameHeader(Encode(h), kJob, kMax).status().code(),
             absl::StatusCode::kInvalidArgument);
   FrameHeaderBytes b = Encode(MessageFrameHeader(kJob, 8));
-  b[6] = 5;  // The next kind is unknown.
+  b[6] = 6;  // The next kind is unknown.
   EXPECT_THAT(DecodeFrameHeader(b, kJob, kMax).status().message(),
-              HasSubstr("unknown kind 5"));
+              HasSubstr("unknown kind 6"));
 }
 
 TEST(FrameTest, TensorFrameHeaderRejectsWhatCannotBeSent) {
