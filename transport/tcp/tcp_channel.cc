@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/log_rate_limiter.h"
 #include "common/status_macros.h"
 #include "engine/cpu/cpu_backend.h"
 #include "spdlog/spdlog.h"
@@ -38,6 +39,9 @@ constexpr std::chrono::milliseconds kRedialDelay{50};
 constexpr std::chrono::milliseconds kPeerLossGrace{100};
 // Accept errors such as EMFILE are transient; retry after this.
 constexpr std::chrono::milliseconds kAcceptRetryDelay{100};
+// Rejected connections logged per process: 5 lines per 10 s at most.
+constexpr int kRejectionLogBurst = 5;
+constexpr std::chrono::seconds kRejectionLogPeriod{10};
 
 // asio's transfer_all caps every read and write system call at 64 KiB; this
 // lets one call move as much of a tensor as the socket buffers take, which
@@ -859,8 +863,19 @@ class TcpChannel::Impl {
               bool close = true) {
     rejected_.fetch_add(1);
     Observe(DataPlaneObserver::Error::kRejected);
-    SPDLOG_WARN("transport: rank {} rejected a connection from {}: {}",
-                config_.rank, link->remote, std::string(why));
+    // Strangers choose how often this happens; the counter and the metric
+    // see every one, the log a few per period.
+    static LogRateLimiter log_limiter(kRejectionLogBurst, kRejectionLogPeriod);
+    uint64_t suppressed = 0;
+    if (log_limiter.Allow(&suppressed)) {
+      SPDLOG_WARN(
+          "transport: rank {} rejected a connection from {}: {}{}",
+          config_.rank, link->remote, std::string(why),
+          suppressed == 0
+              ? ""
+              : absl::StrCat(" (", suppressed,
+                             " more rejections in this process not logged)"));
+    }
     if (close) CloseInLink(link);
   }
 

@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,8 @@
 #include "engine/cpu/cpu_backend.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
 #include "transport/tcp/frame.h"
 
 namespace conveyor::transport {
@@ -363,6 +366,42 @@ TEST(TcpChannelTest, GarbageHandshakeIsClosedAndCounted) {
   EXPECT_TRUE(silent.ClosedByPeer());
   EXPECT_EQ(channel->rejected_connections(), 2);
   EXPECT_TRUE(channel->status().ok());
+}
+
+// A flood of bad connections is counted one by one but logged a few lines
+// per period, the next line saying how many were left out: 4,011 warnings
+// in seconds once buried the worker's log.
+TEST(TcpChannelTest, AFloodOfRejectionsIsCountedButRateLimitedInTheLog) {
+  auto stream = std::make_shared<std::ostringstream>();
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(*stream);
+  const std::shared_ptr<spdlog::logger> previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
+  TcpChannelConfig config = Config(0, 2);
+  auto channel = *TcpChannel::Create(config, engine::CpuBackend::Get());
+  constexpr int kFlood = 40;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kFlood; ++i) {
+    RawPeer garbage(channel->port());
+    const std::string junk(kHelloSize, 'G');
+    garbage.Write(junk.data(), junk.size());
+    EXPECT_TRUE(garbage.ClosedByPeer());
+  }
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  EXPECT_EQ(channel->rejected_connections(), kFlood);
+  channel.reset();
+  spdlog::set_default_logger(previous);
+  int lines = 0;
+  for (size_t at = stream->str().find("rejected a connection");
+       at != std::string::npos;
+       at = stream->str().find("rejected a connection", at + 1)) {
+    ++lines;
+  }
+  // Five per 10 s window; the process-wide window may have begun in an
+  // earlier test, so one more window is allowed.
+  EXPECT_LE(lines, 5 * (2 + static_cast<int>(elapsed / 10)));
+  EXPECT_LT(lines, kFlood);
 }
 
 // The bad header must be refused on its own merits, before any payload is
