@@ -34,17 +34,32 @@ bool HasExplicitTag(const YAML::Node& node) {
   return !tag.empty() && tag != "?" && tag != "!";
 }
 
+// A limit crossed at `node`: "job.yaml:12:7: ..." when `source` names the
+// text the node was parsed from, so the user finds the place as without
+// --set; else the message alone.
+absl::Status LimitError(const YAML::Node& node, absl::string_view source,
+                        absl::string_view message) {
+  const YAML::Mark mark = node.Mark();
+  if (source.empty() || mark.is_null()) {
+    return absl::InvalidArgumentError(message);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      source, ":", mark.line + 1, ":", mark.column + 1, ": ", message));
+}
+
 absl::Status Emit(const YAML::Node& node, int depth, size_t max_bytes,
-                  YAML::Emitter& out) {
+                  absl::string_view source, YAML::Emitter& out) {
   if (depth > kMaxEmitDepth) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the job document nests deeper than ", kMaxEmitDepth, " levels"));
+    return LimitError(node, source,
+                      absl::StrCat("the job document nests deeper than ",
+                                   kMaxEmitDepth, " levels"));
   }
   // Checked at every node, so an alias bomb stops at the limit instead of
   // after expanding in memory.
   if (out.size() > max_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the job document exceeds ", max_bytes, " bytes once emitted"));
+    return LimitError(node, source,
+                      absl::StrCat("the job document exceeds ", max_bytes,
+                                   " bytes once emitted"));
   }
   if (HasExplicitTag(node)) out << YAML::VerbatimTag(node.Tag());
   switch (node.Type()) {
@@ -62,7 +77,7 @@ absl::Status Emit(const YAML::Node& node, int depth, size_t max_bytes,
       if (node.Style() == YAML::EmitterStyle::Flow) out << YAML::Flow;
       out << YAML::BeginSeq;
       for (const YAML::Node& item : node) {
-        RETURN_IF_ERROR(Emit(item, depth + 1, max_bytes, out));
+        RETURN_IF_ERROR(Emit(item, depth + 1, max_bytes, source, out));
       }
       out << YAML::EndSeq;
       break;
@@ -71,9 +86,9 @@ absl::Status Emit(const YAML::Node& node, int depth, size_t max_bytes,
       out << YAML::BeginMap;
       for (const auto& entry : node) {
         out << YAML::Key;
-        RETURN_IF_ERROR(Emit(entry.first, depth + 1, max_bytes, out));
+        RETURN_IF_ERROR(Emit(entry.first, depth + 1, max_bytes, source, out));
         out << YAML::Value;
-        RETURN_IF_ERROR(Emit(entry.second, depth + 1, max_bytes, out));
+        RETURN_IF_ERROR(Emit(entry.second, depth + 1, max_bytes, source, out));
       }
       out << YAML::EndMap;
       break;
@@ -154,11 +169,12 @@ absl::Status ApplyOverride(const Override& o, YAML::Node& doc) {
   });
 }
 
-absl::StatusOr<std::string> EmitYaml(const YAML::Node& doc, size_t max_bytes) {
+absl::StatusOr<std::string> EmitYaml(const YAML::Node& doc, size_t max_bytes,
+                                     absl::string_view source) {
   return CatchYamlExceptions(
       "--set", "the job", [&]() -> absl::StatusOr<std::string> {
         YAML::Emitter out;
-        RETURN_IF_ERROR(Emit(doc, 0, max_bytes, out));
+        RETURN_IF_ERROR(Emit(doc, 0, max_bytes, source, out));
         if (out.size() > max_bytes) {
           return absl::InvalidArgumentError(absl::StrCat(
               "the job document exceeds ", max_bytes, " bytes once emitted"));
@@ -184,10 +200,21 @@ absl::StatusOr<std::string> ApplyOverrides(absl::string_view yaml,
         absl::StrCat(file_name, ": --set needs a job that is a map; got ",
                      DescribeYaml(doc)));
   }
+  // The file alone first: a limit it crosses on its own is reported at its
+  // place in the file, as without --set. What the overrides add is checked
+  // on the result, where only the flags can be blamed.
+  RETURN_IF_ERROR(EmitYaml(doc, max_bytes, file_name).status());
   for (const Override& o : overrides) {
     RETURN_IF_ERROR(ApplyOverride(o, doc));
   }
-  return EmitYaml(doc, max_bytes);
+  absl::StatusOr<std::string> emitted = EmitYaml(doc, max_bytes);
+  if (!emitted.ok()) {
+    return absl::Status(
+        emitted.status().code(),
+        absl::StrCat(file_name, " with --set ", absl::StrJoin(specs, " --set "),
+                     ": ", emitted.status().message()));
+  }
+  return emitted;
 }
 
 }  // namespace conveyor::cli

@@ -49,8 +49,11 @@ absl::Status ApplyOverride(const Override& override, YAML::Node& doc);
 // stay flow, so the result parses to the same values under the strict job
 // reader (which reads a quoted "3" as a string). InvalidArgument for a
 // document nested deeper than 64 levels or larger than `max_bytes` once
-// emitted (aliases are expanded, so a small file can emit a huge one).
-absl::StatusOr<std::string> EmitYaml(const YAML::Node& doc, size_t max_bytes);
+// emitted (aliases are expanded, so a small file can emit a huge one); the
+// error starts "source:line:col: " at the node that crossed the limit when
+// `source` names the text `doc` was parsed from.
+absl::StatusOr<std::string> EmitYaml(const YAML::Node& doc, size_t max_bytes,
+                                     absl::string_view source = "");
 
 // Parses `yaml` (errors at "file_name:line:col"), applies each `--set` spec
 // in order and emits the result (at most `max_bytes`). With no specs, returns

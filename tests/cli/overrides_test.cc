@@ -176,6 +176,31 @@ TEST(ApplyOverridesTest, StopsAnAliasBombAtTheSizeLimit) {
       ApplyOverrides(yaml, "bomb.yaml", {"z=1"}, 1 << 16);
   ASSERT_FALSE(out.ok());
   EXPECT_THAT(out.status().message(), HasSubstr("exceeds 65536 bytes"));
+  // Where the file crosses the limit, as the job reader would say it: the
+  // size is crossed in an expansion of a (line 1).
+  EXPECT_THAT(out.status().message(), HasSubstr("bomb.yaml:1:"));
+}
+
+// The depth limit names the place in the file (it once lost file:line:col
+// with --set); a depth that only the flags create names the flags.
+TEST(ApplyOverridesTest, TheDepthLimitNamesItsPlace) {
+  std::string deep = "a: ";
+  for (int i = 0; i < 70; ++i) deep += "[";
+  for (int i = 0; i < 70; ++i) deep += "]";
+  absl::StatusOr<std::string> out =
+      ApplyOverrides(deep + "\n", "deep.yaml", {"z=1"}, 1 << 20);
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(out.status().message(),
+              HasSubstr("deep.yaml:1:68: the job document nests deeper than "
+                        "64 levels"));
+
+  std::string path = "c";
+  for (int i = 0; i < 70; ++i) path += ".k";
+  out = ApplyOverrides("a: 1\n", "job.yaml", {"b=2", path + "=1"}, 1 << 20);
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(out.status().message(),
+              HasSubstr(absl::StrCat("job.yaml with --set b=2 --set ", path,
+                                     "=1: the job document nests deeper")));
 }
 
 TEST(ApplyOverridesTest, TheResultParsesAsTheSameJob) {
