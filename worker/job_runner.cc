@@ -178,6 +178,76 @@ absl::Status JobRunner::CheckParametersFitHostMemory() const {
   return absl::OkStatus();
 }
 
+absl::Status JobRunner::CheckActivationsFitHostMemory() const {
+  if (dynamic_cast<engine::CpuBackend*>(backend_) == nullptr) {
+    return absl::OkStatus();  // As for the parameters.
+  }
+  const engine::ModelSpec& model = job_.model;
+  const uint64_t microbatch =
+      static_cast<uint64_t>(job_.training.microbatch_size());
+  // Per stage, what one microbatch keeps from its forward to its backward,
+  // saturating: sizes come from the job.
+  std::map<int, uint64_t> per_microbatch;
+  auto elements = [](const std::vector<int64_t>& shape) {
+    uint64_t n = 1;
+    for (int64_t d : shape) {
+      if (__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) {
+        return ~uint64_t{0};
+      }
+    }
+    return n;
+  };
+  for (const v1::StageProgram& sp : program_.stages()) {
+    const int st = sp.stage();
+    uint64_t kept = 0;
+    if (model.remat) {
+      kept = elements(model.layers[model.stage_begin[st]].input_shape);
+    } else {
+      for (int l = model.stage_begin[st]; l < model.StageEnd(st); ++l) {
+        if (__builtin_add_overflow(kept, elements(model.layers[l].output_shape),
+                                   &kept)) {
+          kept = ~uint64_t{0};
+        }
+      }
+    }
+    uint64_t bytes = 0;
+    if (__builtin_mul_overflow(kept, microbatch * sizeof(float), &bytes)) {
+      bytes = ~uint64_t{0};
+    }
+    per_microbatch[st] = bytes;
+  }
+  // The schedule's peak: microbatches forwarded and not yet backwarded.
+  uint64_t live = 0, peak = 0;
+  int peak_microbatches = 0, in_flight = 0;
+  for (const scheduler::Action& a : actions_) {
+    const uint64_t bytes = per_microbatch[a.stage];
+    if (a.op == scheduler::Op::kForward) {
+      live = live > ~uint64_t{0} - bytes ? ~uint64_t{0} : live + bytes;
+      ++in_flight;
+    } else if (a.op != scheduler::Op::kBackwardWeight) {
+      live -= std::min(live, bytes);
+      --in_flight;
+    }
+    if (live > peak) {
+      peak = live;
+      peak_microbatches = in_flight;
+    }
+  }
+  if (absl::Status s = CheckHostAllocation(
+          peak,
+          absl::StrCat(
+              DescribeRank(program_), "'s activations (", peak_microbatches,
+              peak_microbatches == 1 ? " microbatch of " : " microbatches of ",
+              microbatch, " samples in flight at the schedule's peak)"));
+      !s.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        s.message(),
+        "; use more training.microbatches (smaller microbatches), a smaller "
+        "training.batch_size, model.remat: true, or more stages"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status JobRunner::Build(const JobRunnerOptions& options) {
   on_checkpoint_ = options.on_checkpoint;
   checkpoint_delay_ = options.checkpoint_delay;
@@ -302,6 +372,7 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
                        " for its action ", scheduler::ToString(a)));
     }
   }
+  RETURN_IF_ERROR(CheckActivationsFitHostMemory());
   // Fail now, not after the last step, when the results cannot be written.
   if (!program_.checkpoint_dir().empty()) {
     RETURN_IF_ERROR(CreateDirectories(program_.checkpoint_dir()));

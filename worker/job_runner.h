@@ -200,6 +200,11 @@ class JobRunner {
   // parameters with their gradients and optimizer state cannot fit in the
   // host memory left (CPU backends only).
   absl::Status CheckParametersFitHostMemory() const;
+  // ResourceExhausted when a lower bound of the activations this rank holds
+  // at its schedule's peak (every layer output of each microbatch between
+  // its forward and its backward; the stage input only under remat) does
+  // not fit in the host memory left once the parameters are in.
+  absl::Status CheckActivationsFitHostMemory() const;
   absl::Status Build(const JobRunnerOptions& options);
   // The executor, moving tensors through `channel`.
   absl::Status CreateExecutor(transport::Channel* channel);

@@ -475,6 +475,46 @@ pipeline: {schedule: 1f1b}
   EXPECT_THAT(wide.status().message(), HasSubstr("cut it into more stages"));
 }
 
+// Activations are sized by the job too: a model of 2M parameters whose
+// first layer outputs 64 x 2^20 floats per sample, at 1024 samples per
+// microbatch, holds 256 GiB on rank 0 between forward and backward. It is
+// refused before its first step, naming the sizes and what to change,
+// instead of meeting std::bad_alloc or the OOM killer mid-step.
+TEST(JobRunnerTest, ActivationsTooLargeForTheHostAreRefusedBeforeTheFirstStep) {
+  const uint64_t needed = uint64_t{1024} * 64 * 1048576 * 4;
+  if (const std::optional<uint64_t> available = AvailableHostMemoryBytes();
+      !available.has_value() || *available >= needed) {
+    GTEST_SKIP() << "this machine could hold 256 GiB of activations";
+  }
+  const std::string yaml = R"(name: wide-activations
+model:
+  input_shape: [64, 1]
+  init: {seed: 0}
+  layers:
+    - dense: {features: 1048576}
+    - boundary
+    - dense: {features: 1}
+  loss: mse
+data: {source: synthetic-regression}
+training: {steps: 1, batch_size: 1024, microbatches: 1}
+optimizer: {kind: sgd, lr: 0.1}
+pipeline: {schedule: 1f1b}
+)";
+  const std::vector<v1::JobProgram> programs = Programs(yaml);
+  ASSERT_EQ(programs.size(), 2u);
+  absl::StatusOr<std::unique_ptr<JobRunner>> wide =
+      JobRunner::Create(programs[0], {});
+  EXPECT_EQ(wide.status().code(), absl::StatusCode::kResourceExhausted)
+      << wide.status();
+  EXPECT_THAT(wide.status().message(),
+              HasSubstr("rank 0 (stage 0)'s activations (1 microbatch of "
+                        "1024 samples in flight at the schedule's peak) needs "
+                        "256.0 GiB of host memory"));
+  EXPECT_THAT(wide.status().message(), HasSubstr("training.microbatches"));
+  // The last stage keeps 64 floats per sample: it fits.
+  EXPECT_TRUE(JobRunner::Create(programs[1], {}).ok());
+}
+
 TEST(JobRunnerTest, CancelStopsBothRanksPromptly) {
   JobOptions o;
   o.steps = 100000;  // Far more than the test waits for.
