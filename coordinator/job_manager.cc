@@ -587,6 +587,13 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobManager::WaitEvents(
   return out;
 }
 
+uint64_t JobManager::WaitForAnyEvent(
+    uint64_t seen, std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  events_cv_.wait_until(lock, deadline, [&] { return event_count_ != seen; });
+  return event_count_;
+}
+
 // ---------------------------------------------------------------------------
 // Scheduling.
 
@@ -1253,6 +1260,7 @@ void JobManager::AddEvent(JobRecord& job, const v1::StepSummary* step) {
     job.events.pop_front();
     ++job.first_event;
   }
+  ++event_count_;
   events_cv_.notify_all();
 }
 
@@ -1334,6 +1342,7 @@ void JobManager::Shutdown() {
   (void)Persist();  // Logged on failure; nothing more can be done now.
   std::lock_guard<std::mutex> lock(mu_);
   shutdown_ = true;
+  ++event_count_;
   events_cv_.notify_all();
 }
 

@@ -214,6 +214,13 @@ class JobManager {
       const std::string& id, int64_t* cursor,
       std::chrono::steady_clock::time_point deadline, bool* done);
 
+  // The number of events added to any job so far (and one more for
+  // Shutdown), once it differs from `seen` or at `deadline`: how one thread
+  // serving many watchers (coordinator/watch_hub.h) learns that some job
+  // has news, without a thread blocked per watcher.
+  uint64_t WaitForAnyEvent(uint64_t seen,
+                           std::chrono::steady_clock::time_point deadline);
+
   // ---- Time and lifecycle ----
 
   // Takes over the job records a previous coordinator saved (see the header
@@ -403,6 +410,7 @@ class JobManager {
   mutable std::mutex mu_;
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
   std::condition_variable events_cv_;
+  uint64_t event_count_ ABSL_GUARDED_BY(mu_) = 0;  // See WaitForAnyEvent.
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   // When Tick last ran; nullopt before the first.
   std::optional<TimePoint> last_tick_ ABSL_GUARDED_BY(mu_);

@@ -102,7 +102,7 @@ class StreamConnection final : public WorkerConnection {
 
 // OK when no token is configured or the call presents it; UNAUTHENTICATED
 // otherwise, logged with the caller's address but never what it presented.
-grpc::Status Authenticate(const grpc::ServerContext* context,
+grpc::Status Authenticate(const grpc::ServerContextBase* context,
                           const std::string& token) {
   if (token.empty()) return grpc::Status::OK;
   const auto& metadata = context->client_metadata();
@@ -170,31 +170,28 @@ grpc::Status CoordinatorService::CancelJob(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::WatchJob(
-    grpc::ServerContext* context, const v1::WatchJobRequest* request,
-    grpc::ServerWriter<v1::JobEvent>* writer) {
-  if (grpc::Status s = Authenticate(context, auth_token_); !s.ok()) return s;
-  const std::optional<StreamLimiter::Slot> slot =
-      watches_.Acquire(context->peer());
+namespace {
+
+// A watch refused before it started: finishes at once with `status`.
+class RefusedWatch final : public grpc::ServerWriteReactor<v1::JobEvent> {
+ public:
+  explicit RefusedWatch(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::JobEvent>* CoordinatorService::WatchJob(
+    grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
+  if (grpc::Status s = Authenticate(context, auth_token_); !s.ok()) {
+    return new RefusedWatch(s);
+  }
+  std::optional<StreamLimiter::Slot> slot = watches_.Acquire(context->peer());
   if (!slot.has_value()) {
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        watches_.Refusal(context->peer()));
+    return new RefusedWatch(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                         watches_.Refusal(context->peer())));
   }
-  int64_t cursor = -1;  // The job as it is now, then what happens next.
-  while (!context->IsCancelled()) {
-    bool done = false;
-    // Short waits, so a watcher that hangs up is noticed within 250 ms.
-    absl::StatusOr<std::vector<v1::JobEvent>> events = manager_->WaitEvents(
-        request->id(), &cursor,
-        std::chrono::steady_clock::now() + std::chrono::milliseconds(250),
-        &done);
-    if (!events.ok()) return proto::ToGrpcStatus(events.status());
-    for (const v1::JobEvent& e : *events) {
-      if (!writer->Write(e)) return grpc::Status::OK;  // Watcher left.
-    }
-    if (done) return grpc::Status::OK;
-  }
-  return grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled");
+  return hub_.Watch(request->id(), *std::move(slot));
 }
 
 grpc::Status CoordinatorService::ListWorkers(

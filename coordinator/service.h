@@ -12,6 +12,10 @@
 // its lock. When the manager declares a worker lost, the session is
 // cancelled; when the stream breaks, the worker is declared lost.
 //
+// WatchJob streams are served by a WatchHub (coordinator/watch_hub.h) with
+// gRPC's callback API, so watchers hold no server thread; the other calls
+// are synchronous.
+//
 // Thread-safe: gRPC calls the handlers from its thread pool.
 #ifndef CONVEYOR_COORDINATOR_SERVICE_H_
 #define CONVEYOR_COORDINATOR_SERVICE_H_
@@ -22,19 +26,22 @@
 #include "conveyor/v1/conveyor.grpc.pb.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/stream_limiter.h"
+#include "coordinator/watch_hub.h"
 
 namespace conveyor::coordinator {
 
-class CoordinatorService final : public v1::Coordinator::Service {
+class CoordinatorService final
+    : public v1::Coordinator::WithCallbackMethod_WatchJob<
+          v1::Coordinator::Service> {
  public:
   // With a non-empty `auth_token` every call must present it
   // (common/auth_token.h) or fails UNAUTHENTICATED.
-  // Open WatchJob streams at most, in all and per client host: each holds a
-  // server thread, so past these a watch is refused (RESOURCE_EXHAUSTED)
-  // and every other call is still served (coordinator/stream_limiter.h).
+  // Open WatchJob streams at most, in all and per client host; past these a
+  // watch is refused (RESOURCE_EXHAUSTED). Watches hold no thread, only a
+  // little memory each: the caps keep one client from taking it all.
   struct WatchLimits {
-    int max_total = 256;
-    int max_per_client = 32;
+    int max_total = 4096;
+    int max_per_client = 1024;
   };
 
   explicit CoordinatorService(JobManager* manager, std::string auth_token = "")
@@ -43,7 +50,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
                      WatchLimits limits)
       : manager_(manager),
         auth_token_(std::move(auth_token)),
-        watches_(limits.max_total, limits.max_per_client) {}
+        watches_(limits.max_total, limits.max_per_client),
+        hub_(manager) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* context,
                          const v1::SubmitJobRequest* request,
@@ -57,9 +65,12 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status CancelJob(grpc::ServerContext* context,
                          const v1::CancelJobRequest* request,
                          v1::Job* response) override;
-  grpc::Status WatchJob(grpc::ServerContext* context,
-                        const v1::WatchJobRequest* request,
-                        grpc::ServerWriter<v1::JobEvent>* writer) override;
+  grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(
+      grpc::CallbackServerContext* context,
+      const v1::WatchJobRequest* request) override;
+
+  // WatchJob streams open now.
+  int open_watches() const { return hub_.open(); }
   grpc::Status ListWorkers(grpc::ServerContext* context,
                            const v1::ListWorkersRequest* request,
                            v1::ListWorkersResponse* response) override;
@@ -71,6 +82,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
   JobManager* manager_;
   const std::string auth_token_;
   StreamLimiter watches_;
+  WatchHub hub_;  // After watches_: its watches give their slots back.
 };
 
 class WorkerSessionService final : public v1::WorkerSession::Service {

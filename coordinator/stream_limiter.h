@@ -1,9 +1,10 @@
 // StreamLimiter: a cap on long-lived server streams (WatchJob), in all and
-// per client host. The coordinator's synchronous gRPC server holds a thread
-// for each open stream; unbounded watchers once took every thread (792
+// per client host. Unbounded watchers once took every server thread (792
 // streams: "Server Threadpool Exhausted" for every other call, worker
-// registration included). A stream past either cap is refused at once with
-// RESOURCE_EXHAUSTED, so workers and job control are always served.
+// registration included); watches now hold no thread (coordinator/
+// watch_hub.h), but each still holds memory and a share of the hub's work,
+// so one client must not open without end. A stream past either cap is
+// refused at once with RESOURCE_EXHAUSTED.
 //
 //   std::optional<StreamLimiter::Slot> slot = limiter.Acquire(context->peer());
 //   if (!slot) return grpc::Status(RESOURCE_EXHAUSTED, limiter.Refusal(...));

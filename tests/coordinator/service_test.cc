@@ -5,6 +5,8 @@
 #include "coordinator/service.h"
 
 #include <chrono>
+#include <filesystem>
+#include <iostream>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -149,7 +151,7 @@ TEST_F(ServiceTest, StatusCodesReachTheClientUnchanged) {
   }
 }
 
-// Watch streams each hold a server thread: 792 of them once exhausted the
+// Watch streams once each held a server thread: 792 of them exhausted the
 // server, refusing every other call. Past the caps a watch is refused at
 // once, and workers and job control are still served.
 class WatchLimitServiceTest : public ServiceTest {
@@ -217,6 +219,82 @@ TEST_F(WatchLimitServiceTest, WatchesPastTheCapAreRefusedAndOtherCallsServed) {
   for (auto& w : watches) w->context.TryCancel();
   worker->context.TryCancel();
   second->context.TryCancel();
+}
+
+// Watches hold no server thread (coordinator/watch_hub.h): 1,000 watchers of
+// one job leave the process's threads nearly where they were (with a
+// thread per stream, as before, they grew by 1,000), every watcher gets the
+// job's news, and every stream ends when the job does.
+class ManyWatchersServiceTest : public ServiceTest {
+ protected:
+  ManyWatchersServiceTest()
+      : ServiceTest("", {.max_total = 2000, .max_per_client = 2000}) {}
+
+  static int Threads() {
+    int n = 0;
+    for (const auto& entry :
+         std::filesystem::directory_iterator("/proc/self/task")) {
+      (void)entry;
+      ++n;
+    }
+    return n;
+  }
+};
+
+TEST_F(ManyWatchersServiceTest, WatchersHoldNoThreadAndAllSeeTheEnd) {
+  std::unique_ptr<Session> worker = Registered();
+  auto stub = v1::Coordinator::NewStub(channel_);
+  v1::SubmitJobResponse submitted;
+  {
+    grpc::ClientContext context;
+    v1::SubmitJobRequest request;
+    request.set_yaml(JobYaml(1));
+    ASSERT_TRUE(stub->SubmitJob(&context, request, &submitted).ok());
+  }
+  const int before = Threads();
+  struct Watch {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader;
+  };
+  constexpr int kWatchers = 1000;
+  std::vector<std::unique_ptr<Watch>> watches;
+  for (int i = 0; i < kWatchers; ++i) {
+    auto w = std::make_unique<Watch>();
+    v1::WatchJobRequest request;
+    request.set_id(submitted.job().id());
+    w->reader = stub->WatchJob(&w->context, request);
+    v1::JobEvent event;
+    ASSERT_TRUE(w->reader->Read(&event)) << i;  // The job as it is.
+    EXPECT_EQ(event.job().id(), submitted.job().id());
+    watches.push_back(std::move(w));
+  }
+  EXPECT_EQ(coordinator_.open_watches(), kWatchers);
+  const int during = Threads();
+  std::cout << "threads: " << before << " before, " << during << " with "
+            << kWatchers << " watchers\n";
+  // gRPC's own pollers and callback executor grow a little with load; a
+  // thread per stream would add kWatchers.
+  EXPECT_LT(during - before, 64);
+  // Job control is served meanwhile, and its news reaches every watcher.
+  {
+    grpc::ClientContext context;
+    v1::CancelJobRequest request;
+    request.set_id(submitted.job().id());
+    v1::Job cancelled;
+    ASSERT_TRUE(stub->CancelJob(&context, request, &cancelled).ok());
+  }
+  for (auto& w : watches) {
+    v1::JobEvent event;
+    v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
+    while (w->reader->Read(&event)) last = event.job().state();
+    EXPECT_EQ(last, v1::CANCELLED);
+    EXPECT_TRUE(w->reader->Finish().ok());
+  }
+  for (int i = 0; i < 100 && coordinator_.open_watches() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(coordinator_.open_watches(), 0);
+  worker->context.TryCancel();
 }
 
 class AuthServiceTest : public ServiceTest {
