@@ -50,6 +50,9 @@ std::string MakeSecret() {
 
 // Profiles cached in all, counted in layers (40 bytes each).
 constexpr size_t kMaxCachedProfileLayers = size_t{1} << 20;
+// After this many attempts in a row lose a worker before completing a step,
+// the job is not restarted again (see MarkLost).
+constexpr int kMaxAttemptsLostBeforeAStep = 2;
 
 // A fixed-size cache key for a profile: the device and two independent
 // 64-bit hashes of the (possibly megabytes long) ProfileKey. The cache lives
@@ -253,6 +256,18 @@ void JobManager::MarkLost(WorkerRecord& w, const std::string& observed) {
       std::find(job->info.worker_ids().begin(), job->info.worker_ids().end(),
                 w.info.id()) != job->info.worker_ids().end();
   if (in_attempt && !proto::IsTerminal(job->info.state())) {
+    // A job that kills its workers (a size no check caught, a crash in
+    // its layers) must not be restarted onto the rest of the cluster, one
+    // attempt after another. A loss before any step, twice in a row, is
+    // taken as the job's doing; one alone may be the machine's.
+    if (!job->stepped &&
+        ++job->attempts_lost_before_a_step >= kMaxAttemptsLostBeforeAStep) {
+      job->no_restart = absl::StrCat(
+          job->attempts_lost_before_a_step,
+          " attempts in a row lost a worker before completing a step, so the "
+          "job itself may be what ends them (too large for the machine?); "
+          "check the workers' logs, then resubmit");
+    }
     FailOrRestart(*job, absl::StrCat(who, " lost: ", observed));
   }
 }
@@ -923,6 +938,8 @@ void JobManager::OnStep(WorkerRecord& w, const v1::StepReport& report) {
   job->pending_counts.erase(report.step());
   v1::Job& info = job->info;
   info.set_steps_done(std::max(info.steps_done(), s.step()));
+  job->stepped = true;
+  job->attempts_lost_before_a_step = 0;
   if (s.has_loss()) {
     info.set_has_loss(true);
     info.set_last_loss(s.loss());
@@ -976,12 +993,16 @@ void JobManager::OnEnded(WorkerRecord& w, const v1::JobEnded& ended) {
     // itself (too large for the machine, a bad file, an invalid setting)
     // would fail the same way on any other: no restart.
     const auto code = static_cast<absl::StatusCode>(ended.code());
-    job->failure_is_final = job->info.state() == v1::PLANNING &&
-                            (code == absl::StatusCode::kInvalidArgument ||
-                             code == absl::StatusCode::kResourceExhausted ||
-                             code == absl::StatusCode::kFailedPrecondition ||
-                             code == absl::StatusCode::kNotFound ||
-                             code == absl::StatusCode::kPermissionDenied);
+    if (job->info.state() == v1::PLANNING &&
+        (code == absl::StatusCode::kInvalidArgument ||
+         code == absl::StatusCode::kResourceExhausted ||
+         code == absl::StatusCode::kFailedPrecondition ||
+         code == absl::StatusCode::kNotFound ||
+         code == absl::StatusCode::kPermissionDenied)) {
+      job->no_restart =
+          "preparing the job failed for a reason of its own, which another "
+          "attempt would meet too";
+    }
     job->failure_deadline = options_.clock() + options_.failure_grace;
     // Stop the others now; the job's final state waits for the grace.
     v1::CoordinatorMessage m;
@@ -1072,12 +1093,10 @@ void JobManager::FailOrRestart(JobRecord& job, const std::string& reason) {
   if (proto::IsTerminal(job.info.state())) return;
   const bool placed =
       job.info.state() == v1::PLANNING || job.info.state() == v1::RUNNING;
-  if (job.failure_is_final && job.info.max_restarts() > 0) {
+  if (!job.no_restart.empty() && job.info.max_restarts() > 0 &&
+      job.info.restarts() < job.info.max_restarts()) {
     Finish(job, v1::FAILED,
-           absl::StrCat(reason,
-                        " (not restarted: preparing the job failed for a "
-                        "reason of its own, which another attempt would meet "
-                        "too)"));
+           absl::StrCat(reason, " (not restarted: ", job.no_restart, ")"));
     return;
   }
   if (!placed || job.info.restarts() >= job.info.max_restarts()) {
@@ -1129,7 +1148,8 @@ void JobManager::PrepareNextAttempt(JobRecord& job, const std::string& reason) {
   job.ready = 0;
   job.failing = false;
   job.failure.clear();
-  job.failure_is_final = false;
+  job.no_restart.clear();
+  job.stepped = false;
   job.programs_sent = false;
   job.profiling = false;
   job.profile_requested = false;

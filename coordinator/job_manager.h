@@ -262,10 +262,15 @@ class JobManager {
   };
 
   struct JobRecord {
-    // A worker failed to prepare the job for a reason of the job's own
-    // (InvalidArgument, ResourceExhausted, ...): FailOrRestart does not
-    // restart it.
-    bool failure_is_final = false;
+    // Why FailOrRestart must not restart the job, empty when it may: a
+    // worker failed to prepare it for a reason of the job's own
+    // (InvalidArgument, ResourceExhausted, ...), or attempts keep losing
+    // workers before their first step (the job may be what kills them).
+    std::string no_restart;
+    // Attempts in a row that lost a worker before completing a step, and
+    // whether the current attempt has completed one.
+    int attempts_lost_before_a_step = 0;
+    bool stepped = false;
     // False from SubmitJob until the state file holds the job: Schedule
     // does not place it, so a submission that cannot be made durable is
     // withdrawn without a trace.

@@ -1305,6 +1305,60 @@ TEST_F(JobManagerCheckpointTest,
   EXPECT_EQ(State(job), v1::RUNNING);
 }
 
+// A job that kills its workers while preparing (a size no check caught)
+// once took four of four workers in 200 ms, one attempt after another. One
+// loss before any step is restarted (it may be the machine's); the second
+// attempt in a row to lose a worker before a step is not, saying why, and
+// the rest of the cluster is spared.
+TEST_F(JobManagerCheckpointTest, AttemptsThatKeepLosingWorkersStopRestarting) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string s1 = AddWorker("spare1"), s2 = AddWorker("spare2");
+  const std::string job =
+      StartJob(CkptYaml("", "restart: {max_restarts: 5}\n"), w1, w2);
+  manager_.WorkerDisconnected(w2, "control connection closed");
+  EXPECT_EQ(manager_.GetJob(job)->restarts(), 1);
+  Ended(w1, job, v1::CANCELLED);
+  EXPECT_EQ(State(job), v1::PLANNING);
+  // The second attempt loses one of its workers before a step too.
+  std::string placed;
+  for (const std::string& w : {w1, s1, s2}) {
+    if (WorkerState(w) == v1::BUSY) placed = w;
+  }
+  ASSERT_FALSE(placed.empty());
+  manager_.WorkerDisconnected(placed, "control connection closed");
+  const v1::Job info = *manager_.GetJob(job);
+  EXPECT_EQ(info.state(), v1::FAILED);
+  EXPECT_EQ(info.restarts(), 1);
+  EXPECT_THAT(info.message(),
+              HasSubstr("not restarted: 2 attempts in a row lost a worker "
+                        "before completing a step"));
+}
+
+// A loss after a step resets the count: a long job may lose workers now
+// and then and go on.
+TEST_F(JobManagerCheckpointTest, ALossAfterAStepIsRestartedAsBefore) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string s1 = AddWorker("spare1");
+  const std::string job =
+      StartJob(CkptYaml("every: 1", "restart: {max_restarts: 5}\n"), w1, w2);
+  manager_.WorkerDisconnected(w2, "control connection closed");  // No step.
+  Ended(w1, job, v1::CANCELLED);
+  ASSERT_EQ(State(job), v1::PLANNING);
+  std::vector<std::string> placed;
+  for (const std::string& w : {w1, s1}) {
+    if (WorkerState(w) == v1::BUSY) placed.push_back(w);
+  }
+  ASSERT_EQ(placed.size(), 2u);
+  Ready(placed[0], job, 5003);
+  Ready(placed[1], job, 5004);
+  StepWithCheckpoint(placed[0], placed[1], job, 1);
+  AddWorker("spare2");
+  manager_.WorkerDisconnected(placed[1], "control connection closed");
+  const v1::Job info = *manager_.GetJob(job);
+  EXPECT_NE(info.state(), v1::FAILED) << info.message();
+  EXPECT_EQ(info.restarts(), 2);
+}
+
 TEST_F(JobManagerCheckpointTest, ARestartNeedsEnoughLiveWorkers) {
   const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
   const std::string job =
