@@ -294,6 +294,14 @@ TEST_F(ManyWatchersServiceTest, WatchersHoldNoThreadAndAllSeeTheEnd) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(coordinator_.open_watches(), 0);
+  // A watch of an unknown job ends at once, NOT_FOUND.
+  grpc::ClientContext context;
+  v1::WatchJobRequest request;
+  request.set_id("job-999");
+  auto unknown = stub->WatchJob(&context, request);
+  v1::JobEvent event;
+  EXPECT_FALSE(unknown->Read(&event));
+  EXPECT_EQ(unknown->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
   worker->context.TryCancel();
 }
 
