@@ -20,11 +20,11 @@
 #include "cli/local_cluster.h"
 #include "cli/watch.h"
 #include "common/status_macros.h"
-#include "coordinator/planner.h"
 #include "engine/checkpoint_manifest.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/job_spec.h"
 #include "engine/trainer.h"
+#include "job/planner.h"
 
 namespace conveyor::cli {
 namespace {
@@ -148,8 +148,7 @@ absl::Status RunOnLocalCluster(const RunCommandOptions& o, bool tty,
   ASSIGN_OR_RETURN(JobSource source,
                    ReadJobSource(o.job_file, AllOverrides(o)));
   ASSIGN_OR_RETURN(engine::JobSpec job, ParseJobSource(source));
-  ASSIGN_OR_RETURN(coordinator::JobPlan plan,
-                   coordinator::PlanJob(std::move(job)));
+  ASSIGN_OR_RETURN(job::JobPlan plan, job::PlanJob(std::move(job)));
   const int num_workers = o.workers > 0 ? o.workers : plan.num_ranks;
   if (num_workers < plan.num_ranks) {
     return absl::InvalidArgumentError(
@@ -196,7 +195,7 @@ absl::Status RunOnLocalCluster(const RunCommandOptions& o, bool tty,
                    InterruptHandler::Install(kCancelGrace, err));
   options.interrupted = [&interrupts] { return interrupts->signal() != 0; };
 
-  const std::string plan_text = coordinator::DescribePlan(plan);
+  const std::string plan_text = job::DescribePlan(plan);
   out << plan_text.substr(0, plan_text.find('\n')) << "\n";
   out << "starting a local cluster: " << kCoordinatorBinary << " and "
       << num_workers << " " << kWorkerBinary << "(s)\n";

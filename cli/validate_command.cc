@@ -4,13 +4,13 @@
 
 #include "cli/job_file.h"
 #include "common/status_macros.h"
-#include "coordinator/planner.h"
 #include "engine/checkpoint_manifest.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/data.h"
 #include "engine/profiler.h"
 #include "engine/safetensors.h"
 #include "engine/stage.h"
+#include "job/planner.h"
 
 namespace conveyor::cli {
 
@@ -60,10 +60,9 @@ absl::Status RunValidateCommand(const ValidateCommandOptions& o,
                                 std::ostream& out) {
   ASSIGN_OR_RETURN(JobSource source, ReadJobSource(o.job_file, o.overrides));
   ASSIGN_OR_RETURN(engine::JobSpec job, ParseJobSource(source));
-  ASSIGN_OR_RETURN(coordinator::JobPlan plan,
-                   coordinator::PlanJob(std::move(job)));
+  ASSIGN_OR_RETURN(job::JobPlan plan, job::PlanJob(std::move(job)));
   RETURN_IF_ERROR(CheckJobFiles(plan.job));
-  if (coordinator::NeedsProfile(plan)) {
+  if (job::NeedsProfile(plan)) {
     // The coordinator profiles on the job's first worker; here the local
     // CPU stands in for it, so the figures are this machine's.
     ASSIGN_OR_RETURN(
@@ -73,11 +72,11 @@ absl::Status RunValidateCommand(const ValidateCommandOptions& o,
             plan.job.model,
             {.microbatch_size = plan.job.training.microbatch_size(),
              .repetitions = o.profile_repetitions}));
-    ASSIGN_OR_RETURN(plan, coordinator::ChooseStages(plan, std::move(profile),
-                                                     "this machine's CPU",
-                                                     /*from_cache=*/false));
+    ASSIGN_OR_RETURN(
+        plan, job::ChooseStages(plan, std::move(profile), "this machine's CPU",
+                                /*from_cache=*/false));
   }
-  out << coordinator::DescribePlan(plan);
+  out << job::DescribePlan(plan);
   out << source.file_name << ": valid; needs " << plan.num_ranks
       << " worker(s)\n";
   return absl::OkStatus();

@@ -15,6 +15,9 @@
 #include "engine/stage_file.h"
 
 namespace conveyor::coordinator {
+
+using job::JobPlan;
+using job::StagePlan;
 namespace {
 
 // N for a directory named "step-N", else nullopt.

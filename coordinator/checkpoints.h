@@ -18,9 +18,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "conveyor/v1/conveyor.pb.h"
-#include "coordinator/planner.h"
 #include "engine/checkpoint_manifest.h"
 #include "engine/job_spec.h"
+#include "job/planner.h"
 
 namespace conveyor::coordinator {
 
@@ -55,7 +55,8 @@ absl::Status AdoptCheckpointCut(const ResumePoint& point,
 // FailedPrecondition unless the checkpoint fits `plan`: the same stages and
 // cut, and a step before training.steps (a finished job has nothing left to
 // resume).
-absl::Status CheckResumeFitsPlan(const ResumePoint& point, const JobPlan& plan);
+absl::Status CheckResumeFitsPlan(const ResumePoint& point,
+                                 const job::JobPlan& plan);
 
 // FailedPrecondition when `checkpoint_dir` holds a complete step newer than
 // `start_step` (where a job starts: 0, or its resume step): the job would
@@ -68,7 +69,7 @@ absl::Status CheckNothingNewer(const std::string& checkpoint_dir,
 // The manifest committing `step` of a job from its stages' reported files
 // (by stage; all of plan.num_stages present).
 engine::CheckpointManifest MakeManifest(
-    const JobPlan& plan, const std::string& job_id,
+    const job::JobPlan& plan, const std::string& job_id,
     const std::string& config_hash, int64_t step,
     const std::map<int, v1::StageFile>& files, int64_t now_unix_ms);
 

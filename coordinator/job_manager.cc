@@ -23,6 +23,13 @@
 #include "spdlog/spdlog.h"
 
 namespace conveyor::coordinator {
+
+using job::ChooseStages;
+using job::JobPlan;
+using job::NeedsProfile;
+using job::PlanJob;
+using job::StagePlan;
+using job::StagesOfRank;
 namespace {
 
 constexpr absl::string_view kJobPrefix = "job-";

@@ -75,8 +75,8 @@
 #include "absl/status/statusor.h"
 #include "conveyor/v1/conveyor.pb.h"
 #include "coordinator/checkpoints.h"
-#include "coordinator/planner.h"
 #include "coordinator/state_file.h"
+#include "job/planner.h"
 
 namespace conveyor::coordinator {
 
@@ -276,7 +276,7 @@ class JobManager {
     // withdrawn without a trace.
     bool durable = true;
     v1::Job info;
-    JobPlan plan;
+    job::JobPlan plan;
     v1::SubmitJobRequest request;
     uint64_t number = 0;
     std::string secret;

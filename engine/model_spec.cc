@@ -788,6 +788,44 @@ int64_t ModelSpec::NumParams() const {
   return n;
 }
 
+absl::Status SetStageBoundaries(ModelSpec* model,
+                                const std::vector<int>& stage_begin) {
+  const int num_layers = static_cast<int>(model->layers.size());
+  if (stage_begin.empty()) {
+    return absl::InvalidArgumentError("stage boundaries: no stages");
+  }
+  if (stage_begin[0] != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage boundaries: the first stage begins at layer ",
+                     stage_begin[0], ", not 0"));
+  }
+  if (static_cast<int64_t>(stage_begin.size()) > num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage boundaries: ", stage_begin.size(),
+                     " stages for a model of ", num_layers, " layers"));
+  }
+  for (size_t s = 1; s < stage_begin.size(); ++s) {
+    if (stage_begin[s] <= stage_begin[s - 1]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stage boundaries: stage ", s, " begins at layer ", stage_begin[s],
+          ", not after stage ", s - 1, " (layer ", stage_begin[s - 1], ")"));
+    }
+    if (stage_begin[s] >= num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stage boundaries: stage ", s, " begins at layer ", stage_begin[s],
+          " but the model has ", num_layers, " layers"));
+    }
+  }
+  model->stage_begin = stage_begin;
+  model->num_stages = static_cast<int>(stage_begin.size());
+  for (int s = 0; s < model->num_stages; ++s) {
+    for (int i = stage_begin[s]; i < model->StageEnd(s); ++i) {
+      model->layers[i].stage = s;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ModelSpec> ParseModelSpec(const YAML::Node& model,
                                          absl::string_view file_name) {
   return CatchYamlExceptions(

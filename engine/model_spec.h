@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/yaml_reader.h"
@@ -190,6 +191,14 @@ struct ModelSpec {
   // Total parameter elements (<= kMaxModelParams).
   int64_t NumParams() const;
 };
+
+// Re-cuts `model` into stages beginning at `stage_begin` (stage_begin[0] ==
+// 0, strictly increasing, every entry < model->layers.size()): sets
+// num_stages, stage_begin and every layer's stage. Parameter names do not
+// change (they follow the layer index). InvalidArgument for a malformed
+// split, leaving *model unchanged.
+absl::Status SetStageBoundaries(ModelSpec* model,
+                                const std::vector<int>& stage_begin);
 
 // Parses the value of a job's `model:` key. `file_name` prefixes errors.
 // Returns InvalidArgument "file:line:col: path: message" for YAML it cannot

@@ -64,14 +64,6 @@ absl::StatusOr<std::vector<LayerProfile>> ProfileLayers(
 // coordinator caches profiles under (key, device).
 std::string ProfileKey(const ModelSpec& model, int64_t microbatch_size);
 
-// Re-cuts `model` into stages beginning at `stage_begin` (stage_begin[0] ==
-// 0, strictly increasing, every entry < model->layers.size()): sets
-// num_stages, stage_begin and every layer's stage. Parameter names do not
-// change (they follow the layer index). InvalidArgument for a malformed
-// split, leaving *model unchanged.
-absl::Status SetStageBoundaries(ModelSpec* model,
-                                const std::vector<int>& stage_begin);
-
 }  // namespace conveyor::engine
 
 #endif  // CONVEYOR_ENGINE_PROFILER_H_

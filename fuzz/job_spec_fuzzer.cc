@@ -1,6 +1,6 @@
 // Fuzz target for job files (engine/job_spec.h), which anyone who may submit
 // a job hands to the coordinator: the input is the YAML text. A job that
-// parses is planned (coordinator/planner.h), as the coordinator does at
+// parses is planned (job/planner.h), as the coordinator does at
 // submission; the planner is pure, and with `stages: auto` it only makes the
 // provisional cut (no profiling), so nothing here runs a model.
 //
@@ -16,8 +16,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "coordinator/planner.h"
 #include "engine/job_spec.h"
+#include "job/planner.h"
 
 namespace {
 
@@ -33,7 +33,7 @@ constexpr int64_t kMaxFuzzStageMicrobatches = int64_t{1} << 16;
   std::abort();
 }
 
-void CheckPlan(const conveyor::coordinator::JobPlan& plan) {
+void CheckPlan(const conveyor::job::JobPlan& plan) {
   const conveyor::engine::JobSpec& job = plan.job;
   if (plan.num_stages != plan.num_ranks * plan.virtual_stages ||
       plan.num_stages != job.model.num_stages ||
@@ -45,7 +45,7 @@ void CheckPlan(const conveyor::coordinator::JobPlan& plan) {
   }
   // The stages cover the layers in order, each at least one layer.
   int next = 0;
-  for (const conveyor::coordinator::StagePlan& s : plan.stages) {
+  for (const conveyor::job::StagePlan& s : plan.stages) {
     if (s.first_layer != next || s.num_layers < 1 ||
         s.rank != s.stage % plan.num_ranks) {
       Fail("stages do not tile the layers");
@@ -55,10 +55,10 @@ void CheckPlan(const conveyor::coordinator::JobPlan& plan) {
   if (next != static_cast<int>(job.model.layers.size())) {
     Fail("stages do not cover the layers");
   }
-  if (conveyor::coordinator::NeedsProfile(plan) != job.pipeline.auto_stages) {
+  if (conveyor::job::NeedsProfile(plan) != job.pipeline.auto_stages) {
     Fail("NeedsProfile disagrees with stages: auto");
   }
-  if (conveyor::coordinator::DescribePlan(plan).empty()) {
+  if (conveyor::job::DescribePlan(plan).empty()) {
     Fail("empty plan description");
   }
 }
@@ -84,8 +84,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (stages * job->training.microbatches > kMaxFuzzStageMicrobatches) {
     return 0;
   }
-  absl::StatusOr<conveyor::coordinator::JobPlan> plan =
-      conveyor::coordinator::PlanJob(*std::move(job));
+  absl::StatusOr<conveyor::job::JobPlan> plan =
+      conveyor::job::PlanJob(*std::move(job));
   if (!plan.ok()) {
     if (plan.status().code() != absl::StatusCode::kInvalidArgument) {
       Fail("PlanJob error is not InvalidArgument", plan.status().message());

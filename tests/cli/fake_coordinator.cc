@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "coordinator/planner.h"
 #include "engine/job_spec.h"
+#include "job/planner.h"
 #include "proto/protocol.h"
 
 namespace conveyor::cli::testing {
@@ -58,8 +58,7 @@ grpc::Status FakeCoordinator::SubmitJob(grpc::ServerContext*,
   absl::StatusOr<engine::JobSpec> spec = engine::ParseJobSpec(
       request->yaml(), request->file_name(), request->base_dir());
   if (!spec.ok()) return proto::ToGrpcStatus(spec.status());
-  absl::StatusOr<coordinator::JobPlan> plan =
-      coordinator::PlanJob(*std::move(spec));
+  absl::StatusOr<job::JobPlan> plan = job::PlanJob(*std::move(spec));
   if (!plan.ok()) return proto::ToGrpcStatus(plan.status());
 
   absl::MutexLock lock(&mutex_);
@@ -84,7 +83,7 @@ grpc::Status FakeCoordinator::SubmitJob(grpc::ServerContext*,
   job.set_microbatches(static_cast<int32_t>(plan->job.training.microbatches));
   job.set_checkpoint_dir(plan->job.checkpoint.dir);
   job.set_created_unix_ms(NowMs());
-  for (const coordinator::StagePlan& s : plan->stages) {
+  for (const job::StagePlan& s : plan->stages) {
     v1::StagePlacement* p = job.add_stages();
     p->set_stage(s.stage);
     p->set_rank(s.rank);

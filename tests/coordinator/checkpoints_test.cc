@@ -17,6 +17,9 @@ namespace conveyor::coordinator {
 namespace {
 
 using ::testing::HasSubstr;
+using job::JobPlan;
+using job::NeedsProfile;
+using job::PlanJob;
 
 engine::ResumeSpec Latest() {
   engine::ResumeSpec r;

@@ -26,8 +26,6 @@
 namespace conveyor::engine {
 namespace {
 
-using ::testing::ElementsAre;
-
 ModelSpec Parse(const std::string& yaml) {
   absl::StatusOr<ModelSpec> spec = ParseModelSpecYaml(yaml, "profile.yaml");
   EXPECT_TRUE(spec.ok()) << spec.status() << "\n" << yaml;
@@ -43,18 +41,6 @@ std::string Model(absl::string_view layers, absl::string_view input_shape,
                       "\n  loss: ", loss, "\n  layers:\n", layers);
 }
 
-std::vector<std::string> ParamNames(const ModelSpec& spec) {
-  std::vector<std::string> names;
-  for (const ParamSpec* p : spec.Params()) names.push_back(p->name);
-  return names;
-}
-
-std::vector<int> LayerStages(const ModelSpec& spec) {
-  std::vector<int> stages;
-  for (const LayerSpec& l : spec.layers) stages.push_back(l.stage);
-  return stages;
-}
-
 // Six layers in two stages: [0, 3), [3, 6).
 ModelSpec SixLayers() {
   return Parse(
@@ -66,63 +52,6 @@ ModelSpec SixLayers() {
             "    - dense: {features: 5}\n"
             "    - relu\n",
             "[4]"));
-}
-
-TEST(SetStageBoundariesTest, RecutsStagesAndKeepsParameterNames) {
-  ModelSpec spec = SixLayers();
-  ASSERT_EQ(spec.layers.size(), 6u);
-  ASSERT_EQ(spec.num_stages, 2);
-  const std::vector<std::string> names = ParamNames(spec);
-
-  ASSERT_TRUE(SetStageBoundaries(&spec, {0, 2, 5}).ok());
-  EXPECT_EQ(spec.num_stages, 3);
-  EXPECT_THAT(spec.stage_begin, ElementsAre(0, 2, 5));
-  EXPECT_THAT(LayerStages(spec), ElementsAre(0, 0, 1, 1, 1, 2));
-  EXPECT_EQ(spec.StageEnd(0), 2);
-  EXPECT_EQ(spec.StageEnd(1), 5);
-  EXPECT_EQ(spec.StageEnd(2), 6);
-  EXPECT_EQ(ParamNames(spec), names);
-  std::vector<std::string> middle;
-  for (const ParamSpec* p : spec.StageParams(1)) middle.push_back(p->name);
-  EXPECT_THAT(middle, ElementsAre("layers.2.weight", "layers.2.bias",
-                                  "layers.4.weight", "layers.4.bias"));
-
-  // The new stages build: stage 1 holds the dense, gelu and dense layers.
-  absl::StatusOr<std::unique_ptr<Stage>> stage =
-      Stage::Create(CpuBackend::Get(), spec, 1);
-  ASSERT_TRUE(stage.ok()) << stage.status();
-  EXPECT_EQ((*stage)->parameters().size(), 4u);
-  EXPECT_FALSE((*stage)->is_first());
-
-  // One stage for everything, and one per layer.
-  ASSERT_TRUE(SetStageBoundaries(&spec, {0}).ok());
-  EXPECT_EQ(spec.num_stages, 1);
-  EXPECT_EQ(spec.StageEnd(0), 6);
-  EXPECT_THAT(LayerStages(spec), ElementsAre(0, 0, 0, 0, 0, 0));
-  ASSERT_TRUE(SetStageBoundaries(&spec, {0, 1, 2, 3, 4, 5}).ok());
-  EXPECT_EQ(spec.num_stages, 6);
-  EXPECT_THAT(LayerStages(spec), ElementsAre(0, 1, 2, 3, 4, 5));
-}
-
-TEST(SetStageBoundariesTest, MalformedSplitIsInvalidAndChangesNothing) {
-  const std::vector<std::vector<int>> bad = {
-      {},                     // No stages.
-      {1, 3},                 // Does not start at 0.
-      {0, 3, 3},              // Not strictly increasing.
-      {0, 4, 2},              // Out of order.
-      {0, 6},                 // Past the last layer.
-      {0, -1},                // Negative.
-      {0, 1, 2, 3, 4, 5, 6},  // More stages than layers.
-  };
-  for (const std::vector<int>& split : bad) {
-    SCOPED_TRACE(::testing::PrintToString(split));
-    ModelSpec spec = SixLayers();
-    const absl::Status status = SetStageBoundaries(&spec, split);
-    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-    EXPECT_EQ(spec.num_stages, 2);
-    EXPECT_THAT(spec.stage_begin, ElementsAre(0, 3));
-    EXPECT_THAT(LayerStages(spec), ElementsAre(0, 0, 0, 1, 1, 1));
-  }
 }
 
 TEST(ProfileLayersTest, DelayLayersTakeTheirConfiguredTimes) {

@@ -25,7 +25,6 @@
 #include "absl/strings/str_replace.h"
 #include "common/cancellation.h"
 #include "common/host_memory.h"
-#include "coordinator/planner.h"
 #include "engine/checkpoint_manifest.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/safetensors.h"
@@ -33,6 +32,7 @@
 #include "engine/trainer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "job/planner.h"
 #include "proto/protocol.h"
 #include "tests/engine/test_util.h"
 
@@ -82,7 +82,7 @@ std::vector<v1::JobProgram> Programs(const std::string& yaml,
                                      const std::string& checkpoint_dir = "") {
   auto job = engine::ParseJobSpec(yaml, "job.yaml");
   EXPECT_TRUE(job.ok()) << job.status();
-  auto plan = coordinator::PlanJob(*job);
+  auto plan = job::PlanJob(*job);
   EXPECT_TRUE(plan.ok()) << plan.status();
   std::vector<v1::JobProgram> programs;
   for (int r = 0; r < plan->num_ranks; ++r) {
@@ -95,8 +95,7 @@ std::vector<v1::JobProgram> Programs(const std::string& yaml,
     p.set_rank(r);
     p.set_num_ranks(plan->num_ranks);
     p.set_num_stages(plan->num_stages);
-    for (const coordinator::StagePlan* sp :
-         coordinator::StagesOfRank(*plan, r)) {
+    for (const job::StagePlan* sp : job::StagesOfRank(*plan, r)) {
       v1::StageProgram* s = p.add_stages();
       s->set_stage(sp->stage);
       s->set_first_layer(sp->first_layer);

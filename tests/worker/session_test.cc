@@ -20,10 +20,10 @@
 #include "absl/time/time.h"
 #include "common/build_info.h"
 #include "conveyor/v1/conveyor.grpc.pb.h"
-#include "coordinator/planner.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "job/planner.h"
 #include "proto/protocol.h"
 
 namespace conveyor::worker {
@@ -259,7 +259,7 @@ v1::JobProgram Program(const std::string& id, int64_t steps) {
       "optimizer: {kind: sgd, lr: 0.1}\n");
   auto job = engine::ParseJobSpec(yaml, "tiny.yaml");
   EXPECT_TRUE(job.ok()) << job.status();
-  auto plan = coordinator::PlanJob(*job);
+  auto plan = job::PlanJob(*job);
   EXPECT_TRUE(plan.ok()) << plan.status();
   v1::JobProgram p;
   p.set_job_id(id);

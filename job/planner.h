@@ -17,8 +17,8 @@
 // the job's first worker; `conveyorctl validate` on the local CPU.
 // Errors are InvalidArgument "file:line:col: pipeline...: reason".
 // Thread-safe (pure functions).
-#ifndef CONVEYOR_COORDINATOR_PLANNER_H_
-#define CONVEYOR_COORDINATOR_PLANNER_H_
+#ifndef CONVEYOR_JOB_PLANNER_H_
+#define CONVEYOR_JOB_PLANNER_H_
 
 #include <cstdint>
 #include <optional>
@@ -31,7 +31,7 @@
 #include "scheduler/schedule.h"
 #include "scheduler/stage_search.h"
 
-namespace conveyor::coordinator {
+namespace conveyor::job {
 
 struct StagePlan {
   int stage = 0;
@@ -102,6 +102,6 @@ std::vector<const StagePlan*> StagesOfRank(const JobPlan& plan, int rank);
 // (rank, layers, parameters), as printed by `conveyorctl validate`.
 std::string DescribePlan(const JobPlan& plan);
 
-}  // namespace conveyor::coordinator
+}  // namespace conveyor::job
 
-#endif  // CONVEYOR_COORDINATOR_PLANNER_H_
+#endif  // CONVEYOR_JOB_PLANNER_H_

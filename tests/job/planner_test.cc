@@ -1,4 +1,4 @@
-#include "coordinator/planner.h"
+#include "job/planner.h"
 
 #include <string>
 
@@ -6,7 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace conveyor::coordinator {
+namespace conveyor::job {
 namespace {
 
 using ::testing::ElementsAre;
@@ -214,4 +214,4 @@ TEST(PlannerTest, ChooseStagesKeepsTheMarkers) {
 }
 
 }  // namespace
-}  // namespace conveyor::coordinator
+}  // namespace conveyor::job

@@ -1,4 +1,4 @@
-#include "coordinator/planner.h"
+#include "job/planner.h"
 
 #include <algorithm>
 #include <utility>
@@ -11,7 +11,7 @@
 #include "scheduler/generators.h"
 #include "scheduler/validator.h"
 
-namespace conveyor::coordinator {
+namespace conveyor::job {
 namespace {
 
 absl::Status PipelineError(const engine::JobSpec& job,
@@ -347,4 +347,4 @@ std::string DescribePlan(const JobPlan& plan) {
   return out;
 }
 
-}  // namespace conveyor::coordinator
+}  // namespace conveyor::job
