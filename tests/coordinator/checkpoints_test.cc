@@ -16,10 +16,10 @@
 namespace conveyor::coordinator {
 namespace {
 
-using ::testing::HasSubstr;
 using job::JobPlan;
 using job::NeedsProfile;
 using job::PlanJob;
+using ::testing::HasSubstr;
 
 engine::ResumeSpec Latest() {
   engine::ResumeSpec r;
