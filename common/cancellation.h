@@ -40,7 +40,7 @@ class Cancellation {
   // WaitUntil. The first call's status stays; later calls do nothing.
   void Cancel(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // One relaxed load: cheap enough for a loop to poll every few megabytes.
+  // One atomic load: cheap enough for a loop to poll every few megabytes.
   bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
   // OK until cancelled, then Cancel's status.
   absl::Status status() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -7,7 +7,9 @@
 // visible to later kernels on the same backend at once, and to the host only
 // after Synchronize(). Calls returning host values (losses, SumSquares)
 // synchronize themselves. Cross-stream ordering (compute vs communication)
-// will use events, added with the CUDA backend.
+// is the CUDA backend's own, with CUDA events (CudaBackend::RecordEvent and
+// WaitForEvent), used by the NCCL channel; it is not part of this interface
+// yet (issue 18 moves it here, so transport needs no concrete backend).
 //
 // Kernel arguments are f32 unless stated; shapes are the caller's contract:
 // a mismatch is a bug in a layer and aborts (CONVEYOR_CHECK), while failures
@@ -68,6 +70,11 @@ class Backend {
   virtual ~Backend() = default;
 
   virtual absl::string_view Name() const = 0;
+  // Whether this backend's tensors live in host memory that any thread of
+  // the process may read once the backend's calls have returned (the CPU
+  // backend): the channels send and receive them in place instead of
+  // staging them, and the worker checks their sizes against host memory.
+  virtual bool host_resident() const = 0;
 
   // --- Memory -------------------------------------------------------------
   // Uninitialized memory. ResourceExhausted when the device is out of memory.

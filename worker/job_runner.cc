@@ -139,7 +139,7 @@ absl::Status JobRunner::CheckParametersFitHostMemory() const {
   // On a GPU the device allocator reports its own out-of-memory as a status;
   // host memory is allocated lazily and a job too large for it would bring
   // the OOM killer (or std::bad_alloc) onto the worker.
-  if (dynamic_cast<engine::CpuBackend*>(backend_) == nullptr) {
+  if (!backend_->host_resident()) {
     return absl::OkStatus();
   }
   uint64_t elements = 0;
@@ -179,7 +179,7 @@ absl::Status JobRunner::CheckParametersFitHostMemory() const {
 }
 
 absl::Status JobRunner::CheckActivationsFitHostMemory() const {
-  if (dynamic_cast<engine::CpuBackend*>(backend_) == nullptr) {
+  if (!backend_->host_resident()) {
     return absl::OkStatus();  // As for the parameters.
   }
   const engine::ModelSpec& model = job_.model;

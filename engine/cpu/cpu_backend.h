@@ -22,6 +22,7 @@ class CpuBackend final : public Backend {
   Precision precision() const { return precision_; }
 
   absl::string_view Name() const override { return "cpu"; }
+  bool host_resident() const override { return true; }
 
   absl::StatusOr<Tensor> Empty(const Shape& shape, DType dtype) override;
   void FreeBuffer(void* data, size_t bytes) override;

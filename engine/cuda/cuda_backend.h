@@ -96,6 +96,7 @@ class CudaBackend final : public Backend {
 
   // "cuda:<device>".
   absl::string_view Name() const override { return name_; }
+  bool host_resident() const override { return false; }
   int device() const { return device_; }
   // The compute stream: for libraries that must run in order with the
   // backend's kernels (NCCL on the same stream, profilers).

@@ -19,7 +19,7 @@ class FakeCommunicatorHub::Comm final : public CommunicatorInterface {
 
   absl::StatusOr<PreparedSend> PrepareSend(
       const engine::Tensor& tensor) override {
-    if (dynamic_cast<engine::CpuBackend*>(tensor.backend()) == nullptr) {
+    if (!tensor.backend()->host_resident()) {
       return absl::InvalidArgumentError(
           "the fake communicator sends CPU tensors only");
     }

@@ -8,7 +8,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include "engine/cpu/cpu_backend.h"
 #include "engine/cuda/cuda_status.h"
 #include "transport/nccl/nccl_launch_lock.h"
 #include "transport/nccl/nccl_status.h"
@@ -301,7 +300,7 @@ absl::StatusOr<PreparedSend> NcclCommunicator::PrepareSend(
     const engine::Tensor& tensor) {
   engine::Tensor payload = tensor;
   if (tensor.backend() != backend_) {
-    if (dynamic_cast<engine::CpuBackend*>(tensor.backend()) == nullptr) {
+    if (!tensor.backend()->host_resident()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "a tensor of ", tensor.backend()->Name(),
           " cannot be sent by the NCCL channel on ", backend_->Name()));

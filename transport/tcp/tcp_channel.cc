@@ -20,7 +20,6 @@
 #include "absl/time/time.h"
 #include "common/log_rate_limiter.h"
 #include "common/status_macros.h"
-#include "engine/cpu/cpu_backend.h"
 #include "spdlog/spdlog.h"
 #include "transport/tcp/frame.h"
 
@@ -125,10 +124,9 @@ std::string EndpointString(const tcp::socket& socket) {
   return absl::StrCat(ep.address().to_string(), ":", ep.port());
 }
 
-// Whether `backend`'s tensors live in host memory (any CpuBackend).
-bool IsHost(engine::Backend* backend) {
-  return dynamic_cast<engine::CpuBackend*>(backend) != nullptr;
-}
+// Whether `backend`'s tensors live in host memory, so the I/O thread may
+// read and write them in place.
+bool IsHost(engine::Backend* backend) { return backend->host_resident(); }
 
 absl::Status HelloRejection(HelloResult result, std::string message) {
   switch (result) {

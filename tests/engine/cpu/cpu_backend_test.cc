@@ -46,6 +46,13 @@ std::vector<float> NaiveGemm(bool ta, bool tb, int m, int n, int k, float alpha,
   return c;
 }
 
+// The channels send a host-resident backend's tensors in place, with no
+// staging copy: both precisions' CPU backends are.
+TEST(CpuBackendTest, IsHostResident) {
+  EXPECT_TRUE(CpuBackend::Get()->host_resident());
+  EXPECT_TRUE(CpuBackend::Get(Precision::kBf16)->host_resident());
+}
+
 TEST(CpuBackendTest, GemmMatchesNaiveForEveryTransposeAndBeta) {
   const int m = 5, n = 7, k = 3;
   for (bool ta : {false, true}) {

@@ -89,6 +89,8 @@ TEST(CudaBackendCreateTest, MissingDeviceFailsWithAClearMessage) {
 
 TEST_F(CudaBackendTest, NameAndDevice) {
   EXPECT_EQ(cuda()->Name(), "cuda:0");
+  // Device memory: the channels stage it through host buffers.
+  EXPECT_FALSE(cuda()->host_resident());
   EXPECT_EQ(cuda()->device(), 0);
   EXPECT_NE(cuda()->stream(), nullptr);
 }
