@@ -78,6 +78,34 @@ class ServiceTest : public ::testing::Test {
     return session;
   }
 
+  // A one-rank job that stays PLANNING (its worker never reports ready),
+  // for watching; its id.
+  std::string SubmitStuckJob() {
+    grpc::ClientContext context;
+    v1::SubmitJobRequest request;
+    request.set_yaml(JobYaml(1));
+    v1::SubmitJobResponse submitted;
+    EXPECT_TRUE(v1::Coordinator::NewStub(channel_)
+                    ->SubmitJob(&context, request, &submitted)
+                    .ok());
+    return submitted.job().id();
+  }
+
+  // An open WatchJob stream; it stays open until the struct goes or its
+  // context is cancelled.
+  struct Watch {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader;
+  };
+  std::unique_ptr<Watch> OpenWatch(const std::string& job_id) {
+    auto w = std::make_unique<Watch>();
+    v1::WatchJobRequest request;
+    request.set_id(job_id);
+    w->reader =
+        v1::Coordinator::NewStub(channel_)->WatchJob(&w->context, request);
+    return w;
+  }
+
   int LostWorkers() {
     int lost = 0;
     for (const v1::Worker& w : manager_.ListWorkers()) {
@@ -162,26 +190,9 @@ class WatchLimitServiceTest : public ServiceTest {
 
 TEST_F(WatchLimitServiceTest, WatchesPastTheCapAreRefusedAndOtherCallsServed) {
   std::unique_ptr<Session> worker = Registered();
-  // A job that stays PLANNING: its worker never reports ready.
   auto stub = v1::Coordinator::NewStub(channel_);
-  v1::SubmitJobResponse submitted;
-  {
-    grpc::ClientContext context;
-    v1::SubmitJobRequest request;
-    request.set_yaml(JobYaml(1));
-    ASSERT_TRUE(stub->SubmitJob(&context, request, &submitted).ok());
-  }
-  struct Watch {
-    grpc::ClientContext context;
-    std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader;
-  };
-  auto open = [&] {
-    auto w = std::make_unique<Watch>();
-    v1::WatchJobRequest request;
-    request.set_id(submitted.job().id());
-    w->reader = stub->WatchJob(&w->context, request);
-    return w;
-  };
+  const std::string job_id = SubmitStuckJob();
+  auto open = [&] { return OpenWatch(job_id); };
   std::vector<std::unique_ptr<Watch>> watches;
   for (int i = 0; i < 2; ++i) {
     watches.push_back(open());
@@ -244,28 +255,15 @@ class ManyWatchersServiceTest : public ServiceTest {
 TEST_F(ManyWatchersServiceTest, WatchersHoldNoThreadAndAllSeeTheEnd) {
   std::unique_ptr<Session> worker = Registered();
   auto stub = v1::Coordinator::NewStub(channel_);
-  v1::SubmitJobResponse submitted;
-  {
-    grpc::ClientContext context;
-    v1::SubmitJobRequest request;
-    request.set_yaml(JobYaml(1));
-    ASSERT_TRUE(stub->SubmitJob(&context, request, &submitted).ok());
-  }
+  const std::string job_id = SubmitStuckJob();
   const int before = Threads();
-  struct Watch {
-    grpc::ClientContext context;
-    std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader;
-  };
   constexpr int kWatchers = 1000;
   std::vector<std::unique_ptr<Watch>> watches;
   for (int i = 0; i < kWatchers; ++i) {
-    auto w = std::make_unique<Watch>();
-    v1::WatchJobRequest request;
-    request.set_id(submitted.job().id());
-    w->reader = stub->WatchJob(&w->context, request);
+    std::unique_ptr<Watch> w = OpenWatch(job_id);
     v1::JobEvent event;
     ASSERT_TRUE(w->reader->Read(&event)) << i;  // The job as it is.
-    EXPECT_EQ(event.job().id(), submitted.job().id());
+    EXPECT_EQ(event.job().id(), job_id);
     watches.push_back(std::move(w));
   }
   EXPECT_EQ(coordinator_.open_watches(), kWatchers);
@@ -279,7 +277,7 @@ TEST_F(ManyWatchersServiceTest, WatchersHoldNoThreadAndAllSeeTheEnd) {
   {
     grpc::ClientContext context;
     v1::CancelJobRequest request;
-    request.set_id(submitted.job().id());
+    request.set_id(job_id);
     v1::Job cancelled;
     ASSERT_TRUE(stub->CancelJob(&context, request, &cancelled).ok());
   }
