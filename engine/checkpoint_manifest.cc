@@ -26,6 +26,7 @@
 #include "common/crc32c.h"
 #include "common/file.h"
 #include "common/status_macros.h"
+#include "common/strict_json.h"
 #include "common/yaml_reader.h"
 #include "engine/stage_file.h"
 #include "nlohmann/json.hpp"
@@ -66,77 +67,17 @@ std::string Describe(const Json& value) {
   return absl::StrCat(value.type_name(), " ", text);
 }
 
-// The deepest nesting of [ and { outside strings exceeds kMaxJsonDepth.
-bool TooDeep(absl::string_view text) {
-  int depth = 0;
-  bool in_string = false;
-  bool escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth) return true;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
+// Parses `text` as JSON strictly (common/strict_json.h): a duplicate key
+// would let two writers' values hide each other.
+absl::StatusOr<Json> ParseManifestText(absl::string_view text,
+                                       absl::string_view source) {
+  absl::StatusOr<Json> json =
+      ParseStrictJson(text, "manifest", {.max_depth = kMaxJsonDepth});
+  if (!json.ok()) {
+    return absl::Status(json.status().code(),
+                        absl::StrCat(source, ": ", json.status().message()));
   }
-  return false;
-}
-
-// Parses `text` as JSON, rejecting duplicate keys (the library would keep
-// the last silently, so two writers' values could hide each other).
-absl::StatusOr<Json> ParseStrictJson(absl::string_view text,
-                                     absl::string_view source) {
-  if (TooDeep(text)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": JSON nested deeper than ", kMaxJsonDepth,
-                     " levels; not a checkpoint manifest"));
-  }
-  std::vector<std::set<std::string>> open_objects;
-  std::string duplicate;
-  auto callback = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
-    switch (event) {
-      case Json::parse_event_t::object_start:
-        open_objects.emplace_back();
-        break;
-      case Json::parse_event_t::object_end:
-        if (!open_objects.empty()) open_objects.pop_back();
-        break;
-      case Json::parse_event_t::key:
-        if (!open_objects.empty() && parsed.is_string() &&
-            !open_objects.back().insert(parsed.get<std::string>()).second &&
-            duplicate.empty()) {
-          duplicate = parsed.get<std::string>();
-        }
-        break;
-      default:
-        break;
-    }
-    return true;
-  };
-  try {
-    Json json = Json::parse(text.begin(), text.end(), callback);
-    if (!duplicate.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(source, ": duplicate key \"",
-                       absl::CHexEscape(duplicate.substr(0, 64)), "\""));
-    }
-    return json;
-  } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": not valid JSON: ", e.what()));
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(source, ": out of memory parsing the manifest"));
-  }
+  return json;
 }
 
 // Reads the fields of one JSON object, each at most once, and rejects the
@@ -575,7 +516,7 @@ absl::StatusOr<CheckpointManifest> ParseManifest(absl::string_view json,
         absl::StrCat(source, ": ", json.size(), " bytes, over the limit of ",
                      kMaxManifestBytes, " for a manifest"));
   }
-  ASSIGN_OR_RETURN(Json parsed, ParseStrictJson(json, source));
+  ASSIGN_OR_RETURN(Json parsed, ParseManifestText(json, source));
   try {
     return ParseManifestJson(parsed, source);
   } catch (const std::bad_alloc&) {

@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "common/file.h"
 #include "common/status_macros.h"
+#include "common/strict_json.h"
 #include "nlohmann/json.hpp"
 
 namespace conveyor::engine {
@@ -78,62 +79,17 @@ bool CheckedByteSize(DType dtype, const std::vector<int64_t>& shape,
 // ---------------------------------------------------------------------------
 // Reading
 
-// Parses the header JSON. nlohmann keeps the last of duplicate keys without a
-// word, which would let two entries claim one name (and one of them escape
-// validation), so the parser callback records every object's keys and the
-// first repeat fails the parse.
+// Parses the header JSON strictly (common/strict_json.h): a duplicate key
+// would let two entries claim one name, and one of them escape validation.
+// A header is three levels deep (tensors, their fields, shapes and offsets).
 absl::StatusOr<Json> ParseHeaderJson(absl::string_view source,
                                      std::string_view text) {
-  // nlohmann's lexer takes a NUL byte for the end of input and ignores what
-  // follows, so "{...}\0anything" would parse. A raw NUL is never valid JSON
-  // (inside strings it must be escaped), so reject it up front.
-  if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
-    return Invalid(source, "header is not valid JSON: NUL byte at offset ",
-                   nul);
-  }
-  std::vector<std::set<std::string>> open_objects;
-  std::string duplicate;
-  int duplicate_depth = 0;
-  Json::parser_callback_t callback = [&](int depth, Json::parse_event_t event,
-                                         Json& parsed) {
-    switch (event) {
-      case Json::parse_event_t::object_start:
-        open_objects.emplace_back();
-        break;
-      case Json::parse_event_t::object_end:
-        if (!open_objects.empty()) open_objects.pop_back();
-        break;
-      case Json::parse_event_t::key:
-        if (duplicate.empty() && !open_objects.empty() && parsed.is_string()) {
-          const auto& key = parsed.get_ref<const std::string&>();
-          if (!open_objects.back().insert(key).second) {
-            duplicate = key;
-            duplicate_depth = depth;
-          }
-        }
-        break;
-      default:
-        break;
-    }
-    return true;
-  };
-  Json header;
-  try {
-    header = Json::parse(text.begin(), text.end(), callback,
-                         /*allow_exceptions=*/true, /*ignore_comments=*/false);
-  } catch (const Json::exception& e) {
-    return Invalid(source, "header is not valid JSON: ", e.what());
-  } catch (const std::exception& e) {
-    // std::bad_alloc from the key sets or the document.
-    return absl::ResourceExhaustedError(
-        absl::StrCat(source, ": parsing the header: ", e.what()));
-  }
-  if (!duplicate.empty()) {
-    // Depth 1 is the top-level object, whose keys are tensor names.
-    return Invalid(
-        source, "header has ",
-        duplicate_depth == 1 ? "duplicate tensor name '" : "duplicate key '",
-        duplicate, "'");
+  absl::StatusOr<Json> header =
+      ParseStrictJson(absl::string_view(text.data(), text.size()), "header",
+                      {.max_depth = 8, .top_level_key = "tensor name"});
+  if (!header.ok()) {
+    return absl::Status(header.status().code(),
+                        absl::StrCat(source, ": ", header.status().message()));
   }
   return header;
 }

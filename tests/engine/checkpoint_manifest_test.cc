@@ -223,16 +223,17 @@ TEST(ParseManifestTest, RejectsTextThatIsNotAManifest) {
   std::string duplicate = good;
   duplicate.insert(2, "\"job\": \"other\",");
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"", "m.json: not valid JSON"},
-      {"{", "m.json: not valid JSON"},
-      {good.substr(0, good.size() / 2), "m.json: not valid JSON"},
+      {"", "m.json: manifest is not valid JSON"},
+      {"{", "m.json: manifest is not valid JSON"},
+      {good.substr(0, good.size() / 2), "m.json: manifest is not valid JSON"},
       {"[]", "m.json: (top level): must be an object"},
       {"null", "m.json: (top level): must be an object"},
-      {"{\"format\": \"conveyor-checkpoint-v1\"} {}", "m.json: not valid JSON"},
-      {duplicate, "m.json: duplicate key \"job\""},
+      {"{\"format\": \"conveyor-checkpoint-v1\"} {}",
+       "m.json: manifest is not valid JSON"},
+      {duplicate, "m.json: manifest has duplicate key 'job'"},
       {std::string(100, '[') + std::string(100, ']'),
-       "m.json: JSON nested deeper than 8"},
-      {"{\"format\": \"\xff\xfe\"}", "m.json: not valid JSON"},
+       "m.json: manifest is nested deeper than 8"},
+      {"{\"format\": \"\xff\xfe\"}", "m.json: manifest is not valid JSON"},
       {std::string(kMaxManifestBytes + 1, ' '), "over the limit"},
   };
   for (const auto& [text, error] : cases) {
@@ -555,7 +556,8 @@ TEST_F(CheckpointDirTest, LoadCompleteCheckpointRefusesABadManifest) {
   WriteBytes(manifest, "{\"format\": \"conveyor-checkpoint-v1\"");
   m = LoadCompleteCheckpoint(ckpt_, 6, true);
   EXPECT_EQ(m.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(m.status().message(), HasSubstr("manifest.json: not valid JSON"));
+  EXPECT_THAT(m.status().message(),
+              HasSubstr("manifest.json: manifest is not valid JSON"));
 }
 
 TEST_F(CheckpointDirTest, ListCheckpointStepsIgnoresOtherNames) {
