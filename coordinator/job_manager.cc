@@ -55,22 +55,9 @@ std::string MakeSecret() {
   return out;
 }
 
-// Profiles cached in all, counted in layers (40 bytes each).
-constexpr size_t kMaxCachedProfileLayers = size_t{1} << 20;
 // After this many attempts in a row lose a worker before completing a step,
 // the job is not restarted again (see MarkLost).
 constexpr int kMaxAttemptsLostBeforeAStep = 2;
-
-// A fixed-size cache key for a profile: the device and two independent
-// 64-bit hashes of the (possibly megabytes long) ProfileKey. The cache lives
-// as long as the process, so absl::Hash's per-process seed is fine.
-std::string ProfileCacheKey(const std::string& device,
-                            const std::string& profile_key) {
-  return absl::StrCat(device, "\n",
-                      absl::Hex(absl::Hash<std::string>()(profile_key)), ":",
-                      absl::Hex(absl::Hash<std::pair<std::string, int>>()(
-                          std::make_pair(profile_key, 1))));
-}
 
 double Seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
@@ -79,7 +66,7 @@ double Seconds(std::chrono::steady_clock::duration d) {
 }  // namespace
 
 JobManager::JobManager(JobManagerOptions options)
-    : options_(std::move(options)) {}
+    : options_(std::move(options)), profiles_(options_.max_cached_profiles) {}
 
 JobManager::~JobManager() { Shutdown(); }
 
@@ -364,7 +351,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
                        " jobs waiting); retry later"));
     }
     const uint64_t number = next_job_++;
-    JobRecord& job = jobs_[number];
+    JobRecord& job = AddJobRecord(number);
     job.number = number;
     job.secret = MakeSecret();
     job.request = request;
@@ -423,11 +410,11 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
 
 void JobManager::DescribePlan(JobRecord& job) {
   const engine::JobSpec& spec = job.plan.job;
-  job.samples_per_step = static_cast<double>(spec.training.batch_size);
-  job.tokens_per_sample = 0;
+  job.rates.samples_per_step = static_cast<double>(spec.training.batch_size);
+  job.rates.tokens_per_sample = 0;
   if (spec.model.token_input) {
-    job.tokens_per_sample = 1;
-    for (int64_t d : spec.model.input_shape) job.tokens_per_sample *= d;
+    job.rates.tokens_per_sample = 1;
+    for (int64_t d : spec.model.input_shape) job.rates.tokens_per_sample *= d;
   }
   v1::Job& info = job.info;
   info.set_steps_total(spec.training.steps);
@@ -463,7 +450,8 @@ absl::StatusOr<v1::Trace> JobManager::GetTrace(const std::string& id,
     return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
   }
   const JobRecord& job = it->second;
-  if (job.traces.empty() && proto::IsTerminal(job.info.state()) &&
+  const std::deque<StepAggregator::Timelines>& kept = job.steps.timelines();
+  if (kept.empty() && proto::IsTerminal(job.info.state()) &&
       job.info.steps_done() > 0) {
     return absl::NotFoundError(absl::StrCat(
         id,
@@ -471,22 +459,16 @@ absl::StatusOr<v1::Trace> JobManager::GetTrace(const std::string& id,
         "the newest ",
         options_.trace_finished_jobs, " ended jobs"));
   }
-  if (job.traces.empty()) {
+  if (kept.empty()) {
     return absl::NotFoundError(
         absl::StrCat(id, " has no complete step yet (",
                      proto::JobStateName(job.info.state()), ")"));
   }
-  const auto* found = &job.traces.back();
-  if (step != 0) {
-    found = nullptr;
-    for (const auto& entry : job.traces) {
-      if (entry.first == step) found = &entry;
-    }
-    if (found == nullptr) {
-      return absl::NotFoundError(absl::StrCat(
-          id, " step ", step, " is not kept; timelines are kept for steps ",
-          job.traces.front().first, " to ", job.traces.back().first));
-    }
+  const StepAggregator::Timelines* found = job.steps.Find(step);
+  if (found == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        id, " step ", step, " is not kept; timelines are kept for steps ",
+        kept.front().first, " to ", kept.back().first));
   }
   v1::Trace trace;
   trace.set_job_id(id);
@@ -496,7 +478,7 @@ absl::StatusOr<v1::Trace> JobManager::GetTrace(const std::string& id,
   trace.set_num_ranks(job.plan.num_ranks);
   trace.set_virtual_stages(job.plan.virtual_stages);
   trace.set_microbatches(job.info.microbatches());
-  for (const auto& entry : job.traces) trace.add_available_steps(entry.first);
+  for (const auto& entry : kept) trace.add_available_steps(entry.first);
   for (int r = 0; r < static_cast<int>(found->second.size()); ++r) {
     const v1::StepReport& report = found->second[r];
     v1::RankTrace* rank = trace.add_ranks();
@@ -585,26 +567,19 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobManager::WaitEvents(
   if (job == nullptr) {
     return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
   }
-  auto end = [&] {
-    return job->first_event + static_cast<int64_t>(job->events.size());
-  };
   // A new watcher starts at the latest event: the job as it is now.
-  if (*cursor < 0) *cursor = std::max(job->first_event, end() - 1);
+  *cursor = job->events.Normalize(*cursor);
   // The job is looked up again on every wake-up: while the lock was free it
   // may have ended and, much later, been forgotten (max_finished_jobs).
   events_cv_.wait_until(lock, deadline, [&] {
     job = available();
-    return shutdown_ || job == nullptr || *cursor < end();
+    return shutdown_ || job == nullptr || *cursor < job->events.end();
   });
   if (shutdown_) return absl::CancelledError("coordinator shutting down");
   if (job == nullptr) {
     return absl::NotFoundError(absl::StrCat("job '", id, "' was forgotten"));
   }
-  std::vector<v1::JobEvent> out;
-  *cursor = std::max(*cursor, job->first_event);
-  for (; *cursor < end(); ++*cursor) {
-    out.push_back(job->events[*cursor - job->first_event]);
-  }
+  std::vector<v1::JobEvent> out = job->events.Read(cursor);
   *done = proto::IsTerminal(job->info.state());
   return out;
 }
@@ -675,12 +650,12 @@ void JobManager::Place(JobRecord& job,
   }
   WorkerRecord& first = *workers[0];
   job.profile_device = absl::StrJoin(first.info.devices(), ",");
-  job.profile_key = ProfileCacheKey(
+  job.profile_key = ProfileCache::Key(
       job.profile_device,
       engine::ProfileKey(job.plan.job.model,
                          job.plan.job.training.microbatch_size()));
-  if (auto it = profiles_.find(job.profile_key); it != profiles_.end()) {
-    ApplyProfile(job, it->second.layers, /*from_cache=*/true);
+  if (const auto* cached = profiles_.Find(job.profile_key); cached != nullptr) {
+    ApplyProfile(job, *cached, /*from_cache=*/true);
     return;
   }
   job.profiling = true;
@@ -790,22 +765,7 @@ void JobManager::OnProfile(WorkerRecord& w, const v1::ModelProfile& profile) {
   SPDLOG_INFO("{}: {} profiled {} layers in {:.2f} s", job->info.id(),
               w.info.id(), layers.size(), profile.seconds());
   if (layers.size() == job->plan.job.model.layers.size()) {
-    if (!profiles_.contains(job->profile_key)) {
-      profile_order_.push_back(job->profile_key);
-    }
-    cached_profile_layers_ -= profiles_[job->profile_key].layers.size();
-    profiles_[job->profile_key] = CachedProfile{layers};
-    cached_profile_layers_ += layers.size();
-    // Bounded by count and by total layers, so a stream of huge models
-    // cannot grow the coordinator.
-    while (!profile_order_.empty() &&
-           (static_cast<int>(profile_order_.size()) >
-                std::max(0, options_.max_cached_profiles) ||
-            cached_profile_layers_ > kMaxCachedProfileLayers)) {
-      cached_profile_layers_ -= profiles_[profile_order_.front()].layers.size();
-      profiles_.erase(profile_order_.front());
-      profile_order_.pop_front();
-    }
+    profiles_.Put(job->profile_key, layers);
   }
   ApplyProfile(*job, std::move(layers), /*from_cache=*/false);
 }
@@ -908,41 +868,10 @@ void JobManager::OnStep(WorkerRecord& w, const v1::StepReport& report) {
       report.step() > job->info.steps_total()) {
     return;
   }
-  std::vector<v1::StepReport>& reports = job->pending_steps[report.step()];
-  if (reports.empty()) reports.resize(p);
-  if (reports[rank].step() != 0) return;  // Duplicate.
-  reports[rank] = report;
-  if (++job->pending_counts[report.step()] < p) return;
-
-  v1::StepSummary s;
-  s.set_step(report.step());
-  double bubble = 0;
-  for (int r = 0; r < p; ++r) {
-    const v1::StepReport& rr = reports[r];
-    s.set_seconds(std::max(s.seconds(), rr.seconds()));
-    if (rr.has_loss()) {
-      s.set_has_loss(true);
-      s.set_loss(rr.loss());
-    }
-    s.set_learning_rate(rr.learning_rate());
-    if (rr.seconds() > 0) bubble += rr.wait_seconds() / rr.seconds();
-    v1::RankStep* rs = s.add_ranks();
-    rs->set_rank(r);
-    rs->set_seconds(rr.seconds());
-    rs->set_wait_seconds(rr.wait_seconds());
-    rs->set_peak_activation_bytes(rr.peak_activation_bytes());
-  }
-  s.set_bubble_fraction(bubble / p);
-  if (s.seconds() > 0) {
-    s.set_samples_per_second(job->samples_per_step / s.seconds());
-    s.set_tokens_per_second(s.samples_per_second() * job->tokens_per_sample);
-  }
-  job->traces.emplace_back(report.step(), std::move(reports));
-  while (static_cast<int>(job->traces.size()) > options_.trace_steps) {
-    job->traces.pop_front();
-  }
-  job->pending_steps.erase(report.step());
-  job->pending_counts.erase(report.step());
+  std::optional<v1::StepSummary> summary =
+      job->steps.Add(rank, p, report, job->rates);
+  if (!summary.has_value()) return;
+  const v1::StepSummary& s = *summary;
   v1::Job& info = job->info;
   info.set_steps_done(std::max(info.steps_done(), s.step()));
   job->stepped = true;
@@ -1160,8 +1089,7 @@ void JobManager::PrepareNextAttempt(JobRecord& job, const std::string& reason) {
   job.programs_sent = false;
   job.profiling = false;
   job.profile_requested = false;
-  job.pending_steps.clear();
-  job.pending_counts.clear();
+  job.steps.ClearPending();
   job.pending_checkpoints.clear();
   v1::Job& info = job.info;
   info.set_restarts(info.restarts() + 1);
@@ -1183,8 +1111,7 @@ void JobManager::Finish(JobRecord& job, v1::JobState state,
   job.info.set_message(message);
   job.info.set_ended_unix_ms(NowUnixMs());
   job.failing = false;
-  job.pending_steps.clear();
-  job.pending_counts.clear();
+  job.steps.ClearPending();
   if (was_queued) {
     queue_.erase(std::remove(queue_.begin(), queue_.end(), job.number),
                  queue_.end());
@@ -1207,12 +1134,7 @@ void JobManager::Finish(JobRecord& job, v1::JobState state,
   // skips older ones, as it would while the job ran), and only the newest
   // max_finished_jobs finished jobs are kept at all, so a coordinator that
   // runs for months does not grow with its history.
-  while (static_cast<int>(job.events.size()) >
-         std::max(1, options_.events_per_finished_job)) {
-    job.events.pop_front();
-    ++job.first_event;
-  }
-  job.events.shrink_to_fit();
+  job.events.KeepNewest(options_.events_per_finished_job);
   // Nor does it need its parsed job, action lists, parameter names or YAML
   // (GetTrace still reads the plan's ranks and stages).
   job.plan.job = engine::JobSpec();
@@ -1225,11 +1147,11 @@ void JobManager::Finish(JobRecord& job, v1::JobState state,
   job.request.clear_yaml();
   finished_jobs_.push_back(job.number);
   const uint64_t finished_number = job.number;
-  if (!job.traces.empty()) {
+  if (!job.steps.timelines().empty()) {
     finished_traces_.push_back(job.number);
     while (static_cast<int>(finished_traces_.size()) >
            options_.trace_finished_jobs) {
-      jobs_.at(finished_traces_.front()).traces.clear();
+      jobs_.at(finished_traces_.front()).steps.ClearTimelines();
       finished_traces_.pop_front();
     }
   }
@@ -1282,11 +1204,7 @@ void JobManager::AddEvent(JobRecord& job, const v1::StepSummary* step) {
   v1::JobEvent event;
   *event.mutable_job() = job.info;
   if (step != nullptr) *event.mutable_step() = *step;
-  job.events.push_back(std::move(event));
-  while (static_cast<int>(job.events.size()) > options_.max_events_per_job) {
-    job.events.pop_front();
-    ++job.first_event;
-  }
+  job.events.Add(std::move(event));
   ++event_count_;
   events_cv_.notify_all();
 }
@@ -1467,7 +1385,7 @@ absl::Status JobManager::Restore(const v1::CoordinatorState& state) {
           "state file: job id '", saved.info().id(),
           number == 0 ? "' is not job-<n>" : "' is out of range or repeated"));
     }
-    JobRecord& job = jobs_[number];
+    JobRecord& job = AddJobRecord(number);
     job.number = number;
     job.info = saved.info();
     job.request = saved.request();
@@ -1604,6 +1522,12 @@ absl::Status JobManager::Restore(const v1::CoordinatorState& state) {
 JobManager::WorkerRecord* JobManager::FindWorker(const std::string& id) {
   auto it = workers_.find(static_cast<int64_t>(ParseId(id, kWorkerPrefix)));
   return it == workers_.end() ? nullptr : &it->second;
+}
+
+JobManager::JobRecord& JobManager::AddJobRecord(uint64_t number) {
+  return jobs_
+      .try_emplace(number, options_.max_events_per_job, options_.trace_steps)
+      .first->second;
 }
 
 JobManager::JobRecord* JobManager::FindJob(const std::string& id) {

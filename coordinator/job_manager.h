@@ -75,7 +75,10 @@
 #include "absl/status/statusor.h"
 #include "conveyor/v1/conveyor.pb.h"
 #include "coordinator/checkpoints.h"
+#include "coordinator/event_log.h"
+#include "coordinator/profile_cache.h"
 #include "coordinator/state_file.h"
+#include "coordinator/step_aggregator.h"
 #include "job/planner.h"
 
 namespace conveyor::coordinator {
@@ -262,6 +265,9 @@ class JobManager {
   };
 
   struct JobRecord {
+    JobRecord(int max_events, int trace_steps)
+        : steps(trace_steps), events(max_events) {}
+
     // Why FailOrRestart must not restart the job, empty when it may: a
     // worker failed to prepare it for a reason of the job's own
     // (InvalidArgument, ResourceExhausted, ...), or attempts keep losing
@@ -285,15 +291,11 @@ class JobManager {
     std::vector<bool> ended;                  // By rank: sent JobEnded.
     std::vector<bool> is_ready;               // By rank: sent JobReady.
     int ready = 0;
-    // Step reports by 1-based step until every rank has reported.
-    std::map<int64_t, std::vector<v1::StepReport>> pending_steps;
-    std::map<int64_t, int> pending_counts;
-    // Complete steps' reports by rank, with their spans: the newest
-    // trace_steps steps, for GetTrace.
-    std::deque<std::pair<int64_t, std::vector<v1::StepReport>>> traces;
+    // Step reports until every rank has reported, and the newest
+    // trace_steps steps' timelines for GetTrace.
+    StepAggregator steps;
     std::vector<bool> succeeded;  // By rank: ended with SUCCEEDED.
-    double samples_per_step = 0;
-    double tokens_per_sample = 0;
+    StepRates rates;
     TimePoint prepare_deadline;
     // stages: auto: waiting for rank 0's ModelProfile, cached under
     // profile_key. Until programs_sent only rank 0 may have heard of the
@@ -307,8 +309,7 @@ class JobManager {
     bool failing = false;
     std::string failure;
     TimePoint failure_deadline;
-    std::deque<v1::JobEvent> events;
-    int64_t first_event = 0;  // Sequence number of events.front().
+    EventLog events;
     // engine::JobConfigHash of the YAML, recorded in every manifest.
     std::string config_hash;
     // Where the current attempt starts; nullopt: from the init.
@@ -328,6 +329,8 @@ class JobManager {
   WorkerRecord* FindWorker(const std::string& id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   JobRecord* FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new record for job `number`, which must not have one.
+  JobRecord& AddJobRecord(uint64_t number) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Workers not LOST with at least `min_devices` devices (--devices).
   int LiveWorkers(int64_t min_devices = 1) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -426,13 +429,7 @@ class JobManager {
   std::map<int64_t, WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> queue_ ABSL_GUARDED_BY(mu_);  // Job numbers, FIFO.
-  struct CachedProfile {
-    std::vector<engine::LayerProfile> layers;
-  };
-  // By device and a hash of the ProfileKey; profile_order_ is oldest first.
-  std::map<std::string, CachedProfile> profiles_ ABSL_GUARDED_BY(mu_);
-  size_t cached_profile_layers_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<std::string> profile_order_ ABSL_GUARDED_BY(mu_);
+  ProfileCache profiles_ ABSL_GUARDED_BY(mu_);
   // Ended jobs, oldest first (max_finished_jobs).
   std::deque<uint64_t> finished_jobs_ ABSL_GUARDED_BY(mu_);
   // Ended jobs that still hold timelines, oldest first.

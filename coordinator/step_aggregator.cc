@@ -1,0 +1,65 @@
+#include "coordinator/step_aggregator.h"
+
+#include <algorithm>
+
+namespace conveyor::coordinator {
+
+v1::StepSummary SummarizeStep(int64_t step,
+                              const std::vector<v1::StepReport>& reports,
+                              const StepRates& rates) {
+  v1::StepSummary s;
+  s.set_step(step);
+  double bubble = 0;
+  for (int r = 0; r < static_cast<int>(reports.size()); ++r) {
+    const v1::StepReport& rr = reports[r];
+    s.set_seconds(std::max(s.seconds(), rr.seconds()));
+    if (rr.has_loss()) {
+      s.set_has_loss(true);
+      s.set_loss(rr.loss());
+    }
+    s.set_learning_rate(rr.learning_rate());
+    if (rr.seconds() > 0) bubble += rr.wait_seconds() / rr.seconds();
+    v1::RankStep* rs = s.add_ranks();
+    rs->set_rank(r);
+    rs->set_seconds(rr.seconds());
+    rs->set_wait_seconds(rr.wait_seconds());
+    rs->set_peak_activation_bytes(rr.peak_activation_bytes());
+  }
+  if (!reports.empty()) s.set_bubble_fraction(bubble / reports.size());
+  if (s.seconds() > 0) {
+    s.set_samples_per_second(rates.samples_per_step / s.seconds());
+    s.set_tokens_per_second(s.samples_per_second() * rates.tokens_per_sample);
+  }
+  return s;
+}
+
+std::optional<v1::StepSummary> StepAggregator::Add(int rank, int num_ranks,
+                                                   const v1::StepReport& report,
+                                                   const StepRates& rates) {
+  if (rank < 0 || rank >= num_ranks) return std::nullopt;
+  Pending& pending = pending_[report.step()];
+  if (pending.reports.empty()) pending.reports.resize(num_ranks);
+  if (pending.reports[rank].step() != 0) return std::nullopt;  // Duplicate.
+  pending.reports[rank] = report;
+  if (++pending.count < num_ranks) return std::nullopt;
+
+  v1::StepSummary summary =
+      SummarizeStep(report.step(), pending.reports, rates);
+  timelines_.emplace_back(report.step(), std::move(pending.reports));
+  while (static_cast<int>(timelines_.size()) > trace_steps_) {
+    timelines_.pop_front();
+  }
+  pending_.erase(report.step());
+  return summary;
+}
+
+const StepAggregator::Timelines* StepAggregator::Find(int64_t step) const {
+  if (timelines_.empty()) return nullptr;
+  if (step == 0) return &timelines_.back();
+  for (const Timelines& entry : timelines_) {
+    if (entry.first == step) return &entry;
+  }
+  return nullptr;
+}
+
+}  // namespace conveyor::coordinator

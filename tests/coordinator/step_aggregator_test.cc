@@ -1,0 +1,88 @@
+#include "coordinator/step_aggregator.h"
+
+#include "gtest/gtest.h"
+
+namespace conveyor::coordinator {
+namespace {
+
+v1::StepReport Report(int64_t step, double seconds, double wait,
+                      std::optional<float> loss = std::nullopt) {
+  v1::StepReport r;
+  r.set_step(step);
+  r.set_seconds(seconds);
+  r.set_wait_seconds(wait);
+  r.set_learning_rate(0.01f);
+  if (loss) {
+    r.set_has_loss(true);
+    r.set_loss(*loss);
+  }
+  return r;
+}
+
+TEST(SummarizeStepTest, TakesTheSlowestRankTheLossAndTheMeanBubble) {
+  const v1::StepSummary s =
+      SummarizeStep(3, {Report(3, 2.0, 0.5), Report(3, 4.0, 1.0, 0.25f)},
+                    {.samples_per_step = 8, .tokens_per_sample = 16});
+  EXPECT_EQ(s.step(), 3);
+  EXPECT_EQ(s.seconds(), 4.0);
+  EXPECT_TRUE(s.has_loss());
+  EXPECT_EQ(s.loss(), 0.25f);
+  // (0.5 / 2 + 1 / 4) / 2: each rank's share of waiting, averaged.
+  EXPECT_DOUBLE_EQ(s.bubble_fraction(), 0.25);
+  EXPECT_DOUBLE_EQ(s.samples_per_second(), 2.0);
+  EXPECT_DOUBLE_EQ(s.tokens_per_second(), 32.0);
+  ASSERT_EQ(s.ranks_size(), 2);
+  EXPECT_EQ(s.ranks(1).rank(), 1);
+  EXPECT_EQ(s.ranks(1).wait_seconds(), 1.0);
+}
+
+TEST(SummarizeStepTest, AZeroTimeStepHasNoRates) {
+  const v1::StepSummary s = SummarizeStep(1, {Report(1, 0, 0)}, {8, 16});
+  EXPECT_EQ(s.samples_per_second(), 0);
+  EXPECT_EQ(s.bubble_fraction(), 0);
+}
+
+TEST(StepAggregatorTest, SummarizesOnceEveryRankReported) {
+  StepAggregator steps(/*trace_steps=*/4);
+  EXPECT_FALSE(steps.Add(1, 2, Report(1, 1, 0), {}).has_value());
+  // A second report of rank 1 is ignored, not counted as rank 0's.
+  EXPECT_FALSE(steps.Add(1, 2, Report(1, 9, 0), {}).has_value());
+  // Steps may complete out of order.
+  EXPECT_FALSE(steps.Add(0, 2, Report(2, 1, 0), {}).has_value());
+  auto one = steps.Add(0, 2, Report(1, 2, 0), {});
+  ASSERT_TRUE(one.has_value());
+  EXPECT_EQ(one->step(), 1);
+  EXPECT_EQ(one->seconds(), 2);  // Rank 1's first report, not its second.
+  auto two = steps.Add(1, 2, Report(2, 1, 0), {});
+  ASSERT_TRUE(two.has_value());
+  EXPECT_EQ(two->step(), 2);
+  EXPECT_EQ(steps.Find(0)->first, 2);
+  EXPECT_EQ(steps.Find(1)->second.size(), 2u);
+  EXPECT_EQ(steps.Find(5), nullptr);
+  EXPECT_FALSE(steps.Add(2, 2, Report(3, 1, 0), {}).has_value());
+  EXPECT_FALSE(steps.Add(-1, 2, Report(3, 1, 0), {}).has_value());
+}
+
+TEST(StepAggregatorTest, KeepsTheNewestTimelinesOnly) {
+  StepAggregator steps(/*trace_steps=*/2);
+  for (int step = 1; step <= 5; ++step) {
+    ASSERT_TRUE(steps.Add(0, 1, Report(step, 1, 0), {}).has_value());
+  }
+  ASSERT_EQ(steps.timelines().size(), 2u);
+  EXPECT_EQ(steps.timelines().front().first, 4);
+  EXPECT_EQ(steps.Find(3), nullptr);
+  steps.ClearTimelines();
+  EXPECT_EQ(steps.Find(0), nullptr);
+}
+
+TEST(StepAggregatorTest, ClearPendingForgetsAnIncompleteStep) {
+  StepAggregator steps(4);
+  EXPECT_FALSE(steps.Add(0, 2, Report(1, 1, 0), {}).has_value());
+  steps.ClearPending();
+  // The next attempt's ranks report step 1 afresh.
+  EXPECT_FALSE(steps.Add(1, 2, Report(1, 1, 0), {}).has_value());
+  EXPECT_TRUE(steps.Add(0, 2, Report(1, 1, 0), {}).has_value());
+}
+
+}  // namespace
+}  // namespace conveyor::coordinator
