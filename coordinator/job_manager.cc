@@ -33,7 +33,6 @@ using job::StagesOfRank;
 namespace {
 
 constexpr absl::string_view kJobPrefix = "job-";
-constexpr absl::string_view kWorkerPrefix = "worker-";
 
 // The number in "<prefix><n>", or 0 when `id` is not of that form.
 uint64_t ParseId(absl::string_view id, absl::string_view prefix) {
@@ -66,7 +65,9 @@ double Seconds(std::chrono::steady_clock::duration d) {
 }  // namespace
 
 JobManager::JobManager(JobManagerOptions options)
-    : options_(std::move(options)), profiles_(options_.max_cached_profiles) {}
+    : options_(std::move(options)),
+      workers_(options_.version),
+      profiles_(options_.max_cached_profiles) {}
 
 JobManager::~JobManager() { Shutdown(); }
 
@@ -76,57 +77,13 @@ JobManager::~JobManager() { Shutdown(); }
 absl::StatusOr<v1::Registered> JobManager::RegisterWorker(
     const v1::RegisterRequest& request,
     std::shared_ptr<WorkerConnection> connection) {
-  if (request.protocol_version() != proto::kProtocolVersion ||
-      (!options_.version.empty() && request.version() != options_.version)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "version skew: worker '", request.name(), "' runs Conveyor ",
-        request.version(), " (control protocol ", request.protocol_version(),
-        "), this coordinator runs ", options_.version, " (control protocol ",
-        proto::kProtocolVersion,
-        "); run the same Conveyor release on the coordinator and every "
-        "worker"));
-  }
-  if (request.name().empty() || request.devices().empty()) {
-    return absl::InvalidArgumentError(
-        "registration needs a worker name and at least one device");
-  }
-  // Names are shown in listings, logs and metric labels: no control
-  // characters (they would rewrite a terminal) and a bounded length.
-  constexpr size_t kMaxWorkerNameBytes = 253;
-  if (request.name().size() > kMaxWorkerNameBytes ||
-      std::any_of(request.name().begin(), request.name().end(), [](char c) {
-        return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
-      })) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker name must be 1 to ", kMaxWorkerNameBytes,
-                     " characters without control characters; got ",
-                     absl::CHexEscape(request.name().substr(0, 64))));
-  }
+  RETURN_IF_ERROR(workers_.CheckRequest(request));
   std::lock_guard<std::mutex> lock(mu_);
   if (shutdown_) return absl::UnavailableError("coordinator shutting down");
-  // Two live workers of one name could not be told apart in listings,
-  // metrics or a drain; a lost one's name is free again (a restarted
-  // worker registers under its old name).
-  for (const auto& [n, other] : workers_) {
-    if (other.info.state() != v1::LOST && other.info.name() == request.name()) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "worker name '", request.name(), "' is taken by ", other.info.id(),
-          ", which is live; give each worker its own --name (the default "
-          "is host:pid)"));
-    }
-  }
-  const int64_t number = next_worker_++;
-  WorkerRecord& w = workers_[number];
-  w.info.set_id(absl::StrCat(kWorkerPrefix, number));
-  w.info.set_name(request.name());
-  w.info.set_version(request.version());
-  *w.info.mutable_devices() = request.devices();
-  w.info.set_data_address(request.data_address());
-  w.info.set_metrics_address(request.metrics_address());
-  w.info.set_state(v1::IDLE);
-  w.info.set_registered_unix_ms(NowUnixMs());
-  w.connection = std::move(connection);
-  w.last_seen = options_.clock();
+  ASSIGN_OR_RETURN(WorkerRecord * added,
+                   workers_.Add(request, std::move(connection),
+                                options_.clock(), NowUnixMs()));
+  WorkerRecord& w = *added;
   SPDLOG_INFO("registered {} ('{}', {}, data plane {})", w.info.id(),
               request.name(), absl::StrJoin(request.devices(), ","),
               request.data_address());
@@ -160,7 +117,7 @@ absl::Status JobManager::HandleWorkerMessage(const std::string& worker_id,
 absl::Status JobManager::Dispatch(const std::string& worker_id,
                                   const v1::WorkerMessage& message) {
   std::lock_guard<std::mutex> lock(mu_);
-  WorkerRecord* w = FindWorker(worker_id);
+  WorkerRecord* w = workers_.Find(worker_id);
   if (w == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("unknown worker ", worker_id));
@@ -208,7 +165,7 @@ absl::Status JobManager::Dispatch(const std::string& worker_id,
                   message.deregister().reason());
       MarkLost(*w, absl::StrCat("deregistered (", message.deregister().reason(),
                                 ")"));
-      workers_.erase(static_cast<int64_t>(ParseId(worker_id, kWorkerPrefix)));
+      workers_.Erase(worker_id);
       Schedule();
       return absl::OkStatus();
     }
@@ -223,7 +180,7 @@ absl::Status JobManager::Dispatch(const std::string& worker_id,
 void JobManager::WorkerDisconnected(const std::string& worker_id,
                                     const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
-  WorkerRecord* w = FindWorker(worker_id);
+  WorkerRecord* w = workers_.Find(worker_id);
   if (w == nullptr) return;
   MarkLost(*w, reason);
   Schedule();
@@ -317,7 +274,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
     std::lock_guard<std::mutex> lock(mu_);
     if (shutdown_) return absl::UnavailableError("coordinator shutting down");
     const int64_t devices = plan->job.pipeline.devices_per_stage;
-    const int live = LiveWorkers(devices);
+    const int live = workers_.Live(devices);
     if (plan->num_ranks > live && devices > 1) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "job '%s' needs %d workers with at least %d devices each "
@@ -485,10 +442,8 @@ absl::StatusOr<v1::Trace> JobManager::GetTrace(const std::string& id,
     rank->set_rank(r);
     if (r < job.info.worker_ids_size()) {
       rank->set_worker_id(job.info.worker_ids(r));
-      for (const auto& [n, w] : workers_) {
-        if (w.info.id() == job.info.worker_ids(r)) {
-          rank->set_worker_name(w.info.name());
-        }
+      if (const WorkerRecord* w = workers_.Find(job.info.worker_ids(r))) {
+        rank->set_worker_name(w->info.name());
       }
     }
     for (const StagePlan& s : job.plan.stages) {
@@ -546,9 +501,9 @@ std::vector<v1::Worker> JobManager::ListWorkers() const {
   std::lock_guard<std::mutex> lock(mu_);
   const TimePoint now = options_.clock();
   std::vector<v1::Worker> out;
-  for (const auto& [number, w] : workers_) {
-    out.push_back(w.info);
-    out.back().set_seconds_since_heartbeat(Seconds(now - w.last_seen));
+  for (const WorkerRecord* w : workers_.All()) {
+    out.push_back(w->info);
+    out.back().set_seconds_since_heartbeat(Seconds(now - w->last_seen));
   }
   return out;
 }
@@ -601,12 +556,7 @@ void JobManager::Schedule() {
     // A stage runs data parallel over pipeline.devices_per_stage devices of
     // its worker (engine/mesh_stage.h): only workers with that many serve.
     const int64_t devices = job.plan.job.pipeline.devices_per_stage;
-    std::vector<WorkerRecord*> idle;
-    for (auto& [number, w] : workers_) {
-      if (w.info.state() == v1::IDLE && w.info.devices_size() >= devices) {
-        idle.push_back(&w);
-      }
-    }
+    std::vector<WorkerRecord*> idle = workers_.Idle(devices);
     // Strict FIFO: a later, smaller job does not overtake the head, so a
     // large job cannot starve behind a stream of small ones.
     if (static_cast<int>(idle.size()) < job.plan.num_ranks) break;
@@ -678,7 +628,7 @@ void JobManager::Place(JobRecord& job,
 void JobManager::SendPrograms(JobRecord& job) {
   job.programs_sent = true;
   for (int r = 0; r < job.plan.num_ranks; ++r) {
-    WorkerRecord* w = FindWorker(job.info.worker_ids(r));
+    WorkerRecord* w = workers_.Find(job.info.worker_ids(r));
     if (w == nullptr) continue;  // Cannot happen: workers are never erased.
     v1::CoordinatorMessage m;
     *m.mutable_prepare()->mutable_program() = MakeProgram(job, r);
@@ -843,13 +793,13 @@ void JobManager::OnReady(WorkerRecord& w, const v1::JobReady& ready) {
   m.mutable_start()->set_nccl(plane.nccl);
   for (const std::string& e : job->endpoints) m.mutable_start()->add_peers(e);
   for (const std::string& id : ids) {
-    const WorkerRecord* peer = FindWorker(id);
+    const WorkerRecord* peer = workers_.Find(id);
     m.mutable_start()->add_peer_names(peer != nullptr ? peer->info.name() : id);
   }
   job->info.set_started_unix_ms(NowUnixMs());
   SetState(*job, v1::RUNNING);
   for (const std::string& id : ids) {
-    WorkerRecord* peer = FindWorker(id);
+    WorkerRecord* peer = workers_.Find(id);
     if (peer != nullptr) peer->connection->Send(m);
   }
 }
@@ -945,7 +895,7 @@ void JobManager::OnEnded(WorkerRecord& w, const v1::JobEnded& ended) {
     m.mutable_cancel()->set_job_id(job->info.id());
     m.mutable_cancel()->set_reason(job->failure);
     for (int r = 0; r < ids.size(); ++r) {
-      WorkerRecord* peer = FindWorker(ids[r]);
+      WorkerRecord* peer = workers_.Find(ids[r]);
       if (!job->ended[r] && peer != nullptr &&
           peer->info.job_id() == job->info.id()) {
         peer->connection->Send(m);
@@ -1050,7 +1000,7 @@ void JobManager::FailOrRestart(JobRecord& job, const std::string& reason) {
     Finish(job, v1::SUCCEEDED, "");
     return;
   }
-  const int live = LiveWorkers(job.plan.job.pipeline.devices_per_stage);
+  const int live = workers_.Live(job.plan.job.pipeline.devices_per_stage);
   if (live < job.plan.num_ranks) {
     Finish(
         job, v1::FAILED,
@@ -1174,7 +1124,7 @@ void JobManager::StopWorkers(JobRecord& job, const std::string& reason) {
     job.profiling = false;
     for (int r = job.profile_requested ? 1 : 0; r < job.info.worker_ids_size();
          ++r) {
-      WorkerRecord* w = FindWorker(job.info.worker_ids(r));
+      WorkerRecord* w = workers_.Find(job.info.worker_ids(r));
       if (w != nullptr && w->info.job_id() == job.info.id()) {
         ReleaseWorker(*w);
         job.ended[r] = true;
@@ -1186,7 +1136,7 @@ void JobManager::StopWorkers(JobRecord& job, const std::string& reason) {
   m.mutable_cancel()->set_reason(reason);
   const auto& ids = job.info.worker_ids();
   for (int r = 0; r < ids.size(); ++r) {
-    WorkerRecord* w = FindWorker(ids[r]);
+    WorkerRecord* w = workers_.Find(ids[r]);
     if (!job.ended[r] && w != nullptr && w->info.job_id() == job.info.id() &&
         w->info.state() == v1::BUSY) {
       w->connection->Send(m);
@@ -1244,21 +1194,16 @@ void JobManager::DiscountStall(TimePoint now) {
       Seconds(gap));
   // (Not past now: a heartbeat read during the gap, by a thread that did
   // run, is already recent.)
-  for (auto& [number, w] : workers_) {
-    w.last_seen = std::min(now, w.last_seen + gap);
-  }
+  workers_.DiscountStall(gap, now);
 }
 
 void JobManager::TickLocked() {
   const TimePoint now = options_.clock();
   DiscountStall(now);
-  for (auto& [number, w] : workers_) {
-    if (w.info.state() == v1::LOST) continue;
-    if (now - w.last_seen > options_.heartbeat_timeout) {
-      MarkLost(w, absl::StrFormat("no heartbeat for %.1f s (timeout %.1f s)",
-                                  Seconds(now - w.last_seen),
-                                  Seconds(options_.heartbeat_timeout)));
-    }
+  for (WorkerRecord* w : workers_.Silent(now, options_.heartbeat_timeout)) {
+    MarkLost(*w, absl::StrFormat("no heartbeat for %.1f s (timeout %.1f s)",
+                                 Seconds(now - w->last_seen),
+                                 Seconds(options_.heartbeat_timeout)));
   }
   for (auto& [number, job] : jobs_) {
     if (job.info.state() == v1::PLANNING && now > job.prepare_deadline) {
@@ -1519,11 +1464,6 @@ absl::Status JobManager::Restore(const v1::CoordinatorState& state) {
 // ---------------------------------------------------------------------------
 // Helpers.
 
-JobManager::WorkerRecord* JobManager::FindWorker(const std::string& id) {
-  auto it = workers_.find(static_cast<int64_t>(ParseId(id, kWorkerPrefix)));
-  return it == workers_.end() ? nullptr : &it->second;
-}
-
 JobManager::JobRecord& JobManager::AddJobRecord(uint64_t number) {
   return jobs_
       .try_emplace(number, options_.max_events_per_job, options_.trace_steps)
@@ -1533,16 +1473,6 @@ JobManager::JobRecord& JobManager::AddJobRecord(uint64_t number) {
 JobManager::JobRecord* JobManager::FindJob(const std::string& id) {
   auto it = jobs_.find(ParseId(id, kJobPrefix));
   return it == jobs_.end() ? nullptr : &it->second;
-}
-
-int JobManager::LiveWorkers(int64_t min_devices) const {
-  int n = 0;
-  for (const auto& [number, w] : workers_) {
-    if (w.info.state() != v1::LOST && w.info.devices_size() >= min_devices) {
-      ++n;
-    }
-  }
-  return n;
 }
 
 std::string JobManager::DescribeWorker(const WorkerRecord& w) const {

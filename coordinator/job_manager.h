@@ -79,19 +79,10 @@
 #include "coordinator/profile_cache.h"
 #include "coordinator/state_file.h"
 #include "coordinator/step_aggregator.h"
+#include "coordinator/worker_registry.h"
 #include "job/planner.h"
 
 namespace conveyor::coordinator {
-
-// The coordinator's end of one worker's session.
-class WorkerConnection {
- public:
-  virtual ~WorkerConnection() = default;
-  // Queues `message` for the worker; never blocks. False once closed.
-  virtual bool Send(const v1::CoordinatorMessage& message) = 0;
-  // Ends the session (the worker sees the stream end with `status`).
-  virtual void Close(const absl::Status& status) = 0;
-};
 
 // Told about jobs as they change, for metrics. Called with the manager's
 // lock held: implementations must be quick and must not call the manager.
@@ -258,12 +249,6 @@ class JobManager {
  private:
   using TimePoint = std::chrono::steady_clock::time_point;
 
-  struct WorkerRecord {
-    v1::Worker info;
-    std::shared_ptr<WorkerConnection> connection;
-    TimePoint last_seen;
-  };
-
   struct JobRecord {
     JobRecord(int max_events, int trace_steps)
         : steps(trace_steps), events(max_events) {}
@@ -326,14 +311,9 @@ class JobManager {
   // HandleWorkerMessage's work, under mu_ (taken here).
   absl::Status Dispatch(const std::string& worker_id,
                         const v1::WorkerMessage& message);
-  WorkerRecord* FindWorker(const std::string& id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   JobRecord* FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new record for job `number`, which must not have one.
   JobRecord& AddJobRecord(uint64_t number) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Workers not LOST with at least `min_devices` devices (--devices).
-  int LiveWorkers(int64_t min_devices = 1) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void TickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a write of the state file has held the records as they were at
@@ -422,11 +402,10 @@ class JobManager {
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   // When Tick last ran; nullopt before the first.
   std::optional<TimePoint> last_tick_ ABSL_GUARDED_BY(mu_);
-  int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
   // Keyed by the number in "worker-<n>" and "job-<n>": registration and
   // submission order.
-  std::map<int64_t, WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);
+  WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> queue_ ABSL_GUARDED_BY(mu_);  // Job numbers, FIFO.
   ProfileCache profiles_ ABSL_GUARDED_BY(mu_);
