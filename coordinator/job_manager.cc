@@ -19,6 +19,7 @@
 #include "engine/job_spec.h"
 #include "engine/profiler.h"
 #include "engine/stage_file.h"
+#include "job/rank_program.h"
 #include "proto/protocol.h"
 #include "spdlog/spdlog.h"
 
@@ -721,49 +722,22 @@ void JobManager::OnProfile(WorkerRecord& w, const v1::ModelProfile& profile) {
 }
 
 v1::JobProgram JobManager::MakeProgram(const JobRecord& job, int rank) const {
-  const JobPlan& plan = job.plan;
-  v1::JobProgram program;
-  program.set_job_id(job.info.id());
-  // Unique per attempt: a restarted job's data plane never accepts a
-  // tensor of the attempt before it.
-  program.set_job_number((job.number << 16) |
-                         static_cast<uint64_t>(job.attempt));
-  program.set_secret(job.secret);
-  program.set_yaml(job.request.yaml());
-  program.set_file_name(job.request.file_name());
-  program.set_base_dir(job.request.base_dir());
-  program.set_rank(rank);
-  program.set_num_ranks(plan.num_ranks);
-  program.set_num_stages(plan.num_stages);
-  for (const StagePlan* s : StagesOfRank(plan, rank)) {
-    v1::StageProgram* sp = program.add_stages();
-    sp->set_stage(s->stage);
-    sp->set_first_layer(s->first_layer);
-    sp->set_num_layers(s->num_layers);
-    for (const std::string& name : s->parameter_names) {
-      sp->add_parameter_names(name);
-    }
-  }
-  for (const scheduler::Action& a : plan.schedule.actions[rank]) {
-    proto::ToProto(a, program.add_actions());
-  }
-  program.set_steps(plan.job.training.steps);
-  program.set_recv_timeout_ms(options_.recv_timeout.count());
-  program.set_checkpoint_dir(plan.job.checkpoint.dir);
-  for (const StagePlan& s : plan.stages) {
-    program.add_stage_begin(s.first_layer);
-  }
+  job::ProgramContext context{
+      .job_id = job.info.id(),
+      // Unique per attempt: a restarted job's data plane never accepts a
+      // tensor of the attempt before it.
+      .job_number = (job.number << 16) | static_cast<uint64_t>(job.attempt),
+      .secret = job.secret,
+      .yaml = job.request.yaml(),
+      .file_name = job.request.file_name(),
+      .base_dir = job.request.base_dir(),
+      .recv_timeout_ms = options_.recv_timeout.count()};
   if (job.resume.has_value()) {
-    program.set_resume_step(job.resume->step);
-    program.set_resume_dir(job.resume->step_dir);
-    for (const v1::StageFile& f : job.resume->files) {
-      if (f.stage() >= 0 && f.stage() < plan.num_stages &&
-          plan.stages[f.stage()].rank == rank) {
-        *program.add_resume_files() = f;
-      }
-    }
+    context.resume_step = job.resume->step;
+    context.resume_dir = job.resume->step_dir;
+    context.resume_files = job.resume->files;
   }
-  return program;
+  return job::CompileRankProgram(job.plan, rank, context);
 }
 
 void JobManager::OnReady(WorkerRecord& w, const v1::JobReady& ready) {

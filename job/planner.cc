@@ -234,6 +234,17 @@ absl::StatusOr<JobPlan> PlanJob(engine::JobSpec job) {
   return PlanCut(std::move(job), std::move(markers));
 }
 
+absl::StatusOr<JobPlan> PlanWithCut(engine::JobSpec job,
+                                    const std::vector<int>& stage_begin) {
+  std::vector<int> markers = job.model.stage_begin;
+  if (absl::Status s = engine::SetStageBoundaries(&job.model, stage_begin);
+      !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage_begin: ", s.message()));
+  }
+  return PlanCut(std::move(job), std::move(markers));
+}
+
 absl::StatusOr<scheduler::StageSearchInput> StageSearchInputFor(
     const JobPlan& plan, const std::vector<engine::LayerProfile>& profile) {
   const engine::JobSpec& job = plan.job;

@@ -76,6 +76,12 @@ struct JobPlan {
 // than the boundary markers make.
 absl::StatusOr<JobPlan> PlanJob(engine::JobSpec job);
 
+// Plans a stages: auto `job` cut where `stage_begin` says (each stage's first
+// layer): the cut the coordinator chose, as a worker plans it again.
+// InvalidArgument when the cut does not fit the model.
+absl::StatusOr<JobPlan> PlanWithCut(engine::JobSpec job,
+                                    const std::vector<int>& stage_begin);
+
 // True for a stages: auto plan whose cut ChooseStages has not chosen yet.
 inline bool NeedsProfile(const JobPlan& plan) {
   return plan.job.pipeline.auto_stages && !plan.auto_split.has_value();

@@ -26,6 +26,7 @@
 #include "engine/profiler.h"
 #include "engine/safetensors.h"
 #include "engine/trainer.h"
+#include "job/rank_program.h"
 #include "proto/protocol.h"
 #include "spdlog/spdlog.h"
 
@@ -34,13 +35,6 @@ namespace {
 
 std::string JoinNames(const std::vector<std::string>& names) {
   return absl::StrCat("[", absl::StrJoin(names, ", "), "]");
-}
-
-absl::Status Mismatch(absl::string_view what) {
-  return absl::FailedPreconditionError(
-      absl::StrCat("program/build mismatch: ", what,
-                   " (the coordinator and this worker run different builds "
-                   "or model code; refusing to train something else)"));
 }
 
 // A wildcard listen host accepts on every interface but means nothing to a
@@ -98,33 +92,11 @@ std::string DescribeRank(const v1::JobProgram& program) {
 
 absl::StatusOr<std::unique_ptr<JobRunner>> JobRunner::Create(
     const v1::JobProgram& program, const JobRunnerOptions& options) {
-  const int p = program.num_ranks(), s = program.num_stages();
-  if (p < 1 || program.rank() < 0 || program.rank() >= p || s < p ||
-      s % p != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("program: rank ", program.rank(), " of ", p,
-                     " ranks with ", s, " stages is inconsistent"));
-  }
-  if (program.steps() < 0 || program.recv_timeout_ms() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "program: steps (", program.steps(), ") and recv_timeout_ms (",
-        program.recv_timeout_ms(), ") must not be negative"));
-  }
-  // The same parser the coordinator validated the job with, so both sides
-  // read the same model, data and optimizer from the same text.
-  ASSIGN_OR_RETURN(engine::JobSpec job,
-                   engine::ParseJobSpec(program.yaml(), program.file_name(),
-                                        program.base_dir()));
-  if (job.pipeline.auto_stages) {
-    // The coordinator chose the cut from a profile; the YAML only says
-    // "auto". Build checks each of this rank's stages against it as usual.
-    const std::vector<int> cut(program.stage_begin().begin(),
-                               program.stage_begin().end());
-    if (absl::Status s = engine::SetStageBoundaries(&job.model, cut); !s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("program: stage_begin: ", s.message()));
-    }
-  }
+  // The program must be what this build compiles from the same job and
+  // cut (job/rank_program.h): the coordinator and this worker then run the
+  // same stages, parameters and actions.
+  ASSIGN_OR_RETURN(job::JobPlan plan, job::PlanOfProgram(program));
+  engine::JobSpec job = std::move(plan.job);
   engine::Backend* backend = engine::CpuBackend::Get(job.training.precision);
   if (options.backends != nullptr) {
     ASSIGN_OR_RETURN(backend, options.backends->Get(job.training.precision));
@@ -254,24 +226,6 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
   const engine::ModelSpec& model = job_.model;
   const int p = program_.num_ranks(), rank = program_.rank();
   const int num_stages = program_.num_stages();
-  if (model.num_stages != num_stages ||
-      num_stages != p * job_.pipeline.virtual_stages) {
-    return Mismatch(absl::StrCat(
-        "the program has ", num_stages, " stages on ", p,
-        " ranks; this build parses the job into ", model.num_stages,
-        " stages with virtual_stages = ", job_.pipeline.virtual_stages));
-  }
-  std::vector<int> expected, got;
-  for (int st = rank; st < num_stages; st += p) expected.push_back(st);
-  for (const v1::StageProgram& sp : program_.stages()) {
-    got.push_back(sp.stage());
-  }
-  if (got != expected) {
-    return Mismatch(absl::StrCat("rank ", rank, " of ", p, " holds stages [",
-                                 absl::StrJoin(expected, ", "),
-                                 "], the program lists [",
-                                 absl::StrJoin(got, ", "), "]"));
-  }
 
   // pipeline.devices_per_stage > 1: each stage runs data parallel over that
   // many devices of this worker (engine/mesh_stage.h).
@@ -306,14 +260,6 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
     } else {
       ASSIGN_OR_RETURN(stage, engine::Stage::Create(backend_, model, st));
     }
-    const int first = model.stage_begin[st];
-    const int num_layers = model.StageEnd(st) - first;
-    if (first != sp.first_layer() || num_layers != sp.num_layers()) {
-      return Mismatch(absl::StrCat(
-          "stage ", st, ": the program has layers [", sp.first_layer(), ", ",
-          sp.first_layer() + sp.num_layers(), "), this build has [", first,
-          ", ", first + num_layers, ")"));
-    }
     std::vector<std::string> built;
     for (engine::Parameter* param : stage->parameters()) {
       built.push_back(param->name);
@@ -321,15 +267,17 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
     }
     std::vector<std::string> planned(sp.parameter_names().begin(),
                                      sp.parameter_names().end());
-    // The same names, in any order: the spec lists a layer's parameters in
+    // The program matches this build's plan (Create); what is checked here
+    // is that the layers built the parameters the spec lists for them. The
+    // same names, in any order: the spec lists a layer's parameters in
     // declaration order, a built layer in the order it uses them (a pre-norm
     // block's norm1 before its attention); names, not order, bind values.
     std::sort(built.begin(), built.end());
     std::sort(planned.begin(), planned.end());
     if (built != planned) {
-      return Mismatch(absl::StrCat("stage ", st, ": the program's parameters ",
-                                   JoinNames(planned), ", this build's ",
-                                   JoinNames(built)));
+      return absl::InternalError(absl::StrCat(
+          "stage ", st, ": the spec lists the parameters ", JoinNames(planned),
+          ", the built layers have ", JoinNames(built)));
     }
     stages_.push_back(std::move(stage));
   }
@@ -337,11 +285,6 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
   // Allocating and zeroing gigabytes of parameters takes seconds; the
   // init, the file reads and the data below poll the cancellation inside.
   RETURN_IF_ERROR(CheckCancelled());
-  if (program_.resume_step() < 0 || program_.resume_step() > program_.steps()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("program: resume_step ", program_.resume_step(),
-                     " is outside [0, ", program_.steps(), "]"));
-  }
   // Initialize as InProcessTrainer does, so a pipelined job starts from the
   // same parameters as its reference; a resumed one loads them below.
   if (program_.resume_step() > 0) {
@@ -365,13 +308,9 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
   if (program_.resume_step() > 0) RETURN_IF_ERROR(LoadResumeFiles());
   ASSIGN_OR_RETURN(actions_,
                    proto::ActionsFromProto(program_.actions(), num_stages));
-  for (const scheduler::Action& a : actions_) {
-    if (a.stage % p != rank) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("program: rank ", rank, " has no stage ", a.stage,
-                       " for its action ", scheduler::ToString(a)));
-    }
-  }
+  actions_.resize(
+      actions_.size() -
+      std::clamp<size_t>(options.drop_last_actions, 0, actions_.size()));
   RETURN_IF_ERROR(CheckActivationsFitHostMemory());
   // Fail now, not after the last step, when the results cannot be written.
   if (!program_.checkpoint_dir().empty()) {

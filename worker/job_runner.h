@@ -103,6 +103,10 @@ struct JobRunnerOptions {
   // Fault injection for tests of a worker killed mid-checkpoint: sleep this
   // long before writing each stage file. Never set in production.
   std::chrono::milliseconds checkpoint_delay{0};
+  // Fault injection for tests of a rank that fails mid-step: run each step
+  // without its last this many actions (the program itself must match the
+  // plan). Never set in production.
+  int drop_last_actions = 0;
 };
 
 // What one finished step reports; the session turns it into a StepReport.

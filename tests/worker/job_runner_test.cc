@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "common/cancellation.h"
@@ -33,6 +34,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "job/planner.h"
+#include "job/rank_program.h"
 #include "proto/protocol.h"
 #include "tests/engine/test_util.h"
 
@@ -80,37 +82,30 @@ std::string JobYaml(const JobOptions& o) {
 // The coordinator's programs for `yaml`, one per rank.
 std::vector<v1::JobProgram> Programs(const std::string& yaml,
                                      const std::string& checkpoint_dir = "") {
-  auto job = engine::ParseJobSpec(yaml, "job.yaml");
+  // The checkpoint directory is the job's (the worker compiles the same
+  // program from the YAML), so the tests write theirs into it.
+  std::string text = yaml;
+  if (!checkpoint_dir.empty()) {
+    if (absl::StrContains(text, "dir: unused")) {
+      text = absl::StrReplaceAll(text,
+                                 {{"dir: unused", "dir: " + checkpoint_dir}});
+    } else {
+      absl::StrAppend(&text, "checkpoint: {dir: ", checkpoint_dir, "}\n");
+    }
+  }
+  auto job = engine::ParseJobSpec(text, "job.yaml");
   EXPECT_TRUE(job.ok()) << job.status();
   auto plan = job::PlanJob(*job);
   EXPECT_TRUE(plan.ok()) << plan.status();
   std::vector<v1::JobProgram> programs;
   for (int r = 0; r < plan->num_ranks; ++r) {
-    v1::JobProgram p;
-    p.set_job_id("job-7");
-    p.set_job_number(7);
-    p.set_secret("test-secret");
-    p.set_yaml(yaml);
-    p.set_file_name("job.yaml");
-    p.set_rank(r);
-    p.set_num_ranks(plan->num_ranks);
-    p.set_num_stages(plan->num_stages);
-    for (const job::StagePlan* sp : job::StagesOfRank(*plan, r)) {
-      v1::StageProgram* s = p.add_stages();
-      s->set_stage(sp->stage);
-      s->set_first_layer(sp->first_layer);
-      s->set_num_layers(sp->num_layers);
-      for (const std::string& name : sp->parameter_names) {
-        s->add_parameter_names(name);
-      }
-    }
-    for (const scheduler::Action& a : plan->schedule.actions[r]) {
-      proto::ToProto(a, p.add_actions());
-    }
-    p.set_steps(job->training.steps);
-    p.set_recv_timeout_ms(10000);
-    p.set_checkpoint_dir(checkpoint_dir);
-    programs.push_back(std::move(p));
+    programs.push_back(job::CompileRankProgram(*plan, r,
+                                               {.job_id = "job-7",
+                                                .job_number = 7,
+                                                .secret = "test-secret",
+                                                .yaml = text,
+                                                .file_name = "job.yaml",
+                                                .recv_timeout_ms = 10000}));
   }
   return programs;
 }
@@ -126,13 +121,15 @@ struct Result {
 // `during_run(runners)` is called once rank 0 has finished its first step.
 Result RunJob(
     const std::vector<v1::JobProgram>& programs,
-    const std::function<void(std::vector<JobRunner*>&)>& during_run = nullptr) {
+    const std::function<void(std::vector<JobRunner*>&)>& during_run = nullptr,
+    std::vector<JobRunnerOptions> options = {}) {
   std::vector<std::unique_ptr<JobRunner>> owned;
   std::vector<JobRunner*> runners;
   std::vector<std::string> peers;
   Result out;
-  for (const v1::JobProgram& p : programs) {
-    auto runner = JobRunner::Create(p, {});
+  options.resize(programs.size());
+  for (size_t r = 0; r < programs.size(); ++r) {
+    auto runner = JobRunner::Create(programs[r], options[r]);
     if (!runner.ok()) {
       ADD_FAILURE() << runner.status();
       return out;
@@ -667,10 +664,11 @@ TEST(JobRunnerTest, AFailingRankStopsItsPeerWithItsReason) {
   std::vector<v1::JobProgram> programs = Programs(JobYaml({}));
   // Rank 1 (the last stage) loses its final backward: its step ends with a
   // microbatch still in flight, and rank 0 never gets that gradient.
-  programs[1].mutable_actions()->RemoveLast();
+  std::vector<JobRunnerOptions> options(2);
+  options[1].drop_last_actions = 1;
   programs[0].set_recv_timeout_ms(60000);
   const Clock::time_point start = Clock::now();
-  const Result got = RunJob(programs);
+  const Result got = RunJob(programs, nullptr, options);
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
   ASSERT_EQ(got.statuses.size(), 2u);
   EXPECT_EQ(got.statuses[1].code(), absl::StatusCode::kInternal)
@@ -686,7 +684,9 @@ TEST(JobRunnerTest, RefusesProgramWhoseParameterNamesDisagree) {
   auto runner = JobRunner::Create(programs[1], {});
   EXPECT_EQ(runner.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(runner.status().message(),
-              HasSubstr("program/build mismatch: stage 1"));
+              HasSubstr("program/build mismatch: the program differs from "
+                        "this build's plan: modified: "
+                        "stages[0].parameter_names[0]"));
   EXPECT_THAT(runner.status().message(), HasSubstr("layers.2.kernel"));
 }
 
@@ -712,8 +712,9 @@ TEST(JobRunnerTest, RefusesProgramWhoseLayersOrStagesDisagree) {
   v1::JobProgram layers = programs[1];
   layers.mutable_stages(0)->set_num_layers(2);
   EXPECT_THAT(JobRunner::Create(layers, {}).status().message(),
-              HasSubstr("program/build mismatch: stage 1: the program has "
-                        "layers [2, 4), this build has [2, 5)"));
+              HasSubstr("program/build mismatch: the program differs from "
+                        "this build's plan: modified: stages[0].num_layers: "
+                        "3 -> 2"));
   EXPECT_EQ(JobRunner::Create(layers, {}).status().code(),
             absl::StatusCode::kFailedPrecondition);
 

@@ -24,6 +24,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "job/planner.h"
+#include "job/rank_program.h"
 #include "proto/protocol.h"
 
 namespace conveyor::worker {
@@ -261,27 +262,12 @@ v1::JobProgram Program(const std::string& id, int64_t steps) {
   EXPECT_TRUE(job.ok()) << job.status();
   auto plan = job::PlanJob(*job);
   EXPECT_TRUE(plan.ok()) << plan.status();
-  v1::JobProgram p;
-  p.set_job_id(id);
-  p.set_job_number(3);
-  p.set_secret("secret");
-  p.set_yaml(yaml);
-  p.set_file_name("tiny.yaml");
-  p.set_rank(0);
-  p.set_num_ranks(1);
-  p.set_num_stages(1);
-  v1::StageProgram* s = p.add_stages();
-  s->set_stage(0);
-  s->set_first_layer(plan->stages[0].first_layer);
-  s->set_num_layers(plan->stages[0].num_layers);
-  for (const std::string& n : plan->stages[0].parameter_names) {
-    s->add_parameter_names(n);
-  }
-  for (const scheduler::Action& a : plan->schedule.actions[0]) {
-    proto::ToProto(a, p.add_actions());
-  }
-  p.set_steps(steps);
-  return p;
+  return job::CompileRankProgram(*plan, 0,
+                                 {.job_id = id,
+                                  .job_number = 3,
+                                  .secret = "secret",
+                                  .yaml = yaml,
+                                  .file_name = "tiny.yaml"});
 }
 
 v1::CoordinatorMessage Prepare(const v1::JobProgram& program) {

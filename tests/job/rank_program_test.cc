@@ -1,0 +1,181 @@
+#include "job/rank_program.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/protocol.h"
+
+namespace conveyor::job {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A 4-stage MLP job; `pipeline` is its pipeline section.
+std::string Yaml(const std::string& pipeline) {
+  std::string layers;
+  for (int s = 0; s < 4; ++s) {
+    if (s > 0) layers += "    - boundary\n";
+    layers += "    - dense: {features: 8}\n    - relu\n";
+  }
+  return absl::StrCat(
+      "model:\n  input_shape: [4]\n  init: {seed: 1}\n  layers:\n", layers,
+      "  loss: mse\n"
+      "data: {source: synthetic-regression}\n"
+      "training: {steps: 3, batch_size: 8, microbatches: 4}\n"
+      "optimizer: {kind: sgd, lr: 0.1}\npipeline: ",
+      pipeline, "\n");
+}
+
+JobPlan Plan(const std::string& yaml) {
+  absl::StatusOr<engine::JobSpec> spec = engine::ParseJobSpec(yaml, "job.yaml");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<JobPlan> plan = PlanJob(*std::move(spec));
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return *std::move(plan);
+}
+
+ProgramContext Context(const std::string& yaml) {
+  return {.job_id = "job-3",
+          .job_number = (uint64_t{3} << 16) | 1,
+          .secret = "s3cret",
+          .yaml = yaml,
+          .file_name = "job.yaml",
+          .recv_timeout_ms = 5000};
+}
+
+TEST(RankProgramTest, CompilesARanksStagesActionsAndCut) {
+  const std::string yaml =
+      Yaml("{schedule: interleaved-1f1b, virtual_stages: 2}");
+  const JobPlan plan = Plan(yaml);
+  const v1::JobProgram program = CompileRankProgram(plan, 1, Context(yaml));
+  EXPECT_EQ(program.job_id(), "job-3");
+  EXPECT_EQ(program.job_number(), (uint64_t{3} << 16) | 1);
+  EXPECT_EQ(program.rank(), 1);
+  EXPECT_EQ(program.num_ranks(), 2);
+  EXPECT_EQ(program.num_stages(), 4);
+  EXPECT_EQ(program.steps(), 3);
+  EXPECT_EQ(program.recv_timeout_ms(), 5000);
+  ASSERT_EQ(program.stages_size(), 2);
+  EXPECT_EQ(program.stages(0).stage(), 1);
+  EXPECT_EQ(program.stages(1).stage(), 3);
+  EXPECT_EQ(program.stages(1).first_layer(), 6);
+  EXPECT_EQ(program.stages(1).num_layers(), 2);
+  EXPECT_EQ(program.stages(1).parameter_names_size(), 2);
+  EXPECT_THAT(program.stage_begin(), ::testing::ElementsAre(0, 2, 4, 6));
+  auto actions = proto::ActionsFromProto(program.actions(), 4);
+  ASSERT_TRUE(actions.ok()) << actions.status();
+  EXPECT_EQ(*actions, plan.schedule.actions[1]);
+  EXPECT_EQ(program.resume_step(), 0);
+  EXPECT_EQ(program.resume_files_size(), 0);
+}
+
+TEST(RankProgramTest, SendsEachRankOnlyItsStagesResumeFiles) {
+  const std::string yaml = Yaml("{schedule: 1f1b}");
+  const JobPlan plan = Plan(yaml);
+  ProgramContext context = Context(yaml);
+  context.resume_step = 2;
+  context.resume_dir = "/ckpt/step-2";
+  for (int s = 0; s < 4; ++s) {
+    v1::StageFile f;
+    f.set_stage(s);
+    f.set_file(absl::StrCat("stage-", s, ".safetensors"));
+    context.resume_files.push_back(f);
+  }
+  const v1::JobProgram program = CompileRankProgram(plan, 2, context);
+  EXPECT_EQ(program.resume_step(), 2);
+  EXPECT_EQ(program.resume_dir(), "/ckpt/step-2");
+  ASSERT_EQ(program.resume_files_size(), 1);
+  EXPECT_EQ(program.resume_files(0).stage(), 2);
+}
+
+TEST(RankProgramTest, TheWorkerAcceptsWhatTheCoordinatorCompiled) {
+  for (const std::string pipeline :
+       {"{schedule: gpipe}", "{schedule: zb-h1}",
+        "{schedule: interleaved-1f1b, virtual_stages: 2}"}) {
+    const std::string yaml = Yaml(pipeline);
+    const JobPlan plan = Plan(yaml);
+    for (int r = 0; r < plan.num_ranks; ++r) {
+      absl::StatusOr<JobPlan> again =
+          PlanOfProgram(CompileRankProgram(plan, r, Context(yaml)));
+      ASSERT_TRUE(again.ok())
+          << pipeline << " rank " << r << ": " << again.status();
+      EXPECT_EQ(again->schedule.actions, plan.schedule.actions);
+    }
+  }
+}
+
+TEST(RankProgramTest, TheWorkerPlansAnAutoJobWithTheChosenCut) {
+  const std::string yaml =
+      Yaml("{schedule: 1f1b, stages: auto, num_stages: 2}");
+  absl::StatusOr<engine::JobSpec> spec = engine::ParseJobSpec(yaml, "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  // 8 layers, 4 markers fixed: 2 stages can only be cut at a marker; the
+  // test cuts where the search could, after layer 2.
+  absl::StatusOr<JobPlan> chosen = PlanWithCut(*spec, {0, 2});
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  const v1::JobProgram program = CompileRankProgram(*chosen, 0, Context(yaml));
+  absl::StatusOr<JobPlan> again = PlanOfProgram(program);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->stages[1].first_layer, 2);
+
+  v1::JobProgram bad = program;
+  bad.set_stage_begin(1, 99);
+  EXPECT_EQ(PlanOfProgram(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RankProgramTest, TheWorkerRefusesAnyDifferenceNamingIt) {
+  const std::string yaml = Yaml("{schedule: 1f1b}");
+  const v1::JobProgram good = CompileRankProgram(Plan(yaml), 1, Context(yaml));
+  ASSERT_TRUE(PlanOfProgram(good).ok());
+
+  v1::JobProgram names = good;
+  names.mutable_stages(0)->set_parameter_names(0, "layers.2.kernel");
+  absl::Status s = PlanOfProgram(names).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("program/build mismatch"));
+  EXPECT_THAT(s.message(), HasSubstr("layers.2.kernel"));
+
+  v1::JobProgram layers = good;
+  layers.mutable_stages(0)->set_num_layers(3);
+  EXPECT_THAT(PlanOfProgram(layers).status().message(),
+              HasSubstr("num_layers"));
+
+  v1::JobProgram action = good;
+  action.mutable_actions()->RemoveLast();
+  EXPECT_EQ(PlanOfProgram(action).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  v1::JobProgram steps = good;
+  steps.set_steps(2);
+  EXPECT_EQ(PlanOfProgram(steps).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  v1::JobProgram stages = good;
+  stages.set_num_stages(8);
+  stages.set_num_ranks(8);
+  EXPECT_EQ(PlanOfProgram(stages).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(RankProgramTest, RefusesAProgramInconsistentInItself) {
+  const std::string yaml = Yaml("{schedule: 1f1b}");
+  const v1::JobProgram good = CompileRankProgram(Plan(yaml), 0, Context(yaml));
+  v1::JobProgram rank = good;
+  rank.set_rank(4);
+  EXPECT_EQ(PlanOfProgram(rank).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::JobProgram resume = good;
+  resume.set_resume_step(4);
+  EXPECT_EQ(PlanOfProgram(resume).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::JobProgram yaml_error = good;
+  yaml_error.set_yaml("model: [");
+  EXPECT_EQ(PlanOfProgram(yaml_error).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace conveyor::job
