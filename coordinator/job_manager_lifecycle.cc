@@ -1,0 +1,431 @@
+// JobManager, continued: the reports of a placed job and its states to the end
+// (coordinator/job_manager.h). One class, one mutex; its files by concern.
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <utility>
+
+#include "absl/hash/hash.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "common/status_macros.h"
+#include "coordinator/data_plane_choice.h"
+#include "coordinator/job_manager.h"
+#include "engine/checkpoint_manifest.h"
+#include "engine/job_spec.h"
+#include "engine/profiler.h"
+#include "engine/stage_file.h"
+#include "job/rank_program.h"
+#include "proto/protocol.h"
+#include "spdlog/spdlog.h"
+
+namespace conveyor::coordinator {
+
+using job::StagePlan;
+
+void JobManager::OnReady(WorkerRecord& w, const v1::JobReady& ready) {
+  JobRecord* job = FindJob(ready.job_id());
+  if (job == nullptr || job->info.state() != v1::PLANNING ||
+      w.info.job_id() != ready.job_id()) {
+    return;  // Late: the job ended meanwhile.
+  }
+  const auto& ids = job->info.worker_ids();
+  const int rank = static_cast<int>(
+      std::find(ids.begin(), ids.end(), w.info.id()) - ids.begin());
+  if (rank >= ids.size() || job->is_ready[rank]) return;
+  if (ready.data_endpoint().empty()) {
+    Finish(*job, v1::FAILED,
+           absl::StrCat(DescribeWorker(w), " reported no data endpoint"));
+    return;
+  }
+  job->is_ready[rank] = true;
+  job->endpoints[rank] = ready.data_endpoint();
+  job->ready_reports[rank] = ready;
+  if (++job->ready < job->plan.num_ranks) return;
+  const DataPlaneChoice plane = ChooseDataPlane(job->ready_reports);
+  job->info.set_data_plane(plane.description);
+  SPDLOG_INFO("{}: tensors over {}", job->info.id(), plane.description);
+  v1::CoordinatorMessage m;
+  m.mutable_start()->set_job_id(job->info.id());
+  m.mutable_start()->set_nccl(plane.nccl);
+  for (const std::string& e : job->endpoints) m.mutable_start()->add_peers(e);
+  for (const std::string& id : ids) {
+    const WorkerRecord* peer = workers_.Find(id);
+    m.mutable_start()->add_peer_names(peer != nullptr ? peer->info.name() : id);
+  }
+  job->info.set_started_unix_ms(NowUnixMs());
+  SetState(*job, v1::RUNNING);
+  for (const std::string& id : ids) {
+    WorkerRecord* peer = workers_.Find(id);
+    if (peer != nullptr) peer->connection->Send(m);
+  }
+}
+
+void JobManager::OnStep(WorkerRecord& w, const v1::StepReport& report) {
+  JobRecord* job = FindJob(report.job_id());
+  if (job == nullptr || job->info.state() != v1::RUNNING ||
+      w.info.job_id() != report.job_id()) {
+    return;
+  }
+  const auto& ids = job->info.worker_ids();
+  const int rank = static_cast<int>(
+      std::find(ids.begin(), ids.end(), w.info.id()) - ids.begin());
+  const int p = job->plan.num_ranks;
+  if (rank >= p || report.step() < 1 ||
+      report.step() > job->info.steps_total()) {
+    return;
+  }
+  std::optional<v1::StepSummary> summary =
+      job->steps.Add(rank, p, report, job->rates);
+  if (!summary.has_value()) return;
+  const v1::StepSummary& s = *summary;
+  v1::Job& info = job->info;
+  info.set_steps_done(std::max(info.steps_done(), s.step()));
+  job->stepped = true;
+  job->attempts_lost_before_a_step = 0;
+  if (s.has_loss()) {
+    info.set_has_loss(true);
+    info.set_last_loss(s.loss());
+  }
+  info.set_last_step_seconds(s.seconds());
+  info.set_samples_per_second(s.samples_per_second());
+  info.set_tokens_per_second(s.tokens_per_second());
+  AddEvent(*job, &s);
+  if (options_.observer != nullptr) options_.observer->OnStep(info, s);
+}
+
+void JobManager::OnEnded(WorkerRecord& w, const v1::JobEnded& ended) {
+  if (w.info.job_id() != ended.job_id()) return;  // Stale.
+  JobRecord* job = FindJob(ended.job_id());
+  // The worker's message already names its rank and stages.
+  const std::string who = absl::StrCat(w.info.id(), " (", w.info.name(), ")");
+  ReleaseWorker(w);
+  if (job == nullptr) return;
+  const auto& ids = job->info.worker_ids();
+  const int rank = static_cast<int>(
+      std::find(ids.begin(), ids.end(), w.info.id()) - ids.begin());
+  if (rank >= ids.size()) return;
+  job->ended[rank] = true;
+  job->succeeded[rank] = ended.state() == v1::SUCCEEDED;
+  if (proto::IsTerminal(job->info.state())) return;
+  const bool all_ended = std::all_of(job->ended.begin(), job->ended.end(),
+                                     [](bool b) { return b; });
+  if (ended.state() == v1::SUCCEEDED) {
+    if (all_ended && !job->failing) {
+      // Every rank wrote its final files before reporting success, so the
+      // last step is committed by now unless a report went missing.
+      const int64_t last = job->info.steps_total();
+      if (!job->plan.job.checkpoint.dir.empty() &&
+          job->info.last_checkpoint_step() != last) {
+        Finish(*job, v1::FAILED,
+               absl::StrCat("the final checkpoint (step ", last,
+                            ") is incomplete: not every stage reported its "
+                            "file"));
+      } else {
+        Finish(*job, v1::SUCCEEDED, "");
+      }
+    } else if (all_ended) {
+      FailOrRestart(*job, job->failure);
+    }
+    return;
+  }
+  if (!job->failing) {
+    job->failing = true;
+    job->failure = absl::StrCat(who, ": ", ended.message());
+    // A worker that could not prepare the job for a reason in the job
+    // itself (too large for the machine, a bad file, an invalid setting)
+    // would fail the same way on any other: no restart.
+    const auto code = static_cast<absl::StatusCode>(ended.code());
+    if (job->info.state() == v1::PLANNING &&
+        (code == absl::StatusCode::kInvalidArgument ||
+         code == absl::StatusCode::kResourceExhausted ||
+         code == absl::StatusCode::kFailedPrecondition ||
+         code == absl::StatusCode::kNotFound ||
+         code == absl::StatusCode::kPermissionDenied)) {
+      job->no_restart =
+          "preparing the job failed for a reason of its own, which another "
+          "attempt would meet too";
+    }
+    job->failure_deadline = options_.clock() + options_.failure_grace;
+    // Stop the others now; the job's final state waits for the grace.
+    v1::CoordinatorMessage m;
+    m.mutable_cancel()->set_job_id(job->info.id());
+    m.mutable_cancel()->set_reason(job->failure);
+    for (int r = 0; r < ids.size(); ++r) {
+      WorkerRecord* peer = workers_.Find(ids[r]);
+      if (!job->ended[r] && peer != nullptr &&
+          peer->info.job_id() == job->info.id()) {
+        peer->connection->Send(m);
+      }
+    }
+  }
+  // Every worker has answered, so none was lost: no reason to wait.
+  if (all_ended) FailOrRestart(*job, job->failure);
+}
+
+void JobManager::OnCheckpoint(WorkerRecord& w,
+                              const v1::CheckpointSaved& saved) {
+  JobRecord* job = FindJob(saved.job_id());
+  if (job == nullptr || job->info.state() != v1::RUNNING ||
+      w.info.job_id() != saved.job_id() ||
+      job->plan.job.checkpoint.dir.empty()) {
+    return;  // Late: the job ended or restarted meanwhile.
+  }
+  const auto& ids = job->info.worker_ids();
+  const int rank = static_cast<int>(
+      std::find(ids.begin(), ids.end(), w.info.id()) - ids.begin());
+  const int64_t step = saved.step();
+  const int64_t first = job->resume.has_value() ? job->resume->step : 0;
+  if (rank >= ids.size() || step <= first || step > job->info.steps_total()) {
+    return;
+  }
+  std::map<int, v1::StageFile>& files = job->pending_checkpoints[step];
+  for (const v1::StageFile& f : saved.files()) {
+    // A worker speaks only for its own stages; anything else would let one
+    // rank's report stand in for another's missing file.
+    if (f.stage() < 0 || f.stage() >= job->plan.num_stages ||
+        job->plan.stages[f.stage()].rank != rank) {
+      FailOrRestart(*job, absl::StrCat(DescribeWorker(w),
+                                       " reported a checkpoint file for stage ",
+                                       f.stage(), ", which it does not hold"));
+      return;
+    }
+    files[f.stage()] = f;
+  }
+  if (static_cast<int>(files.size()) < job->plan.num_stages) return;
+  const std::map<int, v1::StageFile> complete = std::move(files);
+  job->pending_checkpoints.erase(step);
+  CommitCheckpoint(*job, step, complete);
+}
+
+void JobManager::CommitCheckpoint(JobRecord& job, int64_t step,
+                                  const std::map<int, v1::StageFile>& files) {
+  const std::string& dir = job.plan.job.checkpoint.dir;
+  const engine::CheckpointManifest manifest = MakeManifest(
+      job.plan, job.info.id(), job.config_hash, step, files, NowUnixMs());
+  // Under the lock: the manifest is small, and no other commit or resume
+  // of this job may interleave with it.
+  if (absl::Status written = engine::WriteManifest(dir, manifest);
+      !written.ok()) {
+    Finish(job, v1::FAILED,
+           absl::StrCat("committing the checkpoint of step ", step,
+                        " failed: ", written.message()));
+    return;
+  }
+  job.committed = ResumePointOf(manifest, dir);
+  job.info.set_last_checkpoint_step(step);
+  MarkChanged();
+  SPDLOG_INFO("{}: checkpoint of step {} complete in {}", job.info.id(), step,
+              engine::StepDirPath(dir, step));
+  if (const int64_t keep = job.plan.job.checkpoint.keep_latest; keep > 0) {
+    absl::StatusOr<std::vector<int64_t>> removed =
+        engine::PruneCheckpoints(dir, static_cast<int>(keep));
+    if (!removed.ok()) {
+      // The new step is committed; an old one left behind costs only disk.
+      SPDLOG_WARN("{}: pruning old checkpoints in {}: {}", job.info.id(), dir,
+                  std::string(removed.status().message()));
+    } else if (!removed->empty()) {
+      SPDLOG_INFO("{}: removed checkpoint steps {} (keep_latest {})",
+                  job.info.id(), absl::StrJoin(*removed, ", "), keep);
+    }
+  }
+  AddEvent(job, nullptr);
+}
+
+void JobManager::FailOrRestart(JobRecord& job, const std::string& reason) {
+  if (proto::IsTerminal(job.info.state())) return;
+  const bool placed =
+      job.info.state() == v1::PLANNING || job.info.state() == v1::RUNNING;
+  if (!job.no_restart.empty() && job.info.max_restarts() > 0 &&
+      job.info.restarts() < job.info.max_restarts()) {
+    Finish(job, v1::FAILED,
+           absl::StrCat(reason, " (not restarted: ", job.no_restart, ")"));
+    return;
+  }
+  if (!placed || job.info.restarts() >= job.info.max_restarts()) {
+    Finish(job, v1::FAILED,
+           job.info.max_restarts() > 0
+               ? absl::StrCat(reason, " (after ", job.info.restarts(), " of ",
+                              job.info.max_restarts(), " restarts)")
+               : reason);
+    return;
+  }
+  // The final step is committed: the job's result is complete and durable,
+  // whatever happened to a worker while it reported its end.
+  if (job.committed.has_value() &&
+      job.committed->step >= job.info.steps_total()) {
+    Finish(job, v1::SUCCEEDED, "");
+    return;
+  }
+  const int live = workers_.Live(job.plan.job.pipeline.devices_per_stage);
+  if (live < job.plan.num_ranks) {
+    Finish(
+        job, v1::FAILED,
+        absl::StrCat(reason, "; not restarted: the job needs ",
+                     job.plan.num_ranks, " workers and ", live, " are live"));
+    return;
+  }
+  StopWorkers(job, reason);
+  PrepareNextAttempt(job, reason);
+  // At the head: the job was running, and a restart must not wait behind
+  // work submitted after it.
+  queue_.push_front(job.number);
+  UpdateQueuePositions();
+  SetState(job, v1::QUEUED);
+  if (options_.observer != nullptr) options_.observer->OnRestarted(job.info);
+}
+
+void JobManager::PrepareNextAttempt(JobRecord& job, const std::string& reason) {
+  // The next attempt starts from the newest step this job committed, or
+  // where the job itself started.
+  if (job.committed.has_value()) job.resume = job.committed;
+  const int64_t from = job.resume.has_value() ? job.resume->step : 0;
+  ++job.attempt;
+  job.secret = MakeSecret();
+  job.info.clear_worker_ids();
+  for (v1::StagePlacement& p : *job.info.mutable_stages()) p.clear_worker_id();
+  job.endpoints.clear();
+  job.ended.clear();
+  job.succeeded.clear();
+  job.is_ready.clear();
+  job.ready = 0;
+  job.failing = false;
+  job.failure.clear();
+  job.no_restart.clear();
+  job.stepped = false;
+  job.programs_sent = false;
+  job.profiling = false;
+  job.profile_requested = false;
+  job.steps.ClearPending();
+  job.pending_checkpoints.clear();
+  v1::Job& info = job.info;
+  info.set_restarts(info.restarts() + 1);
+  info.set_last_restart_reason(reason);
+  info.set_steps_done(from);
+  if (job.resume.has_value()) {
+    info.set_resumed_from_step(job.resume->step);
+    info.set_resumed_from(job.resume->step_dir);
+  }
+  SPDLOG_WARN("{}: restart {} of {} after: {}; resuming from {}", info.id(),
+              info.restarts(), info.max_restarts(), reason,
+              from > 0 ? absl::StrCat("step ", from) : "the start");
+}
+
+void JobManager::Finish(JobRecord& job, v1::JobState state,
+                        const std::string& message) {
+  if (proto::IsTerminal(job.info.state())) return;
+  const bool was_queued = job.info.state() == v1::QUEUED;
+  job.info.set_message(message);
+  job.info.set_ended_unix_ms(NowUnixMs());
+  job.failing = false;
+  job.steps.ClearPending();
+  if (was_queued) {
+    queue_.erase(std::remove(queue_.begin(), queue_.end(), job.number),
+                 queue_.end());
+    UpdateQueuePositions();
+  } else {
+    StopWorkers(job, message.empty() ? std::string(proto::JobStateName(state))
+                                     : message);
+  }
+  if (state == v1::SUCCEEDED) {
+    SPDLOG_INFO("{} SUCCEEDED after {} steps", job.info.id(),
+                job.info.steps_done());
+  } else {
+    SPDLOG_WARN("{} {}: {}", job.info.id(),
+                std::string(proto::JobStateName(state)), message);
+  }
+  job.info.set_queue_position(0);
+  SetState(job, state);
+  if (options_.observer != nullptr) options_.observer->OnFinished(job.info);
+  // A finished job keeps only its newest events (a watcher that is behind
+  // skips older ones, as it would while the job ran), and only the newest
+  // max_finished_jobs finished jobs are kept at all, so a coordinator that
+  // runs for months does not grow with its history.
+  job.events.KeepNewest(options_.events_per_finished_job);
+  // Nor does it need its parsed job, action lists, parameter names or YAML
+  // (GetTrace still reads the plan's ranks and stages).
+  job.plan.job = engine::JobSpec();
+  job.plan.schedule.actions.clear();
+  job.plan.schedule.actions.shrink_to_fit();
+  for (StagePlan& s : job.plan.stages) {
+    s.parameter_names.clear();
+    s.parameter_names.shrink_to_fit();
+  }
+  job.request.clear_yaml();
+  finished_jobs_.push_back(job.number);
+  const uint64_t finished_number = job.number;
+  if (!job.steps.timelines().empty()) {
+    finished_traces_.push_back(job.number);
+    while (static_cast<int>(finished_traces_.size()) >
+           options_.trace_finished_jobs) {
+      jobs_.at(finished_traces_.front()).steps.ClearTimelines();
+      finished_traces_.pop_front();
+    }
+  }
+  while (static_cast<int>(finished_jobs_.size()) >
+         std::max(1, options_.max_finished_jobs)) {
+    const uint64_t oldest = finished_jobs_.front();
+    finished_jobs_.pop_front();
+    if (oldest == finished_number) continue;  // Cannot happen: max >= 1.
+    finished_traces_.erase(
+        std::remove(finished_traces_.begin(), finished_traces_.end(), oldest),
+        finished_traces_.end());
+    jobs_.erase(oldest);
+  }
+}
+
+void JobManager::StopWorkers(JobRecord& job, const std::string& reason) {
+  if (!job.programs_sent) {
+    // Only the first worker may have heard of the job (asked to profile
+    // it); the others are free at once.
+    job.profiling = false;
+    for (int r = job.profile_requested ? 1 : 0; r < job.info.worker_ids_size();
+         ++r) {
+      WorkerRecord* w = workers_.Find(job.info.worker_ids(r));
+      if (w != nullptr && w->info.job_id() == job.info.id()) {
+        ReleaseWorker(*w);
+        job.ended[r] = true;
+      }
+    }
+  }
+  v1::CoordinatorMessage m;
+  m.mutable_cancel()->set_job_id(job.info.id());
+  m.mutable_cancel()->set_reason(reason);
+  const auto& ids = job.info.worker_ids();
+  for (int r = 0; r < ids.size(); ++r) {
+    WorkerRecord* w = workers_.Find(ids[r]);
+    if (!job.ended[r] && w != nullptr && w->info.job_id() == job.info.id() &&
+        w->info.state() == v1::BUSY) {
+      w->connection->Send(m);
+    }
+  }
+}
+
+void JobManager::SetState(JobRecord& job, v1::JobState state) {
+  job.info.set_state(state);
+  AddEvent(job, nullptr);
+  MarkChanged();
+}
+
+void JobManager::AddEvent(JobRecord& job, const v1::StepSummary* step) {
+  v1::JobEvent event;
+  *event.mutable_job() = job.info;
+  if (step != nullptr) *event.mutable_step() = *step;
+  job.events.Add(std::move(event));
+  ++event_count_;
+  events_cv_.notify_all();
+}
+
+void JobManager::ReleaseWorker(WorkerRecord& w) {
+  if (w.info.state() != v1::BUSY) return;
+  w.info.set_state(v1::IDLE);
+  w.info.clear_job_id();
+  w.info.clear_stages();
+}
+
+}  // namespace conveyor::coordinator

@@ -1,0 +1,258 @@
+// JobManager, continued: the state file: persisting the job records and
+// restoring them (coordinator/job_manager.h). One class, one mutex; its files
+// by concern.
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <utility>
+
+#include "absl/hash/hash.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "common/status_macros.h"
+#include "coordinator/data_plane_choice.h"
+#include "coordinator/job_manager.h"
+#include "engine/checkpoint_manifest.h"
+#include "engine/job_spec.h"
+#include "engine/profiler.h"
+#include "engine/stage_file.h"
+#include "job/rank_program.h"
+#include "proto/protocol.h"
+#include "spdlog/spdlog.h"
+
+namespace conveyor::coordinator {
+
+using job::JobPlan;
+using job::PlanJob;
+
+// ---------------------------------------------------------------------------
+// The state file.
+
+absl::Status JobManager::Persist() {
+  if (options_.state_file == nullptr) return absl::OkStatus();
+  std::lock_guard<std::mutex> persist(persist_mu_);
+  v1::CoordinatorState state;
+  uint64_t changes = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (changes_ == persisted_changes_) return absl::OkStatus();
+    changes = changes_;
+    state = Snapshot();
+  }
+  // Outside mu_: a slow disk delays only the next write, not the workers'
+  // reports or the clients' calls.
+  const absl::Status saved = options_.state_file->Save(state);
+  if (saved.ok()) persisted_changes_ = changes;
+  std::lock_guard<std::mutex> health(health_mu_);
+  // Logged once per outage: the first failure and the recovery.
+  if (!saved.ok() && state_file_error_.empty()) {
+    SPDLOG_ERROR(
+        "cannot write the state file (submissions and cancels are refused "
+        "until it can be written; retrying): {}",
+        saved.ToString());
+  } else if (saved.ok() && !state_file_error_.empty()) {
+    SPDLOG_INFO("state file {} written again", options_.state_file->path());
+  }
+  state_file_error_ = saved.ok() ? "" : std::string(saved.message());
+  return saved;
+}
+
+bool JobManager::PersistedThrough(uint64_t change) {
+  if (options_.state_file == nullptr) return true;
+  std::lock_guard<std::mutex> persist(persist_mu_);
+  return persisted_changes_ >= change;
+}
+
+std::string JobManager::StateFileError() const {
+  std::lock_guard<std::mutex> health(health_mu_);
+  return state_file_error_;
+}
+
+v1::CoordinatorState JobManager::Snapshot() const {
+  v1::CoordinatorState state;
+  state.set_version(options_.version);
+  state.set_next_job(next_job_);
+  for (const auto& [number, job] : jobs_) {
+    v1::JobRecordState* saved = state.add_jobs();
+    *saved->mutable_info() = job.info;
+    *saved->mutable_request() = job.request;
+    saved->set_config_hash(job.config_hash);
+    if (job.resume.has_value()) *saved->mutable_resume() = ToProto(*job.resume);
+    if (job.committed.has_value()) {
+      *saved->mutable_committed() = ToProto(*job.committed);
+    }
+    saved->set_attempt(job.attempt);
+  }
+  for (uint64_t number : queue_) state.add_queue(number);
+  return state;
+}
+
+absl::Status JobManager::Replan(JobRecord& job) {
+  absl::StatusOr<engine::JobSpec> spec = engine::ParseJobSpec(
+      job.request.yaml(), job.request.file_name(), job.request.base_dir());
+  if (!spec.ok()) return spec.status();
+  if (job.resume.has_value()) {
+    RETURN_IF_ERROR(AdoptCheckpointCut(*job.resume, *spec));
+  }
+  ASSIGN_OR_RETURN(JobPlan plan, PlanJob(*std::move(spec)));
+  if (job.resume.has_value()) {
+    RETURN_IF_ERROR(CheckResumeFitsPlan(*job.resume, plan));
+  }
+  job.plan = std::move(plan);
+  DescribePlan(job);
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::Restore(const v1::CoordinatorState& state) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!jobs_.empty() || !workers_.empty()) {
+    return absl::FailedPreconditionError(
+        "job records can only be restored before any job or worker");
+  }
+  // First every record, so that a bad file changes nothing.
+  for (const v1::JobRecordState& saved : state.jobs()) {
+    const uint64_t number = JobNumber(saved.info().id());
+    if (number == 0 || number >= (uint64_t{1} << 47) ||
+        jobs_.contains(number)) {
+      jobs_.clear();
+      return absl::DataLossError(absl::StrCat(
+          "state file: job id '", saved.info().id(),
+          number == 0 ? "' is not job-<n>" : "' is out of range or repeated"));
+    }
+    JobRecord& job = AddJobRecord(number);
+    job.number = number;
+    job.info = saved.info();
+    job.request = saved.request();
+    job.config_hash = saved.config_hash();
+    job.attempt = saved.attempt();
+    if (saved.has_resume()) job.resume = FromProto(saved.resume());
+    if (saved.has_committed()) job.committed = FromProto(saved.committed());
+    job.secret = MakeSecret();
+    // No worker of this coordinator has heard of the job.
+    const int ranks = job.info.worker_ids_size();
+    job.ended.assign(ranks, true);
+    job.succeeded.assign(ranks, false);
+    job.is_ready.assign(ranks, false);
+    job.endpoints.assign(ranks, "");
+    job.programs_sent = true;
+    job.info.set_queue_position(0);
+  }
+  next_job_ =
+      std::max<uint64_t>({next_job_, state.next_job(),
+                          jobs_.empty() ? 1 : jobs_.rbegin()->first + 1});
+
+  std::vector<uint64_t> ended;        // In the order they ended.
+  std::vector<uint64_t> interrupted;  // Placed when the coordinator stopped.
+  std::vector<uint64_t> queued;
+  for (uint64_t number : state.queue()) {
+    auto it = jobs_.find(number);
+    if (it != jobs_.end() && it->second.info.state() == v1::QUEUED &&
+        std::find(queued.begin(), queued.end(), number) == queued.end()) {
+      queued.push_back(number);
+    }
+  }
+  for (auto& [number, job] : jobs_) {
+    const v1::JobState s = job.info.state();
+    if (proto::IsTerminal(s)) {
+      ended.push_back(number);
+    } else if (s != v1::QUEUED) {
+      interrupted.push_back(number);
+    } else if (std::find(queued.begin(), queued.end(), number) ==
+               queued.end()) {
+      queued.push_back(number);  // Cannot happen with a file we wrote.
+    }
+  }
+  std::stable_sort(ended.begin(), ended.end(), [&](uint64_t a, uint64_t b) {
+    return jobs_.at(a).info.ended_unix_ms() < jobs_.at(b).info.ended_unix_ms();
+  });
+  for (uint64_t number : ended) {
+    JobRecord& job = jobs_.at(number);
+    job.request.clear_yaml();
+    AddEvent(job, nullptr);
+    finished_jobs_.push_back(number);
+  }
+  // Each kept job's next event: the job as it is now.
+  auto start = [&](JobRecord& job) {
+    AddEvent(job, nullptr);
+    if (options_.observer != nullptr) options_.observer->OnSubmitted(job.info);
+  };
+  std::vector<uint64_t> restarted;
+  for (uint64_t number : interrupted) {
+    JobRecord& job = jobs_.at(number);
+    // The manifest is written before the record of it: a step committed
+    // just before the coordinator went down may be newer on disk than in
+    // the state file. The directory is the job's alone (and the step of its
+    // configuration), so its newest complete step is the job's.
+    if (!job.info.checkpoint_dir().empty()) {
+      engine::ResumeSpec latest;
+      latest.kind = engine::ResumeSpec::Kind::kLatest;
+      absl::StatusOr<ResumePoint> on_disk =
+          FindResumePoint(latest, job.info.checkpoint_dir(), job.config_hash);
+      const int64_t known =
+          std::max<int64_t>(job.committed.has_value() ? job.committed->step : 0,
+                            job.resume.has_value() ? job.resume->step : 0);
+      if (on_disk.ok() && on_disk->step > known) {
+        job.info.set_last_checkpoint_step(on_disk->step);
+        job.committed = *std::move(on_disk);
+      }
+    }
+    const std::string at =
+        absl::StrCat("the coordinator restarted while the job was ",
+                     proto::JobStateName(job.info.state()), " (step ",
+                     job.info.steps_done(), ")");
+    start(job);
+    if (job.committed.has_value() &&
+        job.committed->step >= job.info.steps_total()) {
+      Finish(job, v1::SUCCEEDED, "");  // Its final step is committed.
+      continue;
+    }
+    if (job.info.restarts() >= job.info.max_restarts()) {
+      Finish(job, v1::FAILED,
+             job.committed.has_value()
+                 ? absl::StrCat(at, "; step ", job.committed->step,
+                                " is its newest complete checkpoint: submit "
+                                "it again with `resume: latest` to continue")
+                 : absl::StrCat(at, "; it had committed no checkpoint"));
+      continue;
+    }
+    PrepareNextAttempt(job, at);
+    if (absl::Status s = Replan(job); !s.ok()) {
+      Finish(job, v1::FAILED,
+             absl::StrCat(at, "; planning it again failed: ", s.message()));
+      continue;
+    }
+    restarted.push_back(number);
+    if (options_.observer != nullptr) options_.observer->OnRestarted(job.info);
+  }
+  for (uint64_t number : queued) {
+    JobRecord& job = jobs_.at(number);
+    start(job);
+    if (absl::Status s = Replan(job); !s.ok()) {
+      Finish(job, v1::FAILED,
+             absl::StrCat("the coordinator restarted and planning the job "
+                          "again failed: ",
+                          s.message()));
+      continue;
+    }
+    queue_.push_back(number);
+  }
+  // Restarted jobs first, as a restart after a lost worker would be.
+  queue_.insert(queue_.begin(), restarted.begin(), restarted.end());
+  for (uint64_t number : restarted) SetState(jobs_.at(number), v1::QUEUED);
+  UpdateQueuePositions();
+  SPDLOG_INFO(
+      "restored {} job record(s): {} ended, {} queued, {} restarted after "
+      "the coordinator's restart",
+      jobs_.size(), ended.size(), queue_.size() - restarted.size(),
+      restarted.size());
+  // The outcomes decided here (FAILED, restarted) are records too.
+  MarkChanged();
+  return absl::OkStatus();
+}
+
+}  // namespace conveyor::coordinator
