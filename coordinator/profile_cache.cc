@@ -10,10 +10,12 @@ namespace conveyor::coordinator {
 
 std::string ProfileCache::Key(const std::string& device,
                               const std::string& profile_key) {
-  return absl::StrCat(device, "\n",
-                      absl::Hex(absl::Hash<std::string>()(profile_key)), ":",
-                      absl::Hex(absl::Hash<std::pair<std::string, int>>()(
-                          std::make_pair(profile_key, 1))));
+  return absl::StrCat(
+      device, "\n",
+      absl::Hex(absl::Hash<std::string>()(profile_key), absl::kZeroPad16), ":",
+      absl::Hex(absl::Hash<std::pair<std::string, int>>()(
+                    std::make_pair(profile_key, 1)),
+                absl::kZeroPad16));
 }
 
 const std::vector<engine::LayerProfile>* ProfileCache::Find(
