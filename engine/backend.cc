@@ -1,16 +1,13 @@
 #include "engine/backend.h"
 
+#include <algorithm>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
 #include "common/status_macros.h"
-#include "engine/cpu/cpu_backend.h"
 
 namespace conveyor::engine {
-
-absl::StatusOr<Tensor> Backend::EmptyHostStaging(const Shape& shape,
-                                                 DType dtype) {
-  return CpuBackend::Get()->Empty(shape, dtype);
-}
 
 absl::StatusOr<Tensor> Backend::Zeros(const Shape& shape, DType dtype) {
   ASSIGN_OR_RETURN(Tensor t, Empty(shape, dtype));
@@ -28,6 +25,15 @@ absl::StatusOr<Tensor> Backend::Zeros(const Shape& shape, DType dtype) {
 }
 
 namespace {
+
+void CheckSameNumel(const Tensor& a, const Tensor& b, const char* what) {
+  CONVEYOR_CHECK(a.numel() == b.numel(), what);
+}
+
+// Rows of a tensor viewed as [rows, its last dimension].
+int64_t Rows(const Tensor& x) {
+  return x.numel() / std::max<int64_t>(x.dim(-1), 1);
+}
 
 // `batch` row-major matrices `stride` apart, each `rows` rows `ld` apart of
 // `cols` columns.
@@ -47,6 +53,248 @@ int64_t GemmExtentA(const GemmBatch& g) {
 int64_t GemmExtentB(const GemmBatch& g) {
   return Extent(g.batch, g.stride_b, g.trans_b ? g.n : g.k,
                 g.trans_b ? g.k : g.n, g.ldb);
+}
+
+absl::Status Backend::RecordEvent(void* /*event*/) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(Name(), " has no streams to record an event on"));
+}
+
+absl::Status Backend::WaitForEvent(void* /*event*/) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(Name(), " has no streams to wait for an event on"));
+}
+
+void Backend::Copy(const Tensor& src, const Tensor& dst) {
+  CONVEYOR_CHECK(src.bytes() == dst.bytes() && src.dtype() == dst.dtype(),
+                 "copy between different shapes or dtypes");
+  DoCopy(src, dst);
+}
+
+void Backend::Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a,
+                   const Tensor& b, float beta, const Tensor& c) {
+  // Host backends share their memory (the CPU backend's precisions);
+  // device backends must own all three.
+  CONVEYOR_CHECK(
+      host_resident() ||
+          (a.backend() == this && b.backend() == this && c.backend() == this),
+      "gemm operands of another backend");
+  const Tensor a2 = a.As2D(), b2 = b.As2D(), c2 = c.As2D();
+  GemmBatch g;
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
+  g.m = trans_a ? a2.dim(1) : a2.dim(0);
+  g.k = trans_a ? a2.dim(0) : a2.dim(1);
+  g.n = trans_b ? b2.dim(0) : b2.dim(1);
+  CONVEYOR_CHECK((trans_b ? b2.dim(1) : b2.dim(0)) == g.k,
+                 "gemm inner dimensions differ");
+  CONVEYOR_CHECK(c2.dim(0) == g.m && c2.dim(1) == g.n,
+                 "gemm output has the wrong shape");
+  g.alpha = alpha;
+  g.beta = beta;
+  g.a = a2.data<float>();
+  g.lda = a2.dim(1);
+  g.b = b2.data<float>();
+  g.ldb = b2.dim(1);
+  g.c = c2.data<float>();
+  g.ldc = c2.dim(1);
+  GemmStridedBatched(g);
+}
+
+void Backend::Axpy(float alpha, const Tensor& x, const Tensor& y) {
+  CheckSameNumel(x, y, "axpy operands differ in size");
+  DoAxpy(alpha, x, y);
+}
+
+void Backend::Add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  CheckSameNumel(a, b, "add operands differ in size");
+  CheckSameNumel(a, out, "add output differs in size");
+  DoAdd(a, b, out);
+}
+
+void Backend::AddRowBias(const Tensor& x, const Tensor& bias) {
+  const int64_t cols = bias.numel();
+  CONVEYOR_CHECK(cols > 0 && x.numel() % cols == 0,
+                 "bias does not divide the rows");
+  DoAddRowBias(x, bias);
+}
+
+void Backend::SumRows(const Tensor& x, float beta, const Tensor& out) {
+  const int64_t cols = out.numel();
+  CONVEYOR_CHECK(cols > 0 && x.numel() % cols == 0,
+                 "sum-rows output does not divide the input");
+  DoSumRows(x, beta, out);
+}
+
+void Backend::Relu(const Tensor& x, const Tensor& y) {
+  CheckSameNumel(x, y, "relu output differs in size");
+  DoRelu(x, y);
+}
+
+void Backend::ReluBackward(const Tensor& x, const Tensor& dy,
+                           const Tensor& dx) {
+  CheckSameNumel(x, dy, "relu gradient differs in size");
+  CheckSameNumel(x, dx, "relu gradient differs in size");
+  DoReluBackward(x, dy, dx);
+}
+
+void Backend::Gelu(const Tensor& x, bool tanh, const Tensor& y) {
+  CheckSameNumel(x, y, "gelu output differs in size");
+  DoGelu(x, tanh, y);
+}
+
+void Backend::GeluBackward(const Tensor& x, bool tanh, const Tensor& dy,
+                           const Tensor& dx) {
+  CheckSameNumel(x, dy, "gelu gradient differs in size");
+  CheckSameNumel(x, dx, "gelu gradient differs in size");
+  DoGeluBackward(x, tanh, dy, dx);
+}
+
+void Backend::LayerNorm(const Tensor& x, const Tensor& gamma,
+                        const Tensor& beta, float eps, const Tensor& y,
+                        const Tensor& mean, const Tensor& rstd) {
+  const int64_t cols = x.dim(-1), rows = Rows(x);
+  CONVEYOR_CHECK(
+      y.numel() == x.numel() && mean.numel() == rows && rstd.numel() == rows,
+      "layernorm shapes disagree");
+  CONVEYOR_CHECK(!gamma.defined() || gamma.numel() == cols,
+                 "layernorm weight has the wrong size");
+  CONVEYOR_CHECK(!beta.defined() || beta.numel() == cols,
+                 "layernorm bias has the wrong size");
+  DoLayerNorm(x, gamma, beta, eps, y, mean, rstd);
+}
+
+void Backend::LayerNormBackwardInput(const Tensor& x, const Tensor& gamma,
+                                     const Tensor& mean, const Tensor& rstd,
+                                     const Tensor& dy, const Tensor& dx) {
+  const int64_t rows = Rows(x);
+  CONVEYOR_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel(),
+                 "layernorm gradient shapes disagree");
+  CONVEYOR_CHECK(mean.numel() == rows && rstd.numel() == rows,
+                 "layernorm statistics have the wrong size");
+  CONVEYOR_CHECK(!gamma.defined() || gamma.numel() == x.dim(-1),
+                 "layernorm weight has the wrong size");
+  DoLayerNormBackwardInput(x, gamma, mean, rstd, dy, dx);
+}
+
+void Backend::LayerNormBackwardWeight(const Tensor& x, const Tensor& mean,
+                                      const Tensor& rstd, const Tensor& dy,
+                                      const Tensor& dgamma,
+                                      const Tensor& dbeta) {
+  const int64_t cols = x.dim(-1), rows = Rows(x);
+  CONVEYOR_CHECK(dgamma.numel() == cols && dbeta.numel() == cols,
+                 "layernorm weight gradient shapes disagree");
+  CONVEYOR_CHECK(
+      dy.numel() == x.numel() && mean.numel() == rows && rstd.numel() == rows,
+      "layernorm gradient shapes disagree");
+  DoLayerNormBackwardWeight(x, mean, rstd, dy, dgamma, dbeta);
+}
+
+void Backend::Softmax(const Tensor& x, float scale, bool causal,
+                      const Tensor& y) {
+  CheckSameNumel(x, y, "softmax output differs in size");
+  DoSoftmax(x, scale, causal, y);
+}
+
+void Backend::SoftmaxBackward(const Tensor& y, const Tensor& dy, float scale,
+                              const Tensor& dx) {
+  CONVEYOR_CHECK(dy.numel() == y.numel() && dx.numel() == y.numel(),
+                 "softmax gradient shapes disagree");
+  DoSoftmaxBackward(y, dy, scale, dx);
+}
+
+void Backend::SplitHeads(const Tensor& qkv, int64_t heads, const Tensor& q,
+                         const Tensor& k, const Tensor& v) {
+  CONVEYOR_CHECK(q.rank() == 4 && q.dim(1) == heads &&
+                     qkv.numel() == 3 * q.numel() && k.numel() == q.numel() &&
+                     v.numel() == q.numel(),
+                 "split-heads shapes disagree");
+  DoSplitHeads(qkv, heads, q, k, v);
+}
+
+void Backend::SplitHeadsBackward(const Tensor& dq, const Tensor& dk,
+                                 const Tensor& dv, int64_t heads,
+                                 const Tensor& dqkv) {
+  CONVEYOR_CHECK(dq.rank() == 4 && dq.dim(1) == heads &&
+                     dqkv.numel() == 3 * dq.numel() &&
+                     dk.numel() == dq.numel() && dv.numel() == dq.numel(),
+                 "split-heads shapes disagree");
+  DoSplitHeadsBackward(dq, dk, dv, heads, dqkv);
+}
+
+void Backend::MergeHeads(const Tensor& x, const Tensor& out) {
+  CONVEYOR_CHECK(x.rank() == 4 && out.numel() == x.numel(),
+                 "merge-heads shapes disagree");
+  DoMergeHeads(x, out);
+}
+
+void Backend::MergeHeadsBackward(const Tensor& dout, const Tensor& dx) {
+  CONVEYOR_CHECK(dx.rank() == 4 && dout.numel() == dx.numel(),
+                 "merge-heads shapes disagree");
+  DoMergeHeadsBackward(dout, dx);
+}
+
+absl::Status Backend::EmbeddingForward(const Tensor& ids, const Tensor& table,
+                                       const Tensor& out) {
+  CONVEYOR_CHECK(ids.dtype() == DType::kI64 && table.rank() == 2,
+                 "embedding takes i64 ids and a [vocab, d] table");
+  CONVEYOR_CHECK(out.numel() == ids.numel() * table.dim(1),
+                 "embedding output has the wrong size");
+  return DoEmbeddingForward(ids, table, out);
+}
+
+void Backend::EmbeddingBackward(const Tensor& ids, const Tensor& dy,
+                                const Tensor& dtable) {
+  CONVEYOR_CHECK(ids.dtype() == DType::kI64 && dtable.rank() == 2,
+                 "embedding takes i64 ids and a [vocab, d] table");
+  CONVEYOR_CHECK(dy.numel() == ids.numel() * dtable.dim(1),
+                 "embedding gradient has the wrong size");
+  DoEmbeddingBackward(ids, dy, dtable);
+}
+
+absl::StatusOr<float> Backend::MseLoss(const Tensor& y, const Tensor& target,
+                                       float grad_scale, const Tensor& dy) {
+  if (y.numel() != target.numel()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mse: output ", ShapeString(y.shape()), " and target ",
+                     ShapeString(target.shape()), " differ in size"));
+  }
+  CheckSameNumel(y, dy, "mse gradient differs in size");
+  return DoMseLoss(y, target, grad_scale, dy);
+}
+
+absl::StatusOr<float> Backend::CrossEntropyLoss(const Tensor& logits,
+                                                const Tensor& targets,
+                                                float grad_scale,
+                                                const Tensor& dlogits) {
+  const int64_t n = Rows(logits);
+  if (targets.numel() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cross_entropy: ", n, " rows of logits but ",
+                     targets.numel(), " targets"));
+  }
+  CONVEYOR_CHECK(targets.dtype() == DType::kI64,
+                 "cross-entropy targets must be i64");
+  CheckSameNumel(logits, dlogits, "cross-entropy gradient differs in size");
+  return DoCrossEntropyLoss(logits, targets, grad_scale, dlogits);
+}
+
+void Backend::SgdUpdate(const SgdParams& p, const Tensor& param,
+                        const Tensor& grad, const Tensor& momentum) {
+  CONVEYOR_CHECK(param.numel() == grad.numel(), "sgd shapes disagree");
+  CONVEYOR_CHECK(p.momentum == 0.0f || momentum.numel() == param.numel(),
+                 "sgd momentum buffer has the wrong size");
+  DoSgdUpdate(p, param, grad, momentum);
+}
+
+void Backend::AdamUpdate(const AdamParams& p, const Tensor& param,
+                         const Tensor& grad, const Tensor& exp_avg,
+                         const Tensor& exp_avg_sq) {
+  CONVEYOR_CHECK(param.numel() == grad.numel() &&
+                     exp_avg.numel() == param.numel() &&
+                     exp_avg_sq.numel() == param.numel(),
+                 "adam shapes disagree");
+  DoAdamUpdate(p, param, grad, exp_avg, exp_avg_sq);
 }
 
 }  // namespace conveyor::engine

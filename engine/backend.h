@@ -7,9 +7,8 @@
 // visible to later kernels on the same backend at once, and to the host only
 // after Synchronize(). Calls returning host values (losses, SumSquares)
 // synchronize themselves. Cross-stream ordering (compute vs communication)
-// is the CUDA backend's own, with CUDA events (CudaBackend::RecordEvent and
-// WaitForEvent), used by the NCCL channel; it is not part of this interface
-// yet (issue 18 moves it here, so transport needs no concrete backend).
+// goes through RecordEvent and WaitForEvent on native events, so that the
+// NCCL channel needs no concrete backend.
 //
 // Kernel arguments are f32 unless stated; shapes are the caller's contract:
 // a mismatch is a bug in a layer and aborts (CONVEYOR_CHECK), while failures
@@ -83,10 +82,10 @@ class Backend {
   // Uninitialized host memory to stage this backend's tensors through (the
   // TCP channel's send and receive buffers): a tensor of the CPU backend,
   // page-locked on CUDA so CopyToHost and CopyFromHost run at full DMA
-  // speed, plain memory by default. Thread-safe, unlike the rest of the
-  // interface: the TCP channel's I/O thread allocates with it.
+  // speed. Thread-safe, unlike the rest of the interface: the TCP channel's
+  // I/O thread allocates with it.
   virtual absl::StatusOr<Tensor> EmptyHostStaging(const Shape& shape,
-                                                  DType dtype);
+                                                  DType dtype) = 0;
   // Called by Buffer when the last tensor using it goes.
   virtual void FreeBuffer(void* data, size_t bytes) = 0;
   virtual absl::Status CopyFromHost(const void* src, size_t bytes,
@@ -94,98 +93,168 @@ class Backend {
   virtual absl::Status CopyToHost(const Tensor& src, void* dst,
                                   size_t bytes) = 0;
   // dst = src (same shape and dtype, this backend).
-  virtual void Copy(const Tensor& src, const Tensor& dst) = 0;
+  void Copy(const Tensor& src, const Tensor& dst);
   virtual absl::Status Synchronize() = 0;
 
+  // --- Ordering against other streams -------------------------------------
+  // For channels that move this backend's tensors on streams of their own
+  // (NCCL), without naming the backend's type: native handles, as
+  // std::thread::native_handle. Host backends have no device, no stream
+  // and no events: their work is done when their calls return.
+  // The device ordinal; -1 for host memory.
+  virtual int device_ordinal() const { return -1; }
+  // The compute stream (a cudaStream_t); nullptr on a host backend.
+  virtual void* native_stream() const { return nullptr; }
+  // Records `event` (a native event of this backend's kind, a cudaEvent_t)
+  // on the compute stream after everything enqueued so far, for another
+  // stream to wait on. FailedPrecondition on a host backend; kInternal if
+  // the event is invalid or the context broken.
+  virtual absl::Status RecordEvent(void* event);
+  // Makes compute work enqueued after this call wait for `event`, recorded
+  // on another stream, without blocking the host. As RecordEvent.
+  virtual absl::Status WaitForEvent(void* event);
+
+  // The kernels below are non-virtual fronts: each checks its shapes once
+  // for every backend (the checks abort: a mismatch is a bug in a layer),
+  // then calls the backend's Do* implementation.
+
   // --- Linear algebra -----------------------------------------------------
-  // c = alpha * op(a) op(b) + beta * c, each viewed as 2-D (Tensor::As2D).
-  virtual void Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a,
-                    const Tensor& b, float beta, const Tensor& c) = 0;
+  // c = alpha * op(a) op(b) + beta * c, each viewed as 2-D (Tensor::As2D),
+  // through GemmStridedBatched.
+  void Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a,
+            const Tensor& b, float beta, const Tensor& c);
   virtual void GemmStridedBatched(const GemmBatch& batch) = 0;
 
   // --- Elementwise ----------------------------------------------------------
   virtual void Fill(const Tensor& x, float value) = 0;
-  virtual void Scale(const Tensor& x, float alpha) = 0;  // x *= a
-  virtual void Axpy(float alpha, const Tensor& x,
-                    const Tensor& y) = 0;  // y += a x
-  virtual void Add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  virtual void Scale(const Tensor& x, float alpha) = 0;      // x *= a
+  void Axpy(float alpha, const Tensor& x, const Tensor& y);  // y += a x
+  void Add(const Tensor& a, const Tensor& b, const Tensor& out);
   // x[r, :] += bias for every row r of x viewed as [rows, bias.numel()].
-  virtual void AddRowBias(const Tensor& x, const Tensor& bias) = 0;
+  void AddRowBias(const Tensor& x, const Tensor& bias);
   // out = beta * out + sum over the rows of x viewed as [rows, out.numel()].
-  virtual void SumRows(const Tensor& x, float beta, const Tensor& out) = 0;
-  virtual void Relu(const Tensor& x, const Tensor& y) = 0;
-  virtual void ReluBackward(const Tensor& x, const Tensor& dy,
-                            const Tensor& dx) = 0;
+  void SumRows(const Tensor& x, float beta, const Tensor& out);
+  void Relu(const Tensor& x, const Tensor& y);
+  void ReluBackward(const Tensor& x, const Tensor& dy, const Tensor& dx);
   // GELU, exact (erf) or with the tanh approximation, as torch.nn.GELU.
-  virtual void Gelu(const Tensor& x, bool tanh, const Tensor& y) = 0;
-  virtual void GeluBackward(const Tensor& x, bool tanh, const Tensor& dy,
-                            const Tensor& dx) = 0;
+  void Gelu(const Tensor& x, bool tanh, const Tensor& y);
+  void GeluBackward(const Tensor& x, bool tanh, const Tensor& dy,
+                    const Tensor& dx);
 
   // --- Layer normalization over the last dimension --------------------------
   // y = (x - mean) * rstd * gamma + beta; mean and rstd have one entry per
   // row and are kept for backward. gamma and beta may be undefined (no
   // affine); LayerNormBackwardWeight then has nothing to compute and must not
   // be called.
-  virtual void LayerNorm(const Tensor& x, const Tensor& gamma,
-                         const Tensor& beta, float eps, const Tensor& y,
-                         const Tensor& mean, const Tensor& rstd) = 0;
-  virtual void LayerNormBackwardInput(const Tensor& x, const Tensor& gamma,
-                                      const Tensor& mean, const Tensor& rstd,
-                                      const Tensor& dy, const Tensor& dx) = 0;
+  void LayerNorm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                 float eps, const Tensor& y, const Tensor& mean,
+                 const Tensor& rstd);
+  void LayerNormBackwardInput(const Tensor& x, const Tensor& gamma,
+                              const Tensor& mean, const Tensor& rstd,
+                              const Tensor& dy, const Tensor& dx);
   // dgamma += sum(dy * xhat), dbeta += sum(dy) over rows.
-  virtual void LayerNormBackwardWeight(const Tensor& x, const Tensor& mean,
-                                       const Tensor& rstd, const Tensor& dy,
-                                       const Tensor& dgamma,
-                                       const Tensor& dbeta) = 0;
+  void LayerNormBackwardWeight(const Tensor& x, const Tensor& mean,
+                               const Tensor& rstd, const Tensor& dy,
+                               const Tensor& dgamma, const Tensor& dbeta);
 
-  // --- Attention pieces
-  // ------------------------------------------------------- Row softmax of
-  // scale * x over the last dimension of x viewed as [batch, rows, cols]; with
-  // `causal`, entry (r, c) is masked when c > r.
-  virtual void Softmax(const Tensor& x, float scale, bool causal,
-                       const Tensor& y) = 0;
+  // --- Attention pieces ------------------------------------------------------
+  // Row softmax of scale * x over the last dimension of x viewed as [batch,
+  // rows, cols]; with `causal`, entry (r, c) is masked when c > r.
+  void Softmax(const Tensor& x, float scale, bool causal, const Tensor& y);
   // dx = scale * y * (dy - sum(dy * y)) per row.
-  virtual void SoftmaxBackward(const Tensor& y, const Tensor& dy, float scale,
-                               const Tensor& dx) = 0;
+  void SoftmaxBackward(const Tensor& y, const Tensor& dy, float scale,
+                       const Tensor& dx);
   // qkv [B, S, 3, H, D] -> q, k, v each [B, H, S, D] (torch's in_proj order).
-  virtual void SplitHeads(const Tensor& qkv, int64_t heads, const Tensor& q,
-                          const Tensor& k, const Tensor& v) = 0;
-  virtual void SplitHeadsBackward(const Tensor& dq, const Tensor& dk,
-                                  const Tensor& dv, int64_t heads,
-                                  const Tensor& dqkv) = 0;
+  void SplitHeads(const Tensor& qkv, int64_t heads, const Tensor& q,
+                  const Tensor& k, const Tensor& v);
+  void SplitHeadsBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                          int64_t heads, const Tensor& dqkv);
   // x [B, H, S, D] -> out [B, S, H*D], and back.
-  virtual void MergeHeads(const Tensor& x, const Tensor& out) = 0;
-  virtual void MergeHeadsBackward(const Tensor& dout, const Tensor& dx) = 0;
+  void MergeHeads(const Tensor& x, const Tensor& out);
+  void MergeHeadsBackward(const Tensor& dout, const Tensor& dx);
 
   // --- Embedding ------------------------------------------------------------
   // out[i, :] = table[ids[i], :]; ids is I64. InvalidArgument for an id
   // outside [0, vocab) (it comes from data).
-  virtual absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table,
-                                        const Tensor& out) = 0;
+  absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table,
+                                const Tensor& out);
   // dtable[ids[i], :] += dy[i, :].
-  virtual void EmbeddingBackward(const Tensor& ids, const Tensor& dy,
-                                 const Tensor& dtable) = 0;
+  void EmbeddingBackward(const Tensor& ids, const Tensor& dy,
+                         const Tensor& dtable);
 
   // --- Losses: the mean loss, and its gradient times grad_scale -------------
   // mean((y - t)^2) over all elements; dy = grad_scale * 2 (y - t) / n.
-  virtual absl::StatusOr<float> MseLoss(const Tensor& y, const Tensor& target,
-                                        float grad_scale, const Tensor& dy) = 0;
+  // InvalidArgument when y and the target differ in size (data).
+  absl::StatusOr<float> MseLoss(const Tensor& y, const Tensor& target,
+                                float grad_scale, const Tensor& dy);
   // Mean over rows of -log softmax(logits)[target]; logits [n, V], targets
-  // I64 [n]. InvalidArgument for a target outside [0, V).
-  virtual absl::StatusOr<float> CrossEntropyLoss(const Tensor& logits,
-                                                 const Tensor& targets,
-                                                 float grad_scale,
-                                                 const Tensor& dlogits) = 0;
+  // I64 [n]. InvalidArgument for a target outside [0, V) or a count of
+  // targets other than n.
+  absl::StatusOr<float> CrossEntropyLoss(const Tensor& logits,
+                                         const Tensor& targets,
+                                         float grad_scale,
+                                         const Tensor& dlogits);
 
-  // --- Optimizers (torch.optim semantics)
-  // -------------------------------------
-  virtual void SgdUpdate(const SgdParams& p, const Tensor& param,
-                         const Tensor& grad, const Tensor& momentum) = 0;
-  virtual void AdamUpdate(const AdamParams& p, const Tensor& param,
-                          const Tensor& grad, const Tensor& exp_avg,
-                          const Tensor& exp_avg_sq) = 0;
+  // --- Optimizers (torch.optim semantics) ------------------------------------
+  void SgdUpdate(const SgdParams& p, const Tensor& param, const Tensor& grad,
+                 const Tensor& momentum);
+  void AdamUpdate(const AdamParams& p, const Tensor& param, const Tensor& grad,
+                  const Tensor& exp_avg, const Tensor& exp_avg_sq);
   // Sum of squares (for global gradient-norm clipping), in double.
   virtual absl::StatusOr<double> SumSquares(const Tensor& x) = 0;
+
+ protected:
+  // The implementations behind the fronts above, called with shapes
+  // checked.
+  virtual void DoCopy(const Tensor& src, const Tensor& dst) = 0;
+  virtual void DoAxpy(float alpha, const Tensor& x, const Tensor& y) = 0;
+  virtual void DoAdd(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  virtual void DoAddRowBias(const Tensor& x, const Tensor& bias) = 0;
+  virtual void DoSumRows(const Tensor& x, float beta, const Tensor& out) = 0;
+  virtual void DoRelu(const Tensor& x, const Tensor& y) = 0;
+  virtual void DoReluBackward(const Tensor& x, const Tensor& dy,
+                              const Tensor& dx) = 0;
+  virtual void DoGelu(const Tensor& x, bool tanh, const Tensor& y) = 0;
+  virtual void DoGeluBackward(const Tensor& x, bool tanh, const Tensor& dy,
+                              const Tensor& dx) = 0;
+  virtual void DoLayerNorm(const Tensor& x, const Tensor& gamma,
+                           const Tensor& beta, float eps, const Tensor& y,
+                           const Tensor& mean, const Tensor& rstd) = 0;
+  virtual void DoLayerNormBackwardInput(const Tensor& x, const Tensor& gamma,
+                                        const Tensor& mean, const Tensor& rstd,
+                                        const Tensor& dy, const Tensor& dx) = 0;
+  virtual void DoLayerNormBackwardWeight(const Tensor& x, const Tensor& mean,
+                                         const Tensor& rstd, const Tensor& dy,
+                                         const Tensor& dgamma,
+                                         const Tensor& dbeta) = 0;
+  virtual void DoSoftmax(const Tensor& x, float scale, bool causal,
+                         const Tensor& y) = 0;
+  virtual void DoSoftmaxBackward(const Tensor& y, const Tensor& dy, float scale,
+                                 const Tensor& dx) = 0;
+  virtual void DoSplitHeads(const Tensor& qkv, int64_t heads, const Tensor& q,
+                            const Tensor& k, const Tensor& v) = 0;
+  virtual void DoSplitHeadsBackward(const Tensor& dq, const Tensor& dk,
+                                    const Tensor& dv, int64_t heads,
+                                    const Tensor& dqkv) = 0;
+  virtual void DoMergeHeads(const Tensor& x, const Tensor& out) = 0;
+  virtual void DoMergeHeadsBackward(const Tensor& dout, const Tensor& dx) = 0;
+  virtual absl::Status DoEmbeddingForward(const Tensor& ids,
+                                          const Tensor& table,
+                                          const Tensor& out) = 0;
+  virtual void DoEmbeddingBackward(const Tensor& ids, const Tensor& dy,
+                                   const Tensor& dtable) = 0;
+  virtual absl::StatusOr<float> DoMseLoss(const Tensor& y, const Tensor& target,
+                                          float grad_scale,
+                                          const Tensor& dy) = 0;
+  virtual absl::StatusOr<float> DoCrossEntropyLoss(const Tensor& logits,
+                                                   const Tensor& targets,
+                                                   float grad_scale,
+                                                   const Tensor& dlogits) = 0;
+  virtual void DoSgdUpdate(const SgdParams& p, const Tensor& param,
+                           const Tensor& grad, const Tensor& momentum) = 0;
+  virtual void DoAdamUpdate(const AdamParams& p, const Tensor& param,
+                            const Tensor& grad, const Tensor& exp_avg,
+                            const Tensor& exp_avg_sq) = 0;
 };
 
 }  // namespace conveyor::engine

@@ -79,7 +79,7 @@ absl::StatusOr<engine::CudaBackend*> AsCuda(engine::Backend* backend) {
 absl::Status CreateMeshCollective(
     engine::Backend* const* backends, int count,
     std::unique_ptr<engine::MeshCollective>* collective) {
-  std::vector<engine::CudaBackend*> cuda;
+  std::vector<engine::Backend*> cuda;
   for (int d = 0; d < count; ++d) {
     ASSIGN_OR_RETURN(engine::CudaBackend * b, AsCuda(backends[d]));
     cuda.push_back(b);

@@ -21,10 +21,6 @@ constexpr size_t kAlignment = 64;  // A cache line; enough for AVX-512 loads.
 
 float* F(const Tensor& t) { return t.data<float>(); }
 
-void CheckSameNumel(const Tensor& a, const Tensor& b, const char* what) {
-  CONVEYOR_CHECK(a.numel() == b.numel(), what);
-}
-
 }  // namespace
 
 CpuBackend* CpuBackend::Get(Precision precision) {
@@ -102,36 +98,10 @@ absl::Status CpuBackend::CopyToHost(const Tensor& src, void* dst,
   return absl::OkStatus();
 }
 
-void CpuBackend::Copy(const Tensor& src, const Tensor& dst) {
-  CONVEYOR_CHECK(src.bytes() == dst.bytes() && src.dtype() == dst.dtype(),
-                 "copy between different shapes or dtypes");
+void CpuBackend::DoCopy(const Tensor& src, const Tensor& dst) {
   if (src.bytes() > 0 && src.raw() != dst.raw()) {
     std::memcpy(dst.raw(), src.raw(), src.bytes());
   }
-}
-
-void CpuBackend::Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a,
-                      const Tensor& b, float beta, const Tensor& c) {
-  const Tensor a2 = a.As2D(), b2 = b.As2D(), c2 = c.As2D();
-  GemmBatch g;
-  g.trans_a = trans_a;
-  g.trans_b = trans_b;
-  g.m = trans_a ? a2.dim(1) : a2.dim(0);
-  g.k = trans_a ? a2.dim(0) : a2.dim(1);
-  g.n = trans_b ? b2.dim(0) : b2.dim(1);
-  CONVEYOR_CHECK((trans_b ? b2.dim(1) : b2.dim(0)) == g.k,
-                 "gemm inner dimensions differ");
-  CONVEYOR_CHECK(c2.dim(0) == g.m && c2.dim(1) == g.n,
-                 "gemm output has the wrong shape");
-  g.alpha = alpha;
-  g.beta = beta;
-  g.a = F(a2);
-  g.lda = a2.dim(1);
-  g.b = F(b2);
-  g.ldb = b2.dim(1);
-  g.c = F(c2);
-  g.ldc = c2.dim(1);
-  GemmStridedBatched(g);
 }
 
 void CpuBackend::GemmStridedBatched(const GemmBatch& g) {
@@ -178,25 +148,20 @@ void CpuBackend::Scale(const Tensor& x, float alpha) {
   ParallelFor(x.numel(), [=](int64_t i) { p[i] *= alpha; });
 }
 
-void CpuBackend::Axpy(float alpha, const Tensor& x, const Tensor& y) {
-  CheckSameNumel(x, y, "axpy operands differ in size");
+void CpuBackend::DoAxpy(float alpha, const Tensor& x, const Tensor& y) {
   const float* px = F(x);
   float* py = F(y);
   ParallelFor(x.numel(), [=](int64_t i) { py[i] += alpha * px[i]; });
 }
 
-void CpuBackend::Add(const Tensor& a, const Tensor& b, const Tensor& out) {
-  CheckSameNumel(a, b, "add operands differ in size");
-  CheckSameNumel(a, out, "add output differs in size");
+void CpuBackend::DoAdd(const Tensor& a, const Tensor& b, const Tensor& out) {
   const float *pa = F(a), *pb = F(b);
   float* po = F(out);
   ParallelFor(a.numel(), [=](int64_t i) { po[i] = pa[i] + pb[i]; });
 }
 
-void CpuBackend::AddRowBias(const Tensor& x, const Tensor& bias) {
+void CpuBackend::DoAddRowBias(const Tensor& x, const Tensor& bias) {
   const int64_t cols = bias.numel();
-  CONVEYOR_CHECK(cols > 0 && x.numel() % cols == 0,
-                 "bias does not divide the rows");
   const int64_t rows = x.numel() / cols;
   float* px = F(x);
   const float* pb = F(bias);
@@ -206,10 +171,8 @@ void CpuBackend::AddRowBias(const Tensor& x, const Tensor& bias) {
   });
 }
 
-void CpuBackend::SumRows(const Tensor& x, float beta, const Tensor& out) {
+void CpuBackend::DoSumRows(const Tensor& x, float beta, const Tensor& out) {
   const int64_t cols = out.numel();
-  CONVEYOR_CHECK(cols > 0 && x.numel() % cols == 0,
-                 "sum-rows output does not divide the input");
   const int64_t rows = x.numel() / cols;
   const float* px = F(x);
   float* po = F(out);
@@ -222,17 +185,14 @@ void CpuBackend::SumRows(const Tensor& x, float beta, const Tensor& out) {
   });
 }
 
-void CpuBackend::Relu(const Tensor& x, const Tensor& y) {
-  CheckSameNumel(x, y, "relu output differs in size");
+void CpuBackend::DoRelu(const Tensor& x, const Tensor& y) {
   const float* px = F(x);
   float* py = F(y);
   ParallelFor(x.numel(), [=](int64_t i) { py[i] = px[i] > 0 ? px[i] : 0.0f; });
 }
 
-void CpuBackend::ReluBackward(const Tensor& x, const Tensor& dy,
-                              const Tensor& dx) {
-  CheckSameNumel(x, dy, "relu gradient differs in size");
-  CheckSameNumel(x, dx, "relu gradient differs in size");
+void CpuBackend::DoReluBackward(const Tensor& x, const Tensor& dy,
+                                const Tensor& dx) {
   const float *px = F(x), *pdy = F(dy);
   float* pdx = F(dx);
   ParallelFor(x.numel(),
@@ -248,8 +208,7 @@ constexpr float kGeluCubic = 0.044715f;
 
 }  // namespace
 
-void CpuBackend::Gelu(const Tensor& x, bool tanh, const Tensor& y) {
-  CheckSameNumel(x, y, "gelu output differs in size");
+void CpuBackend::DoGelu(const Tensor& x, bool tanh, const Tensor& y) {
   const float* px = F(x);
   float* py = F(y);
   if (tanh) {
@@ -266,10 +225,8 @@ void CpuBackend::Gelu(const Tensor& x, bool tanh, const Tensor& y) {
   }
 }
 
-void CpuBackend::GeluBackward(const Tensor& x, bool tanh, const Tensor& dy,
-                              const Tensor& dx) {
-  CheckSameNumel(x, dy, "gelu gradient differs in size");
-  CheckSameNumel(x, dx, "gelu gradient differs in size");
+void CpuBackend::DoGeluBackward(const Tensor& x, bool tanh, const Tensor& dy,
+                                const Tensor& dx) {
   const float *px = F(x), *pdy = F(dy);
   float* pdx = F(dx);
   if (tanh) {

@@ -25,71 +25,79 @@ class CpuBackend final : public Backend {
   bool host_resident() const override { return true; }
 
   absl::StatusOr<Tensor> Empty(const Shape& shape, DType dtype) override;
+  // Host memory already: plain tensors of the fp32 instance (staging only
+  // copies bytes, whatever this instance's precision).
+  absl::StatusOr<Tensor> EmptyHostStaging(const Shape& shape,
+                                          DType dtype) override {
+    return Get()->Empty(shape, dtype);
+  }
   void FreeBuffer(void* data, size_t bytes) override;
   absl::Status CopyFromHost(const void* src, size_t bytes,
                             const Tensor& dst) override;
   absl::Status CopyToHost(const Tensor& src, void* dst, size_t bytes) override;
-  void Copy(const Tensor& src, const Tensor& dst) override;
   absl::Status Synchronize() override { return absl::OkStatus(); }
 
-  void Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a,
-            const Tensor& b, float beta, const Tensor& c) override;
   void GemmStridedBatched(const GemmBatch& batch) override;
 
   void Fill(const Tensor& x, float value) override;
   void Scale(const Tensor& x, float alpha) override;
-  void Axpy(float alpha, const Tensor& x, const Tensor& y) override;
-  void Add(const Tensor& a, const Tensor& b, const Tensor& out) override;
-  void AddRowBias(const Tensor& x, const Tensor& bias) override;
-  void SumRows(const Tensor& x, float beta, const Tensor& out) override;
-  void Relu(const Tensor& x, const Tensor& y) override;
-  void ReluBackward(const Tensor& x, const Tensor& dy,
-                    const Tensor& dx) override;
-  void Gelu(const Tensor& x, bool tanh, const Tensor& y) override;
-  void GeluBackward(const Tensor& x, bool tanh, const Tensor& dy,
-                    const Tensor& dx) override;
-
-  void LayerNorm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                 float eps, const Tensor& y, const Tensor& mean,
-                 const Tensor& rstd) override;
-  void LayerNormBackwardInput(const Tensor& x, const Tensor& gamma,
-                              const Tensor& mean, const Tensor& rstd,
-                              const Tensor& dy, const Tensor& dx) override;
-  void LayerNormBackwardWeight(const Tensor& x, const Tensor& mean,
-                               const Tensor& rstd, const Tensor& dy,
-                               const Tensor& dgamma,
-                               const Tensor& dbeta) override;
-
-  void Softmax(const Tensor& x, float scale, bool causal,
-               const Tensor& y) override;
-  void SoftmaxBackward(const Tensor& y, const Tensor& dy, float scale,
-                       const Tensor& dx) override;
-  void SplitHeads(const Tensor& qkv, int64_t heads, const Tensor& q,
-                  const Tensor& k, const Tensor& v) override;
-  void SplitHeadsBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                          int64_t heads, const Tensor& dqkv) override;
-  void MergeHeads(const Tensor& x, const Tensor& out) override;
-  void MergeHeadsBackward(const Tensor& dout, const Tensor& dx) override;
-
-  absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table,
-                                const Tensor& out) override;
-  void EmbeddingBackward(const Tensor& ids, const Tensor& dy,
-                         const Tensor& dtable) override;
-
-  absl::StatusOr<float> MseLoss(const Tensor& y, const Tensor& target,
-                                float grad_scale, const Tensor& dy) override;
-  absl::StatusOr<float> CrossEntropyLoss(const Tensor& logits,
-                                         const Tensor& targets,
-                                         float grad_scale,
-                                         const Tensor& dlogits) override;
-
-  void SgdUpdate(const SgdParams& p, const Tensor& param, const Tensor& grad,
-                 const Tensor& momentum) override;
-  void AdamUpdate(const AdamParams& p, const Tensor& param, const Tensor& grad,
-                  const Tensor& exp_avg, const Tensor& exp_avg_sq) override;
   absl::StatusOr<double> SumSquares(const Tensor& x) override;
 
  private:
+  // --- Backend kernels behind the checked fronts (engine/backend.h) ---------
+  void DoCopy(const Tensor& src, const Tensor& dst) override;
+  void DoAxpy(float alpha, const Tensor& x, const Tensor& y) override;
+  void DoAdd(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void DoAddRowBias(const Tensor& x, const Tensor& bias) override;
+  void DoSumRows(const Tensor& x, float beta, const Tensor& out) override;
+  void DoRelu(const Tensor& x, const Tensor& y) override;
+  void DoReluBackward(const Tensor& x, const Tensor& dy,
+                      const Tensor& dx) override;
+  void DoGelu(const Tensor& x, bool tanh, const Tensor& y) override;
+  void DoGeluBackward(const Tensor& x, bool tanh, const Tensor& dy,
+                      const Tensor& dx) override;
+
+  void DoLayerNorm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                   float eps, const Tensor& y, const Tensor& mean,
+                   const Tensor& rstd) override;
+  void DoLayerNormBackwardInput(const Tensor& x, const Tensor& gamma,
+                                const Tensor& mean, const Tensor& rstd,
+                                const Tensor& dy, const Tensor& dx) override;
+  void DoLayerNormBackwardWeight(const Tensor& x, const Tensor& mean,
+                                 const Tensor& rstd, const Tensor& dy,
+                                 const Tensor& dgamma,
+                                 const Tensor& dbeta) override;
+
+  void DoSoftmax(const Tensor& x, float scale, bool causal,
+                 const Tensor& y) override;
+  void DoSoftmaxBackward(const Tensor& y, const Tensor& dy, float scale,
+                         const Tensor& dx) override;
+  void DoSplitHeads(const Tensor& qkv, int64_t heads, const Tensor& q,
+                    const Tensor& k, const Tensor& v) override;
+  void DoSplitHeadsBackward(const Tensor& dq, const Tensor& dk,
+                            const Tensor& dv, int64_t heads,
+                            const Tensor& dqkv) override;
+  void DoMergeHeads(const Tensor& x, const Tensor& out) override;
+  void DoMergeHeadsBackward(const Tensor& dout, const Tensor& dx) override;
+
+  absl::Status DoEmbeddingForward(const Tensor& ids, const Tensor& table,
+                                  const Tensor& out) override;
+  void DoEmbeddingBackward(const Tensor& ids, const Tensor& dy,
+                           const Tensor& dtable) override;
+
+  absl::StatusOr<float> DoMseLoss(const Tensor& y, const Tensor& target,
+                                  float grad_scale, const Tensor& dy) override;
+  absl::StatusOr<float> DoCrossEntropyLoss(const Tensor& logits,
+                                           const Tensor& targets,
+                                           float grad_scale,
+                                           const Tensor& dlogits) override;
+
+  void DoSgdUpdate(const SgdParams& p, const Tensor& param, const Tensor& grad,
+                   const Tensor& momentum) override;
+  void DoAdamUpdate(const AdamParams& p, const Tensor& param,
+                    const Tensor& grad, const Tensor& exp_avg,
+                    const Tensor& exp_avg_sq) override;
+
   explicit CpuBackend(Precision precision) : precision_(precision) {}
   const Precision precision_;
 };

@@ -26,13 +26,10 @@ int64_t FirstOutOfRange(const int64_t* ids, int64_t n, int64_t limit) {
 
 }  // namespace
 
-void CpuBackend::LayerNorm(const Tensor& x, const Tensor& gamma,
-                           const Tensor& beta, float eps, const Tensor& y,
-                           const Tensor& mean, const Tensor& rstd) {
+void CpuBackend::DoLayerNorm(const Tensor& x, const Tensor& gamma,
+                             const Tensor& beta, float eps, const Tensor& y,
+                             const Tensor& mean, const Tensor& rstd) {
   const int64_t cols = x.dim(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
-  CONVEYOR_CHECK(
-      y.numel() == x.numel() && mean.numel() == rows && rstd.numel() == rows,
-      "layernorm shapes disagree");
   const float* px = F(x);
   const float* pg = gamma.defined() ? F(gamma) : nullptr;
   const float* pb = beta.defined() ? F(beta) : nullptr;
@@ -61,12 +58,11 @@ void CpuBackend::LayerNorm(const Tensor& x, const Tensor& gamma,
   });
 }
 
-void CpuBackend::LayerNormBackwardInput(const Tensor& x, const Tensor& gamma,
-                                        const Tensor& mean, const Tensor& rstd,
-                                        const Tensor& dy, const Tensor& dx) {
+void CpuBackend::DoLayerNormBackwardInput(const Tensor& x, const Tensor& gamma,
+                                          const Tensor& mean,
+                                          const Tensor& rstd, const Tensor& dy,
+                                          const Tensor& dx) {
   const int64_t cols = x.dim(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
-  CONVEYOR_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel(),
-                 "layernorm gradient shapes disagree");
   const float *px = F(x), *pm = F(mean), *pr = F(rstd), *pdy = F(dy);
   const float* pg = gamma.defined() ? F(gamma) : nullptr;
   float* pdx = F(dx);
@@ -92,13 +88,11 @@ void CpuBackend::LayerNormBackwardInput(const Tensor& x, const Tensor& gamma,
   });
 }
 
-void CpuBackend::LayerNormBackwardWeight(const Tensor& x, const Tensor& mean,
-                                         const Tensor& rstd, const Tensor& dy,
-                                         const Tensor& dgamma,
-                                         const Tensor& dbeta) {
+void CpuBackend::DoLayerNormBackwardWeight(const Tensor& x, const Tensor& mean,
+                                           const Tensor& rstd, const Tensor& dy,
+                                           const Tensor& dgamma,
+                                           const Tensor& dbeta) {
   const int64_t cols = x.dim(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
-  CONVEYOR_CHECK(dgamma.numel() == cols && dbeta.numel() == cols,
-                 "layernorm weight gradient shapes disagree");
   const float *px = F(x), *pm = F(mean), *pr = F(rstd), *pdy = F(dy);
   float *pdg = F(dgamma), *pdb = F(dbeta);
   ParallelForRows(cols, rows, [=](int64_t c) {
@@ -113,12 +107,11 @@ void CpuBackend::LayerNormBackwardWeight(const Tensor& x, const Tensor& mean,
   });
 }
 
-void CpuBackend::Softmax(const Tensor& x, float scale, bool causal,
-                         const Tensor& y) {
+void CpuBackend::DoSoftmax(const Tensor& x, float scale, bool causal,
+                           const Tensor& y) {
   const int64_t cols = x.dim(-1);
   const int64_t rows_per = x.rank() >= 2 ? x.dim(-2) : 1;
   const int64_t rows = x.numel() / std::max<int64_t>(cols, 1);
-  CONVEYOR_CHECK(y.numel() == x.numel(), "softmax output differs in size");
   const float* px = F(x);
   float* py = F(y);
   ParallelForRows(rows, cols, [=](int64_t r) {
@@ -139,11 +132,9 @@ void CpuBackend::Softmax(const Tensor& x, float scale, bool causal,
   });
 }
 
-void CpuBackend::SoftmaxBackward(const Tensor& y, const Tensor& dy, float scale,
-                                 const Tensor& dx) {
+void CpuBackend::DoSoftmaxBackward(const Tensor& y, const Tensor& dy,
+                                   float scale, const Tensor& dx) {
   const int64_t cols = y.dim(-1), rows = y.numel() / std::max<int64_t>(cols, 1);
-  CONVEYOR_CHECK(dy.numel() == y.numel() && dx.numel() == y.numel(),
-                 "softmax gradient shapes disagree");
   const float *py = F(y), *pdy = F(dy);
   float* pdx = F(dx);
   ParallelForRows(rows, cols, [=](int64_t r) {
@@ -166,9 +157,6 @@ namespace {
 void PermuteQkv(const Tensor& qkv, int64_t heads, const Tensor& q,
                 const Tensor& k, const Tensor& v, bool to_heads) {
   const int64_t b = q.dim(0), s = q.dim(2), d = q.dim(3);
-  CONVEYOR_CHECK(q.dim(1) == heads && qkv.numel() == 3 * q.numel() &&
-                     k.numel() == q.numel() && v.numel() == q.numel(),
-                 "split-heads shapes disagree");
   float* pqkv = F(qkv);
   float* parts[3] = {F(q), F(k), F(v)};
   ParallelForRows(b * s, 3 * heads * d, [=](int64_t bs) {
@@ -192,7 +180,6 @@ void PermuteQkv(const Tensor& qkv, int64_t heads, const Tensor& q,
 // Moves between x [B, H, S, D] and out [B, S, H*D].
 void PermuteMerge(const Tensor& x, const Tensor& out, bool to_merged) {
   const int64_t b = x.dim(0), heads = x.dim(1), s = x.dim(2), d = x.dim(3);
-  CONVEYOR_CHECK(out.numel() == x.numel(), "merge-heads shapes disagree");
   float *px = F(x), *po = F(out);
   ParallelForRows(b * s, heads * d, [=](int64_t bs) {
     const int64_t bi = bs / s, si = bs % s;
@@ -212,30 +199,29 @@ void PermuteMerge(const Tensor& x, const Tensor& out, bool to_merged) {
 
 }  // namespace
 
-void CpuBackend::SplitHeads(const Tensor& qkv, int64_t heads, const Tensor& q,
-                            const Tensor& k, const Tensor& v) {
+void CpuBackend::DoSplitHeads(const Tensor& qkv, int64_t heads, const Tensor& q,
+                              const Tensor& k, const Tensor& v) {
   PermuteQkv(qkv, heads, q, k, v, /*to_heads=*/true);
 }
 
-void CpuBackend::SplitHeadsBackward(const Tensor& dq, const Tensor& dk,
-                                    const Tensor& dv, int64_t heads,
-                                    const Tensor& dqkv) {
+void CpuBackend::DoSplitHeadsBackward(const Tensor& dq, const Tensor& dk,
+                                      const Tensor& dv, int64_t heads,
+                                      const Tensor& dqkv) {
   PermuteQkv(dqkv, heads, dq, dk, dv, /*to_heads=*/false);
 }
 
-void CpuBackend::MergeHeads(const Tensor& x, const Tensor& out) {
+void CpuBackend::DoMergeHeads(const Tensor& x, const Tensor& out) {
   PermuteMerge(x, out, /*to_merged=*/true);
 }
 
-void CpuBackend::MergeHeadsBackward(const Tensor& dout, const Tensor& dx) {
+void CpuBackend::DoMergeHeadsBackward(const Tensor& dout, const Tensor& dx) {
   PermuteMerge(dx, dout, /*to_merged=*/false);
 }
 
-absl::Status CpuBackend::EmbeddingForward(const Tensor& ids,
-                                          const Tensor& table,
-                                          const Tensor& out) {
+absl::Status CpuBackend::DoEmbeddingForward(const Tensor& ids,
+                                            const Tensor& table,
+                                            const Tensor& out) {
   const int64_t n = ids.numel(), vocab = table.dim(0), d = table.dim(1);
-  CONVEYOR_CHECK(out.numel() == n * d, "embedding output has the wrong size");
   const int64_t* pid = ids.data<int64_t>();
   if (const int64_t i = FirstOutOfRange(pid, n, vocab); i >= 0) {
     return absl::InvalidArgumentError(
@@ -252,10 +238,9 @@ absl::Status CpuBackend::EmbeddingForward(const Tensor& ids,
   return absl::OkStatus();
 }
 
-void CpuBackend::EmbeddingBackward(const Tensor& ids, const Tensor& dy,
-                                   const Tensor& dtable) {
+void CpuBackend::DoEmbeddingBackward(const Tensor& ids, const Tensor& dy,
+                                     const Tensor& dtable) {
   const int64_t n = ids.numel(), d = dtable.dim(1);
-  CONVEYOR_CHECK(dy.numel() == n * d, "embedding gradient has the wrong size");
   const int64_t* pid = ids.data<int64_t>();
   const float* pdy = F(dy);
   float* pt = F(dtable);
@@ -268,13 +253,10 @@ void CpuBackend::EmbeddingBackward(const Tensor& ids, const Tensor& dy,
   }
 }
 
-absl::StatusOr<float> CpuBackend::MseLoss(const Tensor& y, const Tensor& target,
-                                          float grad_scale, const Tensor& dy) {
-  if (y.numel() != target.numel()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("mse: output ", ShapeString(y.shape()), " and target ",
-                     ShapeString(target.shape()), " differ in size"));
-  }
+absl::StatusOr<float> CpuBackend::DoMseLoss(const Tensor& y,
+                                            const Tensor& target,
+                                            float grad_scale,
+                                            const Tensor& dy) {
   const int64_t n = y.numel();
   const float *py = F(y), *pt = F(target);
   float* pdy = F(dy);
@@ -288,17 +270,12 @@ absl::StatusOr<float> CpuBackend::MseLoss(const Tensor& y, const Tensor& target,
   return n > 0 ? static_cast<float>(sum / n) : 0.0f;
 }
 
-absl::StatusOr<float> CpuBackend::CrossEntropyLoss(const Tensor& logits,
-                                                   const Tensor& targets,
-                                                   float grad_scale,
-                                                   const Tensor& dlogits) {
+absl::StatusOr<float> CpuBackend::DoCrossEntropyLoss(const Tensor& logits,
+                                                     const Tensor& targets,
+                                                     float grad_scale,
+                                                     const Tensor& dlogits) {
   const int64_t vocab = logits.dim(-1);
   const int64_t n = logits.numel() / std::max<int64_t>(vocab, 1);
-  if (targets.numel() != n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cross_entropy: ", n, " rows of logits but ",
-                     targets.numel(), " targets"));
-  }
   const int64_t* pt = targets.data<int64_t>();
   if (const int64_t i = FirstOutOfRange(pt, n, vocab); i >= 0) {
     return absl::InvalidArgumentError(
@@ -329,11 +306,8 @@ absl::StatusOr<float> CpuBackend::CrossEntropyLoss(const Tensor& logits,
   return n > 0 ? static_cast<float>(total / n) : 0.0f;
 }
 
-void CpuBackend::SgdUpdate(const SgdParams& p, const Tensor& param,
-                           const Tensor& grad, const Tensor& momentum) {
-  CONVEYOR_CHECK(param.numel() == grad.numel(), "sgd shapes disagree");
-  CONVEYOR_CHECK(p.momentum == 0.0f || momentum.numel() == param.numel(),
-                 "sgd momentum buffer has the wrong size");
+void CpuBackend::DoSgdUpdate(const SgdParams& p, const Tensor& param,
+                             const Tensor& grad, const Tensor& momentum) {
   float *w = F(param), *g = F(grad);
   float* buf = p.momentum != 0.0f ? F(momentum) : nullptr;
   ParallelFor(param.numel(), [=](int64_t i) {
@@ -347,13 +321,9 @@ void CpuBackend::SgdUpdate(const SgdParams& p, const Tensor& param,
   });
 }
 
-void CpuBackend::AdamUpdate(const AdamParams& p, const Tensor& param,
-                            const Tensor& grad, const Tensor& exp_avg,
-                            const Tensor& exp_avg_sq) {
-  CONVEYOR_CHECK(param.numel() == grad.numel() &&
-                     exp_avg.numel() == param.numel() &&
-                     exp_avg_sq.numel() == param.numel(),
-                 "adam shapes disagree");
+void CpuBackend::DoAdamUpdate(const AdamParams& p, const Tensor& param,
+                              const Tensor& grad, const Tensor& exp_avg,
+                              const Tensor& exp_avg_sq) {
   float *w = F(param), *g = F(grad), *m = F(exp_avg), *v = F(exp_avg_sq);
   const double bias1 = 1.0 - std::pow(static_cast<double>(p.beta1), p.step);
   const double bias2 = 1.0 - std::pow(static_cast<double>(p.beta2), p.step);

@@ -75,10 +75,6 @@ absl::Status HostAlloc(CudaHostPtr<T>& out, absl::string_view what) {
   return absl::OkStatus();
 }
 
-void CheckSameNumel(const Tensor& a, const Tensor& b, const char* what) {
-  CONVEYOR_CHECK(a.numel() == b.numel(), what);
-}
-
 int AsInt(int64_t v, const char* what) {
   CONVEYOR_CHECK(v >= 0 && v <= INT_MAX, what);
   return static_cast<int>(v);
@@ -269,16 +265,17 @@ absl::StatusOr<int64_t> CudaBackend::FetchId(const Tensor& ids, int64_t index) {
   return *host_id_;
 }
 
-absl::Status CudaBackend::RecordEvent(cudaEvent_t event) {
+absl::Status CudaBackend::RecordEvent(void* event) {
   Activate();
-  return CudaStatus(cudaEventRecord(event, stream()),
+  return CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>(event), stream()),
                     absl::StrCat(name_, ": cudaEventRecord"));
 }
 
-absl::Status CudaBackend::WaitForEvent(cudaEvent_t event) {
+absl::Status CudaBackend::WaitForEvent(void* event) {
   Activate();
-  return CudaStatus(cudaStreamWaitEvent(stream(), event, 0),
-                    absl::StrCat(name_, ": cudaStreamWaitEvent"));
+  return CudaStatus(
+      cudaStreamWaitEvent(stream(), static_cast<cudaEvent_t>(event), 0),
+      absl::StrCat(name_, ": cudaStreamWaitEvent"));
 }
 
 absl::Status CudaBackend::EmptyCache() {
@@ -369,9 +366,7 @@ absl::Status CudaBackend::CopyToHost(const Tensor& src, void* dst,
   return WaitForHost("copy to the host");
 }
 
-void CudaBackend::Copy(const Tensor& src, const Tensor& dst) {
-  CONVEYOR_CHECK(src.bytes() == dst.bytes() && src.dtype() == dst.dtype(),
-                 "copy between different shapes or dtypes");
+void CudaBackend::DoCopy(const Tensor& src, const Tensor& dst) {
   CONVEYOR_CHECK(src.backend() == this && dst.backend() == this,
                  "a tensor of another backend was passed to the CUDA backend");
   if (src.bytes() == 0 || src.raw() == dst.raw()) return;
@@ -388,30 +383,6 @@ absl::Status CudaBackend::Synchronize() {
 }
 
 // --- Linear algebra ----------------------------------------------------------
-
-void CudaBackend::Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a,
-                       const Tensor& b, float beta, const Tensor& c) {
-  const Tensor a2 = a.As2D(), b2 = b.As2D(), c2 = c.As2D();
-  GemmBatch g;
-  g.trans_a = trans_a;
-  g.trans_b = trans_b;
-  g.m = trans_a ? a2.dim(1) : a2.dim(0);
-  g.k = trans_a ? a2.dim(0) : a2.dim(1);
-  g.n = trans_b ? b2.dim(0) : b2.dim(1);
-  CONVEYOR_CHECK((trans_b ? b2.dim(1) : b2.dim(0)) == g.k,
-                 "gemm inner dimensions differ");
-  CONVEYOR_CHECK(c2.dim(0) == g.m && c2.dim(1) == g.n,
-                 "gemm output has the wrong shape");
-  g.alpha = alpha;
-  g.beta = beta;
-  g.a = F(a2);
-  g.lda = a2.dim(1);
-  g.b = F(b2);
-  g.ldb = b2.dim(1);
-  g.c = F(c2);
-  g.ldc = c2.dim(1);
-  GemmStridedBatched(g);
-}
 
 void CudaBackend::GemmStridedBatched(const GemmBatch& g) {
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
@@ -493,31 +464,24 @@ void CudaBackend::Scale(const Tensor& x, float alpha) {
   ci::Scale(F(x), x.numel(), alpha, stream());
 }
 
-void CudaBackend::Axpy(float alpha, const Tensor& x, const Tensor& y) {
-  CheckSameNumel(x, y, "axpy operands differ in size");
+void CudaBackend::DoAxpy(float alpha, const Tensor& x, const Tensor& y) {
   Activate();
   ci::Axpy(alpha, F(x), F(y), x.numel(), stream());
 }
 
-void CudaBackend::Add(const Tensor& a, const Tensor& b, const Tensor& out) {
-  CheckSameNumel(a, b, "add operands differ in size");
-  CheckSameNumel(a, out, "add output differs in size");
+void CudaBackend::DoAdd(const Tensor& a, const Tensor& b, const Tensor& out) {
   Activate();
   ci::Add(F(a), F(b), F(out), a.numel(), stream());
 }
 
-void CudaBackend::AddRowBias(const Tensor& x, const Tensor& bias) {
+void CudaBackend::DoAddRowBias(const Tensor& x, const Tensor& bias) {
   const int64_t cols = bias.numel();
-  CONVEYOR_CHECK(cols > 0 && x.numel() % cols == 0,
-                 "bias does not divide the rows");
   Activate();
   ci::AddRowBias(F(x), F(bias), x.numel() / cols, cols, stream());
 }
 
-void CudaBackend::SumRows(const Tensor& x, float beta, const Tensor& out) {
+void CudaBackend::DoSumRows(const Tensor& x, float beta, const Tensor& out) {
   const int64_t cols = out.numel();
-  CONVEYOR_CHECK(cols > 0 && x.numel() % cols == 0,
-                 "sum-rows output does not divide the input");
   const int64_t rows = x.numel() / cols;
   Activate();
   const int64_t floats = ci::ColumnSumScratchFloats(rows, cols, 1);
@@ -528,77 +492,57 @@ void CudaBackend::SumRows(const Tensor& x, float beta, const Tensor& out) {
   ci::SumRows(F(x), rows, cols, beta, F(out), scratch.as<float>(), stream());
 }
 
-void CudaBackend::Relu(const Tensor& x, const Tensor& y) {
-  CheckSameNumel(x, y, "relu output differs in size");
+void CudaBackend::DoRelu(const Tensor& x, const Tensor& y) {
   Activate();
   ci::Relu(F(x), F(y), x.numel(), stream());
 }
 
-void CudaBackend::ReluBackward(const Tensor& x, const Tensor& dy,
-                               const Tensor& dx) {
-  CheckSameNumel(x, dy, "relu gradient differs in size");
-  CheckSameNumel(x, dx, "relu gradient differs in size");
+void CudaBackend::DoReluBackward(const Tensor& x, const Tensor& dy,
+                                 const Tensor& dx) {
   Activate();
   ci::ReluBackward(F(x), F(dy), F(dx), x.numel(), stream());
 }
 
-void CudaBackend::Gelu(const Tensor& x, bool tanh, const Tensor& y) {
-  CheckSameNumel(x, y, "gelu output differs in size");
+void CudaBackend::DoGelu(const Tensor& x, bool tanh, const Tensor& y) {
   Activate();
   ci::Gelu(F(x), tanh, F(y), x.numel(), stream());
 }
 
-void CudaBackend::GeluBackward(const Tensor& x, bool tanh, const Tensor& dy,
-                               const Tensor& dx) {
-  CheckSameNumel(x, dy, "gelu gradient differs in size");
-  CheckSameNumel(x, dx, "gelu gradient differs in size");
+void CudaBackend::DoGeluBackward(const Tensor& x, bool tanh, const Tensor& dy,
+                                 const Tensor& dx) {
   Activate();
   ci::GeluBackward(F(x), tanh, F(dy), F(dx), x.numel(), stream());
 }
 
 // --- Layer normalization -----------------------------------------------------
 
-void CudaBackend::LayerNorm(const Tensor& x, const Tensor& gamma,
-                            const Tensor& beta, float eps, const Tensor& y,
-                            const Tensor& mean, const Tensor& rstd) {
+void CudaBackend::DoLayerNorm(const Tensor& x, const Tensor& gamma,
+                              const Tensor& beta, float eps, const Tensor& y,
+                              const Tensor& mean, const Tensor& rstd) {
   const int64_t cols = x.dim(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
-  CONVEYOR_CHECK(
-      y.numel() == x.numel() && mean.numel() == rows && rstd.numel() == rows,
-      "layernorm shapes disagree");
-  CONVEYOR_CHECK(!gamma.defined() || gamma.numel() == cols,
-                 "layernorm weight has the wrong size");
-  CONVEYOR_CHECK(!beta.defined() || beta.numel() == cols,
-                 "layernorm bias has the wrong size");
   Activate();
   ci::LayerNorm(F(x), gamma.defined() ? F(gamma) : nullptr,
                 beta.defined() ? F(beta) : nullptr, eps, rows, cols, F(y),
                 F(mean), F(rstd), stream());
 }
 
-void CudaBackend::LayerNormBackwardInput(const Tensor& x, const Tensor& gamma,
-                                         const Tensor& mean, const Tensor& rstd,
-                                         const Tensor& dy, const Tensor& dx) {
+void CudaBackend::DoLayerNormBackwardInput(const Tensor& x, const Tensor& gamma,
+                                           const Tensor& mean,
+                                           const Tensor& rstd, const Tensor& dy,
+                                           const Tensor& dx) {
   const int64_t cols = x.dim(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
-  CONVEYOR_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel(),
-                 "layernorm gradient shapes disagree");
-  CONVEYOR_CHECK(mean.numel() == rows && rstd.numel() == rows,
-                 "layernorm statistics have the wrong size");
   Activate();
   ci::LayerNormBackwardInput(F(x), gamma.defined() ? F(gamma) : nullptr,
                              F(mean), F(rstd), F(dy), rows, cols, F(dx),
                              stream());
 }
 
-void CudaBackend::LayerNormBackwardWeight(const Tensor& x, const Tensor& mean,
-                                          const Tensor& rstd, const Tensor& dy,
-                                          const Tensor& dgamma,
-                                          const Tensor& dbeta) {
+void CudaBackend::DoLayerNormBackwardWeight(const Tensor& x, const Tensor& mean,
+                                            const Tensor& rstd,
+                                            const Tensor& dy,
+                                            const Tensor& dgamma,
+                                            const Tensor& dbeta) {
   const int64_t cols = x.dim(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
-  CONVEYOR_CHECK(dgamma.numel() == cols && dbeta.numel() == cols,
-                 "layernorm weight gradient shapes disagree");
-  CONVEYOR_CHECK(
-      dy.numel() == x.numel() && mean.numel() == rows && rstd.numel() == rows,
-      "layernorm gradient shapes disagree");
   Activate();
   const int64_t floats = ci::ColumnSumScratchFloats(rows, cols, 2);
   Scratch scratch = floats > 0 ? ScratchOrDefer(floats * sizeof(float),
@@ -612,60 +556,46 @@ void CudaBackend::LayerNormBackwardWeight(const Tensor& x, const Tensor& mean,
 
 // --- Attention pieces --------------------------------------------------------
 
-void CudaBackend::Softmax(const Tensor& x, float scale, bool causal,
-                          const Tensor& y) {
+void CudaBackend::DoSoftmax(const Tensor& x, float scale, bool causal,
+                            const Tensor& y) {
   const int64_t cols = x.dim(-1);
   const int64_t rows_per = x.rank() >= 2 ? x.dim(-2) : 1;
   const int64_t rows = x.numel() / std::max<int64_t>(cols, 1);
-  CONVEYOR_CHECK(y.numel() == x.numel(), "softmax output differs in size");
   Activate();
   ci::Softmax(F(x), scale, causal, rows, std::max<int64_t>(rows_per, 1), cols,
               F(y), stream());
 }
 
-void CudaBackend::SoftmaxBackward(const Tensor& y, const Tensor& dy,
-                                  float scale, const Tensor& dx) {
+void CudaBackend::DoSoftmaxBackward(const Tensor& y, const Tensor& dy,
+                                    float scale, const Tensor& dx) {
   const int64_t cols = y.dim(-1), rows = y.numel() / std::max<int64_t>(cols, 1);
-  CONVEYOR_CHECK(dy.numel() == y.numel() && dx.numel() == y.numel(),
-                 "softmax gradient shapes disagree");
   Activate();
   ci::SoftmaxBackward(F(y), F(dy), scale, rows, cols, F(dx), stream());
 }
 
-void CudaBackend::SplitHeads(const Tensor& qkv, int64_t heads, const Tensor& q,
-                             const Tensor& k, const Tensor& v) {
-  CONVEYOR_CHECK(q.rank() == 4 && q.dim(1) == heads &&
-                     qkv.numel() == 3 * q.numel() && k.numel() == q.numel() &&
-                     v.numel() == q.numel(),
-                 "split-heads shapes disagree");
+void CudaBackend::DoSplitHeads(const Tensor& qkv, int64_t heads,
+                               const Tensor& q, const Tensor& k,
+                               const Tensor& v) {
   Activate();
   ci::PermuteQkv(F(qkv), q.dim(0), q.dim(2), heads, q.dim(3), F(q), F(k), F(v),
                  /*to_heads=*/true, stream());
 }
 
-void CudaBackend::SplitHeadsBackward(const Tensor& dq, const Tensor& dk,
-                                     const Tensor& dv, int64_t heads,
-                                     const Tensor& dqkv) {
-  CONVEYOR_CHECK(dq.rank() == 4 && dq.dim(1) == heads &&
-                     dqkv.numel() == 3 * dq.numel() &&
-                     dk.numel() == dq.numel() && dv.numel() == dq.numel(),
-                 "split-heads shapes disagree");
+void CudaBackend::DoSplitHeadsBackward(const Tensor& dq, const Tensor& dk,
+                                       const Tensor& dv, int64_t heads,
+                                       const Tensor& dqkv) {
   Activate();
   ci::PermuteQkv(F(dqkv), dq.dim(0), dq.dim(2), heads, dq.dim(3), F(dq), F(dk),
                  F(dv), /*to_heads=*/false, stream());
 }
 
-void CudaBackend::MergeHeads(const Tensor& x, const Tensor& out) {
-  CONVEYOR_CHECK(x.rank() == 4 && out.numel() == x.numel(),
-                 "merge-heads shapes disagree");
+void CudaBackend::DoMergeHeads(const Tensor& x, const Tensor& out) {
   Activate();
   ci::PermuteMerge(F(x), x.dim(0), x.dim(1), x.dim(2), x.dim(3), F(out),
                    /*to_merged=*/true, stream());
 }
 
-void CudaBackend::MergeHeadsBackward(const Tensor& dout, const Tensor& dx) {
-  CONVEYOR_CHECK(dx.rank() == 4 && dout.numel() == dx.numel(),
-                 "merge-heads shapes disagree");
+void CudaBackend::DoMergeHeadsBackward(const Tensor& dout, const Tensor& dx) {
   Activate();
   ci::PermuteMerge(F(dx), dx.dim(0), dx.dim(1), dx.dim(2), dx.dim(3), F(dout),
                    /*to_merged=*/false, stream());
@@ -673,11 +603,10 @@ void CudaBackend::MergeHeadsBackward(const Tensor& dout, const Tensor& dx) {
 
 // --- Embedding ---------------------------------------------------------------
 
-absl::Status CudaBackend::EmbeddingForward(const Tensor& ids,
-                                           const Tensor& table,
-                                           const Tensor& out) {
+absl::Status CudaBackend::DoEmbeddingForward(const Tensor& ids,
+                                             const Tensor& table,
+                                             const Tensor& out) {
   const int64_t n = ids.numel(), vocab = table.dim(0), d = table.dim(1);
-  CONVEYOR_CHECK(out.numel() == n * d, "embedding output has the wrong size");
   if (n == 0) return absl::OkStatus();
   Activate();
   ci::ResetScalars(scalars_.get(), stream());
@@ -695,10 +624,9 @@ absl::Status CudaBackend::EmbeddingForward(const Tensor& ids,
   return absl::OkStatus();
 }
 
-void CudaBackend::EmbeddingBackward(const Tensor& ids, const Tensor& dy,
-                                    const Tensor& dtable) {
+void CudaBackend::DoEmbeddingBackward(const Tensor& ids, const Tensor& dy,
+                                      const Tensor& dtable) {
   const int64_t n = ids.numel(), vocab = dtable.dim(0), d = dtable.dim(1);
-  CONVEYOR_CHECK(dy.numel() == n * d, "embedding gradient has the wrong size");
   if (n == 0 || d == 0) return;
   Activate();
   const size_t bytes = ci::EmbeddingBackwardScratchBytes(n, vocab);
@@ -710,15 +638,10 @@ void CudaBackend::EmbeddingBackward(const Tensor& ids, const Tensor& dy,
 
 // --- Losses ------------------------------------------------------------------
 
-absl::StatusOr<float> CudaBackend::MseLoss(const Tensor& y,
-                                           const Tensor& target,
-                                           float grad_scale, const Tensor& dy) {
-  if (y.numel() != target.numel()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("mse: output ", ShapeString(y.shape()), " and target ",
-                     ShapeString(target.shape()), " differ in size"));
-  }
-  CheckSameNumel(y, dy, "mse gradient differs in size");
+absl::StatusOr<float> CudaBackend::DoMseLoss(const Tensor& y,
+                                             const Tensor& target,
+                                             float grad_scale,
+                                             const Tensor& dy) {
   const int64_t n = y.numel();
   if (n == 0) return 0.0f;
   Activate();
@@ -729,18 +652,12 @@ absl::StatusOr<float> CudaBackend::MseLoss(const Tensor& y,
   return static_cast<float>(host_scalars_->sum / static_cast<double>(n));
 }
 
-absl::StatusOr<float> CudaBackend::CrossEntropyLoss(const Tensor& logits,
-                                                    const Tensor& targets,
-                                                    float grad_scale,
-                                                    const Tensor& dlogits) {
+absl::StatusOr<float> CudaBackend::DoCrossEntropyLoss(const Tensor& logits,
+                                                      const Tensor& targets,
+                                                      float grad_scale,
+                                                      const Tensor& dlogits) {
   const int64_t vocab = logits.dim(-1);
   const int64_t n = logits.numel() / std::max<int64_t>(vocab, 1);
-  if (targets.numel() != n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cross_entropy: ", n, " rows of logits but ",
-                     targets.numel(), " targets"));
-  }
-  CheckSameNumel(logits, dlogits, "cross-entropy gradient differs in size");
   if (n == 0) return 0.0f;
   Activate();
   ASSIGN_OR_RETURN(void* row_loss, allocator_->Allocate(n * sizeof(double)));
@@ -763,24 +680,17 @@ absl::StatusOr<float> CudaBackend::CrossEntropyLoss(const Tensor& logits,
 
 // --- Optimizers --------------------------------------------------------------
 
-void CudaBackend::SgdUpdate(const SgdParams& p, const Tensor& param,
-                            const Tensor& grad, const Tensor& momentum) {
-  CONVEYOR_CHECK(param.numel() == grad.numel(), "sgd shapes disagree");
-  CONVEYOR_CHECK(p.momentum == 0.0f || momentum.numel() == param.numel(),
-                 "sgd momentum buffer has the wrong size");
+void CudaBackend::DoSgdUpdate(const SgdParams& p, const Tensor& param,
+                              const Tensor& grad, const Tensor& momentum) {
   Activate();
   ci::SgdUpdate(p, F(param), F(grad),
                 p.momentum != 0.0f ? F(momentum) : nullptr, param.numel(),
                 stream());
 }
 
-void CudaBackend::AdamUpdate(const AdamParams& p, const Tensor& param,
-                             const Tensor& grad, const Tensor& exp_avg,
-                             const Tensor& exp_avg_sq) {
-  CONVEYOR_CHECK(param.numel() == grad.numel() &&
-                     exp_avg.numel() == param.numel() &&
-                     exp_avg_sq.numel() == param.numel(),
-                 "adam shapes disagree");
+void CudaBackend::DoAdamUpdate(const AdamParams& p, const Tensor& param,
+                               const Tensor& grad, const Tensor& exp_avg,
+                               const Tensor& exp_avg_sq) {
   // The bias corrections in double on the host, exactly as the CPU backend.
   const double bias1 = 1.0 - std::pow(static_cast<double>(p.beta1), p.step);
   const double bias2 = 1.0 - std::pow(static_cast<double>(p.beta2), p.step);

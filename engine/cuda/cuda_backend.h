@@ -98,17 +98,15 @@ class CudaBackend final : public Backend {
   absl::string_view Name() const override { return name_; }
   bool host_resident() const override { return false; }
   int device() const { return device_; }
+  int device_ordinal() const override { return device_; }
   // The compute stream: for libraries that must run in order with the
   // backend's kernels (NCCL on the same stream, profilers).
   cudaStream_t stream() const { return stream_.get(); }
+  void* native_stream() const override { return stream_.get(); }
 
-  // Records `event` on the compute stream after everything enqueued so far;
-  // another stream can then cudaStreamWaitEvent on it. kInternal if the
-  // event is invalid or the context is broken.
-  absl::Status RecordEvent(cudaEvent_t event);
-  // Makes compute work enqueued after this call wait for `event` (recorded
-  // on another stream), without blocking the host. kInternal as above.
-  absl::Status WaitForEvent(cudaEvent_t event);
+  // `event` is a cudaEvent_t (engine/backend.h).
+  absl::Status RecordEvent(void* event) override;
+  absl::Status WaitForEvent(void* event) override;
 
   CachingAllocator::Stats allocator_stats() const {
     return allocator_->stats();
@@ -128,67 +126,68 @@ class CudaBackend final : public Backend {
   absl::Status CopyFromHost(const void* src, size_t bytes,
                             const Tensor& dst) override;
   absl::Status CopyToHost(const Tensor& src, void* dst, size_t bytes) override;
-  void Copy(const Tensor& src, const Tensor& dst) override;
   absl::Status Synchronize() override;
-
-  void Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a,
-            const Tensor& b, float beta, const Tensor& c) override;
   void GemmStridedBatched(const GemmBatch& batch) override;
 
   void Fill(const Tensor& x, float value) override;
   void Scale(const Tensor& x, float alpha) override;
-  void Axpy(float alpha, const Tensor& x, const Tensor& y) override;
-  void Add(const Tensor& a, const Tensor& b, const Tensor& out) override;
-  void AddRowBias(const Tensor& x, const Tensor& bias) override;
-  void SumRows(const Tensor& x, float beta, const Tensor& out) override;
-  void Relu(const Tensor& x, const Tensor& y) override;
-  void ReluBackward(const Tensor& x, const Tensor& dy,
-                    const Tensor& dx) override;
-  void Gelu(const Tensor& x, bool tanh, const Tensor& y) override;
-  void GeluBackward(const Tensor& x, bool tanh, const Tensor& dy,
-                    const Tensor& dx) override;
-
-  void LayerNorm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                 float eps, const Tensor& y, const Tensor& mean,
-                 const Tensor& rstd) override;
-  void LayerNormBackwardInput(const Tensor& x, const Tensor& gamma,
-                              const Tensor& mean, const Tensor& rstd,
-                              const Tensor& dy, const Tensor& dx) override;
-  void LayerNormBackwardWeight(const Tensor& x, const Tensor& mean,
-                               const Tensor& rstd, const Tensor& dy,
-                               const Tensor& dgamma,
-                               const Tensor& dbeta) override;
-
-  void Softmax(const Tensor& x, float scale, bool causal,
-               const Tensor& y) override;
-  void SoftmaxBackward(const Tensor& y, const Tensor& dy, float scale,
-                       const Tensor& dx) override;
-  void SplitHeads(const Tensor& qkv, int64_t heads, const Tensor& q,
-                  const Tensor& k, const Tensor& v) override;
-  void SplitHeadsBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                          int64_t heads, const Tensor& dqkv) override;
-  void MergeHeads(const Tensor& x, const Tensor& out) override;
-  void MergeHeadsBackward(const Tensor& dout, const Tensor& dx) override;
-
-  absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table,
-                                const Tensor& out) override;
-  void EmbeddingBackward(const Tensor& ids, const Tensor& dy,
-                         const Tensor& dtable) override;
-
-  absl::StatusOr<float> MseLoss(const Tensor& y, const Tensor& target,
-                                float grad_scale, const Tensor& dy) override;
-  absl::StatusOr<float> CrossEntropyLoss(const Tensor& logits,
-                                         const Tensor& targets,
-                                         float grad_scale,
-                                         const Tensor& dlogits) override;
-
-  void SgdUpdate(const SgdParams& p, const Tensor& param, const Tensor& grad,
-                 const Tensor& momentum) override;
-  void AdamUpdate(const AdamParams& p, const Tensor& param, const Tensor& grad,
-                  const Tensor& exp_avg, const Tensor& exp_avg_sq) override;
   absl::StatusOr<double> SumSquares(const Tensor& x) override;
 
  private:
+  // --- Backend kernels behind the checked fronts (engine/backend.h) ---------
+  void DoCopy(const Tensor& src, const Tensor& dst) override;
+  void DoAxpy(float alpha, const Tensor& x, const Tensor& y) override;
+  void DoAdd(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void DoAddRowBias(const Tensor& x, const Tensor& bias) override;
+  void DoSumRows(const Tensor& x, float beta, const Tensor& out) override;
+  void DoRelu(const Tensor& x, const Tensor& y) override;
+  void DoReluBackward(const Tensor& x, const Tensor& dy,
+                      const Tensor& dx) override;
+  void DoGelu(const Tensor& x, bool tanh, const Tensor& y) override;
+  void DoGeluBackward(const Tensor& x, bool tanh, const Tensor& dy,
+                      const Tensor& dx) override;
+
+  void DoLayerNorm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                   float eps, const Tensor& y, const Tensor& mean,
+                   const Tensor& rstd) override;
+  void DoLayerNormBackwardInput(const Tensor& x, const Tensor& gamma,
+                                const Tensor& mean, const Tensor& rstd,
+                                const Tensor& dy, const Tensor& dx) override;
+  void DoLayerNormBackwardWeight(const Tensor& x, const Tensor& mean,
+                                 const Tensor& rstd, const Tensor& dy,
+                                 const Tensor& dgamma,
+                                 const Tensor& dbeta) override;
+
+  void DoSoftmax(const Tensor& x, float scale, bool causal,
+                 const Tensor& y) override;
+  void DoSoftmaxBackward(const Tensor& y, const Tensor& dy, float scale,
+                         const Tensor& dx) override;
+  void DoSplitHeads(const Tensor& qkv, int64_t heads, const Tensor& q,
+                    const Tensor& k, const Tensor& v) override;
+  void DoSplitHeadsBackward(const Tensor& dq, const Tensor& dk,
+                            const Tensor& dv, int64_t heads,
+                            const Tensor& dqkv) override;
+  void DoMergeHeads(const Tensor& x, const Tensor& out) override;
+  void DoMergeHeadsBackward(const Tensor& dout, const Tensor& dx) override;
+
+  absl::Status DoEmbeddingForward(const Tensor& ids, const Tensor& table,
+                                  const Tensor& out) override;
+  void DoEmbeddingBackward(const Tensor& ids, const Tensor& dy,
+                           const Tensor& dtable) override;
+
+  absl::StatusOr<float> DoMseLoss(const Tensor& y, const Tensor& target,
+                                  float grad_scale, const Tensor& dy) override;
+  absl::StatusOr<float> DoCrossEntropyLoss(const Tensor& logits,
+                                           const Tensor& targets,
+                                           float grad_scale,
+                                           const Tensor& dlogits) override;
+
+  void DoSgdUpdate(const SgdParams& p, const Tensor& param, const Tensor& grad,
+                   const Tensor& momentum) override;
+  void DoAdamUpdate(const AdamParams& p, const Tensor& param,
+                    const Tensor& grad, const Tensor& exp_avg,
+                    const Tensor& exp_avg_sq) override;
+
   // Device memory released when it goes out of scope; the scratch of one
   // call. Freed right after the kernels using it are enqueued: the next user
   // of the block runs later on the same stream.

@@ -124,7 +124,7 @@ TEST(HostStagingPoolTest, EmptyShapesBadShapesAndAllocationErrors) {
 }
 
 // The default staging memory of a backend is plain CPU memory.
-TEST(HostStagingPoolTest, BackendDefaultIsTheCpuBackend) {
+TEST(HostStagingPoolTest, TheCpuBackendStagesInItsFp32Instance) {
   absl::StatusOr<Tensor> t =
       CpuBackend::Get(Precision::kBf16)->EmptyHostStaging({2, 2}, DType::kF32);
   ASSERT_TRUE(t.ok()) << t.status();

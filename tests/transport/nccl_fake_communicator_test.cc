@@ -25,7 +25,7 @@ bool Done(CommunicatorInterface* comm, uint64_t id) {
 }
 
 TEST(FakeCommunicatorTest, GroupedSendAndReceiveComplete) {
-  FakeCommunicatorHub hub(2);
+  FakeCommunicatorHub hub(2, engine::CpuBackend::Get());
   auto a = hub.Create(0), b = hub.Create(1);
   engine::Tensor a_out = Filled(1), b_out = Filled(10);
   engine::Tensor a_in = Filled(0), b_in = Filled(0);
@@ -43,7 +43,7 @@ TEST(FakeCommunicatorTest, GroupedSendAndReceiveComplete) {
 // The hang the P2pChannel's rounds exist to prevent: each rank runs a group
 // whose send waits for a receive the other rank queued behind it.
 TEST(FakeCommunicatorTest, CrossingSendsInSeparateGroupsHang) {
-  FakeCommunicatorHub hub(2);
+  FakeCommunicatorHub hub(2, engine::CpuBackend::Get());
   auto a = hub.Create(0), b = hub.Create(1);
   engine::Tensor a_in = Filled(0), b_in = Filled(0);
   const uint64_t a_send = *a->Launch({SendOp(1, Filled(1))});
@@ -55,7 +55,7 @@ TEST(FakeCommunicatorTest, CrossingSendsInSeparateGroupsHang) {
 }
 
 TEST(FakeCommunicatorTest, MatchesByPositionPerPair) {
-  FakeCommunicatorHub hub(3);
+  FakeCommunicatorHub hub(3, engine::CpuBackend::Get());
   auto r0 = hub.Create(0), r1 = hub.Create(1), r2 = hub.Create(2);
   engine::Tensor x = Filled(0), y = Filled(0), z = Filled(0);
   // Rank 1's first receive from 0 gets rank 0's first send to it, whatever
@@ -77,7 +77,7 @@ TEST(FakeCommunicatorTest, MatchesByPositionPerPair) {
 }
 
 TEST(FakeCommunicatorTest, InjectedErrorAndFreeze) {
-  FakeCommunicatorHub hub(2);
+  FakeCommunicatorHub hub(2, engine::CpuBackend::Get());
   auto a = hub.Create(0), b = hub.Create(1);
   hub.Freeze(1);
   const uint64_t ga = *a->Launch({SendOp(1, Filled(1))});

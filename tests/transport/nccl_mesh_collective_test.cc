@@ -46,6 +46,11 @@ TEST(NcclMeshCollectiveTest, RejectsEmptyAndNullBackendsWithoutAGpu) {
   absl::Status null = CreateNcclMeshCollective({nullptr}).status();
   EXPECT_EQ(null.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(null.message(), HasSubstr("null backend"));
+  // A host backend has no device to join a communicator on.
+  absl::Status host =
+      CreateNcclMeshCollective({engine::CpuBackend::Get()}).status();
+  EXPECT_EQ(host.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(host.message(), HasSubstr("cpu is not a GPU backend"));
 }
 
 class TwoGpuTest : public ::testing::Test {

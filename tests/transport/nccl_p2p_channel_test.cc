@@ -80,7 +80,7 @@ struct Job {
   explicit Job(
       int n,
       const std::function<void(int, P2pChannelOptions*)>& tweak = nullptr)
-      : comms(n), links(n) {
+      : comms(n, engine::CpuBackend::Get()), links(n) {
     for (int r = 0; r < n; ++r) {
       P2pChannelOptions options;
       options.job = kJob;
@@ -278,7 +278,7 @@ TEST(P2pChannelTest, SendRejectsBadArguments) {
 }
 
 TEST(P2pChannelTest, CreateRejectsBadPeerLists) {
-  FakeCommunicatorHub comms(3);
+  FakeCommunicatorHub comms(3, engine::CpuBackend::Get());
   InProcessHeaderHub links(3);
   for (const std::vector<int>& peers :
        {std::vector<int>{0}, std::vector<int>{3}, std::vector<int>{1, 1},
@@ -408,7 +408,7 @@ TEST(P2pChannelTest, StalledTransferFailsWithinTheStallTimeout) {
 // A peer whose progress stopped before it proposed: the round never gets
 // its headers.
 TEST(P2pChannelTest, MissingProposalFailsWithinTheStallTimeout) {
-  FakeCommunicatorHub comms(2);
+  FakeCommunicatorHub comms(2, engine::CpuBackend::Get());
   InProcessHeaderHub links(2);
   P2pChannelOptions options;
   options.job = kJob;

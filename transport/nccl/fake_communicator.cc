@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
-#include "engine/cpu/cpu_backend.h"
 
 namespace conveyor::transport {
 
@@ -29,7 +28,7 @@ class FakeCommunicatorHub::Comm final : public CommunicatorInterface {
 
   absl::StatusOr<engine::Tensor> AllocateRecv(const engine::Shape& shape,
                                               engine::DType dtype) override {
-    return engine::CpuBackend::Get()->Empty(shape, dtype);
+    return hub_->host_->Empty(shape, dtype);
   }
 
   absl::StatusOr<uint64_t> Launch(const std::vector<P2pOp>& ops) override {
@@ -52,7 +51,10 @@ class FakeCommunicatorHub::Comm final : public CommunicatorInterface {
   const int world_size_;
 };
 
-FakeCommunicatorHub::FakeCommunicatorHub(int ranks) : ranks_(ranks) {
+FakeCommunicatorHub::FakeCommunicatorHub(int ranks, engine::Backend* host)
+    : host_(host), ranks_(ranks) {
+  CONVEYOR_CHECK(host != nullptr && host->host_resident(),
+                 "the fake communicator needs a host backend");
   for (RankState& r : ranks_) {
     r.sends_to.assign(ranks, 0);
     r.recvs_from.assign(ranks, 0);

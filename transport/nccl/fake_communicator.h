@@ -4,8 +4,8 @@
 // matches the i-th receive, and nothing is buffered, so a send completes
 // only once its receive is running on the peer. An ordering mistake that
 // could hang real NCCL therefore hangs here every time, deterministically,
-// instead of only for large tensors. Tensors live in CPU memory
-// (engine::CpuBackend); payloads are copied when both ends run.
+// instead of only for large tensors. Tensors live in host memory (a
+// host-resident backend's); payloads are copied when both ends run.
 //
 // Test hooks on the hub play the failures NCCL reports: an asynchronous
 // error on one rank, and a rank whose device stops making progress.
@@ -23,13 +23,16 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "engine/backend.h"
 #include "transport/nccl/communicator.h"
 
 namespace conveyor::transport {
 
 class FakeCommunicatorHub {
  public:
-  explicit FakeCommunicatorHub(int ranks);
+  // `host`, a host-resident backend (the CPU backend), allocates the
+  // receive buffers and outlives the hub.
+  FakeCommunicatorHub(int ranks, engine::Backend* host);
   ~FakeCommunicatorHub();
 
   FakeCommunicatorHub(const FakeCommunicatorHub&) = delete;
@@ -87,6 +90,7 @@ class FakeCommunicatorHub {
   bool Running(int rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
+  engine::Backend* const host_;
   std::vector<RankState> ranks_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "engine/cuda/cuda_backend.h"
+#include "engine/backend.h"
 #include "transport/nccl/nccl_communicator.h"
 #include "transport/nccl/nccl_status.h"
 
@@ -38,10 +38,10 @@ absl::StatusOr<std::unique_ptr<NcclChannel>> NcclChannel::Create(
     return absl::InvalidArgumentError(
         "NcclChannel needs a header link and a CUDA backend");
   }
-  if (options.backend->device() != options.device) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("NcclChannel for cuda:", options.device,
-                     " given the backend of cuda:", options.backend->device()));
+  if (options.backend->device_ordinal() != options.device) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NcclChannel for cuda:", options.device,
+        " given the backend of cuda:", options.backend->device_ordinal()));
   }
   const std::chrono::milliseconds zero(0);
   if (options.init_timeout <= zero || options.stall_timeout <= zero ||

@@ -21,8 +21,8 @@
 //     first message; the id names a bootstrap root in rank 0's process,
 //     which waits until every rank has joined, so it is made only for a job
 //     that uses it. Each rank calls Create with its rank, the world size,
-//     its device and CudaBackend, the id, the job number, its pipeline
-//     neighbours as peers and the connect timeout as init_timeout; it
+//     its device and that device's backend, the id, the job number, its
+//     pipeline neighbours as peers and the connect timeout as init_timeout; it
 //     returns once all ranks have joined and connected, or fails with
 //     DeadlineExceeded, which fails the job like a failed Connect.
 //  4. Run. The StageExecutor gets the NcclChannel as its Channel; tensors
@@ -52,7 +52,7 @@
 #include "transport/nccl/p2p_channel.h"
 
 namespace conveyor::engine {
-class CudaBackend;
+class Backend;
 }  // namespace conveyor::engine
 
 namespace conveyor::transport {
@@ -69,7 +69,7 @@ absl::StatusOr<std::string> CreateNcclUniqueId();
 struct NcclChannelOptions {
   int rank = 0;
   int world_size = 1;  // Ranks in the job, all on NCCL.
-  int device = 0;      // CUDA ordinal; must be backend->device().
+  int device = 0;      // CUDA ordinal; must be backend->device_ordinal().
   // CreateNcclUniqueId() of rank 0, the same on every rank.
   std::string unique_id;
   uint64_t job = 0;  // Data-plane job number, as in Tag::job.
@@ -78,7 +78,7 @@ struct NcclChannelOptions {
   // Both outlive the channel; the backend also outlives every tensor Recv
   // returned.
   HeaderLink* header_link = nullptr;
-  engine::CudaBackend* backend = nullptr;
+  engine::Backend* backend = nullptr;
   // Joining the communicator and connecting to the peers.
   std::chrono::milliseconds init_timeout{60000};
 
@@ -93,8 +93,8 @@ class NcclChannel final : public Channel {
  public:
   // Joins the job's communicator and starts the channel. Returns
   //   InvalidArgument: rank outside [0, world_size), a unique id of the
-  //     wrong size, a null link or backend, device != backend->device(),
-  //     non-positive timeouts, a bad peer list;
+  //     wrong size, a null link or backend, device !=
+  //     backend->device_ordinal(), non-positive timeouts, a bad peer list;
   //   DeadlineExceeded: not every rank joined, or a peer did not connect,
   //     within init_timeout (the communicator is aborted; nothing hangs);
   //   FailedPrecondition: NCCL refused the setup (e.g. two ranks on one

@@ -85,11 +85,11 @@ class CudaFence final : public ComputeFence {
 
 }  // namespace
 
-NcclCommunicator::NcclCommunicator(engine::CudaBackend* backend,
+NcclCommunicator::NcclCommunicator(engine::Backend* backend,
                                    const NcclCommunicatorOptions& options)
     : backend_(backend),
       options_(options),
-      events_(std::make_unique<EventPool>(backend->device())) {}
+      events_(std::make_unique<EventPool>(backend->device_ordinal())) {}
 
 NcclCommunicator::~NcclCommunicator() {
   // Best effort: a broken context is no reason not to release the rest.
@@ -99,9 +99,11 @@ NcclCommunicator::~NcclCommunicator() {
 }
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
-    engine::CudaBackend* backend, const NcclCommunicatorOptions& options) {
-  if (backend == nullptr) {
-    return absl::InvalidArgumentError("NcclCommunicator needs a CUDA backend");
+    engine::Backend* backend, const NcclCommunicatorOptions& options) {
+  if (backend == nullptr || backend->device_ordinal() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NcclCommunicator needs a GPU backend, not ",
+        backend == nullptr ? "none" : std::string(backend->Name())));
   }
   if (options.unique_id.size() != NCCL_UNIQUE_ID_BYTES) {
     return absl::InvalidArgumentError(
@@ -122,16 +124,18 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
 
 absl::Status NcclCommunicator::Activate() const {
   int current = -1;
-  if (cudaGetDevice(&current) == cudaSuccess && current == backend_->device()) {
+  if (cudaGetDevice(&current) == cudaSuccess &&
+      current == backend_->device_ordinal()) {
     return absl::OkStatus();
   }
-  return CudaStatus(cudaSetDevice(backend_->device()),
-                    absl::StrCat("cudaSetDevice(", backend_->device(), ")"));
+  return CudaStatus(
+      cudaSetDevice(backend_->device_ordinal()),
+      absl::StrCat("cudaSetDevice(", backend_->device_ordinal(), ")"));
 }
 
 absl::Status NcclCommunicator::Init() {
   const Clock::time_point deadline = Clock::now() + options_.init_timeout;
-  const int device = backend_->device();
+  const int device = backend_->device_ordinal();
   const std::string where = absl::StrCat(
       "rank ", options_.rank, " of ", options_.world_size, " on cuda:", device);
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device),
@@ -264,7 +268,7 @@ absl::Status NcclCommunicator::EnqueueGroup(const std::vector<P2pOp>& ops,
   ncclComm_t comm = comm_.get();
   // No other thread may issue NCCL operations on this device (a mesh's
   // communicator) until this group is launched.
-  NcclLaunchLock launch({backend_->device()});
+  NcclLaunchLock launch({backend_->device_ordinal()});
   RETURN_IF_ERROR(NcclStatus(ncclGroupStart(), "ncclGroupStart", comm));
   ncclResult_t first = ncclSuccess;
   for (const P2pOp& op : ops) {

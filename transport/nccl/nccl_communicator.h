@@ -1,5 +1,5 @@
 // NcclCommunicator: CommunicatorInterface over one non-blocking NCCL
-// communicator and a communication stream on a CudaBackend's device.
+// communicator and a communication stream on a GPU backend's device.
 //
 //  - Creation joins the communicator (ncclCommInitRankConfig with
 //    blocking = 0, so a peer that never shows up ends in DeadlineExceeded
@@ -38,7 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "engine/cuda/cuda_backend.h"
+#include "engine/backend.h"
 #include "engine/cuda/cuda_handles.h"
 #include "transport/nccl/communicator.h"
 
@@ -70,8 +70,8 @@ struct NcclCommunicatorOptions {
 
 class NcclCommunicator final : public CommunicatorInterface {
  public:
-  // Joins the communicator on backend->device() (which the caller checked
-  // against the job's ordinal). Returns:
+  // Joins the communicator on backend->device_ordinal() (which the caller
+  // checked against the job's ordinal). Returns:
   //   InvalidArgument for a unique id of the wrong size;
   //   DeadlineExceeded when not every rank joined, or a peer did not
   //     connect, within init_timeout (the message says which phase);
@@ -79,7 +79,7 @@ class NcclCommunicator final : public CommunicatorInterface {
   //   other NCCL and CUDA failures as NcclStatus / CudaStatus map them.
   // `backend` outlives the communicator.
   static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(
-      engine::CudaBackend* backend, const NcclCommunicatorOptions& options);
+      engine::Backend* backend, const NcclCommunicatorOptions& options);
 
   // Aborts the communicator if Close did not run.
   ~NcclCommunicator() override;
@@ -101,7 +101,7 @@ class NcclCommunicator final : public CommunicatorInterface {
  private:
   class EventPool;
 
-  NcclCommunicator(engine::CudaBackend* backend,
+  NcclCommunicator(engine::Backend* backend,
                    const NcclCommunicatorOptions& options);
 
   absl::Status Init();
@@ -120,7 +120,7 @@ class NcclCommunicator final : public CommunicatorInterface {
   // Makes the backend's device current on the calling thread.
   absl::Status Activate() const;
 
-  engine::CudaBackend* const backend_;
+  engine::Backend* const backend_;
   const NcclCommunicatorOptions options_;
   std::unique_ptr<EventPool> events_;  // Outlives every fence it handed out.
   CudaStreamPtr stream_;

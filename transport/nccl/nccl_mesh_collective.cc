@@ -11,7 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "engine/cuda/cuda_backend.h"
+#include "engine/backend.h"
 #include "engine/cuda/cuda_handles.h"
 #include "engine/cuda/cuda_status.h"
 #include "engine/tensor.h"
@@ -22,7 +22,11 @@ namespace conveyor::transport {
 namespace {
 
 using engine::Backend;
-using engine::CudaBackend;
+
+// A device backend's compute stream (engine/backend.h's native handle).
+cudaStream_t Stream(const Backend& backend) {
+  return static_cast<cudaStream_t>(backend.native_stream());
+}
 using engine::Tensor;
 
 struct NcclCommDeleter {
@@ -37,7 +41,7 @@ using NcclCommPtr =
 
 class NcclMeshCollective final : public engine::MeshCollective {
  public:
-  NcclMeshCollective(std::vector<CudaBackend*> backends,
+  NcclMeshCollective(std::vector<Backend*> backends,
                      std::vector<NcclCommPtr> comms,
                      std::vector<CudaEventPtr> events)
       : backends_(std::move(backends)),
@@ -70,21 +74,23 @@ class NcclMeshCollective final : public engine::MeshCollective {
         return absl::OkStatus();
       }
       if (bytes == 0) return absl::OkStatus();
-      CudaBackend* source = backends_[from];
-      CudaBackend* destination = backends_[to];
+      Backend* source = backends_[from];
+      Backend* destination = backends_[to];
       // The copy runs on the destination's stream, after the source's
       // earlier work (event) and the destination's (same stream), and
       // before the destination's later work. The source's stream then waits
       // for the copy: work it runs later may reuse the source's block.
       RETURN_IF_ERROR(source->RecordEvent(events_[from].get()));
       RETURN_IF_ERROR(destination->WaitForEvent(events_[from].get()));
-      RETURN_IF_ERROR(
-          CudaStatus(cudaSetDevice(destination->device()), "cudaSetDevice"));
+      RETURN_IF_ERROR(CudaStatus(cudaSetDevice(destination->device_ordinal()),
+                                 "cudaSetDevice"));
       RETURN_IF_ERROR(CudaStatus(
-          cudaMemcpyPeerAsync(dst.raw(), destination->device(), src.raw(),
-                              source->device(), bytes, destination->stream()),
+          cudaMemcpyPeerAsync(dst.raw(), destination->device_ordinal(),
+                              src.raw(), source->device_ordinal(), bytes,
+                              Stream(*destination)),
           absl::StrCat("cudaMemcpyPeerAsync(", bytes, " bytes, device ",
-                       source->device(), " to ", destination->device(), ")")));
+                       source->device_ordinal(), " to ",
+                       destination->device_ordinal(), ")")));
       RETURN_IF_ERROR(destination->RecordEvent(events_[to].get()));
       return source->WaitForEvent(events_[to].get());
     }
@@ -114,7 +120,7 @@ class NcclMeshCollective final : public engine::MeshCollective {
       // the sum.
       return ncclReduce(t.raw(), t.raw(), static_cast<size_t>(t.numel()),
                         ncclFloat, ncclSum, /*root=*/0, comms_[d].get(),
-                        backends_[d]->stream());
+                        Stream(*backends_[d]));
     });
   }
 
@@ -125,7 +131,7 @@ class NcclMeshCollective final : public engine::MeshCollective {
     return Group("ncclBroadcast", per_tensor, [&](const Tensor& t, int d) {
       // As bytes, so any dtype goes; the root sends from its own buffer.
       return ncclBroadcast(t.raw(), t.raw(), t.bytes(), ncclChar, /*root=*/0,
-                           comms_[d].get(), backends_[d]->stream());
+                           comms_[d].get(), Stream(*backends_[d]));
     });
   }
 
@@ -137,11 +143,10 @@ class NcclMeshCollective final : public engine::MeshCollective {
     }
     return -1;
   }
-  // The host CPU backend names itself "cpu" (engine/cpu/cpu_backend.h). A
-  // name, not a dynamic_cast: the CPU backend may be the worker's copy of
-  // the class, not this plugin's.
+  // Asked of the interface, not a dynamic_cast: the CPU backend may be the
+  // worker's copy of the class, not this plugin's.
   static bool IsHost(const Tensor& t) {
-    return t.backend() != nullptr && t.backend()->Name() == "cpu";
+    return t.backend() != nullptr && t.backend()->host_resident();
   }
 
   // Validated before the group starts, so no NCCL call fails on our
@@ -187,7 +192,7 @@ class NcclMeshCollective final : public engine::MeshCollective {
     absl::Status status;
     // The channel's progress thread may issue to device 0 meanwhile.
     std::vector<int> devices;
-    for (const CudaBackend* b : backends_) devices.push_back(b->device());
+    for (const Backend* b : backends_) devices.push_back(b->device_ordinal());
     NcclLaunchLock launch(std::move(devices));
     RETURN_IF_ERROR(NcclStatus(ncclGroupStart(), "ncclGroupStart"));
     for (const std::vector<Tensor>& all : per_tensor) {
@@ -204,7 +209,7 @@ class NcclMeshCollective final : public engine::MeshCollective {
     return status.ok() ? end : status;
   }
 
-  const std::vector<CudaBackend*> backends_;
+  const std::vector<Backend*> backends_;
   const std::vector<NcclCommPtr> comms_;
   // events_[d] was created on device d: recorded only on its stream.
   // Reusing one event per device is safe: cudaStreamWaitEvent captures the
@@ -215,22 +220,26 @@ class NcclMeshCollective final : public engine::MeshCollective {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<engine::MeshCollective>>
-CreateNcclMeshCollective(const std::vector<CudaBackend*>& backends) {
+CreateNcclMeshCollective(const std::vector<Backend*>& backends) {
   if (backends.empty()) {
     return absl::InvalidArgumentError("NCCL mesh collective: no backends");
   }
   std::vector<int> devices;
   std::set<int> seen;
-  for (CudaBackend* backend : backends) {
+  for (Backend* backend : backends) {
     if (backend == nullptr) {
       return absl::InvalidArgumentError("NCCL mesh collective: null backend");
     }
-    if (!seen.insert(backend->device()).second) {
+    if (backend->device_ordinal() < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "NCCL mesh collective: two backends on cuda:", backend->device(),
-          " (one per GPU)"));
+          "NCCL mesh collective: ", backend->Name(), " is not a GPU backend"));
     }
-    devices.push_back(backend->device());
+    if (!seen.insert(backend->device_ordinal()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("NCCL mesh collective: two backends on cuda:",
+                       backend->device_ordinal(), " (one per GPU)"));
+    }
+    devices.push_back(backend->device_ordinal());
   }
   std::vector<CudaEventPtr> events;
   for (int device : devices) {

@@ -1,5 +1,5 @@
 // The MeshCollective (engine/mesh_collective.h) of a CUDA mesh: the GPUs of
-// one worker, each driven by its own CudaBackend, joined by one NCCL
+// one worker, each driven by its own GPU backend, joined by one NCCL
 // communicator per device (ncclCommInitAll, one process, one thread).
 //
 //  - ReduceSumToFirst: ncclReduce(sum, root 0) per tensor and device, all in
@@ -28,7 +28,7 @@
 #include "engine/mesh_collective.h"
 
 namespace conveyor::engine {
-class CudaBackend;
+class Backend;
 }  // namespace conveyor::engine
 
 namespace conveyor::transport {
@@ -39,7 +39,7 @@ namespace conveyor::transport {
 //   the statuses of nccl_status.h / cuda_status.h when NCCL or CUDA fails
 //     (e.g. Unavailable when the communicators cannot be set up).
 absl::StatusOr<std::unique_ptr<engine::MeshCollective>>
-CreateNcclMeshCollective(const std::vector<engine::CudaBackend*>& backends);
+CreateNcclMeshCollective(const std::vector<engine::Backend*>& backends);
 
 }  // namespace conveyor::transport
 

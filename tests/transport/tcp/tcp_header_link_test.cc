@@ -214,7 +214,7 @@ engine::Tensor Filled(float value, int64_t rows) {
 // before their links, links before the TCP channels carrying them.
 struct NcclOverTcp {
   NcclOverTcp(std::chrono::milliseconds stall, std::chrono::milliseconds linger)
-      : channels(Connected(2)), comms(2) {
+      : channels(Connected(2)), comms(2, engine::CpuBackend::Get()) {
     if (channels.size() != 2) return;
     for (int r = 0; r < 2; ++r) {
       links.push_back(std::make_unique<TcpHeaderLink>(channels[r].get(), r, 2));
