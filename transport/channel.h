@@ -51,6 +51,29 @@ struct Tag {
 // partial sum of rank 1, step 5 (job 7)".
 std::string ToString(const Tag& tag);
 
+// Told about a channel's traffic and failures, for metrics, whatever moves
+// the tensors (TCP, NCCL). Most calls come from the channel's own thread (an
+// I/O or progress thread), a receive timeout's from the receiving thread:
+// implementations must be thread-safe, quick, and must not call back into
+// the channel.
+class DataPlaneObserver {
+ public:
+  enum class Error {
+    kTimeout,   // A Recv timed out.
+    kPeerLost,  // A peer's connection ended without a goodbye.
+    kBadFrame,  // A connected peer sent a malformed or oversized tensor.
+    kRejected,  // A connection was refused at the handshake.
+  };
+  virtual ~DataPlaneObserver() = default;
+  // A tensor of `bytes` left for rank `peer`: its transfer completed `took`
+  // after Send queued it (TCP: the kernel took its last byte; NCCL: its
+  // group completed).
+  virtual void OnSent(int peer, uint64_t bytes,
+                      std::chrono::steady_clock::duration took) = 0;
+  virtual void OnReceived(int peer, uint64_t bytes) = 0;
+  virtual void OnError(Error error) = 0;
+};
+
 class Channel {
  public:
   virtual ~Channel() = default;

@@ -108,6 +108,7 @@ absl::Status CreateNcclChannel(const NcclJoin& join, engine::Backend* backend,
   options.init_timeout = join.init_timeout;
   options.abort_on_recv_timeout = join.abort_on_recv_timeout;
   options.stall_timeout = join.stall_timeout;
+  options.observer = join.observer;
   ASSIGN_OR_RETURN(*channel, transport::NcclChannel::Create(options));
   return absl::OkStatus();
 }

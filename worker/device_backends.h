@@ -56,6 +56,8 @@ struct NcclJoin {
   std::chrono::milliseconds init_timeout{60000};
   std::chrono::milliseconds stall_timeout{60000};
   bool abort_on_recv_timeout = true;
+  // Optional; the data-plane metrics. Outlives the channel.
+  transport::DataPlaneObserver* observer = nullptr;
 };
 
 class DeviceBackends {

@@ -222,6 +222,7 @@ absl::Status JobRunner::CheckActivationsFitHostMemory() const {
 
 absl::Status JobRunner::Build(const JobRunnerOptions& options) {
   on_checkpoint_ = options.on_checkpoint;
+  observer_ = options.observer;
   checkpoint_delay_ = options.checkpoint_delay;
   const engine::ModelSpec& model = job_.model;
   const int p = program_.num_ranks(), rank = program_.rank();
@@ -414,6 +415,7 @@ absl::Status JobRunner::JoinNccl() {
   // A stalled NCCL group means a lost or hung peer: fail after as long as
   // a tensor may take to come.
   join.stall_timeout = recv_timeout_;
+  join.observer = observer_;
   ASSIGN_OR_RETURN(std::unique_ptr<transport::Channel> nccl,
                    backends_->CreateNcclChannel(join));
   transport::Channel* channel = nccl.get();

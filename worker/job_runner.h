@@ -239,6 +239,8 @@ class JobRunner {
   std::string device_uuid_;
   bool nccl_ = false;
   std::function<void(const CheckpointWrite&)> on_checkpoint_;
+  // The data-plane metrics, for the NCCL channel made at Start.
+  transport::DataPlaneObserver* observer_ = nullptr;
   std::chrono::milliseconds checkpoint_delay_{0};
 
   // With pipeline.devices_per_stage > 1: moves tensors between the devices

@@ -25,7 +25,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
-#include "transport/tcp/tcp_channel.h"
+#include "transport/channel.h"
 #include "worker/stage_executor.h"
 
 namespace conveyor::worker {

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "engine/cpu/cpu_backend.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/transport/counting_observer.h"
 #include "transport/nccl/fake_communicator.h"
 #include "transport/nccl/header_link.h"
 #include "transport/nccl/p2p_channel.h"
@@ -158,6 +161,35 @@ TEST(P2pChannelTest, ExchangesOutOfOrderInBothDirectionsAtOnce) {
 // different pairs interleave on every rank (a single communicator
 // serializes them: without agreed rounds, three ranks can wait in a
 // cycle).
+// NCCL traffic shows in the data-plane metrics as TCP traffic does.
+TEST(P2pChannelTest, TellsItsObserverOfEveryTensorAndATimeout) {
+  CountingObserver observers[2];
+  Job job(2, [&](int r, P2pChannelOptions* options) {
+    options->observer = &observers[r];
+  });
+  constexpr int kTensors = 5;
+  uint64_t bytes = 0;
+  for (int mb = 0; mb < kTensors; ++mb) {
+    ASSERT_TRUE(job[0]->Send(1, T(mb, 0), Filled(mb, {mb + 1, 3})).ok());
+    bytes += (mb + 1) * 3 * sizeof(float);
+  }
+  for (int mb = 0; mb < kTensors; ++mb) {
+    ASSERT_TRUE(job[1]->Recv(T(mb, 0), 10s).ok());
+  }
+  EXPECT_TRUE(WaitFor([&] { return observers[0].Sent()[1] == bytes; }))
+      << observers[0].Sent()[1] << " of " << bytes;
+  EXPECT_EQ(observers[1].Received()[0], bytes);
+  EXPECT_EQ(observers[0].Received()[1], 0u);
+  EXPECT_EQ(observers[0].sends, kTensors);
+  EXPECT_EQ(observers[0].negative, 0);
+
+  using Error = DataPlaneObserver::Error;
+  EXPECT_EQ(job[1]->Recv(T(99, 0), 20ms).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(observers[1].Errors(Error::kTimeout), 1);
+  EXPECT_EQ(observers[0].Errors(Error::kTimeout), 0);
+}
+
 TEST(P2pChannelTest, RingOfFourWithWraparound) {
   constexpr int kRanks = 4;
   constexpr int kTensors = 10;

@@ -71,7 +71,8 @@ absl::StatusOr<std::unique_ptr<NcclChannel>> NcclChannel::Create(
                         .max_tensor_bytes = options.max_tensor_bytes,
                         .abort_on_recv_timeout = options.abort_on_recv_timeout,
                         .stall_timeout = options.stall_timeout,
-                        .linger = options.linger}));
+                        .linger = options.linger,
+                        .observer = options.observer}));
   return std::unique_ptr<NcclChannel>(new NcclChannel(std::move(channel)));
 }
 

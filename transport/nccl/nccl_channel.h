@@ -87,6 +87,7 @@ struct NcclChannelOptions {
   bool abort_on_recv_timeout = true;
   std::chrono::milliseconds stall_timeout{60000};
   std::chrono::milliseconds linger{10000};
+  DataPlaneObserver* observer = nullptr;
 };
 
 class NcclChannel final : public Channel {

@@ -120,7 +120,8 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
     }
     absl::MutexLock lock(&mu_);
     if (!status_.ok()) return status_;
-    outbox_.push_back({to, std::move(header), *std::move(payload)});
+    outbox_.push_back(
+        {to, std::move(header), *std::move(payload), Clock::now()});
     return absl::OkStatus();
   }
 
@@ -150,6 +151,7 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
         absl::StrCat("rank ", rank_, " waited ", timeout.count(),
                      " ms for the ", ToString(tag), " (", where, ")"));
     if (options_.abort_on_recv_timeout) SetStatusLocked(timed_out);
+    Observe(DataPlaneObserver::Error::kTimeout);
     return timed_out;
   }
 
@@ -193,6 +195,7 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
     int to;
     TensorHeader header;
     PreparedSend payload;
+    Clock::time_point queued_at;  // When Send accepted it.
   };
   struct Incoming {
     int peer;
@@ -220,6 +223,7 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
     Tag tag;
     int from;
     engine::Tensor tensor;
+    uint64_t bytes = 0;  // The tensor's, kept once it is filed.
   };
   // A launched round. Holds every tensor of its group until it completes:
   // the communication stream still reads the sends and writes the
@@ -323,6 +327,7 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
       // After a goodbye, the link closing is expected; a rank this one
       // exchanges nothing with is its peers' concern.
       if (peer.rounds_total || !peer.is_peer) return absl::OkStatus();
+      Observe(DataPlaneObserver::Error::kPeerLost);
       // The link's code: Unavailable for a lost peer, the original code
       // when the link broke because a rank aborted (TcpHeaderLink), so
       // every rank fails with the reason's code.
@@ -525,17 +530,32 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
       {
         absl::MutexLock lock(&mu_);
         for (Received& r : flight.receives) {
+          r.bytes = r.tensor.bytes();
           announced_.erase(r.tag);
           RETURN_IF_ERROR(FileLocked(r.tag, std::move(r.tensor), r.from));
           ++stats_.received;
         }
         stats_.sent += static_cast<int64_t>(flight.sends.size());
       }
+      if (options_.observer != nullptr) {
+        const Clock::time_point now = Clock::now();
+        for (const OutgoingSend& send : flight.sends) {
+          options_.observer->OnSent(send.to, send.payload.tensor.bytes(),
+                                    now - send.queued_at);
+        }
+        for (const Received& r : flight.receives) {
+          options_.observer->OnReceived(r.from, r.bytes);
+        }
+      }
       in_flight_.pop_front();
       front_since_ = Clock::now();
       progressed_ = true;
     }
     return absl::OkStatus();
+  }
+
+  void Observe(DataPlaneObserver::Error error) const {
+    if (options_.observer != nullptr) options_.observer->OnError(error);
   }
 
   absl::Status CheckStalls() const {

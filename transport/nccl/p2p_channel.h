@@ -102,6 +102,9 @@ struct P2pChannelOptions {
   // an abort waits for the device to let go of in-flight buffers (they are
   // leaked rather than reused if it does not).
   std::chrono::milliseconds linger{10000};
+  // Optional; outlives the channel. Told from the progress thread (a
+  // receive timeout from the receiving thread).
+  DataPlaneObserver* observer = nullptr;
 };
 
 // The peer list a channel uses: `peers` sorted, or every other rank when it

@@ -55,27 +55,6 @@
 
 namespace conveyor::transport {
 
-// Told about a channel's traffic and failures, for metrics. OnSent,
-// OnReceived and most OnError calls come from the channel's I/O thread, a
-// receive timeout's from the receiving thread: implementations must be
-// thread-safe, quick, and must not call back into the channel.
-class DataPlaneObserver {
- public:
-  enum class Error {
-    kTimeout,   // A Recv timed out.
-    kPeerLost,  // A peer's connection ended without a goodbye.
-    kBadFrame,  // A connected peer sent a malformed or oversized frame.
-    kRejected,  // A connection was refused at the handshake.
-  };
-  virtual ~DataPlaneObserver() = default;
-  // A tensor of `bytes` left for rank `peer`: the kernel took its last byte
-  // `took` after Send queued it.
-  virtual void OnSent(int peer, uint64_t bytes,
-                      std::chrono::steady_clock::duration took) = 0;
-  virtual void OnReceived(int peer, uint64_t bytes) = 0;
-  virtual void OnError(Error error) = 0;
-};
-
 struct TcpChannelConfig {
   int rank = 0;
   int world_size = 1;  // Number of ranks in the job.

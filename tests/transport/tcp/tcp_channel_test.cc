@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
+#include "tests/transport/counting_observer.h"
 #include "transport/tcp/frame.h"
 
 namespace conveyor::transport {
@@ -654,44 +655,6 @@ TEST(TcpChannelTest, ConnectGivesUpAtItsDeadline) {
 
 namespace conveyor::transport {
 namespace {
-
-// Counts what a channel reports, for the metrics.
-class CountingObserver final : public DataPlaneObserver {
- public:
-  void OnSent(int peer, uint64_t bytes,
-              std::chrono::steady_clock::duration took) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    sent[peer] += bytes;
-    ++sends;
-    if (took < std::chrono::steady_clock::duration::zero()) ++negative;
-  }
-  void OnReceived(int peer, uint64_t bytes) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    received[peer] += bytes;
-  }
-  void OnError(Error error) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++errors[error];
-  }
-  std::map<int, uint64_t> Sent() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return sent;
-  }
-  std::map<int, uint64_t> Received() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return received;
-  }
-  int Errors(Error e) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return errors[e];
-  }
-
-  std::mutex mu_;
-  std::map<int, uint64_t> sent, received;
-  std::map<Error, int> errors;
-  int sends = 0;
-  int negative = 0;
-};
 
 TEST(TcpChannelObserverTest, CountsBytesBothWaysPerPeer) {
   std::vector<CountingObserver> observers(3);
