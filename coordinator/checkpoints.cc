@@ -20,16 +20,6 @@ using job::JobPlan;
 using job::StagePlan;
 namespace {
 
-// N for a directory named "step-N", else nullopt.
-std::optional<int64_t> StepOfDirName(absl::string_view name) {
-  int64_t step = 0;
-  if (!absl::ConsumePrefix(&name, "step-") || !absl::SimpleAtoi(name, &step) ||
-      step < 0 || absl::StrCat(step) != name) {
-    return std::nullopt;
-  }
-  return step;
-}
-
 // A manifest and the checkpoint directory it was found in.
 struct FoundManifest {
   engine::CheckpointManifest manifest;
@@ -69,7 +59,7 @@ absl::StatusOr<FoundManifest> FindManifest(const engine::ResumeSpec& resume,
   const std::filesystem::path leaf = normal.has_filename()
                                          ? normal.filename()
                                          : normal.parent_path().filename();
-  if (std::optional<int64_t> step = StepOfDirName(leaf.string())) {
+  if (std::optional<int64_t> step = engine::StepOfDirName(leaf.string())) {
     const std::filesystem::path parent =
         normal.has_filename() ? normal.parent_path()
                               : normal.parent_path().parent_path();

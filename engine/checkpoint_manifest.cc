@@ -372,23 +372,6 @@ absl::Status CheckStageFile(const std::string& step_dir,
   return absl::OkStatus();
 }
 
-// N for a canonical "step-N" (no sign, no leading zero, fits int64).
-bool ParseStepDirName(absl::string_view name, int64_t* step) {
-  constexpr absl::string_view kPrefix = "step-";
-  if (name.size() <= kPrefix.size() ||
-      name.substr(0, kPrefix.size()) != kPrefix) {
-    return false;
-  }
-  const absl::string_view digits = name.substr(kPrefix.size());
-  if (digits.size() > 19 || (digits.size() > 1 && digits[0] == '0')) {
-    return false;
-  }
-  for (char c : digits) {
-    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
-  }
-  return absl::SimpleAtoi(digits, step);  // False on overflow.
-}
-
 // ---------------------------------------------------------------------------
 // Config hash.
 
@@ -479,10 +462,6 @@ class Canonicalizer {
 };
 
 }  // namespace
-
-std::string StageFileName(int stage) {
-  return absl::StrCat("stage-", stage, ".safetensors");
-}
 
 std::string ManifestToJson(const CheckpointManifest& m) {
   OrderedJson stages = OrderedJson::array();
@@ -625,10 +604,11 @@ absl::StatusOr<std::vector<int64_t>> ListCheckpointSteps(
   std::error_code ec;
   for (fs::directory_iterator it(checkpoint_dir, ec), end; !ec && it != end;
        it.increment(ec)) {
-    int64_t step = 0;
-    if (!ParseStepDirName(it->path().filename().string(), &step)) continue;
+    const std::optional<int64_t> step =
+        StepOfDirName(it->path().filename().string());
+    if (!step.has_value()) continue;
     std::error_code dir_ec;
-    if (it->is_directory(dir_ec)) steps.push_back(step);
+    if (it->is_directory(dir_ec)) steps.push_back(*step);
   }
   if (ec) return ErrnoError(ec.value(), checkpoint_dir, "list");
   std::sort(steps.begin(), steps.end());

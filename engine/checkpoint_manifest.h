@@ -33,6 +33,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "engine/stage_file.h"
 
 namespace conveyor::engine {
 
@@ -73,10 +74,6 @@ struct CheckpointManifest {
   friend bool operator==(const CheckpointManifest&,
                          const CheckpointManifest&) = default;
 };
-
-// "stage-<stage>.safetensors": the only file name a manifest may give stage
-// `stage`.
-std::string StageFileName(int stage);
 
 // The manifest as pretty-printed JSON with a fixed key order ("format" first)
 // and the CRCs as 8 lowercase hex digits. Never fails: strings that are not

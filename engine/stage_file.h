@@ -16,6 +16,7 @@
 #define CONVEYOR_ENGINE_STAGE_FILE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/strings/string_view.h"
@@ -28,6 +29,15 @@ inline constexpr char kManifestFileName[] = "manifest.json";
 
 // "<checkpoint_dir>/step-<step>".
 std::string StepDirPath(absl::string_view checkpoint_dir, int64_t step);
+
+// N for a step directory's canonical name "step-N" (no sign, no leading
+// zero, fits int64), else nullopt: "step-01", "step-x" and "step-1.tmp" are
+// not step directories.
+std::optional<int64_t> StepOfDirName(absl::string_view name);
+
+// "stage-<stage>.safetensors": the only file name a manifest may give stage
+// `stage`, relative to the step directory.
+std::string StageFileName(int stage);
 
 // "<checkpoint_dir>/step-<step>/stage-<stage>.safetensors".
 std::string StageFilePath(absl::string_view checkpoint_dir, int64_t step,
