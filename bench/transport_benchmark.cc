@@ -10,13 +10,22 @@
 //        else.
 // The target: TcpChannel at >= 70% of raw.
 //
+// latency/idle_ms:4: a 4-byte tensor sent after the ranks idled 4 ms, as a
+// pipeline's critical path pays once per transfer (threads that slept for
+// milliseconds wake slowly), against a raw socket ping-pong after the same
+// idling in the same run: one thread writes 4 bytes, an echo thread blocked
+// in recv() sends them back, and the writer, blocked in recv(), reads them.
+// Medians of both and their ratio (target: TcpChannel within 2x).
+//
 //   cmake --build build --target transport_benchmark
 //   build/bench/transport_benchmark --benchmark_min_time=2
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -157,6 +166,88 @@ BENCHMARK(BM_Transport)
     ->Arg(16)
     ->Arg(64)
     ->ArgName("MiB")
+    ->UseRealTime();
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+void BM_LatencyAfterIdle(benchmark::State& state) {
+  const auto idle = std::chrono::milliseconds(state.range(0));
+  auto* cpu = engine::CpuBackend::Get();
+  auto sender = TcpChannel::Create(Config(0), cpu);
+  auto receiver = TcpChannel::Create(Config(1), cpu);
+  if (!sender.ok() || !receiver.ok()) {
+    state.SkipWithError("cannot create the channels");
+    return;
+  }
+  const std::vector<std::string> peers = {
+      absl::StrCat("127.0.0.1:", (*sender)->port()),
+      absl::StrCat("127.0.0.1:", (*receiver)->port())};
+  if (!(*sender)->Connect(peers).ok() || !(*receiver)->Connect(peers).ok()) {
+    state.SkipWithError("cannot connect the channels");
+    return;
+  }
+  engine::Tensor probe = *cpu->Zeros({1}, engine::DType::kF32);
+  int fds[2];
+  if (!SocketPair(fds)) {
+    state.SkipWithError("cannot open a loopback socket pair");
+    return;
+  }
+  for (int fd : fds) {
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  }
+  // Echoes every 4 bytes back until the socket closes.
+  std::thread echo([fd = fds[1]] {
+    char buf[4];
+    for (;;) {
+      if (recv(fd, buf, sizeof(buf), MSG_WAITALL) != sizeof(buf)) return;
+      if (send(fd, buf, sizeof(buf), MSG_NOSIGNAL) != sizeof(buf)) return;
+    }
+  });
+
+  using Clock = std::chrono::steady_clock;
+  std::vector<double> tcp_us, raw_us;
+  int64_t step = 0;
+  for (auto _ : state) {
+    std::this_thread::sleep_for(idle);
+    const Tag tag{.job = kJob, .step = step++};
+    const auto t0 = Clock::now();
+    if (!(*sender)->Send(1, tag, probe).ok() ||
+        !(*receiver)->Recv(tag, 10s).ok()) {
+      state.SkipWithError("the probe did not arrive");
+      break;
+    }
+    tcp_us.push_back(
+        std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+
+    std::this_thread::sleep_for(idle);
+    char buf[4] = {1, 2, 3, 4};
+    const auto t1 = Clock::now();
+    if (send(fds[0], buf, sizeof(buf), MSG_NOSIGNAL) != sizeof(buf) ||
+        recv(fds[0], buf, sizeof(buf), MSG_WAITALL) != sizeof(buf)) {
+      state.SkipWithError("the ping-pong failed");
+      break;
+    }
+    raw_us.push_back(
+        std::chrono::duration<double, std::micro>(Clock::now() - t1).count());
+  }
+  shutdown(fds[0], SHUT_RDWR);
+  echo.join();
+  close(fds[0]);
+  close(fds[1]);
+  const double tcp = Median(tcp_us), raw = Median(raw_us);
+  state.counters["tcp_us"] = tcp;
+  state.counters["raw_pingpong_us"] = raw;
+  state.counters["ratio"] = raw > 0 ? tcp / raw : 0;
+}
+BENCHMARK(BM_LatencyAfterIdle)
+    ->Name("latency")
+    ->Arg(4)
+    ->ArgName("idle_ms")
+    ->Iterations(200)
     ->UseRealTime();
 
 }  // namespace
