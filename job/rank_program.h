@@ -24,17 +24,17 @@ namespace conveyor::job {
 // What a program carries besides the plan: the job's identity and source,
 // the coordinator's settings, and where the attempt resumes.
 struct ProgramContext {
-  std::string job_id;
+  std::string job_id{};
   // Unique per attempt (the job's number and its restarts): a restarted
   // job's data plane never accepts a tensor of the attempt before it.
   uint64_t job_number = 0;
-  std::string secret;
-  std::string yaml, file_name, base_dir;
+  std::string secret{};
+  std::string yaml{}, file_name{}, base_dir{};
   int64_t recv_timeout_ms = 0;
   // 0: from the init. resume_files: every stage's file, or this rank's.
   int64_t resume_step = 0;
-  std::string resume_dir;
-  std::vector<v1::StageFile> resume_files;
+  std::string resume_dir{};
+  std::vector<v1::StageFile> resume_files{};
 };
 
 // Rank `rank`'s program for `plan` (0 <= rank < plan.num_ranks).
