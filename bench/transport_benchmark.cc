@@ -29,6 +29,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <semaphore>
 #include <thread>
 #include <vector>
@@ -77,22 +78,37 @@ bool SocketPair(int fds[2]) {
   return fds[1] >= 0;
 }
 
-void BM_Transport(benchmark::State& state) {
-  const int64_t bytes = state.range(0) * kMiB;
+// Rank 0 and rank 1 of a job, connected over loopback; empty (with the
+// benchmark skipped) when that fails.
+std::vector<std::unique_ptr<TcpChannel>> ConnectedPair(
+    benchmark::State& state) {
   auto* cpu = engine::CpuBackend::Get();
   auto sender = TcpChannel::Create(Config(0), cpu);
   auto receiver = TcpChannel::Create(Config(1), cpu);
   if (!sender.ok() || !receiver.ok()) {
     state.SkipWithError("cannot create the channels");
-    return;
+    return {};
   }
   const std::vector<std::string> peers = {
       absl::StrCat("127.0.0.1:", (*sender)->port()),
       absl::StrCat("127.0.0.1:", (*receiver)->port())};
   if (!(*sender)->Connect(peers).ok() || !(*receiver)->Connect(peers).ok()) {
     state.SkipWithError("cannot connect the channels");
-    return;
+    return {};
   }
+  std::vector<std::unique_ptr<TcpChannel>> pair;
+  pair.push_back(*std::move(sender));
+  pair.push_back(*std::move(receiver));
+  return pair;
+}
+
+void BM_Transport(benchmark::State& state) {
+  const int64_t bytes = state.range(0) * kMiB;
+  auto* cpu = engine::CpuBackend::Get();
+  std::vector<std::unique_ptr<TcpChannel>> pair = ConnectedPair(state);
+  if (pair.empty()) return;
+  TcpChannel* sender = pair[0].get();
+  TcpChannel* receiver = pair[1].get();
   engine::Tensor tensor = *cpu->Empty({bytes}, engine::DType::kU8);
   std::memset(tensor.raw(), 0x5a, bytes);
 
@@ -124,11 +140,11 @@ void BM_Transport(benchmark::State& state) {
   for (auto _ : state) {
     const auto t0 = Clock::now();
     const Tag tag{.job = kJob, .step = step++};
-    if (!(*sender)->Send(1, tag, tensor).ok()) {
+    if (!sender->Send(1, tag, tensor).ok()) {
       state.SkipWithError("send failed");
       break;
     }
-    auto got = (*receiver)->Recv(tag, 30s);
+    auto got = receiver->Recv(tag, 30s);
     if (!got.ok()) {
       state.SkipWithError(std::string(got.status().message()).c_str());
       break;
@@ -176,19 +192,10 @@ double Median(std::vector<double> v) {
 void BM_LatencyAfterIdle(benchmark::State& state) {
   const auto idle = std::chrono::milliseconds(state.range(0));
   auto* cpu = engine::CpuBackend::Get();
-  auto sender = TcpChannel::Create(Config(0), cpu);
-  auto receiver = TcpChannel::Create(Config(1), cpu);
-  if (!sender.ok() || !receiver.ok()) {
-    state.SkipWithError("cannot create the channels");
-    return;
-  }
-  const std::vector<std::string> peers = {
-      absl::StrCat("127.0.0.1:", (*sender)->port()),
-      absl::StrCat("127.0.0.1:", (*receiver)->port())};
-  if (!(*sender)->Connect(peers).ok() || !(*receiver)->Connect(peers).ok()) {
-    state.SkipWithError("cannot connect the channels");
-    return;
-  }
+  std::vector<std::unique_ptr<TcpChannel>> pair = ConnectedPair(state);
+  if (pair.empty()) return;
+  TcpChannel* sender = pair[0].get();
+  TcpChannel* receiver = pair[1].get();
   engine::Tensor probe = *cpu->Zeros({1}, engine::DType::kF32);
   int fds[2];
   if (!SocketPair(fds)) {
@@ -215,8 +222,7 @@ void BM_LatencyAfterIdle(benchmark::State& state) {
     std::this_thread::sleep_for(idle);
     const Tag tag{.job = kJob, .step = step++};
     const auto t0 = Clock::now();
-    if (!(*sender)->Send(1, tag, probe).ok() ||
-        !(*receiver)->Recv(tag, 10s).ok()) {
+    if (!sender->Send(1, tag, probe).ok() || !receiver->Recv(tag, 10s).ok()) {
       state.SkipWithError("the probe did not arrive");
       break;
     }
