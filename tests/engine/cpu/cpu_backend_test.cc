@@ -53,6 +53,31 @@ TEST(CpuBackendTest, IsHostResident) {
   EXPECT_TRUE(CpuBackend::Get(Precision::kBf16)->host_resident());
 }
 
+// The Backend's fronts check shapes for every backend: checks the CUDA
+// backend made on its own now hold on the CPU too, where a mismatch used to
+// read or write out of bounds.
+TEST(CpuBackendDeathTest, TheFrontsRefuseMismatchedShapes) {
+  CpuBackend* cpu = CpuBackend::Get();
+  const Tensor q = *cpu->Zeros({1, 2, 3, 4});
+  const Tensor flat = *cpu->Zeros({24});
+  const Tensor qkv = *cpu->Zeros({72});
+  EXPECT_DEATH(cpu->SplitHeads(qkv, 2, flat, flat, flat),
+               "split-heads shapes disagree");
+  EXPECT_DEATH(cpu->SplitHeads(qkv, 3, q, q, q), "split-heads shapes disagree");
+  EXPECT_DEATH(cpu->MergeHeads(flat, q), "merge-heads shapes disagree");
+  const Tensor x = *cpu->Zeros({2, 4});
+  const Tensor stats = *cpu->Zeros({2});
+  const Tensor wrong = *cpu->Zeros({3});
+  EXPECT_DEATH(cpu->LayerNorm(x, wrong, Tensor(), 1e-5f, x, stats, stats),
+               "layernorm weight has the wrong size");
+  EXPECT_DEATH(cpu->Add(x, wrong, x), "add operands differ in size");
+  EXPECT_DEATH(cpu->Gemm(false, false, 1.0f, x, x, 0.0f, x),
+               "gemm inner dimensions differ");
+  const Tensor f32_ids = *cpu->Zeros({2});
+  EXPECT_DEATH((void)cpu->EmbeddingForward(f32_ids, x, x),
+               "embedding takes i64 ids");
+}
+
 TEST(CpuBackendTest, GemmMatchesNaiveForEveryTransposeAndBeta) {
   const int m = 5, n = 7, k = 3;
   for (bool ta : {false, true}) {
