@@ -27,7 +27,6 @@
 #include "engine/safetensors.h"
 #include "engine/trainer.h"
 #include "job/rank_program.h"
-#include "proto/protocol.h"
 #include "spdlog/spdlog.h"
 
 namespace conveyor::worker {
@@ -95,14 +94,17 @@ absl::StatusOr<std::unique_ptr<JobRunner>> JobRunner::Create(
   // The program must be what this build compiles from the same job and
   // cut (job/rank_program.h): the coordinator and this worker then run the
   // same stages, parameters and actions.
+  // Its actions are the plan's, already decoded and validated.
   ASSIGN_OR_RETURN(job::JobPlan plan, job::PlanOfProgram(program));
   engine::JobSpec job = std::move(plan.job);
+  std::vector<scheduler::Action> actions =
+      std::move(plan.schedule.actions[program.rank()]);
   engine::Backend* backend = engine::CpuBackend::Get(job.training.precision);
   if (options.backends != nullptr) {
     ASSIGN_OR_RETURN(backend, options.backends->Get(job.training.precision));
   }
-  std::unique_ptr<JobRunner> runner(
-      new JobRunner(program, std::move(job), backend, options.backends));
+  std::unique_ptr<JobRunner> runner(new JobRunner(
+      program, std::move(job), std::move(actions), backend, options.backends));
   RETURN_IF_ERROR(runner->Build(options));
   return runner;
 }
@@ -226,7 +228,6 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
   checkpoint_delay_ = options.checkpoint_delay;
   const engine::ModelSpec& model = job_.model;
   const int p = program_.num_ranks(), rank = program_.rank();
-  const int num_stages = program_.num_stages();
 
   // pipeline.devices_per_stage > 1: each stage runs data parallel over that
   // many devices of this worker (engine/mesh_stage.h).
@@ -307,8 +308,6 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
   ASSIGN_OR_RETURN(optimizer_,
                    engine::Optimizer::Create(backend_, job_.optimizer, params));
   if (program_.resume_step() > 0) RETURN_IF_ERROR(LoadResumeFiles());
-  ASSIGN_OR_RETURN(actions_,
-                   proto::ActionsFromProto(program_.actions(), num_stages));
   actions_.resize(
       actions_.size() -
       std::clamp<size_t>(options.drop_last_actions, 0, actions_.size()));

@@ -194,11 +194,13 @@ class JobRunner {
 
  private:
   JobRunner(v1::JobProgram program, engine::JobSpec job,
-            engine::Backend* backend, DeviceBackends* backends)
+            std::vector<scheduler::Action> actions, engine::Backend* backend,
+            DeviceBackends* backends)
       : program_(std::move(program)),
         job_(std::move(job)),
         backend_(backend),
-        backends_(backends) {}
+        backends_(backends),
+        actions_(std::move(actions)) {}
 
   // ResourceExhausted, naming the sizes and what to change, when this rank's
   // parameters with their gradients and optimizer state cannot fit in the
