@@ -15,6 +15,7 @@
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "coordinator/data_plane_choice.h"
+#include "coordinator/ids.h"
 #include "engine/checkpoint_manifest.h"
 #include "engine/job_spec.h"
 #include "engine/profiler.h"
@@ -27,8 +28,6 @@ namespace conveyor::coordinator {
 
 using job::StagePlan;
 namespace {
-
-constexpr absl::string_view kJobPrefix = "job-";
 
 // After this many attempts in a row lose a worker before completing a step,
 // the job is not restarted again (see MarkLost).
@@ -417,18 +416,6 @@ void JobManager::Shutdown() {
 }
 // ---------------------------------------------------------------------------
 // Helpers.
-
-uint64_t JobManager::JobNumber(absl::string_view id) {
-  uint64_t n = 0;
-  if (!absl::ConsumePrefix(&id, kJobPrefix) || !absl::SimpleAtoi(id, &n)) {
-    return 0;
-  }
-  return n;
-}
-
-std::string JobManager::JobId(uint64_t number) {
-  return absl::StrCat(kJobPrefix, number);
-}
 
 std::string JobManager::MakeSecret() {
   std::random_device rd;

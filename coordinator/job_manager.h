@@ -312,9 +312,6 @@ class JobManager {
   absl::Status Dispatch(const std::string& worker_id,
                         const v1::WorkerMessage& message);
   JobRecord* FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The number in "job-<n>", or 0 when `id` is not of that form.
-  static uint64_t JobNumber(absl::string_view id);
-  static std::string JobId(uint64_t number);
   // 16 random bytes, hex: the data plane's per-job handshake secret. Only
   // the job's workers receive it, so a stray or hostile connection to a
   // worker's data port cannot join the job.

@@ -16,6 +16,7 @@
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "coordinator/data_plane_choice.h"
+#include "coordinator/ids.h"
 #include "coordinator/job_manager.h"
 #include "engine/checkpoint_manifest.h"
 #include "engine/job_spec.h"

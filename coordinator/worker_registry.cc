@@ -4,26 +4,15 @@
 #include <utility>
 
 #include "absl/strings/escaping.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
+#include "coordinator/ids.h"
 #include "proto/protocol.h"
 
 namespace conveyor::coordinator {
 namespace {
 
-constexpr absl::string_view kWorkerPrefix = "worker-";
 // Names are shown in listings, logs and metric labels.
 constexpr size_t kMaxWorkerNameBytes = 253;
-
-// The number in "worker-<n>", or 0 when `id` is not of that form.
-int64_t WorkerNumber(absl::string_view id) {
-  int64_t n = 0;
-  if (!absl::ConsumePrefix(&id, kWorkerPrefix) || !absl::SimpleAtoi(id, &n)) {
-    return 0;
-  }
-  return n;
-}
 
 }  // namespace
 
@@ -73,7 +62,7 @@ absl::StatusOr<WorkerRecord*> WorkerRegistry::Add(
   }
   const int64_t number = next_++;
   WorkerRecord& w = workers_[number];
-  w.info.set_id(absl::StrCat(kWorkerPrefix, number));
+  w.info.set_id(WorkerId(number));
   w.info.set_name(request.name());
   w.info.set_version(request.version());
   *w.info.mutable_devices() = request.devices();
