@@ -1,26 +1,15 @@
 #include "coordinator/job_manager.h"
 
 #include <algorithm>
-#include <cmath>
 #include <random>
 #include <utility>
 
-#include "absl/hash/hash.h"
-#include "absl/strings/escaping.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
 #include "common/status_macros.h"
-#include "coordinator/data_plane_choice.h"
 #include "coordinator/ids.h"
 #include "engine/checkpoint_manifest.h"
-#include "engine/job_spec.h"
-#include "engine/profiler.h"
-#include "engine/stage_file.h"
-#include "job/rank_program.h"
 #include "proto/protocol.h"
 #include "spdlog/spdlog.h"
 
