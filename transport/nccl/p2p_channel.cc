@@ -120,8 +120,10 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
     }
     absl::MutexLock lock(&mu_);
     if (!status_.ok()) return status_;
+    // The clock only for the observer, as the TCP channel does.
     outbox_.push_back(
-        {to, std::move(header), *std::move(payload), Clock::now()});
+        {to, std::move(header), *std::move(payload),
+         options_.observer != nullptr ? Clock::now() : Clock::time_point()});
     return absl::OkStatus();
   }
 
