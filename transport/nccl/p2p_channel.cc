@@ -225,7 +225,6 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
     Tag tag;
     int from;
     engine::Tensor tensor;
-    uint64_t bytes = 0;  // The tensor's, kept once it is filed.
   };
   // A launched round. Holds every tensor of its group until it completes:
   // the communication stream still reads the sends and writes the
@@ -529,10 +528,16 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
         }
         if (!*done) break;
       }
+      // Received tensors are reported before they are filed: a Recv that
+      // returns one may be followed at once by a look at the metrics.
+      if (options_.observer != nullptr) {
+        for (const Received& r : flight.receives) {
+          options_.observer->OnReceived(r.from, r.tensor.bytes());
+        }
+      }
       {
         absl::MutexLock lock(&mu_);
         for (Received& r : flight.receives) {
-          r.bytes = r.tensor.bytes();
           announced_.erase(r.tag);
           RETURN_IF_ERROR(FileLocked(r.tag, std::move(r.tensor), r.from));
           ++stats_.received;
@@ -544,9 +549,6 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
         for (const OutgoingSend& send : flight.sends) {
           options_.observer->OnSent(send.to, send.payload.tensor.bytes(),
                                     now - send.queued_at);
-        }
-        for (const Received& r : flight.receives) {
-          options_.observer->OnReceived(r.from, r.bytes);
         }
       }
       in_flight_.pop_front();
