@@ -7,16 +7,15 @@
 #include <system_error>
 #include <utility>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "checkpoint/directory.h"
+#include "checkpoint/layout.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/stage_file.h"
 #include "common/status_macros.h"
-#include "engine/checkpoint_manifest.h"
 #include "engine/safetensors.h"
-#include "engine/stage_file.h"
 
 namespace conveyor::cli {
 namespace {
@@ -25,110 +24,25 @@ namespace fs = std::filesystem;
 
 struct LoadedStep {
   std::string job;
-  std::vector<engine::SafetensorsReader> stages;  // By stage.
+  std::vector<checkpoint::StageFile> stages;  // By stage.
 };
 
-// A decimal number of at most 18 digits (so it fits int64), nothing else.
-bool ParseIndex(absl::string_view text, int64_t* out) {
-  if (text.empty() || text.size() > 18) return false;
-  for (char c : text) {
-    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
-  }
-  return absl::SimpleAtoi(text, out);
-}
-
-// The reader reports a corrupt file as InvalidArgument, which conveyorctl
-// would turn into "bad arguments" (exit 2); a bad checkpoint is a state to
-// fix, not a flag to change.
-absl::Status AsPrecondition(absl::Status status) {
-  if (status.code() != absl::StatusCode::kInvalidArgument) return status;
-  return absl::FailedPreconditionError(status.message());
-}
-
-absl::StatusOr<std::string> Metadata(const engine::SafetensorsReader& file,
-                                     absl::string_view key) {
-  auto it = file.metadata().find(std::string(key));
-  if (it == file.metadata().end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        file.source_name(), ": no '", key,
-        "' in the metadata (not a stage file written by a conveyor worker)"));
-  }
-  return it->second;
-}
-
-absl::StatusOr<int64_t> MetadataInt(const engine::SafetensorsReader& file,
-                                    absl::string_view key) {
-  ASSIGN_OR_RETURN(std::string text, Metadata(file, key));
-  int64_t value = 0;
-  if (!ParseIndex(text, &value)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(file.source_name(), ": metadata '", key, "' is '", text,
-                     "', not a non-negative integer"));
-  }
-  return value;
-}
-
-// Opens the stage file `digest` of `manifest`'s step and checks that its
-// metadata describe it. `job` is stage 0's, or unset when this is stage 0.
-// The manifest vouches for the bytes; this catches a worker that wrote the
-// wrong thing (another step, another job) under the right name.
-absl::StatusOr<engine::SafetensorsReader> OpenStage(
-    const std::string& step_dir, const engine::CheckpointManifest& manifest,
-    const engine::StageFileDigest& digest,
-    const std::optional<std::string>& job) {
-  const std::string path = (fs::path(step_dir) / digest.file).string();
-  absl::StatusOr<engine::SafetensorsReader> opened =
-      engine::SafetensorsReader::Open(path);
-  if (!opened.ok()) return AsPrecondition(opened.status());
-  engine::SafetensorsReader file = *std::move(opened);
-  const std::string& name = file.source_name();
-  ASSIGN_OR_RETURN(std::string format, Metadata(file, "format"));
-  if (format != engine::kStageFileFormat) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(name, ": metadata 'format' is '", format, "', expected '",
-                     engine::kStageFileFormat, "'"));
-  }
-  ASSIGN_OR_RETURN(int64_t file_stage, MetadataInt(file, "stage"));
-  if (file_stage != digest.stage) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(name, ": metadata says stage ", file_stage,
-                     ", the file name ", digest.stage));
-  }
-  ASSIGN_OR_RETURN(int64_t file_step, MetadataInt(file, "step"));
-  if (file_step != manifest.step) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(name, ": metadata says step ", file_step,
-                     ", the directory step ", manifest.step));
-  }
-  ASSIGN_OR_RETURN(int64_t file_stages, MetadataInt(file, "num_stages"));
-  if (file_stages != manifest.num_stages) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        name, ": num_stages ", file_stages, " disagrees with the manifest (",
-        manifest.num_stages, ")"));
-  }
-  ASSIGN_OR_RETURN(std::string file_job, Metadata(file, "job"));
-  if (job.has_value() && file_job != *job) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(name, ": job '", file_job, "' disagrees with ",
-                     "stage-0.safetensors (job '", *job, "')"));
-  }
-  return file;
-}
-
+// Every stage file of `m`'s step, checked against the manifest and against
+// stage 0's job, so that a worker that wrote the wrong thing (another step,
+// another job) under the right name is caught.
 absl::StatusOr<LoadedStep> LoadStep(const std::string& dir,
-                                    const engine::CheckpointManifest& m) {
-  const std::string step_dir = engine::StepDirPath(dir, m.step);
+                                    const checkpoint::CheckpointManifest& m) {
+  const std::string step_dir = checkpoint::StepDirPath(dir, m.step);
   LoadedStep loaded;
-  std::optional<std::string> job;
-  for (const engine::StageFileDigest& digest : m.stages) {  // By stage.
-    ASSIGN_OR_RETURN(engine::SafetensorsReader file,
-                     OpenStage(step_dir, m, digest, job));
-    if (!job.has_value()) {
-      ASSIGN_OR_RETURN(job, Metadata(file, "job"));
-    }
+  checkpoint::StageFileExpectation expect{.step = m.step,
+                                          .num_stages = m.num_stages};
+  for (const checkpoint::StageFileDigest& digest : m.stages) {  // By stage.
+    ASSIGN_OR_RETURN(checkpoint::StageFile file,
+                     checkpoint::ReadStageFile(step_dir, digest, expect));
+    if (!expect.job.has_value()) expect.job = file.info.job;
     loaded.stages.push_back(std::move(file));
   }
-  loaded.job = job.value_or("");
+  loaded.job = expect.job.value_or("");
   return loaded;
 }
 
@@ -153,7 +67,7 @@ absl::StatusOr<ExportResult> ExportCheckpoint(const std::string& dir,
                                               std::optional<int64_t> step,
                                               const std::string& output) {
   ASSIGN_OR_RETURN(std::vector<int64_t> steps,
-                   engine::ListCheckpointSteps(dir));
+                   checkpoint::ListCheckpointSteps(dir));
   if (steps.empty()) {
     std::string hint;
     std::error_code ec;
@@ -166,7 +80,7 @@ absl::StatusOr<ExportResult> ExportCheckpoint(const std::string& dir,
         absl::StrCat(dir, ": no step-<N> directories", hint));
   }
   ExportResult result;
-  engine::CheckpointManifest manifest;
+  checkpoint::CheckpointManifest manifest;
   // Checksums are verified: an export is read once and then trusted
   // elsewhere, so a damaged file must stop it here.
   if (step.has_value()) {
@@ -174,13 +88,14 @@ absl::StatusOr<ExportResult> ExportCheckpoint(const std::string& dir,
       return absl::NotFoundError(absl::StrCat(
           dir, ": no step-", *step, "; steps: ", absl::StrJoin(steps, ", ")));
     }
-    ASSIGN_OR_RETURN(manifest, engine::LoadCompleteCheckpoint(
+    ASSIGN_OR_RETURN(manifest, checkpoint::LoadCompleteCheckpoint(
                                    dir, *step, /*verify_checksums=*/true));
   } else {
     // A job that stopped while saving leaves an incomplete newest step; the
     // one before it is still a consistent export.
-    absl::StatusOr<engine::LatestCheckpoint> latest =
-        engine::FindLatestCompleteCheckpoint(dir, /*verify_checksums=*/true);
+    absl::StatusOr<checkpoint::LatestCheckpoint> latest =
+        checkpoint::FindLatestCompleteCheckpoint(dir,
+                                                 /*verify_checksums=*/true);
     if (absl::IsDataLoss(latest.status())) {
       return absl::DataLossError(absl::StrCat(
           latest.status().message(), "; export an older step with --step N"));
@@ -195,12 +110,10 @@ absl::StatusOr<ExportResult> ExportCheckpoint(const std::string& dir,
   std::vector<engine::TensorToWrite> tensors;
   std::map<std::string, int> owner;  // Tensor name -> stage.
   for (int s = 0; s < manifest.num_stages; ++s) {
-    const engine::SafetensorsReader& file = loaded.stages[s];
+    const engine::SafetensorsReader& file = loaded.stages[s].tensors;
     for (const engine::TensorInfo& info : file.tensors()) {
       // Optimizer state is for resuming a run, not part of the model.
-      if (absl::StartsWith(info.name, engine::kOptimizerTensorPrefix)) {
-        continue;
-      }
+      if (checkpoint::IsOptimizerTensor(info.name)) continue;
       auto [it, inserted] = owner.emplace(info.name, s);
       if (!inserted) {
         return absl::FailedPreconditionError(
@@ -227,7 +140,7 @@ absl::StatusOr<ExportResult> ExportCheckpoint(const std::string& dir,
       {"job", result.job},
       {"step", absl::StrCat(result.step)},
       {"num_stages", absl::StrCat(result.num_stages)},
-      {"exported_from", engine::kStageFileFormat}};
+      {"exported_from", checkpoint::kStageFileFormat}};
   RETURN_IF_ERROR(engine::WriteSafetensors(output, tensors, metadata));
   return result;
 }

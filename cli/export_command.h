@@ -8,7 +8,7 @@
 //   format: conveyor-stage-v1, job: <id>, stage: <s>, num_stages: <S>,
 //   step: <N>
 // and the coordinator commits the step by writing its manifest last
-// (engine/checkpoint_manifest.h). Export reads complete steps only: one
+// (checkpoint/manifest.h). Export reads complete steps only: one
 // whose manifest parses and whose files all have the recorded size and
 // CRC-32C. Without --step it takes the newest such step (newer incomplete
 // or corrupt steps are skipped with a note); --step N must name a complete

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "checkpoint/directory.h"
 #include "cli/coordinator_client.h"
 #include "cli/exit_status.h"
 #include "cli/format.h"
@@ -20,7 +21,6 @@
 #include "cli/local_cluster.h"
 #include "cli/watch.h"
 #include "common/status_macros.h"
-#include "engine/checkpoint_manifest.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/job_spec.h"
 #include "engine/trainer.h"
@@ -56,7 +56,7 @@ absl::Status RemoveEarlierRun(const RunCommandOptions& o,
         job.resume.where.ToString(), "): drop one of them"));
   }
   ASSIGN_OR_RETURN(std::vector<int64_t> removed,
-                   engine::RemoveAllCheckpoints(job.checkpoint.dir));
+                   checkpoint::RemoveAllCheckpoints(job.checkpoint.dir));
   if (!removed.empty()) {
     out << "--overwrite: removed " << removed.size()
         << " checkpoint step(s) of an earlier run from "

@@ -2,9 +2,9 @@
 
 #include <memory>
 
+#include "checkpoint/directory.h"
 #include "cli/job_file.h"
 #include "common/status_macros.h"
-#include "engine/checkpoint_manifest.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/data.h"
 #include "engine/profiler.h"
@@ -49,7 +49,7 @@ absl::Status CheckJobFiles(const engine::JobSpec& job) {
     RETURN_IF_ERROR(engine::CheckInitFileFitsModel(init, job.model));
   }
   if (!job.checkpoint.dir.empty()) {
-    RETURN_IF_ERROR(engine::CheckCheckpointDirWritable(job.checkpoint.dir));
+    RETURN_IF_ERROR(checkpoint::CheckCheckpointDirWritable(job.checkpoint.dir));
   }
   return absl::OkStatus();
 }

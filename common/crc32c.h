@@ -1,6 +1,6 @@
 // CRC-32C (Castagnoli, polynomial 0x1EDC6F41, reflected), the checksum that
 // iSCSI, ext4 and leveldb use, here for detecting corrupt checkpoint files
-// (engine/checkpoint_manifest.h). It is not a cryptographic hash: it finds
+// (checkpoint/manifest.h). It is not a cryptographic hash: it finds
 // accidental damage (a flipped bit, a truncated or torn write), not
 // tampering.
 //

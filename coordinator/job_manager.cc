@@ -9,7 +9,6 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "coordinator/ids.h"
-#include "engine/checkpoint_manifest.h"
 #include "proto/protocol.h"
 #include "spdlog/spdlog.h"
 

@@ -19,7 +19,7 @@
 //
 // Checkpoints. Each worker reports the files it wrote for a step
 // (CheckpointSaved); once every stage's are in, the manager writes the step's
-// manifest (coordinator/checkpoints.h) and only then counts the step as the
+// manifest (checkpoint/resume.h) and only then counts the step as the
 // job's last_checkpoint_step, pruning older steps to checkpoint.keep_latest.
 // A job with `resume:` is checked against its checkpoint at submission (the
 // same configuration, stages and cut) and refused rather than started from
@@ -73,8 +73,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "checkpoint/resume.h"
 #include "conveyor/v1/conveyor.pb.h"
-#include "coordinator/checkpoints.h"
 #include "coordinator/event_log.h"
 #include "coordinator/profile_cache.h"
 #include "coordinator/state_file.h"
@@ -295,12 +295,12 @@ class JobManager {
     std::string failure;
     TimePoint failure_deadline;
     EventLog events;
-    // engine::JobConfigHash of the YAML, recorded in every manifest.
+    // job::JobConfigHash of the YAML, recorded in every manifest.
     std::string config_hash;
     // Where the current attempt starts; nullopt: from the init.
-    std::optional<ResumePoint> resume;
+    std::optional<checkpoint::ResumePoint> resume;
     // The newest step this manager committed for the job.
-    std::optional<ResumePoint> committed;
+    std::optional<checkpoint::ResumePoint> committed;
     // Checkpoint files reported per step, by stage, until all are in.
     std::map<int64_t, std::map<int, v1::StageFile>> pending_checkpoints;
     // Restarts so far; part of the data plane's job number, so a restarted

@@ -5,12 +5,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "checkpoint/directory.h"
+#include "checkpoint/layout.h"
+#include "checkpoint/manifest.h"
 #include "common/status_macros.h"
 #include "coordinator/data_plane_choice.h"
 #include "coordinator/job_manager.h"
-#include "engine/checkpoint_manifest.h"
 #include "engine/job_spec.h"
-#include "engine/stage_file.h"
 #include "proto/protocol.h"
 #include "spdlog/spdlog.h"
 
@@ -196,25 +197,25 @@ void JobManager::OnCheckpoint(WorkerRecord& w,
 void JobManager::CommitCheckpoint(JobRecord& job, int64_t step,
                                   const std::map<int, v1::StageFile>& files) {
   const std::string& dir = job.plan.job.checkpoint.dir;
-  const engine::CheckpointManifest manifest = MakeManifest(
+  const checkpoint::CheckpointManifest manifest = checkpoint::MakeManifest(
       job.plan, job.info.id(), job.config_hash, step, files, NowUnixMs());
   // Under the lock: the manifest is small, and no other commit or resume
   // of this job may interleave with it.
-  if (absl::Status written = engine::WriteManifest(dir, manifest);
+  if (absl::Status written = checkpoint::WriteManifest(dir, manifest);
       !written.ok()) {
     Finish(job, v1::FAILED,
            absl::StrCat("committing the checkpoint of step ", step,
                         " failed: ", written.message()));
     return;
   }
-  job.committed = ResumePointOf(manifest, dir);
+  job.committed = checkpoint::ResumePointOf(manifest, dir);
   job.info.set_last_checkpoint_step(step);
   MarkChanged();
   SPDLOG_INFO("{}: checkpoint of step {} complete in {}", job.info.id(), step,
-              engine::StepDirPath(dir, step));
+              checkpoint::StepDirPath(dir, step));
   if (const int64_t keep = job.plan.job.checkpoint.keep_latest; keep > 0) {
     absl::StatusOr<std::vector<int64_t>> removed =
-        engine::PruneCheckpoints(dir, static_cast<int>(keep));
+        checkpoint::PruneCheckpoints(dir, static_cast<int>(keep));
     if (!removed.ok()) {
       // The new step is committed; an old one left behind costs only disk.
       SPDLOG_WARN("{}: pruning old checkpoints in {}: {}", job.info.id(), dir,

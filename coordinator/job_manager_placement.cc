@@ -8,12 +8,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "checkpoint/directory.h"
 #include "common/status_macros.h"
 #include "coordinator/ids.h"
 #include "coordinator/job_manager.h"
-#include "engine/checkpoint_manifest.h"
 #include "engine/job_spec.h"
 #include "engine/profiler.h"
+#include "job/config_hash.h"
 #include "job/rank_program.h"
 #include "proto/protocol.h"
 #include "spdlog/spdlog.h"
@@ -42,31 +43,33 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
   absl::StatusOr<engine::JobSpec> spec =
       engine::ParseJobSpec(request.yaml(), file_name, request.base_dir());
   if (!spec.ok()) return spec.status();
-  const std::string config_hash = engine::JobConfigHash(request.yaml());
+  const std::string config_hash = job::JobConfigHash(request.yaml());
   // Outside the lock: finding the checkpoint reads the filesystem.
-  std::optional<ResumePoint> resume;
+  std::optional<checkpoint::ResumePoint> resume;
   if (spec->resume.kind != engine::ResumeSpec::Kind::kNone) {
-    absl::StatusOr<ResumePoint> point =
-        FindResumePoint(spec->resume, spec->checkpoint.dir, config_hash);
+    absl::StatusOr<checkpoint::ResumePoint> point = checkpoint::FindResumePoint(
+        spec->resume, spec->checkpoint.dir, config_hash);
     if (!point.ok()) return point.status();
-    if (absl::Status s = AdoptCheckpointCut(*point, *spec); !s.ok()) return s;
+    if (absl::Status s = checkpoint::AdoptCheckpointCut(*point, *spec); !s.ok())
+      return s;
     resume = *std::move(point);
   }
   absl::StatusOr<JobPlan> plan = PlanJob(*std::move(spec));
   if (!plan.ok()) return plan.status();
   if (resume.has_value()) {
-    if (absl::Status s = CheckResumeFitsPlan(*resume, *plan); !s.ok()) {
+    if (absl::Status s = checkpoint::CheckResumeFitsPlan(*resume, *plan);
+        !s.ok()) {
       return s;
     }
   }
   const std::string checkpoint_dir = plan->job.checkpoint.dir;
   if (!checkpoint_dir.empty()) {
-    if (absl::Status s = CheckNothingNewer(
+    if (absl::Status s = checkpoint::CheckNothingNewer(
             checkpoint_dir, resume.has_value() ? resume->step : 0);
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = engine::CheckCheckpointDirWritable(checkpoint_dir);
+    if (absl::Status s = checkpoint::CheckCheckpointDirWritable(checkpoint_dir);
         !s.ok()) {
       return s;
     }

@@ -8,7 +8,6 @@
 #include "common/status_macros.h"
 #include "coordinator/ids.h"
 #include "coordinator/job_manager.h"
-#include "engine/checkpoint_manifest.h"
 #include "engine/job_spec.h"
 #include "proto/protocol.h"
 #include "spdlog/spdlog.h"
@@ -70,9 +69,10 @@ v1::CoordinatorState JobManager::Snapshot() const {
     *saved->mutable_info() = job.info;
     *saved->mutable_request() = job.request;
     saved->set_config_hash(job.config_hash);
-    if (job.resume.has_value()) *saved->mutable_resume() = ToProto(*job.resume);
+    if (job.resume.has_value())
+      *saved->mutable_resume() = checkpoint::ToProto(*job.resume);
     if (job.committed.has_value()) {
-      *saved->mutable_committed() = ToProto(*job.committed);
+      *saved->mutable_committed() = checkpoint::ToProto(*job.committed);
     }
     saved->set_attempt(job.attempt);
   }
@@ -85,11 +85,11 @@ absl::Status JobManager::Replan(JobRecord& job) {
       job.request.yaml(), job.request.file_name(), job.request.base_dir());
   if (!spec.ok()) return spec.status();
   if (job.resume.has_value()) {
-    RETURN_IF_ERROR(AdoptCheckpointCut(*job.resume, *spec));
+    RETURN_IF_ERROR(checkpoint::AdoptCheckpointCut(*job.resume, *spec));
   }
   ASSIGN_OR_RETURN(JobPlan plan, PlanJob(*std::move(spec)));
   if (job.resume.has_value()) {
-    RETURN_IF_ERROR(CheckResumeFitsPlan(*job.resume, plan));
+    RETURN_IF_ERROR(checkpoint::CheckResumeFitsPlan(*job.resume, plan));
   }
   job.plan = std::move(plan);
   DescribePlan(job);
@@ -118,8 +118,9 @@ absl::Status JobManager::Restore(const v1::CoordinatorState& state) {
     job.request = saved.request();
     job.config_hash = saved.config_hash();
     job.attempt = saved.attempt();
-    if (saved.has_resume()) job.resume = FromProto(saved.resume());
-    if (saved.has_committed()) job.committed = FromProto(saved.committed());
+    if (saved.has_resume()) job.resume = checkpoint::FromProto(saved.resume());
+    if (saved.has_committed())
+      job.committed = checkpoint::FromProto(saved.committed());
     job.secret = MakeSecret();
     // No worker of this coordinator has heard of the job.
     const int ranks = job.info.worker_ids_size();
@@ -179,8 +180,9 @@ absl::Status JobManager::Restore(const v1::CoordinatorState& state) {
     if (!job.info.checkpoint_dir().empty()) {
       engine::ResumeSpec latest;
       latest.kind = engine::ResumeSpec::Kind::kLatest;
-      absl::StatusOr<ResumePoint> on_disk =
-          FindResumePoint(latest, job.info.checkpoint_dir(), job.config_hash);
+      absl::StatusOr<checkpoint::ResumePoint> on_disk =
+          checkpoint::FindResumePoint(latest, job.info.checkpoint_dir(),
+                                      job.config_hash);
       const int64_t known =
           std::max<int64_t>(job.committed.has_value() ? job.committed->step : 0,
                             job.resume.has_value() ? job.resume->step : 0);

@@ -1,4 +1,4 @@
-// Fuzz target for checkpoint manifests (engine/checkpoint_manifest.h), which
+// Fuzz target for checkpoint manifests (checkpoint/manifest.h), which
 // resume and `conveyorctl export` read back from a checkpoint directory
 // anyone with access to it could have edited: the input is the file's text.
 //
@@ -17,11 +17,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "engine/checkpoint_manifest.h"
+#include "checkpoint/manifest.h"
 
 namespace {
 
-using conveyor::engine::CheckpointManifest;
+using conveyor::checkpoint::CheckpointManifest;
 
 [[noreturn]] void Fail(const char* what, absl::string_view detail = "") {
   std::fprintf(stderr, "manifest_fuzzer: property violated: %s %.*s\n", what,
@@ -30,14 +30,15 @@ using conveyor::engine::CheckpointManifest;
 }
 
 void CheckConsistent(const CheckpointManifest& m) {
-  if (m.num_stages < 1 || m.num_stages > conveyor::engine::kMaxManifestStages ||
+  if (m.num_stages < 1 ||
+      m.num_stages > conveyor::checkpoint::kMaxManifestStages ||
       m.stages.size() != static_cast<size_t>(m.num_stages) ||
       m.stage_begin.size() != static_cast<size_t>(m.num_stages)) {
     Fail("stage counts disagree");
   }
   for (int s = 0; s < m.num_stages; ++s) {
     if (m.stages[s].stage != s) Fail("stages not in stage order");
-    if (m.stages[s].file != conveyor::engine::StageFileName(s)) {
+    if (m.stages[s].file != conveyor::checkpoint::StageFileName(s)) {
       Fail("a stage file name other than stage-<s>.safetensors",
            m.stages[s].file);
     }
@@ -56,7 +57,7 @@ void CheckConsistent(const CheckpointManifest& m) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view text(reinterpret_cast<const char*>(data), size);
   absl::StatusOr<CheckpointManifest> manifest =
-      conveyor::engine::ParseManifest(text, "fuzz/manifest.json");
+      conveyor::checkpoint::ParseManifest(text, "fuzz/manifest.json");
   if (!manifest.ok()) {
     const absl::StatusCode code = manifest.status().code();
     if (code != absl::StatusCode::kInvalidArgument &&
@@ -66,14 +67,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   CheckConsistent(*manifest);
-  const std::string json = conveyor::engine::ManifestToJson(*manifest);
+  const std::string json = conveyor::checkpoint::ManifestToJson(*manifest);
   absl::StatusOr<CheckpointManifest> again =
-      conveyor::engine::ParseManifest(json, "round trip");
+      conveyor::checkpoint::ParseManifest(json, "round trip");
   if (!again.ok()) {
     Fail("the parser refuses what the writer wrote", again.status().message());
   }
   if (!(*again == *manifest)) Fail("round trip changes the manifest", json);
-  if (conveyor::engine::ManifestToJson(*again) != json) {
+  if (conveyor::checkpoint::ManifestToJson(*again) != json) {
     Fail("writing the same manifest twice gives different text");
   }
   return 0;

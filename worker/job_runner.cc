@@ -7,16 +7,16 @@
 #include <filesystem>
 #include <map>
 #include <set>
-#include <span>
 #include <system_error>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "checkpoint/layout.h"
+#include "checkpoint/stage_file.h"
 #include "common/auth_token.h"
 #include "common/cancellation.h"
-#include "common/crc32c.h"
 #include "common/file.h"
 #include "common/host_memory.h"
 #include "common/status_macros.h"
@@ -564,11 +564,11 @@ absl::StatusOr<std::vector<v1::StageFile>> JobRunner::WriteStageFiles(
       optimizer_->StateTensors();
   std::vector<v1::StageFile> files;
   for (const auto& stage : stages_) {
-    const std::string path =
-        engine::StageFilePath(program_.checkpoint_dir(), step, stage->index());
-    RETURN_IF_ERROR(
-        CreateDirectories(std::filesystem::path(path).parent_path()));
     if (checkpoint_delay_.count() > 0) {
+      // The step directory first, so a test sees the write begin and can
+      // kill the worker in the middle of it.
+      RETURN_IF_ERROR(CreateDirectories(
+          checkpoint::StepDirPath(program_.checkpoint_dir(), step)));
       std::this_thread::sleep_for(checkpoint_delay_);
       if (cancellation_.cancelled()) return cancellation_.status();
     }
@@ -594,33 +594,28 @@ absl::StatusOr<std::vector<v1::StageFile>> JobRunner::WriteStageFiles(
     }
     for (const engine::Optimizer::StateTensor& st : state) {
       if (!mine.contains(st.param)) continue;
-      RETURN_IF_ERROR(add(absl::StrCat(engine::kOptimizerTensorPrefix, st.slot,
-                                       "/", st.param->name),
-                          st.tensor));
+      RETURN_IF_ERROR(add(
+          checkpoint::OptimizerTensorName(st.slot, st.param->name), st.tensor));
     }
-    ASSIGN_OR_RETURN(
-        const std::string bytes,
-        engine::SerializeSafetensors(
-            tensors,
-            {{"job", job_.name},
-             {"stage", absl::StrCat(stage->index())},
-             {"num_stages", absl::StrCat(program_.num_stages())},
-             {"step", absl::StrCat(step)},
-             {"optimizer_step", absl::StrCat(optimizer_->step())},
-             // The data source is indexed by step: this is how far it got.
-             {"samples_seen", absl::StrCat(step * job_.training.batch_size)},
-             {"format", engine::kStageFileFormat}}));
-    // Atomic and durable: a reader sees the whole file or none, and once
-    // the coordinator hears of it, it survives a crash.
-    RETURN_IF_ERROR(WriteFileAtomically(path, bytes));
+    ASSIGN_OR_RETURN(const checkpoint::StageFileDigest digest,
+                     checkpoint::WriteStageFile(
+                         program_.checkpoint_dir(),
+                         {.job = job_.name,
+                          .stage = stage->index(),
+                          .num_stages = program_.num_stages(),
+                          .step = step,
+                          .optimizer_step = optimizer_->step(),
+                          .samples_seen = step * job_.training.batch_size},
+                         tensors));
     v1::StageFile& file = files.emplace_back();
-    file.set_stage(stage->index());
-    file.set_file(std::filesystem::path(path).filename().string());
-    file.set_bytes(bytes.size());
-    file.set_crc32c(Crc32c(std::span<const uint8_t>(
-        reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size())));
-    SPDLOG_INFO("job {}: wrote {} ({} bytes)", program_.job_id(), path,
-                bytes.size());
+    file.set_stage(digest.stage);
+    file.set_file(digest.file);
+    file.set_bytes(digest.bytes);
+    file.set_crc32c(digest.crc32c);
+    SPDLOG_INFO("job {}: wrote {} ({} bytes)", program_.job_id(),
+                checkpoint::StageFilePath(program_.checkpoint_dir(), step,
+                                          stage->index()),
+                digest.bytes);
   }
   return files;
 }
@@ -632,7 +627,7 @@ absl::Status JobRunner::LoadResumeFiles() {
     expected[f.stage()] = &f;
   }
   // Every file stays open (in memory) until the optimizer state is read.
-  std::vector<engine::SafetensorsReader> readers;
+  std::vector<checkpoint::StageFile> files;
   std::map<std::string, const engine::SafetensorsReader*> reader_of;
   for (const auto& stage : stages_) {
     auto it = expected.find(stage->index());
@@ -641,64 +636,27 @@ absl::Status JobRunner::LoadResumeFiles() {
           absl::StrCat("program: no resume file for stage ", stage->index()));
     }
     const v1::StageFile& f = *it->second;
-    // The name comes from the coordinator's manifest; only the canonical
-    // one is accepted, so it cannot point outside the step directory.
-    const std::string want =
-        absl::StrCat("stage-", stage->index(), ".safetensors");
-    if (f.file() != want) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("program: resume file '", f.file(), "' for stage ",
-                       stage->index(), " is not ", want));
-    }
-    const std::string path =
-        (std::filesystem::path(program_.resume_dir()) / want).string();
-    // One byte more than expected is enough to tell the size is wrong.
-    ASSIGN_OR_RETURN(std::string bytes, ReadFile(path, f.bytes() + 1));
-    if (bytes.size() != f.bytes()) {
-      return absl::DataLossError(absl::StrCat(
-          path, ": ", bytes.size() > f.bytes() ? "more than " : "",
-          bytes.size() > f.bytes() ? f.bytes() : bytes.size(),
-          " bytes, but the checkpoint's manifest records ", f.bytes()));
-    }
-    const uint32_t crc = Crc32c(std::span<const uint8_t>(
-        reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
-    if (crc != f.crc32c()) {
-      return absl::DataLossError(absl::StrCat(
-          path, ": CRC-32C ", absl::Hex(crc, absl::kZeroPad8),
-          " differs from the manifest's ",
-          absl::Hex(f.crc32c(), absl::kZeroPad8), "; the file is corrupt"));
-    }
-    ASSIGN_OR_RETURN(
-        engine::SafetensorsReader reader,
-        engine::SafetensorsReader::FromBytes(std::move(bytes), path));
-    const auto& meta = reader.metadata();
-    auto meta_is = [&](const char* key, const std::string& value) {
-      auto m = meta.find(key);
-      return m != meta.end() && m->second == value;
-    };
-    if (!meta_is("format", engine::kStageFileFormat) ||
-        !meta_is("stage", absl::StrCat(stage->index())) ||
-        !meta_is("step", absl::StrCat(step)) ||
-        !meta_is("optimizer_step", absl::StrCat(step))) {
-      return absl::DataLossError(absl::StrCat(
-          path, ": its metadata does not describe stage ", stage->index(),
-          " at step ", step, " (format ", engine::kStageFileFormat, ")"));
-    }
-    RETURN_IF_ERROR(stage->LoadFrom(reader));
-    readers.push_back(std::move(reader));
+    ASSIGN_OR_RETURN(checkpoint::StageFile file,
+                     checkpoint::ReadStageFile(program_.resume_dir(),
+                                               {.stage = stage->index(),
+                                                .file = f.file(),
+                                                .bytes = f.bytes(),
+                                                .crc32c = f.crc32c()},
+                                               {.step = step}));
+    RETURN_IF_ERROR(stage->LoadFrom(file.tensors));
+    files.push_back(std::move(file));
   }
   for (size_t i = 0; i < stages_.size(); ++i) {
     for (engine::Parameter* p : stages_[i]->parameters()) {
-      reader_of[p->name] = &readers[i];
+      reader_of[p->name] = &files[i].tensors;
     }
   }
   RETURN_IF_ERROR(optimizer_->RestoreState(
       step,
       [&](absl::string_view slot, const engine::Parameter& param)
           -> absl::StatusOr<std::vector<float>> {
-        const engine::SafetensorsReader* r = reader_of.at(param.name);
-        return r->ReadF32(absl::StrCat(engine::kOptimizerTensorPrefix, slot,
-                                       "/", param.name));
+        return reader_of.at(param.name)
+            ->ReadF32(checkpoint::OptimizerTensorName(slot, param.name));
       }));
   steps_done_.store(step);
   SPDLOG_INFO("job {}: resumed {} from step {} in {}", program_.job_id(),

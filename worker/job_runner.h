@@ -23,8 +23,8 @@
 // other ranks stop with the original reason instead of a timeout.
 //
 // Checkpoints. A checkpoint of step N holds, per stage, the parameters and
-// the optimizer's state (engine/stage_file.h), so that a run resumed from it
-// ends bitwise equal to one that never stopped: the data source is indexed
+// the optimizer's state (checkpoint/stage_file.h), so that a run resumed from
+// it ends bitwise equal to one that never stopped: the data source is indexed
 // by step (N is the data position) and training draws no random numbers
 // after initialization, so nothing else carries over. Each file is written
 // to a temporary name, fsynced and renamed; on_checkpoint then reports the
@@ -62,7 +62,6 @@
 #include "engine/optimizer.h"
 #include "engine/pipeline_stage.h"
 #include "engine/stage.h"
-#include "engine/stage_file.h"
 #include "scheduler/action.h"
 #include "transport/tcp/tcp_channel.h"
 #include "transport/tcp/tcp_header_link.h"

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/checkpoint_manifest.h"
+#include "checkpoint/layout.h"
+#include "checkpoint/manifest.h"
 #include "engine/safetensors.h"
-#include "engine/stage_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -33,11 +33,12 @@ class ExportTest : public ::testing::Test {
 
   std::map<std::string, std::string> Metadata(int stage, int num_stages,
                                               int64_t step) {
-    return {{"format", engine::kStageFileFormat},
+    return {{"format", checkpoint::kStageFileFormat},
             {"job", "job-7"},
             {"stage", absl::StrCat(stage)},
             {"num_stages", absl::StrCat(num_stages)},
-            {"step", absl::StrCat(step)}};
+            {"step", absl::StrCat(step)},
+            {"optimizer_step", absl::StrCat(step)}};
   }
 
   // Stage s holds "layers.<s>.weight" [2, 2] = s*10 + {0,1,2,3} and
@@ -79,8 +80,8 @@ class ExportTest : public ::testing::Test {
   // Commits `step` as the coordinator does once every stage file is in: a
   // manifest with their sizes and checksums, written last.
   void WriteManifestFor(int64_t step, int num_stages) {
-    const std::string step_dir = engine::StepDirPath(ckpt_, step);
-    engine::CheckpointManifest m;
+    const std::string step_dir = checkpoint::StepDirPath(ckpt_, step);
+    checkpoint::CheckpointManifest m;
     m.job = "mlp";
     m.job_id = "job-7";
     m.step = step;
@@ -88,13 +89,13 @@ class ExportTest : public ::testing::Test {
     m.num_stages = num_stages;
     for (int s = 0; s < num_stages; ++s) {
       m.stage_begin.push_back(s);
-      absl::StatusOr<engine::StageFileDigest> d =
-          engine::DigestStageFile(step_dir, s);
+      absl::StatusOr<checkpoint::StageFileDigest> d =
+          checkpoint::DigestStageFile(step_dir, s);
       ASSERT_TRUE(d.ok()) << d.status();
       m.stages.push_back(*d);
     }
     m.created_unix_ms = 1;
-    absl::Status written = engine::WriteManifest(ckpt_, m);
+    absl::Status written = checkpoint::WriteManifest(ckpt_, m);
     ASSERT_TRUE(written.ok()) << written;
   }
 
@@ -105,7 +106,7 @@ class ExportTest : public ::testing::Test {
   }
 
   std::string StagePath(int64_t step, int stage) {
-    return engine::StageFilePath(ckpt_, step, stage);
+    return checkpoint::StageFilePath(ckpt_, step, stage);
   }
 
   fs::path dir_;
@@ -270,8 +271,8 @@ TEST_F(ExportTest, MissingOrTruncatedStageFileIsDataLoss) {
 TEST_F(ExportTest, OptimizerStateIsNotExported) {
   for (int s = 0; s < 2; ++s) {
     WriteStage(100, s, 2, {},
-               absl::StrCat(engine::kOptimizerTensorPrefix, "exp_avg/layers.",
-                            s, ".bias"));
+               absl::StrCat(checkpoint::kOptimizerTensorPrefix,
+                            "exp_avg/layers.", s, ".bias"));
   }
   WriteManifestFor(100, 2);
   absl::StatusOr<ExportResult> r = ExportCheckpoint(ckpt_, 100, output_);
@@ -296,7 +297,7 @@ TEST_F(ExportTest, NumStagesDisagreeingWithTheManifestIsAnError) {
   WriteManifestFor(100, 2);
   absl::StatusOr<ExportResult> r = ExportCheckpoint(ckpt_, 100, output_);
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(r.status().message(),
               HasSubstr("stage-1.safetensors: num_stages 3 disagrees with "
                         "the manifest (2)"));
@@ -311,7 +312,9 @@ TEST_F(ExportTest, InconsistentMetadataIsAnError) {
       {Metadata(0, 2, 100), "metadata says stage 0, the file name 1"},
       {Metadata(1, 2, 90), "metadata says step 90, the directory step 100"},
       {{{"format", "other"}}, "metadata 'format' is 'other'"},
-      {{{"format", engine::kStageFileFormat}, {"stage", "1"}, {"step", "100"}},
+      {{{"format", checkpoint::kStageFileFormat},
+        {"stage", "1"},
+        {"step", "100"}},
        "no 'num_stages' in the metadata"},
   };
   Case other_job{Metadata(1, 2, 100), "job 'job-8' disagrees"};
@@ -324,8 +327,7 @@ TEST_F(ExportTest, InconsistentMetadataIsAnError) {
     WriteManifestFor(100, 2);
     absl::StatusOr<ExportResult> r = ExportCheckpoint(ckpt_, 100, output_);
     ASSERT_FALSE(r.ok()) << c.error;
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition)
-        << c.error;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << c.error;
     EXPECT_THAT(r.status().message(), HasSubstr(c.error));
     EXPECT_THAT(r.status().message(), HasSubstr("stage-1.safetensors"));
   }
@@ -344,9 +346,9 @@ TEST_F(ExportTest, DuplicateTensorNamesAreAnError) {
   EXPECT_FALSE(fs::exists(output_));
 }
 
-TEST_F(ExportTest, CommittedFileThatIsNotSafetensorsIsAPrecondition) {
+TEST_F(ExportTest, CommittedFileThatIsNotSafetensorsIsDataLoss) {
   // Corrupt before the manifest was written, so the checksums agree: the
-  // reader, not the manifest, has to catch it, and it is a state to fix,
+  // reader, not the manifest, has to catch it, and it is a state to repair,
   // not a bad argument.
   WriteStage(100, 0, 2);
   fs::create_directories(fs::path(ckpt_) / "step-100");
@@ -354,7 +356,7 @@ TEST_F(ExportTest, CommittedFileThatIsNotSafetensorsIsAPrecondition) {
   WriteManifestFor(100, 2);
   absl::StatusOr<ExportResult> r = ExportCheckpoint(ckpt_, 100, output_);
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(r.status().message(), HasSubstr("stage-1.safetensors"));
 }
 
@@ -379,7 +381,7 @@ TEST_F(ExportTest, RunPrintsASummaryAndRejectsANegativeStep) {
   ASSERT_TRUE(
       RunExportCommand({.checkpoint_dir = ckpt_, .output = output_}, out).ok());
   EXPECT_EQ(out.str(),
-            absl::StrCat("note: skipped ", engine::StepDirPath(ckpt_, 200),
+            absl::StrCat("note: skipped ", checkpoint::StepDirPath(ckpt_, 200),
                          ": step 200 is incomplete: no manifest\n",
                          "exported step 100 of job job-7: 2 stage(s), 4 "
                          "tensors, 12 parameters (0.0 MiB) to ",

@@ -13,11 +13,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "checkpoint/layout.h"
+#include "checkpoint/manifest.h"
 #include "common/crc32c.h"
-#include "engine/checkpoint_manifest.h"
-#include "engine/stage_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "job/config_hash.h"
 #include "proto/protocol.h"
 #include "tests/coordinator/test_util.h"
 
@@ -1021,7 +1022,7 @@ class JobManagerCheckpointTest : public JobManagerTest {
   // Writes stage `stage`'s file of `step` as a worker would, and returns
   // what the worker reports of it.
   v1::StageFile WriteStage(int64_t step, int stage) {
-    const std::string path = engine::StageFilePath(dir_, step, stage);
+    const std::string path = checkpoint::StageFilePath(dir_, step, stage);
     std::filesystem::create_directories(
         std::filesystem::path(path).parent_path());
     const std::string bytes = absl::StrCat("stage ", stage, " step ", step);
@@ -1052,8 +1053,8 @@ class JobManagerCheckpointTest : public JobManagerTest {
   }
   bool Committed(int64_t step) {
     return std::filesystem::exists(
-        std::filesystem::path(engine::StepDirPath(dir_, step)) /
-        engine::kManifestFileName);
+        std::filesystem::path(checkpoint::StepDirPath(dir_, step)) /
+        checkpoint::kManifestFileName);
   }
   std::string StartJob(const std::string& yaml, const std::string& w1,
                        const std::string& w2) {
@@ -1090,19 +1091,19 @@ TEST_F(JobManagerCheckpointTest, AStepCountsOnlyOnceEveryStageIsInAndIsPruned) {
   EXPECT_TRUE(Committed(1));
   EXPECT_EQ(manager_.GetJob(job)->last_checkpoint_step(), 1);
 
-  absl::StatusOr<engine::CheckpointManifest> m =
-      engine::LoadCompleteCheckpoint(dir_, 1, /*verify_checksums=*/true);
+  absl::StatusOr<checkpoint::CheckpointManifest> m =
+      checkpoint::LoadCompleteCheckpoint(dir_, 1, /*verify_checksums=*/true);
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->job, "mlp");
   EXPECT_EQ(m->job_id, job);
   EXPECT_EQ(m->num_stages, 2);
   EXPECT_EQ(m->stage_begin, (std::vector<int>{0, 1}));
-  EXPECT_EQ(m->config_hash, engine::JobConfigHash(CkptYaml("")));
+  EXPECT_EQ(m->config_hash, job::JobConfigHash(CkptYaml("")));
 
   StepWithCheckpoint(w1, w2, job, 2);
   StepWithCheckpoint(w1, w2, job, 3);
   // keep_latest: 2 keeps steps 2 and 3.
-  EXPECT_FALSE(std::filesystem::exists(engine::StepDirPath(dir_, 1)));
+  EXPECT_FALSE(std::filesystem::exists(checkpoint::StepDirPath(dir_, 1)));
   EXPECT_TRUE(Committed(2));
   EXPECT_TRUE(Committed(3));
   Ended(w1, job, v1::SUCCEEDED);
@@ -1155,12 +1156,12 @@ TEST_F(JobManagerCheckpointTest, ResumeLatestStartsAfterTheNewestCompleteStep) {
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   EXPECT_EQ(resumed->steps_done(), 2);
   EXPECT_EQ(resumed->resumed_from_step(), 2);
-  EXPECT_EQ(resumed->resumed_from(), engine::StepDirPath(dir_, 2));
+  EXPECT_EQ(resumed->resumed_from(), checkpoint::StepDirPath(dir_, 2));
   for (const std::string& w : {w1, w2}) {
     const v1::JobProgram p = LastProgram(w);
     EXPECT_EQ(p.job_id(), resumed->id());
     EXPECT_EQ(p.resume_step(), 2);
-    EXPECT_EQ(p.resume_dir(), engine::StepDirPath(dir_, 2));
+    EXPECT_EQ(p.resume_dir(), checkpoint::StepDirPath(dir_, 2));
     // Each rank is told only of its own stage's file, as the manifest has it.
     ASSERT_EQ(p.resume_files_size(), 1);
     EXPECT_EQ(p.resume_files(0).stage(), p.rank());
@@ -1178,9 +1179,9 @@ TEST_F(JobManagerCheckpointTest, ResumeLatestStartsAfterTheNewestCompleteStep) {
 
   // An older step named by its path would write over the newer complete
   // step 2 (and retention would then delete the job's own steps): refused.
-  absl::StatusOr<v1::Job> older = Submit(
-      CkptYaml("every: 1",
-               absl::StrCat("resume: ", engine::StepDirPath(dir_, 1), "\n")));
+  absl::StatusOr<v1::Job> older = Submit(CkptYaml(
+      "every: 1",
+      absl::StrCat("resume: ", checkpoint::StepDirPath(dir_, 1), "\n")));
   EXPECT_EQ(older.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(older.status().message(),
               HasSubstr("already holds a complete checkpoint of an earlier "
@@ -1189,9 +1190,9 @@ TEST_F(JobManagerCheckpointTest, ResumeLatestStartsAfterTheNewestCompleteStep) {
   // So is a fresh start there.
   EXPECT_FALSE(Submit(CkptYaml("every: 1")).ok());
   // The newest step named by its path is fine.
-  absl::StatusOr<v1::Job> by_path = Submit(
-      CkptYaml("every: 1",
-               absl::StrCat("resume: ", engine::StepDirPath(dir_, 2), "\n")));
+  absl::StatusOr<v1::Job> by_path = Submit(CkptYaml(
+      "every: 1",
+      absl::StrCat("resume: ", checkpoint::StepDirPath(dir_, 2), "\n")));
   ASSERT_TRUE(by_path.ok()) << by_path.status();
   EXPECT_EQ(by_path->resumed_from_step(), 2);
 }
@@ -1213,7 +1214,7 @@ TEST_F(JobManagerCheckpointTest, ResumeNeverSilentlyStartsFromScratch) {
   WriteStage(2, 0);
   WriteStage(2, 1);
   absl::StatusOr<v1::Job> partial = Submit(CkptYaml(
-      "", absl::StrCat("resume: ", engine::StepDirPath(dir_, 2), "\n")));
+      "", absl::StrCat("resume: ", checkpoint::StepDirPath(dir_, 2), "\n")));
   ASSERT_FALSE(partial.ok());
   EXPECT_EQ(partial.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(partial.status().message(), HasSubstr("step-2"));

@@ -1,5 +1,5 @@
 // Fakes shared by the coordinator's tests: a worker connection that records
-// what the coordinator sends, and a small job file.
+// what the coordinator sends, and a small job file (tests/job/test_jobs.h).
 #ifndef CONVEYOR_TESTS_COORDINATOR_TEST_UTIL_H_
 #define CONVEYOR_TESTS_COORDINATOR_TEST_UTIL_H_
 
@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/job_manager.h"
+#include "tests/job/test_jobs.h"
 
 namespace conveyor::coordinator {
 
@@ -40,25 +41,7 @@ class FakeConnection final : public WorkerConnection {
 
 inline constexpr char kVersion[] = "9.9.9";
 
-// An MLP job with `stages` stages (a boundary between dense layers).
-inline std::string JobYaml(int stages, const std::string& name = "mlp",
-                           int steps = 3) {
-  std::string layers;
-  for (int s = 0; s < stages; ++s) {
-    if (s > 0) layers += "    - boundary\n";
-    layers += "    - dense: {features: 4}\n";
-  }
-  return absl::StrCat("name: ", name,
-                      "\nmodel:\n  input_shape: [4]\n  init: {seed: 1}\n"
-                      "  layers:\n",
-                      layers,
-                      "  loss: mse\ndata: {source: synthetic-regression}\n"
-                      "training: {steps: ",
-                      steps,
-                      ", batch_size: 8, microbatches: 4}\n"
-                      "optimizer: {kind: sgd, lr: 0.1}\n"
-                      "pipeline: {schedule: 1f1b}\n");
-}
+using ::conveyor::job::testing::JobYaml;
 
 }  // namespace conveyor::coordinator
 

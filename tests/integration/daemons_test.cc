@@ -29,17 +29,18 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
+#include "checkpoint/directory.h"
+#include "checkpoint/layout.h"
+#include "checkpoint/manifest.h"
 #include "cli/coordinator_client.h"
 #include "cli/export_command.h"
 #include "cli/job_commands.h"
 #include "cli/local_cluster.h"
 #include "cli/trace_render.h"
 #include "common/file.h"
-#include "engine/checkpoint_manifest.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/job_spec.h"
 #include "engine/safetensors.h"
-#include "engine/stage_file.h"
 #include "engine/trainer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -405,7 +406,7 @@ TEST_F(DaemonsTest, InterruptedAndResumedEqualsUninterruptedBitwise) {
   ExpectBitwiseEqual(ExportedParams(part), ExportedParams(full));
   // keep_latest: 2 complete steps are left, the newest last.
   absl::StatusOr<std::vector<int64_t>> steps =
-      engine::ListCheckpointSteps(part);
+      checkpoint::ListCheckpointSteps(part);
   ASSERT_TRUE(steps.ok()) << steps.status();
   EXPECT_EQ(*steps, (std::vector<int64_t>{9, 12}));
   EXPECT_EQ(WaitForIdle(*client_, kWorkers), kWorkers);
@@ -1055,7 +1056,7 @@ TEST(DaemonsFailureTest, WorkerKilledWhileWritingACheckpoint) {
   auto kill_while_writing_step_4 = [&](const std::string& id,
                                        const std::string& dir) {
     const Clock::time_point start = Clock::now();
-    while (!std::filesystem::exists(engine::StepDirPath(dir, 4)) &&
+    while (!std::filesystem::exists(checkpoint::StepDirPath(dir, 4)) &&
            SecondsSince(start) < 60) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
@@ -1080,9 +1081,9 @@ TEST(DaemonsFailureTest, WorkerKilledWhileWritingACheckpoint) {
   EXPECT_EQ(failed.state(), v1::FAILED);
   EXPECT_EQ(failed.last_checkpoint_step(), 2);
   EXPECT_FALSE(std::filesystem::exists(
-      std::filesystem::path(engine::StepDirPath(dir, 4)) /
-      engine::kManifestFileName));
-  EXPECT_EQ(engine::LoadCompleteCheckpoint(dir, 4, false).status().code(),
+      std::filesystem::path(checkpoint::StepDirPath(dir, 4)) /
+      checkpoint::kManifestFileName));
+  EXPECT_EQ(checkpoint::LoadCompleteCheckpoint(dir, 4, false).status().code(),
             absl::StatusCode::kFailedPrecondition);
   const v1::Job resumed = wait_for_end(
       submit(SlowCheckpointedJob(6, dir, policy, "resume: latest\n")));
@@ -1163,7 +1164,7 @@ TEST(DaemonsFailureTest,
     std::this_thread::sleep_for(std::chrono::milliseconds(40));
     // Mid-step 4: not after it, nor in its checkpoint.
     ASSERT_EQ(client->GetJob(id)->steps_done(), 3);
-    ASSERT_FALSE(std::filesystem::exists(engine::StepDirPath(dir, 4)));
+    ASSERT_FALSE(std::filesystem::exists(checkpoint::StepDirPath(dir, 4)));
     const std::string victim = running.worker_ids(rank);
     const pid_t pid = WorkerPidOfRank(*cluster, *client, running, rank);
     ASSERT_GT(pid, 0);  // kill(-1) would signal every process we may signal.

@@ -24,12 +24,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "checkpoint/layout.h"
+#include "checkpoint/manifest.h"
 #include "common/cancellation.h"
 #include "common/host_memory.h"
-#include "engine/checkpoint_manifest.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/safetensors.h"
-#include "engine/stage_file.h"
 #include "engine/trainer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -273,7 +273,7 @@ TEST(JobRunnerTest, WritesOneFilePerStageWithMetadata) {
   const Result got = RunJob(Programs(yaml, dir));
   for (const absl::Status& s : got.statuses) ASSERT_TRUE(s.ok()) << s;
   for (int stage = 0; stage < 4; ++stage) {
-    const std::string path = engine::StageFilePath(dir, 3, stage);
+    const std::string path = checkpoint::StageFilePath(dir, 3, stage);
     EXPECT_EQ(path, absl::StrCat(dir, "/step-3/stage-", stage, ".safetensors"));
     auto file = engine::SafetensorsReader::Open(path);
     ASSERT_TRUE(file.ok()) << file.status();
@@ -329,10 +329,11 @@ std::vector<v1::JobProgram> ResumePrograms(const std::string& yaml,
   std::vector<v1::JobProgram> programs = Programs(yaml, dir);
   for (v1::JobProgram& p : programs) {
     p.set_resume_step(step);
-    p.set_resume_dir(engine::StepDirPath(resume_dir, step));
+    p.set_resume_dir(checkpoint::StepDirPath(resume_dir, step));
     for (const v1::StageProgram& sp : p.stages()) {
-      absl::StatusOr<engine::StageFileDigest> d = engine::DigestStageFile(
-          engine::StepDirPath(resume_dir, step), sp.stage());
+      absl::StatusOr<checkpoint::StageFileDigest> d =
+          checkpoint::DigestStageFile(checkpoint::StepDirPath(resume_dir, step),
+                                      sp.stage());
       EXPECT_TRUE(d.ok()) << d.status();
       if (!d.ok()) continue;
       v1::StageFile* f = p.add_resume_files();
@@ -371,14 +372,15 @@ TEST(JobRunnerTest, ResumedFromACheckpointEqualsUninterruptedBitwise) {
     }
     // Checkpoints at 2, 4 and 6 (every 2, and the last).
     for (int step : {2, 4, 6}) {
-      EXPECT_TRUE(std::filesystem::exists(engine::StageFilePath(full, step, 3)))
+      EXPECT_TRUE(
+          std::filesystem::exists(checkpoint::StageFilePath(full, step, 3)))
           << step;
     }
     // A second run resumes from the first run's step 2 and writes its own.
     const Result resumed = RunJob(ResumePrograms(yaml, part, full, 2));
     for (const absl::Status& s : resumed.statuses) ASSERT_TRUE(s.ok()) << s;
-    EXPECT_FALSE(std::filesystem::exists(engine::StepDirPath(part, 2)));
-    EXPECT_TRUE(std::filesystem::exists(engine::StageFilePath(part, 4, 0)));
+    EXPECT_FALSE(std::filesystem::exists(checkpoint::StepDirPath(part, 2)));
+    EXPECT_TRUE(std::filesystem::exists(checkpoint::StageFilePath(part, 4, 0)));
     ASSERT_EQ(resumed.params.size(), uninterrupted.params.size());
     for (const auto& [name, values] : uninterrupted.params) {
       EXPECT_EQ(resumed.params.at(name), values) << optimizer << " " << name;
@@ -388,9 +390,9 @@ TEST(JobRunnerTest, ResumedFromACheckpointEqualsUninterruptedBitwise) {
     // The optimizer state written at the end is the same too.
     for (int stage = 0; stage < 4; ++stage) {
       auto a = *engine::SafetensorsReader::Open(
-          engine::StageFilePath(full, 6, stage));
+          checkpoint::StageFilePath(full, 6, stage));
       auto b = *engine::SafetensorsReader::Open(
-          engine::StageFilePath(part, 6, stage));
+          checkpoint::StageFilePath(part, 6, stage));
       for (const auto& t : a.tensors()) {
         EXPECT_EQ(*a.ReadF32(t.name), *b.ReadF32(t.name)) << t.name;
       }
@@ -409,7 +411,7 @@ TEST(JobRunnerTest, ACorruptOrMismatchedResumeFileIsRefused) {
   // The manifest's CRC no longer matches a flipped byte.
   std::vector<v1::JobProgram> programs = ResumePrograms(yaml, "", dir, 2);
   {
-    const std::string path = engine::StageFilePath(dir, 2, 0);
+    const std::string path = checkpoint::StageFilePath(dir, 2, 0);
     std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(-1, std::ios::end);
     f.put('\x7f');

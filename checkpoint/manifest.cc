@@ -1,11 +1,10 @@
-#include "engine/checkpoint_manifest.h"
+#include "checkpoint/manifest.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <exception>
@@ -23,16 +22,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "checkpoint/layout.h"
 #include "common/crc32c.h"
 #include "common/file.h"
 #include "common/status_macros.h"
 #include "common/strict_json.h"
-#include "common/yaml_reader.h"
-#include "engine/stage_file.h"
 #include "nlohmann/json.hpp"
-#include "yaml-cpp/yaml.h"
 
-namespace conveyor::engine {
+namespace conveyor::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
@@ -44,8 +41,6 @@ using OrderedJson = nlohmann::ordered_json;
 // A manifest is three levels deep (object, stages array, stage object). The
 // cap keeps a hostile "[[[[..." far from any recursion in the JSON library.
 constexpr int kMaxJsonDepth = 8;
-// How many reasons "no complete checkpoint" lists.
-constexpr size_t kMaxReasons = 5;
 // Stage files are read in chunks this large: big enough that the syscalls
 // cost nothing next to the CRC, small enough to sit in L2.
 constexpr size_t kReadChunkBytes = size_t{1} << 20;
@@ -372,95 +367,6 @@ absl::Status CheckStageFile(const std::string& step_dir,
   return absl::OkStatus();
 }
 
-// ---------------------------------------------------------------------------
-// Config hash.
-
-constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
-constexpr uint64_t kFnvPrime = 0x100000001b3ull;
-
-uint64_t Fnv1a64(absl::string_view a, absl::string_view b) {
-  uint64_t h = kFnvOffset;
-  for (absl::string_view part : {a, b}) {
-    for (char c : part) {
-      h ^= static_cast<uint8_t>(c);
-      h *= kFnvPrime;
-    }
-  }
-  return h;
-}
-
-// The canonical text of a YAML tree. Every node starts with a type letter
-// and every scalar and collection carries its length, so two different
-// trees never serialize to the same text. Bounded in depth and size, since
-// aliases can make a small file a very large (or, with a self-reference,
-// infinite) tree.
-class Canonicalizer {
- public:
-  static constexpr int kMaxDepth = 64;
-  static constexpr size_t kMaxBytes = size_t{16} << 20;
-
-  // False if the tree is beyond the bounds.
-  bool Append(const YAML::Node& node, int depth, bool top_level) {
-    if (depth > kMaxDepth || out_.size() > kMaxBytes) return false;
-    switch (node.Type()) {
-      case YAML::NodeType::Scalar:
-        absl::StrAppend(&out_, "S", node.Scalar().size(), ":", node.Scalar());
-        return true;
-      case YAML::NodeType::Sequence:
-        absl::StrAppend(&out_, "L", node.size(), "[");
-        for (const YAML::Node& item : node) {
-          if (!Append(item, depth + 1, false)) return false;
-        }
-        out_ += "]";
-        return true;
-      case YAML::NodeType::Map:
-        return AppendMap(node, depth, top_level);
-      case YAML::NodeType::Null:
-      case YAML::NodeType::Undefined:
-        out_ += "N";
-        return true;
-    }
-    return false;
-  }
-
-  const std::string& text() const { return out_; }
-
- private:
-  bool AppendMap(const YAML::Node& node, int depth, bool top_level) {
-    // Sections that say where the job's files go or how it recovers, not
-    // what it trains.
-    static constexpr absl::string_view kIgnored[] = {"name", "checkpoint",
-                                                     "resume", "restart"};
-    // Sorted by index: assigning a YAML::Node (as a sort of the nodes
-    // themselves would) rebinds the node it refers to inside the tree.
-    std::vector<std::pair<std::string, size_t>> keys;
-    std::vector<YAML::Node> values;
-    for (auto it = node.begin(); it != node.end(); ++it) {
-      if (top_level && it->first.IsScalar() &&
-          std::find(std::begin(kIgnored), std::end(kIgnored),
-                    it->first.Scalar()) != std::end(kIgnored)) {
-        continue;
-      }
-      Canonicalizer key;
-      if (!key.Append(it->first, depth + 1, false)) return false;
-      keys.emplace_back(key.text(), values.size());
-      values.push_back(it->second);
-    }
-    std::stable_sort(
-        keys.begin(), keys.end(),
-        [](const auto& a, const auto& b) { return a.first < b.first; });
-    absl::StrAppend(&out_, "M", keys.size(), "{");
-    for (const auto& [key, index] : keys) {
-      out_ += key;
-      if (!Append(values[index], depth + 1, false)) return false;
-    }
-    out_ += "}";
-    return true;
-  }
-
-  std::string out_;
-};
-
 }  // namespace
 
 std::string ManifestToJson(const CheckpointManifest& m) {
@@ -586,196 +492,4 @@ absl::StatusOr<CheckpointManifest> LoadCompleteCheckpoint(
   return manifest;
 }
 
-absl::StatusOr<std::vector<int64_t>> ListCheckpointSteps(
-    const std::string& checkpoint_dir) {
-  struct stat st;
-  if (::stat(checkpoint_dir.c_str(), &st) != 0) {
-    if (errno == ENOENT) {
-      return absl::NotFoundError(
-          absl::StrCat(checkpoint_dir, ": no such checkpoint directory"));
-    }
-    return ErrnoError(errno, checkpoint_dir, "stat");
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(checkpoint_dir, ": not a directory"));
-  }
-  std::vector<int64_t> steps;
-  std::error_code ec;
-  for (fs::directory_iterator it(checkpoint_dir, ec), end; !ec && it != end;
-       it.increment(ec)) {
-    const std::optional<int64_t> step =
-        StepOfDirName(it->path().filename().string());
-    if (!step.has_value()) continue;
-    std::error_code dir_ec;
-    if (it->is_directory(dir_ec)) steps.push_back(*step);
-  }
-  if (ec) return ErrnoError(ec.value(), checkpoint_dir, "list");
-  std::sort(steps.begin(), steps.end());
-  return steps;
-}
-
-absl::StatusOr<LatestCheckpoint> FindLatestCompleteCheckpoint(
-    const std::string& checkpoint_dir, bool verify_checksums) {
-  ASSIGN_OR_RETURN(std::vector<int64_t> steps,
-                   ListCheckpointSteps(checkpoint_dir));
-  LatestCheckpoint latest;
-  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
-    absl::StatusOr<CheckpointManifest> manifest =
-        LoadCompleteCheckpoint(checkpoint_dir, *it, verify_checksums);
-    if (manifest.ok()) {
-      latest.manifest = *std::move(manifest);
-      return latest;
-    }
-    if (absl::IsDataLoss(manifest.status())) {
-      // Committed (the manifest is written last, once every file is
-      // durable) and damaged since. Falling back to an older step would
-      // silently redo the steps after it and then overwrite this one: the
-      // caller must choose, so say which older step is intact.
-      std::string older = "no older step is intact";
-      for (auto o = std::next(it); o != steps.rend(); ++o) {
-        if (LoadCompleteCheckpoint(checkpoint_dir, *o, verify_checksums).ok()) {
-          older = absl::StrCat("the newest intact step before it is ",
-                               StepDirPath(checkpoint_dir, *o));
-          break;
-        }
-      }
-      return absl::DataLossError(
-          absl::StrCat(StepDirPath(checkpoint_dir, *it),
-                       " is a committed checkpoint that fails its checks (",
-                       manifest.status().message(), "); ", older));
-    }
-    if (!absl::IsFailedPrecondition(manifest.status())) {
-      return manifest.status();  // Cannot tell (e.g. PermissionDenied).
-    }
-    // No manifest: a job that stopped while saving leaves an incomplete
-    // newest step, never committed; the one before it is consistent.
-    latest.skipped.push_back(std::string(manifest.status().message()));
-  }
-  if (steps.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        checkpoint_dir, ": no complete checkpoint (no step-<N> directories)"));
-  }
-  std::vector<std::string> reasons = latest.skipped;
-  if (reasons.size() > kMaxReasons) {
-    const size_t more = reasons.size() - kMaxReasons;
-    reasons.resize(kMaxReasons);
-    reasons.push_back(absl::StrCat("and ", more, " more"));
-  }
-  return absl::FailedPreconditionError(
-      absl::StrCat(checkpoint_dir,
-                   ": no complete checkpoint: ", absl::StrJoin(reasons, "; ")));
-}
-
-absl::StatusOr<std::vector<int64_t>> PruneCheckpoints(
-    const std::string& checkpoint_dir, int keep_latest) {
-  if (keep_latest <= 0) return std::vector<int64_t>{};
-  ASSIGN_OR_RETURN(std::vector<int64_t> steps,
-                   ListCheckpointSteps(checkpoint_dir));
-  // Newest first. Steps newer than the newest complete one are passed over
-  // unexamined for removal: a worker may be writing them right now.
-  std::vector<int64_t> remove;
-  int complete_kept = 0;
-  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
-    absl::StatusOr<CheckpointManifest> manifest =
-        LoadCompleteCheckpoint(checkpoint_dir, *it, /*verify_checksums=*/false);
-    if (manifest.ok()) {
-      if (complete_kept < keep_latest) {
-        ++complete_kept;
-      } else {
-        remove.push_back(*it);
-      }
-      continue;
-    }
-    if (complete_kept == 0) continue;  // Newer than any complete step.
-    const absl::StatusCode code = manifest.status().code();
-    if (code == absl::StatusCode::kFailedPrecondition ||
-        code == absl::StatusCode::kDataLoss) {
-      remove.push_back(*it);  // Left by a crash: never to be completed.
-    } else if (code != absl::StatusCode::kNotFound) {  // NotFound: gone.
-      return manifest.status();
-    }
-  }
-  // Oldest first, so a failure part way leaves the newer steps.
-  std::sort(remove.begin(), remove.end());
-  std::vector<int64_t> removed;
-  for (int64_t step : remove) {
-    const std::string dir = StepDirPath(checkpoint_dir, step);
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-    if (ec) return ErrnoError(ec.value(), dir, "remove");
-    removed.push_back(step);
-  }
-  return removed;
-}
-
-absl::Status CheckCheckpointDirWritable(const std::string& checkpoint_dir) {
-  auto refuse = [&](const absl::Status& cause) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint.dir ", checkpoint_dir, " cannot be written (",
-        cause.message(), "): the job would fail at its first checkpoint"));
-  };
-  std::error_code ec;
-  fs::create_directories(checkpoint_dir, ec);
-  if (ec) return refuse(ErrnoError(ec.value(), checkpoint_dir, "mkdir"));
-  // Unique per process and call, so concurrent checks never collide.
-  static std::atomic<uint64_t> counter{0};
-  const std::string probe =
-      (fs::path(checkpoint_dir) /
-       absl::StrCat(".conveyor-write-probe-", ::getpid(), "-", counter++))
-          .string();
-  const int fd =
-      ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) return refuse(ErrnoError(errno, checkpoint_dir, "create a file"));
-  const bool written = ::write(fd, "x", 1) == 1 && ::fsync(fd) == 0;
-  const int err = errno;
-  ::close(fd);
-  ::unlink(probe.c_str());
-  if (!written) return refuse(ErrnoError(err, checkpoint_dir, "write"));
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<int64_t>> RemoveAllCheckpoints(
-    const std::string& checkpoint_dir) {
-  absl::StatusOr<std::vector<int64_t>> steps =
-      ListCheckpointSteps(checkpoint_dir);
-  if (!steps.ok()) {
-    if (steps.status().code() == absl::StatusCode::kNotFound) {
-      return std::vector<int64_t>{};
-    }
-    return steps.status();
-  }
-  std::vector<int64_t> removed;
-  for (auto it = steps->rbegin(); it != steps->rend(); ++it) {
-    const std::string dir = StepDirPath(checkpoint_dir, *it);
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-    if (ec) return ErrnoError(ec.value(), dir, "remove");
-    removed.insert(removed.begin(), *it);
-  }
-  return removed;
-}
-
-std::string JobConfigHash(absl::string_view yaml_text) {
-  constexpr absl::string_view kCanonicalTag = "conveyor-job-config-v1\n";
-  constexpr absl::string_view kRawTag = "conveyor-job-config-raw-v1\n";
-  uint64_t hash = 0;
-  bool hashed = false;
-  try {
-    absl::StatusOr<YAML::Node> doc =
-        LoadYaml(yaml_text, "job", YamlDocuments::kExactlyOne);
-    if (doc.ok()) {
-      Canonicalizer canonical;
-      if (canonical.Append(*doc, 0, /*top_level=*/true)) {
-        hash = Fnv1a64(kCanonicalTag, canonical.text());
-        hashed = true;
-      }
-    }
-  } catch (const std::exception&) {
-    // Fall back to the raw text below: a hash must always come out.
-  }
-  if (!hashed) hash = Fnv1a64(kRawTag, yaml_text);
-  return absl::StrFormat("%016x", hash);
-}
-
-}  // namespace conveyor::engine
+}  // namespace conveyor::checkpoint

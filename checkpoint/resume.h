@@ -1,14 +1,14 @@
-// The coordinator's part of checkpoints: where a job resumes from, and the
-// manifest that commits a step once every stage's file is in.
+// Checkpoints as the coordinator uses them: where a job resumes from, and
+// the manifest that commits a step once every stage's file is in.
 //
-// Workers write the stage files (worker/job_runner.h); the coordinator is
-// the only writer of manifests (engine/checkpoint_manifest.h), so a step
+// Workers write the stage files (checkpoint/stage_file.h); the coordinator is
+// the only writer of manifests (checkpoint/manifest.h), so a step
 // counts as complete exactly when every stage reported a durable file and
 // the manifest naming their sizes and CRC-32C was written after them.
 //
 // Thread-safe (pure functions over the filesystem).
-#ifndef CONVEYOR_COORDINATOR_CHECKPOINTS_H_
-#define CONVEYOR_COORDINATOR_CHECKPOINTS_H_
+#ifndef CONVEYOR_CHECKPOINT_RESUME_H_
+#define CONVEYOR_CHECKPOINT_RESUME_H_
 
 #include <cstdint>
 #include <map>
@@ -17,12 +17,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "checkpoint/manifest.h"
 #include "conveyor/v1/conveyor.pb.h"
-#include "engine/checkpoint_manifest.h"
 #include "engine/job_spec.h"
 #include "job/planner.h"
 
-namespace conveyor::coordinator {
+namespace conveyor::checkpoint {
 
 // A complete checkpoint step a job starts after.
 struct ResumePoint {
@@ -68,19 +68,20 @@ absl::Status CheckNothingNewer(const std::string& checkpoint_dir,
 
 // The manifest committing `step` of a job from its stages' reported files
 // (by stage; all of plan.num_stages present).
-engine::CheckpointManifest MakeManifest(
-    const job::JobPlan& plan, const std::string& job_id,
-    const std::string& config_hash, int64_t step,
-    const std::map<int, v1::StageFile>& files, int64_t now_unix_ms);
+CheckpointManifest MakeManifest(const job::JobPlan& plan,
+                                const std::string& job_id,
+                                const std::string& config_hash, int64_t step,
+                                const std::map<int, v1::StageFile>& files,
+                                int64_t now_unix_ms);
 
 // The resume point a restart uses: the step `manifest` committed.
-ResumePoint ResumePointOf(const engine::CheckpointManifest& manifest,
+ResumePoint ResumePointOf(const CheckpointManifest& manifest,
                           const std::string& checkpoint_dir);
 
 // A resume point as the coordinator's state file keeps it, and back.
 v1::CheckpointRef ToProto(const ResumePoint& point);
 ResumePoint FromProto(const v1::CheckpointRef& ref);
 
-}  // namespace conveyor::coordinator
+}  // namespace conveyor::checkpoint
 
-#endif  // CONVEYOR_COORDINATOR_CHECKPOINTS_H_
+#endif  // CONVEYOR_CHECKPOINT_RESUME_H_

@@ -1,6 +1,6 @@
 // The on-disk layout of a pipelined job's checkpoints, shared by the workers
 // that write the stage files, the coordinator that commits each step with a
-// manifest, resume, and `conveyorctl export`:
+// manifest, resume, and `conveyorctl export` (the checkpoint/ module):
 //
 //   <checkpoint.dir>/step-<N>/stage-<s>.safetensors   one per stage
 //   <checkpoint.dir>/step-<N>/manifest.json           written last
@@ -11,9 +11,9 @@
 // exp_avg_sq), with the metadata format (kStageFileFormat), job, stage,
 // num_stages, step and optimizer_step. A step directory without a manifest
 // is incomplete and does not exist for resume or export (see
-// engine/checkpoint_manifest.h). Thread-safe (constants and pure functions).
-#ifndef CONVEYOR_ENGINE_STAGE_FILE_H_
-#define CONVEYOR_ENGINE_STAGE_FILE_H_
+// checkpoint/manifest.h). Thread-safe (constants and pure functions).
+#ifndef CONVEYOR_CHECKPOINT_LAYOUT_H_
+#define CONVEYOR_CHECKPOINT_LAYOUT_H_
 
 #include <cstdint>
 #include <optional>
@@ -21,7 +21,7 @@
 
 #include "absl/strings/string_view.h"
 
-namespace conveyor::engine {
+namespace conveyor::checkpoint {
 
 inline constexpr char kStageFileFormat[] = "conveyor-stage-v1";
 inline constexpr char kOptimizerTensorPrefix[] = "optimizer/";
@@ -43,6 +43,6 @@ std::string StageFileName(int stage);
 std::string StageFilePath(absl::string_view checkpoint_dir, int64_t step,
                           int stage);
 
-}  // namespace conveyor::engine
+}  // namespace conveyor::checkpoint
 
-#endif  // CONVEYOR_ENGINE_STAGE_FILE_H_
+#endif  // CONVEYOR_CHECKPOINT_LAYOUT_H_

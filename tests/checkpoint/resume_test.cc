@@ -1,4 +1,4 @@
-#include "coordinator/checkpoints.h"
+#include "checkpoint/resume.h"
 
 #include <unistd.h>
 
@@ -8,17 +8,18 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/stage_file.h"
+#include "checkpoint/layout.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/coordinator/test_util.h"
+#include "tests/job/test_jobs.h"
 
-namespace conveyor::coordinator {
+namespace conveyor::checkpoint {
 namespace {
 
 using job::JobPlan;
 using job::NeedsProfile;
 using job::PlanJob;
+using job::testing::JobYaml;
 using ::testing::HasSubstr;
 
 engine::ResumeSpec Latest() {
@@ -65,12 +66,12 @@ class CheckpointsTest : public ::testing::Test {
                  const std::string& hash = "00000000000000aa") {
     std::map<int, v1::StageFile> files;
     for (int stage = 0; stage < plan.num_stages; ++stage) {
-      const std::string path = engine::StageFilePath(dir_, step, stage);
+      const std::string path = StageFilePath(dir_, step, stage);
       std::filesystem::create_directories(
           std::filesystem::path(path).parent_path());
       std::ofstream(path, std::ios::binary) << "stage " << stage;
-      absl::StatusOr<engine::StageFileDigest> d =
-          engine::DigestStageFile(engine::StepDirPath(dir_, step), stage);
+      absl::StatusOr<StageFileDigest> d =
+          DigestStageFile(StepDirPath(dir_, step), stage);
       ASSERT_TRUE(d.ok()) << d.status();
       v1::StageFile& f = files[stage];
       f.set_stage(stage);
@@ -79,9 +80,9 @@ class CheckpointsTest : public ::testing::Test {
       f.set_crc32c(d->crc32c);
     }
     if (!complete) return;
-    ASSERT_TRUE(engine::WriteManifest(
-                    dir_, MakeManifest(plan, "job-1", hash, step, files, 1))
-                    .ok());
+    ASSERT_TRUE(
+        WriteManifest(dir_, MakeManifest(plan, "job-1", hash, step, files, 1))
+            .ok());
   }
 
   std::string dir_;
@@ -97,7 +98,7 @@ TEST_F(CheckpointsTest, FindsLatestOrTheNamedStepAndChecksTheConfig) {
       FindResumePoint(Latest(), dir_, "00000000000000aa");
   ASSERT_TRUE(latest.ok()) << latest.status();
   EXPECT_EQ(latest->step, 4);
-  EXPECT_EQ(latest->step_dir, engine::StepDirPath(dir_, 4));
+  EXPECT_EQ(latest->step_dir, StepDirPath(dir_, 4));
   EXPECT_EQ(latest->stage_begin, (std::vector<int>{0, 1}));
   ASSERT_EQ(latest->files.size(), 2u);
   EXPECT_EQ(latest->files[1].file(), "stage-1.safetensors");
@@ -106,20 +107,20 @@ TEST_F(CheckpointsTest, FindsLatestOrTheNamedStepAndChecksTheConfig) {
   // A step directory, with or without a trailing slash; a checkpoint
   // directory means its newest complete step.
   for (const std::string& path :
-       {engine::StepDirPath(dir_, 2), engine::StepDirPath(dir_, 2) + "/"}) {
+       {StepDirPath(dir_, 2), StepDirPath(dir_, 2) + "/"}) {
     absl::StatusOr<ResumePoint> p =
         FindResumePoint(AtPath(path), "", "00000000000000aa");
     ASSERT_TRUE(p.ok()) << p.status();
     EXPECT_EQ(p->step, 2);
-    EXPECT_EQ(p->step_dir, engine::StepDirPath(dir_, 2));
+    EXPECT_EQ(p->step_dir, StepDirPath(dir_, 2));
   }
   absl::StatusOr<ResumePoint> in_dir =
       FindResumePoint(AtPath(dir_), "", "00000000000000aa");
   ASSERT_TRUE(in_dir.ok()) << in_dir.status();
   EXPECT_EQ(in_dir->step, 4);
 
-  absl::StatusOr<ResumePoint> torn = FindResumePoint(
-      AtPath(engine::StepDirPath(dir_, 6)), "", "00000000000000aa");
+  absl::StatusOr<ResumePoint> torn =
+      FindResumePoint(AtPath(StepDirPath(dir_, 6)), "", "00000000000000aa");
   EXPECT_EQ(torn.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(torn.status().message(),
               HasSubstr("does not start from scratch"));
@@ -138,23 +139,23 @@ TEST_F(CheckpointsTest, LatestRefusesADamagedCommittedStepSayingWhatToDo) {
   const JobPlan plan = Plan(JobYaml(2, "mlp", /*steps=*/10));
   WriteStep(plan, 2, true);
   WriteStep(plan, 4, true);
-  std::filesystem::resize_file(engine::StageFilePath(dir_, 4, 1), 2);
+  std::filesystem::resize_file(StageFilePath(dir_, 4, 1), 2);
   for (const engine::ResumeSpec& resume : {Latest(), AtPath(dir_)}) {
     absl::StatusOr<ResumePoint> point =
         FindResumePoint(resume, dir_, "00000000000000aa");
     EXPECT_EQ(point.status().code(), absl::StatusCode::kDataLoss);
     EXPECT_THAT(point.status().message(),
-                HasSubstr(engine::StepDirPath(dir_, 4) +
+                HasSubstr(StepDirPath(dir_, 4) +
                           " is a committed checkpoint that fails its checks"));
     EXPECT_THAT(point.status().message(),
                 HasSubstr("the newest intact step before it is " +
-                          engine::StepDirPath(dir_, 2)));
+                          StepDirPath(dir_, 2)));
     EXPECT_THAT(point.status().message(),
                 HasSubstr("Resume from an older step by its path"));
   }
   // Named by its path, the older step resumes.
-  absl::StatusOr<ResumePoint> older = FindResumePoint(
-      AtPath(engine::StepDirPath(dir_, 2)), "", "00000000000000aa");
+  absl::StatusOr<ResumePoint> older =
+      FindResumePoint(AtPath(StepDirPath(dir_, 2)), "", "00000000000000aa");
   ASSERT_TRUE(older.ok()) << older.status();
   EXPECT_EQ(older->step, 2);
 }
@@ -203,4 +204,4 @@ TEST_F(CheckpointsTest, AnAutoJobResumesWithItsCheckpointsCut) {
 }
 
 }  // namespace
-}  // namespace conveyor::coordinator
+}  // namespace conveyor::checkpoint

@@ -1,18 +1,18 @@
-#include "engine/stage_file.h"
+#include "checkpoint/layout.h"
 
 #include "gtest/gtest.h"
 
-namespace conveyor::engine {
+namespace conveyor::checkpoint {
 namespace {
 
-TEST(StageFileTest, SpellsTheLayout) {
+TEST(LayoutTest, SpellsTheLayout) {
   EXPECT_EQ(StepDirPath("/ckpt", 12), "/ckpt/step-12");
   EXPECT_EQ(StageFileName(3), "stage-3.safetensors");
   EXPECT_EQ(StageFilePath("/ckpt/", 12, 3),
             "/ckpt/step-12/stage-3.safetensors");
 }
 
-TEST(StageFileTest, ReadsOnlyCanonicalStepDirectoryNames) {
+TEST(LayoutTest, ReadsOnlyCanonicalStepDirectoryNames) {
   EXPECT_EQ(StepOfDirName("step-0"), 0);
   EXPECT_EQ(StepOfDirName("step-12"), 12);
   EXPECT_EQ(StepOfDirName("step-9223372036854775807"), INT64_MAX);
@@ -28,4 +28,4 @@ TEST(StageFileTest, ReadsOnlyCanonicalStepDirectoryNames) {
 }
 
 }  // namespace
-}  // namespace conveyor::engine
+}  // namespace conveyor::checkpoint

@@ -1,4 +1,4 @@
-#include "coordinator/checkpoints.h"
+#include "checkpoint/resume.h"
 
 #include <filesystem>
 #include <optional>
@@ -10,11 +10,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "checkpoint/directory.h"
+#include "checkpoint/layout.h"
 #include "common/status_macros.h"
 #include "engine/profiler.h"
-#include "engine/stage_file.h"
 
-namespace conveyor::coordinator {
+namespace conveyor::checkpoint {
 
 using job::JobPlan;
 using job::StagePlan;
@@ -22,15 +23,15 @@ namespace {
 
 // A manifest and the checkpoint directory it was found in.
 struct FoundManifest {
-  engine::CheckpointManifest manifest;
+  CheckpointManifest manifest;
   std::string checkpoint_dir;
 };
 
 // The newest committed step of `dir`; a damaged one is refused with what to
 // do about it, never passed over for an older one.
-absl::StatusOr<engine::LatestCheckpoint> FindLatest(const std::string& dir) {
-  absl::StatusOr<engine::LatestCheckpoint> latest =
-      engine::FindLatestCompleteCheckpoint(dir, /*verify_checksums=*/false);
+absl::StatusOr<LatestCheckpoint> FindLatest(const std::string& dir) {
+  absl::StatusOr<LatestCheckpoint> latest =
+      FindLatestCompleteCheckpoint(dir, /*verify_checksums=*/false);
   if (absl::IsDataLoss(latest.status())) {
     return absl::DataLossError(absl::StrCat(
         latest.status().message(),
@@ -43,8 +44,7 @@ absl::StatusOr<engine::LatestCheckpoint> FindLatest(const std::string& dir) {
 absl::StatusOr<FoundManifest> FindManifest(const engine::ResumeSpec& resume,
                                            const std::string& checkpoint_dir) {
   if (resume.kind == engine::ResumeSpec::Kind::kLatest) {
-    ASSIGN_OR_RETURN(engine::LatestCheckpoint latest,
-                     FindLatest(checkpoint_dir));
+    ASSIGN_OR_RETURN(LatestCheckpoint latest, FindLatest(checkpoint_dir));
     return FoundManifest{std::move(latest.manifest), checkpoint_dir};
   }
   const std::filesystem::path path(resume.path);
@@ -59,16 +59,16 @@ absl::StatusOr<FoundManifest> FindManifest(const engine::ResumeSpec& resume,
   const std::filesystem::path leaf = normal.has_filename()
                                          ? normal.filename()
                                          : normal.parent_path().filename();
-  if (std::optional<int64_t> step = engine::StepOfDirName(leaf.string())) {
+  if (std::optional<int64_t> step = StepOfDirName(leaf.string())) {
     const std::filesystem::path parent =
         normal.has_filename() ? normal.parent_path()
                               : normal.parent_path().parent_path();
-    ASSIGN_OR_RETURN(engine::CheckpointManifest manifest,
-                     engine::LoadCompleteCheckpoint(
-                         parent.string(), *step, /*verify_checksums=*/false));
+    ASSIGN_OR_RETURN(CheckpointManifest manifest,
+                     LoadCompleteCheckpoint(parent.string(), *step,
+                                            /*verify_checksums=*/false));
     return FoundManifest{std::move(manifest), parent.string()};
   }
-  ASSIGN_OR_RETURN(engine::LatestCheckpoint latest, FindLatest(resume.path));
+  ASSIGN_OR_RETURN(LatestCheckpoint latest, FindLatest(resume.path));
   const std::filesystem::path dir =
       normal.has_filename() ? normal : normal.parent_path();
   return FoundManifest{std::move(latest.manifest), dir.string()};
@@ -76,13 +76,13 @@ absl::StatusOr<FoundManifest> FindManifest(const engine::ResumeSpec& resume,
 
 }  // namespace
 
-ResumePoint ResumePointOf(const engine::CheckpointManifest& manifest,
+ResumePoint ResumePointOf(const CheckpointManifest& manifest,
                           const std::string& checkpoint_dir) {
   ResumePoint point;
   point.step = manifest.step;
-  point.step_dir = engine::StepDirPath(checkpoint_dir, manifest.step);
+  point.step_dir = StepDirPath(checkpoint_dir, manifest.step);
   point.stage_begin = manifest.stage_begin;
-  for (const engine::StageFileDigest& d : manifest.stages) {
+  for (const StageFileDigest& d : manifest.stages) {
     v1::StageFile& f = point.files.emplace_back();
     f.set_stage(d.stage);
     f.set_file(d.file);
@@ -126,7 +126,7 @@ absl::StatusOr<ResumePoint> FindResumePoint(const engine::ResumeSpec& resume,
                      "; the job was asked to resume, so it does not start "
                      "from scratch"));
   }
-  const engine::CheckpointManifest& manifest = found->manifest;
+  const CheckpointManifest& manifest = found->manifest;
   if (manifest.config_hash != config_hash) {
     return absl::FailedPreconditionError(absl::StrCat(
         what, ": step ", manifest.step, " was written by job '", manifest.job,
@@ -175,7 +175,7 @@ absl::Status CheckResumeFitsPlan(const ResumePoint& point,
 absl::Status CheckNothingNewer(const std::string& checkpoint_dir,
                                int64_t start_step) {
   absl::StatusOr<std::vector<int64_t>> steps =
-      engine::ListCheckpointSteps(checkpoint_dir);
+      ListCheckpointSteps(checkpoint_dir);
   if (!steps.ok()) {
     return steps.status().code() == absl::StatusCode::kNotFound
                ? absl::OkStatus()
@@ -183,8 +183,8 @@ absl::Status CheckNothingNewer(const std::string& checkpoint_dir,
   }
   for (auto it = steps->rbegin(); it != steps->rend() && *it > start_step;
        ++it) {
-    if (engine::LoadCompleteCheckpoint(checkpoint_dir, *it,
-                                       /*verify_checksums=*/false)
+    if (LoadCompleteCheckpoint(checkpoint_dir, *it,
+                               /*verify_checksums=*/false)
             .ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "checkpoint.dir ", checkpoint_dir,
@@ -198,11 +198,11 @@ absl::Status CheckNothingNewer(const std::string& checkpoint_dir,
   return absl::OkStatus();
 }
 
-engine::CheckpointManifest MakeManifest(
-    const JobPlan& plan, const std::string& job_id,
-    const std::string& config_hash, int64_t step,
-    const std::map<int, v1::StageFile>& files, int64_t now_unix_ms) {
-  engine::CheckpointManifest m;
+CheckpointManifest MakeManifest(const JobPlan& plan, const std::string& job_id,
+                                const std::string& config_hash, int64_t step,
+                                const std::map<int, v1::StageFile>& files,
+                                int64_t now_unix_ms) {
+  CheckpointManifest m;
   m.job = plan.job.name;
   m.job_id = job_id;
   m.step = step;
@@ -219,4 +219,4 @@ engine::CheckpointManifest MakeManifest(
   return m;
 }
 
-}  // namespace conveyor::coordinator
+}  // namespace conveyor::checkpoint

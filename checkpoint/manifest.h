@@ -1,5 +1,5 @@
 // CheckpointManifest: the record that commits one step of a pipelined job's
-// checkpoint (layout in engine/stage_file.h). The workers write a stage file
+// checkpoint (layout in checkpoint/layout.h). The workers write a stage file
 // each; once every stage reported a durable file, the coordinator writes
 //
 //   <checkpoint_dir>/step-<N>/manifest.json
@@ -11,7 +11,7 @@
 // mid-save, a truncated or damaged file) is incomplete, and resume, export
 // and pruning treat it as not existing:
 //
-//   ASSIGN_OR_RETURN(LatestCheckpoint latest,
+//   ASSIGN_OR_RETURN(LatestCheckpoint latest,   // checkpoint/directory.h
 //                    FindLatestCompleteCheckpoint(dir, /*verify=*/true));
 //   // latest.manifest.stages[s].file is stage s's file in
 //   // StepDirPath(dir, latest.manifest.step).
@@ -23,8 +23,8 @@
 // Thread-safety: pure functions over their arguments and the filesystem.
 // Concurrent calls are safe; concurrent writers of one step directory are
 // not (the coordinator is the only writer of manifests).
-#ifndef CONVEYOR_ENGINE_CHECKPOINT_MANIFEST_H_
-#define CONVEYOR_ENGINE_CHECKPOINT_MANIFEST_H_
+#ifndef CONVEYOR_CHECKPOINT_MANIFEST_H_
+#define CONVEYOR_CHECKPOINT_MANIFEST_H_
 
 #include <cstdint>
 #include <string>
@@ -33,9 +33,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "engine/stage_file.h"
+#include "checkpoint/layout.h"
 
-namespace conveyor::engine {
+namespace conveyor::checkpoint {
 
 inline constexpr char kManifestFormat[] = "conveyor-checkpoint-v1";
 
@@ -61,7 +61,7 @@ struct CheckpointManifest {
   std::string job;     // The job's name.
   std::string job_id;  // The coordinator's id of the run that wrote it.
   int64_t step = 0;
-  // JobConfigHash of the job file; resume refuses a different one.
+  // job::JobConfigHash of the job file; resume refuses a different one.
   std::string config_hash;
   int num_stages = 0;
   // The first layer of every stage: 0, then strictly increasing.
@@ -125,75 +125,6 @@ absl::Status WriteManifest(const std::string& checkpoint_dir,
 absl::StatusOr<CheckpointManifest> LoadCompleteCheckpoint(
     const std::string& checkpoint_dir, int64_t step, bool verify_checksums);
 
-// The N of every step-<N> directory in `checkpoint_dir`, ascending. Only
-// canonical non-negative decimals count ("step-01", "step-x", "step-1.tmp"
-// and files are ignored). Returns NotFound "no such checkpoint directory"
-// if it does not exist, FailedPrecondition if it is not a directory, the
-// errno-derived code if it cannot be listed.
-absl::StatusOr<std::vector<int64_t>> ListCheckpointSteps(
-    const std::string& checkpoint_dir);
+}  // namespace conveyor::checkpoint
 
-struct LatestCheckpoint {
-  CheckpointManifest manifest;
-  // Why each newer (uncommitted) step was passed over, newest first.
-  std::vector<std::string> skipped;
-};
-
-// The newest step that LoadCompleteCheckpoint accepts, passing over newer
-// steps that were never committed (no manifest: a crash while saving).
-// Returns ListCheckpointSteps' errors; DataLoss when the newest committed
-// step fails its checks (a truncated or altered file, a damaged manifest),
-// naming it and the newest intact step before it, since resuming from an
-// older step must be the caller's choice; the error of a step whose state
-// cannot be read (e.g. PermissionDenied); or FailedPrecondition "no
-// complete checkpoint" with the reasons (the first few) when no step is
-// committed.
-absl::StatusOr<LatestCheckpoint> FindLatestCompleteCheckpoint(
-    const std::string& checkpoint_dir, bool verify_checksums);
-
-// Deletes old step directories and returns the steps removed, ascending.
-// Keeps the newest `keep_latest` complete steps (complete: the manifest and
-// file sizes check out; checksums are not read) and removes older complete
-// ones and every incomplete step directory older than the newest complete
-// step (leftovers of a crash). Never removes the newest complete step and
-// never touches a step newer than it, which may be being written; so with no
-// complete step, or keep_latest <= 0, it removes nothing. Returns
-// ListCheckpointSteps' errors, the error of a step whose completeness cannot
-// be decided (e.g. PermissionDenied), or the errno-derived code of a failed
-// removal (steps removed before it stay removed).
-absl::StatusOr<std::vector<int64_t>> PruneCheckpoints(
-    const std::string& checkpoint_dir, int keep_latest);
-
-// Creates `checkpoint_dir` if it is missing and writes, fsyncs and removes
-// a probe file there, so that a job whose checkpoints cannot be written is
-// refused when it is submitted rather than failing at its first checkpoint
-// (a read-only directory once failed a job after 2 of 3 steps, losing
-// them). FailedPrecondition naming the directory and the cause (read-only
-// file system, permission, not a directory, full disk).
-absl::Status CheckCheckpointDirWritable(const std::string& checkpoint_dir);
-
-// Deletes every step-<N> directory in `checkpoint_dir`, complete or not,
-// newest first (so a failure part way leaves only older steps), and returns
-// the steps removed, ascending: a fresh start over an earlier run's
-// checkpoints (`conveyorctl run --overwrite`). Nothing else in the directory
-// is touched. A missing directory has nothing to remove. Returns
-// ListCheckpointSteps' other errors, or the errno-derived code of a failed
-// removal (steps removed before it stay removed).
-absl::StatusOr<std::vector<int64_t>> RemoveAllCheckpoints(
-    const std::string& checkpoint_dir);
-
-// A 16-hex-digit hash (64-bit FNV-1a) of what a job file says about the
-// training itself, recorded in every manifest so that a job is refused
-// resuming from a checkpoint of a different model, data, optimizer,
-// training or pipeline configuration. The YAML is hashed in a canonical
-// form (maps by sorted key, sequences in order, scalars by their text,
-// every item length-prefixed) without the top-level name, checkpoint,
-// resume and restart sections: comments, layout, key order, renaming the
-// job or moving its checkpoints do not change the hash. Text that does not
-// parse as one YAML document is hashed as is (callers pass job files the
-// job parser accepted).
-std::string JobConfigHash(absl::string_view yaml_text);
-
-}  // namespace conveyor::engine
-
-#endif  // CONVEYOR_ENGINE_CHECKPOINT_MANIFEST_H_
+#endif  // CONVEYOR_CHECKPOINT_MANIFEST_H_

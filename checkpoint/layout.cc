@@ -1,4 +1,4 @@
-#include "engine/stage_file.h"
+#include "checkpoint/layout.h"
 
 #include <filesystem>
 
@@ -6,7 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
-namespace conveyor::engine {
+namespace conveyor::checkpoint {
 
 std::string StepDirPath(absl::string_view checkpoint_dir, int64_t step) {
   return (std::filesystem::path(std::string(checkpoint_dir)) /
@@ -45,4 +45,4 @@ std::string StageFileName(int stage) {
   return absl::StrCat("stage-", stage, ".safetensors");
 }
 
-}  // namespace conveyor::engine
+}  // namespace conveyor::checkpoint

@@ -1,0 +1,29 @@
+// A job's configuration hash: what a checkpoint records of the job that
+// wrote it, so that resume refuses a checkpoint of another model, data,
+// optimizer, training or pipeline configuration.
+//
+// Thread-safe (a pure function).
+#ifndef CONVEYOR_JOB_CONFIG_HASH_H_
+#define CONVEYOR_JOB_CONFIG_HASH_H_
+
+#include <string>
+
+#include "absl/strings/string_view.h"
+
+namespace conveyor::job {
+
+// A 16-hex-digit hash (64-bit FNV-1a) of what a job file says about the
+// training itself, recorded in every manifest so that a job is refused
+// resuming from a checkpoint of a different model, data, optimizer,
+// training or pipeline configuration. The YAML is hashed in a canonical
+// form (maps by sorted key, sequences in order, scalars by their text,
+// every item length-prefixed) without the top-level name, checkpoint,
+// resume and restart sections: comments, layout, key order, renaming the
+// job or moving its checkpoints do not change the hash. Text that does not
+// parse as one YAML document is hashed as is (callers pass job files the
+// job parser accepted).
+std::string JobConfigHash(absl::string_view yaml_text);
+
+}  // namespace conveyor::job
+
+#endif  // CONVEYOR_JOB_CONFIG_HASH_H_
