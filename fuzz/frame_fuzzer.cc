@@ -4,8 +4,9 @@
 //
 // Input: byte 0 selects the decoder and, for frame headers, the payload
 // limit; the following bytes are the fixed-size message, zero-padded when
-// short. For a frame header, whatever follows its 112 bytes is the payload
-// an abort frame carries (the abort message), decoded as the channel does.
+// short. For a frame header, whatever follows its kFrameHeaderSize (120)
+// bytes is the payload an abort frame carries (the abort message), decoded
+// as the channel does.
 //
 //   byte0 % 3 == 0  DecodeFrameHeader, limit kPayloadLimits[(byte0 / 3) % 4]
 //   byte0 % 3 == 1  DecodeHello
@@ -27,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/dtype.h"
 #include "transport/tcp/frame.h"
 
 namespace {
@@ -55,6 +57,15 @@ std::array<uint8_t, N> Fixed(const uint8_t* data, size_t size) {
   std::array<uint8_t, N> out{};
   if (size > 0) std::memcpy(out.data(), data, std::min(size, N));
   return out;
+}
+
+// What frame.h promises of an abort, goodbye or message frame: its payload
+// is described as U8 of shape {payload_bytes} under a zero tag.
+bool IsZeroTagByteString(const FrameHeader& h) {
+  return h.dtype == conveyor::engine::DType::kU8 && h.shape.size() == 1 &&
+         h.shape[0] >= 0 &&
+         static_cast<uint64_t>(h.shape[0]) == h.payload_bytes && h.step == 0 &&
+         h.microbatch == 0 && h.stage == 0;
 }
 
 void FuzzFrameHeader(const uint8_t* data, size_t size, uint64_t limit) {
@@ -90,6 +101,7 @@ void FuzzFrameHeader(const uint8_t* data, size_t size, uint64_t limit) {
       break;
     }
     case FrameKind::kAbort: {
+      if (!IsZeroTagByteString(*h)) Fail("abort frame is not a byte string");
       if (h->payload_bytes > conveyor::transport::kMaxAbortMessageBytes) {
         Fail("abort message over the limit");
       }
@@ -104,9 +116,11 @@ void FuzzFrameHeader(const uint8_t* data, size_t size, uint64_t limit) {
       break;
     }
     case FrameKind::kGoodbye:
+      if (!IsZeroTagByteString(*h)) Fail("goodbye frame is not a byte string");
       if (h->payload_bytes != 0) Fail("goodbye frame with a payload");
       break;
     case FrameKind::kMessage:
+      if (!IsZeroTagByteString(*h)) Fail("message frame is not a byte string");
       // Read whole into a string for the message handler: bounded.
       if (h->payload_bytes > conveyor::transport::kMaxMessageBytes ||
           h->status_code != 0) {

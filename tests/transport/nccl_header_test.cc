@@ -1,8 +1,10 @@
+#include <array>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
-#include "engine/cpu/cpu_backend.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "transport/nccl/header.h"
@@ -58,6 +60,34 @@ TEST(NcclHeaderTest, RoundTripsARoundOfTensors) {
   EXPECT_EQ(back->tensors, m.tensors);
 }
 
+// The round's wire image: the preamble byte for byte, then each tensor
+// header in the shared encoding (transport/tensor_header.h), in order.
+TEST(NcclHeaderTest, RoundIsPreambleThenSharedTensorHeaders) {
+  const std::vector<TensorHeader> tensors = {
+      Header(0, {4, 8}), Header(9, {3}, engine::DType::kU8)};
+  const std::string bytes =
+      EncodeLinkMessage(RoundMessage(0x0102030405060708, 0x1112, tensors));
+  ASSERT_EQ(bytes.size(), kLinkPreambleSize + 2 * kTensorHeaderSize);
+  const uint8_t preamble[kLinkPreambleSize] = {
+      'C',  'V',  'Y',  'N',                           // magic
+      0x01, 0x00,                                      // version
+      0x00, 0x00,                                      // kind: round, zero
+      0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01,  // job
+      0x12, 0x11, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,  // round
+      0x02, 0x00, 0x00, 0x00,                          // count
+      0x00, 0x00, 0x00, 0x00,                          // zero
+  };
+  EXPECT_EQ(std::memcmp(bytes.data(), preamble, kLinkPreambleSize), 0);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    std::array<uint8_t, kTensorHeaderSize> want;
+    EncodeTensorHeader(tensors[i], want.data());
+    EXPECT_EQ(std::memcmp(bytes.data() + kFirstTensor + i * kTensorHeaderSize,
+                          want.data(), kTensorHeaderSize),
+              0)
+        << "tensor header " << i;
+  }
+}
+
 TEST(NcclHeaderTest, RoundTripsAnEmptyRound) {
   absl::StatusOr<LinkMessage> back =
       DecodeLinkMessage(EncodeLinkMessage(Round(0, {})), kJob, kMax);
@@ -91,49 +121,13 @@ TEST(NcclHeaderTest, TruncatesLongAbortMessages) {
   EXPECT_EQ(back->status.message().size(), kMaxLinkAbortMessageBytes);
 }
 
-TEST(NcclHeaderTest, MakeTensorHeaderDescribesTheTensor) {
-  absl::StatusOr<engine::Tensor> t =
-      engine::CpuBackend::Get()->Empty({3, 5}, engine::DType::kI32);
-  ASSERT_TRUE(t.ok());
-  const Tag tag{.job = kJob,
-                .step = 1,
-                .microbatch = 2,
-                .stage = 0,
-                .kind = TensorKind::kActivation};
-  absl::StatusOr<TensorHeader> h = MakeTensorHeader(tag, *t);
-  ASSERT_TRUE(h.ok()) << h.status();
-  EXPECT_EQ(h->tag, tag);
-  EXPECT_EQ(h->dtype, engine::DType::kI32);
-  EXPECT_EQ(h->shape, (engine::Shape{3, 5}));
-  EXPECT_EQ(h->bytes, 60u);
-}
-
-TEST(NcclHeaderTest, MakeTensorHeaderRejectsWhatCannotBeSent) {
-  engine::CpuBackend* cpu = engine::CpuBackend::Get();
-  const Tag tag{.job = kJob,
-                .step = 1,
-                .microbatch = 2,
-                .stage = 0,
-                .kind = TensorKind::kActivation};
-  EXPECT_EQ(MakeTensorHeader(tag, engine::Tensor()).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  absl::StatusOr<engine::Tensor> t = cpu->Empty({2}, engine::DType::kF32);
-  ASSERT_TRUE(t.ok());
-  Tag negative = tag;
-  negative.microbatch = -1;
-  EXPECT_THAT(MakeTensorHeader(negative, *t).status().message(),
-              HasSubstr("negative"));
-  absl::StatusOr<engine::Tensor> nine =
-      cpu->Empty({1, 1, 1, 1, 1, 1, 1, 1, 2}, engine::DType::kF32);
-  ASSERT_TRUE(nine.ok());
-  EXPECT_THAT(MakeTensorHeader(tag, *nine).status().message(),
-              HasSubstr("9 dimensions"));
-}
-
-// One check per rule of DecodeLinkMessage, each on an otherwise valid
-// message with one tensor header (which starts at byte 32).
+// One check per rule of DecodeLinkMessage's own, each on an otherwise
+// valid round of two tensor headers (the first at byte 32), and that each
+// tensor header is checked by DecodeTensorHeader, which
+// tests/transport/tensor_header_test.cc covers rule by rule.
 TEST(NcclHeaderTest, RejectsMalformedMessages) {
-  const std::string good = EncodeLinkMessage(Round(4, {Header(0, {2, 3})}));
+  const std::string good = EncodeLinkMessage(
+      Round(4, {Header(0, {2, 3}), Header(1, {4}, engine::DType::kI64)}));
   ASSERT_TRUE(DecodeLinkMessage(good, kJob, kMax).ok());
   struct Case {
     const char* what;
@@ -152,37 +146,24 @@ TEST(NcclHeaderTest, RejectsMalformedMessages) {
        absl::StatusCode::kFailedPrecondition, "job 8, expected 7"},
       {"kind", [](std::string* s) { (*s)[6] = 3; },
        absl::StatusCode::kInvalidArgument, "unknown kind 3"},
-      {"reserved", [](std::string* s) { (*s)[7] = 1; },
+      {"reserved u8", [](std::string* s) { (*s)[7] = 1; },
        absl::StatusCode::kInvalidArgument, "reserved"},
-      {"count", [](std::string* s) { Put32(s, 24, 2); },
-       absl::StatusCode::kInvalidArgument, "a round of 2 tensors"},
+      {"reserved u32", [](std::string* s) { (*s)[31] = 1; },
+       absl::StatusCode::kInvalidArgument, "reserved"},
+      {"count", [](std::string* s) { Put32(s, 24, 3); },
+       absl::StatusCode::kInvalidArgument, "a round of 3 tensors"},
       {"trailing", [](std::string* s) { s->push_back('\0'); },
        absl::StatusCode::kInvalidArgument, "bytes of headers"},
-      {"tensor kind", [](std::string* s) { (*s)[kFirstTensor] = 3; },
-       absl::StatusCode::kInvalidArgument, "unknown tensor kind"},
-      {"dtype", [](std::string* s) { (*s)[kFirstTensor + 1] = 100; },
-       absl::StatusCode::kInvalidArgument, "unknown dtype"},
-      {"ndim", [](std::string* s) { (*s)[kFirstTensor + 2] = 9; },
-       absl::StatusCode::kInvalidArgument, "9 dimensions"},
-      {"tensor reserved", [](std::string* s) { (*s)[kFirstTensor + 12] = 1; },
-       absl::StatusCode::kInvalidArgument, "reserved"},
-      {"negative step",
-       [](std::string* s) { Put64(s, kFirstTensor + 16, ~uint64_t{0}); },
-       absl::StatusCode::kInvalidArgument, "negative tag field"},
-      {"negative dim",
-       [](std::string* s) { Put64(s, kFirstTensor + 32, ~uint64_t{0}); },
-       absl::StatusCode::kInvalidArgument, "negative dimension"},
-      {"unused dim",
-       [](std::string* s) { Put64(s, kFirstTensor + 32 + 8 * 5, 1); },
-       absl::StatusCode::kInvalidArgument, "unused dimension 5"},
-      {"bytes", [](std::string* s) { Put64(s, kFirstTensor + 24, 25); },
-       absl::StatusCode::kInvalidArgument, "needs 24 bytes"},
-      {"overflow",
+      {"first tensor header", [](std::string* s) { (*s)[kFirstTensor] = 3; },
+       absl::StatusCode::kInvalidArgument,
+       "bad header-link message: tensor header 0 of 2: unknown tensor kind 3"},
+      {"second tensor header",
        [](std::string* s) {
-         Put64(s, kFirstTensor + 32, uint64_t{1} << 40);
-         Put64(s, kFirstTensor + 40, uint64_t{1} << 40);
+         Put64(s, kFirstTensor + kTensorHeaderSize + 24, 33);
        },
-       absl::StatusCode::kInvalidArgument, "overflows"},
+       absl::StatusCode::kInvalidArgument,
+       "bad header-link message: tensor header 1 of 2: I64[4] needs 32 bytes "
+       "but the header announces 33"},
   };
   for (const Case& c : cases) {
     std::string bytes = good;
@@ -198,7 +179,8 @@ TEST(NcclHeaderTest, RejectsTensorsOverTheLimit) {
   EXPECT_TRUE(DecodeLinkMessage(bytes, kJob, 4096).ok());
   absl::StatusOr<LinkMessage> m = DecodeLinkMessage(bytes, kJob, 4095);
   EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(m.status().message(), HasSubstr("more than the limit of 4095"));
+  EXPECT_THAT(m.status().message(),
+              HasSubstr("has 4096 bytes, which exceeds the limit of 4095"));
 }
 
 TEST(NcclHeaderTest, RejectsMalformedAbortsAndGoodbyes) {
@@ -212,12 +194,19 @@ TEST(NcclHeaderTest, RejectsMalformedAbortsAndGoodbyes) {
   Put32(&unknown_code, 24, 99);
   EXPECT_THAT(DecodeLinkMessage(unknown_code, kJob, kMax).status().message(),
               HasSubstr("status code 99"));
+  std::string with_round = abort;
+  Put64(&with_round, 16, 1);
+  EXPECT_THAT(DecodeLinkMessage(with_round, kJob, kMax).status().message(),
+              HasSubstr("abort with a round number"));
   std::string too_long = abort + std::string(kMaxLinkAbortMessageBytes, 'y');
   EXPECT_THAT(DecodeLinkMessage(too_long, kJob, kMax).status().message(),
               HasSubstr("at most 4096"));
 
   std::string goodbye = EncodeLinkMessage(GoodbyeMessage(kJob, 2));
   EXPECT_THAT(DecodeLinkMessage(goodbye + "z", kJob, kMax).status().message(),
+              HasSubstr("goodbye with a body"));
+  Put32(&goodbye, 24, 1);
+  EXPECT_THAT(DecodeLinkMessage(goodbye, kJob, kMax).status().message(),
               HasSubstr("goodbye with a body"));
 }
 

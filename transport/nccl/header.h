@@ -10,16 +10,13 @@
 //   0  u32 magic "CVYN"   4  u16 version   6  u8 kind   7  u8 zero
 //   8  u64 job           16  u64 round    24  u32 count  28  u32 zero
 // kRound:   `round` is the round number, `count` the number of tensor
-//           headers that follow (96 bytes each).
+//           headers that follow, kTensorHeaderSize (96) bytes each, in the
+//           encoding of transport/tensor_header.h, the same one a TCP frame
+//           header embeds.
 // kAbort:   `count` is the absl::StatusCode (not OK); the status message
 //           follows as the rest of the message (at most 4096 bytes).
 // kGoodbye: `round` is the number of rounds the sender proposed (it takes
 //           part in rounds below that and in no later one); no body.
-// Tensor header (96 bytes):
-//   0  u8 kind (TensorKind)  1  u8 dtype (engine::DType)  2  u8 ndim (<= 8)
-//   3  u8 zero               4  i32 microbatch            8  i32 stage
-//   12 u32 zero             16  i64 step                 24  u64 bytes
-//   32 i64[8] dims (unused: 0)
 //
 // Thread-safe: stateless functions.
 #ifndef CONVEYOR_TRANSPORT_NCCL_HEADER_H_
@@ -33,30 +30,16 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "engine/dtype.h"
-#include "engine/tensor.h"
 #include "transport/channel.h"
+#include "transport/tensor_header.h"
 
 namespace conveyor::transport {
 
 inline constexpr uint32_t kLinkMessageMagic = 0x4E595643;  // "CVYN"
 inline constexpr uint16_t kLinkMessageVersion = 1;
 inline constexpr size_t kLinkPreambleSize = 32;
-inline constexpr size_t kTensorHeaderSize = 96;
-inline constexpr int kMaxTensorHeaderDims = 8;
 // Abort messages are truncated to this; it also bounds what a reader keeps.
 inline constexpr size_t kMaxLinkAbortMessageBytes = 4096;
-
-// What a receiver needs to post the receive of one tensor before its bytes
-// arrive: where to file it (tag), and what to allocate.
-struct TensorHeader {
-  Tag tag;
-  engine::DType dtype = engine::DType::kF32;
-  engine::Shape shape;
-  uint64_t bytes = 0;  // numel * DTypeSize(dtype).
-
-  friend bool operator==(const TensorHeader&, const TensorHeader&) = default;
-};
 
 enum class LinkMessageKind : uint8_t { kRound = 0, kAbort = 1, kGoodbye = 2 };
 
@@ -74,24 +57,16 @@ LinkMessage RoundMessage(uint64_t job, uint64_t round,
 LinkMessage AbortMessage(uint64_t job, const absl::Status& status);
 LinkMessage GoodbyeMessage(uint64_t job, uint64_t rounds);
 
-// The header announcing `tensor` under `tag`. InvalidArgument for what can
-// never be sent: an undefined tensor, negative tag fields, more than
-// kMaxTensorHeaderDims dimensions.
-absl::StatusOr<TensorHeader> MakeTensorHeader(const Tag& tag,
-                                              const engine::Tensor& tensor);
-
 // Encodes a message. Abort messages are truncated to
 // kMaxLinkAbortMessageBytes; a kAbort with an OK status is a bug (aborts).
 std::string EncodeLinkMessage(const LinkMessage& message);
 
 // Decodes and fully validates a message: the magic (DataLoss), version and
 // job (FailedPrecondition), then the kind, reserved bytes, the size the
-// preamble implies, and for each tensor header its kind, dtype, ndim <= 8,
-// reserved bytes, tag fields >= 0, dims >= 0 (unused ones zero),
-// numel * dtype size == bytes without overflow, and bytes <=
-// max_tensor_bytes; an abort's code must be a known non-OK code
-// (InvalidArgument). A caller may allocate each header's `bytes` once this
-// returns OK.
+// preamble implies, each tensor header by DecodeTensorHeader's rules with
+// max_tensor_bytes as its limit, and an abort's code, which must be a known
+// non-OK code (InvalidArgument). A caller may allocate each header's `bytes`
+// once this returns OK.
 absl::StatusOr<LinkMessage> DecodeLinkMessage(absl::string_view bytes,
                                               uint64_t expected_job,
                                               uint64_t max_tensor_bytes);

@@ -2,42 +2,62 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/little_endian.h"
 
 namespace conveyor::transport {
 namespace {
 
-// Explicit byte order, so the format is the same on any host.
-void PutU16(uint8_t* p, uint16_t v) {
-  for (int i = 0; i < 2; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-void PutU32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-void PutU64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint16_t GetU16(const uint8_t* p) {
-  return static_cast<uint16_t>(p[0] | (p[1] << 8));
-}
-uint32_t GetU32(const uint8_t* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(p[i]) << (8 * i);
-  return v;
-}
-uint64_t GetU64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return v;
-}
-
-constexpr uint8_t kNumDTypes = static_cast<uint8_t>(engine::DType::kBool) + 1;
 constexpr uint32_t kMaxStatusCode =
     static_cast<uint32_t>(absl::StatusCode::kUnauthenticated);
 
 absl::Status Invalid(absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("bad frame header: ", what));
+}
+
+static_assert(kFrameHeaderSize == 120, "the layout in frame.h");
+
+bool IsTensorFrame(FrameKind kind) {
+  return kind == FrameKind::kActivation || kind == FrameKind::kGradient ||
+         kind == FrameKind::kPartialSum;
+}
+
+// The tensor kind a frame's tensor header carries: its own for a tensor
+// frame, kActivation (0, part of the zero tag) for any other.
+TensorKind TensorKindOf(FrameKind kind) {
+  switch (kind) {
+    case FrameKind::kGradient:
+      return TensorKind::kGradient;
+    case FrameKind::kPartialSum:
+      return TensorKind::kPartialSum;
+    case FrameKind::kActivation:
+    case FrameKind::kAbort:
+    case FrameKind::kGoodbye:
+    case FrameKind::kMessage:
+      break;
+  }
+  return TensorKind::kActivation;
+}
+
+absl::string_view FrameKindName(FrameKind kind) {
+  switch (kind) {
+    case FrameKind::kActivation:
+      return "activation";
+    case FrameKind::kGradient:
+      return "gradient";
+    case FrameKind::kAbort:
+      return "abort";
+    case FrameKind::kGoodbye:
+      return "goodbye";
+    case FrameKind::kMessage:
+      return "message";
+    case FrameKind::kPartialSum:
+      return "partial sum";
+  }
+  return "unknown";
 }
 
 }  // namespace
@@ -62,15 +82,8 @@ absl::string_view HelloResultName(HelloResult result) {
 
 absl::StatusOr<FrameHeader> TensorFrameHeader(const Tag& tag,
                                               const engine::Tensor& tensor) {
-  if (tag.step < 0 || tag.microbatch < 0 || tag.stage < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("negative field in the tag of the ", ToString(tag)));
-  }
-  if (tensor.rank() > kMaxFrameDims) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the ", ToString(tag), " has ", tensor.rank(),
-                     " dimensions; at most ", kMaxFrameDims, " can be sent"));
-  }
+  absl::StatusOr<TensorHeader> th = MakeTensorHeader(tag, tensor);
+  if (!th.ok()) return th.status();
   FrameHeader h;
   switch (tag.kind) {
     case TensorKind::kActivation:
@@ -83,13 +96,13 @@ absl::StatusOr<FrameHeader> TensorFrameHeader(const Tag& tag,
       h.kind = FrameKind::kPartialSum;
       break;
   }
-  h.dtype = tensor.dtype();
-  h.shape = tensor.shape();
+  h.dtype = th->dtype;
+  h.shape = std::move(th->shape);
   h.job = tag.job;
   h.step = tag.step;
   h.microbatch = tag.microbatch;
   h.stage = tag.stage;
-  h.payload_bytes = tensor.bytes();
+  h.payload_bytes = th->bytes;
   return h;
 }
 
@@ -197,17 +210,17 @@ void EncodeFrameHeader(const FrameHeader& h, FrameHeaderBytes* out) {
   PutU32(p, kFrameMagic);
   PutU16(p + 4, kWireVersion);
   p[6] = static_cast<uint8_t>(h.kind);
-  p[7] = static_cast<uint8_t>(h.dtype);
-  p[8] = static_cast<uint8_t>(h.shape.size());
-  PutU32(p + 12, static_cast<uint32_t>(h.microbatch));
-  PutU32(p + 16, static_cast<uint32_t>(h.stage));
-  PutU32(p + 20, h.status_code);
-  PutU64(p + 24, h.job);
-  PutU64(p + 32, static_cast<uint64_t>(h.step));
-  PutU64(p + 40, h.payload_bytes);
-  for (size_t i = 0; i < h.shape.size() && i < kMaxFrameDims; ++i) {
-    PutU64(p + 48 + 8 * i, static_cast<uint64_t>(h.shape[i]));
-  }
+  PutU32(p + 8, h.status_code);
+  PutU64(p + 16, h.job);
+  EncodeTensorHeader({.tag = {.job = h.job,
+                              .step = h.step,
+                              .microbatch = h.microbatch,
+                              .stage = h.stage,
+                              .kind = TensorKindOf(h.kind)},
+                      .dtype = h.dtype,
+                      .shape = h.shape,
+                      .bytes = h.payload_bytes},
+                     p + kFramePreambleSize);
 }
 
 absl::StatusOr<FrameHeader> DecodeFrameHeader(const FrameHeaderBytes& bytes,
@@ -225,92 +238,84 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(const FrameHeaderBytes& bytes,
                      ", expected ", kWireVersion));
   }
   FrameHeader h;
-  h.job = GetU64(p + 24);
+  h.job = GetU64(p + 16);
   if (h.job != expected_job) {
     return absl::FailedPreconditionError(absl::StrCat(
         "bad frame header: job ", h.job, ", expected ", expected_job));
   }
-  const uint8_t kind = p[6], dtype = p[7], ndim = p[8];
+  const uint8_t kind = p[6];
   if (kind > static_cast<uint8_t>(FrameKind::kPartialSum)) {
     return Invalid(absl::StrCat("unknown kind ", kind));
   }
-  if (dtype >= kNumDTypes)
-    return Invalid(absl::StrCat("unknown dtype ", dtype));
-  if (ndim > kMaxFrameDims) {
-    return Invalid(absl::StrCat(ndim, " dimensions, at most ", kMaxFrameDims));
-  }
-  if (p[9] != 0 || p[10] != 0 || p[11] != 0) {
+  if (p[7] != 0 || GetU32(p + 12) != 0) {
     return Invalid("reserved bytes are not zero");
   }
   h.kind = static_cast<FrameKind>(kind);
-  h.dtype = static_cast<engine::DType>(dtype);
-  h.microbatch = static_cast<int32_t>(GetU32(p + 12));
-  h.stage = static_cast<int32_t>(GetU32(p + 16));
-  h.status_code = GetU32(p + 20);
-  h.step = static_cast<int64_t>(GetU64(p + 32));
-  h.payload_bytes = GetU64(p + 40);
-  if (h.step < 0 || h.microbatch < 0 || h.stage < 0) {
-    return Invalid(absl::StrCat("negative tag field (step ", h.step,
-                                ", microbatch ", h.microbatch, ", stage ",
-                                h.stage, ")"));
-  }
-  h.shape.resize(ndim);
-  for (int i = 0; i < kMaxFrameDims; ++i) {
-    const auto dim = static_cast<int64_t>(GetU64(p + 48 + 8 * i));
-    if (i >= ndim) {
-      if (dim != 0)
-        return Invalid(absl::StrCat("unused dimension ", i, " set"));
-      continue;
+  h.status_code = GetU32(p + 8);
+  // A tensor frame's payload is bounded by the caller's limit here; the
+  // other kinds' byte strings by their own, smaller limits below, with
+  // errors that say which.
+  absl::StatusOr<TensorHeader> th = DecodeTensorHeader(
+      p + kFramePreambleSize, h.job,
+      IsTensorFrame(h.kind) ? max_payload_bytes
+                            : std::numeric_limits<uint64_t>::max());
+  if (!th.ok()) return Invalid(th.status().message());
+  h.dtype = th->dtype;
+  h.step = th->tag.step;
+  h.microbatch = th->tag.microbatch;
+  h.stage = th->tag.stage;
+  h.payload_bytes = th->bytes;
+  h.shape = std::move(th->shape);
+  if (IsTensorFrame(h.kind)) {
+    if (th->tag.kind != TensorKindOf(h.kind)) {
+      return Invalid(absl::StrCat(FrameKindName(h.kind),
+                                  " frame with a tensor header of kind ",
+                                  static_cast<int>(th->tag.kind)));
     }
-    if (dim < 0) {
-      return Invalid(absl::StrCat("negative dimension ", dim));
-    }
-    h.shape[i] = dim;
+    if (h.status_code != 0) return Invalid("status code on a tensor frame");
+    return h;
   }
-  // The product is what the reader will allocate, so it must equal the
-  // announced payload.
-  absl::StatusOr<uint64_t> shape_bytes = engine::ShapeBytes(h.shape, h.dtype);
-  if (!shape_bytes.ok()) return Invalid(shape_bytes.status().message());
-  const uint64_t bytes_needed = *shape_bytes;
-  if (bytes_needed != h.payload_bytes) {
-    return Invalid(absl::StrCat(
-        engine::DTypeName(h.dtype), engine::ShapeString(h.shape), " needs ",
-        bytes_needed, " bytes but the frame announces ", h.payload_bytes));
+  // A byte string under a zero tag: anything else would be a second
+  // encoding of the same frame, or a tensor frame in disguise.
+  if (th->tag.kind != TensorKind::kActivation || h.step != 0 ||
+      h.microbatch != 0 || h.stage != 0) {
+    return Invalid(
+        absl::StrCat(FrameKindName(h.kind), " frame with a tag (kind ",
+                     static_cast<int>(th->tag.kind), ", step ", h.step,
+                     ", microbatch ", h.microbatch, ", stage ", h.stage, ")"));
   }
+  const bool byte_string = h.dtype == engine::DType::kU8 && h.shape.size() == 1;
   switch (h.kind) {
-    case FrameKind::kActivation:
-    case FrameKind::kGradient:
-    case FrameKind::kPartialSum:
-      if (h.status_code != 0) return Invalid("status code on a tensor frame");
-      if (h.payload_bytes > max_payload_bytes) {
-        return Invalid(absl::StrCat("payload of ", h.payload_bytes,
-                                    " bytes exceeds the limit of ",
-                                    max_payload_bytes));
-      }
-      break;
     case FrameKind::kAbort:
       if (h.status_code == 0 || h.status_code > kMaxStatusCode) {
         return Invalid(
             absl::StrCat("abort frame with status code ", h.status_code));
       }
-      if (h.dtype != engine::DType::kU8 || ndim != 1 ||
-          h.payload_bytes > kMaxAbortMessageBytes) {
-        return Invalid("abort frame is not a U8 message of at most 4096 bytes");
+      if (!byte_string || h.payload_bytes > kMaxAbortMessageBytes) {
+        return Invalid(
+            absl::StrCat("abort frame is not a U8 message of at most ",
+                         kMaxAbortMessageBytes, " bytes"));
       }
       break;
     case FrameKind::kGoodbye:
       if (h.status_code != 0 || h.payload_bytes != 0) {
         return Invalid("goodbye frame with a payload");
       }
+      if (!byte_string)
+        return Invalid("goodbye frame is not an empty U8 message");
       break;
     case FrameKind::kMessage:
-      if (h.status_code != 0 || h.dtype != engine::DType::kU8 || ndim != 1 ||
+      if (h.status_code != 0 || !byte_string ||
           h.payload_bytes > kMaxMessageBytes) {
         return Invalid(
             absl::StrCat("message frame is not a U8 message of at most ",
                          kMaxMessageBytes, " bytes"));
       }
       break;
+    case FrameKind::kActivation:
+    case FrameKind::kGradient:
+    case FrameKind::kPartialSum:
+      break;  // Returned above.
   }
   return h;
 }

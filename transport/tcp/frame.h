@@ -14,21 +14,35 @@
 //   24 u8[64] secret, zero-padded
 // HelloAck (8 bytes), acceptor -> connector:
 //   0  u32 magic "CVYA"     4  u16 version        6  u16 HelloResult
-// Frame header (112 bytes), then `payload bytes` of payload:
-//   0  u32 magic "CVYF"     4  u16 version        6  u8 kind
-//   7  u8 dtype (engine::DType)                   8  u8 ndim (<= 8)
-//   9  u8[3] zero          12  i32 microbatch     16  i32 stage
-//   20 u32 status code (abort frames; else 0)     24 u64 job
-//   32 i64 step            40 u64 payload bytes   48 i64[8] dims (unused: 0)
+// Frame header (120 bytes), then `payload bytes` of payload: a preamble,
+// then a tensor header (transport/tensor_header.h, the encoding the NCCL
+// header link uses too) that describes the payload:
+//   0  u32 magic "CVYF"     4  u16 version        6  u8 kind (FrameKind)
+//   7  u8 zero              8  u32 status code (abort frames; else 0)
+//   12 u32 zero            16  u64 job
+//   24 tensor header (96 bytes), so at frame offsets:
+//      24 u8 tensor kind    25 u8 dtype           26 u8 ndim (<= 8)
+//      27 u8 zero           28 i32 microbatch     32 i32 stage
+//      36 u32 zero          40 i64 step           48 u64 payload bytes
+//      56 i64[8] dims (unused: 0)
 //
-// Frame kinds: an activation or gradient carries a tensor; an abort frame
-// carries the sender's abort status (its code, and its message as the U8
-// payload) so every worker fails with the original reason; a goodbye frame
-// (empty) says the sender closed its channel on purpose, so the reader does
-// not take the following end of file for a lost peer; a message frame
-// carries opaque bytes (U8, at most kMaxMessageBytes) for the channel's
-// message handler: the NCCL channel's tensor headers ride on them
-// (tcp_header_link.h), in order with the frames before and after.
+// Frame kinds: an activation, gradient or partial sum carries a tensor,
+// which the tensor header describes (its tensor kind must match the frame
+// kind); an abort frame carries the sender's abort status (its code, and
+// its message as the payload) so every worker fails with the original
+// reason; a goodbye frame (empty) says the sender closed its channel on
+// purpose, so the reader does not take the following end of file for a lost
+// peer; a message frame carries opaque bytes (at most kMaxMessageBytes) for
+// the channel's message handler: the NCCL channel's tensor headers ride on
+// them (tcp_header_link.h), in order with the frames before and after.
+//
+// Every frame's tensor header describes its payload, so one set of rules
+// (the byte count matches the shape, and is bounded before anything is
+// allocated) covers every payload a reader reads. The payload of an abort,
+// goodbye or message frame is a byte string: its tensor header says U8 of
+// shape {n} under a zero tag (kind activation, step, microbatch and stage
+// 0), and the decoder insists on exactly that, so every valid frame has a
+// single encoding.
 //
 // The secret travels in the clear: it keeps stray processes and other jobs
 // off the data plane, not eavesdroppers (run jobs on a private network). In
@@ -52,18 +66,23 @@
 #include "engine/dtype.h"
 #include "engine/tensor.h"
 #include "transport/channel.h"
+#include "transport/tensor_header.h"
 
 namespace conveyor::transport {
 
 inline constexpr uint32_t kHelloMagic = 0x48595643;     // "CVYH"
 inline constexpr uint32_t kHelloAckMagic = 0x41595643;  // "CVYA"
 inline constexpr uint32_t kFrameMagic = 0x46595643;     // "CVYF"
-inline constexpr uint16_t kWireVersion = 1;
+// 2: the frame header embeds the shared tensor header (120 bytes, was 112).
+inline constexpr uint16_t kWireVersion = 2;
 inline constexpr size_t kHelloSize = 88;
 inline constexpr size_t kHelloAckSize = 8;
-inline constexpr size_t kFrameHeaderSize = 112;
+// The frame header: its preamble, then the payload's tensor header.
+inline constexpr size_t kFramePreambleSize = 24;
+inline constexpr size_t kFrameHeaderSize =
+    kFramePreambleSize + kTensorHeaderSize;
 inline constexpr size_t kMaxSecretBytes = 64;
-inline constexpr int kMaxFrameDims = 8;
+inline constexpr int kMaxFrameDims = kMaxTensorHeaderDims;
 // Abort messages are truncated to this; the limit also bounds what a reader
 // allocates for one.
 inline constexpr size_t kMaxAbortMessageBytes = 4096;
@@ -119,9 +138,9 @@ struct FrameHeader {
 };
 
 // The header announcing `tensor` under `tag`. InvalidArgument when the tag
-// or tensor cannot be sent (negative tag fields, more than kMaxFrameDims
-// dimensions): checked at Send, so the error reaches the caller instead of
-// the peer.
+// or tensor cannot be sent (MakeTensorHeader: an undefined tensor, negative
+// tag fields, more than kMaxFrameDims dimensions): checked at Send, so the
+// error reaches the caller instead of the peer.
 absl::StatusOr<FrameHeader> TensorFrameHeader(const Tag& tag,
                                               const engine::Tensor& tensor);
 // An abort frame for `status` (not OK); its payload is AbortPayload(status).
@@ -147,13 +166,17 @@ absl::StatusOr<HelloResult> DecodeHelloAck(const HelloAckBytes& bytes);
 void EncodeFrameHeader(const FrameHeader& header, FrameHeaderBytes* out);
 
 // Decodes and fully validates a header before any payload is read: the
-// magic (DataLoss), the version, job (FailedPrecondition), then kind, dtype,
-// ndim <= 8, reserved bytes zero, dims >= 0 with unused dims zero, tag
-// fields >= 0, numel * dtype size == payload bytes without overflow, and
-// payload bytes <= max_payload_bytes (abort frames: <= kMaxAbortMessageBytes;
-// goodbye frames: empty; message frames: U8, <= kMaxMessageBytes)
-// (InvalidArgument). A caller may allocate
-// `payload_bytes` once this returns OK.
+// magic (DataLoss), the version, job (FailedPrecondition), then the frame
+// kind and reserved bytes, the tensor header by DecodeTensorHeader's rules
+// (kind, dtype, ndim <= 8, reserved bytes zero, tag fields >= 0, dims >= 0
+// with unused dims zero, numel * dtype size == payload bytes without
+// overflow), and the frame kind's own: tensor frames have no status code, a
+// tensor kind that matches the frame kind, and payload bytes <=
+// max_payload_bytes; abort, goodbye and message frames have a zero tag and
+// a U8 payload of shape {n}, an abort frame a known non-OK status code and
+// at most kMaxAbortMessageBytes, a goodbye frame none and no payload, a
+// message frame none and at most kMaxMessageBytes (InvalidArgument). A
+// caller may allocate `payload_bytes` once this returns OK.
 absl::StatusOr<FrameHeader> DecodeFrameHeader(const FrameHeaderBytes& bytes,
                                               uint64_t expected_job,
                                               uint64_t max_payload_bytes);
