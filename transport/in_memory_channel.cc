@@ -1,71 +1,59 @@
 #include "transport/in_memory_channel.h"
 
+#include <optional>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
+#include "transport/mailbox.h"
 
 namespace conveyor::transport {
 
 class InMemoryHub::Endpoint final : public Channel {
  public:
-  Endpoint(InMemoryHub* hub, int rank) : hub_(hub), rank_(rank) {}
+  Endpoint(InMemoryHub* hub, int rank)
+      : hub_(hub), rank_(rank), mailbox_(rank) {}
 
   absl::Status Send(int to, const Tag& tag,
                     const engine::Tensor& tensor) override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (!aborted_.ok()) return aborted_;
     }
     if (to < 0 || to >= static_cast<int>(hub_->endpoints_.size())) {
       return absl::InvalidArgumentError(
           absl::StrCat("rank ", rank_, " sends to unknown rank ", to));
     }
-    return hub_->endpoints_[to]->Deliver(tag, tensor);
+    return hub_->endpoints_[to]->Deliver(tag, tensor, rank_);
   }
 
   absl::StatusOr<engine::Tensor> Recv(
       const Tag& tag, std::chrono::milliseconds timeout) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    const bool arrived = cv_.wait_for(lock, timeout, [&] {
-      return !aborted_.ok() || mailbox_.count(tag) > 0;
-    });
-    if (!aborted_.ok()) return aborted_;
-    if (!arrived) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("rank ", rank_, " waited ", timeout.count(),
-                       " ms for the ", ToString(tag)));
-    }
-    auto node = mailbox_.extract(tag);
-    return std::move(node.mapped());
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<std::optional<engine::Tensor>> t =
+        mailbox_.Await(mu_, aborted_, tag, timeout);
+    if (!t.ok()) return t.status();
+    if (!t->has_value()) return mailbox_.TimeoutError(tag, timeout);
+    return **std::move(t);
   }
 
   void Abort(const absl::Status& status) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (aborted_.ok()) aborted_ = status;
-      mailbox_.clear();
-    }
-    cv_.notify_all();
+    absl::MutexLock lock(&mu_);
+    if (aborted_.ok()) aborted_ = status;
+    mailbox_.Clear();
   }
 
  private:
-  absl::Status Deliver(const Tag& tag, const engine::Tensor& tensor) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!aborted_.ok()) return aborted_;
-      if (!mailbox_.emplace(tag, tensor).second) {
-        return absl::InternalError(absl::StrCat(
-            "rank ", rank_, " received the ", ToString(tag), " twice"));
-      }
-    }
-    cv_.notify_all();
-    return absl::OkStatus();
+  absl::Status Deliver(const Tag& tag, const engine::Tensor& tensor, int from) {
+    absl::MutexLock lock(&mu_);
+    if (!aborted_.ok()) return aborted_;
+    return mailbox_.File(tag, tensor, from);
   }
 
   InMemoryHub* hub_;
   const int rank_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<Tag, engine::Tensor> mailbox_;  // Guarded by mu_.
-  absl::Status aborted_;                   // Guarded by mu_.
+  absl::Mutex mu_;
+  Mailbox mailbox_ ABSL_GUARDED_BY(mu_);
+  absl::Status aborted_ ABSL_GUARDED_BY(mu_);
 };
 
 InMemoryHub::InMemoryHub(int ranks) {

@@ -7,10 +7,8 @@
 #ifndef CONVEYOR_TRANSPORT_IN_MEMORY_CHANNEL_H_
 #define CONVEYOR_TRANSPORT_IN_MEMORY_CHANNEL_H_
 
-#include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "transport/channel.h"

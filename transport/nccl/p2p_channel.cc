@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
+#include "transport/mailbox.h"
 #include "transport/nccl/header.h"
 
 namespace conveyor::transport {
@@ -36,13 +37,6 @@ constexpr absl::Duration kIdleCheck = absl::Milliseconds(100);
 // At most this many operations are named in a stall message.
 constexpr size_t kDescribedOps = 4;
 
-// A status with `context` put in front of the message, same code.
-absl::Status WithContext(const absl::Status& status,
-                         absl::string_view context) {
-  return absl::Status(status.code(),
-                      absl::StrCat(context, ": ", status.message()));
-}
-
 int64_t Millis(Clock::duration d) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
 }
@@ -59,7 +53,8 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
         comm_(std::move(comm)),
         link_(link),
         peers_(std::move(peers)),
-        peer_state_(world_size_) {
+        peer_state_(world_size_),
+        mailbox_(rank_) {
     for (int p : peers_) peer_state_[p].is_peer = true;
   }
 
@@ -130,28 +125,18 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
   absl::StatusOr<engine::Tensor> Recv(const Tag& tag,
                                       std::chrono::milliseconds timeout) {
     absl::MutexLock lock(&mu_);
-    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return !status_.ok() || mailbox_.count(tag) > 0;
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&ready), absl::FromChrono(timeout));
-    if (!status_.ok()) {
-      return WithContext(
-          status_,
-          absl::StrCat("rank ", rank_, " waiting for the ", ToString(tag)));
-    }
-    auto node = mailbox_.extract(tag);
-    if (!node.empty()) return std::move(node.mapped());
+    ASSIGN_OR_RETURN(std::optional<engine::Tensor> arrived,
+                     mailbox_.Await(mu_, status_, tag, timeout));
+    if (arrived.has_value()) return *std::move(arrived);
     // Say how far the tensor got: a peer that never announced it did not
     // send it (or is hung); an announced one is stuck in transfer.
     auto announced = announced_.find(tag);
-    const std::string where =
+    const absl::Status timed_out = mailbox_.TimeoutError(
+        tag, timeout,
         announced == announced_.end()
             ? std::string("no peer has announced it")
             : absl::StrCat("announced by rank ", announced->second,
-                           ", its transfer has not completed");
-    const absl::Status timed_out = absl::DeadlineExceededError(
-        absl::StrCat("rank ", rank_, " waited ", timeout.count(),
-                     " ms for the ", ToString(tag), " (", where, ")"));
+                           ", its transfer has not completed"));
     if (options_.abort_on_recv_timeout) SetStatusLocked(timed_out);
     Observe(DataPlaneObserver::Error::kTimeout);
     return timed_out;
@@ -243,18 +228,16 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
 
   void SetStatusLocked(const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (status_.ok()) status_ = status;
+    if (!status_.ok()) return;
+    status_ = status;
+    // Tensors that arrived are of no use to a failed job; free them now.
+    mailbox_.Clear();
   }
 
   absl::Status FileLocked(const Tag& tag, engine::Tensor tensor, int from)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!status_.ok()) return status_;
-    if (!mailbox_.emplace(tag, std::move(tensor)).second) {
-      return absl::InternalError(
-          absl::StrCat("rank ", rank_, " received the ", ToString(tag),
-                       " twice (again from rank ", from, ")"));
-    }
-    return absl::OkStatus();
+    return mailbox_.File(tag, std::move(tensor), from);
   }
 
   // --- Progress thread -------------------------------------------------------
@@ -669,7 +652,7 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
 
   mutable absl::Mutex mu_;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
-  std::map<Tag, engine::Tensor> mailbox_ ABSL_GUARDED_BY(mu_);
+  Mailbox mailbox_ ABSL_GUARDED_BY(mu_);
   std::map<Tag, int> announced_ ABSL_GUARDED_BY(mu_);  // Tag -> sender.
   std::deque<OutgoingSend> outbox_ ABSL_GUARDED_BY(mu_);
   std::deque<Incoming> inbox_ ABSL_GUARDED_BY(mu_);

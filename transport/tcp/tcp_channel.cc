@@ -21,6 +21,7 @@
 #include "common/log_rate_limiter.h"
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
+#include "transport/mailbox.h"
 #include "transport/tcp/frame.h"
 
 namespace conveyor::transport {
@@ -143,13 +144,6 @@ absl::Status HelloRejection(HelloResult result, std::string message) {
   }
 }
 
-// An abort status with `context` put in front of the message, same code.
-absl::Status WithContext(const absl::Status& status,
-                         absl::string_view context) {
-  return absl::Status(status.code(),
-                      absl::StrCat(context, ": ", status.message()));
-}
-
 }  // namespace
 
 class TcpChannel::Impl {
@@ -162,7 +156,8 @@ class TcpChannel::Impl {
         linger_timer_(io_),
         said_goodbye_(config.world_size, false),
         in_connected_(config.world_size, false),
-        peer_addresses_(config.world_size) {
+        peer_addresses_(config.world_size),
+        mailbox_(config.rank) {
     for (int r = 0; r < config.world_size; ++r) {
       out_.push_back(std::make_unique<OutLink>(io_, r));
     }
@@ -304,7 +299,9 @@ class TcpChannel::Impl {
       if (!s.ok()) return s;
       payload = *std::move(host);
     }
-    if (to == config_.rank) return Deliver(tag, std::move(payload));
+    if (to == config_.rank) {
+      return Deliver(tag, std::move(payload), config_.rank);
+    }
 
     auto frame = std::make_shared<OutFrame>();
     EncodeFrameHeader(*header, &frame->header);
@@ -390,27 +387,18 @@ class TcpChannel::Impl {
     engine::Tensor tensor;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !status_.ok() || mailbox_.count(tag) > 0;
-      };
-      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::FromChrono(timeout));
-      if (!status_.ok()) {
-        return WithContext(
-            status_, absl::StrCat("rank ", config_.rank, " waiting for the ",
-                                  ToString(tag)));
-      }
-      auto node = mailbox_.extract(tag);
-      if (node.empty()) {
-        const absl::Status timed_out = absl::DeadlineExceededError(
-            absl::StrCat("rank ", config_.rank, " waited ", timeout.count(),
-                         " ms for the ", ToString(tag)));
+      absl::StatusOr<std::optional<engine::Tensor>> arrived =
+          mailbox_.Await(mu_, status_, tag, timeout);
+      if (!arrived.ok()) return arrived.status();
+      if (!arrived->has_value()) {
+        const absl::Status timed_out = mailbox_.TimeoutError(tag, timeout);
         if (config_.abort_on_recv_timeout) {
           SetAbortStatus(timed_out);
         }
         Observe(DataPlaneObserver::Error::kTimeout);
         return timed_out;
       }
-      tensor = std::move(node.mapped());
+      tensor = **std::move(arrived);
     }
     // Host memory serves every CPU backend (fp32 or bf16 GEMMs alike).
     if (IsHost(backend_)) return tensor;
@@ -513,7 +501,7 @@ class TcpChannel::Impl {
     status_ =
         status.ok() ? absl::AbortedError("aborted with an OK status") : status;
     // Tensors that arrived are of no use to an aborted job; free them now.
-    mailbox_.clear();
+    mailbox_.Clear();
     SPDLOG_WARN("transport: rank {} aborts: {}", config_.rank,
                 std::string(status_.message()));
     asio::post(io_, [this, s = status_] {
@@ -541,15 +529,11 @@ class TcpChannel::Impl {
     }
   }
 
-  absl::Status Deliver(const Tag& tag, engine::Tensor tensor)
+  absl::Status Deliver(const Tag& tag, engine::Tensor tensor, int from)
       ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     if (!status_.ok()) return status_;
-    if (!mailbox_.emplace(tag, std::move(tensor)).second) {
-      return absl::InternalError(absl::StrCat(
-          "rank ", config_.rank, " received the ", ToString(tag), " twice"));
-    }
-    return absl::OkStatus();
+    return mailbox_.File(tag, std::move(tensor), from);
   }
 
   // --- I/O thread: names ----------------------------------------------------
@@ -964,7 +948,7 @@ class TcpChannel::Impl {
     if (config_.observer != nullptr) {
       config_.observer->OnReceived(link->rank, link->tensor.bytes());
     }
-    absl::Status s = Deliver(tag, std::move(link->tensor));
+    absl::Status s = Deliver(tag, std::move(link->tensor), link->rank);
     link->tensor = engine::Tensor();
     if (!s.ok()) {
       if (s.code() == absl::StatusCode::kInternal) {
@@ -1120,7 +1104,7 @@ class TcpChannel::Impl {
 
   mutable absl::Mutex mu_;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
-  std::map<Tag, engine::Tensor> mailbox_ ABSL_GUARDED_BY(mu_);
+  Mailbox mailbox_ ABSL_GUARDED_BY(mu_);
   bool connect_called_ ABSL_GUARDED_BY(mu_) = false;
   bool connected_ ABSL_GUARDED_BY(mu_) = false;
   int connects_pending_ ABSL_GUARDED_BY(mu_) = 0;
