@@ -1,7 +1,9 @@
 #include "transport/tcp/tcp_channel.h"
 
-#include <sys/mman.h>  // madvise
-#include <unistd.h>    // sysconf
+#include <sys/mman.h>    // madvise
+#include <sys/socket.h>  // sendmsg
+#include <sys/uio.h>     // iovec
+#include <unistd.h>      // sysconf
 
 #include <algorithm>
 #include <asio.hpp>  // io_context, ip::tcp, steady_timer, async_read/write
@@ -309,7 +311,16 @@ class TcpChannel::Impl {
     if (config_.observer != nullptr) {
       frame->queued = std::chrono::steady_clock::now();
     }
-    asio::post(io_, [this, to, frame] { Enqueue(out_[to].get(), frame); });
+    OutLink* l = out_[to].get();
+    const Direct direct = frame->size() <= config_.direct_write_max_bytes
+                              ? TryDirect(l, frame)
+                              : Direct::kBusy;
+    if (direct == Direct::kWritten && config_.observer != nullptr) {
+      config_.observer->OnSent(
+          to, frame->tensor.bytes(),
+          std::chrono::steady_clock::now() - frame->queued);
+    }
+    if (direct == Direct::kBusy) Post(l, std::move(frame));
     return absl::OkStatus();
   }
 
@@ -338,7 +349,7 @@ class TcpChannel::Impl {
                       &frame->header);
     frame->message = std::move(message);
     frame->droppable = true;
-    asio::post(io_, [this, to, frame] { Enqueue(out_[to].get(), frame); });
+    Post(out_[to].get(), std::move(frame));
     return absl::OkStatus();
   }
 
@@ -449,6 +460,23 @@ class TcpChannel::Impl {
     bool droppable = false;
     bool final = false;  // Abort or goodbye: close the link after it.
     std::chrono::steady_clock::time_point queued;  // Tensor frames.
+    // Bytes already written (by a direct write the kernel took in part).
+    uint64_t offset = 0;
+
+    uint64_t size() const {
+      return kFrameHeaderSize +
+             (tensor.defined() ? tensor.bytes() : message.size());
+    }
+    // What is left to write: the header and the payload from `offset` on.
+    std::array<asio::const_buffer, 2> Remaining() const {
+      const asio::const_buffer payload =
+          tensor.defined() ? asio::const_buffer(tensor.raw(), tensor.bytes())
+                           : asio::buffer(message);
+      if (offset < kFrameHeaderSize) {
+        return {asio::buffer(header) + offset, payload};
+      }
+      return {payload + (offset - kFrameHeaderSize), asio::const_buffer()};
+    }
   };
 
   // The connection this rank opened to send to one peer. I/O thread only.
@@ -471,6 +499,18 @@ class TcpChannel::Impl {
     std::deque<std::shared_ptr<OutFrame>> queue;
     bool writing = false;       // queue.front() is being written.
     bool final_queued = false;  // Abort or goodbye queued: no more frames.
+
+    // Shared with the threads that Send: the direct-write fast path. A
+    // sender writes itself only while `direct` is set and nothing is posted;
+    // the I/O thread clears `direct` (holding the lock) before it writes or
+    // closes the socket, so the two never write at once.
+    absl::Mutex direct_mu;
+    // Ready, idle, nothing queued: the I/O thread's verdict (MaybeWrite).
+    bool direct ABSL_GUARDED_BY(direct_mu) = false;
+    // Frames posted to the I/O thread and not yet queued.
+    int posted ABSL_GUARDED_BY(direct_mu) = 0;
+    // A frame a direct write left part of: written next, before any other.
+    std::shared_ptr<OutFrame> rest ABSL_GUARDED_BY(direct_mu);
   };
 
   // A connection a peer opened to send to this rank. Shared by its pending
@@ -673,6 +713,10 @@ class TcpChannel::Impl {
   // left to send to it, the job lost a rank; give its own abort frame, if
   // any, a moment to arrive first.
   void OutLinkLost(OutLink* l, const asio::error_code& ec) {
+    {
+      absl::MutexLock lock(&l->direct_mu);
+      TakeRest(l);
+    }
     // Message frames to a peer that closed may go unread (see OutFrame).
     const bool undelivered = std::any_of(
         l->queue.begin(), l->queue.end(),
@@ -694,6 +738,57 @@ class TcpChannel::Impl {
 
   // --- I/O thread: writing --------------------------------------------------
 
+  enum class Direct {
+    kBusy,     // Not idle: nothing written; post the frame.
+    kWritten,  // The kernel took all of it.
+    kPartly,   // The I/O thread writes the rest, before anything else.
+  };
+
+  // Caller's thread: writes `frame` now if `l` is idle, without blocking.
+  Direct TryDirect(OutLink* l, const std::shared_ptr<OutFrame>& frame) {
+    {
+      absl::MutexLock lock(&l->direct_mu);
+      if (!l->direct || l->posted > 0) return Direct::kBusy;
+      const std::array<asio::const_buffer, 2> buffers = frame->Remaining();
+      iovec iov[2];
+      for (int i = 0; i < 2; ++i) {
+        iov[i].iov_base = const_cast<void*>(buffers[i].data());
+        iov[i].iov_len = buffers[i].size();
+      }
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = 2;
+      const ssize_t n = ::sendmsg(l->socket.native_handle(), &msg,
+                                  MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n >= 0 && static_cast<uint64_t>(n) == frame->size()) {
+        return Direct::kWritten;
+      }
+      // Full socket buffer or an error: the I/O thread writes the rest, and
+      // meets the error (if any) on its own write.
+      frame->offset = n > 0 ? static_cast<uint64_t>(n) : 0;
+      l->rest = frame;
+      l->direct = false;
+    }
+    asio::post(io_, [this, l] { MaybeWrite(l); });
+    return Direct::kPartly;
+  }
+
+  // Caller's thread: hands `frame` to the I/O thread, in order with the
+  // caller's other frames to `l`.
+  void Post(OutLink* l, std::shared_ptr<OutFrame> frame) {
+    {
+      absl::MutexLock lock(&l->direct_mu);
+      ++l->posted;
+    }
+    asio::post(io_, [this, l, frame = std::move(frame)]() mutable {
+      {
+        absl::MutexLock lock(&l->direct_mu);
+        --l->posted;
+      }
+      Enqueue(l, std::move(frame));
+    });
+  }
+
   void Enqueue(OutLink* l, std::shared_ptr<OutFrame> frame) {
     if (said_goodbye_[l->rank] && frame->droppable) return;
     if (said_goodbye_[l->rank] && !abort_handled_ && !closing_) {
@@ -709,20 +804,28 @@ class TcpChannel::Impl {
     MaybeWrite(l);
   }
 
+  // Puts a direct write's remainder at the front of the queue: its first
+  // bytes are on the wire already.
+  void TakeRest(OutLink* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->direct_mu) {
+    if (l->rest == nullptr) return;
+    l->queue.push_front(std::move(l->rest));
+    l->rest = nullptr;
+  }
+
   void MaybeWrite(OutLink* l) {
-    if (l->writing || l->state != OutLink::State::kReady || l->queue.empty()) {
+    absl::MutexLock lock(&l->direct_mu);
+    TakeRest(l);
+    const bool idle = l->state == OutLink::State::kReady && !l->writing;
+    if (!idle || l->queue.empty()) {
+      l->direct = idle && l->queue.empty() && !l->final_queued &&
+                  !said_goodbye_[l->rank] && !abort_handled_ && !closing_;
       return;
     }
+    l->direct = false;
     l->writing = true;
-    const OutFrame& f = *l->queue.front();
     // Header and payload in one gather write: no staging copy of the tensor.
-    const std::array<asio::const_buffer, 2> buffers = {
-        asio::buffer(f.header),
-        f.tensor.defined()
-            ? asio::const_buffer(f.tensor.raw(), f.tensor.bytes())
-            : asio::buffer(f.message)};
     asio::async_write(
-        l->socket, buffers, TransferAllUnbounded(),
+        l->socket, l->queue.front()->Remaining(), TransferAllUnbounded(),
         [this, l](const asio::error_code& ec, size_t) {
           l->writing = false;
           if (l->state == OutLink::State::kClosed) {
@@ -751,6 +854,12 @@ class TcpChannel::Impl {
   }
 
   void CloseOutLink(OutLink* l) {
+    {
+      // No direct write may be using the socket as it closes.
+      absl::MutexLock lock(&l->direct_mu);
+      l->direct = false;
+      l->rest = nullptr;
+    }
     l->state = OutLink::State::kClosed;
     asio::error_code ignored;
     l->socket.close(ignored);
@@ -938,7 +1047,8 @@ class TcpChannel::Impl {
       case FrameKind::kGoodbye:
         link->said_goodbye = true;
         said_goodbye_[link->rank] = true;
-        ReadHeader(link);  // Expecting end of file.
+        MaybeWrite(out_[link->rank].get());  // No more direct writes to it.
+        ReadHeader(link);                    // Expecting end of file.
         return;
     }
   }
@@ -1004,7 +1114,15 @@ class TcpChannel::Impl {
         continue;
       }
       if (l->final_queued) continue;  // Closing already says goodbye.
-      l->queue.erase(l->writing ? l->queue.begin() + 1 : l->queue.begin(),
+      {
+        absl::MutexLock lock(&l->direct_mu);
+        TakeRest(l.get());
+        l->direct = false;
+      }
+      // A frame partly on the wire is finished; the rest are dropped.
+      const bool keep_front =
+          l->writing || (!l->queue.empty() && l->queue.front()->offset > 0);
+      l->queue.erase(keep_front ? l->queue.begin() + 1 : l->queue.begin(),
                      l->queue.end());
       auto frame = std::make_shared<OutFrame>();
       EncodeFrameHeader(AbortFrameHeader(config_.job, status), &frame->header);

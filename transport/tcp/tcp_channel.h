@@ -12,7 +12,14 @@
 // never disturb the job.
 //
 // Data path. Send validates, then hands the tensor to the I/O thread and
-// returns: it never waits for the network. A CPU tensor is not copied; the
+// returns: it never waits for the network. A small frame (at most
+// direct_write_max_bytes) to a peer whose connection is idle (nothing queued,
+// being written or on its way to the I/O thread) is written by Send itself,
+// without blocking (MSG_DONTWAIT): waking the sleeping I/O thread cost more
+// than the write (see docs/bubble.md, "Wake-up latency"); whatever the
+// kernel does not take at once goes to the I/O thread, ahead of anything
+// else on that connection, so frames never interleave or reorder. A CPU
+// tensor is not copied; the
 // queue holds a handle to it until the kernel has taken the bytes (senders
 // never modify a tensor after sending it, as with InMemoryHub). Header and
 // payload go out in one gather write. The receiver validates the whole
@@ -38,7 +45,7 @@
 //
 // Thread-safe: Send, Recv, Abort and the accessors may be called from any
 // thread; Connect once, from one thread. All socket work happens on the one
-// I/O thread.
+// I/O thread, except the direct writes of small frames above.
 #ifndef CONVEYOR_TRANSPORT_TCP_TCP_CHANNEL_H_
 #define CONVEYOR_TRANSPORT_TCP_TCP_CHANNEL_H_
 
@@ -77,6 +84,12 @@ struct TcpChannelConfig {
   // How long closing (destructor) or aborting may spend flushing queued
   // frames to slow peers before the sockets are closed regardless.
   std::chrono::milliseconds linger{2000};
+  // Frames (header and payload) up to this size are written by Send itself
+  // when their connection is idle; 0 leaves every write to the I/O thread.
+  // Small, because a large payload's copy into the kernel is better done
+  // off the caller's (compute) thread, and its wake-up cost is negligible
+  // next to it.
+  uint64_t direct_write_max_bytes = 256 * 1024;
   // Optional; outlives the channel.
   DataPlaneObserver* observer = nullptr;
 };
