@@ -210,7 +210,8 @@ for step, stages in ((10, (0, 1)), (20, (0, 1)), (30, (0,))):
     files = []
     for s in stages:
         meta = {"format": "conveyor-stage-v1", "job": "job-3", "stage": str(s),
-                "num_stages": "2", "step": str(step)}
+                "num_stages": "2", "step": str(step),
+                "optimizer_step": str(step)}
         path = os.path.join(d, "stage-%d.safetensors" % s)
         write(path, {"layers.%d.weight" % s: [s + step, 2.0],
                      "layers.%d.bias" % s: [0.5],
