@@ -28,18 +28,7 @@ constexpr size_t kMaxReasons = 5;
 
 absl::StatusOr<std::vector<int64_t>> ListCheckpointSteps(
     const std::string& checkpoint_dir) {
-  struct stat st;
-  if (::stat(checkpoint_dir.c_str(), &st) != 0) {
-    if (errno == ENOENT) {
-      return absl::NotFoundError(
-          absl::StrCat(checkpoint_dir, ": no such checkpoint directory"));
-    }
-    return ErrnoError(errno, checkpoint_dir, "stat");
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(checkpoint_dir, ": not a directory"));
-  }
+  RETURN_IF_ERROR(CheckDirectory(checkpoint_dir, "checkpoint directory"));
   std::vector<int64_t> steps;
   std::error_code ec;
   for (fs::directory_iterator it(checkpoint_dir, ec), end; !ec && it != end;

@@ -439,14 +439,8 @@ absl::Status WriteManifest(const std::string& checkpoint_dir,
     return absl::InvalidArgumentError(absl::StrCat(
         "refusing to write an invalid manifest: ", checked.status().message()));
   }
-  struct stat st;
-  if (::stat(step_dir.c_str(), &st) != 0) {
-    if (errno == ENOENT) {
-      return absl::NotFoundError(absl::StrCat(
-          step_dir, ": no such step directory (the stage files come first)"));
-    }
-    return ErrnoError(errno, step_dir, "stat");
-  }
+  RETURN_IF_ERROR(
+      CheckDirectory(step_dir, "step directory (the stage files come first)"));
   // The stages in order, whatever order the caller collected them in.
   return WriteFileAtomically(path, ManifestToJson(*checked));
 }
@@ -454,18 +448,7 @@ absl::Status WriteManifest(const std::string& checkpoint_dir,
 absl::StatusOr<CheckpointManifest> LoadCompleteCheckpoint(
     const std::string& checkpoint_dir, int64_t step, bool verify_checksums) {
   const std::string step_dir = StepDirPath(checkpoint_dir, step);
-  struct stat st;
-  if (::stat(step_dir.c_str(), &st) != 0) {
-    if (errno == ENOENT) {
-      return absl::NotFoundError(
-          absl::StrCat(step_dir, ": no such step directory"));
-    }
-    return ErrnoError(errno, step_dir, "stat");
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(step_dir, ": not a directory"));
-  }
+  RETURN_IF_ERROR(CheckDirectory(step_dir, "step directory"));
   const std::string path = (fs::path(step_dir) / kManifestFileName).string();
   absl::StatusOr<std::string> text = ReadFile(path, kMaxManifestBytes);
   if (absl::IsNotFound(text.status())) {

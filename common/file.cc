@@ -47,6 +47,21 @@ absl::StatusOr<RegularFile> OpenRegularFile(const std::string& path) {
                      .size = static_cast<uint64_t>(st.st_size)};
 }
 
+absl::Status CheckDirectory(const std::string& path, absl::string_view what) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) {
+      return absl::NotFoundError(absl::StrCat(path, ": no such ", what));
+    }
+    return ErrnoError(errno, path, "stat");
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": not a directory"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> ReadFile(const std::string& path,
                                      uint64_t max_bytes) {
   ASSIGN_OR_RETURN(RegularFile file, OpenRegularFile(path));

@@ -44,6 +44,12 @@ struct RegularFile {
 };
 absl::StatusOr<RegularFile> OpenRegularFile(const std::string& path);
 
+// OK when `path` is a directory (following links). NotFound
+// "<path>: no such <what>" when nothing is there, FailedPrecondition
+// "<path>: not a directory" for anything else, the errno-derived code when
+// it cannot be examined.
+absl::Status CheckDirectory(const std::string& path, absl::string_view what);
+
 // The whole content of the regular file at `path`, at most `max_bytes`
 // (reads one byte past the limit rather than trusting the size fstat reports,
 // which can change while reading). Returns the status of the calling

@@ -86,6 +86,27 @@ TEST(ReadFileTest, StopsWhenTheCallingJobIsCancelled) {
   EXPECT_EQ(ReadFile(path).status(), absl::CancelledError("job cancelled"));
 }
 
+TEST(CheckDirectoryTest, TellsADirectoryFromNothingAndFromAFile) {
+  const std::string dir = ::testing::TempDir() + "/check_directory_test";
+  std::filesystem::remove_all(dir);
+  const absl::Status missing = CheckDirectory(dir, "step directory");
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(missing.message(), dir + ": no such step directory");
+
+  std::filesystem::create_directories(dir);
+  EXPECT_TRUE(CheckDirectory(dir, "step directory").ok());
+  // Through a link, as a checkpoint directory may be reached.
+  const std::string link = dir + ".link";
+  std::filesystem::remove(link);
+  std::filesystem::create_directory_symlink(dir, link);
+  EXPECT_TRUE(CheckDirectory(link, "step directory").ok());
+
+  const std::string file = Write("check_directory_file", "x");
+  const absl::Status not_dir = CheckDirectory(file, "step directory");
+  EXPECT_EQ(not_dir.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(not_dir.message(), HasSubstr("not a directory"));
+}
+
 TEST(WriteFileAtomicallyTest, ReplacesTheWholeFileAndLeavesNoTemporary) {
   const std::string dir = ::testing::TempDir() + "/file_test_atomic";
   std::filesystem::remove_all(dir);
