@@ -75,6 +75,7 @@
 #include "absl/status/statusor.h"
 #include "checkpoint/resume.h"
 #include "conveyor/v1/conveyor.pb.h"
+#include "coordinator/checkpoint_collector.h"
 #include "coordinator/event_log.h"
 #include "coordinator/profile_cache.h"
 #include "coordinator/state_file.h"
@@ -301,8 +302,8 @@ class JobManager {
     std::optional<checkpoint::ResumePoint> resume;
     // The newest step this manager committed for the job.
     std::optional<checkpoint::ResumePoint> committed;
-    // Checkpoint files reported per step, by stage, until all are in.
-    std::map<int64_t, std::map<int, v1::StageFile>> pending_checkpoints;
+    // Checkpoint files reported per step, until all are in.
+    CheckpointCollector checkpoints;
     // Restarts so far; part of the data plane's job number, so a restarted
     // attempt can never be confused with the one before it.
     int attempt = 0;

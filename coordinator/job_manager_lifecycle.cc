@@ -170,28 +170,15 @@ void JobManager::OnCheckpoint(WorkerRecord& w,
   const auto& ids = job->info.worker_ids();
   const int rank = static_cast<int>(
       std::find(ids.begin(), ids.end(), w.info.id()) - ids.begin());
-  const int64_t step = saved.step();
-  const int64_t first = job->resume.has_value() ? job->resume->step : 0;
-  if (rank >= ids.size() || step <= first || step > job->info.steps_total()) {
+  if (rank >= ids.size()) return;
+  absl::StatusOr<std::optional<CheckpointCollector::StepFiles>> complete =
+      job->checkpoints.Add(rank, saved.step(), saved.files());
+  if (!complete.ok()) {
+    FailOrRestart(*job, absl::StrCat(DescribeWorker(w), " ",
+                                     complete.status().message()));
     return;
   }
-  std::map<int, v1::StageFile>& files = job->pending_checkpoints[step];
-  for (const v1::StageFile& f : saved.files()) {
-    // A worker speaks only for its own stages; anything else would let one
-    // rank's report stand in for another's missing file.
-    if (f.stage() < 0 || f.stage() >= job->plan.num_stages ||
-        job->plan.stages[f.stage()].rank != rank) {
-      FailOrRestart(*job, absl::StrCat(DescribeWorker(w),
-                                       " reported a checkpoint file for stage ",
-                                       f.stage(), ", which it does not hold"));
-      return;
-    }
-    files[f.stage()] = f;
-  }
-  if (static_cast<int>(files.size()) < job->plan.num_stages) return;
-  const std::map<int, v1::StageFile> complete = std::move(files);
-  job->pending_checkpoints.erase(step);
-  CommitCheckpoint(*job, step, complete);
+  if (complete->has_value()) CommitCheckpoint(*job, saved.step(), **complete);
 }
 
 void JobManager::CommitCheckpoint(JobRecord& job, int64_t step,
@@ -293,7 +280,7 @@ void JobManager::PrepareNextAttempt(JobRecord& job, const std::string& reason) {
   job.profiling = false;
   job.profile_requested = false;
   job.steps.ClearPending();
-  job.pending_checkpoints.clear();
+  job.checkpoints.Stop();
   v1::Job& info = job.info;
   info.set_restarts(info.restarts() + 1);
   info.set_last_restart_reason(reason);

@@ -287,6 +287,11 @@ void JobManager::Place(JobRecord& job,
 
 void JobManager::SendPrograms(JobRecord& job) {
   job.programs_sent = true;
+  std::vector<int> stage_ranks;
+  for (const StagePlan& s : job.plan.stages) stage_ranks.push_back(s.rank);
+  job.checkpoints.Start(std::move(stage_ranks),
+                        job.resume.has_value() ? job.resume->step : 0,
+                        job.info.steps_total());
   for (int r = 0; r < job.plan.num_ranks; ++r) {
     WorkerRecord* w = workers_.Find(job.info.worker_ids(r));
     if (w == nullptr) continue;  // Cannot happen: workers are never erased.
