@@ -441,7 +441,7 @@ std::string JobManager::DescribeWorker(const WorkerRecord& w) const {
 
 void JobManager::UpdateQueuePositions() {
   int position = 1;
-  for (uint64_t number : queue_) {
+  for (uint64_t number : queue_.order()) {
     jobs_.at(number).info.set_queue_position(position++);
   }
 }

@@ -77,6 +77,7 @@
 #include "conveyor/v1/conveyor.pb.h"
 #include "coordinator/checkpoint_collector.h"
 #include "coordinator/event_log.h"
+#include "coordinator/job_queue.h"
 #include "coordinator/profile_cache.h"
 #include "coordinator/state_file.h"
 #include "coordinator/step_aggregator.h"
@@ -412,7 +413,7 @@ class JobManager {
   // submission order.
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
-  std::deque<uint64_t> queue_ ABSL_GUARDED_BY(mu_);  // Job numbers, FIFO.
+  JobQueue queue_ ABSL_GUARDED_BY(mu_);
   ProfileCache profiles_ ABSL_GUARDED_BY(mu_);
   // Ended jobs, oldest first (max_finished_jobs).
   std::deque<uint64_t> finished_jobs_ ABSL_GUARDED_BY(mu_);

@@ -252,7 +252,7 @@ void JobManager::FailOrRestart(JobRecord& job, const std::string& reason) {
   PrepareNextAttempt(job, reason);
   // At the head: the job was running, and a restart must not wait behind
   // work submitted after it.
-  queue_.push_front(job.number);
+  queue_.AddFirst(job.number);
   UpdateQueuePositions();
   SetState(job, v1::QUEUED);
   if (options_.observer != nullptr) options_.observer->OnRestarted(job.info);
@@ -303,8 +303,7 @@ void JobManager::Finish(JobRecord& job, v1::JobState state,
   job.failing = false;
   job.steps.ClearPending();
   if (was_queued) {
-    queue_.erase(std::remove(queue_.begin(), queue_.end(), job.number),
-                 queue_.end());
+    queue_.Remove(job.number);
     UpdateQueuePositions();
   } else {
     StopWorkers(job, message.empty() ? std::string(proto::JobStateName(state))

@@ -109,7 +109,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
                          "'); give this job another checkpoint.dir"));
       }
     }
-    if (static_cast<int>(queue_.size()) >= options_.max_queued_jobs) {
+    if (queue_.size() >= options_.max_queued_jobs) {
       return absl::ResourceExhaustedError(
           absl::StrCat("the job queue is full (", options_.max_queued_jobs,
                        " jobs waiting); retry later"));
@@ -137,7 +137,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
     SPDLOG_INFO("{} '{}' queued: {} over {} worker(s)", info.id(), info.name(),
                 info.schedule(), info.num_workers());
     job.durable = false;
-    queue_.push_back(number);
+    queue_.Add(number);
     UpdateQueuePositions();
     AddEvent(job, nullptr);
     MarkChanged();
@@ -157,7 +157,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
   JobRecord& job = it->second;
   if (!durable) {
     if (job.info.state() == v1::QUEUED) {
-      std::erase(queue_, job.number);
+      queue_.Remove(job.number);
       jobs_.erase(it);
       UpdateQueuePositions();
     }
@@ -211,7 +211,7 @@ void JobManager::DescribePlan(JobRecord& job) {
 
 void JobManager::Schedule() {
   while (!queue_.empty()) {
-    JobRecord& job = jobs_.at(queue_.front());
+    JobRecord& job = jobs_.at(*queue_.head());
     if (!job.durable) break;  // Placed once SubmitJob has persisted it.
     // A stage runs data parallel over pipeline.devices_per_stage devices of
     // its worker (engine/mesh_stage.h): only workers with that many serve.
@@ -220,7 +220,7 @@ void JobManager::Schedule() {
     // Strict FIFO: a later, smaller job does not overtake the head, so a
     // large job cannot starve behind a stream of small ones.
     if (static_cast<int>(idle.size()) < job.plan.num_ranks) break;
-    queue_.pop_front();
+    queue_.PopHead();
     idle.resize(job.plan.num_ranks);
     Place(job, idle);
   }

@@ -76,7 +76,7 @@ v1::CoordinatorState JobManager::Snapshot() const {
     }
     saved->set_attempt(job.attempt);
   }
-  for (uint64_t number : queue_) state.add_queue(number);
+  for (uint64_t number : queue_.order()) state.add_queue(number);
   return state;
 }
 
@@ -229,17 +229,19 @@ absl::Status JobManager::Restore(const v1::CoordinatorState& state) {
                           s.message()));
       continue;
     }
-    queue_.push_back(number);
+    queue_.Add(number);
   }
   // Restarted jobs first, as a restart after a lost worker would be.
-  queue_.insert(queue_.begin(), restarted.begin(), restarted.end());
+  for (auto it = restarted.rbegin(); it != restarted.rend(); ++it) {
+    queue_.AddFirst(*it);
+  }
   for (uint64_t number : restarted) SetState(jobs_.at(number), v1::QUEUED);
   UpdateQueuePositions();
   SPDLOG_INFO(
       "restored {} job record(s): {} ended, {} queued, {} restarted after "
       "the coordinator's restart",
-      jobs_.size(), ended.size(), queue_.size() - restarted.size(),
-      restarted.size());
+      jobs_.size(), ended.size(),
+      queue_.size() - static_cast<int>(restarted.size()), restarted.size());
   // The outcomes decided here (FAILED, restarted) are records too.
   MarkChanged();
   return absl::OkStatus();
