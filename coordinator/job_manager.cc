@@ -376,7 +376,7 @@ void JobManager::TickLocked() {
     if (job.info.state() == v1::PLANNING && now > job.prepare_deadline) {
       std::vector<std::string> slow;
       for (int r = 0; r < job.info.worker_ids_size(); ++r) {
-        if (!job.is_ready[r]) slow.push_back(job.info.worker_ids(r));
+        if (!job.ranks.is_ready(r)) slow.push_back(job.info.worker_ids(r));
       }
       FailOrRestart(
           job,

@@ -75,6 +75,7 @@
 #include "absl/status/statusor.h"
 #include "checkpoint/resume.h"
 #include "conveyor/v1/conveyor.pb.h"
+#include "coordinator/attempt_ranks.h"
 #include "coordinator/checkpoint_collector.h"
 #include "coordinator/event_log.h"
 #include "coordinator/job_queue.h"
@@ -273,15 +274,11 @@ class JobManager {
     v1::SubmitJobRequest request;
     uint64_t number = 0;
     std::string secret;
-    std::vector<std::string> endpoints;       // By rank, from JobReady.
-    std::vector<v1::JobReady> ready_reports;  // By rank.
-    std::vector<bool> ended;                  // By rank: sent JobEnded.
-    std::vector<bool> is_ready;               // By rank: sent JobReady.
-    int ready = 0;
+    // Which ranks of the current attempt are ready, and which ended.
+    AttemptRanks ranks;
     // Step reports until every rank has reported, and the newest
     // trace_steps steps' timelines for GetTrace.
     StepAggregator steps;
-    std::vector<bool> succeeded;  // By rank: ended with SUCCEEDED.
     StepRates rates;
     TimePoint prepare_deadline;
     // stages: auto: waiting for rank 0's ModelProfile, cached under

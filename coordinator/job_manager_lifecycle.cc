@@ -28,23 +28,23 @@ void JobManager::OnReady(WorkerRecord& w, const v1::JobReady& ready) {
   const auto& ids = job->info.worker_ids();
   const int rank = static_cast<int>(
       std::find(ids.begin(), ids.end(), w.info.id()) - ids.begin());
-  if (rank >= ids.size() || job->is_ready[rank]) return;
+  if (rank >= ids.size() || job->ranks.is_ready(rank)) return;
   if (ready.data_endpoint().empty()) {
     Finish(*job, v1::FAILED,
            absl::StrCat(DescribeWorker(w), " reported no data endpoint"));
     return;
   }
-  job->is_ready[rank] = true;
-  job->endpoints[rank] = ready.data_endpoint();
-  job->ready_reports[rank] = ready;
-  if (++job->ready < job->plan.num_ranks) return;
-  const DataPlaneChoice plane = ChooseDataPlane(job->ready_reports);
+  job->ranks.MarkReady(rank, ready);
+  if (!job->ranks.all_ready()) return;
+  const DataPlaneChoice plane = ChooseDataPlane(job->ranks.ready_reports());
   job->info.set_data_plane(plane.description);
   SPDLOG_INFO("{}: tensors over {}", job->info.id(), plane.description);
   v1::CoordinatorMessage m;
   m.mutable_start()->set_job_id(job->info.id());
   m.mutable_start()->set_nccl(plane.nccl);
-  for (const std::string& e : job->endpoints) m.mutable_start()->add_peers(e);
+  for (const std::string& e : job->ranks.endpoints()) {
+    m.mutable_start()->add_peers(e);
+  }
   for (const std::string& id : ids) {
     const WorkerRecord* peer = workers_.Find(id);
     m.mutable_start()->add_peer_names(peer != nullptr ? peer->info.name() : id);
@@ -101,11 +101,9 @@ void JobManager::OnEnded(WorkerRecord& w, const v1::JobEnded& ended) {
   const int rank = static_cast<int>(
       std::find(ids.begin(), ids.end(), w.info.id()) - ids.begin());
   if (rank >= ids.size()) return;
-  job->ended[rank] = true;
-  job->succeeded[rank] = ended.state() == v1::SUCCEEDED;
+  job->ranks.MarkEnded(rank);
   if (proto::IsTerminal(job->info.state())) return;
-  const bool all_ended = std::all_of(job->ended.begin(), job->ended.end(),
-                                     [](bool b) { return b; });
+  const bool all_ended = job->ranks.all_ended();
   if (ended.state() == v1::SUCCEEDED) {
     if (all_ended && !job->failing) {
       // Every rank wrote its final files before reporting success, so the
@@ -149,7 +147,7 @@ void JobManager::OnEnded(WorkerRecord& w, const v1::JobEnded& ended) {
     m.mutable_cancel()->set_reason(job->failure);
     for (int r = 0; r < ids.size(); ++r) {
       WorkerRecord* peer = workers_.Find(ids[r]);
-      if (!job->ended[r] && peer != nullptr &&
+      if (!job->ranks.ended(r) && peer != nullptr &&
           peer->info.job_id() == job->info.id()) {
         peer->connection->Send(m);
       }
@@ -267,11 +265,7 @@ void JobManager::PrepareNextAttempt(JobRecord& job, const std::string& reason) {
   job.secret = MakeSecret();
   job.info.clear_worker_ids();
   for (v1::StagePlacement& p : *job.info.mutable_stages()) p.clear_worker_id();
-  job.endpoints.clear();
-  job.ended.clear();
-  job.succeeded.clear();
-  job.is_ready.clear();
-  job.ready = 0;
+  job.ranks.Clear();
   job.failing = false;
   job.failure.clear();
   job.no_restart.clear();
@@ -366,7 +360,7 @@ void JobManager::StopWorkers(JobRecord& job, const std::string& reason) {
       WorkerRecord* w = workers_.Find(job.info.worker_ids(r));
       if (w != nullptr && w->info.job_id() == job.info.id()) {
         ReleaseWorker(*w);
-        job.ended[r] = true;
+        job.ranks.MarkEnded(r);
       }
     }
   }
@@ -376,8 +370,8 @@ void JobManager::StopWorkers(JobRecord& job, const std::string& reason) {
   const auto& ids = job.info.worker_ids();
   for (int r = 0; r < ids.size(); ++r) {
     WorkerRecord* w = workers_.Find(ids[r]);
-    if (!job.ended[r] && w != nullptr && w->info.job_id() == job.info.id() &&
-        w->info.state() == v1::BUSY) {
+    if (!job.ranks.ended(r) && w != nullptr &&
+        w->info.job_id() == job.info.id() && w->info.state() == v1::BUSY) {
       w->connection->Send(m);
     }
   }

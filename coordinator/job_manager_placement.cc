@@ -230,12 +230,7 @@ void JobManager::Schedule() {
 void JobManager::Place(JobRecord& job,
                        const std::vector<WorkerRecord*>& workers) {
   const int p = job.plan.num_ranks;
-  job.endpoints.assign(p, "");
-  job.ready_reports.assign(p, v1::JobReady());
-  job.ended.assign(p, false);
-  job.succeeded.assign(p, false);
-  job.is_ready.assign(p, false);
-  job.ready = 0;
+  job.ranks.Start(p);
   job.prepare_deadline = options_.clock() + options_.prepare_timeout;
   job.info.clear_worker_ids();
   for (WorkerRecord* w : workers) job.info.add_worker_ids(w->info.id());

@@ -124,10 +124,7 @@ absl::Status JobManager::Restore(const v1::CoordinatorState& state) {
     job.secret = MakeSecret();
     // No worker of this coordinator has heard of the job.
     const int ranks = job.info.worker_ids_size();
-    job.ended.assign(ranks, true);
-    job.succeeded.assign(ranks, false);
-    job.is_ready.assign(ranks, false);
-    job.endpoints.assign(ranks, "");
+    job.ranks.StartEnded(ranks);
     job.programs_sent = true;
     job.info.set_queue_position(0);
   }
