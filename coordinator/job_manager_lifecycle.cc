@@ -8,9 +8,11 @@
 #include "checkpoint/directory.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/manifest.h"
+#include "common/check.h"
 #include "common/status_macros.h"
 #include "coordinator/data_plane_choice.h"
 #include "coordinator/job_manager.h"
+#include "coordinator/job_states.h"
 #include "engine/job_spec.h"
 #include "proto/protocol.h"
 #include "spdlog/spdlog.h"
@@ -378,6 +380,10 @@ void JobManager::StopWorkers(JobRecord& job, const std::string& reason) {
 }
 
 void JobManager::SetState(JobRecord& job, v1::JobState state) {
+  CONVEYOR_CHECK(CanMoveJob(job.info.state(), state),
+                 absl::StrCat(job.info.id(), " cannot move from ",
+                              proto::JobStateName(job.info.state()), " to ",
+                              proto::JobStateName(state)));
   job.info.set_state(state);
   AddEvent(job, nullptr);
   MarkChanged();
