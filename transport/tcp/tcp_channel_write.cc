@@ -41,8 +41,11 @@ void TcpChannel::Impl::Post(OutLink* l, std::shared_ptr<OutFrame> frame) {
   }
   asio::post(io_, [this, l, frame = std::move(frame)]() mutable {
     {
+      // No direct write until MaybeWrite has seen this frame queued: a
+      // small frame sent after it must not overtake it.
       absl::MutexLock lock(&l->direct_mu);
       --l->posted;
+      l->direct = false;
     }
     Enqueue(l, std::move(frame));
   });

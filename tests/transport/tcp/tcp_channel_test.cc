@@ -306,6 +306,61 @@ TEST(TcpChannelTest, SendDoesNotWaitForTheReceiver) {
   peer.join();
 }
 
+// Frames leave in the order they were sent, whichever path each takes:
+// large ones through the I/O thread, small ones directly when the
+// connection is idle (a small frame must not overtake a large one posted
+// before it). A raw peer reads the byte stream and checks the order.
+TEST(TcpChannelDirectWriteTest, FramesLeaveInSendOrder) {
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor(io,
+                                   {asio::ip::make_address("127.0.0.1"), 0});
+  auto channel = TcpChannel::Create(Config(0, 2), engine::CpuBackend::Get());
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  constexpr int kFrames = 200;
+  std::vector<int> order;
+  std::thread peer([&] {
+    asio::ip::tcp::socket socket(io);
+    acceptor.accept(socket);
+    HelloBytes hello;
+    asio::read(socket, asio::buffer(hello));
+    HelloAckBytes ack;
+    EncodeHelloAck(HelloResult::kOk, &ack);
+    asio::write(socket, asio::buffer(ack));
+    std::vector<char> payload;
+    while (static_cast<int>(order.size()) < kFrames) {
+      FrameHeaderBytes bytes;
+      asio::error_code ec;
+      asio::read(socket, asio::buffer(bytes), ec);
+      if (ec) return;
+      absl::StatusOr<FrameHeader> h =
+          DecodeFrameHeader(bytes, kJob, uint64_t{1} << 30);
+      if (!h.ok()) {
+        ADD_FAILURE() << h.status();  // Interleaved bytes land here.
+        return;
+      }
+      payload.resize(h->payload_bytes);
+      asio::read(socket, asio::buffer(payload), ec);
+      if (ec) return;
+      order.push_back(h->microbatch);
+    }
+  });
+  ASSERT_TRUE((*channel)
+                  ->Connect({Address(**channel),
+                             absl::StrCat("127.0.0.1:",
+                                          acceptor.local_endpoint().port())})
+                  .ok());
+  // Every fourth is 1 MiB (above the direct-write limit), the rest 16 B.
+  const engine::Tensor large = RandomBytes({256, 1024}, engine::DType::kF32, 1);
+  const engine::Tensor small = RandomBytes({4}, engine::DType::kF32, 2);
+  for (int mb = 0; mb < kFrames; ++mb) {
+    ASSERT_TRUE(
+        (*channel)->Send(1, T(mb, 0), mb % 4 == 0 ? large : small).ok());
+  }
+  peer.join();
+  ASSERT_EQ(order.size(), static_cast<size_t>(kFrames));
+  for (int mb = 0; mb < kFrames; ++mb) EXPECT_EQ(order[mb], mb);
+}
+
 // Small frames to an idle connection are written by Send itself; larger ones
 // and those behind a busy connection go through the I/O thread. Mixed, from
 // both ranks at once, in every threshold (0: never direct; the default; 1
