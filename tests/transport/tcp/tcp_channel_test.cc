@@ -252,6 +252,36 @@ TEST(TcpChannelTest, LargeTensorArrivesIntact) {
   EXPECT_TRUE(SameTensor(*got, big));
 }
 
+// Rank 1 of a two-rank job played by hand: a listener that accepts rank
+// 0's connection and answers its handshake; what happens after is up to
+// the test.
+class RawListener {
+ public:
+  RawListener()
+      : acceptor_(io_, {asio::ip::make_address("127.0.0.1"), 0}),
+        socket_(io_) {}
+
+  std::string address() const {
+    return absl::StrCat("127.0.0.1:", acceptor_.local_endpoint().port());
+  }
+
+  // Accepts rank 0 and accepts its hello.
+  asio::ip::tcp::socket& Accept() {
+    acceptor_.accept(socket_);
+    HelloBytes hello;
+    asio::read(socket_, asio::buffer(hello));
+    HelloAckBytes ack;
+    EncodeHelloAck(HelloResult::kOk, &ack);
+    asio::write(socket_, asio::buffer(ack));
+    return socket_;
+  }
+
+ private:
+  asio::io_context io_;
+  asio::ip::tcp::acceptor acceptor_;
+  asio::ip::tcp::socket socket_;
+};
+
 // A peer that completes the handshake and then never reads: every Send
 // still returns, for far more than the socket buffers hold (256 MiB, and
 // small frames behind it), because Send queues instead of waiting for the
@@ -259,9 +289,7 @@ TEST(TcpChannelTest, LargeTensorArrivesIntact) {
 // that waited would never return here, and the test would hang (ctest's timeout
 // reports it).
 TEST(TcpChannelTest, SendDoesNotWaitForTheReceiver) {
-  asio::io_context io;
-  asio::ip::tcp::acceptor acceptor(io,
-                                   {asio::ip::make_address("127.0.0.1"), 0});
+  RawListener rank1;
   TcpChannelConfig config = Config(0, 2);
   config.linger = 100ms;  // The destructor gives up on the stuck peer soon.
   // Every frame tries the direct write first, which must not block either.
@@ -272,21 +300,11 @@ TEST(TcpChannelTest, SendDoesNotWaitForTheReceiver) {
   std::condition_variable cv;
   bool done = false;
   std::thread peer([&] {
-    asio::ip::tcp::socket socket(io);
-    acceptor.accept(socket);
-    HelloBytes hello;
-    asio::read(socket, asio::buffer(hello));
-    HelloAckBytes ack;
-    EncodeHelloAck(HelloResult::kOk, &ack);
-    asio::write(socket, asio::buffer(ack));
+    rank1.Accept();
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return done; });  // Never reads a frame.
   });
-  ASSERT_TRUE((*channel)
-                  ->Connect({Address(**channel),
-                             absl::StrCat("127.0.0.1:",
-                                          acceptor.local_endpoint().port())})
-                  .ok());
+  ASSERT_TRUE((*channel)->Connect({Address(**channel), rank1.address()}).ok());
   const engine::Tensor big =
       RandomBytes({4, 1024, 1024}, engine::DType::kF32, 1);
   const engine::Tensor small = RandomBytes({4}, engine::DType::kF32, 2);
@@ -311,21 +329,13 @@ TEST(TcpChannelTest, SendDoesNotWaitForTheReceiver) {
 // connection is idle (a small frame must not overtake a large one posted
 // before it). A raw peer reads the byte stream and checks the order.
 TEST(TcpChannelDirectWriteTest, FramesLeaveInSendOrder) {
-  asio::io_context io;
-  asio::ip::tcp::acceptor acceptor(io,
-                                   {asio::ip::make_address("127.0.0.1"), 0});
+  RawListener rank1;
   auto channel = TcpChannel::Create(Config(0, 2), engine::CpuBackend::Get());
   ASSERT_TRUE(channel.ok()) << channel.status();
   constexpr int kFrames = 200;
   std::vector<int> order;
   std::thread peer([&] {
-    asio::ip::tcp::socket socket(io);
-    acceptor.accept(socket);
-    HelloBytes hello;
-    asio::read(socket, asio::buffer(hello));
-    HelloAckBytes ack;
-    EncodeHelloAck(HelloResult::kOk, &ack);
-    asio::write(socket, asio::buffer(ack));
+    asio::ip::tcp::socket& socket = rank1.Accept();
     std::vector<char> payload;
     while (static_cast<int>(order.size()) < kFrames) {
       FrameHeaderBytes bytes;
@@ -344,11 +354,7 @@ TEST(TcpChannelDirectWriteTest, FramesLeaveInSendOrder) {
       order.push_back(h->microbatch);
     }
   });
-  ASSERT_TRUE((*channel)
-                  ->Connect({Address(**channel),
-                             absl::StrCat("127.0.0.1:",
-                                          acceptor.local_endpoint().port())})
-                  .ok());
+  ASSERT_TRUE((*channel)->Connect({Address(**channel), rank1.address()}).ok());
   // Every fourth is 1 MiB (above the direct-write limit), the rest 16 B.
   const engine::Tensor large = RandomBytes({256, 1024}, engine::DType::kF32, 1);
   const engine::Tensor small = RandomBytes({4}, engine::DType::kF32, 2);
