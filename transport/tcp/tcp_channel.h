@@ -36,7 +36,10 @@
 //     abort_on_recv_timeout is false;
 //   - a peer whose connection ends without a goodbye (Unavailable naming the
 //     peer's rank and address): a killed process is noticed as soon as its
-//     kernel closes the socket, not at the next timeout;
+//     kernel closes the socket, not at the next timeout. A peer that aborts
+//     closes its inbound side at once while its abort frame still waits
+//     behind what it is sending; as long as its connection to this rank
+//     stays open, that frame (with the peer's reason) decides;
 //   - a malformed or oversized frame from a connected peer (DataLoss,
 //     InvalidArgument or FailedPrecondition naming the peer and the field);
 //   - Abort() called by the owner.

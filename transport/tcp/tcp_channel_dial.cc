@@ -142,14 +142,32 @@ void TcpChannel::Impl::OutLinkLost(OutLink* l, const asio::error_code& ec) {
   std::string reason =
       absl::StrCat("rank ", config_.rank, " lost the connection to ",
                    Peer(l->rank, ""), ": ", ec.message());
+  // The peer's abort may sit behind as much as its linger lets it flush.
+  ReportLossAfterGrace(l, undelivered, std::move(reason),
+                       Clock::now() + kPeerLossGrace + config_.linger);
+}
+
+void TcpChannel::Impl::ReportLossAfterGrace(OutLink* l, bool undelivered,
+                                            std::string reason,
+                                            Clock::time_point give_up) {
   l->timer.expires_after(kPeerLossGrace);
-  l->timer.async_wait(
-      [this, l, undelivered, reason](const asio::error_code& timer_ec) {
-        if (timer_ec) return;  // Closing: nothing to report.
-        if (said_goodbye_[l->rank] && !undelivered) return;
-        Observe(DataPlaneObserver::Error::kPeerLost);
-        Fail(absl::UnavailableError(reason));
-      });
+  l->timer.async_wait([this, l, undelivered, reason = std::move(reason),
+                       give_up](const asio::error_code& timer_ec) mutable {
+    if (timer_ec) return;  // Closing: nothing to report.
+    if (said_goodbye_[l->rank] && !undelivered) return;
+    if (InLinkOpenFrom(l->rank) && Clock::now() < give_up) {
+      ReportLossAfterGrace(l, undelivered, std::move(reason), give_up);
+      return;
+    }
+    Observe(DataPlaneObserver::Error::kPeerLost);
+    Fail(absl::UnavailableError(reason));
+  });
+}
+
+bool TcpChannel::Impl::InLinkOpenFrom(int rank) const {
+  return std::any_of(in_.begin(), in_.end(), [rank](const auto& entry) {
+    return entry.second->rank == rank && !entry.second->closed;
+  });
 }
 
 }  // namespace conveyor::transport

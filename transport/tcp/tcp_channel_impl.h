@@ -226,6 +226,17 @@ class TcpChannel::Impl {
   // any, a moment to arrive first.
   void OutLinkLost(OutLink* l, const asio::error_code& ec);
 
+  // Reports `reason` (the loss of `l`'s peer) after kPeerLossGrace, unless
+  // the peer said goodbye meanwhile. While the peer's connection to this
+  // rank is still open its own end decides (its abort frame, queued behind
+  // frames it is still sending, or the end of the stream), so the report
+  // waits, until `give_up`.
+  void ReportLossAfterGrace(OutLink* l, bool undelivered, std::string reason,
+                            Clock::time_point give_up);
+
+  // True while a connection from `rank` is open.
+  bool InLinkOpenFrom(int rank) const;
+
   // --- I/O thread: writing --------------------------------------------------
 
   enum class Direct {

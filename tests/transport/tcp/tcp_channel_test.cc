@@ -423,9 +423,7 @@ TEST(TcpChannelDirectWriteTest, APartWrittenFrameIsFinishedBeforeTheAbort) {
   });
   ASSERT_EQ(channels.size(), 2u);
   // 8 MiB: more than a loopback connection takes at once, so the direct
-  // write is partial; small enough that the rest is written well within
-  // the peer's 100 ms grace for a lost connection (rank 0 closes its
-  // inbound side as it aborts, and rank 1 must hear the reason first).
+  // write is partial.
   const engine::Tensor big =
       RandomBytes({2, 1024, 1024}, engine::DType::kF32, 9);
   ASSERT_TRUE(channels[0]->Send(1, T(0, 0), big).ok());
@@ -743,6 +741,24 @@ TEST(TcpChannelTest, AbortWakesReceiversHereAndAtPeers) {
                 ->Send(1, T(1, 0), RandomBytes({1}, engine::DType::kF32, 0))
                 .code(),
             absl::StatusCode::kAborted);
+}
+
+// A rank that aborts closes its side of the connections at once, but its
+// abort frame waits behind what it is still sending. The peer sees its own
+// connection to the aborting rank end first; it must still fail with the
+// aborting rank's reason, however long the frame ahead of the abort takes
+// (256 MiB here, longer than the 100 ms loss grace on this kind of machine).
+TEST(TcpChannelTest, TheAbortReasonWinsOverTheLossItCauses) {
+  auto channels = MakeChannels(2);
+  ASSERT_EQ(channels.size(), 2u);
+  const engine::Tensor huge =
+      *engine::CpuBackend::Get()->Empty({64, 1024, 1024}, engine::DType::kF32);
+  std::memset(huge.raw(), 0x5a, huge.bytes());  // Resident, like real data.
+  ASSERT_TRUE(channels[0]->Send(1, T(0, 0), huge).ok());
+  channels[0]->Abort(absl::DataLossError("rank 0 found a corrupt batch"));
+  const absl::Status there = channels[1]->Recv(T(1, 0), 30s).status();
+  EXPECT_EQ(there.code(), absl::StatusCode::kDataLoss) << there;
+  EXPECT_THAT(there.message(), HasSubstr("rank 0 found a corrupt batch"));
 }
 
 TEST(TcpChannelTest, SendRejectsWhatCannotBeDelivered) {
