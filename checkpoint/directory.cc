@@ -1,7 +1,6 @@
 #include "checkpoint/directory.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>

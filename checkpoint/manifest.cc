@@ -1,6 +1,6 @@
 #include "checkpoint/manifest.h"
 
-#include <fcntl.h>
+#include <fcntl.h>  // posix_fadvise
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,7 +21,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "checkpoint/layout.h"
 #include "common/crc32c.h"
 #include "common/file.h"

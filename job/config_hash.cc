@@ -1,17 +1,9 @@
 #include "job/config_hash.h"
 
-#include <algorithm>
-#include <climits>
 #include <exception>
-#include <limits>
-#include <new>
-#include <utility>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/status_macros.h"
 #include "common/yaml_reader.h"
 #include "yaml-cpp/yaml.h"
 
