@@ -190,6 +190,59 @@ void Backend::LayerNormBackwardWeight(const Tensor& x, const Tensor& mean,
   DoLayerNormBackwardWeight(x, mean, rstd, dy, dgamma, dbeta);
 }
 
+void Backend::RmsNorm(const Tensor& x, const Tensor& weight, float eps,
+                      const Tensor& y, const Tensor& rstd) {
+  CONVEYOR_CHECK(y.numel() == x.numel() && rstd.numel() == Rows(x),
+                 "rmsnorm shapes disagree");
+  CONVEYOR_CHECK(weight.numel() == x.dim(-1),
+                 "rmsnorm weight has the wrong size");
+  DoRmsNorm(x, weight, eps, y, rstd);
+}
+
+void Backend::RmsNormBackwardInput(const Tensor& x, const Tensor& weight,
+                                   const Tensor& rstd, const Tensor& dy,
+                                   const Tensor& dx) {
+  CONVEYOR_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() &&
+                     rstd.numel() == Rows(x),
+                 "rmsnorm gradient shapes disagree");
+  CONVEYOR_CHECK(weight.numel() == x.dim(-1),
+                 "rmsnorm weight has the wrong size");
+  DoRmsNormBackwardInput(x, weight, rstd, dy, dx);
+}
+
+void Backend::RmsNormBackwardWeight(const Tensor& x, const Tensor& rstd,
+                                    const Tensor& dy, const Tensor& dweight) {
+  CONVEYOR_CHECK(dy.numel() == x.numel() && rstd.numel() == Rows(x) &&
+                     dweight.numel() == x.dim(-1),
+                 "rmsnorm weight gradient shapes disagree");
+  DoRmsNormBackwardWeight(x, rstd, dy, dweight);
+}
+
+void Backend::SiluMul(const Tensor& gate, const Tensor& up, const Tensor& y) {
+  CheckSameNumel(gate, up, "silu-mul operands differ in size");
+  CheckSameNumel(gate, y, "silu-mul output differs in size");
+  DoSiluMul(gate, up, y);
+}
+
+void Backend::SiluMulBackward(const Tensor& gate, const Tensor& up,
+                              const Tensor& dy, const Tensor& dgate,
+                              const Tensor& dup) {
+  CONVEYOR_CHECK(up.numel() == gate.numel() && dy.numel() == gate.numel() &&
+                     dgate.numel() == gate.numel() &&
+                     dup.numel() == gate.numel(),
+                 "silu-mul gradient shapes disagree");
+  DoSiluMulBackward(gate, up, dy, dgate, dup);
+}
+
+void Backend::Rope(const Tensor& x, float theta, bool inverse,
+                   const Tensor& y) {
+  CONVEYOR_CHECK(x.rank() >= 2 && x.dim(-1) % 2 == 0,
+                 "rope takes [..., seq, head_dim] with an even head_dim");
+  CheckSameNumel(x, y, "rope output differs in size");
+  CONVEYOR_CHECK(theta > 0.0f, "rope theta must be positive");
+  DoRope(x, theta, inverse, y);
+}
+
 void Backend::Softmax(const Tensor& x, float scale, bool causal,
                       const Tensor& y) {
   CheckSameNumel(x, y, "softmax output differs in size");

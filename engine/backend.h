@@ -157,6 +157,30 @@ class Backend {
                                const Tensor& rstd, const Tensor& dy,
                                const Tensor& dgamma, const Tensor& dbeta);
 
+  // --- Llama-family pieces (HF's LlamaRMSNorm, LlamaMLP, rotary embedding) ---
+  // RMS normalization over the last dimension: y = x * rstd * weight with
+  // rstd = 1 / sqrt(mean(x^2) + eps), one entry per row, kept for backward.
+  void RmsNorm(const Tensor& x, const Tensor& weight, float eps,
+               const Tensor& y, const Tensor& rstd);
+  void RmsNormBackwardInput(const Tensor& x, const Tensor& weight,
+                            const Tensor& rstd, const Tensor& dy,
+                            const Tensor& dx);
+  // dweight += sum over rows of dy * x * rstd.
+  void RmsNormBackwardWeight(const Tensor& x, const Tensor& rstd,
+                             const Tensor& dy, const Tensor& dweight);
+  // The SwiGLU gate, elementwise: y = silu(gate) * up, silu(g) = g * sigmoid(g).
+  void SiluMul(const Tensor& gate, const Tensor& up, const Tensor& y);
+  // dgate = dy * up * silu'(gate), dup = dy * silu(gate).
+  void SiluMulBackward(const Tensor& gate, const Tensor& up, const Tensor& dy,
+                       const Tensor& dgate, const Tensor& dup);
+  // Rotary position embedding with HF's rotate_half convention on x viewed as
+  // [rows, seq, head_dim] (x's last two dimensions; head_dim even): the
+  // position of a row is its index along seq, and for i < head_dim / 2 the
+  // pair (x[i], x[i + head_dim/2]) turns by pos * theta^(-2i / head_dim).
+  // `inverse` turns the other way: the backward, since a rotation's
+  // transpose is its inverse. y may alias x.
+  void Rope(const Tensor& x, float theta, bool inverse, const Tensor& y);
+
   // --- Attention pieces ------------------------------------------------------
   // Row softmax of scale * x over the last dimension of x viewed as [batch,
   // rows, cols]; with `causal`, entry (r, c) is masked when c > r.
@@ -227,6 +251,21 @@ class Backend {
                                          const Tensor& rstd, const Tensor& dy,
                                          const Tensor& dgamma,
                                          const Tensor& dbeta) = 0;
+  virtual void DoRmsNorm(const Tensor& x, const Tensor& weight, float eps,
+                         const Tensor& y, const Tensor& rstd) = 0;
+  virtual void DoRmsNormBackwardInput(const Tensor& x, const Tensor& weight,
+                                      const Tensor& rstd, const Tensor& dy,
+                                      const Tensor& dx) = 0;
+  virtual void DoRmsNormBackwardWeight(const Tensor& x, const Tensor& rstd,
+                                       const Tensor& dy,
+                                       const Tensor& dweight) = 0;
+  virtual void DoSiluMul(const Tensor& gate, const Tensor& up,
+                         const Tensor& y) = 0;
+  virtual void DoSiluMulBackward(const Tensor& gate, const Tensor& up,
+                                 const Tensor& dy, const Tensor& dgate,
+                                 const Tensor& dup) = 0;
+  virtual void DoRope(const Tensor& x, float theta, bool inverse,
+                      const Tensor& y) = 0;
   virtual void DoSoftmax(const Tensor& x, float scale, bool causal,
                          const Tensor& y) = 0;
   virtual void DoSoftmaxBackward(const Tensor& y, const Tensor& dy, float scale,

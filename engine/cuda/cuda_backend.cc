@@ -554,6 +554,60 @@ void CudaBackend::DoLayerNormBackwardWeight(const Tensor& x, const Tensor& mean,
                               stream());
 }
 
+// --- Llama-family pieces -----------------------------------------------------
+
+void CudaBackend::DoRmsNorm(const Tensor& x, const Tensor& weight, float eps,
+                            const Tensor& y, const Tensor& rstd) {
+  const int64_t cols = x.dim(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
+  Activate();
+  ci::RmsNorm(F(x), F(weight), eps, rows, cols, F(y), F(rstd), stream());
+}
+
+void CudaBackend::DoRmsNormBackwardInput(const Tensor& x, const Tensor& weight,
+                                         const Tensor& rstd, const Tensor& dy,
+                                         const Tensor& dx) {
+  const int64_t cols = x.dim(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
+  Activate();
+  ci::RmsNormBackwardInput(F(x), F(weight), F(rstd), F(dy), rows, cols, F(dx),
+                           stream());
+}
+
+void CudaBackend::DoRmsNormBackwardWeight(const Tensor& x, const Tensor& rstd,
+                                          const Tensor& dy,
+                                          const Tensor& dweight) {
+  const int64_t cols = x.dim(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
+  Activate();
+  const int64_t floats = ci::ColumnSumScratchFloats(rows, cols, 1);
+  Scratch scratch = floats > 0 ? ScratchOrDefer(floats * sizeof(float),
+                                                "RmsNormBackwardWeight")
+                               : Scratch();
+  if (floats > 0 && !scratch.ok()) return;
+  ci::RmsNormBackwardWeight(F(x), F(rstd), F(dy), rows, cols, F(dweight),
+                            scratch.as<float>(), stream());
+}
+
+void CudaBackend::DoSiluMul(const Tensor& gate, const Tensor& up,
+                            const Tensor& y) {
+  Activate();
+  ci::SiluMul(F(gate), F(up), F(y), gate.numel(), stream());
+}
+
+void CudaBackend::DoSiluMulBackward(const Tensor& gate, const Tensor& up,
+                                    const Tensor& dy, const Tensor& dgate,
+                                    const Tensor& dup) {
+  Activate();
+  ci::SiluMulBackward(F(gate), F(up), F(dy), F(dgate), F(dup), gate.numel(),
+                      stream());
+}
+
+void CudaBackend::DoRope(const Tensor& x, float theta, bool inverse,
+                         const Tensor& y) {
+  const int64_t dim = x.dim(-1), seq = x.dim(-2);
+  const int64_t rows = x.numel() / std::max<int64_t>(dim * seq, 1);
+  Activate();
+  ci::Rope(F(x), rows, seq, dim, theta, inverse, F(y), stream());
+}
+
 // --- Attention pieces --------------------------------------------------------
 
 void CudaBackend::DoSoftmax(const Tensor& x, float scale, bool causal,

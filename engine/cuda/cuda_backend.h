@@ -158,6 +158,21 @@ class CudaBackend final : public Backend {
                                  const Tensor& dgamma,
                                  const Tensor& dbeta) override;
 
+  void DoRmsNorm(const Tensor& x, const Tensor& weight, float eps,
+                 const Tensor& y, const Tensor& rstd) override;
+  void DoRmsNormBackwardInput(const Tensor& x, const Tensor& weight,
+                              const Tensor& rstd, const Tensor& dy,
+                              const Tensor& dx) override;
+  void DoRmsNormBackwardWeight(const Tensor& x, const Tensor& rstd,
+                               const Tensor& dy,
+                               const Tensor& dweight) override;
+  void DoSiluMul(const Tensor& gate, const Tensor& up,
+                 const Tensor& y) override;
+  void DoSiluMulBackward(const Tensor& gate, const Tensor& up,
+                         const Tensor& dy, const Tensor& dgate,
+                         const Tensor& dup) override;
+  void DoRope(const Tensor& x, float theta, bool inverse,
+              const Tensor& y) override;
   void DoSoftmax(const Tensor& x, float scale, bool causal,
                  const Tensor& y) override;
   void DoSoftmaxBackward(const Tensor& y, const Tensor& dy, float scale,

@@ -8,6 +8,7 @@
 #define CONVEYOR_ENGINE_LAYERS_COMPOSITE_H_
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "engine/layer.h"
@@ -33,6 +34,15 @@ class Chain final : public Layer {
  private:
   std::vector<std::unique_ptr<Layer>> layers_;
 };
+
+// The layers given, in order, as the vector a Chain takes:
+//   std::make_unique<Chain>(LayerList(std::move(norm), std::move(attn))).
+template <typename... L>
+std::vector<std::unique_ptr<Layer>> LayerList(L&&... layers) {
+  std::vector<std::unique_ptr<Layer>> v;
+  (v.push_back(std::forward<L>(layers)), ...);
+  return v;
+}
 
 class Residual final : public Layer {
  public:

@@ -17,13 +17,6 @@ std::unique_ptr<Layer> MakeChain(std::vector<std::unique_ptr<Layer>> layers) {
   return std::make_unique<Chain>(std::move(layers));
 }
 
-template <typename... L>
-std::vector<std::unique_ptr<Layer>> Layers(L&&... layers) {
-  std::vector<std::unique_ptr<Layer>> v;
-  (v.push_back(std::forward<L>(layers)), ...);
-  return v;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Layer>> MakeTransformerBlock(
@@ -48,19 +41,19 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeTransformerBlock(
   auto gelu = std::make_unique<Activation>(
       backend,
       o.gelu_tanh ? Activation::Kind::kGeluTanh : Activation::Kind::kGelu);
-  auto mlp = MakeChain(Layers(std::move(up), std::move(gelu), std::move(down)));
+  auto mlp = MakeChain(LayerList(std::move(up), std::move(gelu), std::move(down)));
   // Parameter order: attn, norm1, mlp, norm2 for post-norm; norm1, attn,
   // norm2, mlp for pre-norm. Stages match parameters to the spec by name.
   if (o.pre_norm) {
     auto attn_branch = std::make_unique<Residual>(
-        backend, MakeChain(Layers(std::move(norm1), std::move(attn))));
+        backend, MakeChain(LayerList(std::move(norm1), std::move(attn))));
     auto mlp_branch = std::make_unique<Residual>(
-        backend, MakeChain(Layers(std::move(norm2), std::move(mlp))));
-    return MakeChain(Layers(std::move(attn_branch), std::move(mlp_branch)));
+        backend, MakeChain(LayerList(std::move(norm2), std::move(mlp))));
+    return MakeChain(LayerList(std::move(attn_branch), std::move(mlp_branch)));
   }
   auto attn_branch = std::make_unique<Residual>(backend, std::move(attn));
   auto mlp_branch = std::make_unique<Residual>(backend, std::move(mlp));
-  return MakeChain(Layers(std::move(attn_branch), std::move(norm1),
+  return MakeChain(LayerList(std::move(attn_branch), std::move(norm1),
                           std::move(mlp_branch), std::move(norm2)));
 }
 

@@ -99,6 +99,24 @@ void LayerNormBackwardWeight(const float* x, const float* mean,
                              int64_t cols, float* dgamma, float* dbeta,
                              float* scratch, cudaStream_t stream);
 
+// --- cuda_llama_kernels.cu: RMS norm, the SwiGLU gate, rotary embedding.
+void RmsNorm(const float* x, const float* weight, float eps, int64_t rows,
+             int64_t cols, float* y, float* rstd, cudaStream_t stream);
+void RmsNormBackwardInput(const float* x, const float* weight,
+                          const float* rstd, const float* dy, int64_t rows,
+                          int64_t cols, float* dx, cudaStream_t stream);
+// `scratch` holds ColumnSumScratchFloats(rows, cols, 1).
+void RmsNormBackwardWeight(const float* x, const float* rstd, const float* dy,
+                           int64_t rows, int64_t cols, float* dweight,
+                           float* scratch, cudaStream_t stream);
+void SiluMul(const float* gate, const float* up, float* y, int64_t n,
+             cudaStream_t stream);
+void SiluMulBackward(const float* gate, const float* up, const float* dy,
+                     float* dgate, float* dup, int64_t n, cudaStream_t stream);
+// x and y [rows, seq, dim]; y may alias x.
+void Rope(const float* x, int64_t rows, int64_t seq, int64_t dim, float theta,
+          bool inverse, float* y, cudaStream_t stream);
+
 // rows_per_matrix: the rows of one [rows, cols] matrix (for the causal
 // mask); rows: all rows.
 void Softmax(const float* x, float scale, bool causal, int64_t rows,

@@ -13,6 +13,10 @@
 #include "engine/layers/dense.h"
 #include "engine/layers/embedding.h"
 #include "engine/layers/layer_norm.h"
+#include "engine/layers/llama_attention.h"
+#include "engine/layers/llama_block.h"
+#include "engine/layers/rms_norm.h"
+#include "engine/layers/swiglu.h"
 #include "engine/layers/transformer_block.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -191,6 +195,216 @@ TEST(GradientCheckTest, TransformerBlocks) {
                  "layers.1.mlp.0.weight", "layers.1.mlp.0.bias",
                  "layers.1.mlp.2.weight", "layers.1.mlp.2.bias",
                  "layers.1.norm2.weight", "layers.1.norm2.bias"));
+}
+
+TEST(GradientCheckTest, RmsNorm) {
+  auto norm = *RmsNormLayer::Create(B(), "norm.", 6, 1e-6f);
+  CheckGradients(*norm, RandomTensor({2, 3, 6}, 21), 21);
+  ASSERT_EQ(norm->parameters().size(), 1u);
+  EXPECT_EQ(norm->parameters()[0]->name, "norm.weight");
+}
+
+TEST(GradientCheckTest, RmsNormMatchesItsDefinition) {
+  auto norm = *RmsNormLayer::Create(B(), "norm.", 4, 1e-6f);
+  const std::vector<float> w = {1.0f, 2.0f, -1.0f, 0.5f};
+  ASSERT_TRUE(
+      B()->CopyFromHost(w.data(), 16, norm->parameters()[0]->value).ok());
+  // mean(x^2) = (1 + 4 + 9 + 16) / 4 = 7.5.
+  Stash stash;
+  std::vector<float> y =
+      ToVector(*norm->Forward(FromVector({1, 4}, {1, -2, 3, 4}), stash));
+  const double r = 1.0 / std::sqrt(7.5 + 1e-6);
+  const std::vector<double> want = {1 * r, -4 * r, -3 * r, 2 * r};
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(y[i], want[i], 1e-6) << i;
+}
+
+TEST(GradientCheckTest, SwiGluMlp) {
+  auto mlp = *SwiGluMlp::Create(B(), "mlp.", 4, 6);
+  CheckGradients(*mlp, RandomTensor({2, 3, 4}, 22), 22);
+  std::vector<std::string> names;
+  for (Parameter* p : mlp->parameters()) names.push_back(p->name);
+  EXPECT_THAT(names,
+              ::testing::ElementsAre("mlp.gate_proj.weight",
+                                     "mlp.up_proj.weight",
+                                     "mlp.down_proj.weight"));
+}
+
+TEST(GradientCheckTest, RopeIsARotationAtEachPosition) {
+  // [rows 1, seq 3, head_dim 4]: position 0 is unchanged, every position
+  // keeps each pair's norm, and the inverse undoes it.
+  Tensor x = RandomTensor({1, 3, 4}, 23);
+  Tensor y = testing_util::ZerosLike(x);
+  B()->Rope(x, 10000.0f, /*inverse=*/false, y);
+  std::vector<float> xv = ToVector(x), yv = ToVector(y);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(yv[i], xv[i]);
+  for (int p = 0; p < 3; ++p) {
+    for (int i = 0; i < 2; ++i) {
+      const float* a = xv.data() + p * 4;
+      const float* b = yv.data() + p * 4;
+      EXPECT_NEAR(std::hypot(a[i], a[i + 2]), std::hypot(b[i], b[i + 2]),
+                  1e-6);
+    }
+  }
+  // Position 1, pair 0 turns by exactly 1 radian (inv_freq = 1).
+  EXPECT_NEAR(yv[4], xv[4] * std::cos(1.0) - xv[6] * std::sin(1.0), 1e-6);
+  EXPECT_NEAR(yv[6], xv[6] * std::cos(1.0) + xv[4] * std::sin(1.0), 1e-6);
+  // Pair 1 by 1 / 10000^(2/4) = 0.01 radian.
+  EXPECT_NEAR(yv[5], xv[5] * std::cos(0.01) - xv[7] * std::sin(0.01), 1e-6);
+  B()->Rope(y, 10000.0f, /*inverse=*/true, y);  // in place
+  EXPECT_TRUE(testing_util::AllClose(ToVector(y), xv, 1e-6, 1e-6));
+}
+
+TEST(GradientCheckTest, LlamaAttention) {
+  for (const int64_t kv_heads : {2, 1}) {
+    for (const bool bias : {false, true}) {
+      auto attn = *LlamaAttention::Create(B(), "attn.",
+                                          {.features = 8,
+                                           .heads = 2,
+                                           .kv_heads = kv_heads,
+                                           .rope_theta = 100.0f,
+                                           .bias = bias});
+      CheckGradients(*attn, RandomTensor({2, 3, 8}, 24), 24);
+    }
+  }
+  EXPECT_EQ(LlamaAttention::Create(B(), "a.", {.features = 6, .heads = 2,
+                                               .kv_heads = 2})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);  // head_dim 3 is odd
+  EXPECT_EQ(LlamaAttention::Create(B(), "a.", {.features = 12, .heads = 3,
+                                               .kv_heads = 2})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);  // 2 does not divide 3
+}
+
+TEST(GradientCheckTest, GroupedQueryAttentionEqualsRepeatedKeyValueHeads) {
+  // GQA with 4 query heads sharing 2 key/value heads is multi-head attention
+  // whose k and v projections repeat each shared head for its group (HF's
+  // repeat_kv): same output, same dx, and the shared heads' weight
+  // gradients are the sums over their copies.
+  const int64_t d = 16, head_dim = 4;
+  auto gqa = *LlamaAttention::Create(
+      B(), "a.", {.features = d, .heads = 4, .kv_heads = 2, .bias = true});
+  auto mha = *LlamaAttention::Create(
+      B(), "a.", {.features = d, .heads = 4, .kv_heads = 4, .bias = true});
+  RandomizeParameters(*gqa, 25);
+  RandomizeParameters(*mha, 26);
+  auto gp = gqa->parameters(), mp = mha->parameters();
+  // Order: q, q bias, k, k bias, v, v bias, o.
+  for (int i : {0, 1, 6}) B()->Copy(gp[i]->value, mp[i]->value);
+  for (int i : {2, 3, 4, 5}) {
+    const int64_t row = i % 2 == 0 ? d : 1;  // floats per output row
+    const float* src = gp[i]->value.data<float>();
+    float* dst = mp[i]->value.data<float>();
+    for (int64_t head = 0; head < 4; ++head) {
+      const int64_t group = head / 2;
+      for (int64_t j = 0; j < head_dim * row; ++j) {
+        dst[head * head_dim * row + j] = src[group * head_dim * row + j];
+      }
+    }
+  }
+  Tensor x = RandomTensor({2, 5, d}, 27), w = RandomTensor({2, 5, d}, 28);
+  Stash gs, ms;
+  std::vector<float> gy = ToVector(*gqa->Forward(x, gs));
+  std::vector<float> my = ToVector(*mha->Forward(x, ms));
+  EXPECT_TRUE(testing_util::AllClose(gy, my, 1e-5, 1e-5));
+  std::vector<float> gdx = ToVector(*gqa->BackwardInput(w, gs, true));
+  std::vector<float> mdx = ToVector(*mha->BackwardInput(w, ms, true));
+  EXPECT_TRUE(testing_util::AllClose(gdx, mdx, 1e-5, 1e-5));
+  ASSERT_TRUE(gqa->BackwardWeight(w, gs).ok());
+  ASSERT_TRUE(mha->BackwardWeight(w, ms).ok());
+  for (int i : {0, 1, 6}) {
+    EXPECT_TRUE(testing_util::AllClose(ToVector(gp[i]->grad),
+                                       ToVector(mp[i]->grad), 1e-5, 1e-5))
+        << gp[i]->name;
+  }
+  for (int i : {2, 3, 4, 5}) {
+    const int64_t row = i % 2 == 0 ? d : 1;
+    std::vector<float> summed(gp[i]->grad.numel(), 0.0f);
+    const float* m = mp[i]->grad.data<float>();
+    for (int64_t head = 0; head < 4; ++head) {
+      for (int64_t j = 0; j < head_dim * row; ++j) {
+        summed[(head / 2) * head_dim * row + j] +=
+            m[head * head_dim * row + j];
+      }
+    }
+    EXPECT_TRUE(testing_util::AllClose(ToVector(gp[i]->grad), summed, 1e-5,
+                                       1e-5))
+        << gp[i]->name;
+  }
+}
+
+TEST(GradientCheckTest, LlamaAttentionIsCausal) {
+  auto attn = *LlamaAttention::Create(
+      B(), "a.", {.features = 8, .heads = 2, .kv_heads = 1});
+  RandomizeParameters(*attn, 29);
+  Tensor x = RandomTensor({1, 3, 8}, 29);
+  Stash s1, s2;
+  std::vector<float> before = ToVector(*attn->Forward(x, s1));
+  x.data<float>()[2 * 8 + 1] += 1.0f;  // Change the last position only.
+  std::vector<float> after = ToVector(*attn->Forward(x, s2));
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(before[i], after[i]) << i;
+  EXPECT_NE(before[17], after[17]);
+}
+
+TEST(GradientCheckTest, LlamaBlock) {
+  auto block = *MakeLlamaBlock(B(), "layers.1.",
+                               {.features = 8,
+                                .heads = 2,
+                                .kv_heads = 1,
+                                .mlp_features = 12,
+                                .rope_theta = 500.0f});
+  CheckGradients(*block, RandomTensor({2, 3, 8}, 30), 30);
+  std::vector<std::string> names;
+  for (Parameter* p : block->parameters()) names.push_back(p->name);
+  EXPECT_THAT(names,
+              ::testing::ElementsAre(
+                  "layers.1.input_layernorm.weight",
+                  "layers.1.self_attn.q_proj.weight",
+                  "layers.1.self_attn.k_proj.weight",
+                  "layers.1.self_attn.v_proj.weight",
+                  "layers.1.self_attn.o_proj.weight",
+                  "layers.1.post_attention_layernorm.weight",
+                  "layers.1.mlp.gate_proj.weight",
+                  "layers.1.mlp.up_proj.weight",
+                  "layers.1.mlp.down_proj.weight"));
+}
+
+TEST(GradientCheckTest, LlamaLayersKeepWhatWeightBackwardNeeds) {
+  // A zero-bubble schedule releases what only BI needed before BW runs:
+  // the weight gradients must not change.
+  std::vector<std::unique_ptr<Layer>> layers;
+  layers.push_back(*MakeLlamaBlock(
+      B(), "b.",
+      {.features = 8, .heads = 4, .kv_heads = 2, .mlp_features = 12,
+       .attention_bias = true}));
+  layers.push_back(*SwiGluMlp::Create(B(), "m.", 8, 4));
+  layers.push_back(*RmsNormLayer::Create(B(), "n.", 8, 1e-6f));
+  for (auto& layer : layers) {
+    RandomizeParameters(*layer, 31);
+    Tensor x = RandomTensor({2, 3, 8}, 32), w = RandomTensor({2, 3, 8}, 33);
+    std::vector<std::vector<float>> full;
+    {
+      Stash s;
+      ASSERT_TRUE(layer->Forward(x, s).ok());
+      ASSERT_TRUE(layer->BackwardInput(w, s, true).ok());
+      ASSERT_TRUE(layer->BackwardWeight(w, s).ok());
+      for (Parameter* p : layer->parameters()) {
+        full.push_back(ToVector(p->grad));
+        B()->Fill(p->grad, 0.0f);
+      }
+    }
+    Stash s;
+    ASSERT_TRUE(layer->Forward(x, s).ok());
+    ASSERT_TRUE(layer->BackwardInput(w, s, true).ok());
+    layer->ReleaseForWeightBackward(s);
+    ASSERT_TRUE(layer->BackwardWeight(w, s).ok());
+    auto params = layer->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_EQ(ToVector(params[i]->grad), full[i]) << params[i]->name;
+    }
+  }
 }
 
 TEST(GradientCheckTest, SplitBackwardEqualsRunningBIAndBWLater) {

@@ -1,0 +1,37 @@
+// The decoder layer of Llama-family models (HF's LlamaDecoderLayer), built
+// from the composite combinators:
+//   x = x + self_attn(input_layernorm(x))
+//   x = x + mlp(post_attention_layernorm(x))
+// with RMS norms, grouped-query attention with rotary embedding
+// (engine/layers/llama_attention.h) and the SwiGLU MLP
+// (engine/layers/swiglu.h). Parameter names under <prefix> are HF's:
+// input_layernorm.weight, self_attn.{q,k,v,o}_proj.weight (and q, k, v
+// biases with attention_bias), post_attention_layernorm.weight,
+// mlp.{gate,up,down}_proj.weight, in that order.
+#ifndef CONVEYOR_ENGINE_LAYERS_LLAMA_BLOCK_H_
+#define CONVEYOR_ENGINE_LAYERS_LLAMA_BLOCK_H_
+
+#include <memory>
+#include <string>
+
+#include "engine/layer.h"
+
+namespace conveyor::engine {
+
+struct LlamaBlockOptions {
+  int64_t features = 0;
+  int64_t heads = 1;
+  int64_t kv_heads = 1;
+  int64_t mlp_features = 0;
+  float eps = 1e-6f;
+  float rope_theta = 10000.0f;
+  bool attention_bias = false;
+};
+
+absl::StatusOr<std::unique_ptr<Layer>> MakeLlamaBlock(
+    Backend* backend, const std::string& prefix,
+    const LlamaBlockOptions& options);
+
+}  // namespace conveyor::engine
+
+#endif  // CONVEYOR_ENGINE_LAYERS_LLAMA_BLOCK_H_
