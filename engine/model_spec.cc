@@ -34,6 +34,8 @@ constexpr KindName kKindNames[] = {
     {LayerKind::kAttention, "attention"},
     {LayerKind::kTransformerBlock, "transformer_block"},
     {LayerKind::kLmHead, "lm_head"},
+    {LayerKind::kRmsNorm, "rmsnorm"},
+    {LayerKind::kLlamaBlock, "llama_block"},
     {LayerKind::kDelay, "delay"},
 };
 
@@ -92,6 +94,38 @@ void AddLayerNormParams(absl::string_view prefix, int64_t d,
                         std::vector<ParamSpec>& params) {
   params.push_back(MakeParam(prefix, "weight", {d}, ParamInit::kOnes, 0.0));
   params.push_back(MakeParam(prefix, "bias", {d}, ParamInit::kZeros, 0.0));
+}
+
+// HF's Llama init: every Linear weight N(0, initializer_range^2) with the
+// default initializer_range of 0.02, norm weights ones.
+constexpr double kLlamaInitStd = 0.02;
+
+void AddLlamaBlockParams(absl::string_view prefix, const LayerSpec& layer,
+                         int64_t d, std::vector<ParamSpec>& params) {
+  const int64_t kv = layer.kv_heads * (d / layer.heads);
+  auto linear = [&](absl::string_view name, int64_t out, int64_t in) {
+    params.push_back(MakeParam(prefix, name, {out, in}, ParamInit::kNormal,
+                               kLlamaInitStd));
+  };
+  auto bias = [&](absl::string_view name, int64_t out) {
+    if (layer.bias) {
+      params.push_back(MakeParam(prefix, name, {out}, ParamInit::kZeros, 0.0));
+    }
+  };
+  params.push_back(
+      MakeParam(prefix, "input_layernorm.weight", {d}, ParamInit::kOnes, 0.0));
+  linear("self_attn.q_proj.weight", d, d);
+  bias("self_attn.q_proj.bias", d);
+  linear("self_attn.k_proj.weight", kv, d);
+  bias("self_attn.k_proj.bias", kv);
+  linear("self_attn.v_proj.weight", kv, d);
+  bias("self_attn.v_proj.bias", kv);
+  linear("self_attn.o_proj.weight", d, d);
+  params.push_back(MakeParam(prefix, "post_attention_layernorm.weight", {d},
+                             ParamInit::kOnes, 0.0));
+  linear("mlp.gate_proj.weight", layer.mlp_features, d);
+  linear("mlp.up_proj.weight", layer.mlp_features, d);
+  linear("mlp.down_proj.weight", d, layer.mlp_features);
 }
 
 void AddLinearParams(absl::string_view prefix, int64_t in, int64_t out,
@@ -355,6 +389,10 @@ absl::StatusOr<LayerSpec> SpecParser::ParseLayer(LayerKind kind,
   static constexpr absl::string_view kBlockKeys[] = {
       "heads", "mlp_features", "causal", "norm", "eps", "approximate"};
   static constexpr absl::string_view kLmHeadKeys[] = {"vocab_size", "bias"};
+  static constexpr absl::string_view kRmsNormKeys[] = {"eps"};
+  static constexpr absl::string_view kLlamaBlockKeys[] = {
+      "heads",      "kv_heads", "mlp_features",
+      "eps",        "rope_theta", "attention_bias"};
   static constexpr absl::string_view kDelayKeys[] = {
       "forward_ms", "backward_ms", "backward_input_ms", "backward_weight_ms"};
   YamlNames keys;  // relu: none
@@ -382,6 +420,12 @@ absl::StatusOr<LayerSpec> SpecParser::ParseLayer(LayerKind kind,
     case LayerKind::kLmHead:
       keys = kLmHeadKeys;
       break;
+    case LayerKind::kRmsNorm:
+      keys = kRmsNormKeys;
+      break;
+    case LayerKind::kLlamaBlock:
+      keys = kLlamaBlockKeys;
+      break;
     case LayerKind::kDelay:
       keys = kDelayKeys;
       break;
@@ -393,7 +437,13 @@ absl::StatusOr<LayerSpec> SpecParser::ParseLayer(LayerKind kind,
   layer.kind = kind;
   layer.path = item.path;
   layer.where = item.where;
-  if (kind == LayerKind::kLmHead) layer.bias = false;
+  if (kind == LayerKind::kLmHead || kind == LayerKind::kLlamaBlock) {
+    layer.bias = false;
+  }
+  // HF's LlamaRMSNorm default.
+  if (kind == LayerKind::kRmsNorm || kind == LayerKind::kLlamaBlock) {
+    layer.eps = 1e-6;
+  }
 
   // Every option is optional here; Require() below enforces the required
   // ones per kind. Unknown keys were rejected by ReadMap.
@@ -468,6 +518,27 @@ absl::StatusOr<LayerSpec> SpecParser::ParseLayer(LayerKind kind,
     case LayerKind::kLmHead:
       RETURN_IF_ERROR(dim("vocab_size", true, 1, layer.vocab_size));
       RETURN_IF_ERROR(flag("bias", layer.bias));
+      break;
+    case LayerKind::kRmsNorm:
+      RETURN_IF_ERROR(eps());
+      break;
+    case LayerKind::kLlamaBlock:
+      RETURN_IF_ERROR(dim("heads", true, 1, layer.heads));
+      RETURN_IF_ERROR(dim("kv_heads", false, 1, layer.kv_heads));
+      if (layer.kv_heads == 0) layer.kv_heads = layer.heads;
+      RETURN_IF_ERROR(dim("mlp_features", true, 1, layer.mlp_features));
+      RETURN_IF_ERROR(eps());
+      if (const YamlMapEntry* e = map.Find("rope_theta"); e != nullptr) {
+        ASSIGN_OR_RETURN(layer.rope_theta,
+                         reader_.ParsePositiveDouble(e->value));
+        // The kernels take it as a float.
+        if (layer.rope_theta > 1e30) {
+          return reader_.Error(e->value,
+                               absl::StrCat("must be at most 1e30; got ",
+                                            DescribeYaml(e->value.node)));
+        }
+      }
+      RETURN_IF_ERROR(flag("attention_bias", layer.bias));
       break;
     case LayerKind::kDelay:
       RETURN_IF_ERROR(ParseDelay(map, layer));
@@ -647,6 +718,31 @@ absl::Status SpecParser::InferLayer(LayerSpec& layer) const {
       AddLinearParams(prefix, d, layer.vocab_size, layer.bias, params);
       out.back() = layer.vocab_size;
       break;
+    case LayerKind::kRmsNorm:
+      params.push_back(
+          MakeParam(prefix, "weight", {d}, ParamInit::kOnes, 0.0));
+      break;
+    case LayerKind::kLlamaBlock: {
+      RETURN_IF_ERROR(needs_sequence());
+      if (d % layer.heads != 0 || (d / layer.heads) % 2 != 0) {
+        return LayerError(
+            layer, absl::StrCat("the input's features (", d,
+                                ") must split into heads = ", layer.heads,
+                                " of an even head size (rotary embedding "
+                                "turns pairs)"));
+      }
+      if (layer.heads % layer.kv_heads != 0) {
+        return LayerError(layer,
+                          absl::StrCat("kv_heads = ", layer.kv_heads,
+                                       " does not divide heads = ", layer.heads,
+                                       " (each key/value head serves a whole "
+                                       "group of query heads)"));
+      }
+      layer.qkv_features = d;
+      layer.causal = true;
+      AddLlamaBlockParams(prefix, layer, d, params);
+      break;
+    }
   }
   if (ElementsCapped(out, kMaxSampleElements) > kMaxSampleElements) {
     return LayerError(

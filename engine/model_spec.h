@@ -73,13 +73,19 @@ enum class LayerKind {
   kAttention,
   kTransformerBlock,
   kLmHead,
+  // Llama-family (HF semantics and parameter names): RMS norm, and the
+  // decoder block of grouped-query attention with rotary embedding and a
+  // SwiGLU MLP (engine/layers/llama_block.h).
+  kRmsNorm,
+  kLlamaBlock,
   // Identity that takes a fixed time per action: a stand-in for compute of
   // known cost in tests and benchmarks (engine/layers/delay.h).
   kDelay,
 };
 
 // The YAML name: "dense", "relu", "gelu", "layernorm", "embedding",
-// "attention", "transformer_block", "lm_head", "delay".
+// "attention", "transformer_block", "lm_head", "rmsnorm", "llama_block",
+// "delay".
 absl::string_view LayerKindName(LayerKind kind);
 
 // How a parameter is initialized from the seed (PyTorch's defaults for the
@@ -124,17 +130,21 @@ struct LayerSpec {
   int stage = 0;
 
   int64_t features = 0;           // dense, embedding: output features
-  bool bias = true;               // dense, attention (true); lm_head (false)
+  // dense, attention (true); lm_head, llama_block's q/k/v (false)
+  bool bias = true;
   bool approximate_tanh = false;  // gelu, transformer_block
-  double eps = 1e-5;              // layernorm, transformer_block
+  // layernorm, transformer_block (1e-5); rmsnorm, llama_block (1e-6)
+  double eps = 1e-5;
   int64_t vocab_size = 0;         // embedding, lm_head
   int64_t max_positions = 0;      // embedding; 0 = no learned positions
-  int64_t heads = 0;              // attention, transformer_block
+  int64_t heads = 0;  // attention, transformer_block, llama_block
+  int64_t kv_heads = 0;  // llama_block: resolved (heads when not given)
+  double rope_theta = 10000.0;  // llama_block
   bool causal = false;            // attention, transformer_block
   // attention, transformer_block: resolved width of q, k and v (the input
   // features when the YAML leaves it 0 or, for transformer_block, always).
   int64_t qkv_features = 0;
-  int64_t mlp_features = 0;  // transformer_block
+  int64_t mlp_features = 0;  // transformer_block, llama_block
   bool pre_norm = false;     // transformer_block: norm: pre
   // delay: the wait of each action, resolved from the YAML: BI takes
   // backward_ms, or backward_input_ms when the backward is split, and BW takes

@@ -196,7 +196,8 @@ std::string ProfileKey(const ModelSpec& model, int64_t microbatch_size) {
                     ",eps=", DoubleKey(l.eps), ",vocab=", l.vocab_size,
                     ",pos=", l.max_positions, ",heads=", l.heads,
                     ",causal=", Bit(l.causal), ",qkv=", l.qkv_features,
-                    ",mlp=", l.mlp_features, ",pre_norm=", Bit(l.pre_norm));
+                    ",mlp=", l.mlp_features, ",pre_norm=", Bit(l.pre_norm),
+                    ",kv=", l.kv_heads, ",theta=", DoubleKey(l.rope_theta));
     absl::StrAppend(&key, ",fms=", DoubleKey(l.forward_ms),
                     ",bims=", DoubleKey(l.backward_input_ms),
                     ",bwms=", DoubleKey(l.backward_weight_ms),

@@ -11,6 +11,8 @@
 #include "engine/layers/dense.h"
 #include "engine/layers/embedding.h"
 #include "engine/layers/layer_norm.h"
+#include "engine/layers/llama_block.h"
+#include "engine/layers/rms_norm.h"
 #include "engine/layers/transformer_block.h"
 
 namespace conveyor::engine {
@@ -49,6 +51,18 @@ absl::StatusOr<std::unique_ptr<Layer>> BuildLayer(Backend* backend,
                                    .gelu_tanh = l.approximate_tanh});
     case LayerKind::kLmHead:
       return Dense::Create(backend, prefix, in, l.vocab_size, l.bias);
+    case LayerKind::kRmsNorm:
+      return RmsNormLayer::Create(backend, prefix, in,
+                                  static_cast<float>(l.eps));
+    case LayerKind::kLlamaBlock:
+      return MakeLlamaBlock(backend, prefix,
+                            {.features = in,
+                             .heads = l.heads,
+                             .kv_heads = l.kv_heads,
+                             .mlp_features = l.mlp_features,
+                             .eps = static_cast<float>(l.eps),
+                             .rope_theta = static_cast<float>(l.rope_theta),
+                             .attention_bias = l.bias});
     case LayerKind::kDelay:
       return std::make_unique<Delay>(l.forward_ms, l.backward_input_ms,
                                      l.backward_weight_ms);

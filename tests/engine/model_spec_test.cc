@@ -251,6 +251,100 @@ TEST(ModelSpecTest, TransformerBlockDefaultsArePostNormExactGelu) {
   EXPECT_DOUBLE_EQ(spec.layers[0].eps, 1e-5);
 }
 
+TEST(ModelSpecTest, LlamaBlockHasHfNamesAndInit) {
+  const ModelSpec spec = ParseOk(Job(R"(    - llama_block:
+        heads: 4
+        kv_heads: 2
+        mlp_features: 96
+        rope_theta: 500000
+        attention_bias: true
+    - rmsnorm: {eps: 1e-5}
+)",
+                                     "[16, 32]"));
+  ASSERT_EQ(spec.layers.size(), 2u);
+  const LayerSpec& block = spec.layers[0];
+  EXPECT_EQ(block.kind, LayerKind::kLlamaBlock);
+  EXPECT_EQ(block.heads, 4);
+  EXPECT_EQ(block.kv_heads, 2);
+  EXPECT_DOUBLE_EQ(block.rope_theta, 500000);
+  EXPECT_DOUBLE_EQ(block.eps, 1e-6);
+  EXPECT_TRUE(block.causal);
+  EXPECT_EQ(block.output_shape, (std::vector<int64_t>{16, 32}));
+  struct Expected {
+    const char* name;
+    std::vector<int64_t> shape;
+    ParamInit init;
+    double std_dev;
+  };
+  // head_dim 8: k and v project to 2 heads of 8.
+  const std::vector<Expected> expected = {
+      {"layers.0.input_layernorm.weight", {32}, ParamInit::kOnes, 0},
+      {"layers.0.self_attn.q_proj.weight", {32, 32}, ParamInit::kNormal, 0.02},
+      {"layers.0.self_attn.q_proj.bias", {32}, ParamInit::kZeros, 0},
+      {"layers.0.self_attn.k_proj.weight", {16, 32}, ParamInit::kNormal, 0.02},
+      {"layers.0.self_attn.k_proj.bias", {16}, ParamInit::kZeros, 0},
+      {"layers.0.self_attn.v_proj.weight", {16, 32}, ParamInit::kNormal, 0.02},
+      {"layers.0.self_attn.v_proj.bias", {16}, ParamInit::kZeros, 0},
+      {"layers.0.self_attn.o_proj.weight", {32, 32}, ParamInit::kNormal, 0.02},
+      {"layers.0.post_attention_layernorm.weight", {32}, ParamInit::kOnes, 0},
+      {"layers.0.mlp.gate_proj.weight", {96, 32}, ParamInit::kNormal, 0.02},
+      {"layers.0.mlp.up_proj.weight", {96, 32}, ParamInit::kNormal, 0.02},
+      {"layers.0.mlp.down_proj.weight", {32, 96}, ParamInit::kNormal, 0.02},
+  };
+  ASSERT_EQ(block.params.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    SCOPED_TRACE(expected[i].name);
+    EXPECT_EQ(block.params[i].name, expected[i].name);
+    EXPECT_EQ(block.params[i].shape, expected[i].shape);
+    EXPECT_EQ(block.params[i].init, expected[i].init);
+    EXPECT_DOUBLE_EQ(block.params[i].bound_or_std, expected[i].std_dev);
+  }
+  const LayerSpec& norm = spec.layers[1];
+  EXPECT_DOUBLE_EQ(norm.eps, 1e-5);
+  ASSERT_EQ(norm.params.size(), 1u);
+  EXPECT_EQ(norm.params[0].name, "layers.1.weight");
+}
+
+TEST(ModelSpecTest, LlamaBlockDefaults) {
+  const ModelSpec spec = ParseOk(
+      Job("    - llama_block: {heads: 2, mlp_features: 8}\n    - rmsnorm\n",
+          "[3, 4]"));
+  const LayerSpec& block = spec.layers[0];
+  EXPECT_EQ(block.kv_heads, 2);  // multi-head unless told otherwise
+  EXPECT_DOUBLE_EQ(block.rope_theta, 10000);
+  EXPECT_DOUBLE_EQ(block.eps, 1e-6);
+  EXPECT_FALSE(block.bias);
+  EXPECT_EQ(block.params.size(), 9u);  // no q/k/v biases
+  EXPECT_DOUBLE_EQ(spec.layers[1].eps, 1e-6);
+}
+
+TEST(ModelSpecErrorTest, LlamaBlockShapesAndOptions) {
+  EXPECT_EQ(ParseError(Job("    - llama_block: {heads: 4, kv_heads: 3, "
+                           "mlp_features: 8}\n",
+                           "[5, 24]")),
+            "job.yaml:6:7: model.layers[0]: llama_block (layer 0): kv_heads = "
+            "3 does not divide heads = 4 (each key/value head serves a whole "
+            "group of query heads)");
+  EXPECT_EQ(ParseError(Job("    - llama_block: {heads: 4, mlp_features: 8}\n",
+                           "[5, 12]")),
+            "job.yaml:6:7: model.layers[0]: llama_block (layer 0): the "
+            "input's features (12) must split into heads = 4 of an even head "
+            "size (rotary embedding turns pairs)");
+  EXPECT_EQ(ParseError(Job("    - llama_block: {heads: 2, mlp_features: 8, "
+                           "rope_theta: 1e40}\n",
+                           "[5, 8]")),
+            "job.yaml:6:60: model.layers[0].llama_block.rope_theta: must be at "
+            "most 1e30; got '1e40'");
+  EXPECT_THAT(ParseError(Job("    - llama_block: {heads: 2, mlp_features: 8, "
+                           "rope_theta: 0}\n",
+                           "[5, 8]")),
+            ::testing::HasSubstr("model.layers[0].llama_block.rope_theta: "));
+  EXPECT_THAT(ParseError(Job("    - llama_block: {heads: 2, mlp_features: 8, "
+                           "bias: true}\n",
+                           "[5, 8]")),
+            ::testing::HasSubstr("unknown key 'bias'"));
+}
+
 TEST(ModelSpecTest, AttentionWithQkvFeaturesAndNoBias) {
   const ModelSpec spec = ParseOk(Job(
       "    - attention: {heads: 2, qkv_features: 6, bias: false}\n", "[5, 4]"));
@@ -555,7 +649,8 @@ TEST(ModelSpecErrorTest, UnknownLayerKindListsTheAllowedOnes) {
   EXPECT_EQ(ParseError(Job("    - relu\n    - dens: {features: 8}\n")),
             "job.yaml:7:7: model.layers[1]: unknown layer kind 'dens'; "
             "allowed: dense, relu, gelu, layernorm, embedding, attention, "
-            "transformer_block, lm_head, delay, boundary, repeat");
+            "transformer_block, lm_head, rmsnorm, llama_block, delay, "
+            "boundary, repeat");
 }
 
 TEST(ModelSpecErrorTest, DelayOptions) {

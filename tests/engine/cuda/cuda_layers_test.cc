@@ -20,6 +20,10 @@
 #include "engine/layers/dense.h"
 #include "engine/layers/embedding.h"
 #include "engine/layers/layer_norm.h"
+#include "engine/layers/llama_attention.h"
+#include "engine/layers/llama_block.h"
+#include "engine/layers/rms_norm.h"
+#include "engine/layers/swiglu.h"
 #include "engine/layers/transformer_block.h"
 #include "engine/loss.h"
 #include "engine/optimizer.h"
@@ -234,6 +238,49 @@ TEST_F(CudaLayersTest, TransformerBlocks) {
           {.rtol = 1e-3, .atol = 2e-4});
     }
   }
+}
+
+TEST_F(CudaLayersTest, RmsNorm) {
+  CheckLayer(
+      [](Backend* b) {
+        return Upcast(RmsNormLayer::Create(b, "norm.", 48, 1e-6f));
+      },
+      RandomBoth({3, 7, 48}, 7, 2.0f), "rms_norm");
+}
+
+TEST_F(CudaLayersTest, SwiGluMlp) {
+  CheckLayer(
+      [](Backend* b) { return Upcast(SwiGluMlp::Create(b, "mlp.", 32, 88)); },
+      RandomBoth({2, 9, 32}, 8), "swiglu", {.rtol = 1e-3, .atol = 1e-4});
+}
+
+TEST_F(CudaLayersTest, LlamaAttentionWithGroupedHeadsAndRope) {
+  // Sequence 40 turns the first pair by up to 39 radians: sincosf must be
+  // the accurate one.
+  for (const int64_t kv_heads : {4, 2, 1}) {
+    for (const bool bias : {false, true}) {
+      const LlamaAttentionOptions o = {.features = 32,
+                                       .heads = 4,
+                                       .kv_heads = kv_heads,
+                                       .rope_theta = 10000.0f,
+                                       .bias = bias};
+      CheckLayer(
+          [o](Backend* b) {
+            return Upcast(LlamaAttention::Create(b, "self_attn.", o));
+          },
+          RandomBoth({2, 40, 32}, 9),
+          absl::StrCat("llama attention kv_heads=", kv_heads, " bias=", bias),
+          {.rtol = 1e-3, .atol = 1e-4});
+    }
+  }
+}
+
+TEST_F(CudaLayersTest, LlamaBlock) {
+  const LlamaBlockOptions o = {
+      .features = 32, .heads = 4, .kv_heads = 2, .mlp_features = 64};
+  CheckLayer([o](Backend* b) { return MakeLlamaBlock(b, "layers.0.", o); },
+             RandomBoth({2, 8, 32}, 10), "llama block",
+             {.rtol = 1e-3, .atol = 2e-4});
 }
 
 TEST_F(CudaLayersTest, CompositeResidualMlp) {
