@@ -168,7 +168,8 @@ class Backend {
   // dweight += sum over rows of dy * x * rstd.
   void RmsNormBackwardWeight(const Tensor& x, const Tensor& rstd,
                              const Tensor& dy, const Tensor& dweight);
-  // The SwiGLU gate, elementwise: y = silu(gate) * up, silu(g) = g * sigmoid(g).
+  // The SwiGLU gate, elementwise: y = silu(gate) * up, silu(g) = g *
+  // sigmoid(g).
   void SiluMul(const Tensor& gate, const Tensor& up, const Tensor& y);
   // dgate = dy * up * silu'(gate), dup = dy * silu(gate).
   void SiluMulBackward(const Tensor& gate, const Tensor& up, const Tensor& dy,

@@ -104,8 +104,8 @@ void AddLlamaBlockParams(absl::string_view prefix, const LayerSpec& layer,
                          int64_t d, std::vector<ParamSpec>& params) {
   const int64_t kv = layer.kv_heads * (d / layer.heads);
   auto linear = [&](absl::string_view name, int64_t out, int64_t in) {
-    params.push_back(MakeParam(prefix, name, {out, in}, ParamInit::kNormal,
-                               kLlamaInitStd));
+    params.push_back(
+        MakeParam(prefix, name, {out, in}, ParamInit::kNormal, kLlamaInitStd));
   };
   auto bias = [&](absl::string_view name, int64_t out) {
     if (layer.bias) {
@@ -391,8 +391,8 @@ absl::StatusOr<LayerSpec> SpecParser::ParseLayer(LayerKind kind,
   static constexpr absl::string_view kLmHeadKeys[] = {"vocab_size", "bias"};
   static constexpr absl::string_view kRmsNormKeys[] = {"eps"};
   static constexpr absl::string_view kLlamaBlockKeys[] = {
-      "heads",      "kv_heads", "mlp_features",
-      "eps",        "rope_theta", "attention_bias"};
+      "heads", "kv_heads",   "mlp_features",
+      "eps",   "rope_theta", "attention_bias"};
   static constexpr absl::string_view kDelayKeys[] = {
       "forward_ms", "backward_ms", "backward_input_ms", "backward_weight_ms"};
   YamlNames keys;  // relu: none
@@ -719,8 +719,7 @@ absl::Status SpecParser::InferLayer(LayerSpec& layer) const {
       out.back() = layer.vocab_size;
       break;
     case LayerKind::kRmsNorm:
-      params.push_back(
-          MakeParam(prefix, "weight", {d}, ParamInit::kOnes, 0.0));
+      params.push_back(MakeParam(prefix, "weight", {d}, ParamInit::kOnes, 0.0));
       break;
     case LayerKind::kLlamaBlock: {
       RETURN_IF_ERROR(needs_sequence());

@@ -129,18 +129,18 @@ struct LayerSpec {
   int index = 0;
   int stage = 0;
 
-  int64_t features = 0;           // dense, embedding: output features
+  int64_t features = 0;  // dense, embedding: output features
   // dense, attention (true); lm_head, llama_block's q/k/v (false)
   bool bias = true;
   bool approximate_tanh = false;  // gelu, transformer_block
   // layernorm, transformer_block (1e-5); rmsnorm, llama_block (1e-6)
   double eps = 1e-5;
-  int64_t vocab_size = 0;         // embedding, lm_head
-  int64_t max_positions = 0;      // embedding; 0 = no learned positions
-  int64_t heads = 0;  // attention, transformer_block, llama_block
-  int64_t kv_heads = 0;  // llama_block: resolved (heads when not given)
+  int64_t vocab_size = 0;       // embedding, lm_head
+  int64_t max_positions = 0;    // embedding; 0 = no learned positions
+  int64_t heads = 0;            // attention, transformer_block, llama_block
+  int64_t kv_heads = 0;         // llama_block: resolved (heads when not given)
   double rope_theta = 10000.0;  // llama_block
-  bool causal = false;            // attention, transformer_block
+  bool causal = false;          // attention, transformer_block
   // attention, transformer_block: resolved width of q, k and v (the input
   // features when the YAML leaves it 0 or, for transformer_block, always).
   int64_t qkv_features = 0;

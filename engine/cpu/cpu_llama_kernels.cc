@@ -109,9 +109,8 @@ void CpuBackend::DoRope(const Tensor& x, float theta, bool inverse,
   // 1 / theta^(2i / dim) and the angle pos * inv_freq, all in float.
   std::vector<float> cos(seq * half), sin(seq * half);
   for (int64_t i = 0; i < half; ++i) {
-    const float inv_freq =
-        1.0f / std::pow(theta, static_cast<float>(2 * i) /
-                                   static_cast<float>(dim));
+    const float inv_freq = 1.0f / std::pow(theta, static_cast<float>(2 * i) /
+                                                      static_cast<float>(dim));
     for (int64_t p = 0; p < seq; ++p) {
       const float angle = static_cast<float>(p) * inv_freq;
       cos[p * half + i] = std::cos(angle);

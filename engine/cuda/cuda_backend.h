@@ -168,9 +168,8 @@ class CudaBackend final : public Backend {
                                const Tensor& dweight) override;
   void DoSiluMul(const Tensor& gate, const Tensor& up,
                  const Tensor& y) override;
-  void DoSiluMulBackward(const Tensor& gate, const Tensor& up,
-                         const Tensor& dy, const Tensor& dgate,
-                         const Tensor& dup) override;
+  void DoSiluMulBackward(const Tensor& gate, const Tensor& up, const Tensor& dy,
+                         const Tensor& dgate, const Tensor& dup) override;
   void DoRope(const Tensor& x, float theta, bool inverse,
               const Tensor& y) override;
   void DoSoftmax(const Tensor& x, float scale, bool causal,

@@ -48,8 +48,8 @@ absl::StatusOr<std::unique_ptr<LlamaAttention>> LlamaAttention::Create(
   if (o.heads < 1 || o.features % o.heads != 0 ||
       (o.features / o.heads) % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "llama attention: features (", o.features,
-        ") must split into heads (", o.heads, ") of an even head_dim"));
+        "llama attention: features (", o.features, ") must split into heads (",
+        o.heads, ") of an even head_dim"));
   }
   if (o.kv_heads < 1 || o.heads % o.kv_heads != 0) {
     return absl::InvalidArgumentError(
@@ -59,21 +59,21 @@ absl::StatusOr<std::unique_ptr<LlamaAttention>> LlamaAttention::Create(
   std::unique_ptr<LlamaAttention> a(new LlamaAttention(backend, o));
   const int64_t d = o.features, q_width = d,
                 kv_width = o.kv_heads * a->head_dim_;
-  ASSIGN_OR_RETURN(a->q_, MakeParameter(backend, prefix + "q_proj.weight",
-                                        {q_width, d}));
-  ASSIGN_OR_RETURN(a->k_, MakeParameter(backend, prefix + "k_proj.weight",
-                                        {kv_width, d}));
-  ASSIGN_OR_RETURN(a->v_, MakeParameter(backend, prefix + "v_proj.weight",
-                                        {kv_width, d}));
-  ASSIGN_OR_RETURN(a->out_, MakeParameter(backend, prefix + "o_proj.weight",
-                                          {d, q_width}));
+  ASSIGN_OR_RETURN(
+      a->q_, MakeParameter(backend, prefix + "q_proj.weight", {q_width, d}));
+  ASSIGN_OR_RETURN(
+      a->k_, MakeParameter(backend, prefix + "k_proj.weight", {kv_width, d}));
+  ASSIGN_OR_RETURN(
+      a->v_, MakeParameter(backend, prefix + "v_proj.weight", {kv_width, d}));
+  ASSIGN_OR_RETURN(
+      a->out_, MakeParameter(backend, prefix + "o_proj.weight", {d, q_width}));
   if (o.bias) {
     ASSIGN_OR_RETURN(a->q_bias_,
                      MakeParameter(backend, prefix + "q_proj.bias", {q_width}));
-    ASSIGN_OR_RETURN(a->k_bias_, MakeParameter(backend, prefix + "k_proj.bias",
-                                               {kv_width}));
-    ASSIGN_OR_RETURN(a->v_bias_, MakeParameter(backend, prefix + "v_proj.bias",
-                                               {kv_width}));
+    ASSIGN_OR_RETURN(
+        a->k_bias_, MakeParameter(backend, prefix + "k_proj.bias", {kv_width}));
+    ASSIGN_OR_RETURN(
+        a->v_bias_, MakeParameter(backend, prefix + "v_proj.bias", {kv_width}));
   }
   return a;
 }
@@ -154,8 +154,8 @@ absl::StatusOr<Tensor> LlamaAttention::BackwardInput(const Tensor& dy,
   be.GemmStridedBatched(
       GroupGemm(b * g, false, false, r * s, d, s, {d_scores, s}, {k, d}, dq));
   ASSIGN_OR_RETURN(Tensor dk, be.Empty({b, g, s, d}, DType::kF32));
-  be.GemmStridedBatched(GroupGemm(b * g, true, false, s, d, r * s,
-                                  {d_scores, s}, {q, d}, dk));
+  be.GemmStridedBatched(
+      GroupGemm(b * g, true, false, s, d, r * s, {d_scores, s}, {q, d}, dk));
   // Undo the rotation (its transpose), then back to [B, S, heads * D].
   be.Rope(dq, o_.rope_theta, /*inverse=*/true, dq);
   be.Rope(dk, o_.rope_theta, /*inverse=*/true, dk);

@@ -23,9 +23,10 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeLlamaBlock(
                                            .kv_heads = o.kv_heads,
                                            .rope_theta = o.rope_theta,
                                            .bias = o.attention_bias}));
-  ASSIGN_OR_RETURN(std::unique_ptr<Layer> norm2,
-                   RmsNormLayer::Create(
-                       backend, prefix + "post_attention_layernorm.", d, o.eps));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<Layer> norm2,
+      RmsNormLayer::Create(backend, prefix + "post_attention_layernorm.", d,
+                           o.eps));
   ASSIGN_OR_RETURN(
       std::unique_ptr<Layer> mlp,
       SwiGluMlp::Create(backend, prefix + "mlp.", d, o.mlp_features));

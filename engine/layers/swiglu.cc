@@ -8,8 +8,7 @@ namespace conveyor::engine {
 absl::StatusOr<std::unique_ptr<SwiGluMlp>> SwiGluMlp::Create(
     Backend* backend, const std::string& prefix, int64_t features,
     int64_t mlp_features) {
-  std::unique_ptr<SwiGluMlp> l(
-      new SwiGluMlp(backend, features, mlp_features));
+  std::unique_ptr<SwiGluMlp> l(new SwiGluMlp(backend, features, mlp_features));
   ASSIGN_OR_RETURN(l->gate_, MakeParameter(backend, prefix + "gate_proj.weight",
                                            {mlp_features, features}));
   ASSIGN_OR_RETURN(l->up_, MakeParameter(backend, prefix + "up_proj.weight",

@@ -41,7 +41,8 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeTransformerBlock(
   auto gelu = std::make_unique<Activation>(
       backend,
       o.gelu_tanh ? Activation::Kind::kGeluTanh : Activation::Kind::kGelu);
-  auto mlp = MakeChain(LayerList(std::move(up), std::move(gelu), std::move(down)));
+  auto mlp =
+      MakeChain(LayerList(std::move(up), std::move(gelu), std::move(down)));
   // Parameter order: attn, norm1, mlp, norm2 for post-norm; norm1, attn,
   // norm2, mlp for pre-norm. Stages match parameters to the spec by name.
   if (o.pre_norm) {
@@ -54,7 +55,7 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeTransformerBlock(
   auto attn_branch = std::make_unique<Residual>(backend, std::move(attn));
   auto mlp_branch = std::make_unique<Residual>(backend, std::move(mlp));
   return MakeChain(LayerList(std::move(attn_branch), std::move(norm1),
-                          std::move(mlp_branch), std::move(norm2)));
+                             std::move(mlp_branch), std::move(norm2)));
 }
 
 }  // namespace conveyor::engine

@@ -336,13 +336,13 @@ TEST(ModelSpecErrorTest, LlamaBlockShapesAndOptions) {
             "job.yaml:6:60: model.layers[0].llama_block.rope_theta: must be at "
             "most 1e30; got '1e40'");
   EXPECT_THAT(ParseError(Job("    - llama_block: {heads: 2, mlp_features: 8, "
-                           "rope_theta: 0}\n",
-                           "[5, 8]")),
-            ::testing::HasSubstr("model.layers[0].llama_block.rope_theta: "));
+                             "rope_theta: 0}\n",
+                             "[5, 8]")),
+              ::testing::HasSubstr("model.layers[0].llama_block.rope_theta: "));
   EXPECT_THAT(ParseError(Job("    - llama_block: {heads: 2, mlp_features: 8, "
-                           "bias: true}\n",
-                           "[5, 8]")),
-            ::testing::HasSubstr("unknown key 'bias'"));
+                             "bias: true}\n",
+                             "[5, 8]")),
+              ::testing::HasSubstr("unknown key 'bias'"));
 }
 
 TEST(ModelSpecTest, AttentionWithQkvFeaturesAndNoBias) {

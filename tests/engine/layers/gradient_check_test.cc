@@ -223,10 +223,9 @@ TEST(GradientCheckTest, SwiGluMlp) {
   CheckGradients(*mlp, RandomTensor({2, 3, 4}, 22), 22);
   std::vector<std::string> names;
   for (Parameter* p : mlp->parameters()) names.push_back(p->name);
-  EXPECT_THAT(names,
-              ::testing::ElementsAre("mlp.gate_proj.weight",
-                                     "mlp.up_proj.weight",
-                                     "mlp.down_proj.weight"));
+  EXPECT_THAT(names, ::testing::ElementsAre("mlp.gate_proj.weight",
+                                            "mlp.up_proj.weight",
+                                            "mlp.down_proj.weight"));
 }
 
 TEST(GradientCheckTest, RopeIsARotationAtEachPosition) {
@@ -241,8 +240,7 @@ TEST(GradientCheckTest, RopeIsARotationAtEachPosition) {
     for (int i = 0; i < 2; ++i) {
       const float* a = xv.data() + p * 4;
       const float* b = yv.data() + p * 4;
-      EXPECT_NEAR(std::hypot(a[i], a[i + 2]), std::hypot(b[i], b[i + 2]),
-                  1e-6);
+      EXPECT_NEAR(std::hypot(a[i], a[i + 2]), std::hypot(b[i], b[i + 2]), 1e-6);
     }
   }
   // Position 1, pair 0 turns by exactly 1 radian (inv_freq = 1).
@@ -266,13 +264,13 @@ TEST(GradientCheckTest, LlamaAttention) {
       CheckGradients(*attn, RandomTensor({2, 3, 8}, 24), 24);
     }
   }
-  EXPECT_EQ(LlamaAttention::Create(B(), "a.", {.features = 6, .heads = 2,
-                                               .kv_heads = 2})
+  EXPECT_EQ(LlamaAttention::Create(B(), "a.",
+                                   {.features = 6, .heads = 2, .kv_heads = 2})
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);  // head_dim 3 is odd
-  EXPECT_EQ(LlamaAttention::Create(B(), "a.", {.features = 12, .heads = 3,
-                                               .kv_heads = 2})
+  EXPECT_EQ(LlamaAttention::Create(B(), "a.",
+                                   {.features = 12, .heads = 3, .kv_heads = 2})
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);  // 2 does not divide 3
@@ -325,12 +323,11 @@ TEST(GradientCheckTest, GroupedQueryAttentionEqualsRepeatedKeyValueHeads) {
     const float* m = mp[i]->grad.data<float>();
     for (int64_t head = 0; head < 4; ++head) {
       for (int64_t j = 0; j < head_dim * row; ++j) {
-        summed[(head / 2) * head_dim * row + j] +=
-            m[head * head_dim * row + j];
+        summed[(head / 2) * head_dim * row + j] += m[head * head_dim * row + j];
       }
     }
-    EXPECT_TRUE(testing_util::AllClose(ToVector(gp[i]->grad), summed, 1e-5,
-                                       1e-5))
+    EXPECT_TRUE(
+        testing_util::AllClose(ToVector(gp[i]->grad), summed, 1e-5, 1e-5))
         << gp[i]->name;
   }
 }
@@ -359,26 +356,27 @@ TEST(GradientCheckTest, LlamaBlock) {
   std::vector<std::string> names;
   for (Parameter* p : block->parameters()) names.push_back(p->name);
   EXPECT_THAT(names,
-              ::testing::ElementsAre(
-                  "layers.1.input_layernorm.weight",
-                  "layers.1.self_attn.q_proj.weight",
-                  "layers.1.self_attn.k_proj.weight",
-                  "layers.1.self_attn.v_proj.weight",
-                  "layers.1.self_attn.o_proj.weight",
-                  "layers.1.post_attention_layernorm.weight",
-                  "layers.1.mlp.gate_proj.weight",
-                  "layers.1.mlp.up_proj.weight",
-                  "layers.1.mlp.down_proj.weight"));
+              ::testing::ElementsAre("layers.1.input_layernorm.weight",
+                                     "layers.1.self_attn.q_proj.weight",
+                                     "layers.1.self_attn.k_proj.weight",
+                                     "layers.1.self_attn.v_proj.weight",
+                                     "layers.1.self_attn.o_proj.weight",
+                                     "layers.1.post_attention_layernorm.weight",
+                                     "layers.1.mlp.gate_proj.weight",
+                                     "layers.1.mlp.up_proj.weight",
+                                     "layers.1.mlp.down_proj.weight"));
 }
 
 TEST(GradientCheckTest, LlamaLayersKeepWhatWeightBackwardNeeds) {
   // A zero-bubble schedule releases what only BI needed before BW runs:
   // the weight gradients must not change.
   std::vector<std::unique_ptr<Layer>> layers;
-  layers.push_back(*MakeLlamaBlock(
-      B(), "b.",
-      {.features = 8, .heads = 4, .kv_heads = 2, .mlp_features = 12,
-       .attention_bias = true}));
+  layers.push_back(*MakeLlamaBlock(B(), "b.",
+                                   {.features = 8,
+                                    .heads = 4,
+                                    .kv_heads = 2,
+                                    .mlp_features = 12,
+                                    .attention_bias = true}));
   layers.push_back(*SwiGluMlp::Create(B(), "m.", 8, 4));
   layers.push_back(*RmsNormLayer::Create(B(), "n.", 8, 1e-6f));
   for (auto& layer : layers) {

@@ -1,0 +1,288 @@
+// A tiny Llama (4 blocks, grouped-query attention with 4 query and 2
+// key/value heads, rotary embedding, RMS norms, SwiGLU) must equal the same
+// model written in plain PyTorch from HF's LlamaForCausalLM semantics
+// (tests/worker/llama_reference.py, run in float64 from the same float32
+// init file): the initial model's logits, and the loss of every step and the
+// parameters after 5 AdamW steps with gradient clipping, trained in process
+// and pipelined over 2, 3 and 4 ranks (1f1b, zb-h1, interleaved 1f1b).
+// Skipped where Debian's python3-torch is not installed.
+//
+// Tolerances, from the conditioning. The logits are float32 sums of a few
+// dozen products per layer over 4 blocks: relative error ~1e-6, so 1e-5 of
+// the largest logit. A parameter after 5 steps is its init plus 5 Adam
+// updates, lr * m / (sqrt(v) + eps) each, and Adam divides a gradient by its
+// own size: where a gradient element is tiny, its float32 rounding noise is
+// a large part of it, and the update of that element can differ by a
+// visible fraction of lr (the trap of comparing what is rounding noise). So
+// each tensor is compared norm-wise, where such elements weigh nothing:
+// within 1e-4 of the parameters' norm (the issue's bound) and 1e-3 of the
+// norm of what training changed (seen: 1.4e-5 and 1.8e-5 at most); and each
+// element within 1e-4 of its value plus a tenth of one step (lr), which no
+// element near a sign flip of its gradient reaches in 5 steps but any wrong
+// gradient does. A gradient that is truly zero stays exactly zero in both
+// (the embedding rows of tokens absent from a step: nothing is added to
+// them), and every other parameter takes part in every logit.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "engine/cpu/cpu_backend.h"
+#include "engine/job_spec.h"
+#include "engine/safetensors.h"
+#include "engine/stage.h"
+#include "engine/trainer.h"
+#include "gtest/gtest.h"
+#include "tests/engine/test_util.h"
+#include "tests/worker/run_job.h"
+
+namespace conveyor::worker {
+namespace {
+
+using testing_util::Programs;
+using testing_util::Reference;
+using testing_util::Result;
+using testing_util::RunJob;
+
+constexpr int kBlocks = 4, kSeq = 16, kBatch = 8, kSteps = 5;
+constexpr double kLr = 0.01;
+
+// 322 bytes: 20 windows of 16, so the 5 steps of 8 wrap around it.
+constexpr char kCorpus[] =
+    "the quick brown fox jumps over the lazy dog. pack my box with five dozen "
+    "liquor jugs! how vexingly quick daft zebras jump; sphinx of black quartz, "
+    "judge my vow. the dog sleeps and the fox runs over the box of quartz. a "
+    "lazy zebra packs five jugs of liquor into my brown box, and the sphinx "
+    "judges how quick the dog jumps. ";
+
+std::string ModelYaml(const std::string& init, const std::vector<int>& cuts) {
+  std::string layers = "    - embedding: {vocab_size: 256, features: 32}\n";
+  for (int b = 1; b <= kBlocks; ++b) {
+    layers +=
+        "    - llama_block: {heads: 4, kv_heads: 2, mlp_features: 64, "
+        "rope_theta: 1000}\n";
+    for (int cut : cuts) {
+      if (cut == b) layers += "    - boundary\n";
+    }
+  }
+  layers += "    - rmsnorm\n    - lm_head: {vocab_size: 256}\n";
+  return absl::StrCat("model:\n  input_shape: [", kSeq, "]\n  init: ", init,
+                      "\n  layers:\n", layers, "  loss: cross_entropy\n");
+}
+
+class LlamaPyTorchTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") !=
+        0) {
+      return;  // Each test skips.
+    }
+    torch_ = true;
+    dir_ = new std::filesystem::path(
+        std::filesystem::path(::testing::TempDir()) /
+        absl::StrCat("llama_pytorch_test_", getpid()));
+    std::filesystem::remove_all(*dir_);
+    std::filesystem::create_directories(*dir_);
+    std::ofstream(*dir_ / "corpus.txt", std::ios::binary) << kCorpus;
+
+    // The init file: the unsplit model drawn from a seed. Its logits on
+    // step 0's inputs are compared below.
+    auto job = engine::ParseJobSpec(
+        absl::StrCat(
+            "name: init\n", ModelYaml("{seed: 11}", {}),
+            "data: {source: tokens, path: ", (*dir_ / "corpus.txt").string(),
+            ", seq_len: ", kSeq, "}\n", "training: {steps: 1, batch_size: 8}\n",
+            "optimizer: {kind: sgd, lr: 0.1}\n"),
+        "init.yaml");
+    ASSERT_TRUE(job.ok()) << job.status();
+    engine::Backend* cpu = engine::CpuBackend::Get();
+    auto stage = engine::Stage::Create(cpu, job->model, 0);
+    ASSERT_TRUE(stage.ok()) << stage.status();
+    ASSERT_TRUE((*stage)->InitializeFromSeed(11).ok());
+    ASSERT_TRUE(engine::SaveParameters(cpu, (*stage)->parameters(),
+                                       (*dir_ / "init.safetensors").string(),
+                                       {})
+                    .ok());
+    std::vector<int64_t> ids;
+    const std::string corpus = kCorpus;
+    for (int w = 0; w < kBatch; ++w) {
+      for (int i = 0; i < kSeq; ++i) {
+        ids.push_back(static_cast<unsigned char>(corpus[w * kSeq + i]));
+      }
+    }
+    auto logits =
+        (*stage)->Forward(0, engine::testing_util::Ids({kBatch, kSeq}, ids));
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    logits_ = new std::vector<float>(engine::testing_util::ToVector(*logits));
+
+    const std::string config = absl::StrCat(
+        R"({"blocks": )", kBlocks,
+        R"(, "features": 32, "heads": 4, "kv_heads": 2, "rope_theta": 1000,)",
+        R"( "rms_eps": 1e-6, "seq": )", kSeq, R"(, "batch": )", kBatch,
+        R"(, "steps": )", kSteps, R"(, "lr": )", kLr,
+        R"(, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1,)",
+        R"( "clip": 0.5})");
+    const std::string command =
+        absl::StrCat("/usr/bin/python3 ", CONVEYOR_LLAMA_REFERENCE, " ",
+                     (*dir_ / "init.safetensors").string(), " ",
+                     (*dir_ / "corpus.txt").string(), " ",
+                     (*dir_ / "reference.safetensors").string(), " '", config,
+                     "' 2>", (*dir_ / "reference.log").string());
+    ASSERT_EQ(std::system(command.c_str()), 0)
+        << command << "\n"
+        << std::ifstream(*dir_ / "reference.log").rdbuf();
+    auto reference = engine::SafetensorsReader::Open(
+        (*dir_ / "reference.safetensors").string());
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    reference_ = new engine::SafetensorsReader(*std::move(reference));
+    auto init =
+        engine::SafetensorsReader::Open((*dir_ / "init.safetensors").string());
+    ASSERT_TRUE(init.ok()) << init.status();
+    init_ = new engine::SafetensorsReader(*std::move(init));
+  }
+
+  static void TearDownTestSuite() {
+    if (dir_ != nullptr) std::filesystem::remove_all(*dir_);
+    delete dir_;
+    delete logits_;
+    delete reference_;
+    delete init_;
+    dir_ = nullptr;
+    init_ = nullptr;
+    logits_ = nullptr;
+    reference_ = nullptr;
+  }
+
+  void SetUp() override {
+    if (!torch_) {
+      GTEST_SKIP() << "needs /usr/bin/python3 with torch (Debian's "
+                      "python3-torch; scripts/install-deps --with-torch)";
+    }
+    // The suite's set-up failed (and said why).
+    ASSERT_NE(reference_, nullptr);
+  }
+
+  static std::string JobYaml(const std::vector<int>& cuts,
+                             const std::string& schedule, int virtual_stages) {
+    return absl::StrCat(
+        "name: llama\n",
+        ModelYaml(
+            absl::StrCat("{from: ", (*dir_ / "init.safetensors").string(), "}"),
+            cuts),
+        "data: {source: tokens, path: ", (*dir_ / "corpus.txt").string(),
+        ", seq_len: ", kSeq, "}\n", "training: {steps: ", kSteps,
+        ", batch_size: ", kBatch, ", microbatches: 4}\n",
+        "optimizer: {kind: adamw, lr: ", kLr,
+        ", betas: [0.9, 0.95], eps: 1e-8, weight_decay: 0.1, "
+        "clip_grad_norm: 0.5}\n",
+        "pipeline: {schedule: ", schedule, ", virtual_stages: ", virtual_stages,
+        "}\n");
+  }
+
+  static void ExpectEqualsReference(const Result& got,
+                                    const std::string& what) {
+    for (const absl::Status& s : got.statuses) ASSERT_TRUE(s.ok()) << s;
+    const std::vector<float> losses = *reference_->ReadF32("losses");
+    ASSERT_EQ(got.losses.size(), losses.size()) << what;
+    for (size_t i = 0; i < losses.size(); ++i) {
+      EXPECT_NEAR(got.losses[i], losses[i], 1e-5 * losses[i])
+          << what << ": step " << i + 1;
+    }
+    int checked = 0;
+    for (const auto& [name, values] : got.params) {
+      SCOPED_TRACE(what + ": " + name);
+      auto want = reference_->ReadF32(name);
+      auto init = init_->ReadF32(name);
+      ASSERT_TRUE(want.ok()) << want.status();
+      ASSERT_TRUE(init.ok()) << init.status();
+      ASSERT_EQ(values.size(), want->size());
+      // Norm-wise: the parameters (the issue's 1e-4) and, sharper, what
+      // training changed in them.
+      double diff = 0, norm = 0, update = 0;
+      int bad = 0;
+      for (size_t i = 0; i < values.size(); ++i) {
+        const double d = double{values[i]} - (*want)[i];
+        const double u = double{(*want)[i]} - (*init)[i];
+        diff += d * d;
+        norm += double{(*want)[i]} * (*want)[i];
+        update += u * u;
+        if (std::abs(d) > 1e-4 * std::abs((*want)[i]) + 0.1 * kLr &&
+            bad++ < 3) {
+          ADD_FAILURE() << "[" << i << "]: " << values[i] << " vs "
+                        << (*want)[i];
+        }
+      }
+      EXPECT_EQ(bad, 0);
+      EXPECT_LE(std::sqrt(diff), 1e-4 * std::sqrt(norm));
+      EXPECT_LE(std::sqrt(diff), 1e-3 * std::sqrt(update));
+      ++checked;
+    }
+    // Embedding, lm_head, the final norm and 9 tensors per block.
+    EXPECT_EQ(checked, 3 + 9 * kBlocks) << what;
+  }
+
+  static bool torch_;
+  static std::filesystem::path* dir_;
+  static std::vector<float>* logits_;
+  static engine::SafetensorsReader* reference_;
+  static engine::SafetensorsReader* init_;
+};
+
+bool LlamaPyTorchTest::torch_ = false;
+std::filesystem::path* LlamaPyTorchTest::dir_ = nullptr;
+std::vector<float>* LlamaPyTorchTest::logits_ = nullptr;
+engine::SafetensorsReader* LlamaPyTorchTest::reference_ = nullptr;
+engine::SafetensorsReader* LlamaPyTorchTest::init_ = nullptr;
+
+TEST_F(LlamaPyTorchTest, InitialLogitsEqualPyTorch) {
+  const std::vector<float> want = *reference_->ReadF32("logits");
+  ASSERT_EQ(logits_->size(), want.size());
+  double largest = 0;
+  for (float v : want) largest = std::max(largest, std::abs(double{v}));
+  ASSERT_GT(largest, 0.1);  // Not a degenerate model.
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_NEAR((*logits_)[i], want[i], 1e-5 * largest) << i;
+  }
+}
+
+TEST_F(LlamaPyTorchTest, LossFallsInPyTorchToo) {
+  // Guards the comparison below against a reference that does nothing.
+  const std::vector<float> losses = *reference_->ReadF32("losses");
+  ASSERT_EQ(losses.size(), static_cast<size_t>(kSteps));
+  EXPECT_LT(losses.back(), losses.front() - 0.1);
+}
+
+TEST_F(LlamaPyTorchTest, InProcessTrainingEqualsPyTorch) {
+  ExpectEqualsReference(Reference(JobYaml({}, "1f1b", 1)), "in process");
+}
+
+TEST_F(LlamaPyTorchTest, OneFOneBOverTwoRanksEqualsPyTorch) {
+  ExpectEqualsReference(RunJob(Programs(JobYaml({2}, "1f1b", 1))),
+                        "1f1b over 2 ranks");
+}
+
+TEST_F(LlamaPyTorchTest, ZeroBubbleOverThreeRanksEqualsPyTorch) {
+  ExpectEqualsReference(RunJob(Programs(JobYaml({1, 3}, "zb-h1", 1))),
+                        "zb-h1 over 3 ranks");
+}
+
+TEST_F(LlamaPyTorchTest, OneFOneBOverFourRanksEqualsPyTorch) {
+  ExpectEqualsReference(RunJob(Programs(JobYaml({1, 2, 3}, "1f1b", 1))),
+                        "1f1b over 4 ranks");
+}
+
+TEST_F(LlamaPyTorchTest, InterleavedOverTwoRanksEqualsPyTorch) {
+  ExpectEqualsReference(
+      RunJob(Programs(JobYaml({1, 2, 3}, "interleaved-1f1b", 2))),
+      "interleaved 1f1b, 2 ranks of 2 stages");
+}
+
+}  // namespace
+}  // namespace conveyor::worker

@@ -1,0 +1,169 @@
+#!/usr/bin/python3
+"""A tiny Llama in plain PyTorch: the reference for llama_pytorch_test.cc.
+
+Written from the semantics of HuggingFace's LlamaForCausalLM (RMSNorm in float,
+rotate_half rotary embedding with inv_freq = 1 / theta^(2i/dim) computed in
+float32 as HF does, repeat_kv for grouped-query attention, SwiGLU MLP, causal
+softmax attention), with Conveyor's parameter names (layers.<i>.<hf name>). No
+transformers package ships in Debian, so the model is spelled out here.
+
+Runs in float64 from the float32 init file Conveyor wrote, so that it is the
+exact answer Conveyor's float32 run is compared with. Reads the byte corpus
+the way Conveyor's `tokens` data source does (window w = tokens[w*L, w*L+L+1),
+position p -> window p mod N, step s -> positions [s*B, (s+1)*B)), trains with
+torch.nn.utils.clip_grad_norm_ and torch.optim.AdamW, and writes a safetensors
+file with `logits` (the initial model on step 0's inputs), `losses` (one per
+step) and every parameter after the last step.
+
+Usage: llama_reference.py INIT.safetensors CORPUS OUT.safetensors CONFIG_JSON
+"""
+import json
+import math
+import struct
+import sys
+
+import torch
+import torch.nn.functional as F
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info["dtype"] != "F32":
+            raise ValueError(f"{name}: expected F32, got {info['dtype']}")
+        begin, end = info["data_offsets"]
+        raw = bytearray(data[8 + n + begin:8 + n + end])
+        out[name] = torch.frombuffer(raw, dtype=torch.float32).reshape(
+            info["shape"])
+    return out
+
+
+def write_safetensors(path, tensors):
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        blob = t.detach().to(torch.float32).contiguous().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        offset += len(blob)
+        blobs.append(blob)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for blob in blobs:
+            f.write(blob)
+
+
+def rms_norm(x, weight, eps):
+    variance = x.pow(2).mean(-1, keepdim=True)
+    return weight * (x * torch.rsqrt(variance + eps))
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotary_cos_sin(seq, head_dim, theta, dtype):
+    # As HF's LlamaRotaryEmbedding: float32 frequencies and angles.
+    inv_freq = 1.0 / (theta ** (
+        torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    angles = torch.outer(torch.arange(seq).float(), inv_freq)
+    emb = torch.cat((angles, angles), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def attention(x, p, prefix, cfg, cos, sin):
+    b, s, d = x.shape
+    h, g = cfg["heads"], cfg["kv_heads"]
+    hd = d // h
+
+    def project(name, heads):
+        y = F.linear(x, p[prefix + name + ".weight"],
+                     p.get(prefix + name + ".bias"))
+        return y.view(b, s, heads, hd).transpose(1, 2)
+
+    q, k, v = project("q_proj", h), project("k_proj", g), project("v_proj", g)
+    q = q * cos + rotate_half(q) * sin
+    k = k * cos + rotate_half(k) * sin
+    # HF's repeat_kv: each key/value head serves h / g consecutive heads.
+    k = k.repeat_interleave(h // g, dim=1)
+    v = v.repeat_interleave(h // g, dim=1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(hd)
+    future = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1)
+    probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+    context = (probs @ v).transpose(1, 2).reshape(b, s, h * hd)
+    return F.linear(context, p[prefix + "o_proj.weight"])
+
+
+def mlp(x, p, prefix):
+    gate = F.linear(x, p[prefix + "gate_proj.weight"])
+    up = F.linear(x, p[prefix + "up_proj.weight"])
+    return F.linear(F.silu(gate) * up, p[prefix + "down_proj.weight"])
+
+
+def forward(p, ids, cfg):
+    blocks, eps = cfg["blocks"], cfg["rms_eps"]
+    x = p["layers.0.weight"][ids]
+    cos, sin = rotary_cos_sin(ids.shape[1], cfg["features"] // cfg["heads"],
+                              cfg["rope_theta"], x.dtype)
+    for i in range(1, blocks + 1):
+        pre = f"layers.{i}."
+        x = x + attention(rms_norm(x, p[pre + "input_layernorm.weight"], eps),
+                          p, pre + "self_attn.", cfg, cos, sin)
+        x = x + mlp(rms_norm(x, p[pre + "post_attention_layernorm.weight"],
+                             eps), p, pre + "mlp.")
+    x = rms_norm(x, p[f"layers.{blocks + 1}.weight"], eps)
+    return F.linear(x, p[f"layers.{blocks + 2}.weight"])
+
+
+def batch(corpus, step, cfg):
+    seq, size = cfg["seq"], cfg["batch"]
+    windows = (len(corpus) - 1) // seq
+    rows = []
+    for position in range(step * size, (step + 1) * size):
+        w = position % windows
+        rows.append(list(corpus[w * seq:w * seq + seq + 1]))
+    t = torch.tensor(rows, dtype=torch.int64)
+    return t[:, :-1], t[:, 1:]
+
+
+def main():
+    init_path, corpus_path, out_path, cfg = sys.argv[1:5]
+    cfg = json.loads(cfg)
+    torch.set_num_threads(1)
+    with open(corpus_path, "rb") as f:
+        corpus = f.read()
+    params = {name: t.to(torch.float64).requires_grad_(True)
+              for name, t in read_safetensors(init_path).items()}
+    out = {}
+    with torch.no_grad():
+        out["logits"] = forward(params, batch(corpus, 0, cfg)[0], cfg)
+    optimizer = torch.optim.AdamW(
+        params.values(), lr=cfg["lr"], betas=tuple(cfg["betas"]),
+        eps=cfg["eps"], weight_decay=cfg["weight_decay"])
+    losses = []
+    for step in range(cfg["steps"]):
+        inputs, targets = batch(corpus, step, cfg)
+        optimizer.zero_grad()
+        logits = forward(params, inputs, cfg)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                               targets.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params.values(), cfg["clip"])
+        optimizer.step()
+        losses.append(loss.item())
+    out["losses"] = torch.tensor(losses, dtype=torch.float64)
+    out.update(params)
+    write_safetensors(out_path, out)
+
+
+if __name__ == "__main__":
+    main()
