@@ -14,37 +14,15 @@
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 #include "common/yaml_reader.h"
+#include "engine/layer_kinds.h"
+#include "engine/tensor.h"
 #include "yaml-cpp/yaml.h"
 
 namespace conveyor::engine {
 namespace {
 
-struct KindName {
-  LayerKind kind;
-  absl::string_view name;
-};
-
-// In the order the error for an unknown kind lists them.
-constexpr KindName kKindNames[] = {
-    {LayerKind::kDense, "dense"},
-    {LayerKind::kRelu, "relu"},
-    {LayerKind::kGelu, "gelu"},
-    {LayerKind::kLayerNorm, "layernorm"},
-    {LayerKind::kEmbedding, "embedding"},
-    {LayerKind::kAttention, "attention"},
-    {LayerKind::kTransformerBlock, "transformer_block"},
-    {LayerKind::kLmHead, "lm_head"},
-    {LayerKind::kRmsNorm, "rmsnorm"},
-    {LayerKind::kLlamaBlock, "llama_block"},
-    {LayerKind::kDelay, "delay"},
-};
-
 constexpr absl::string_view kBoundary = "boundary";
 constexpr absl::string_view kRepeat = "repeat";
-
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
 
 // Product of `shape`, or `limit` + 1 once it exceeds `limit` (so that a rank-8
 // shape of huge dimensions cannot overflow).
@@ -55,87 +33,6 @@ int64_t ElementsCapped(const std::vector<int64_t>& shape, int64_t limit) {
     n *= d;
   }
   return n;
-}
-
-ParamSpec MakeParam(absl::string_view prefix, absl::string_view name,
-                    std::vector<int64_t> shape, ParamInit init,
-                    double bound_or_std) {
-  return ParamSpec{absl::StrCat(prefix, name), std::move(shape), init,
-                   bound_or_std};
-}
-
-// PyTorch's default Linear init: kaiming_uniform(a=sqrt(5)) for the weight and
-// U(±1/sqrt(fan_in)) for the bias reduce to the same bound.
-double LinearBound(int64_t fan_in) {
-  return 1.0 / std::sqrt(static_cast<double>(fan_in));
-}
-
-// torch.nn.MultiheadAttention's parameters: in_proj_weight [3q, d] with
-// xavier_uniform over the whole packed matrix, zero biases, out_proj as a
-// Linear(q, d) with a zeroed bias.
-void AddAttentionParams(absl::string_view prefix, int64_t d, int64_t q,
-                        bool bias, std::vector<ParamSpec>& params) {
-  params.push_back(MakeParam(prefix, "in_proj_weight", {3 * q, d},
-                             ParamInit::kXavierUniform,
-                             std::sqrt(6.0 / static_cast<double>(d + 3 * q))));
-  if (bias) {
-    params.push_back(
-        MakeParam(prefix, "in_proj_bias", {3 * q}, ParamInit::kZeros, 0.0));
-  }
-  params.push_back(MakeParam(prefix, "out_proj.weight", {d, q},
-                             ParamInit::kUniform, LinearBound(q)));
-  if (bias) {
-    params.push_back(
-        MakeParam(prefix, "out_proj.bias", {d}, ParamInit::kZeros, 0.0));
-  }
-}
-
-void AddLayerNormParams(absl::string_view prefix, int64_t d,
-                        std::vector<ParamSpec>& params) {
-  params.push_back(MakeParam(prefix, "weight", {d}, ParamInit::kOnes, 0.0));
-  params.push_back(MakeParam(prefix, "bias", {d}, ParamInit::kZeros, 0.0));
-}
-
-// HF's Llama init: every Linear weight N(0, initializer_range^2) with the
-// default initializer_range of 0.02, norm weights ones.
-constexpr double kLlamaInitStd = 0.02;
-
-void AddLlamaBlockParams(absl::string_view prefix, const LayerSpec& layer,
-                         int64_t d, std::vector<ParamSpec>& params) {
-  const int64_t kv = layer.kv_heads * (d / layer.heads);
-  auto linear = [&](absl::string_view name, int64_t out, int64_t in) {
-    params.push_back(
-        MakeParam(prefix, name, {out, in}, ParamInit::kNormal, kLlamaInitStd));
-  };
-  auto bias = [&](absl::string_view name, int64_t out) {
-    if (layer.bias) {
-      params.push_back(MakeParam(prefix, name, {out}, ParamInit::kZeros, 0.0));
-    }
-  };
-  params.push_back(
-      MakeParam(prefix, "input_layernorm.weight", {d}, ParamInit::kOnes, 0.0));
-  linear("self_attn.q_proj.weight", d, d);
-  bias("self_attn.q_proj.bias", d);
-  linear("self_attn.k_proj.weight", kv, d);
-  bias("self_attn.k_proj.bias", kv);
-  linear("self_attn.v_proj.weight", kv, d);
-  bias("self_attn.v_proj.bias", kv);
-  linear("self_attn.o_proj.weight", d, d);
-  params.push_back(MakeParam(prefix, "post_attention_layernorm.weight", {d},
-                             ParamInit::kOnes, 0.0));
-  linear("mlp.gate_proj.weight", layer.mlp_features, d);
-  linear("mlp.up_proj.weight", layer.mlp_features, d);
-  linear("mlp.down_proj.weight", d, layer.mlp_features);
-}
-
-void AddLinearParams(absl::string_view prefix, int64_t in, int64_t out,
-                     bool bias, std::vector<ParamSpec>& params) {
-  params.push_back(MakeParam(prefix, "weight", {out, in}, ParamInit::kUniform,
-                             LinearBound(in)));
-  if (bias) {
-    params.push_back(
-        MakeParam(prefix, "bias", {out}, ParamInit::kUniform, LinearBound(in)));
-  }
 }
 
 struct Entry {
@@ -163,20 +60,12 @@ class SpecParser {
                            std::vector<Entry>& out) const;
   absl::Status ExpandRepeat(const YamlValue& item, int depth,
                             std::vector<Entry>& out) const;
-  absl::StatusOr<LayerSpec> ParseLayer(LayerKind kind, const YamlValue& options,
+  absl::StatusOr<LayerSpec> ParseLayer(const LayerKindRow& row,
+                                       const YamlValue& options,
                                        const YamlValue& item) const;
-
-  // The options of a `delay` layer (`map`, already checked for unknown keys).
-  absl::Status ParseDelay(const YamlMap& map, LayerSpec& layer) const;
 
   absl::Status CheckBoundaries(const std::vector<Entry>& entries) const;
   absl::Status InferLayer(LayerSpec& layer) const;
-  absl::Status LayerError(const LayerSpec& layer,
-                          absl::string_view message) const {
-    return YamlError(layer.where, layer.path,
-                     absl::StrCat(LayerKindName(layer.kind), " (layer ",
-                                  layer.index, "): ", message));
-  }
 
   YamlReader reader_;
 };
@@ -309,20 +198,17 @@ absl::Status SpecParser::ExpandEntry(const YamlValue& item, int depth,
                          "repeat needs a count and a body: '- repeat: 4' with "
                          "'layers: [...]' at the same indentation as 'repeat'");
   }
-  const KindName* kind = nullptr;
-  for (const KindName& k : kKindNames) {
-    if (k.name == name) kind = &k;
-  }
-  if (kind == nullptr) {
+  const LayerKindRow* row = FindLayerKind(name);
+  if (row == nullptr) {
     std::vector<absl::string_view> names;
-    for (const KindName& k : kKindNames) names.push_back(k.name);
+    for (const LayerKindRow& r : LayerKindTable()) names.push_back(r.name);
     names.push_back(kBoundary);
     names.push_back(kRepeat);
     return reader_.Error(
         item, absl::StrCat("unknown layer kind '", name,
                            "'; allowed: ", absl::StrJoin(names, ", ")));
   }
-  ASSIGN_OR_RETURN(LayerSpec layer, ParseLayer(kind->kind, options, item));
+  ASSIGN_OR_RETURN(LayerSpec layer, ParseLayer(*row, options, item));
   out.push_back(Entry{false, std::move(layer)});
   return absl::OkStatus();
 }
@@ -376,226 +262,19 @@ absl::Status SpecParser::ExpandRepeat(const YamlValue& item, int depth,
   return absl::OkStatus();
 }
 
-absl::StatusOr<LayerSpec> SpecParser::ParseLayer(LayerKind kind,
+absl::StatusOr<LayerSpec> SpecParser::ParseLayer(const LayerKindRow& row,
                                                  const YamlValue& options,
                                                  const YamlValue& item) const {
-  static constexpr absl::string_view kDenseKeys[] = {"features", "bias"};
-  static constexpr absl::string_view kGeluKeys[] = {"approximate"};
-  static constexpr absl::string_view kLayerNormKeys[] = {"eps"};
-  static constexpr absl::string_view kEmbeddingKeys[] = {
-      "vocab_size", "features", "max_positions"};
-  static constexpr absl::string_view kAttentionKeys[] = {
-      "heads", "causal", "qkv_features", "bias"};
-  static constexpr absl::string_view kBlockKeys[] = {
-      "heads", "mlp_features", "causal", "norm", "eps", "approximate"};
-  static constexpr absl::string_view kLmHeadKeys[] = {"vocab_size", "bias"};
-  static constexpr absl::string_view kRmsNormKeys[] = {"eps"};
-  static constexpr absl::string_view kLlamaBlockKeys[] = {
-      "heads", "kv_heads",   "mlp_features",
-      "eps",   "rope_theta", "attention_bias"};
-  static constexpr absl::string_view kDelayKeys[] = {
-      "forward_ms", "backward_ms", "backward_input_ms", "backward_weight_ms"};
-  YamlNames keys;  // relu: none
-  switch (kind) {
-    case LayerKind::kDense:
-      keys = kDenseKeys;
-      break;
-    case LayerKind::kRelu:
-      break;
-    case LayerKind::kGelu:
-      keys = kGeluKeys;
-      break;
-    case LayerKind::kLayerNorm:
-      keys = kLayerNormKeys;
-      break;
-    case LayerKind::kEmbedding:
-      keys = kEmbeddingKeys;
-      break;
-    case LayerKind::kAttention:
-      keys = kAttentionKeys;
-      break;
-    case LayerKind::kTransformerBlock:
-      keys = kBlockKeys;
-      break;
-    case LayerKind::kLmHead:
-      keys = kLmHeadKeys;
-      break;
-    case LayerKind::kRmsNorm:
-      keys = kRmsNormKeys;
-      break;
-    case LayerKind::kLlamaBlock:
-      keys = kLlamaBlockKeys;
-      break;
-    case LayerKind::kDelay:
-      keys = kDelayKeys;
-      break;
-  }
-  ASSIGN_OR_RETURN(YamlMap map,
-                   reader_.ReadMap(options, keys, /*null_is_empty=*/true));
-
+  ASSIGN_OR_RETURN(
+      YamlMap map,
+      reader_.ReadMap(options, YamlNames(row.keys.data(), row.keys.size()),
+                      /*null_is_empty=*/true));
   LayerSpec layer;
-  layer.kind = kind;
+  layer.kind = row.kind;
   layer.path = item.path;
   layer.where = item.where;
-  if (kind == LayerKind::kLmHead || kind == LayerKind::kLlamaBlock) {
-    layer.bias = false;
-  }
-  // HF's LlamaRMSNorm default.
-  if (kind == LayerKind::kRmsNorm || kind == LayerKind::kLlamaBlock) {
-    layer.eps = 1e-6;
-  }
-
-  // Every option is optional here; Require() below enforces the required
-  // ones per kind. Unknown keys were rejected by ReadMap.
-  auto dim = [&](absl::string_view key, bool required, int64_t min,
-                 int64_t& field) -> absl::Status {
-    const YamlMapEntry* e = map.Find(key);
-    if (e == nullptr) {
-      if (required) return reader_.Require(map, key).status();
-      return absl::OkStatus();
-    }
-    ASSIGN_OR_RETURN(field,
-                     reader_.ParseInt(e->value, min, kMaxModelDimension));
-    return absl::OkStatus();
-  };
-  auto flag = [&](absl::string_view key, bool& field) -> absl::Status {
-    if (const YamlMapEntry* e = map.Find(key); e != nullptr) {
-      ASSIGN_OR_RETURN(field, reader_.ParseBool(e->value));
-    }
-    return absl::OkStatus();
-  };
-  auto approximate = [&]() -> absl::Status {
-    if (const YamlMapEntry* e = map.Find("approximate"); e != nullptr) {
-      ASSIGN_OR_RETURN(const int i,
-                       reader_.ParseEnum(e->value, {"none", "tanh"}));
-      layer.approximate_tanh = i == 1;
-    }
-    return absl::OkStatus();
-  };
-  auto eps = [&]() -> absl::Status {
-    if (const YamlMapEntry* e = map.Find("eps"); e != nullptr) {
-      ASSIGN_OR_RETURN(layer.eps, reader_.ParsePositiveDouble(e->value));
-    }
-    return absl::OkStatus();
-  };
-
-  switch (kind) {
-    case LayerKind::kDense:
-      RETURN_IF_ERROR(dim("features", true, 1, layer.features));
-      RETURN_IF_ERROR(flag("bias", layer.bias));
-      break;
-    case LayerKind::kRelu:
-      break;
-    case LayerKind::kGelu:
-      RETURN_IF_ERROR(approximate());
-      break;
-    case LayerKind::kLayerNorm:
-      RETURN_IF_ERROR(eps());
-      break;
-    case LayerKind::kEmbedding:
-      RETURN_IF_ERROR(dim("vocab_size", true, 1, layer.vocab_size));
-      RETURN_IF_ERROR(dim("features", true, 1, layer.features));
-      RETURN_IF_ERROR(dim("max_positions", false, 0, layer.max_positions));
-      break;
-    case LayerKind::kAttention:
-      RETURN_IF_ERROR(dim("heads", true, 1, layer.heads));
-      RETURN_IF_ERROR(flag("causal", layer.causal));
-      RETURN_IF_ERROR(dim("qkv_features", false, 0, layer.qkv_features));
-      RETURN_IF_ERROR(flag("bias", layer.bias));
-      break;
-    case LayerKind::kTransformerBlock:
-      RETURN_IF_ERROR(dim("heads", true, 1, layer.heads));
-      RETURN_IF_ERROR(dim("mlp_features", true, 1, layer.mlp_features));
-      RETURN_IF_ERROR(flag("causal", layer.causal));
-      if (const YamlMapEntry* e = map.Find("norm"); e != nullptr) {
-        ASSIGN_OR_RETURN(const int i,
-                         reader_.ParseEnum(e->value, {"post", "pre"}));
-        layer.pre_norm = i == 1;
-      }
-      RETURN_IF_ERROR(eps());
-      RETURN_IF_ERROR(approximate());
-      break;
-    case LayerKind::kLmHead:
-      RETURN_IF_ERROR(dim("vocab_size", true, 1, layer.vocab_size));
-      RETURN_IF_ERROR(flag("bias", layer.bias));
-      break;
-    case LayerKind::kRmsNorm:
-      RETURN_IF_ERROR(eps());
-      break;
-    case LayerKind::kLlamaBlock:
-      RETURN_IF_ERROR(dim("heads", true, 1, layer.heads));
-      RETURN_IF_ERROR(dim("kv_heads", false, 1, layer.kv_heads));
-      if (layer.kv_heads == 0) layer.kv_heads = layer.heads;
-      RETURN_IF_ERROR(dim("mlp_features", true, 1, layer.mlp_features));
-      RETURN_IF_ERROR(eps());
-      if (const YamlMapEntry* e = map.Find("rope_theta"); e != nullptr) {
-        ASSIGN_OR_RETURN(layer.rope_theta,
-                         reader_.ParsePositiveDouble(e->value));
-        // The kernels take it as a float.
-        if (layer.rope_theta > 1e30) {
-          return reader_.Error(e->value,
-                               absl::StrCat("must be at most 1e30; got ",
-                                            DescribeYaml(e->value.node)));
-        }
-      }
-      RETURN_IF_ERROR(flag("attention_bias", layer.bias));
-      break;
-    case LayerKind::kDelay:
-      RETURN_IF_ERROR(ParseDelay(map, layer));
-      break;
-  }
+  RETURN_IF_ERROR(row.parse(LayerOptions(reader_, map), layer));
   return layer;
-}
-
-absl::Status SpecParser::ParseDelay(const YamlMap& map,
-                                    LayerSpec& layer) const {
-  auto millis = [&](const YamlMapEntry& e) -> absl::StatusOr<double> {
-    ASSIGN_OR_RETURN(const double ms, reader_.ParseNonNegativeDouble(e.value));
-    if (ms > kMaxDelayMs) {
-      return reader_.Error(
-          e.value,
-          absl::StrCat("must be at most ", kMaxDelayMs, " (one minute); got ",
-                       DescribeYaml(e.value.node)));
-    }
-    return ms;
-  };
-  ASSIGN_OR_RETURN(const YamlMapEntry* forward,
-                   reader_.Require(map, "forward_ms"));
-  ASSIGN_OR_RETURN(layer.forward_ms, millis(*forward));
-  const YamlMapEntry* backward = map.Find("backward_ms");
-  const YamlMapEntry* input = map.Find("backward_input_ms");
-  const YamlMapEntry* weight = map.Find("backward_weight_ms");
-  // The backward is given whole or split, never both: with both, which one
-  // B costs would be a guess.
-  if (backward != nullptr && (input != nullptr || weight != nullptr)) {
-    const YamlMapEntry& split = input != nullptr ? *input : *weight;
-    return YamlError(split.key_where, split.value.path,
-                     "give either backward_ms or the split backward "
-                     "(backward_input_ms and backward_weight_ms), not both");
-  }
-  if (backward != nullptr) {
-    ASSIGN_OR_RETURN(layer.backward_input_ms, millis(*backward));
-    layer.backward_weight_ms = 0.0;
-    return absl::OkStatus();
-  }
-  if (input == nullptr && weight == nullptr) {
-    return reader_.Error(map.self,
-                         "missing required key 'backward_ms' (or "
-                         "backward_input_ms and backward_weight_ms for a split "
-                         "backward)");
-  }
-  if (input == nullptr || weight == nullptr) {
-    return reader_.Error(
-        map.self,
-        absl::StrCat(
-            "a split backward needs both backward_input_ms and "
-            "backward_weight_ms; missing '",
-            input == nullptr ? "backward_input_ms" : "backward_weight_ms",
-            "'"));
-  }
-  ASSIGN_OR_RETURN(layer.backward_input_ms, millis(*input));
-  ASSIGN_OR_RETURN(layer.backward_weight_ms, millis(*weight));
-  return absl::OkStatus();
 }
 
 absl::Status SpecParser::CheckBoundaries(
@@ -633,122 +312,15 @@ absl::Status SpecParser::CheckBoundaries(
 }
 
 absl::Status SpecParser::InferLayer(LayerSpec& layer) const {
-  const std::vector<int64_t>& in = layer.input_shape;
-  const int64_t d = in.back();  // every shape here has rank >= 1
-  const std::string prefix = absl::StrCat("layers.", layer.index, ".");
-  std::vector<int64_t> out = in;
-  std::vector<ParamSpec>& params = layer.params;
-  auto needs_sequence = [&]() -> absl::Status {
-    if (in.size() == 2) return absl::OkStatus();
+  layer.output_shape = layer.input_shape;
+  RETURN_IF_ERROR(LayerKindRowOf(layer.kind).infer(layer));
+  if (ElementsCapped(layer.output_shape, kMaxSampleElements) >
+      kMaxSampleElements) {
     return LayerError(
-        layer,
-        absl::StrCat("needs a 2-D input [seq, features]; got ", ShapeString(in),
-                     in.size() == 1 ? " (start with an embedding, or give "
-                                      "input_shape as [seq, features])"
-                                    : ""));
-  };
-  switch (layer.kind) {
-    case LayerKind::kDense:
-      AddLinearParams(prefix, d, layer.features, layer.bias, params);
-      out.back() = layer.features;
-      break;
-    case LayerKind::kRelu:
-    case LayerKind::kGelu:
-    case LayerKind::kDelay:  // Identity: no parameters, same shape.
-      break;
-    case LayerKind::kLayerNorm:
-      AddLayerNormParams(prefix, d, params);
-      break;
-    case LayerKind::kEmbedding:
-      if (layer.index != 0) {
-        return LayerError(layer,
-                          "must be the first layer: it takes integer token "
-                          "ids, and only the model's input is token ids");
-      }
-      if (in.size() != 1) {
-        return LayerError(layer,
-                          absl::StrCat("needs a 1-D input [seq] of token ids; "
-                                       "got input_shape ",
-                                       ShapeString(in)));
-      }
-      if (layer.max_positions > 0 && d > layer.max_positions) {
-        return LayerError(layer,
-                          absl::StrCat("the input has ", d,
-                                       " positions, more than max_positions = ",
-                                       layer.max_positions));
-      }
-      params.push_back(MakeParam(prefix, "weight",
-                                 {layer.vocab_size, layer.features},
-                                 ParamInit::kNormal, 1.0));
-      if (layer.max_positions > 0) {
-        params.push_back(MakeParam(prefix, "position.weight",
-                                   {layer.max_positions, layer.features},
-                                   ParamInit::kNormal, 1.0));
-      }
-      out = {d, layer.features};
-      break;
-    case LayerKind::kAttention: {
-      RETURN_IF_ERROR(needs_sequence());
-      if (layer.qkv_features == 0) layer.qkv_features = d;
-      if (layer.qkv_features % layer.heads != 0) {
-        return LayerError(
-            layer, absl::StrCat("qkv_features = ", layer.qkv_features,
-                                " is not divisible by heads = ", layer.heads));
-      }
-      AddAttentionParams(prefix, d, layer.qkv_features, layer.bias, params);
-      break;
-    }
-    case LayerKind::kTransformerBlock: {
-      RETURN_IF_ERROR(needs_sequence());
-      if (d % layer.heads != 0) {
-        return LayerError(layer, absl::StrCat("the input's features (", d,
-                                              ") are not divisible by heads = ",
-                                              layer.heads));
-      }
-      layer.qkv_features = d;
-      const int64_t m = layer.mlp_features;
-      AddAttentionParams(prefix + "attn.", d, d, /*bias=*/true, params);
-      AddLayerNormParams(prefix + "norm1.", d, params);
-      AddLinearParams(prefix + "mlp.0.", d, m, /*bias=*/true, params);
-      AddLinearParams(prefix + "mlp.2.", m, d, /*bias=*/true, params);
-      AddLayerNormParams(prefix + "norm2.", d, params);
-      break;
-    }
-    case LayerKind::kLmHead:
-      AddLinearParams(prefix, d, layer.vocab_size, layer.bias, params);
-      out.back() = layer.vocab_size;
-      break;
-    case LayerKind::kRmsNorm:
-      params.push_back(MakeParam(prefix, "weight", {d}, ParamInit::kOnes, 0.0));
-      break;
-    case LayerKind::kLlamaBlock: {
-      RETURN_IF_ERROR(needs_sequence());
-      if (d % layer.heads != 0 || (d / layer.heads) % 2 != 0) {
-        return LayerError(
-            layer, absl::StrCat("the input's features (", d,
-                                ") must split into heads = ", layer.heads,
-                                " of an even head size (rotary embedding "
-                                "turns pairs)"));
-      }
-      if (layer.heads % layer.kv_heads != 0) {
-        return LayerError(layer,
-                          absl::StrCat("kv_heads = ", layer.kv_heads,
-                                       " does not divide heads = ", layer.heads,
-                                       " (each key/value head serves a whole "
-                                       "group of query heads)"));
-      }
-      layer.qkv_features = d;
-      layer.causal = true;
-      AddLlamaBlockParams(prefix, layer, d, params);
-      break;
-    }
+        layer, absl::StrCat("its output ", ShapeString(layer.output_shape),
+                            " has more than ", kMaxSampleElements,
+                            " elements per sample"));
   }
-  if (ElementsCapped(out, kMaxSampleElements) > kMaxSampleElements) {
-    return LayerError(
-        layer, absl::StrCat("its output ", ShapeString(out), " has more than ",
-                            kMaxSampleElements, " elements per sample"));
-  }
-  layer.output_shape = std::move(out);
   return absl::OkStatus();
 }
 
@@ -824,35 +396,6 @@ absl::StatusOr<ModelSpec> SpecParser::Parse(const YamlValue& model) const {
 }
 
 }  // namespace
-
-absl::string_view LayerKindName(LayerKind kind) {
-  for (const KindName& k : kKindNames) {
-    if (k.kind == kind) return k.name;
-  }
-  return "unknown";
-}
-
-absl::string_view ParamInitName(ParamInit init) {
-  switch (init) {
-    case ParamInit::kUniform:
-      return "uniform";
-    case ParamInit::kNormal:
-      return "normal";
-    case ParamInit::kXavierUniform:
-      return "xavier_uniform";
-    case ParamInit::kOnes:
-      return "ones";
-    case ParamInit::kZeros:
-      return "zeros";
-  }
-  return "unknown";
-}
-
-int64_t ParamSpec::NumElements() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
 
 int ModelSpec::StageEnd(int stage) const {
   return stage + 1 < num_stages ? stage_begin[stage + 1]

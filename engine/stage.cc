@@ -5,70 +5,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/init.h"
-#include "engine/layers/activation.h"
-#include "engine/layers/attention.h"
-#include "engine/layers/delay.h"
-#include "engine/layers/dense.h"
-#include "engine/layers/embedding.h"
-#include "engine/layers/layer_norm.h"
-#include "engine/layers/llama_block.h"
-#include "engine/layers/rms_norm.h"
-#include "engine/layers/transformer_block.h"
+#include "engine/layer_kinds.h"
 
 namespace conveyor::engine {
 namespace {
-
-absl::StatusOr<std::unique_ptr<Layer>> BuildLayer(Backend* backend,
-                                                  const LayerSpec& l) {
-  const std::string prefix = absl::StrCat("layers.", l.index, ".");
-  const int64_t in = l.input_shape.empty() ? 0 : l.input_shape.back();
-  switch (l.kind) {
-    case LayerKind::kDense:
-      return Dense::Create(backend, prefix, in, l.features, l.bias);
-    case LayerKind::kRelu:
-      return std::make_unique<Activation>(backend, Activation::Kind::kRelu);
-    case LayerKind::kGelu:
-      return std::make_unique<Activation>(
-          backend, l.approximate_tanh ? Activation::Kind::kGeluTanh
-                                      : Activation::Kind::kGelu);
-    case LayerKind::kLayerNorm:
-      return LayerNormLayer::Create(backend, prefix, in,
-                                    static_cast<float>(l.eps));
-    case LayerKind::kEmbedding:
-      return Embedding::Create(backend, prefix, l.vocab_size, l.features,
-                               l.max_positions);
-    case LayerKind::kAttention:
-      return SelfAttention::Create(backend, prefix, in, l.heads, l.qkv_features,
-                                   l.causal, l.bias);
-    case LayerKind::kTransformerBlock:
-      return MakeTransformerBlock(backend, prefix,
-                                  {.features = in,
-                                   .heads = l.heads,
-                                   .mlp_features = l.mlp_features,
-                                   .causal = l.causal,
-                                   .pre_norm = l.pre_norm,
-                                   .eps = static_cast<float>(l.eps),
-                                   .gelu_tanh = l.approximate_tanh});
-    case LayerKind::kLmHead:
-      return Dense::Create(backend, prefix, in, l.vocab_size, l.bias);
-    case LayerKind::kRmsNorm:
-      return RmsNormLayer::Create(backend, prefix, in,
-                                  static_cast<float>(l.eps));
-    case LayerKind::kLlamaBlock:
-      return MakeLlamaBlock(backend, prefix,
-                            {.features = in,
-                             .heads = l.heads,
-                             .kv_heads = l.kv_heads,
-                             .mlp_features = l.mlp_features,
-                             .eps = static_cast<float>(l.eps),
-                             .rope_theta = static_cast<float>(l.rope_theta),
-                             .attention_bias = l.bias});
-    case LayerKind::kDelay:
-      return std::make_unique<Delay>(l.forward_ms, l.backward_input_ms,
-                                     l.backward_weight_ms);
-  }
-  return absl::InternalError("unknown layer kind");
-}
 
 InitRule RuleFor(const ParamSpec& p) {
   switch (p.init) {

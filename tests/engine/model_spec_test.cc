@@ -334,7 +334,7 @@ TEST(ModelSpecErrorTest, LlamaBlockShapesAndOptions) {
                            "rope_theta: 1e40}\n",
                            "[5, 8]")),
             "job.yaml:6:60: model.layers[0].llama_block.rope_theta: must be at "
-            "most 1e30; got '1e40'");
+            "most 1e+30; got '1e40'");
   EXPECT_THAT(ParseError(Job("    - llama_block: {heads: 2, mlp_features: 8, "
                              "rope_theta: 0}\n",
                              "[5, 8]")),

@@ -1,0 +1,98 @@
+// The layer-kind table: every kind a model spec may name, each in one row
+// that gives its YAML name and keys, how its options are read, its shape
+// inference and parameters, and how the engine builds it. Adding a kind is a
+// LayerKind value (engine/layer_spec.h), the fields its options need in
+// LayerSpec, one row in engine/layer_kinds.cc, and the row's example, which
+// tests/engine/layer_kinds_test.cc parses, builds and checks against the
+// parameters the row declares.
+//
+// The model spec (engine/model_spec.h) runs the rows while it parses; the
+// stage (engine/stage.h) builds layers through BuildLayer. Thread-safe: the
+// table is constant.
+#ifndef CONVEYOR_ENGINE_LAYER_KINDS_H_
+#define CONVEYOR_ENGINE_LAYER_KINDS_H_
+
+#include <initializer_list>
+#include <memory>
+#include <span>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/yaml_reader.h"
+#include "engine/backend.h"
+#include "engine/layer.h"
+#include "engine/layer_spec.h"
+
+namespace conveyor::engine {
+
+// A kind's options: the YAML map under its name, with unknown keys already
+// refused. Each reader leaves its field as it is when the key is absent
+// (the row sets defaults first) and reports a bad value at its position.
+class LayerOptions {
+ public:
+  LayerOptions(const YamlReader& reader, const YamlMap& map)
+      : reader_(reader), map_(map) {}
+
+  // An integer in [min, kMaxModelDimension]; `required` refuses its absence.
+  absl::Status Dim(absl::string_view key, bool required, int64_t min,
+                   int64_t& field) const;
+  absl::Status Flag(absl::string_view key, bool& field) const;
+  // A number > 0 and <= max.
+  absl::Status Positive(absl::string_view key, double max, double& field) const;
+  // One of `names`; sets `index` to its position.
+  absl::Status Enum(absl::string_view key,
+                    std::initializer_list<absl::string_view> names,
+                    int& index) const;
+
+  const YamlReader& reader() const { return reader_; }
+  const YamlMap& map() const { return map_; }
+
+ private:
+  const YamlReader& reader_;
+  const YamlMap& map_;
+};
+
+// InvalidArgument "file:line:col: path: <kind> (layer <i>): <message>", for
+// a layer that cannot take its input or options.
+absl::Status LayerError(const LayerSpec& layer, absl::string_view message);
+
+struct LayerKindRow {
+  LayerKind kind;
+  // The YAML name.
+  absl::string_view name;
+  // The option keys it accepts (none for a bare kind such as relu).
+  std::span<const absl::string_view> keys;
+  // Sets the kind's defaults in `layer`, then reads the options.
+  absl::Status (*parse)(const LayerOptions& options, LayerSpec& layer);
+  // With layer.input_shape set and layer.output_shape equal to it: resolves
+  // what depends on the input, and fills output_shape and params (names
+  // "layers.<index>.<...>", in PyTorch's registration order; the built
+  // layer has the same names and shapes, perhaps listed in another order).
+  absl::Status (*infer)(LayerSpec& layer);
+  // The engine's layer, with the parameters `infer` declared.
+  absl::StatusOr<std::unique_ptr<Layer>> (*build)(Backend* backend,
+                                                  const LayerSpec& layer);
+  // A layer list entry and an input shape it takes, for docs and the
+  // table's own test: "- dense: {features: 8}" on "[4, 6]".
+  absl::string_view example;
+  absl::string_view example_input;
+};
+
+// Every kind, in the order an unknown kind's error lists them.
+std::span<const LayerKindRow> LayerKindTable();
+
+// The row of `name`, or nullptr.
+const LayerKindRow* FindLayerKind(absl::string_view name);
+// The row of `kind` (every LayerKind has one).
+const LayerKindRow& LayerKindRowOf(LayerKind kind);
+// The YAML name: "dense", "relu", ...
+absl::string_view LayerKindName(LayerKind kind);
+
+// Builds `layer` on `backend` (its row's build).
+absl::StatusOr<std::unique_ptr<Layer>> BuildLayer(Backend* backend,
+                                                  const LayerSpec& layer);
+
+}  // namespace conveyor::engine
+
+#endif  // CONVEYOR_ENGINE_LAYER_KINDS_H_
