@@ -234,13 +234,14 @@ void Backend::SiluMulBackward(const Tensor& gate, const Tensor& up,
   DoSiluMulBackward(gate, up, dy, dgate, dup);
 }
 
-void Backend::Rope(const Tensor& x, float theta, bool inverse,
-                   const Tensor& y) {
+void Backend::Rope(const Tensor& x, float theta, bool inverse, const Tensor& y,
+                   int64_t first_position) {
   CONVEYOR_CHECK(x.rank() >= 2 && x.dim(-1) % 2 == 0,
                  "rope takes [..., seq, head_dim] with an even head_dim");
   CheckSameNumel(x, y, "rope output differs in size");
   CONVEYOR_CHECK(theta > 0.0f, "rope theta must be positive");
-  DoRope(x, theta, inverse, y);
+  CONVEYOR_CHECK(first_position >= 0, "rope positions start at 0");
+  DoRope(x, theta, inverse, y, first_position);
 }
 
 void Backend::Softmax(const Tensor& x, float scale, bool causal,

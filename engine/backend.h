@@ -176,11 +176,13 @@ class Backend {
                        const Tensor& dgate, const Tensor& dup);
   // Rotary position embedding with HF's rotate_half convention on x viewed as
   // [rows, seq, head_dim] (x's last two dimensions; head_dim even): the
-  // position of a row is its index along seq, and for i < head_dim / 2 the
-  // pair (x[i], x[i + head_dim/2]) turns by pos * theta^(-2i / head_dim).
-  // `inverse` turns the other way: the backward, since a rotation's
-  // transpose is its inverse. y may alias x.
-  void Rope(const Tensor& x, float theta, bool inverse, const Tensor& y);
+  // position of a row is first_position plus its index along seq (a
+  // decoder's KV cache feeds one new position at a time), and for
+  // i < head_dim / 2 the pair (x[i], x[i + head_dim/2]) turns by
+  // pos * theta^(-2i / head_dim). `inverse` turns the other way: the
+  // backward, since a rotation's transpose is its inverse. y may alias x.
+  void Rope(const Tensor& x, float theta, bool inverse, const Tensor& y,
+            int64_t first_position = 0);
 
   // --- Attention pieces ------------------------------------------------------
   // Row softmax of scale * x over the last dimension of x viewed as [batch,
@@ -266,7 +268,7 @@ class Backend {
                                  const Tensor& dy, const Tensor& dgate,
                                  const Tensor& dup) = 0;
   virtual void DoRope(const Tensor& x, float theta, bool inverse,
-                      const Tensor& y) = 0;
+                      const Tensor& y, int64_t first_position) = 0;
   virtual void DoSoftmax(const Tensor& x, float scale, bool causal,
                          const Tensor& y) = 0;
   virtual void DoSoftmaxBackward(const Tensor& y, const Tensor& dy, float scale,

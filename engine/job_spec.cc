@@ -24,6 +24,7 @@
 #include "engine/data.h"
 #include "engine/model_spec.h"
 #include "engine/optimizer.h"
+#include "hf/model.h"
 #include "yaml-cpp/yaml.h"
 
 namespace conveyor::engine {
@@ -189,6 +190,19 @@ absl::StatusOr<JobSpec> JobParser::Parse(const YAML::Node& doc) const {
   ASSIGN_OR_RETURN(job.model,
                    ParseModelSpec(model->value.node, reader_.file()));
   job.model.init_from = Resolve(base_dir_, job.model.init_from);
+  if (!job.model.from_hf.empty()) {
+    // The layers come from the checkpoint's config.json, read here (the
+    // weights only when training starts), so that a checkpoint the model
+    // cannot represent fails at submission, at from_hf's position.
+    job.model.from_hf = Resolve(base_dir_, job.model.from_hf);
+    absl::StatusOr<hf::HfLlamaConfig> config =
+        hf::ReadHfLlamaConfig(job.model.from_hf);
+    if (!config.ok()) {
+      return YamlError(job.model.from_hf_where, "model.from_hf",
+                       config.status().message());
+    }
+    RETURN_IF_ERROR(hf::ExpandHfModel(*config, &job.model));
+  }
 
   ASSIGN_OR_RETURN(const YamlMapEntry* data, reader_.Require(top, "data"));
   RETURN_IF_ERROR(ParseData(data->value, job.data));

@@ -28,8 +28,8 @@ absl::Status MeshStage::InitializeFromSeed(uint64_t seed) {
   return BroadcastParameters();
 }
 
-absl::Status MeshStage::LoadFrom(const SafetensorsReader& file) {
-  RETURN_IF_ERROR(replicas_[0]->LoadFrom(file));
+absl::Status MeshStage::LoadFrom(const ParameterSource& source) {
+  RETURN_IF_ERROR(replicas_[0]->LoadFrom(source));
   return BroadcastParameters();
 }
 

@@ -55,7 +55,7 @@ class MeshStage final : public PipelineStage {
   // As Stage's, into replica 0, then copied to the others so every replica
   // starts identical.
   absl::Status InitializeFromSeed(uint64_t seed) override;
-  absl::Status LoadFrom(const SafetensorsReader& file) override;
+  absl::Status LoadFrom(const ParameterSource& source) override;
 
   int size() const { return static_cast<int>(replicas_.size()); }
   // The replica on device d (tests, diagnostics).

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/check.h"
 #include "common/status_macros.h"
 #include "common/yaml_reader.h"
 #include "engine/layer_kinds.h"
@@ -35,6 +36,19 @@ int64_t ElementsCapped(const std::vector<int64_t>& shape, int64_t limit) {
   return n;
 }
 
+absl::Status InferLayer(LayerSpec& layer) {
+  layer.output_shape = layer.input_shape;
+  RETURN_IF_ERROR(LayerKindRowOf(layer.kind).infer(layer));
+  if (ElementsCapped(layer.output_shape, kMaxSampleElements) >
+      kMaxSampleElements) {
+    return LayerError(
+        layer, absl::StrCat("its output ", ShapeString(layer.output_shape),
+                            " has more than ", kMaxSampleElements,
+                            " elements per sample"));
+  }
+  return absl::OkStatus();
+}
+
 struct Entry {
   bool boundary = false;
   LayerSpec layer;
@@ -48,6 +62,8 @@ class SpecParser {
   absl::StatusOr<ModelSpec> Parse(const YamlValue& model) const;
 
  private:
+  // A `model:` with from_hf: everything but the layers.
+  absl::StatusOr<ModelSpec> ParseFromHf(const YamlMap& map) const;
   absl::StatusOr<std::vector<int64_t>> ParseInputShape(
       const YamlValue& value) const;
   absl::Status ParseInit(const YamlValue& value, ModelSpec& spec) const;
@@ -65,7 +81,6 @@ class SpecParser {
                                        const YamlValue& item) const;
 
   absl::Status CheckBoundaries(const std::vector<Entry>& entries) const;
-  absl::Status InferLayer(LayerSpec& layer) const;
 
   YamlReader reader_;
 };
@@ -311,24 +326,82 @@ absl::Status SpecParser::CheckBoundaries(
   return absl::OkStatus();
 }
 
-absl::Status SpecParser::InferLayer(LayerSpec& layer) const {
-  layer.output_shape = layer.input_shape;
-  RETURN_IF_ERROR(LayerKindRowOf(layer.kind).infer(layer));
-  if (ElementsCapped(layer.output_shape, kMaxSampleElements) >
-      kMaxSampleElements) {
-    return LayerError(
-        layer, absl::StrCat("its output ", ShapeString(layer.output_shape),
-                            " has more than ", kMaxSampleElements,
-                            " elements per sample"));
+absl::StatusOr<ModelSpec> SpecParser::ParseFromHf(const YamlMap& map) const {
+  ModelSpec spec;
+  const YamlMapEntry* from = map.Find("from_hf");
+  // The checkpoint gives the layers and the weights: a job that gives them
+  // too would have two answers.
+  for (absl::string_view key : {"layers", "init"}) {
+    if (const YamlMapEntry* e = map.Find(key); e != nullptr) {
+      return YamlError(e->key_where, e->value.path,
+                       absl::StrCat("a model from_hf takes its layers and "
+                                    "weights from the checkpoint; remove '",
+                                    key, "'"));
+    }
   }
-  return absl::OkStatus();
+  if (!from->value.node.IsScalar() || from->value.node.Scalar().empty()) {
+    return reader_.Error(
+        from->value,
+        absl::StrCat("must be the path of a HuggingFace checkpoint directory "
+                     "(config.json and model.safetensors); got ",
+                     DescribeYaml(from->value.node)));
+  }
+  spec.from_hf = from->value.node.Scalar();
+  spec.from_hf_where = from->value.where;
+  ASSIGN_OR_RETURN(const YamlMapEntry* input_shape,
+                   reader_.Require(map, "input_shape"));
+  ASSIGN_OR_RETURN(spec.input_shape, ParseInputShape(input_shape->value));
+  if (spec.input_shape.size() != 1) {
+    return reader_.Error(
+        input_shape->value,
+        absl::StrCat("a model from_hf takes token ids: input_shape is [seq]; "
+                     "got ",
+                     ShapeString(spec.input_shape)));
+  }
+  if (const YamlMapEntry* remat = map.Find("remat"); remat != nullptr) {
+    ASSIGN_OR_RETURN(spec.remat, reader_.ParseBool(remat->value));
+  }
+  spec.loss = LossKind::kCrossEntropy;
+  if (const YamlMapEntry* loss = map.Find("loss"); loss != nullptr) {
+    RETURN_IF_ERROR(reader_.ParseEnum(loss->value, {"cross_entropy"}).status());
+  }
+  if (const YamlMapEntry* b = map.Find("boundaries"); b != nullptr) {
+    if (!b->value.node.IsSequence()) {
+      return reader_.Error(b->value,
+                           absl::StrCat("must be a list of block indices where "
+                                        "stages begin, e.g. [8, 16]; got ",
+                                        DescribeYaml(b->value.node)));
+    }
+    for (size_t i = 0; i < b->value.node.size(); ++i) {
+      const YamlValue element = reader_.Element(b->value, i);
+      ASSIGN_OR_RETURN(const int64_t block,
+                       reader_.ParseInt(element, 1, kMaxExpandedEntries));
+      if (!spec.hf_boundaries.empty() && block <= spec.hf_boundaries.back()) {
+        return reader_.Error(
+            element, absl::StrCat("must be greater than the boundary before "
+                                  "it (",
+                                  spec.hf_boundaries.back(),
+                                  "): stages begin at increasing blocks"));
+      }
+      spec.hf_boundaries.push_back(block);
+    }
+  }
+  spec.num_stages = static_cast<int>(spec.hf_boundaries.size()) + 1;
+  return spec;
 }
 
 absl::StatusOr<ModelSpec> SpecParser::Parse(const YamlValue& model) const {
-  ASSIGN_OR_RETURN(
-      YamlMap map,
-      reader_.ReadMap(model, {"input_shape", "init", "remat", "layers", "loss"},
-                      /*null_is_empty=*/false));
+  ASSIGN_OR_RETURN(YamlMap map,
+                   reader_.ReadMap(model,
+                                   {"input_shape", "init", "remat", "layers",
+                                    "loss", "from_hf", "boundaries"},
+                                   /*null_is_empty=*/false));
+  if (map.Find("from_hf") != nullptr) return ParseFromHf(map);
+  if (const YamlMapEntry* b = map.Find("boundaries"); b != nullptr) {
+    return YamlError(b->key_where, b->value.path,
+                     "boundaries cut a model from_hf; in a layer list, mark "
+                     "stage boundaries with '- boundary' entries");
+  }
   ModelSpec spec;
 
   ASSIGN_OR_RETURN(const YamlMapEntry* input_shape,
@@ -348,34 +421,17 @@ absl::StatusOr<ModelSpec> SpecParser::Parse(const YamlValue& model) const {
   std::vector<Entry> entries;
   RETURN_IF_ERROR(ExpandList(layers->value, /*depth=*/0, entries));
   RETURN_IF_ERROR(CheckBoundaries(entries));
-
-  std::vector<int64_t> shape = spec.input_shape;
-  int64_t total_params = 0;
+  std::vector<LayerSpec> list;
+  std::vector<int> stage_begin = {0};
   for (Entry& entry : entries) {
     if (entry.boundary) {
-      spec.stage_begin.push_back(static_cast<int>(spec.layers.size()));
-      continue;
+      stage_begin.push_back(static_cast<int>(list.size()));
+    } else {
+      list.push_back(std::move(entry.layer));
     }
-    LayerSpec& layer = entry.layer;
-    layer.index = static_cast<int>(spec.layers.size());
-    layer.stage = static_cast<int>(spec.stage_begin.size()) - 1;
-    layer.input_shape = shape;
-    RETURN_IF_ERROR(InferLayer(layer));
-    // Each parameter is below 2^50 elements (two dims <= 2^24, one of them
-    // possibly tripled), so checking after every layer cannot overflow.
-    for (const ParamSpec& p : layer.params) total_params += p.NumElements();
-    if (total_params > kMaxModelParams) {
-      return LayerError(layer,
-                        absl::StrCat("the model reaches ", total_params,
-                                     " parameters here, above the limit of ",
-                                     kMaxModelParams));
-    }
-    shape = layer.output_shape;
-    spec.layers.push_back(std::move(layer));
   }
-  spec.token_input = spec.layers.front().kind == LayerKind::kEmbedding;
-  spec.num_stages = static_cast<int>(spec.stage_begin.size());
-  spec.output_shape = shape;
+  RETURN_IF_ERROR(AssembleModel(std::move(list), stage_begin, &spec));
+  const std::vector<int64_t>& shape = spec.output_shape;
 
   if (spec.loss == LossKind::kMse) {
     spec.target_shape = shape;
@@ -396,6 +452,44 @@ absl::StatusOr<ModelSpec> SpecParser::Parse(const YamlValue& model) const {
 }
 
 }  // namespace
+
+absl::Status AssembleModel(std::vector<LayerSpec> layers,
+                           const std::vector<int>& stage_begin,
+                           ModelSpec* spec) {
+  CONVEYOR_CHECK(!layers.empty() && !stage_begin.empty() && stage_begin[0] == 0,
+                 "a model needs layers and a first stage at layer 0");
+  spec->layers.clear();
+  spec->stage_begin = stage_begin;
+  spec->num_stages = static_cast<int>(stage_begin.size());
+  std::vector<int64_t> shape = spec->input_shape;
+  int64_t total_params = 0;
+  int stage = 0;
+  for (LayerSpec& layer : layers) {
+    layer.index = static_cast<int>(spec->layers.size());
+    while (stage + 1 < spec->num_stages &&
+           stage_begin[stage + 1] <= layer.index) {
+      ++stage;
+    }
+    layer.stage = stage;
+    layer.input_shape = shape;
+    layer.params.clear();
+    RETURN_IF_ERROR(InferLayer(layer));
+    // Each parameter is below 2^50 elements (two dims <= 2^24, one of them
+    // possibly tripled), so checking after every layer cannot overflow.
+    for (const ParamSpec& p : layer.params) total_params += p.NumElements();
+    if (total_params > kMaxModelParams) {
+      return LayerError(layer,
+                        absl::StrCat("the model reaches ", total_params,
+                                     " parameters here, above the limit of ",
+                                     kMaxModelParams));
+    }
+    shape = layer.output_shape;
+    spec->layers.push_back(std::move(layer));
+  }
+  spec->token_input = spec->layers.front().kind == LayerKind::kEmbedding;
+  spec->output_shape = shape;
+  return absl::OkStatus();
+}
 
 int ModelSpec::StageEnd(int stage) const {
   return stage + 1 < num_stages ? stage_begin[stage + 1]

@@ -17,6 +17,11 @@
 //         layers: [...]
 //     loss: mse                 # or cross_entropy
 //
+//   model:                      # or a HuggingFace Llama-family checkpoint
+//     from_hf: models/tinyllama # config.json + safetensors (hf/model.h)
+//     input_shape: [256]        # tokens per sample
+//     boundaries: [8, 16]       # optional: stages begin at these blocks
+//
 // Everything the engine needs is resolved here (shapes, init bounds, stage
 // assignment, parameter names) so that later code never re-derives it and a
 // bad job fails at submission, before anything is allocated. The input is
@@ -61,6 +66,16 @@ struct ModelSpec {
   std::optional<uint64_t> seed;
   std::string init_from;
 
+  // model.from_hf: a HuggingFace checkpoint directory (as written; the job
+  // parser resolves it, reads its config.json and fills `layers`,
+  // hf/model.h). The layers and the initial weights then come from the
+  // checkpoint, and seed and init_from stay empty. Empty otherwise.
+  std::string from_hf;
+  // With from_hf: the block indices (0-based) where stages 1, 2, ... begin
+  // (model.boundaries), and where from_hf was written, for errors.
+  std::vector<int64_t> hf_boundaries;
+  SourceLocation from_hf_where;
+
   bool remat = false;
   LossKind loss = LossKind::kMse;
 
@@ -86,6 +101,20 @@ struct ModelSpec {
   // Total parameter elements (<= kMaxModelParams).
   int64_t NumParams() const;
 };
+
+// Fills spec->layers from `layers` (each with its kind and options set, as
+// its row's parse sets them, and a path and position for errors), cut into
+// stages beginning at `stage_begin` (stage_begin[0] == 0, strictly
+// increasing, each < layers.size()): runs each row's shape inference from
+// spec->input_shape on, checks the limits, and sets the layers' indices,
+// stages, shapes and parameters, num_stages, stage_begin, output_shape and
+// token_input (not the loss's targets). ParseModelSpec runs it on the
+// parsed list; models made in code (model.from_hf) call it directly.
+// InvalidArgument "file:line:col: path: kind (layer i): ..." as
+// ParseModelSpec reports a layer.
+absl::Status AssembleModel(std::vector<LayerSpec> layers,
+                           const std::vector<int>& stage_begin,
+                           ModelSpec* spec);
 
 // Re-cuts `model` into stages beginning at `stage_begin` (stage_begin[0] ==
 // 0, strictly increasing, every entry < model->layers.size()): sets

@@ -27,7 +27,7 @@
 
 namespace conveyor::engine {
 
-class SafetensorsReader;
+class ParameterSource;
 
 class PipelineStage {
  public:
@@ -36,9 +36,9 @@ class PipelineStage {
   // Global stage index in the model.
   virtual int index() const = 0;
   // The initial parameters: drawn from `seed` exactly as the in-process
-  // reference draws them, or read from a safetensors file by name.
+  // reference draws them, or read by name from a file or checkpoint.
   virtual absl::Status InitializeFromSeed(uint64_t seed) = 0;
-  virtual absl::Status LoadFrom(const SafetensorsReader& file) = 0;
+  virtual absl::Status LoadFrom(const ParameterSource& source) = 0;
   // The parameters the optimizer steps, checkpoints hold and the gradient
   // norm covers; their gradients are complete only after
   // BeforeOptimizerStep().

@@ -71,22 +71,6 @@ absl::Status Stage::InitializeFromSeed(uint64_t seed) {
   return absl::OkStatus();
 }
 
-absl::Status CheckInitTensor(const SafetensorsReader& file,
-                             const std::string& name, const Shape& shape) {
-  const TensorInfo* info = file.Find(name);
-  if (info == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(file.source_name(), ": no tensor '", name,
-                     "' (the model needs F32 ", ShapeString(shape), ")"));
-  }
-  if (info->shape != shape) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        file.source_name(), ": tensor '", name, "' is ",
-        ShapeString(info->shape), " but the model needs ", ShapeString(shape)));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CheckInitFileFitsModel(const SafetensorsReader& file,
                                     const ModelSpec& model) {
   for (const ParamSpec* p : model.Params()) {
@@ -95,10 +79,15 @@ absl::Status CheckInitFileFitsModel(const SafetensorsReader& file,
   return absl::OkStatus();
 }
 
-absl::Status Stage::LoadFrom(const SafetensorsReader& file) {
+absl::Status Stage::LoadFrom(const ParameterSource& source) {
   for (Parameter* p : parameters()) {
-    RETURN_IF_ERROR(CheckInitTensor(file, p->name, p->value.shape()));
-    ASSIGN_OR_RETURN(std::vector<float> values, file.ReadF32(p->name));
+    ASSIGN_OR_RETURN(std::vector<float> values,
+                     source.Read(p->name, p->value.shape()));
+    if (static_cast<int64_t>(values.size()) != p->value.numel()) {
+      return absl::InternalError(absl::StrCat(
+          "parameter ", p->name, ": the source gave ", values.size(),
+          " values for ", ShapeString(p->value.shape())));
+    }
     RETURN_IF_ERROR(backend_->CopyFromHost(
         values.data(), values.size() * sizeof(float), p->value));
   }

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "engine/layers/composite.h"
 #include "engine/model_spec.h"
+#include "engine/parameter_source.h"
 #include "engine/pipeline_stage.h"
 #include "engine/safetensors.h"
 
@@ -39,10 +40,10 @@ class Stage : public PipelineStage {
   // Fills every parameter from the spec's seed: a function of the seed and
   // the parameter's global name only, so any split gives the same values.
   absl::Status InitializeFromSeed(uint64_t seed) override;
-  // Loads every parameter from `file` by global name. InvalidArgument naming
-  // the tensor when it is missing, not a float, or shaped differently (with
-  // both shapes).
-  absl::Status LoadFrom(const SafetensorsReader& file) override;
+  // Loads every parameter from `source` by global name (its errors as they
+  // come: InvalidArgument naming a tensor that is missing, not a float, or
+  // shaped differently).
+  absl::Status LoadFrom(const ParameterSource& source) override;
 
   std::vector<Parameter*> parameters() override { return chain_.parameters(); }
   int index() const override { return index_; }
@@ -96,12 +97,6 @@ class Stage : public PipelineStage {
   std::map<int, MicrobatchState> states_;
   size_t peak_bytes_ = 0;
 };
-
-// InvalidArgument, naming the file, the tensor and both shapes, unless
-// `file` holds tensor `name` with `shape`: what LoadFrom needs of an init
-// file, for each parameter.
-absl::Status CheckInitTensor(const SafetensorsReader& file,
-                             const std::string& name, const Shape& shape);
 
 // CheckInitTensor for every parameter of `model` (every stage): a job's
 // model.init.from checked before anything is allocated (conveyorctl

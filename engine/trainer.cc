@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/loss.h"
+#include "engine/model_init.h"
 
 namespace conveyor::engine {
 
@@ -18,15 +19,9 @@ absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::Create(
                      Stage::Create(backend, model, s));
     t->stages_.push_back(std::move(stage));
   }
-  if (model.seed) {
-    for (auto& stage : t->stages_) {
-      RETURN_IF_ERROR(stage->InitializeFromSeed(*model.seed));
-    }
-  } else {
-    ASSIGN_OR_RETURN(SafetensorsReader file,
-                     SafetensorsReader::Open(model.init_from));
-    for (auto& stage : t->stages_) RETURN_IF_ERROR(stage->LoadFrom(file));
-  }
+  std::vector<PipelineStage*> stages;
+  for (auto& stage : t->stages_) stages.push_back(stage.get());
+  RETURN_IF_ERROR(InitializeStages(model, stages));
   ASSIGN_OR_RETURN(t->data_,
                    DataSource::Create(t->job_.data, ModelSampleShapes(model)));
   ResolveSchedule(t->job_.optimizer, t->job_.training.steps);

@@ -23,6 +23,7 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/mesh_collective.h"
 #include "engine/mesh_stage.h"
+#include "engine/model_init.h"
 #include "engine/profiler.h"
 #include "engine/safetensors.h"
 #include "engine/trainer.h"
@@ -291,14 +292,10 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
   // same parameters as its reference; a resumed one loads them below.
   if (program_.resume_step() > 0) {
     // Nothing to initialize: every parameter comes from the checkpoint.
-  } else if (model.seed) {
-    for (auto& stage : stages_) {
-      RETURN_IF_ERROR(stage->InitializeFromSeed(*model.seed));
-    }
   } else {
-    ASSIGN_OR_RETURN(engine::SafetensorsReader file,
-                     engine::SafetensorsReader::Open(model.init_from));
-    for (auto& stage : stages_) RETURN_IF_ERROR(stage->LoadFrom(file));
+    std::vector<engine::PipelineStage*> stages;
+    for (auto& stage : stages_) stages.push_back(stage.get());
+    RETURN_IF_ERROR(engine::InitializeStages(model, stages));
   }
   ASSIGN_OR_RETURN(data_, engine::DataSource::Create(
                               job_.data, engine::ModelSampleShapes(model)));
@@ -643,7 +640,7 @@ absl::Status JobRunner::LoadResumeFiles() {
                                                 .bytes = f.bytes(),
                                                 .crc32c = f.crc32c()},
                                                {.step = step}));
-    RETURN_IF_ERROR(stage->LoadFrom(file.tensors));
+    RETURN_IF_ERROR(stage->LoadFrom(engine::SafetensorsSource(file.tensors)));
     files.push_back(std::move(file));
   }
   for (size_t i = 0; i < stages_.size(); ++i) {

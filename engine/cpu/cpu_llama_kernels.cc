@@ -102,7 +102,7 @@ void CpuBackend::DoSiluMulBackward(const Tensor& gate, const Tensor& up,
 }
 
 void CpuBackend::DoRope(const Tensor& x, float theta, bool inverse,
-                        const Tensor& y) {
+                        const Tensor& y, int64_t first_position) {
   const int64_t dim = x.dim(-1), half = dim / 2, seq = x.dim(-2);
   const int64_t rows = x.numel() / std::max<int64_t>(dim, 1);
   // cos and sin per (position, frequency), as HF builds them: inv_freq =
@@ -112,7 +112,7 @@ void CpuBackend::DoRope(const Tensor& x, float theta, bool inverse,
     const float inv_freq = 1.0f / std::pow(theta, static_cast<float>(2 * i) /
                                                       static_cast<float>(dim));
     for (int64_t p = 0; p < seq; ++p) {
-      const float angle = static_cast<float>(p) * inv_freq;
+      const float angle = static_cast<float>(first_position + p) * inv_freq;
       cos[p * half + i] = std::cos(angle);
       sin[p * half + i] = inverse ? -std::sin(angle) : std::sin(angle);
     }

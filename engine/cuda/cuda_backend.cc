@@ -601,11 +601,12 @@ void CudaBackend::DoSiluMulBackward(const Tensor& gate, const Tensor& up,
 }
 
 void CudaBackend::DoRope(const Tensor& x, float theta, bool inverse,
-                         const Tensor& y) {
+                         const Tensor& y, int64_t first_position) {
   const int64_t dim = x.dim(-1), seq = x.dim(-2);
   const int64_t rows = x.numel() / std::max<int64_t>(dim * seq, 1);
   Activate();
-  ci::Rope(F(x), rows, seq, dim, theta, inverse, F(y), stream());
+  ci::Rope(F(x), rows, seq, dim, first_position, theta, inverse, F(y),
+           stream());
 }
 
 // --- Attention pieces --------------------------------------------------------

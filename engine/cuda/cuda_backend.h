@@ -170,8 +170,8 @@ class CudaBackend final : public Backend {
                  const Tensor& y) override;
   void DoSiluMulBackward(const Tensor& gate, const Tensor& up, const Tensor& dy,
                          const Tensor& dgate, const Tensor& dup) override;
-  void DoRope(const Tensor& x, float theta, bool inverse,
-              const Tensor& y) override;
+  void DoRope(const Tensor& x, float theta, bool inverse, const Tensor& y,
+              int64_t first_position) override;
   void DoSoftmax(const Tensor& x, float scale, bool causal,
                  const Tensor& y) override;
   void DoSoftmaxBackward(const Tensor& y, const Tensor& dy, float scale,

@@ -87,13 +87,13 @@ struct SiluMulBackwardOp {
 struct RopeOp {
   const float* x;
   float* y;
-  int64_t seq, dim;
+  int64_t seq, dim, first_position;
   float theta;
   bool inverse;
   __device__ void operator()(int64_t i) const {
     const int64_t half = dim / 2;
     const int64_t pair = i % half, row = i / half;  // row of [rows * seq]
-    const int64_t pos = row % seq;
+    const int64_t pos = first_position + row % seq;
     const float inv_freq = 1.0f / powf(theta, static_cast<float>(2 * pair) /
                                                   static_cast<float>(dim));
     float s, c;
@@ -143,10 +143,11 @@ void SiluMulBackward(const float* gate, const float* up, const float* dy,
   ForEach(n, SiluMulBackwardOp{gate, up, dy, dgate, dup}, stream);
 }
 
-void Rope(const float* x, int64_t rows, int64_t seq, int64_t dim, float theta,
-          bool inverse, float* y, cudaStream_t stream) {
-  ForEach(rows * seq * (dim / 2), RopeOp{x, y, seq, dim, theta, inverse},
-          stream);
+void Rope(const float* x, int64_t rows, int64_t seq, int64_t dim,
+          int64_t first_position, float theta, bool inverse, float* y,
+          cudaStream_t stream) {
+  ForEach(rows * seq * (dim / 2),
+          RopeOp{x, y, seq, dim, first_position, theta, inverse}, stream);
 }
 
 }  // namespace conveyor::engine::cuda_internal

@@ -113,9 +113,11 @@ void SiluMul(const float* gate, const float* up, float* y, int64_t n,
              cudaStream_t stream);
 void SiluMulBackward(const float* gate, const float* up, const float* dy,
                      float* dgate, float* dup, int64_t n, cudaStream_t stream);
-// x and y [rows, seq, dim]; y may alias x.
-void Rope(const float* x, int64_t rows, int64_t seq, int64_t dim, float theta,
-          bool inverse, float* y, cudaStream_t stream);
+// x and y [rows, seq, dim], positions first_position + [0, seq); y may
+// alias x.
+void Rope(const float* x, int64_t rows, int64_t seq, int64_t dim,
+          int64_t first_position, float theta, bool inverse, float* y,
+          cudaStream_t stream);
 
 // rows_per_matrix: the rows of one [rows, cols] matrix (for the causal
 // mask); rows: all rows.
