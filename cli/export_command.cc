@@ -10,41 +10,20 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "checkpoint/directory.h"
 #include "checkpoint/layout.h"
-#include "checkpoint/manifest.h"
-#include "checkpoint/stage_file.h"
+#include "cli/checkpoint_params.h"
+#include "cli/job_file.h"
 #include "common/status_macros.h"
+#include "engine/job_spec.h"
 #include "engine/safetensors.h"
+#include "hf/checkpoint.h"
+#include "hf/model.h"
+#include "job/config_hash.h"
 
 namespace conveyor::cli {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct LoadedStep {
-  std::string job;
-  std::vector<checkpoint::StageFile> stages;  // By stage.
-};
-
-// Every stage file of `m`'s step, checked against the manifest and against
-// stage 0's job, so that a worker that wrote the wrong thing (another step,
-// another job) under the right name is caught.
-absl::StatusOr<LoadedStep> LoadStep(const std::string& dir,
-                                    const checkpoint::CheckpointManifest& m) {
-  const std::string step_dir = checkpoint::StepDirPath(dir, m.step);
-  LoadedStep loaded;
-  checkpoint::StageFileExpectation expect{.step = m.step,
-                                          .num_stages = m.num_stages};
-  for (const checkpoint::StageFileDigest& digest : m.stages) {  // By stage.
-    ASSIGN_OR_RETURN(checkpoint::StageFile file,
-                     checkpoint::ReadStageFile(step_dir, digest, expect));
-    if (!expect.job.has_value()) expect.job = file.info.job;
-    loaded.stages.push_back(std::move(file));
-  }
-  loaded.job = expect.job.value_or("");
-  return loaded;
-}
 
 }  // namespace
 
@@ -58,80 +37,41 @@ CLI::App* AddExportCommand(CLI::App& app, ExportCommandOptions& o) {
       ->required();
   cmd->add_option("--step", o.step,
                   "Step to export (default: the latest complete one)");
-  cmd->add_option("-o,--output", o.output, "Output .safetensors file")
+  cmd->add_option("-o,--output", o.output,
+                  "Output .safetensors file (--format hf: a directory)")
       ->required();
+  cmd->add_option("--format", o.format,
+                  "safetensors (one file, Conveyor's names) or hf (a "
+                  "HuggingFace checkpoint directory)");
+  cmd->add_option("--job", o.job,
+                  "--format hf: the job file that wrote the checkpoint");
+  cmd->add_option("--dtype", o.dtype, "--format hf: bf16 (default) or fp32");
   return cmd;
 }
 
 absl::StatusOr<ExportResult> ExportCheckpoint(const std::string& dir,
                                               std::optional<int64_t> step,
                                               const std::string& output) {
-  ASSIGN_OR_RETURN(std::vector<int64_t> steps,
-                   checkpoint::ListCheckpointSteps(dir));
-  if (steps.empty()) {
-    std::string hint;
-    std::error_code ec;
-    if (fs::exists(fs::path(dir) / "params.safetensors", ec)) {
-      hint =
-          "; its params.safetensors (from run --in-process) is already one "
-          "file";
-    }
-    return absl::NotFoundError(
-        absl::StrCat(dir, ": no step-<N> directories", hint));
-  }
+  ASSIGN_OR_RETURN(const CheckpointParams params,
+                   LoadCheckpointParams(dir, step));
   ExportResult result;
-  checkpoint::CheckpointManifest manifest;
-  // Checksums are verified: an export is read once and then trusted
-  // elsewhere, so a damaged file must stop it here.
-  if (step.has_value()) {
-    if (!std::binary_search(steps.begin(), steps.end(), *step)) {
-      return absl::NotFoundError(absl::StrCat(
-          dir, ": no step-", *step, "; steps: ", absl::StrJoin(steps, ", ")));
-    }
-    ASSIGN_OR_RETURN(manifest, checkpoint::LoadCompleteCheckpoint(
-                                   dir, *step, /*verify_checksums=*/true));
-  } else {
-    // A job that stopped while saving leaves an incomplete newest step; the
-    // one before it is still a consistent export.
-    absl::StatusOr<checkpoint::LatestCheckpoint> latest =
-        checkpoint::FindLatestCompleteCheckpoint(dir,
-                                                 /*verify_checksums=*/true);
-    if (absl::IsDataLoss(latest.status())) {
-      return absl::DataLossError(absl::StrCat(
-          latest.status().message(), "; export an older step with --step N"));
-    }
-    RETURN_IF_ERROR(latest.status());
-    manifest = std::move(latest->manifest);
-    result.skipped = std::move(latest->skipped);
-  }
-  result.step = manifest.step;
-  ASSIGN_OR_RETURN(LoadedStep loaded, LoadStep(dir, manifest));
-
+  result.step = params.manifest.step;
+  result.skipped = params.skipped;
   std::vector<engine::TensorToWrite> tensors;
-  std::map<std::string, int> owner;  // Tensor name -> stage.
-  for (int s = 0; s < manifest.num_stages; ++s) {
-    const engine::SafetensorsReader& file = loaded.stages[s].tensors;
-    for (const engine::TensorInfo& info : file.tensors()) {
-      // Optimizer state is for resuming a run, not part of the model.
-      if (checkpoint::IsOptimizerTensor(info.name)) continue;
-      auto [it, inserted] = owner.emplace(info.name, s);
-      if (!inserted) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(dir, ": step-", result.step, ": tensor '", info.name,
-                         "' is in both stage-", it->second, " and stage-", s));
-      }
-      const std::span<const uint8_t> bytes = file.RawBytes(info);
-      tensors.push_back({.name = info.name,
-                         .dtype = info.dtype,
-                         .shape = info.shape,
-                         .data = bytes.data(),
-                         .bytes = bytes.size()});
-      result.num_elements += info.numel();
-      result.bytes += bytes.size();
-    }
+  for (const auto& [name, stage] : params.owner) {
+    const engine::SafetensorsReader& file = params.stages[stage].tensors;
+    const engine::TensorInfo& info = *file.Find(name);
+    const std::span<const uint8_t> bytes = file.RawBytes(info);
+    tensors.push_back({.name = info.name,
+                       .dtype = info.dtype,
+                       .shape = info.shape,
+                       .data = bytes.data(),
+                       .bytes = bytes.size()});
+    result.num_elements += info.numel();
+    result.bytes += bytes.size();
   }
-  result.job = loaded.job;
-  result.num_stages = manifest.num_stages;
+  result.job = params.job;
+  result.num_stages = params.manifest.num_stages;
   result.num_tensors = static_cast<int64_t>(tensors.size());
   // "format: pt" is what Hugging Face's loaders look for in a file of
   // PyTorch tensors; the rest says where the file came from.
@@ -145,6 +85,68 @@ absl::StatusOr<ExportResult> ExportCheckpoint(const std::string& dir,
   return result;
 }
 
+absl::StatusOr<ExportResult> ExportCheckpointToHf(const std::string& dir,
+                                                  std::optional<int64_t> step,
+                                                  const std::string& job_file,
+                                                  const std::string& output_dir,
+                                                  hf::HfDType dtype) {
+  ASSIGN_OR_RETURN(const JobSource source, ReadJobSource(job_file, {}));
+  ASSIGN_OR_RETURN(const engine::JobSpec job, ParseJobSource(source));
+  ASSIGN_OR_RETURN(const CheckpointParams params,
+                   LoadCheckpointParams(dir, step));
+  // The model is the job file's: one that differs from the job that wrote
+  // the checkpoint would name the tensors right and mean something else.
+  const std::string hash = job::JobConfigHash(source.yaml);
+  if (!params.manifest.config_hash.empty() &&
+      params.manifest.config_hash != hash) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(job_file, " is not the job that wrote ", dir, " step-",
+                     params.manifest.step, ": its configuration hash is ", hash,
+                     ", the checkpoint's ", params.manifest.config_hash));
+  }
+  ASSIGN_OR_RETURN(hf::HfLlamaConfig config, hf::HfConfigOfModel(job.model));
+  if (!job.model.from_hf.empty()) {
+    // Imported: give back what came in where the model does not say.
+    absl::StatusOr<hf::HfLlamaConfig> original =
+        hf::ReadHfLlamaConfig(job.model.from_hf);
+    if (original.ok()) {
+      config.architecture = original->architecture;
+      config.model_type = original->model_type;
+      config.max_position_embeddings = original->max_position_embeddings;
+    }
+  }
+  std::map<std::string, engine::Shape> shapes;
+  for (const engine::ParamSpec* p : job.model.Params()) {
+    shapes[p->name] = p->shape;
+  }
+  const CheckpointParamsSource tensors(params);
+  RETURN_IF_ERROR(hf::WriteHfCheckpoint(
+      output_dir, config,
+      [&](const std::string& name) -> absl::StatusOr<std::vector<float>> {
+        auto it = shapes.find(name);
+        if (it == shapes.end()) {
+          return absl::InternalError(
+              absl::StrCat("the model has no parameter ", name));
+        }
+        return tensors.Read(name, it->second);
+      },
+      {.dtype = dtype}));
+  ExportResult result;
+  result.step = params.manifest.step;
+  result.num_stages = params.manifest.num_stages;
+  result.job = params.job;
+  result.skipped = params.skipped;
+  result.num_tensors = static_cast<int64_t>(shapes.size());
+  for (const auto& [name, shape] : shapes) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    result.num_elements += n;
+  }
+  result.bytes = static_cast<uint64_t>(result.num_elements) *
+                 (dtype == hf::HfDType::kBF16 ? 2 : 4);
+  return result;
+}
+
 absl::Status RunExportCommand(const ExportCommandOptions& o,
                               std::ostream& out) {
   if (o.step < -1) {
@@ -153,8 +155,29 @@ absl::Status RunExportCommand(const ExportCommandOptions& o,
   }
   std::optional<int64_t> step;
   if (o.step >= 0) step = o.step;
-  ASSIGN_OR_RETURN(ExportResult r,
-                   ExportCheckpoint(o.checkpoint_dir, step, o.output));
+  const bool hf_format = o.format == "hf";
+  if (!hf_format && o.format != "safetensors") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--format must be safetensors or hf; got '", o.format, "'"));
+  }
+  if (hf_format && o.job.empty()) {
+    return absl::InvalidArgumentError(
+        "--format hf needs --job JOB.yaml, the job that wrote the checkpoint "
+        "(a checkpoint does not record its model)");
+  }
+  if (!hf_format && !o.job.empty()) {
+    return absl::InvalidArgumentError("--job is for --format hf only");
+  }
+  if (o.dtype != "bf16" && o.dtype != "fp32") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dtype must be bf16 or fp32; got '", o.dtype, "'"));
+  }
+  absl::StatusOr<ExportResult> exported =
+      hf_format ? ExportCheckpointToHf(o.checkpoint_dir, step, o.job, o.output,
+                                       o.dtype == "bf16" ? hf::HfDType::kBF16
+                                                         : hf::HfDType::kF32)
+                : ExportCheckpoint(o.checkpoint_dir, step, o.output);
+  ASSIGN_OR_RETURN(ExportResult r, std::move(exported));
   for (const std::string& reason : r.skipped) {
     out << "note: skipped " << reason << "\n";
   }

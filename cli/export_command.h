@@ -2,6 +2,10 @@
 // gathers the parameters of one step of a pipelined job's checkpoint into a
 // single safetensors file with the global (PyTorch) parameter names,
 // loadable by the equivalent PyTorch module or as a job's model.init.from.
+// With `--format hf --job JOB.yaml [--dtype bf16|fp32] --output DIR` a
+// Llama-layout model becomes a HuggingFace checkpoint directory that
+// transformers' LlamaForCausalLM.from_pretrained loads (and a job's
+// model.from_hf).
 //
 // Workers write <dir>/step-<N>/stage-<s>.safetensors for every stage, with
 // the metadata
@@ -30,6 +34,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "hf/config.h"
 
 namespace conveyor::cli {
 
@@ -37,6 +42,13 @@ struct ExportCommandOptions {
   std::string checkpoint_dir;
   int64_t step = -1;  // -1: the latest complete step.
   std::string output;
+  // "safetensors" (one file, Conveyor's names) or "hf" (a HuggingFace
+  // checkpoint directory: config.json + model.safetensors).
+  std::string format = "safetensors";
+  // --format hf: the job file that wrote the checkpoint (checkpoints do not
+  // record their model), and the stored dtype ("bf16" or "fp32").
+  std::string job;
+  std::string dtype = "bf16";
 };
 
 CLI::App* AddExportCommand(CLI::App& app, ExportCommandOptions& options);
@@ -69,7 +81,25 @@ absl::StatusOr<ExportResult> ExportCheckpoint(const std::string& dir,
                                               std::optional<int64_t> step,
                                               const std::string& output);
 
-// InvalidArgument for a negative --step; otherwise ExportCheckpoint's errors.
+// `conveyorctl export --format hf`: the parameters of step `step` as a
+// HuggingFace checkpoint in `output_dir` (hf::WriteHfCheckpoint: HF names,
+// config.json for LlamaForCausalLM, or Qwen2ForCausalLM when the blocks
+// have q/k/v biases; a model imported from_hf keeps its architecture and
+// max_position_embeddings), stored as `dtype`. The model comes from
+// `job_file`, which must be the job that wrote the checkpoint: its config
+// hash must equal the manifest's. Errors: LoadCheckpointParams's;
+// FailedPrecondition for another job's file; InvalidArgument for a job
+// whose model is not of the Llama layout (naming the layer) or a parameter
+// the checkpoint lacks; WriteHfCheckpoint's (AlreadyExists for an output
+// that already holds a checkpoint).
+absl::StatusOr<ExportResult> ExportCheckpointToHf(const std::string& dir,
+                                                  std::optional<int64_t> step,
+                                                  const std::string& job_file,
+                                                  const std::string& output_dir,
+                                                  hf::HfDType dtype);
+
+// InvalidArgument for a negative --step, --format hf without --job, or
+// --job without --format hf; otherwise the export's errors.
 absl::Status RunExportCommand(const ExportCommandOptions& options,
                               std::ostream& out);
 

@@ -181,7 +181,7 @@ TEST_F(ExportTest, ADamagedNewestCommittedStepIsRefusedNotSkipped) {
   EXPECT_THAT(r.status().message(),
               HasSubstr("the newest intact step before it is"));
   EXPECT_THAT(r.status().message(),
-              HasSubstr("export an older step with --step N"));
+              HasSubstr("use an older step with --step N"));
   EXPECT_FALSE(fs::exists(output_));
   r = ExportCheckpoint(ckpt_, 100, output_);
   ASSERT_TRUE(r.ok()) << r.status();
