@@ -3,9 +3,9 @@
 //    shapes (the dense layer's forward, x W^T), timed alternately in one
 //    loop, as GFLOP/s. Target: the backend reaches >= 85% of OpenBLAS.
 //  - step/*: one training step (M microbatches forward and backward, one
-//    AdamW step) of the examples' models on fixed data, so only compute is
-//    timed. bench/torch_reference.py times the identical models in PyTorch;
-//    scripts/bench puts the two side by side.
+//    AdamW step) of the examples' models and of a Llama decoder block on
+//    fixed data, so only compute is timed. bench/torch_reference.py times the
+//    identical models in PyTorch; scripts/bench puts the two side by side.
 #include <cblas.h>
 
 #include <chrono>
@@ -94,6 +94,21 @@ model:
   loss: mse
 )";
 
+// HF's LlamaDecoderLayer at the transformer block's size: the same [32, 64]
+// input, 4 heads (2 key/value heads), and a SwiGLU MLP of 172 features, Llama's
+// 8/3 ratio, which also matches the parameter count of the block's 256-wide
+// two-matrix MLP. Loss, batch and microbatches as step/transformer_block.
+constexpr char kLlamaBlock[] = R"(
+model:
+  input_shape: [32, 64]
+  init: {seed: 0}
+  layers:
+    - llama_block:
+        {heads: 4, kv_heads: 2, mlp_features: 172, rope_theta: 10000,
+         eps: 1e-6, attention_bias: false}
+  loss: mse
+)";
+
 // One training step of a one-stage model: batch split into `microbatches`.
 void TrainStep(benchmark::State& state, const char* yaml, int64_t batch,
                int microbatches) {
@@ -144,12 +159,19 @@ void BM_StepMlp(benchmark::State& state) { TrainStep(state, kMlp, 128, 4); }
 void BM_StepTransformerBlock(benchmark::State& state) {
   TrainStep(state, kTransformerBlock, 8, 4);
 }
+void BM_StepLlamaBlock(benchmark::State& state) {
+  TrainStep(state, kLlamaBlock, 8, 4);
+}
 BENCHMARK(BM_StepMlp)
     ->Name("step/mlp")
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_StepTransformerBlock)
     ->Name("step/transformer_block")
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_StepLlamaBlock)
+    ->Name("step/llama_block")
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
