@@ -9,6 +9,7 @@
 #include "engine/data.h"
 #include "engine/profiler.h"
 #include "engine/safetensors.h"
+#include "hf/checkpoint.h"
 #include "engine/stage.h"
 #include "job/planner.h"
 
@@ -34,7 +35,8 @@ namespace {
 
 // What a worker and the coordinator would find wrong with the job's files
 // only once it runs: the data (read and checked against the model's shapes,
-// as a worker does), model.init.from (every parameter, with its shape) and
+// as a worker does), model.init.from (every parameter, with its shape),
+// model.from_hf (every tensor of the checkpoint) and
 // checkpoint.dir (created if missing, and written to, as the coordinator
 // does at submission). Paths resolve as for the daemons, against the job
 // file's directory; on a cluster whose machines see other files, the
@@ -47,6 +49,13 @@ absl::Status CheckJobFiles(const engine::JobSpec& job) {
     ASSIGN_OR_RETURN(engine::SafetensorsReader init,
                      engine::SafetensorsReader::Open(job.model.init_from));
     RETURN_IF_ERROR(engine::CheckInitFileFitsModel(init, job.model));
+  }
+  if (!job.model.from_hf.empty()) {
+    // The config was read with the job; the weights are read when it
+    // starts: every tensor, shape and dtype is checked here first.
+    ASSIGN_OR_RETURN(const hf::HfCheckpoint checkpoint,
+                     hf::HfCheckpoint::Open(job.model.from_hf));
+    RETURN_IF_ERROR(checkpoint.CheckComplete());
   }
   if (!job.checkpoint.dir.empty()) {
     RETURN_IF_ERROR(checkpoint::CheckCheckpointDirWritable(job.checkpoint.dir));

@@ -252,6 +252,27 @@ TEST(GradientCheckTest, RopeIsARotationAtEachPosition) {
   EXPECT_TRUE(testing_util::AllClose(ToVector(y), xv, 1e-6, 1e-6));
 }
 
+TEST(GradientCheckTest, RopeFromAFirstPositionContinuesTheSequence) {
+  // A decoder's cache feeds positions 2 and 3 alone: they must turn exactly
+  // as rows 2 and 3 of the whole sequence do.
+  Tensor whole = RandomTensor({2, 4, 8}, 24);
+  Tensor rotated = testing_util::ZerosLike(whole);
+  B()->Rope(whole, 500.0f, /*inverse=*/false, rotated);
+  std::vector<float> w = ToVector(whole), r = ToVector(rotated);
+  std::vector<float> tail_in, tail_want;
+  for (int row = 0; row < 2; ++row) {
+    for (int p = 2; p < 4; ++p) {
+      for (int i = 0; i < 8; ++i) {
+        tail_in.push_back(w[(row * 4 + p) * 8 + i]);
+        tail_want.push_back(r[(row * 4 + p) * 8 + i]);
+      }
+    }
+  }
+  Tensor tail = FromVector({2, 2, 8}, tail_in);
+  B()->Rope(tail, 500.0f, /*inverse=*/false, tail, /*first_position=*/2);
+  EXPECT_EQ(ToVector(tail), tail_want);
+}
+
 TEST(GradientCheckTest, LlamaAttention) {
   for (const int64_t kv_heads : {2, 1}) {
     for (const bool bias : {false, true}) {
