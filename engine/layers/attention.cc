@@ -5,35 +5,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/layers/dense.h"
+#include "engine/layers/head_gemm.h"
 
 namespace conveyor::engine {
-namespace {
-
-// One GEMM per (batch, head) over [S, *] row-major slices.
-GemmBatch HeadGemm(int64_t batch, bool ta, bool tb, int64_t m, int64_t n,
-                   int64_t k, const Tensor& a, int64_t a_cols, const Tensor& b,
-                   int64_t b_cols, float beta, const Tensor& c) {
-  GemmBatch g;
-  g.batch = batch;
-  g.trans_a = ta;
-  g.trans_b = tb;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.beta = beta;
-  g.a = a.data<float>();
-  g.lda = a_cols;
-  g.stride_a = a.numel() / batch;
-  g.b = b.data<float>();
-  g.ldb = b_cols;
-  g.stride_b = b.numel() / batch;
-  g.c = c.data<float>();
-  g.ldc = c.dim(-1);
-  g.stride_c = c.numel() / batch;
-  return g;
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<SelfAttention>> SelfAttention::Create(
     Backend* backend, const std::string& prefix, int64_t features,

@@ -5,42 +5,14 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/layers/dense.h"
+#include "engine/layers/head_gemm.h"
 
 namespace conveyor::engine {
-namespace {
-
-// Grouped-query attention as one strided batch of GEMMs per product: with q
-// [B, H, S, D] and k, v [B, G, S, D], the H / G query heads of group g are
-// contiguous, so q's rows of one (batch, group) form one [H/G * S, D]
-// matrix that multiplies that group's [S, D] key or value matrix. Each
-// operand is given as (tensor, columns per row); the batch runs over B * G.
-struct Operand {
-  const Tensor& t;
-  int64_t cols;
-};
-
-GemmBatch GroupGemm(int64_t groups, bool ta, bool tb, int64_t m, int64_t n,
-                    int64_t k, Operand a, Operand b, const Tensor& c) {
-  GemmBatch g;
-  g.batch = groups;
-  g.trans_a = ta;
-  g.trans_b = tb;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.a = a.t.data<float>();
-  g.lda = a.cols;
-  g.stride_a = a.t.numel() / groups;
-  g.b = b.t.data<float>();
-  g.ldb = b.cols;
-  g.stride_b = b.t.numel() / groups;
-  g.c = c.data<float>();
-  g.ldc = c.dim(-1);
-  g.stride_c = c.numel() / groups;
-  return g;
-}
-
-}  // namespace
+// Grouped-query attention as one strided batch of GEMMs per product
+// (HeadGemm): with q [B, H, S, D] and k, v [B, G, S, D], the H / G query
+// heads of group g are contiguous, so q's rows of one (batch, group) form
+// one [H/G * S, D] matrix that multiplies that group's [S, D] key or value
+// matrix; the batch runs over B * G.
 
 absl::StatusOr<std::unique_ptr<LlamaAttention>> LlamaAttention::Create(
     Backend* backend, const std::string& prefix,
@@ -112,13 +84,13 @@ absl::StatusOr<Tensor> LlamaAttention::Forward(const Tensor& x, Stash& stash) {
 
   ASSIGN_OR_RETURN(Tensor scores, be.Empty({b, h, s, s}, DType::kF32));
   be.GemmStridedBatched(
-      GroupGemm(b * g, false, true, r * s, s, d, {q, d}, {k, d}, scores));
+      HeadGemm(b * g, false, true, r * s, s, d, q, d, k, d, 0.0f, scores));
   ASSIGN_OR_RETURN(Tensor probs, be.Empty({b, h, s, s}, DType::kF32));
   be.Softmax(scores, 1.0f / std::sqrt(static_cast<float>(d)), /*causal=*/true,
              probs);
   ASSIGN_OR_RETURN(Tensor context, be.Empty({b, h, s, d}, DType::kF32));
-  be.GemmStridedBatched(
-      GroupGemm(b * g, false, false, r * s, d, s, {probs, s}, {v, d}, context));
+  be.GemmStridedBatched(HeadGemm(b * g, false, false, r * s, d, s, probs, s, v,
+                                 d, 0.0f, context));
   ASSIGN_OR_RETURN(Tensor merged, be.Empty({b, s, h * d}, DType::kF32));
   be.MergeHeads(context, merged);
   ASSIGN_OR_RETURN(Tensor y, be.Empty(x.shape(), DType::kF32));
@@ -140,22 +112,22 @@ absl::StatusOr<Tensor> LlamaAttention::BackwardInput(const Tensor& dy,
   ASSIGN_OR_RETURN(Tensor d_context, be.Empty({b, h, s, d}, DType::kF32));
   be.MergeHeadsBackward(d_merged, d_context);
   ASSIGN_OR_RETURN(Tensor d_probs, be.Empty({b, h, s, s}, DType::kF32));
-  be.GemmStridedBatched(GroupGemm(b * g, false, true, r * s, s, d,
-                                  {d_context, d}, {v, d}, d_probs));
+  be.GemmStridedBatched(HeadGemm(b * g, false, true, r * s, s, d, d_context, d,
+                                 v, d, 0.0f, d_probs));
   // A key or value head's gradient sums over its group's query heads: the
   // contraction over the group's r * S rows does that in the same GEMM.
   ASSIGN_OR_RETURN(Tensor dv, be.Empty({b, g, s, d}, DType::kF32));
-  be.GemmStridedBatched(GroupGemm(b * g, true, false, s, d, r * s, {probs, s},
-                                  {d_context, d}, dv));
+  be.GemmStridedBatched(HeadGemm(b * g, true, false, s, d, r * s, probs, s,
+                                 d_context, d, 0.0f, dv));
   ASSIGN_OR_RETURN(Tensor d_scores, be.Empty({b, h, s, s}, DType::kF32));
   be.SoftmaxBackward(probs, d_probs, 1.0f / std::sqrt(static_cast<float>(d)),
                      d_scores);
   ASSIGN_OR_RETURN(Tensor dq, be.Empty({b, h, s, d}, DType::kF32));
   be.GemmStridedBatched(
-      GroupGemm(b * g, false, false, r * s, d, s, {d_scores, s}, {k, d}, dq));
+      HeadGemm(b * g, false, false, r * s, d, s, d_scores, s, k, d, 0.0f, dq));
   ASSIGN_OR_RETURN(Tensor dk, be.Empty({b, g, s, d}, DType::kF32));
   be.GemmStridedBatched(
-      GroupGemm(b * g, true, false, s, d, r * s, {d_scores, s}, {q, d}, dk));
+      HeadGemm(b * g, true, false, s, d, r * s, d_scores, s, q, d, 0.0f, dk));
   // Undo the rotation (its transpose), then back to [B, S, heads * D].
   be.Rope(dq, o_.rope_theta, /*inverse=*/true, dq);
   be.Rope(dk, o_.rope_theta, /*inverse=*/true, dk);
