@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"  // defines: absl::StrCat
 #include "cli/exit_status.h"       // defines: ExitCode, ShouldPrint
 #include "cli/export_command.h"    // defines: AddExportCommand, Run...
+#include "cli/generate_command.h"  // defines: AddGenerateCommand, Run...
 #include "cli/job_commands.h"      // defines: AddJobCommands, RunJobCommand
 #include "cli/run_command.h"       // defines: AddRunCommand, RunRunCommand
 #include "cli/schedule_command.h"  // defines: AddScheduleCommand, Run...
@@ -60,6 +61,8 @@ int main(int argc, char** argv) {
   CLI::App* validate = cli::AddValidateCommand(app, validate_options);
   cli::ExportCommandOptions export_options;
   CLI::App* export_cmd = cli::AddExportCommand(app, export_options);
+  cli::GenerateCommandOptions generate_options;
+  CLI::App* generate = cli::AddGenerateCommand(app, generate_options);
   cli::ScheduleCommandOptions schedule_options;
   CLI::App* schedule = cli::AddScheduleCommand(app, schedule_options);
 
@@ -82,6 +85,8 @@ int main(int argc, char** argv) {
       status = cli::RunValidateCommand(validate_options, std::cout);
     } else if (export_cmd->parsed()) {
       status = cli::RunExportCommand(export_options, std::cout);
+    } else if (generate->parsed()) {
+      status = cli::RunGenerateCommand(generate_options, std::cout, std::cerr);
     } else if (job_commands.AnyParsed()) {
       status = cli::RunJobCommand(job_commands, job_options, tty, std::cout);
     }
