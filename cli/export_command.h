@@ -39,15 +39,15 @@
 namespace conveyor::cli {
 
 struct ExportCommandOptions {
-  std::string checkpoint_dir;
+  std::string checkpoint_dir = {};
   int64_t step = -1;  // -1: the latest complete step.
-  std::string output;
+  std::string output = {};
   // "safetensors" (one file, Conveyor's names) or "hf" (a HuggingFace
   // checkpoint directory: config.json + model.safetensors).
   std::string format = "safetensors";
   // --format hf: the job file that wrote the checkpoint (checkpoints do not
   // record their model), and the stored dtype ("bf16" or "fp32").
-  std::string job;
+  std::string job = {};
   std::string dtype = "bf16";
 };
 

@@ -40,11 +40,11 @@
 namespace conveyor::cli {
 
 struct GenerateCommandOptions {
-  std::string source;
-  std::string job;    // Required for a Conveyor checkpoint only.
-  int64_t step = -1;  // -1: the newest complete step.
-  std::optional<std::string> prompt;
-  std::optional<std::string> prompt_ids;
+  std::string source = {};
+  std::string job = {};  // Required for a Conveyor checkpoint only.
+  int64_t step = -1;     // -1: the newest complete step.
+  std::optional<std::string> prompt = std::nullopt;
+  std::optional<std::string> prompt_ids = std::nullopt;
   int64_t tokens = 0;
   double temperature = 1.0;
   int64_t top_k = 0;

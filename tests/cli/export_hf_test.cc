@@ -28,6 +28,7 @@
 #include "hf/checkpoint.h"
 #include "hf/names.h"
 #include "job/config_hash.h"
+#include "tests/cli/committed_checkpoint.h"
 #include "tests/engine/test_util.h"
 
 namespace conveyor::cli {
@@ -95,42 +96,18 @@ class ExportHfTest : public ::testing::Test {
     auto job = engine::LoadJobSpec(job_path);
     EXPECT_TRUE(job.ok()) << job.status();
     std::map<std::string, std::vector<float>> values;
-    checkpoint::CheckpointManifest m;
-    m.job = "llama";
-    m.job_id = "job-1";
-    m.step = 3;
-    m.config_hash = job::JobConfigHash(text.str());
-    m.num_stages = job->model.num_stages;
-    m.stage_begin = job->model.stage_begin;
-    m.created_unix_ms = 1;
-    const std::string ckpt = (dir_ / "ckpt").string();
     for (int s = 0; s < job->model.num_stages; ++s) {
       auto stage =
           engine::Stage::Create(engine::CpuBackend::Get(), job->model, s);
       EXPECT_TRUE(stage.ok()) << stage.status();
       engine::PipelineStage* p = stage->get();
       EXPECT_TRUE(engine::InitializeStages(job->model, {&p, 1}).ok());
-      std::vector<engine::TensorToWrite> tensors;
       for (engine::Parameter* param : (*stage)->parameters()) {
-        std::vector<float>& v = values[param->name];
-        v = engine::testing_util::ToVector(param->value);
-        tensors.push_back({.name = param->name,
-                           .dtype = engine::DType::kF32,
-                           .shape = param->value.shape(),
-                           .data = v.data(),
-                           .bytes = v.size() * sizeof(float)});
+        values[param->name] = engine::testing_util::ToVector(param->value);
       }
-      auto digest = checkpoint::WriteStageFile(ckpt,
-                                               {.job = "job-1",
-                                                .stage = s,
-                                                .num_stages = m.num_stages,
-                                                .step = 3,
-                                                .optimizer_step = 3},
-                                               tensors);
-      EXPECT_TRUE(digest.ok()) << digest.status();
-      m.stages.push_back(*digest);
     }
-    EXPECT_TRUE(checkpoint::WriteManifest(ckpt, m).ok());
+    testing_util::WriteCommittedStep((dir_ / "ckpt").string(), job->model, 3,
+                                     job::JobConfigHash(text.str()), values);
     return values;
   }
 

@@ -29,6 +29,7 @@
 #include "hf/model.h"
 #include "hf/names.h"
 #include "job/config_hash.h"
+#include "tests/cli/committed_checkpoint.h"
 #include "tests/engine/test_util.h"
 
 namespace conveyor::cli {
@@ -265,37 +266,12 @@ class ConveyorCheckpointTest : public GenerateCommandTest {
     auto job = engine::LoadJobSpec(job_path);
     EXPECT_TRUE(job.ok()) << job.status();
     model_ = job->model;
-    checkpoint::CheckpointManifest m;
-    m.job = "llama";
-    m.job_id = "job-1";
-    m.step = 3;
-    m.config_hash = job::JobConfigHash(job_yaml_);
-    m.num_stages = job->model.num_stages;
-    m.stage_begin = job->model.stage_begin;
-    m.created_unix_ms = 1;
     std::map<std::string, std::vector<float>> values;
-    for (int s = 0; s < m.num_stages; ++s) {
-      std::vector<engine::TensorToWrite> tensors;
-      for (const engine::ParamSpec* p : job->model.StageParams(s)) {
-        std::vector<float>& v = values[p->name];
-        v = Values(p->name, p->NumElements());
-        tensors.push_back({.name = p->name,
-                           .dtype = engine::DType::kF32,
-                           .shape = p->shape,
-                           .data = v.data(),
-                           .bytes = v.size() * sizeof(float)});
-      }
-      auto digest = checkpoint::WriteStageFile(ckpt(),
-                                               {.job = "job-1",
-                                                .stage = s,
-                                                .num_stages = m.num_stages,
-                                                .step = 3,
-                                                .optimizer_step = 3},
-                                               tensors);
-      EXPECT_TRUE(digest.ok()) << digest.status();
-      m.stages.push_back(*digest);
+    for (const engine::ParamSpec* p : model_.Params()) {
+      values[p->name] = Values(p->name, p->NumElements());
     }
-    EXPECT_TRUE(checkpoint::WriteManifest(ckpt(), m).ok());
+    testing_util::WriteCommittedStep(ckpt(), model_, 3,
+                                     job::JobConfigHash(job_yaml_), values);
     return values;
   }
 

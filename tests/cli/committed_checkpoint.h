@@ -1,0 +1,60 @@
+// Writes a committed checkpoint step as the workers and the coordinator do
+// (a stage file per stage, then the manifest with the sizes and checksums),
+// for the tests of the commands that read checkpoints (export, generate).
+#ifndef CONVEYOR_TESTS_CLI_COMMITTED_CHECKPOINT_H_
+#define CONVEYOR_TESTS_CLI_COMMITTED_CHECKPOINT_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "checkpoint/manifest.h"
+#include "checkpoint/stage_file.h"
+#include "engine/model_spec.h"
+#include "engine/safetensors.h"
+#include "gtest/gtest.h"
+
+namespace conveyor::cli::testing_util {
+
+// Step `step` of `model`'s checkpoint in `dir`: stage s holds its
+// parameters with `values` (by name; every parameter must be there), job id
+// "job-1"; the manifest records `config_hash`.
+inline void WriteCommittedStep(
+    const std::string& dir, const engine::ModelSpec& model, int64_t step,
+    const std::string& config_hash,
+    const std::map<std::string, std::vector<float>>& values) {
+  checkpoint::CheckpointManifest m;
+  m.job = "llama";
+  m.job_id = "job-1";
+  m.step = step;
+  m.config_hash = config_hash;
+  m.num_stages = model.num_stages;
+  m.stage_begin = model.stage_begin;
+  m.created_unix_ms = 1;
+  for (int s = 0; s < m.num_stages; ++s) {
+    std::vector<engine::TensorToWrite> tensors;
+    for (const engine::ParamSpec* p : model.StageParams(s)) {
+      const std::vector<float>& v = values.at(p->name);
+      tensors.push_back({.name = p->name,
+                         .dtype = engine::DType::kF32,
+                         .shape = p->shape,
+                         .data = v.data(),
+                         .bytes = v.size() * sizeof(float)});
+    }
+    auto digest = checkpoint::WriteStageFile(dir,
+                                             {.job = "job-1",
+                                              .stage = s,
+                                              .num_stages = m.num_stages,
+                                              .step = step,
+                                              .optimizer_step = step},
+                                             tensors);
+    ASSERT_TRUE(digest.ok()) << digest.status();
+    m.stages.push_back(*digest);
+  }
+  ASSERT_TRUE(checkpoint::WriteManifest(dir, m).ok());
+}
+
+}  // namespace conveyor::cli::testing_util
+
+#endif  // CONVEYOR_TESTS_CLI_COMMITTED_CHECKPOINT_H_
