@@ -536,7 +536,7 @@ TEST(ModelSpecErrorTest, OptionOnAKindWithoutOptions) {
 TEST(ModelSpecErrorTest, UnknownModelKey) {
   EXPECT_EQ(ParseError(Job("    - relu\n") + "  optimizer: adam\n"),
             "job.yaml:7:3: model: unknown key 'optimizer'; allowed: "
-            "input_shape, init, remat, layers, loss");
+            "input_shape, init, remat, layers, loss, from_hf, boundaries");
 }
 
 TEST(ModelSpecErrorTest, DuplicateOptionKey) {
