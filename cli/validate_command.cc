@@ -9,8 +9,8 @@
 #include "engine/data.h"
 #include "engine/profiler.h"
 #include "engine/safetensors.h"
-#include "hf/checkpoint.h"
 #include "engine/stage.h"
+#include "hf/checkpoint.h"
 #include "job/planner.h"
 
 namespace conveyor::cli {
