@@ -138,9 +138,7 @@ absl::StatusOr<ExportResult> ExportCheckpointToHf(const std::string& dir,
   result.skipped = params.skipped;
   result.num_tensors = static_cast<int64_t>(shapes.size());
   for (const auto& [name, shape] : shapes) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    result.num_elements += n;
+    result.num_elements += engine::NumElements(shape);
   }
   result.bytes = static_cast<uint64_t>(result.num_elements) *
                  (dtype == hf::HfDType::kBF16 ? 2 : 4);

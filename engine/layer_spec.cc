@@ -1,5 +1,7 @@
 #include "engine/layer_spec.h"
 
+#include "engine/tensor.h"
+
 namespace conveyor::engine {
 
 absl::string_view ParamInitName(ParamInit init) {
@@ -18,10 +20,6 @@ absl::string_view ParamInitName(ParamInit init) {
   return "unknown";
 }
 
-int64_t ParamSpec::NumElements() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
+int64_t ParamSpec::NumElements() const { return engine::NumElements(shape); }
 
 }  // namespace conveyor::engine

@@ -173,9 +173,7 @@ absl::StatusOr<std::vector<float>> HfParameterSource::Read(
     const std::string& name, const engine::Shape& shape) const {
   ASSIGN_OR_RETURN(std::vector<float> values,
                    checkpoint_.ReadConveyorTensor(name));
-  int64_t elements = 1;
-  for (int64_t d : shape) elements *= d;
-  if (static_cast<int64_t>(values.size()) != elements) {
+  if (static_cast<int64_t>(values.size()) != engine::NumElements(shape)) {
     return absl::InvalidArgumentError(absl::StrCat(
         checkpoint_.dir(), ": tensor for ", name, " has ", values.size(),
         " elements; the model needs ", engine::ShapeString(shape)));
