@@ -26,6 +26,10 @@ struct Parameter {
   std::string name;  // Global, e.g. "layers.3.weight".
   Tensor value;
   Tensor grad;  // Same shape; accumulated by BackwardWeight.
+  // A copy of another layer's parameter of the same name, on its own stage
+  // (ParamSpec::tied_copy): the optimizer steps it like any other, but the
+  // gradient norm, checkpoints and exports leave it out.
+  bool tied_copy = false;
 };
 
 // What one layer keeps between forward and backward for one microbatch.

@@ -281,22 +281,38 @@ Built BuildTransformerBlock(Backend* b, const LayerSpec& l) {
 }
 
 // --- lm_head: a Linear to the vocabulary, without bias by default -----------
+// tied: true makes its weight the embedding's (HF's tie_word_embeddings),
+// held by its stage as a tied copy (TieToEmbedding).
 
-constexpr absl::string_view kLmHeadKeys[] = {"vocab_size", "bias"};
+constexpr absl::string_view kLmHeadKeys[] = {"vocab_size", "bias", "tied"};
 
 absl::Status ParseLmHead(const LayerOptions& o, LayerSpec& l) {
   l.bias = false;
   RETURN_IF_ERROR(o.Dim("vocab_size", true, 1, l.vocab_size));
-  return o.Flag("bias", l.bias);
+  RETURN_IF_ERROR(o.Flag("bias", l.bias));
+  return o.Flag("tied", l.tied);
 }
 
 absl::Status InferLmHead(LayerSpec& l) {
-  AddLinearParams(Prefix(l), Features(l), l.vocab_size, l.bias, l.params);
+  if (l.tied && l.bias) {
+    return LayerError(l,
+                      "tied: true shares the embedding's weight, and an "
+                      "embedding has no bias to share: drop bias: true");
+  }
+  // A tied head's parameter is the embedding's, which TieToEmbedding adds
+  // once the model's first layer is known.
+  if (!l.tied) {
+    AddLinearParams(Prefix(l), Features(l), l.vocab_size, l.bias, l.params);
+  }
   l.output_shape.back() = l.vocab_size;
   return absl::OkStatus();
 }
 
 Built BuildLmHead(Backend* b, const LayerSpec& l) {
+  if (l.tied) {
+    return Dense::CreateTiedCopy(b, l.params.at(0).name, Features(l),
+                                 l.vocab_size);
+  }
   return Dense::Create(b, Prefix(l), Features(l), l.vocab_size, l.bias);
 }
 
@@ -567,6 +583,39 @@ const LayerKindRow& LayerKindRowOf(LayerKind kind) {
 
 absl::string_view LayerKindName(LayerKind kind) {
   return LayerKindRowOf(kind).name;
+}
+
+absl::Status TieToEmbedding(const LayerSpec* first, LayerSpec& head) {
+  if (first == nullptr) {
+    return LayerError(
+        head, "tied: true shares the weight of an embedding, and the model "
+              "must begin with one; it begins with this lm_head");
+  }
+  if (first->kind != LayerKind::kEmbedding) {
+    return LayerError(
+        head, absl::StrCat("tied: true shares the weight of the embedding the "
+                           "model begins with, but its first layer is a ",
+                           LayerKindName(first->kind)));
+  }
+  if (first->vocab_size != head.vocab_size) {
+    return LayerError(head, absl::StrCat("tied: true needs the embedding's "
+                                         "vocabulary, but vocab_size is ",
+                                         head.vocab_size, " here and ",
+                                         first->vocab_size, " there"));
+  }
+  if (first->features != Features(head)) {
+    return LayerError(
+        head, absl::StrCat("tied: true needs an input as wide as the "
+                           "embedding's output (",
+                           first->features, " features); this one has ",
+                           Features(head)));
+  }
+  // The embedding's weight [vocab, features] is also the Linear weight
+  // [out, in] the head multiplies by.
+  ParamSpec copy = first->params.at(0);
+  copy.tied_copy = true;
+  head.params = {std::move(copy)};
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Layer>> BuildLayer(Backend* backend,

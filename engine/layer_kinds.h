@@ -89,6 +89,12 @@ const LayerKindRow& LayerKindRowOf(LayerKind kind);
 // The YAML name: "dense", "relu", ...
 absl::string_view LayerKindName(LayerKind kind);
 
+// Gives a tied lm_head (`head.tied`, inferred) its one parameter: a tied
+// copy of the weight of `first`, the model's first layer (nullptr when the
+// head is itself the first), which must be an embedding of the head's
+// vocabulary and width. InvalidArgument at the head otherwise.
+absl::Status TieToEmbedding(const LayerSpec* first, LayerSpec& head);
+
 // Builds `layer` on `backend` (its row's build).
 absl::StatusOr<std::unique_ptr<Layer>> BuildLayer(Backend* backend,
                                                   const LayerSpec& layer);

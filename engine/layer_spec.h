@@ -79,6 +79,11 @@ struct ParamSpec {
   // The resolved bound (kUniform, kXavierUniform) or standard deviation
   // (kNormal); 0 for kOnes and kZeros.
   double bound_or_std = 0.0;
+  // A copy of the parameter of the same name that an earlier layer declares
+  // (a tied lm_head's weight is the embedding's): initialized, loaded and
+  // updated exactly as that one (the two gradients are summed before every
+  // step), but counted, checkpointed and exported once, as the original.
+  bool tied_copy = false;
 
   int64_t NumElements() const;
 };
@@ -99,6 +104,8 @@ struct LayerSpec {
   // layernorm, transformer_block (1e-5); rmsnorm, llama_block (1e-6)
   double eps = 1e-5;
   int64_t vocab_size = 0;       // embedding, lm_head
+  // lm_head: its weight is the first layer's (an embedding's), as a tied copy.
+  bool tied = false;
   int64_t max_positions = 0;    // embedding; 0 = no learned positions
   int64_t heads = 0;            // attention, transformer_block, llama_block
   int64_t kv_heads = 0;         // llama_block: resolved (heads when not given)

@@ -474,9 +474,15 @@ absl::Status AssembleModel(std::vector<LayerSpec> layers,
     layer.input_shape = shape;
     layer.params.clear();
     RETURN_IF_ERROR(InferLayer(layer));
+    if (layer.tied) {
+      RETURN_IF_ERROR(TieToEmbedding(
+          spec->layers.empty() ? nullptr : &spec->layers.front(), layer));
+    }
     // Each parameter is below 2^50 elements (two dims <= 2^24, one of them
     // possibly tripled), so checking after every layer cannot overflow.
-    for (const ParamSpec& p : layer.params) total_params += p.NumElements();
+    for (const ParamSpec& p : layer.params) {
+      if (!p.tied_copy) total_params += p.NumElements();
+    }
     if (total_params > kMaxModelParams) {
       return LayerError(layer,
                         absl::StrCat("the model reaches ", total_params,
@@ -499,7 +505,9 @@ int ModelSpec::StageEnd(int stage) const {
 std::vector<const ParamSpec*> ModelSpec::Params() const {
   std::vector<const ParamSpec*> params;
   for (const LayerSpec& layer : layers) {
-    for (const ParamSpec& p : layer.params) params.push_back(&p);
+    for (const ParamSpec& p : layer.params) {
+      if (!p.tied_copy) params.push_back(&p);
+    }
   }
   return params;
 }
@@ -512,11 +520,33 @@ std::vector<const ParamSpec*> ModelSpec::StageParams(int stage) const {
   return params;
 }
 
+std::vector<TiedParameter> ModelSpec::TiedParameters() const {
+  std::vector<TiedParameter> tied;
+  for (const LayerSpec& layer : layers) {
+    for (const ParamSpec& p : layer.params) {
+      if (!p.tied_copy) continue;
+      // The original is the first layer's parameter of that name.
+      int original = layer.stage;
+      for (const LayerSpec& l : layers) {
+        bool found = false;
+        for (const ParamSpec& q : l.params) {
+          found = found || (!q.tied_copy && q.name == p.name);
+        }
+        if (found) {
+          original = l.stage;
+          break;
+        }
+      }
+      tied.push_back(
+          {.name = p.name, .original_stage = original, .copy_stage = layer.stage});
+    }
+  }
+  return tied;
+}
+
 int64_t ModelSpec::NumParams() const {
   int64_t n = 0;
-  for (const LayerSpec& layer : layers) {
-    for (const ParamSpec& p : layer.params) n += p.NumElements();
-  }
+  for (const ParamSpec* p : Params()) n += p->NumElements();
   return n;
 }
 

@@ -55,6 +55,18 @@
 
 namespace conveyor::engine {
 
+// A parameter that two stages hold (ParamSpec::tied_copy): the original on
+// `original_stage`, a copy on `copy_stage` (>= original_stage). Their
+// gradients are summed before every optimizer step, so both take the same
+// update and stay bitwise equal.
+struct TiedParameter {
+  std::string name;
+  int original_stage = 0;
+  int copy_stage = 0;
+
+  friend bool operator==(const TiedParameter&, const TiedParameter&) = default;
+};
+
 struct ModelSpec {
   // Per sample. Integer token ids when token_input, else float.
   std::vector<int64_t> input_shape;
@@ -94,12 +106,17 @@ struct ModelSpec {
 
   // One past the last layer index of `stage`.
   int StageEnd(int stage) const;
-  // All parameters, in layer order. Pointers into `layers`.
+  // All parameters, each once (no tied copies), in layer order: what
+  // checkpoints, init files and exports hold. Pointers into `layers`.
   std::vector<const ParamSpec*> Params() const;
-  // The parameters of the layers of `stage`, in layer order.
+  // The parameters of the layers of `stage`, in layer order, tied copies
+  // included: what the stage holds.
   std::vector<const ParamSpec*> StageParams(int stage) const;
-  // Total parameter elements (<= kMaxModelParams).
+  // Total parameter elements, each parameter once (<= kMaxModelParams).
   int64_t NumParams() const;
+  // The parameters held twice (a tied lm_head's weight is the embedding's):
+  // the stage of the original and of the copy. Empty for most models.
+  std::vector<TiedParameter> TiedParameters() const;
 };
 
 // Fills spec->layers from `layers` (each with its kind and options set, as

@@ -85,6 +85,9 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
 absl::StatusOr<double> Optimizer::GradSquaredSum() const {
   double sum = 0;
   for (Parameter* p : params_) {
+    // A tied copy's gradient is its original's (summed before the step):
+    // counted once, as in a model that holds the parameter once.
+    if (p->tied_copy) continue;
     ASSIGN_OR_RETURN(double s, backend_->SumSquares(p->grad));
     sum += s;
   }

@@ -62,7 +62,8 @@ class Optimizer {
       Backend* backend, const OptimizerConfig& config,
       std::vector<Parameter*> params);
 
-  // Sum of squared gradients over this optimizer's parameters.
+  // Sum of squared gradients over this optimizer's parameters, tied copies
+  // left out.
   absl::StatusOr<double> GradSquaredSum() const;
 
   // One update with the learning rate of the current step, then advances the

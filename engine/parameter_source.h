@@ -8,6 +8,7 @@
 #define CONVEYOR_ENGINE_PARAMETER_SOURCE_H_
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -39,6 +40,25 @@ class SafetensorsSource final : public ParameterSource {
 
  private:
   const SafetensorsReader& file_;
+};
+
+// Several safetensors files in Conveyor's names (a checkpoint's stage
+// files), each parameter read from the first file that holds it. The files
+// must outlive the source.
+class SafetensorsFilesSource final : public ParameterSource {
+ public:
+  explicit SafetensorsFilesSource(std::vector<const SafetensorsReader*> files)
+      : files_(std::move(files)) {}
+
+  // InvalidArgument naming every file when none holds `name`; otherwise as
+  // SafetensorsSource reads from the one that does.
+  absl::StatusOr<std::vector<float>> Read(const std::string& name,
+                                          const Shape& shape) const override;
+  // The first file holding tensor `name`, or nullptr.
+  const SafetensorsReader* FileOf(const std::string& name) const;
+
+ private:
+  std::vector<const SafetensorsReader*> files_;
 };
 
 // InvalidArgument, naming the file, the tensor and both shapes, unless

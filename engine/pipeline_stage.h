@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -65,6 +66,11 @@ class PipelineStage {
   virtual absl::Status BeforeOptimizerStep() { return absl::OkStatus(); }
   virtual absl::Status AfterOptimizerStep() { return absl::OkStatus(); }
 };
+
+// The parameter of `stage` named `name` that is (copy) or is not a tied
+// copy, or nullptr.
+Parameter* FindParameter(PipelineStage& stage, const std::string& name,
+                         bool copy);
 
 }  // namespace conveyor::engine
 

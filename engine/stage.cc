@@ -1,5 +1,6 @@
 #include "engine/stage.h"
 
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -41,13 +42,15 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(Backend* backend,
     ASSIGN_OR_RETURN(std::unique_ptr<Layer> layer,
                      BuildLayer(backend, spec.layers[i]));
     layers.push_back(std::move(layer));
-    for (const ParamSpec& p : spec.layers[i].params) specs[p.name] = &p;
+    // A stage holding a tied parameter and its copy (a one-stage model
+    // with a tied lm_head) has two parameters of one name and spec.
+    for (const ParamSpec& p : spec.layers[i].params) specs.emplace(p.name, &p);
   }
   std::unique_ptr<Stage> s(new Stage(backend, stage, spec.remat,
                                      std::move(layers), std::move(specs)));
   // The layers and the spec must agree on every parameter's name and shape;
   // a mismatch is a bug in one of them, caught here rather than at init.
-  size_t count = 0;
+  std::set<std::string> built;
   for (Parameter* p : s->parameters()) {
     auto it = s->specs_.find(p->name);
     if (it == s->specs_.end() || it->second->shape != p->value.shape()) {
@@ -55,9 +58,9 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(Backend* backend,
           "layer parameter ", p->name, " ", ShapeString(p->value.shape()),
           " does not match the model spec"));
     }
-    ++count;
+    built.insert(p->name);
   }
-  if (count != s->specs_.size()) {
+  if (built.size() != s->specs_.size()) {
     return absl::InternalError("the model spec lists parameters no layer has");
   }
   return s;
@@ -69,6 +72,14 @@ absl::Status Stage::InitializeFromSeed(uint64_t seed) {
         backend_, seed, p->name, RuleFor(*specs_.at(p->name)), p->value));
   }
   return absl::OkStatus();
+}
+
+Parameter* FindParameter(PipelineStage& stage, const std::string& name,
+                         bool copy) {
+  for (Parameter* p : stage.parameters()) {
+    if (p->name == name && p->tied_copy == copy) return p;
+  }
+  return nullptr;
 }
 
 absl::Status CheckInitFileFitsModel(const SafetensorsReader& file,

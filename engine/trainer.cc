@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 #include "common/status_macros.h"
 #include "engine/loss.h"
 #include "engine/model_init.h"
@@ -74,6 +75,18 @@ absl::StatusOr<StepReport> InProcessTrainer::RunStep() {
       ASSIGN_OR_RETURN(grad, stages_[s]->Backward(mb, grad));
     }
   }
+  // A tied parameter's two gradients, summed into both in the order the
+  // pipelined exchange sums them (worker/stage_executor.h), so both copies
+  // take the same update.
+  for (const TiedParameter& tie : job_.model.TiedParameters()) {
+    Parameter* original =
+        FindParameter(*stages_[tie.original_stage], tie.name, false);
+    Parameter* copy = FindParameter(*stages_[tie.copy_stage], tie.name, true);
+    CONVEYOR_CHECK(original != nullptr && copy != nullptr,
+                   "a tied parameter's stages hold it");
+    backend_->Add(original->grad, copy->grad, original->grad);
+    backend_->Copy(original->grad, copy->grad);
+  }
   RETURN_IF_ERROR(optimizer_->Step().status());
   RETURN_IF_ERROR(backend_->Synchronize());
   ++step_;
@@ -116,6 +129,7 @@ absl::Status SaveParameters(
   std::vector<TensorToWrite> tensors;
   RETURN_IF_ERROR(backend->Synchronize());
   for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i]->tied_copy) continue;  // Held once, as its original.
     const Tensor& v = params[i]->value;
     host[i].resize(v.numel());
     RETURN_IF_ERROR(backend->CopyToHost(v, host[i].data(), v.bytes()));

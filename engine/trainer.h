@@ -69,7 +69,8 @@ class InProcessTrainer {
 };
 
 // Copies the parameters to the host and writes them as one safetensors file
-// (atomically), tagged with `metadata`.
+// (atomically), tagged with `metadata`. Tied copies are left out: the file
+// holds each parameter once, as its original.
 absl::Status SaveParameters(Backend* backend,
                             const std::vector<Parameter*>& params,
                             const std::string& path,

@@ -51,12 +51,6 @@ absl::Status ExpandHfModel(const HfLlamaConfig& config,
   auto error = [&](absl::string_view message) {
     return YamlError(spec->from_hf_where, "model.from_hf", message);
   };
-  if (config.tie_word_embeddings) {
-    return error(
-        "the checkpoint ties its input and output embeddings "
-        "(tie_word_embeddings: true), which Conveyor does not support yet: "
-        "the first and the last stage would have to share one matrix");
-  }
   if (seq > config.max_position_embeddings) {
     return error(absl::StrCat("input_shape has ", seq,
                               " tokens, more than the checkpoint's "
@@ -97,6 +91,8 @@ absl::Status ExpandHfModel(const HfLlamaConfig& config,
   engine::LayerSpec head = Layer(engine::LayerKind::kLmHead, *spec, "lm_head");
   head.vocab_size = config.vocab_size;
   head.bias = false;
+  // The last stage holds a copy of the embedding (engine::TiedParameter).
+  head.tied = config.tie_word_embeddings;
   layers.push_back(std::move(head));
 
   RETURN_IF_ERROR(engine::AssembleModel(std::move(layers), stage_begin, spec));
@@ -165,6 +161,7 @@ absl::StatusOr<HfLlamaConfig> HfConfigOfModel(const engine::ModelSpec& model,
                     "the last layer must be an lm_head without bias "
                     "over the embedding's vocabulary");
   }
+  config.tie_word_embeddings = head.tied;
   RETURN_IF_ERROR(ValidateHfLlamaConfig(config, "the model"));
   return config;
 }

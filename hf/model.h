@@ -32,9 +32,9 @@ absl::StatusOr<HfLlamaConfig> ReadHfLlamaConfig(const std::string& dir);
 // block i (layers.<i+1>), rmsnorm, lm_head; stages beginning at the blocks
 // hf_boundaries names; cross_entropy over the vocabulary. InvalidArgument
 // at from_hf's position for what the job asks that the checkpoint cannot
-// give: a boundary outside [1, num_hidden_layers), a sequence longer than
-// max_position_embeddings, or tied embeddings (not supported yet: the first
-// and the last stage would need to share one matrix).
+// give: a boundary outside [1, num_hidden_layers) or a sequence longer than
+// max_position_embeddings. With tie_word_embeddings the lm_head is tied to
+// the embedding (lm_head: {tied: true}).
 absl::Status ExpandHfModel(const HfLlamaConfig& config,
                            engine::ModelSpec* spec);
 
@@ -43,7 +43,7 @@ absl::Status ExpandHfModel(const HfLlamaConfig& config,
 // without bias, all of one width and vocabulary), as `architecture`
 // (kLlamaArchitecture, or kQwen2Architecture for q/k/v biases).
 // max_position_embeddings is the model's sequence length unless
-// `max_positions` is larger. InvalidArgument naming the first layer that
+// `max_positions` is larger; tie_word_embeddings is the lm_head's `tied`. InvalidArgument naming the first layer that
 // does not fit the layout.
 absl::StatusOr<HfLlamaConfig> HfConfigOfModel(const engine::ModelSpec& model,
                                               int64_t max_positions = 0);

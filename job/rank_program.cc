@@ -1,5 +1,6 @@
 #include "job/rank_program.h"
 
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -70,11 +71,17 @@ v1::JobProgram CompileRankProgram(const JobPlan& plan, int rank,
   if (context.resume_step > 0) {
     program.set_resume_step(context.resume_step);
     program.set_resume_dir(context.resume_dir);
+    // The files of this rank's stages, and of the original of each tied
+    // copy it holds (a tied lm_head's embedding), which only that file has.
+    std::set<int> wanted;
+    for (int s = 0; s < plan.num_stages; ++s) {
+      if (plan.stages[s].rank == rank) wanted.insert(s);
+    }
+    for (const engine::TiedParameter& tie : plan.job.model.TiedParameters()) {
+      if (wanted.contains(tie.copy_stage)) wanted.insert(tie.original_stage);
+    }
     for (const v1::StageFile& f : context.resume_files) {
-      if (f.stage() >= 0 && f.stage() < plan.num_stages &&
-          plan.stages[f.stage()].rank == rank) {
-        *program.add_resume_files() = f;
-      }
+      if (wanted.contains(f.stage())) *program.add_resume_files() = f;
     }
   }
   return program;

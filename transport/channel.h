@@ -30,10 +30,12 @@ namespace conveyor::transport {
 enum class TensorKind : uint8_t {
   kActivation = 0,
   kGradient = 1,
-  // A rank's share of a step-wide sum (the squared gradient norm, for
-  // clipping): not a pipeline tensor, so `stage` holds the sending rank and
-  // `microbatch` is 0. Its own kind keeps it apart from every stage's
-  // tensors, and names it in errors.
+  // A rank's share of a step-wide sum: not a pipeline tensor, so `stage`
+  // holds the sending rank and `microbatch` says which sum: 0 the squared
+  // gradient norm (for clipping), 1 + i the gradient of the model's tied
+  // parameter i and 1 + n + i (of n) the checksum of its values
+  // (worker/stage_executor.h). Its own kind keeps it apart from every
+  // stage's tensors, and names it in errors.
   kPartialSum = 2,
 };
 
@@ -48,7 +50,8 @@ struct Tag {
 };
 
 // "activation of stage 2, step 5, microbatch 3 (job 7)"; "gradient-norm
-// partial sum of rank 1, step 5 (job 7)".
+// partial sum of rank 1, step 5 (job 7)"; "partial sum 2 (tied parameter) of
+// rank 1, step 5 (job 7)".
 std::string ToString(const Tag& tag);
 
 // Told about a channel's traffic and failures, for metrics, whatever moves

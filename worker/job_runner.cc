@@ -227,6 +227,7 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
   on_checkpoint_ = options.on_checkpoint;
   observer_ = options.observer;
   checkpoint_delay_ = options.checkpoint_delay;
+  check_tied_ = options.check_tied.value_or(kDebugBuild);
   const engine::ModelSpec& model = job_.model;
   const int p = program_.num_ranks(), rank = program_.rank();
 
@@ -368,7 +369,9 @@ absl::Status JobRunner::CreateExecutor(transport::Channel* channel) {
            .batch_size = job_.training.batch_size,
            .microbatches = static_cast<int>(job_.training.microbatches),
            .loss = job_.model.loss,
-           .recv_timeout = recv_timeout_},
+           .recv_timeout = recv_timeout_,
+           .tied = job_.model.TiedParameters(),
+           .check_tied = check_tied_},
           std::move(by_index), data_.get(), optimizer_.get(), channel,
           backend_));
   return absl::OkStatus();
@@ -402,7 +405,11 @@ absl::Status JobRunner::JoinNccl() {
   join.world_size = p;
   join.unique_id = nccl_unique_id;
   join.job = program_.job_number();
-  join.peers = PipelinePeers(rank, p, job_.pipeline.virtual_stages > 1);
+  // A tied parameter's stages, the first and the last, exchange its
+  // gradient: the ends are neighbours then too.
+  join.peers = PipelinePeers(rank, p,
+                             job_.pipeline.virtual_stages > 1 ||
+                                 !job_.model.TiedParameters().empty());
   join.header_link = header_link_.get();
   join.precision = job_.training.precision;
   // Joining includes NCCL's bootstrap and connecting every peer (slower
@@ -586,6 +593,10 @@ absl::StatusOr<std::vector<v1::StageFile>> JobRunner::WriteStageFiles(
     host.reserve(stage->parameters().size() + state.size());
     std::set<const engine::Parameter*> mine;
     for (engine::Parameter* p : stage->parameters()) {
+      // A tied copy is its original, held once by the original's file; the
+      // copy's optimizer state equals the original's too (same gradients,
+      // same updates), so a resumed copy reads both from there.
+      if (p->tied_copy) continue;
       mine.insert(p);
       RETURN_IF_ERROR(add(p->name, p->value));
     }
@@ -619,41 +630,48 @@ absl::StatusOr<std::vector<v1::StageFile>> JobRunner::WriteStageFiles(
 
 absl::Status JobRunner::LoadResumeFiles() {
   const int64_t step = program_.resume_step();
-  std::map<int, const v1::StageFile*> expected;
-  for (const v1::StageFile& f : program_.resume_files()) {
-    expected[f.stage()] = &f;
-  }
-  // Every file stays open (in memory) until the optimizer state is read.
+  // This rank's stages' files, and the file of the original of any tied
+  // copy it holds (rank_program.h). Every file stays open (in memory) until
+  // the optimizer state is read.
   std::vector<checkpoint::StageFile> files;
-  std::map<std::string, const engine::SafetensorsReader*> reader_of;
-  for (const auto& stage : stages_) {
-    auto it = expected.find(stage->index());
-    if (it == expected.end()) {
+  std::set<int> read;
+  for (const v1::StageFile& f : program_.resume_files()) {
+    if (!read.insert(f.stage()).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat("program: no resume file for stage ", stage->index()));
+          absl::StrCat("program: two resume files for stage ", f.stage()));
     }
-    const v1::StageFile& f = *it->second;
     ASSIGN_OR_RETURN(checkpoint::StageFile file,
                      checkpoint::ReadStageFile(program_.resume_dir(),
-                                               {.stage = stage->index(),
+                                               {.stage = f.stage(),
                                                 .file = f.file(),
                                                 .bytes = f.bytes(),
                                                 .crc32c = f.crc32c()},
                                                {.step = step}));
-    RETURN_IF_ERROR(stage->LoadFrom(engine::SafetensorsSource(file.tensors)));
     files.push_back(std::move(file));
   }
-  for (size_t i = 0; i < stages_.size(); ++i) {
-    for (engine::Parameter* p : stages_[i]->parameters()) {
-      reader_of[p->name] = &files[i].tensors;
+  for (const auto& stage : stages_) {
+    if (!read.contains(stage->index())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("program: no resume file for stage ", stage->index()));
     }
   }
+  std::vector<const engine::SafetensorsReader*> readers;
+  for (const checkpoint::StageFile& f : files) readers.push_back(&f.tensors);
+  const engine::SafetensorsFilesSource source(std::move(readers));
+  for (const auto& stage : stages_) RETURN_IF_ERROR(stage->LoadFrom(source));
+  // A tied copy's state is its original's, from the file holding the
+  // original (the two are stepped alike).
   RETURN_IF_ERROR(optimizer_->RestoreState(
       step,
       [&](absl::string_view slot, const engine::Parameter& param)
           -> absl::StatusOr<std::vector<float>> {
-        return reader_of.at(param.name)
-            ->ReadF32(checkpoint::OptimizerTensorName(slot, param.name));
+        const engine::SafetensorsReader* file = source.FileOf(param.name);
+        if (file == nullptr) {
+          return absl::InternalError(absl::StrCat(
+              "resume: no file holds ", param.name, " after loading it"));
+        }
+        return file->ReadF32(
+            checkpoint::OptimizerTensorName(slot, param.name));
       }));
   steps_done_.store(step);
   SPDLOG_INFO("job {}: resumed {} from step {} in {}", program_.job_id(),

@@ -45,6 +45,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -106,6 +107,9 @@ struct JobRunnerOptions {
   // without its last this many actions (the program itself must match the
   // plan). Never set in production.
   int drop_last_actions = 0;
+  // Check after every step that each tied parameter's copies are bitwise
+  // equal (ExecutorConfig::check_tied); unset: in debug builds only.
+  std::optional<bool> check_tied = std::nullopt;
 };
 
 // What one finished step reports; the session turns it into a StepReport.
@@ -243,6 +247,7 @@ class JobRunner {
   // The data-plane metrics, for the NCCL channel made at Start.
   transport::DataPlaneObserver* observer_ = nullptr;
   std::chrono::milliseconds checkpoint_delay_{0};
+  bool check_tied_ = kDebugBuild;
 
   // With pipeline.devices_per_stage > 1: moves tensors between the devices
   // the stages are replicated on. Outlives the stages.

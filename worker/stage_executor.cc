@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
 #include "common/status_macros.h"
 #include "engine/loss.h"
 
@@ -67,6 +68,15 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
     executor->stage_params_[index] = params;
   }
   return executor;
+}
+
+transport::Tag StageExecutor::TiedTag(int64_t step, int slot,
+                                      int sender) const {
+  return {.job = config_.job,
+          .step = step,
+          .microbatch = slot,
+          .stage = sender,
+          .kind = TensorKind::kPartialSum};
 }
 
 transport::Tag StageExecutor::MakeTag(int64_t step, int mb, int stage,
@@ -225,6 +235,7 @@ absl::StatusOr<RankStepResult> StageExecutor::RunActions(
   for (auto& [index, stage] : stages_) {
     RETURN_IF_ERROR(stage->BeforeOptimizerStep());
   }
+  RETURN_IF_ERROR(SumTiedGradients(step));
   std::optional<double> global_norm;
   if (all_reduce) {
     ASSIGN_OR_RETURN(double local, optimizer_->GradSquaredSum());
@@ -247,6 +258,7 @@ absl::StatusOr<RankStepResult> StageExecutor::RunActions(
   ASSIGN_OR_RETURN(result.grad_norm, std::move(norm));
   RETURN_IF_ERROR(synced);
   RETURN_IF_ERROR(replicated);
+  if (config_.check_tied) RETURN_IF_ERROR(CheckTiedCopies(step));
   result.has_loss = stages_.count(config_.num_stages - 1) > 0;
   result.loss = loss_sum_ / config_.microbatches;
   result.seconds =
@@ -255,6 +267,113 @@ absl::StatusOr<RankStepResult> StageExecutor::RunActions(
           .count();
   SummarizeSpans(result);
   return result;
+}
+
+absl::StatusOr<engine::Parameter*> StageExecutor::TiedOn(
+    int stage, const std::string& name, bool copy) {
+  auto it = stages_.find(stage);
+  if (it == stages_.end()) return nullptr;
+  engine::Parameter* p = engine::FindParameter(*it->second, name, copy);
+  if (p == nullptr) {
+    return absl::InternalError(absl::StrCat(
+        "rank ", config_.rank, ": stage ", stage, " does not hold the tied ",
+        copy ? "copy" : "original", " of ", name));
+  }
+  return p;
+}
+
+absl::Status StageExecutor::SumTiedGradients(int64_t step) {
+  const int n = static_cast<int>(config_.tied.size());
+  for (int i = 0; i < n; ++i) {
+    const engine::TiedParameter& tie = config_.tied[i];
+    ASSIGN_OR_RETURN(engine::Parameter * original,
+                     TiedOn(tie.original_stage, tie.name, false));
+    ASSIGN_OR_RETURN(engine::Parameter * copy,
+                     TiedOn(tie.copy_stage, tie.name, true));
+    if (original == nullptr && copy == nullptr) continue;
+    if (original != nullptr && copy != nullptr) {
+      backend_->Add(original->grad, copy->grad, original->grad);
+      backend_->Copy(original->grad, copy->grad);
+      continue;
+    }
+    engine::Parameter* mine = original != nullptr ? original : copy;
+    const int peer =
+        (original != nullptr ? tie.copy_stage : tie.original_stage) %
+        config_.num_ranks;
+    // A snapshot goes out: the channel may read the tensor after Send
+    // returns, and the sum below overwrites the gradient.
+    ASSIGN_OR_RETURN(Tensor sent, backend_->Empty(mine->grad.shape(),
+                                                  engine::DType::kF32));
+    backend_->Copy(mine->grad, sent);
+    RETURN_IF_ERROR(
+        channel_->Send(peer, TiedTag(step, 1 + i, config_.rank), sent));
+    ASSIGN_OR_RETURN(Tensor theirs, channel_->Recv(TiedTag(step, 1 + i, peer),
+                                                   config_.recv_timeout));
+    if (theirs.dtype() != engine::DType::kF32 ||
+        theirs.shape() != mine->grad.shape()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the gradient of tied parameter ", tie.name, " from rank ", peer,
+          " is ", engine::DTypeName(theirs.dtype()),
+          engine::ShapeString(theirs.shape()), ", expected F32",
+          engine::ShapeString(mine->grad.shape())));
+    }
+    backend_->Add(original != nullptr ? mine->grad : theirs,
+                  original != nullptr ? theirs : mine->grad, mine->grad);
+  }
+  if (n > 0) spans_.Record(SpanKind::kAllReduce);
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::CheckTiedCopies(int64_t step) {
+  const int n = static_cast<int>(config_.tied.size());
+  for (int i = 0; i < n; ++i) {
+    const engine::TiedParameter& tie = config_.tied[i];
+    ASSIGN_OR_RETURN(engine::Parameter * original,
+                     TiedOn(tie.original_stage, tie.name, false));
+    ASSIGN_OR_RETURN(engine::Parameter * copy,
+                     TiedOn(tie.copy_stage, tie.name, true));
+    if (original == nullptr && copy == nullptr) continue;
+    auto checksum = [&](const engine::Parameter& p) -> absl::StatusOr<double> {
+      std::vector<uint8_t> host(p.value.bytes());
+      RETURN_IF_ERROR(backend_->CopyToHost(p.value, host.data(), host.size()));
+      return static_cast<double>(Crc32c(host));
+    };
+    // A CRC32C is exact in a double, which the channel carries as F64[1].
+    double want = 0, got = 0;
+    if (original != nullptr) {
+      ASSIGN_OR_RETURN(want, checksum(*original));
+    }
+    if (copy != nullptr) {
+      ASSIGN_OR_RETURN(got, checksum(*copy));
+    }
+    const transport::Tag tag = TiedTag(step, 1 + n + i, 0);
+    if (copy == nullptr) {
+      ASSIGN_OR_RETURN(Tensor t, backend_->Empty({1}, engine::DType::kF64));
+      RETURN_IF_ERROR(backend_->CopyFromHost(&want, sizeof(want), t));
+      RETURN_IF_ERROR(
+          channel_->Send(tie.copy_stage % config_.num_ranks, tag, t));
+      continue;
+    }
+    if (original == nullptr) {
+      ASSIGN_OR_RETURN(Tensor t, channel_->Recv(tag, config_.recv_timeout));
+      if (t.dtype() != engine::DType::kF64 || t.numel() != 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the checksum of tied parameter ", tie.name,
+                         " is not an F64[1]"));
+      }
+      RETURN_IF_ERROR(backend_->CopyToHost(t, &want, sizeof(want)));
+    }
+    if (want != got) {
+      return absl::InternalError(absl::StrCat(
+          "tied parameter ", tie.name, ": after step ", step + 1,
+          " the copy on stage ", tie.copy_stage,
+          " differs from the original on stage ", tie.original_stage,
+          " (CRC32C ", static_cast<uint32_t>(got), " vs ",
+          static_cast<uint32_t>(want),
+          "); both should have taken the same update"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void StageExecutor::SummarizeSpans(RankStepResult& result) const {

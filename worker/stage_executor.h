@@ -16,6 +16,15 @@
 // norm over all ranks, obtained through the caller's reduction, so a pipelined
 // step equals the in-process reference step.
 //
+// A tied parameter (engine::TiedParameter: a tied lm_head's copy of the
+// embedding) is held by two stages, usually on two ranks. Before the norm
+// and the update, each of the two ranks sends its gradient to the other and
+// both compute original + copy, in that order, so both hold the bitwise-same
+// sum and take the same update; with both stages on one rank the sum is
+// local. With check_tied, after the update the original's rank sends a
+// checksum of its values and the copy's rank fails the step if its own
+// differs.
+//
 // Thread-compatible: one thread runs a rank's executor.
 #ifndef CONVEYOR_WORKER_STAGE_EXECUTOR_H_
 #define CONVEYOR_WORKER_STAGE_EXECUTOR_H_
@@ -30,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "engine/data.h"
 #include "engine/loss_kind.h"
+#include "engine/model_spec.h"
 #include "engine/optimizer.h"
 #include "engine/pipeline_stage.h"
 #include "scheduler/action.h"
@@ -37,6 +47,12 @@
 #include "transport/channel.h"
 
 namespace conveyor::worker {
+
+#ifdef NDEBUG
+inline constexpr bool kDebugBuild = false;
+#else
+inline constexpr bool kDebugBuild = true;
+#endif
 
 struct ExecutorConfig {
   uint64_t job = 0;
@@ -51,6 +67,13 @@ struct ExecutorConfig {
   // times derived from it). Off only to measure what recording costs: the
   // wait and per-stage times are then zero.
   bool record_spans = true;
+  // The model's tied parameters (engine::ModelSpec::TiedParameters()), in
+  // the same order on every rank.
+  std::vector<engine::TiedParameter> tied = {};
+  // Check after every update that each tied parameter's copies are bitwise
+  // equal (see the file comment): a copy of the values to the host and a
+  // checksum each step, so on by default only in debug builds.
+  bool check_tied = kDebugBuild;
 };
 
 // Where one stage's share of a step went (from the step's spans). The
@@ -125,9 +148,20 @@ class StageExecutor {
                                          int for_stage);
   absl::Status SendTo(int to, const transport::Tag& tag,
                       const engine::Tensor& tensor);
+  // The parameter `name` of `stage` if this rank holds that stage, else
+  // nullptr; Internal when the stage lacks it.
+  absl::StatusOr<engine::Parameter*> TiedOn(int stage, const std::string& name,
+                                            bool copy);
+  // Sums each tied parameter's two gradients (see the file comment).
+  absl::Status SumTiedGradients(int64_t step);
+  // check_tied: fails if a copy differs from its original.
+  absl::Status CheckTiedCopies(int64_t step);
   void SummarizeSpans(RankStepResult& result) const;
   transport::Tag MakeTag(int64_t step, int mb, int stage,
                          transport::TensorKind kind) const;
+  // The tag of a tied parameter's exchange: a kPartialSum of `sender` in
+  // `slot` (transport/channel.h).
+  transport::Tag TiedTag(int64_t step, int slot, int sender) const;
 
   ExecutorConfig config_;
   std::map<int, engine::PipelineStage*> stages_;

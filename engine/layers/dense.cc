@@ -36,6 +36,15 @@ absl::StatusOr<std::unique_ptr<Dense>> Dense::Create(Backend* backend,
   return d;
 }
 
+absl::StatusOr<std::unique_ptr<Dense>> Dense::CreateTiedCopy(
+    Backend* backend, std::string weight_name, int64_t in, int64_t out) {
+  std::unique_ptr<Dense> d(new Dense(backend, in, out));
+  ASSIGN_OR_RETURN(d->weight_,
+                   MakeParameter(backend, std::move(weight_name), {out, in}));
+  d->weight_.tied_copy = true;
+  return d;
+}
+
 std::vector<Parameter*> Dense::parameters() {
   if (has_bias_) return {&weight_, &bias_};
   return {&weight_};

@@ -16,6 +16,11 @@ class Dense final : public Layer {
   static absl::StatusOr<std::unique_ptr<Dense>> Create(
       Backend* backend, const std::string& prefix, int64_t in, int64_t out,
       bool bias);
+  // A Linear without bias whose weight [out, in] is a tied copy
+  // (Parameter::tied_copy) of another layer's parameter `weight_name`: a
+  // tied lm_head's copy of the embedding.
+  static absl::StatusOr<std::unique_ptr<Dense>> CreateTiedCopy(
+      Backend* backend, std::string weight_name, int64_t in, int64_t out);
 
   std::vector<Parameter*> parameters() override;
   absl::StatusOr<Tensor> Forward(const Tensor& x, Stash& stash) override;

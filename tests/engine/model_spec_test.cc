@@ -413,6 +413,87 @@ TEST(ModelSpecTest, TokenModelWithEmbeddingLmHeadAndCrossEntropy) {
             1000 * 64 + 128 * 64 + 2 * block + 2 * 64 + 1000 * 64);
 }
 
+// lm_head: {tied: true}: the head's weight is the embedding's, held by the
+// last stage as a tied copy. The model counts and lists it once.
+TEST(ModelSpecTest, TiedLmHeadCopiesTheEmbeddingWeight) {
+  const ModelSpec spec = ParseOk(Job(
+      R"(    - embedding: {vocab_size: 50, features: 8}
+    - dense: {features: 8}
+    - boundary
+    - rmsnorm
+    - lm_head: {vocab_size: 50, tied: true}
+)",
+      "[6]", "cross_entropy"));
+  ASSERT_EQ(spec.layers.size(), 4u);
+  EXPECT_TRUE(spec.layers[3].tied);
+  ASSERT_EQ(spec.layers[3].params.size(), 1u);
+  const ParamSpec& copy = spec.layers[3].params[0];
+  const ParamSpec& original = spec.layers[0].params[0];
+  EXPECT_EQ(copy.name, "layers.0.weight");
+  EXPECT_TRUE(copy.tied_copy);
+  EXPECT_FALSE(original.tied_copy);
+  EXPECT_EQ(copy.shape, original.shape);
+  EXPECT_EQ(copy.init, original.init);
+  EXPECT_EQ(copy.bound_or_std, original.bound_or_std);
+  EXPECT_EQ(spec.output_shape, (std::vector<int64_t>{6, 50}));
+  // Once in the model, and in both stages that hold it.
+  EXPECT_THAT(ParamNames(spec),
+              ElementsAre("layers.0.weight", "layers.1.weight",
+                          "layers.1.bias", "layers.2.weight"));
+  EXPECT_EQ(spec.NumParams(), 50 * 8 + 8 * 8 + 8 + 8);
+  std::vector<std::string> last;
+  for (const ParamSpec* p : spec.StageParams(1)) last.push_back(p->name);
+  EXPECT_THAT(last, ElementsAre("layers.2.weight", "layers.0.weight"));
+  EXPECT_EQ(spec.TiedParameters(),
+            (std::vector<TiedParameter>{{.name = "layers.0.weight",
+                                         .original_stage = 0,
+                                         .copy_stage = 1}}));
+  // Untied: nothing shared.
+  EXPECT_TRUE(ParseOk(Job("    - embedding: {vocab_size: 50, features: 8}\n"
+                          "    - lm_head: {vocab_size: 50}\n",
+                          "[6]", "cross_entropy"))
+                  .TiedParameters()
+                  .empty());
+}
+
+TEST(ModelSpecErrorTest, TiedLmHeadNeedsAMatchingEmbedding) {
+  EXPECT_EQ(ParseError(Job("    - embedding: {vocab_size: 50, features: 8}\n"
+                           "    - lm_head: {vocab_size: 50, tied: true, bias: "
+                           "true}\n",
+                           "[6]", "cross_entropy")),
+            "job.yaml:7:7: model.layers[1]: lm_head (layer 1): tied: true "
+            "shares the embedding's weight, and an embedding has no bias to "
+            "share: drop bias: true");
+  EXPECT_EQ(ParseError(Job("    - embedding: {vocab_size: 50, features: 8}\n"
+                           "    - lm_head: {vocab_size: 40, tied: true}\n",
+                           "[6]", "cross_entropy")),
+            "job.yaml:7:7: model.layers[1]: lm_head (layer 1): tied: true "
+            "needs the embedding's vocabulary, but vocab_size is 40 here and "
+            "50 there");
+  EXPECT_EQ(ParseError(Job("    - embedding: {vocab_size: 50, features: 8}\n"
+                           "    - dense: {features: 6}\n"
+                           "    - lm_head: {vocab_size: 50, tied: true}\n",
+                           "[6]", "cross_entropy")),
+            "job.yaml:8:7: model.layers[2]: lm_head (layer 2): tied: true "
+            "needs an input as wide as the embedding's output (8 features); "
+            "this one has 6");
+  EXPECT_EQ(ParseError(Job("    - dense: {features: 8}\n"
+                           "    - lm_head: {vocab_size: 50, tied: true}\n",
+                           "[6]", "cross_entropy")),
+            "job.yaml:7:7: model.layers[1]: lm_head (layer 1): tied: true "
+            "shares the weight of the embedding the model begins with, but "
+            "its first layer is a dense");
+  EXPECT_EQ(ParseError(Job("    - lm_head: {vocab_size: 50, tied: true}\n",
+                           "[6]", "cross_entropy")),
+            "job.yaml:6:7: model.layers[0]: lm_head (layer 0): tied: true "
+            "shares the weight of an embedding, and the model must begin "
+            "with one; it begins with this lm_head");
+  EXPECT_THAT(ParseError(Job("    - embedding: {vocab_size: 50, features: 8}\n"
+                             "    - lm_head: {vocab_size: 50, tied: yes}\n",
+                             "[6]", "cross_entropy")),
+              HasSubstr("tied"));
+}
+
 TEST(ModelSpecTest, OptionsAndInitFrom) {
   const ModelSpec spec = ParseOk(R"(model:
   input_shape: [2, 3]

@@ -165,19 +165,56 @@ TEST_F(HfModelTest, StagesLoadTheCheckpointBitwise) {
   }
 }
 
-TEST_F(HfModelTest, WhatTheCheckpointCannotGiveIsRefusedAtFromHf) {
+// tie_word_embeddings: the lm_head is tied to the embedding. The model
+// holds the embedding once (no lm_head.weight, which the checkpoint does not
+// store), the last stage holds a copy that loads the embedding's values,
+// and the model's HF config says tied again.
+TEST_F(HfModelTest, ATiedCheckpointTiesTheHeadToTheEmbedding) {
   HfLlamaConfig tied = TinyConfig();
   tied.tie_word_embeddings = true;
-  ASSERT_TRUE(WriteCheckpoint(tied, HfDType::kF32, "tied").ok());
+  ASSERT_TRUE(WriteCheckpoint(tied, HfDType::kBF16).ok());
+  auto job = engine::ParseJobSpec(
+      Job("  from_hf: hf\n  input_shape: [8]\n  boundaries: [2]\n"),
+      "job.yaml", dir_.string());
+  ASSERT_TRUE(job.ok()) << job.status();
+  const engine::ModelSpec& model = job->model;
+  EXPECT_TRUE(model.layers.back().tied);
+  std::map<std::string, std::vector<int64_t>> declared, expected;
+  for (const engine::ParamSpec* p : model.Params()) declared[p->name] = p->shape;
+  for (const auto& [name, shape] : ExpectedLlamaTensors(tied)) {
+    expected[name] = shape;
+  }
+  EXPECT_EQ(declared, expected);
+  EXPECT_EQ(model.TiedParameters(),
+            (std::vector<engine::TiedParameter>{{.name = "layers.0.weight",
+                                                 .original_stage = 0,
+                                                 .copy_stage = 1}}));
+  std::vector<std::unique_ptr<engine::Stage>> owned;
+  std::vector<engine::PipelineStage*> stages;
+  for (int s = 0; s < model.num_stages; ++s) {
+    auto stage = engine::Stage::Create(engine::CpuBackend::Get(), model, s);
+    ASSERT_TRUE(stage.ok()) << stage.status();
+    stages.push_back(stage->get());
+    owned.push_back(*std::move(stage));
+  }
+  ASSERT_TRUE(engine::InitializeStages(model, stages).ok());
+  engine::Parameter* copy =
+      engine::FindParameter(*stages[1], "layers.0.weight", /*copy=*/true);
+  ASSERT_NE(copy, nullptr);
+  EXPECT_EQ(engine::testing_util::ToVector(copy->value),
+            ValuesFor("layers.0.weight", copy->value.numel()));
+  auto config = HfConfigOfModel(model);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->tie_word_embeddings);
+}
+
+TEST_F(HfModelTest, WhatTheCheckpointCannotGiveIsRefusedAtFromHf) {
   ASSERT_TRUE(WriteCheckpoint(TinyConfig(), HfDType::kF32).ok());
   auto error = [&](absl::string_view model) {
     auto job = engine::ParseJobSpec(Job(model), "job.yaml", dir_.string());
     EXPECT_FALSE(job.ok());
     return std::string(job.status().message());
   };
-  EXPECT_THAT(error("  from_hf: tied\n  input_shape: [8]\n"),
-              HasSubstr("job.yaml:3:12: model.from_hf: the checkpoint ties "
-                        "its input and output embeddings"));
   EXPECT_THAT(error("  from_hf: hf\n  input_shape: [8]\n  boundaries: [3]\n"),
               HasSubstr("model.from_hf: boundary 3 is not a block where a "
                         "stage can begin: the checkpoint has 3 blocks"));

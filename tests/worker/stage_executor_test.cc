@@ -4,6 +4,9 @@
 #include "worker/stage_executor.h"
 
 #include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -63,6 +66,10 @@ JobSpec MakeJob(bool transformer, int stages, bool clip) {
 
 struct Params {
   std::map<std::string, std::vector<float>> values;
+  // Tied copies (Parameter::tied_copy), by name.
+  std::map<std::string, std::vector<float>> copies;
+  // The steps that failed: "rank r: status".
+  std::vector<std::string> failures;
   std::vector<double> losses;
   std::map<int, RankStepResult> last_step;  // By rank.
   // Mesh stages only: whether every replica ended with replica 0's values.
@@ -78,7 +85,8 @@ Params Reference(const JobSpec& job) {
                   })
                   .ok());
   for (engine::Parameter* param : trainer->parameters()) {
-    p.values[param->name] = ToVector(param->value);
+    (param->tied_copy ? p.copies : p.values)[param->name] =
+        ToVector(param->value);
   }
   return p;
 }
@@ -114,8 +122,13 @@ class SumBarrier {
 
 // With mesh_devices > 1, rank `mesh_rank`'s stages are MeshStages over that
 // many CPU devices.
+// `before_step(rank, step, params)`, when given, runs on each rank's thread
+// before each step.
+using BeforeStep = std::function<void(
+    int rank, int64_t step, const std::vector<engine::Parameter*>& params)>;
 Params Pipelined(const JobSpec& job, ScheduleKind kind, int ranks,
-                 int virtual_stages, int mesh_rank = -1, int mesh_devices = 1) {
+                 int virtual_stages, int mesh_rank = -1, int mesh_devices = 1,
+                 const BeforeStep& before_step = nullptr) {
   auto schedule = *scheduler::GenerateSchedule(
       kind, {.ranks = ranks,
              .microbatches = static_cast<int>(job.training.microbatches),
@@ -152,8 +165,7 @@ Params Pipelined(const JobSpec& job, ScheduleKind kind, int ranks,
         for (auto* p : owned.back()->parameters()) params.push_back(p);
       }
       auto data = *engine::DataSource::Create(
-          job.data,
-          {.input = job.model.input_shape, .target = job.model.target_shape});
+          job.data, engine::ModelSampleShapes(job.model));
       auto optimizer = *engine::Optimizer::Create(be, job.optimizer, params);
       auto executor = StageExecutor::Create(
           {.job = 1,
@@ -162,7 +174,9 @@ Params Pipelined(const JobSpec& job, ScheduleKind kind, int ranks,
            .num_stages = job.model.num_stages,
            .batch_size = job.training.batch_size,
            .microbatches = static_cast<int>(job.training.microbatches),
-           .loss = job.model.loss},
+           .loss = job.model.loss,
+           .tied = job.model.TiedParameters(),
+           .check_tied = true},
           stages, data.get(), optimizer.get(), hub.endpoint(r), be);
       ASSERT_TRUE(executor.ok()) << executor.status();
       AllReduceSum reduce = nullptr;
@@ -172,10 +186,13 @@ Params Pipelined(const JobSpec& job, ScheduleKind kind, int ranks,
         };
       }
       for (int64_t step = 0; step < job.training.steps; ++step) {
+        if (before_step) before_step(r, step, params);
         auto result = (*executor)->RunStep(step, schedule.actions[r], reduce);
         if (!result.ok()) {
           hub.AbortAll(result.status());
-          ADD_FAILURE() << result.status();
+          std::lock_guard<std::mutex> lock(out_mu);
+          out.failures.push_back(absl::StrCat("rank ", r, ": ",
+                                              result.status().ToString()));
           return;
         }
         std::lock_guard<std::mutex> lock(out_mu);
@@ -183,7 +200,9 @@ Params Pipelined(const JobSpec& job, ScheduleKind kind, int ranks,
         out.last_step[r] = *result;
       }
       std::lock_guard<std::mutex> lock(out_mu);
-      for (auto* p : params) out.values[p->name] = ToVector(p->value);
+      for (auto* p : params) {
+        (p->tied_copy ? out.copies : out.values)[p->name] = ToVector(p->value);
+      }
       for (engine::MeshStage* stage : meshed) {
         const auto first = stage->replica(0)->parameters();
         for (int d = 1; d < stage->size(); ++d) {
@@ -207,6 +226,7 @@ Params Pipelined(const JobSpec& job, ScheduleKind kind, int ranks,
 // norm is summed across ranks in another order, so allclose.
 void ExpectSame(const Params& pipelined, const Params& reference,
                 const std::string& what, bool bitwise = true) {
+  EXPECT_THAT(pipelined.failures, ::testing::IsEmpty()) << what;
   ASSERT_EQ(pipelined.values.size(), reference.values.size()) << what;
   for (const auto& [name, values] : reference.values) {
     if (bitwise) {
@@ -380,6 +400,127 @@ TEST(StageExecutorTest, MeshStageMatchesTheReference) {
               single.last_step.at(c.mesh_rank).peak_activation_bytes)
         << what;
   }
+}
+
+// A byte-token model whose lm_head is tied to its embedding: embedding,
+// `stages` - 1 causal transformer blocks each beginning a stage, a final
+// layernorm and the tied head, on a byte file (vocabulary 128) written to
+// `dir`.
+JobSpec MakeTiedJob(int stages, bool clip, const std::filesystem::path& dir) {
+  std::filesystem::create_directories(dir);
+  std::string text;
+  for (int i = 0; i < 1200; ++i) {
+    text.push_back(static_cast<char>(' ' + (i * 37 + i / 7) % 90));
+  }
+  std::ofstream(dir / "tokens.bin", std::ios::binary) << text;
+  std::string layers = "    - embedding: {vocab_size: 128, features: 8}\n";
+  for (int s = 1; s < stages; ++s) {
+    layers +=
+        "    - boundary\n"
+        "    - transformer_block: {heads: 2, mlp_features: 16, causal: "
+        "true, norm: pre}\n";
+  }
+  if (stages == 1) {
+    layers += "    - dense: {features: 8}\n";
+  }
+  layers += "    - layernorm\n    - lm_head: {vocab_size: 128, tied: true}\n";
+  auto model = engine::ParseModelSpecYaml(
+      absl::StrCat("model:\n  input_shape: [6]\n  init: {seed: 4}\n"
+                   "  layers:\n",
+                   layers, "  loss: cross_entropy\n"),
+      "tied.yaml");
+  EXPECT_TRUE(model.ok()) << model.status();
+  JobSpec job;
+  job.name = "tied";
+  job.model = *model;
+  job.data = {.kind = engine::DataConfig::Kind::kTokens,
+              .path = (dir / "tokens.bin").string(),
+              .vocab_size = 128};
+  job.optimizer = {.kind = engine::OptimizerConfig::Kind::kAdamW, .lr = 1e-2};
+  if (clip) job.optimizer.clip_grad_norm = 0.05;
+  job.training = {.steps = 3, .batch_size = 8, .microbatches = 4};
+  return job;
+}
+
+// The tied embedding's two gradients are summed before every update, on
+// one rank or across two: the copies stay bitwise equal (checked by the
+// executor after every step, and here), and the run equals the reference,
+// bitwise without clipping (the reference sums original + copy as the
+// executors do).
+TEST(StageExecutorTest, TiedEmbeddingsStayIdenticalAndMatchTheReference) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) /
+      absl::StrCat("tied_", getpid());
+  struct TiedCase {
+    ScheduleKind kind;
+    int ranks, virtual_stages;
+    bool clip;
+  };
+  for (const TiedCase& c : {TiedCase{ScheduleKind::k1F1B, 1, 1, false},
+                            TiedCase{ScheduleKind::k1F1B, 2, 1, false},
+                            TiedCase{ScheduleKind::kZeroBubbleH1, 3, 1, false},
+                            TiedCase{ScheduleKind::kInterleaved1F1B, 2, 2,
+                                     false},
+                            TiedCase{ScheduleKind::k1F1B, 4, 1, true}}) {
+    const JobSpec job =
+        MakeTiedJob(c.ranks * c.virtual_stages, c.clip, dir);
+    const std::string what = absl::StrCat(
+        scheduler::ScheduleKindName(c.kind), " P=", c.ranks,
+        " V=", c.virtual_stages, c.clip ? " clipping" : "");
+    const Params reference = Reference(job);
+    const Params run = Pipelined(job, c.kind, c.ranks, c.virtual_stages);
+    ExpectSame(run, reference, what, /*bitwise=*/!c.clip);
+    ASSERT_EQ(run.copies.size(), 1u) << what;
+    EXPECT_EQ(run.copies.at("layers.0.weight"),
+              run.values.at("layers.0.weight"))
+        << what;
+    EXPECT_EQ(reference.copies.at("layers.0.weight"),
+              reference.values.at("layers.0.weight"))
+        << what;
+    // Training moved the shared matrix (the comparisons are not of an
+    // untouched init).
+    const Params untrained = [&] {
+      JobSpec none = job;
+      none.training.steps = 0;
+      return Reference(none);
+    }();
+    EXPECT_NE(run.values.at("layers.0.weight"),
+              untrained.values.at("layers.0.weight"))
+        << what;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// A copy that drifts from its original (here: nudged on the last stage's
+// rank before step 2) fails the step, naming the parameter and the stages,
+// instead of training two different models in silence.
+TEST(StageExecutorTest, ADivergedTiedCopyFailsTheStep) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) /
+      absl::StrCat("tied_diverged_", getpid());
+  const JobSpec job = MakeTiedJob(2, false, dir);
+  const Params run = Pipelined(
+      job, ScheduleKind::k1F1B, 2, 1, -1, 1,
+      [](int rank, int64_t step,
+         const std::vector<engine::Parameter*>& params) {
+        if (rank != 1 || step != 1) return;
+        for (engine::Parameter* p : params) {
+          if (!p->tied_copy) continue;
+          std::vector<float> v = ToVector(p->value);
+          v[5] = std::nextafter(v[5], 1.0f);
+          ASSERT_TRUE(CpuBackend::Get()
+                          ->CopyFromHost(v.data(), v.size() * sizeof(float),
+                                         p->value)
+                          .ok());
+        }
+      });
+  std::filesystem::remove_all(dir);
+  ASSERT_FALSE(run.failures.empty());
+  EXPECT_THAT(run.failures,
+              ::testing::Contains(::testing::HasSubstr(
+                  "tied parameter layers.0.weight: after step 2 the copy on "
+                  "stage 1 differs from the original on stage 0")));
+  EXPECT_EQ(run.losses.size(), 1u);  // Step 1 went through.
 }
 
 TEST(StageExecutorTest, RejectsStagesOnTheWrongRank) {
