@@ -1,5 +1,6 @@
 // A tiny Llama (4 blocks, grouped-query attention with 4 query and 2
-// key/value heads, rotary embedding, RMS norms, SwiGLU) must equal the same
+// key/value heads, rotary embedding, RMS norms, SwiGLU), with its lm_head
+// tied to the embedding and with one of its own, must equal the same
 // model written in plain PyTorch from HF's LlamaForCausalLM semantics
 // (tests/worker/llama_reference.py, run in float64 from the same float32
 // init file): the initial model's logits, and the loss of every step and the
@@ -21,7 +22,9 @@
 // element near a sign flip of its gradient reaches in 5 steps but any wrong
 // gradient does. A gradient that is truly zero stays exactly zero in both
 // (the embedding rows of tokens absent from a step: nothing is added to
-// them), and every other parameter takes part in every logit.
+// them), and every other parameter takes part in every logit. Tied, every
+// embedding row is also an output row, whose gradient the softmax makes
+// nonzero in every step.
 #include <unistd.h>
 
 #include <cmath>
@@ -29,7 +32,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -62,7 +68,8 @@ constexpr char kCorpus[] =
     "lazy zebra packs five jugs of liquor into my brown box, and the sphinx "
     "judges how quick the dog jumps. ";
 
-std::string ModelYaml(const std::string& init, const std::vector<int>& cuts) {
+std::string ModelYaml(const std::string& init, const std::vector<int>& cuts,
+                      bool tied) {
   std::string layers = "    - embedding: {vocab_size: 256, features: 32}\n";
   for (int b = 1; b <= kBlocks; ++b) {
     layers +=
@@ -72,111 +79,135 @@ std::string ModelYaml(const std::string& init, const std::vector<int>& cuts) {
       if (cut == b) layers += "    - boundary\n";
     }
   }
-  layers += "    - rmsnorm\n    - lm_head: {vocab_size: 256}\n";
+  layers += absl::StrCat("    - rmsnorm\n    - lm_head: {vocab_size: 256",
+                         tied ? ", tied: true" : "", "}\n");
   return absl::StrCat("model:\n  input_shape: [", kSeq, "]\n  init: ", init,
                       "\n  layers:\n", layers, "  loss: cross_entropy\n");
 }
 
-class LlamaPyTorchTest : public ::testing::Test {
+// One model (tied or not): its init file, its initial logits, and the
+// PyTorch reference's results, computed once per test process.
+struct Variant {
+  bool tied = false;
+  std::filesystem::path dir;
+  std::vector<float> logits;
+  std::unique_ptr<engine::SafetensorsReader> reference, init;
+  std::string error;  // Why the set-up failed; empty when it did not.
+
+  ~Variant() { std::filesystem::remove_all(dir); }
+};
+
+std::unique_ptr<Variant> MakeVariant(bool tied) {
+  auto v = std::make_unique<Variant>();
+  v->tied = tied;
+  v->dir = std::filesystem::path(::testing::TempDir()) /
+           absl::StrCat("llama_pytorch_test_", getpid(), tied ? "_tied" : "");
+  std::filesystem::remove_all(v->dir);
+  std::filesystem::create_directories(v->dir);
+  std::ofstream(v->dir / "corpus.txt", std::ios::binary) << kCorpus;
+
+  // The init file: the unsplit model drawn from a seed (a tied model's
+  // embedding once). Its logits on step 0's inputs are compared below.
+  auto job = engine::ParseJobSpec(
+      absl::StrCat("name: init\n", ModelYaml("{seed: 11}", {}, tied),
+                   "data: {source: tokens, path: ",
+                   (v->dir / "corpus.txt").string(), ", seq_len: ", kSeq,
+                   "}\n", "training: {steps: 1, batch_size: 8}\n",
+                   "optimizer: {kind: sgd, lr: 0.1}\n"),
+      "init.yaml");
+  if (!job.ok()) {
+    v->error = job.status().ToString();
+    return v;
+  }
+  engine::Backend* cpu = engine::CpuBackend::Get();
+  auto stage = engine::Stage::Create(cpu, job->model, 0);
+  if (!stage.ok()) {
+    v->error = stage.status().ToString();
+    return v;
+  }
+  absl::Status s = (*stage)->InitializeFromSeed(11);
+  if (s.ok()) {
+    s = engine::SaveParameters(cpu, (*stage)->parameters(),
+                               (v->dir / "init.safetensors").string(), {});
+  }
+  if (!s.ok()) {
+    v->error = s.ToString();
+    return v;
+  }
+  std::vector<int64_t> ids;
+  const std::string corpus = kCorpus;
+  for (int w = 0; w < kBatch; ++w) {
+    for (int i = 0; i < kSeq; ++i) {
+      ids.push_back(static_cast<unsigned char>(corpus[w * kSeq + i]));
+    }
+  }
+  auto logits =
+      (*stage)->Forward(0, engine::testing_util::Ids({kBatch, kSeq}, ids));
+  if (!logits.ok()) {
+    v->error = logits.status().ToString();
+    return v;
+  }
+  v->logits = engine::testing_util::ToVector(*logits);
+
+  const std::string config = absl::StrCat(
+      R"({"blocks": )", kBlocks,
+      R"(, "features": 32, "heads": 4, "kv_heads": 2, "rope_theta": 1000,)",
+      R"( "rms_eps": 1e-6, "seq": )", kSeq, R"(, "batch": )", kBatch,
+      R"(, "steps": )", kSteps, R"(, "lr": )", kLr,
+      R"(, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1,)",
+      R"( "clip": 0.5, "tied": )", tied ? "true" : "false", "}");
+  const std::string command =
+      absl::StrCat("/usr/bin/python3 ", CONVEYOR_LLAMA_REFERENCE, " ",
+                   (v->dir / "init.safetensors").string(), " ",
+                   (v->dir / "corpus.txt").string(), " ",
+                   (v->dir / "reference.safetensors").string(), " '", config,
+                   "' 2>", (v->dir / "reference.log").string());
+  if (std::system(command.c_str()) != 0) {
+    std::stringstream log;
+    log << std::ifstream(v->dir / "reference.log").rdbuf();
+    v->error = absl::StrCat(command, " failed:\n", log.str());
+    return v;
+  }
+  for (auto [name, reader] :
+       {std::pair{"reference.safetensors", &v->reference},
+        std::pair{"init.safetensors", &v->init}}) {
+    auto file = engine::SafetensorsReader::Open((v->dir / name).string());
+    if (!file.ok()) {
+      v->error = file.status().ToString();
+      return v;
+    }
+    *reader = std::make_unique<engine::SafetensorsReader>(*std::move(file));
+  }
+  return v;
+}
+
+// The parameter is whether the lm_head is tied to the embedding.
+class LlamaPyTorchTest : public ::testing::TestWithParam<bool> {
  protected:
-  static void SetUpTestSuite() {
-    if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") !=
-        0) {
-      return;  // Each test skips.
-    }
-    torch_ = true;
-    dir_ = new std::filesystem::path(
-        std::filesystem::path(::testing::TempDir()) /
-        absl::StrCat("llama_pytorch_test_", getpid()));
-    std::filesystem::remove_all(*dir_);
-    std::filesystem::create_directories(*dir_);
-    std::ofstream(*dir_ / "corpus.txt", std::ios::binary) << kCorpus;
-
-    // The init file: the unsplit model drawn from a seed. Its logits on
-    // step 0's inputs are compared below.
-    auto job = engine::ParseJobSpec(
-        absl::StrCat(
-            "name: init\n", ModelYaml("{seed: 11}", {}),
-            "data: {source: tokens, path: ", (*dir_ / "corpus.txt").string(),
-            ", seq_len: ", kSeq, "}\n", "training: {steps: 1, batch_size: 8}\n",
-            "optimizer: {kind: sgd, lr: 0.1}\n"),
-        "init.yaml");
-    ASSERT_TRUE(job.ok()) << job.status();
-    engine::Backend* cpu = engine::CpuBackend::Get();
-    auto stage = engine::Stage::Create(cpu, job->model, 0);
-    ASSERT_TRUE(stage.ok()) << stage.status();
-    ASSERT_TRUE((*stage)->InitializeFromSeed(11).ok());
-    ASSERT_TRUE(engine::SaveParameters(cpu, (*stage)->parameters(),
-                                       (*dir_ / "init.safetensors").string(),
-                                       {})
-                    .ok());
-    std::vector<int64_t> ids;
-    const std::string corpus = kCorpus;
-    for (int w = 0; w < kBatch; ++w) {
-      for (int i = 0; i < kSeq; ++i) {
-        ids.push_back(static_cast<unsigned char>(corpus[w * kSeq + i]));
-      }
-    }
-    auto logits =
-        (*stage)->Forward(0, engine::testing_util::Ids({kBatch, kSeq}, ids));
-    ASSERT_TRUE(logits.ok()) << logits.status();
-    logits_ = new std::vector<float>(engine::testing_util::ToVector(*logits));
-
-    const std::string config = absl::StrCat(
-        R"({"blocks": )", kBlocks,
-        R"(, "features": 32, "heads": 4, "kv_heads": 2, "rope_theta": 1000,)",
-        R"( "rms_eps": 1e-6, "seq": )", kSeq, R"(, "batch": )", kBatch,
-        R"(, "steps": )", kSteps, R"(, "lr": )", kLr,
-        R"(, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1,)",
-        R"( "clip": 0.5})");
-    const std::string command =
-        absl::StrCat("/usr/bin/python3 ", CONVEYOR_LLAMA_REFERENCE, " ",
-                     (*dir_ / "init.safetensors").string(), " ",
-                     (*dir_ / "corpus.txt").string(), " ",
-                     (*dir_ / "reference.safetensors").string(), " '", config,
-                     "' 2>", (*dir_ / "reference.log").string());
-    ASSERT_EQ(std::system(command.c_str()), 0)
-        << command << "\n"
-        << std::ifstream(*dir_ / "reference.log").rdbuf();
-    auto reference = engine::SafetensorsReader::Open(
-        (*dir_ / "reference.safetensors").string());
-    ASSERT_TRUE(reference.ok()) << reference.status();
-    reference_ = new engine::SafetensorsReader(*std::move(reference));
-    auto init =
-        engine::SafetensorsReader::Open((*dir_ / "init.safetensors").string());
-    ASSERT_TRUE(init.ok()) << init.status();
-    init_ = new engine::SafetensorsReader(*std::move(init));
-  }
-
-  static void TearDownTestSuite() {
-    if (dir_ != nullptr) std::filesystem::remove_all(*dir_);
-    delete dir_;
-    delete logits_;
-    delete reference_;
-    delete init_;
-    dir_ = nullptr;
-    init_ = nullptr;
-    logits_ = nullptr;
-    reference_ = nullptr;
-  }
+  static void TearDownTestSuite() { variants_.clear(); }
 
   void SetUp() override {
-    if (!torch_) {
+    // Importing torch takes seconds: asked once per process.
+    static const bool torch =
+        std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+    if (!torch) {
       GTEST_SKIP() << "needs /usr/bin/python3 with torch (Debian's "
                       "python3-torch; scripts/install-deps --with-torch)";
     }
-    // The suite's set-up failed (and said why).
-    ASSERT_NE(reference_, nullptr);
+    std::unique_ptr<Variant>& v = variants_[GetParam()];
+    if (v == nullptr) v = MakeVariant(GetParam());
+    ASSERT_EQ(v->error, "");
+    v_ = v.get();
   }
 
-  static std::string JobYaml(const std::vector<int>& cuts,
-                             const std::string& schedule, int virtual_stages) {
+  std::string JobYaml(const std::vector<int>& cuts, const std::string& schedule,
+                      int virtual_stages) const {
     return absl::StrCat(
         "name: llama\n",
-        ModelYaml(
-            absl::StrCat("{from: ", (*dir_ / "init.safetensors").string(), "}"),
-            cuts),
-        "data: {source: tokens, path: ", (*dir_ / "corpus.txt").string(),
+        ModelYaml(absl::StrCat("{from: ", (v_->dir / "init.safetensors").string(),
+                               "}"),
+                  cuts, v_->tied),
+        "data: {source: tokens, path: ", (v_->dir / "corpus.txt").string(),
         ", seq_len: ", kSeq, "}\n", "training: {steps: ", kSteps,
         ", batch_size: ", kBatch, ", microbatches: 4}\n",
         "optimizer: {kind: adamw, lr: ", kLr,
@@ -186,10 +217,9 @@ class LlamaPyTorchTest : public ::testing::Test {
         "}\n");
   }
 
-  static void ExpectEqualsReference(const Result& got,
-                                    const std::string& what) {
+  void ExpectEqualsReference(const Result& got, const std::string& what) const {
     for (const absl::Status& s : got.statuses) ASSERT_TRUE(s.ok()) << s;
-    const std::vector<float> losses = *reference_->ReadF32("losses");
+    const std::vector<float> losses = *v_->reference->ReadF32("losses");
     ASSERT_EQ(got.losses.size(), losses.size()) << what;
     for (size_t i = 0; i < losses.size(); ++i) {
       EXPECT_NEAR(got.losses[i], losses[i], 1e-5 * losses[i])
@@ -198,8 +228,8 @@ class LlamaPyTorchTest : public ::testing::Test {
     int checked = 0;
     for (const auto& [name, values] : got.params) {
       SCOPED_TRACE(what + ": " + name);
-      auto want = reference_->ReadF32(name);
-      auto init = init_->ReadF32(name);
+      auto want = v_->reference->ReadF32(name);
+      auto init = v_->init->ReadF32(name);
       ASSERT_TRUE(want.ok()) << want.status();
       ASSERT_TRUE(init.ok()) << init.status();
       ASSERT_EQ(values.size(), want->size());
@@ -224,65 +254,74 @@ class LlamaPyTorchTest : public ::testing::Test {
       EXPECT_LE(std::sqrt(diff), 1e-3 * std::sqrt(update));
       ++checked;
     }
-    // Embedding, lm_head, the final norm and 9 tensors per block.
-    EXPECT_EQ(checked, 3 + 9 * kBlocks) << what;
+    // The embedding, the lm_head unless it is the embedding, the final norm
+    // and 9 tensors per block.
+    EXPECT_EQ(checked, (v_->tied ? 2 : 3) + 9 * kBlocks) << what;
+    // A tied copy ends bitwise equal to its original.
+    if (v_->tied) {
+      ASSERT_EQ(got.tied_copies.size(), 1u) << what;
+      EXPECT_EQ(got.tied_copies.at("layers.0.weight"),
+                got.params.at("layers.0.weight"))
+          << what;
+    } else {
+      EXPECT_TRUE(got.tied_copies.empty()) << what;
+    }
   }
 
-  static bool torch_;
-  static std::filesystem::path* dir_;
-  static std::vector<float>* logits_;
-  static engine::SafetensorsReader* reference_;
-  static engine::SafetensorsReader* init_;
+  static std::map<bool, std::unique_ptr<Variant>> variants_;
+  const Variant* v_ = nullptr;
 };
 
-bool LlamaPyTorchTest::torch_ = false;
-std::filesystem::path* LlamaPyTorchTest::dir_ = nullptr;
-std::vector<float>* LlamaPyTorchTest::logits_ = nullptr;
-engine::SafetensorsReader* LlamaPyTorchTest::reference_ = nullptr;
-engine::SafetensorsReader* LlamaPyTorchTest::init_ = nullptr;
+std::map<bool, std::unique_ptr<Variant>> LlamaPyTorchTest::variants_;
 
-TEST_F(LlamaPyTorchTest, InitialLogitsEqualPyTorch) {
-  const std::vector<float> want = *reference_->ReadF32("logits");
-  ASSERT_EQ(logits_->size(), want.size());
+TEST_P(LlamaPyTorchTest, InitialLogitsEqualPyTorch) {
+  const std::vector<float> want = *v_->reference->ReadF32("logits");
+  ASSERT_EQ(v_->logits.size(), want.size());
   double largest = 0;
   for (float v : want) largest = std::max(largest, std::abs(double{v}));
   ASSERT_GT(largest, 0.1);  // Not a degenerate model.
   for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_NEAR((*logits_)[i], want[i], 1e-5 * largest) << i;
+    ASSERT_NEAR(v_->logits[i], want[i], 1e-5 * largest) << i;
   }
 }
 
-TEST_F(LlamaPyTorchTest, LossFallsInPyTorchToo) {
+TEST_P(LlamaPyTorchTest, LossFallsInPyTorchToo) {
   // Guards the comparison below against a reference that does nothing.
-  const std::vector<float> losses = *reference_->ReadF32("losses");
+  const std::vector<float> losses = *v_->reference->ReadF32("losses");
   ASSERT_EQ(losses.size(), static_cast<size_t>(kSteps));
   EXPECT_LT(losses.back(), losses.front() - 0.1);
 }
 
-TEST_F(LlamaPyTorchTest, InProcessTrainingEqualsPyTorch) {
+TEST_P(LlamaPyTorchTest, InProcessTrainingEqualsPyTorch) {
   ExpectEqualsReference(Reference(JobYaml({}, "1f1b", 1)), "in process");
 }
 
-TEST_F(LlamaPyTorchTest, OneFOneBOverTwoRanksEqualsPyTorch) {
+TEST_P(LlamaPyTorchTest, OneFOneBOverTwoRanksEqualsPyTorch) {
   ExpectEqualsReference(RunJob(Programs(JobYaml({2}, "1f1b", 1))),
                         "1f1b over 2 ranks");
 }
 
-TEST_F(LlamaPyTorchTest, ZeroBubbleOverThreeRanksEqualsPyTorch) {
+TEST_P(LlamaPyTorchTest, ZeroBubbleOverThreeRanksEqualsPyTorch) {
   ExpectEqualsReference(RunJob(Programs(JobYaml({1, 3}, "zb-h1", 1))),
                         "zb-h1 over 3 ranks");
 }
 
-TEST_F(LlamaPyTorchTest, OneFOneBOverFourRanksEqualsPyTorch) {
+TEST_P(LlamaPyTorchTest, OneFOneBOverFourRanksEqualsPyTorch) {
   ExpectEqualsReference(RunJob(Programs(JobYaml({1, 2, 3}, "1f1b", 1))),
                         "1f1b over 4 ranks");
 }
 
-TEST_F(LlamaPyTorchTest, InterleavedOverTwoRanksEqualsPyTorch) {
+TEST_P(LlamaPyTorchTest, InterleavedOverTwoRanksEqualsPyTorch) {
   ExpectEqualsReference(
       RunJob(Programs(JobYaml({1, 2, 3}, "interleaved-1f1b", 2))),
       "interleaved 1f1b, 2 ranks of 2 stages");
 }
+
+INSTANTIATE_TEST_SUITE_P(Heads, LlamaPyTorchTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "TiedEmbeddings"
+                                             : "SeparateLmHead";
+                         });
 
 }  // namespace
 }  // namespace conveyor::worker

@@ -121,7 +121,10 @@ def forward(p, ids, cfg):
         x = x + mlp(rms_norm(x, p[pre + "post_attention_layernorm.weight"],
                              eps), p, pre + "mlp.")
     x = rms_norm(x, p[f"layers.{blocks + 1}.weight"], eps)
-    return F.linear(x, p[f"layers.{blocks + 2}.weight"])
+    # Tied: the output projection is the embedding matrix itself, as HF's
+    # tie_word_embeddings makes it; autograd sums its two gradients.
+    head = "layers.0.weight" if cfg["tied"] else f"layers.{blocks + 2}.weight"
+    return F.linear(x, p[head])
 
 
 def batch(corpus, step, cfg):

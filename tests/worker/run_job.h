@@ -63,6 +63,8 @@ inline std::vector<v1::JobProgram> Programs(
 struct Result {
   std::vector<absl::Status> statuses;  // By rank.
   std::map<std::string, std::vector<float>> params;
+  // Tied copies (Parameter::tied_copy), by name.
+  std::map<std::string, std::vector<float>> tied_copies;
   std::vector<double> losses;
   std::vector<double> learning_rates;  // Rank 0's.
 };
@@ -108,7 +110,8 @@ inline Result RunJob(
       std::lock_guard<std::mutex> lock(mu);
       out.statuses[r] = s;
       for (engine::Parameter* param : runners[r]->parameters()) {
-        out.params[param->name] = engine::testing_util::ToVector(param->value);
+        (param->tied_copy ? out.tied_copies : out.params)[param->name] =
+            engine::testing_util::ToVector(param->value);
       }
     });
   }
@@ -133,7 +136,8 @@ inline Result Reference(const std::string& yaml) {
                   })
                   .ok());
   for (engine::Parameter* p : trainer->parameters()) {
-    out.params[p->name] = engine::testing_util::ToVector(p->value);
+    (p->tied_copy ? out.tied_copies : out.params)[p->name] =
+        engine::testing_util::ToVector(p->value);
   }
   return out;
 }
