@@ -209,8 +209,12 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Create(
   const LayerSpec& norm = model.layers[n - 2];
   ASSIGN_OR_RETURN(g->final_norm_, load(norm, "weight", {d}));
   g->final_eps_ = static_cast<float>(norm.eps);
-  ASSIGN_OR_RETURN(g->lm_head_,
-                   load(model.layers[n - 1], "weight", {vocab, d}));
+  const LayerSpec& head = model.layers[n - 1];
+  if (head.tied) {
+    g->lm_head_ = g->embedding_;  // One matrix, read by both.
+  } else {
+    ASSIGN_OR_RETURN(g->lm_head_, load(head, "weight", {vocab, d}));
+  }
   return g;
 }
 

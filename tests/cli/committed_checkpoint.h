@@ -35,6 +35,7 @@ inline void WriteCommittedStep(
   for (int s = 0; s < m.num_stages; ++s) {
     std::vector<engine::TensorToWrite> tensors;
     for (const engine::ParamSpec* p : model.StageParams(s)) {
+      if (p->tied_copy) continue;  // Held once, as workers write it.
       const std::vector<float>& v = values.at(p->name);
       tensors.push_back({.name = p->name,
                          .dtype = engine::DType::kF32,

@@ -179,6 +179,49 @@ TEST_F(ExportHfTest, AnImportedModelExportsBackBitwise) {
   }
 }
 
+// A tied model exports its embedding once, with tie_word_embeddings and no
+// lm_head.weight, as HF stores one; imported again it is tied again, and a
+// second export gives the same files' tensors bit for bit.
+TEST_F(ExportHfTest, ATiedModelExportsTheEmbeddingOnce) {
+  std::string model = kLlamaModel;
+  model.replace(model.find("lm_head: {vocab_size: 40}"),
+                std::string("lm_head: {vocab_size: 40}").size(),
+                "lm_head: {vocab_size: 40, tied: true}");
+  const std::string job = WriteJob("tied.yaml", model);
+  const auto values = WriteCheckpoint(job);
+  auto r = ExportCheckpointToHf((dir_ / "ckpt").string(), std::nullopt, job,
+                                (dir_ / "tied").string(), hf::HfDType::kF32);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->num_tensors, 2 + 9 * 2);
+  auto hf = hf::HfCheckpoint::Open((dir_ / "tied").string());
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  EXPECT_TRUE(hf->config().tie_word_embeddings);
+  // Complete without lm_head.weight (it would be an unexpected tensor).
+  ASSERT_TRUE(hf->CheckComplete().ok()) << hf->CheckComplete();
+  EXPECT_EQ(*hf->ReadConveyorTensor("layers.0.weight"),
+            values.at("layers.0.weight"));
+
+  fs::remove_all(dir_ / "ckpt");
+  const std::string imported = WriteJob(
+      "imported.yaml",
+      "model:\n  from_hf: tied\n  input_shape: [8]\n  boundaries: [1]\n");
+  auto spec = engine::LoadJobSpec(imported);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->model.layers.back().tied);
+  WriteCheckpoint(imported);
+  ASSERT_TRUE(ExportCheckpointToHf((dir_ / "ckpt").string(), std::nullopt,
+                                   imported, (dir_ / "again").string(),
+                                   hf::HfDType::kF32)
+                  .ok());
+  auto again = hf::HfCheckpoint::Open((dir_ / "again").string());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->config(), hf->config());
+  for (const auto& [name, shape] : hf::ExpectedLlamaTensors(again->config())) {
+    EXPECT_EQ(*again->ReadConveyorTensor(name), *hf->ReadConveyorTensor(name))
+        << name;
+  }
+}
+
 TEST_F(ExportHfTest, RefusesAnotherJobAnotherLayoutAndBadFlags) {
   const std::string job = WriteJob("job.yaml", kLlamaModel);
   WriteCheckpoint(job);

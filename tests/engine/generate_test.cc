@@ -270,6 +270,28 @@ INSTANTIATE_TEST_SUITE_P(Bias, GeneratorTest, ::testing::Bool(),
                            return info.param ? "WithQkvBias" : "NoBias";
                          });
 
+// A tied lm_head is the embedding: the source holds it once, and the
+// generator's logits, token by token, are the training forward's.
+TEST(GeneratorTiedTest, ATiedHeadReadsTheEmbedding) {
+  std::string yaml = LlamaYaml(/*bias=*/false);
+  const std::string head = absl::StrCat("lm_head: {vocab_size: ", kVocab, "}");
+  yaml.replace(yaml.find(head), head.size(),
+               absl::StrCat("lm_head: {vocab_size: ", kVocab, ", tied: true}"));
+  const ModelSpec spec = Parse(yaml);
+  const MapSource source = RandomWeights(spec);
+  ASSERT_FALSE(source.values_.contains(absl::StrCat(
+      "layers.", spec.layers.size() - 1, ".weight")));
+  const std::vector<int64_t> ids = RandomIds(kSeq, 3);
+  const auto reference = ReferenceLogits(spec, source, ids);
+  auto g = Generator::Create(CpuBackend::Get(), spec, source, kSeq);
+  ASSERT_TRUE(g.ok()) << g.status();
+  for (int64_t i = 0; i < kSeq; ++i) {
+    auto logits = (*g)->Feed(std::span<const int64_t>(ids).subspan(i, 1));
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    EXPECT_TRUE(LogitsMatch(*logits, reference[i])) << "position " << i;
+  }
+}
+
 TEST(SampleTokenTest, GreedyTakesTheLowestIdAmongEqualMaxima) {
   std::mt19937_64 rng(0);
   const std::vector<float> logits = {1.0f, 3.0f, 3.0f, 2.0f};

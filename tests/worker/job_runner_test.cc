@@ -299,6 +299,116 @@ TEST(JobRunnerTest, ResumedFromACheckpointEqualsUninterruptedBitwise) {
   }
 }
 
+// A byte-token model over 3 stages whose lm_head (stage 2) is tied to the
+// embedding (stage 0), on a CPU mesh of `devices` per stage.
+std::string TiedJobYaml(const std::string& tokens, int devices) {
+  return absl::StrCat(
+      "name: tied\n"
+      "model:\n  input_shape: [6]\n  init: {seed: 4}\n  layers:\n"
+      "    - embedding: {vocab_size: 128, features: 8}\n"
+      "    - boundary\n"
+      "    - transformer_block: {heads: 2, mlp_features: 16, causal: true}\n"
+      "    - boundary\n"
+      "    - layernorm\n"
+      "    - lm_head: {vocab_size: 128, tied: true}\n"
+      "  loss: cross_entropy\n"
+      "data: {source: tokens, path: ",
+      tokens,
+      ", seq_len: 6, vocab_size: 128}\n"
+      "training: {steps: 4, batch_size: 8, microbatches: 4}\n"
+      // SGD: the key bias's true-zero gradient is rounding noise, which Adam
+      // would turn into steps that differ with the order of the sums.
+      "optimizer: {kind: sgd, lr: 0.1, momentum: 0.9, clip_grad_norm: 0.5}\n"
+      "pipeline: {schedule: 1f1b, devices_per_stage: ",
+      devices, "}\ncheckpoint: {dir: unused, every: 2}\n");
+}
+
+// A tied embedding is checkpointed once, by the stage of the original, with
+// its optimizer state; the last stage's rank resumes its copy from that
+// file, and the resumed job ends bitwise where the uninterrupted one does,
+// its copies equal to their originals (checked by the runners every step,
+// and here).
+TEST(JobRunnerTest, ATiedJobHoldsTheEmbeddingOnceAndResumesBitwise) {
+  const std::string tokens = TempDir("tied_tokens");
+  std::filesystem::create_directories(tokens);
+  {
+    std::string text;
+    for (int i = 0; i < 600; ++i) text.push_back(static_cast<char>(32 + i % 89));
+    std::ofstream(tokens + "/tokens.bin", std::ios::binary) << text;
+  }
+  std::vector<JobRunnerOptions> checked(3, JobRunnerOptions{.check_tied = true});
+  for (int devices : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat(devices, " devices per stage"));
+    const std::string yaml = TiedJobYaml(tokens + "/tokens.bin", devices);
+    const std::string full = TempDir("tied_full");
+    const std::string part = TempDir("tied_part");
+    const Result uninterrupted =
+        RunJob(Programs(yaml, full), nullptr, checked);
+    ASSERT_EQ(uninterrupted.statuses.size(), 3u);
+    for (const absl::Status& s : uninterrupted.statuses) {
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    ASSERT_EQ(uninterrupted.tied_copies.size(), 1u);
+    EXPECT_EQ(uninterrupted.tied_copies.at("layers.0.weight"),
+              uninterrupted.params.at("layers.0.weight"));
+    // Equal to the in-process reference (allclose: the norm's sum across
+    // ranks and a mesh's gradient sums run in another order).
+    const Result want = Reference(yaml);
+    for (const auto& [name, values] : want.params) {
+      EXPECT_TRUE(engine::testing_util::AllClose(uninterrupted.params.at(name),
+                                                 values, 1e-5, 1e-6))
+          << name;
+    }
+    // Once: in stage 0's file, with its state; not in stage 2's.
+    auto first = *engine::SafetensorsReader::Open(
+        checkpoint::StageFilePath(full, 2, 0));
+    auto last = *engine::SafetensorsReader::Open(
+        checkpoint::StageFilePath(full, 2, 2));
+    EXPECT_NE(first.Find("layers.0.weight"), nullptr);
+    EXPECT_NE(first.Find("optimizer/momentum_buffer/layers.0.weight"),
+              nullptr);
+    for (const auto& t : last.tensors()) {
+      EXPECT_FALSE(absl::StrContains(t.name, "layers.0.")) << t.name;
+    }
+
+    const std::vector<v1::JobProgram> programs =
+        ResumePrograms(yaml, part, full, 2);
+    // The coordinator's programs give the last rank stage 0's file too.
+    std::vector<v1::JobProgram> compiled;
+    {
+      auto job = engine::ParseJobSpec(programs[0].yaml(), "job.yaml");
+      ASSERT_TRUE(job.ok()) << job.status();
+      auto plan = job::PlanJob(*job);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      std::vector<v1::StageFile> files;
+      for (int s = 0; s < 3; ++s) {
+        files.push_back(programs[s].resume_files(0));
+      }
+      for (int r = 0; r < 3; ++r) {
+        job::ProgramContext context = job::ContextOf(programs[r]);
+        context.resume_files = files;  // Every stage's, as the manifest has.
+        compiled.push_back(job::CompileRankProgram(*plan, r, context));
+      }
+    }
+    std::vector<int> last_rank_files;
+    for (const v1::StageFile& f : compiled[2].resume_files()) {
+      last_rank_files.push_back(f.stage());
+    }
+    EXPECT_THAT(last_rank_files, ::testing::UnorderedElementsAre(0, 2));
+    EXPECT_EQ(compiled[1].resume_files_size(), 1);
+    const Result resumed = RunJob(compiled, nullptr, checked);
+    for (const absl::Status& s : resumed.statuses) ASSERT_TRUE(s.ok()) << s;
+    for (const auto& [name, values] : uninterrupted.params) {
+      EXPECT_EQ(resumed.params.at(name), values) << name;
+    }
+    EXPECT_EQ(resumed.tied_copies, uninterrupted.tied_copies);
+    EXPECT_EQ(resumed.learning_rates.size(), 2u);
+    std::filesystem::remove_all(full);
+    std::filesystem::remove_all(part);
+  }
+  std::filesystem::remove_all(tokens);
+}
+
 TEST(JobRunnerTest, ACorruptOrMismatchedResumeFileIsRefused) {
   const std::string yaml = JobYaml({.steps = 2});
   const std::string dir = TempDir("corrupt");
