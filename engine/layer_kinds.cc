@@ -588,8 +588,9 @@ absl::string_view LayerKindName(LayerKind kind) {
 absl::Status TieToEmbedding(const LayerSpec* first, LayerSpec& head) {
   if (first == nullptr) {
     return LayerError(
-        head, "tied: true shares the weight of an embedding, and the model "
-              "must begin with one; it begins with this lm_head");
+        head,
+        "tied: true shares the weight of an embedding, and the model "
+        "must begin with one; it begins with this lm_head");
   }
   if (first->kind != LayerKind::kEmbedding) {
     return LayerError(
@@ -604,11 +605,11 @@ absl::Status TieToEmbedding(const LayerSpec* first, LayerSpec& head) {
                                          first->vocab_size, " there"));
   }
   if (first->features != Features(head)) {
-    return LayerError(
-        head, absl::StrCat("tied: true needs an input as wide as the "
-                           "embedding's output (",
-                           first->features, " features); this one has ",
-                           Features(head)));
+    return LayerError(head,
+                      absl::StrCat("tied: true needs an input as wide as the "
+                                   "embedding's output (",
+                                   first->features, " features); this one has ",
+                                   Features(head)));
   }
   // The embedding's weight [vocab, features] is also the Linear weight
   // [out, in] the head multiplies by.

@@ -103,7 +103,7 @@ struct LayerSpec {
   bool approximate_tanh = false;  // gelu, transformer_block
   // layernorm, transformer_block (1e-5); rmsnorm, llama_block (1e-6)
   double eps = 1e-5;
-  int64_t vocab_size = 0;       // embedding, lm_head
+  int64_t vocab_size = 0;  // embedding, lm_head
   // lm_head: its weight is the first layer's (an embedding's), as a tied copy.
   bool tied = false;
   int64_t max_positions = 0;    // embedding; 0 = no learned positions

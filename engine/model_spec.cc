@@ -537,8 +537,9 @@ std::vector<TiedParameter> ModelSpec::TiedParameters() const {
           break;
         }
       }
-      tied.push_back(
-          {.name = p.name, .original_stage = original, .copy_stage = layer.stage});
+      tied.push_back({.name = p.name,
+                      .original_stage = original,
+                      .copy_stage = layer.stage});
     }
   }
   return tied;

@@ -43,8 +43,8 @@ absl::Status ExpandHfModel(const HfLlamaConfig& config,
 // without bias, all of one width and vocabulary), as `architecture`
 // (kLlamaArchitecture, or kQwen2Architecture for q/k/v biases).
 // max_position_embeddings is the model's sequence length unless
-// `max_positions` is larger; tie_word_embeddings is the lm_head's `tied`. InvalidArgument naming the first layer that
-// does not fit the layout.
+// `max_positions` is larger; tie_word_embeddings is the lm_head's `tied`.
+// InvalidArgument naming the first layer that does not fit the layout.
 absl::StatusOr<HfLlamaConfig> HfConfigOfModel(const engine::ModelSpec& model,
                                               int64_t max_positions = 0);
 

@@ -6,12 +6,11 @@ namespace conveyor::transport {
 
 std::string ToString(const Tag& tag) {
   if (tag.kind == TensorKind::kPartialSum) {
-    return absl::StrCat(tag.microbatch == 0
-                            ? std::string("gradient-norm partial sum")
-                            : absl::StrCat("partial sum ", tag.microbatch,
-                                           " (tied parameter)"),
-                        " of rank ", tag.stage, ", step ", tag.step, " (job ",
-                        tag.job, ")");
+    return absl::StrCat(
+        tag.microbatch == 0
+            ? std::string("gradient-norm partial sum")
+            : absl::StrCat("partial sum ", tag.microbatch, " (tied parameter)"),
+        " of rank ", tag.stage, ", step ", tag.step, " (job ", tag.job, ")");
   }
   return absl::StrCat(
       tag.kind == TensorKind::kActivation ? "activation" : "gradient",

@@ -407,9 +407,9 @@ absl::Status JobRunner::JoinNccl() {
   join.job = program_.job_number();
   // A tied parameter's stages, the first and the last, exchange its
   // gradient: the ends are neighbours then too.
-  join.peers = PipelinePeers(rank, p,
-                             job_.pipeline.virtual_stages > 1 ||
-                                 !job_.model.TiedParameters().empty());
+  join.peers = PipelinePeers(
+      rank, p,
+      job_.pipeline.virtual_stages > 1 || !job_.model.TiedParameters().empty());
   join.header_link = header_link_.get();
   join.precision = job_.training.precision;
   // Joining includes NCCL's bootstrap and connecting every peer (slower
@@ -670,8 +670,7 @@ absl::Status JobRunner::LoadResumeFiles() {
           return absl::InternalError(absl::StrCat(
               "resume: no file holds ", param.name, " after loading it"));
         }
-        return file->ReadF32(
-            checkpoint::OptimizerTensorName(slot, param.name));
+        return file->ReadF32(checkpoint::OptimizerTensorName(slot, param.name));
       }));
   steps_done_.store(step);
   SPDLOG_INFO("job {}: resumed {} from step {} in {}", program_.job_id(),

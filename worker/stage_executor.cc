@@ -269,32 +269,37 @@ absl::StatusOr<RankStepResult> StageExecutor::RunActions(
   return result;
 }
 
-absl::StatusOr<engine::Parameter*> StageExecutor::TiedOn(
-    int stage, const std::string& name, bool copy) {
-  auto it = stages_.find(stage);
-  if (it == stages_.end()) return nullptr;
-  engine::Parameter* p = engine::FindParameter(*it->second, name, copy);
-  if (p == nullptr) {
-    return absl::InternalError(absl::StrCat(
-        "rank ", config_.rank, ": stage ", stage, " does not hold the tied ",
-        copy ? "copy" : "original", " of ", name));
+absl::Status StageExecutor::ForEachTiedHere(const TiedVisitor& visit) {
+  for (int i = 0; i < static_cast<int>(config_.tied.size()); ++i) {
+    const engine::TiedParameter& tie = config_.tied[i];
+    engine::Parameter* sides[2] = {nullptr, nullptr};  // Original, copy.
+    for (int copy = 0; copy < 2; ++copy) {
+      const int stage = copy ? tie.copy_stage : tie.original_stage;
+      auto it = stages_.find(stage);
+      if (it == stages_.end()) continue;
+      sides[copy] = engine::FindParameter(*it->second, tie.name, copy == 1);
+      if (sides[copy] == nullptr) {
+        return absl::InternalError(
+            absl::StrCat("rank ", config_.rank, ": stage ", stage,
+                         " does not hold the tied ", copy ? "copy" : "original",
+                         " of ", tie.name));
+      }
+    }
+    if (sides[0] == nullptr && sides[1] == nullptr) continue;
+    RETURN_IF_ERROR(visit(i, tie, sides[0], sides[1]));
   }
-  return p;
+  return absl::OkStatus();
 }
 
 absl::Status StageExecutor::SumTiedGradients(int64_t step) {
-  const int n = static_cast<int>(config_.tied.size());
-  for (int i = 0; i < n; ++i) {
-    const engine::TiedParameter& tie = config_.tied[i];
-    ASSIGN_OR_RETURN(engine::Parameter * original,
-                     TiedOn(tie.original_stage, tie.name, false));
-    ASSIGN_OR_RETURN(engine::Parameter * copy,
-                     TiedOn(tie.copy_stage, tie.name, true));
-    if (original == nullptr && copy == nullptr) continue;
+  if (config_.tied.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(ForEachTiedHere([&](int i, const engine::TiedParameter& tie,
+                                      engine::Parameter* original,
+                                      engine::Parameter* copy) -> absl::Status {
     if (original != nullptr && copy != nullptr) {
       backend_->Add(original->grad, copy->grad, original->grad);
       backend_->Copy(original->grad, copy->grad);
-      continue;
+      return absl::OkStatus();
     }
     engine::Parameter* mine = original != nullptr ? original : copy;
     const int peer =
@@ -302,8 +307,8 @@ absl::Status StageExecutor::SumTiedGradients(int64_t step) {
         config_.num_ranks;
     // A snapshot goes out: the channel may read the tensor after Send
     // returns, and the sum below overwrites the gradient.
-    ASSIGN_OR_RETURN(Tensor sent, backend_->Empty(mine->grad.shape(),
-                                                  engine::DType::kF32));
+    ASSIGN_OR_RETURN(Tensor sent,
+                     backend_->Empty(mine->grad.shape(), engine::DType::kF32));
     backend_->Copy(mine->grad, sent);
     RETURN_IF_ERROR(
         channel_->Send(peer, TiedTag(step, 1 + i, config_.rank), sent));
@@ -319,25 +324,22 @@ absl::Status StageExecutor::SumTiedGradients(int64_t step) {
     }
     backend_->Add(original != nullptr ? mine->grad : theirs,
                   original != nullptr ? theirs : mine->grad, mine->grad);
-  }
-  if (n > 0) spans_.Record(SpanKind::kAllReduce);
+    return absl::OkStatus();
+  }));
+  spans_.Record(SpanKind::kAllReduce);
   return absl::OkStatus();
 }
 
 absl::Status StageExecutor::CheckTiedCopies(int64_t step) {
   const int n = static_cast<int>(config_.tied.size());
-  for (int i = 0; i < n; ++i) {
-    const engine::TiedParameter& tie = config_.tied[i];
-    ASSIGN_OR_RETURN(engine::Parameter * original,
-                     TiedOn(tie.original_stage, tie.name, false));
-    ASSIGN_OR_RETURN(engine::Parameter * copy,
-                     TiedOn(tie.copy_stage, tie.name, true));
-    if (original == nullptr && copy == nullptr) continue;
-    auto checksum = [&](const engine::Parameter& p) -> absl::StatusOr<double> {
-      std::vector<uint8_t> host(p.value.bytes());
-      RETURN_IF_ERROR(backend_->CopyToHost(p.value, host.data(), host.size()));
-      return static_cast<double>(Crc32c(host));
-    };
+  auto checksum = [&](const engine::Parameter& p) -> absl::StatusOr<double> {
+    std::vector<uint8_t> host(p.value.bytes());
+    RETURN_IF_ERROR(backend_->CopyToHost(p.value, host.data(), host.size()));
+    return static_cast<double>(Crc32c(host));
+  };
+  return ForEachTiedHere([&](int i, const engine::TiedParameter& tie,
+                             engine::Parameter* original,
+                             engine::Parameter* copy) -> absl::Status {
     // A CRC32C is exact in a double, which the channel carries as F64[1].
     double want = 0, got = 0;
     if (original != nullptr) {
@@ -350,16 +352,13 @@ absl::Status StageExecutor::CheckTiedCopies(int64_t step) {
     if (copy == nullptr) {
       ASSIGN_OR_RETURN(Tensor t, backend_->Empty({1}, engine::DType::kF64));
       RETURN_IF_ERROR(backend_->CopyFromHost(&want, sizeof(want), t));
-      RETURN_IF_ERROR(
-          channel_->Send(tie.copy_stage % config_.num_ranks, tag, t));
-      continue;
+      return channel_->Send(tie.copy_stage % config_.num_ranks, tag, t);
     }
     if (original == nullptr) {
       ASSIGN_OR_RETURN(Tensor t, channel_->Recv(tag, config_.recv_timeout));
       if (t.dtype() != engine::DType::kF64 || t.numel() != 1) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("the checksum of tied parameter ", tie.name,
-                         " is not an F64[1]"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the checksum of tied parameter ", tie.name, " is not an F64[1]"));
       }
       RETURN_IF_ERROR(backend_->CopyToHost(t, &want, sizeof(want)));
     }
@@ -372,8 +371,8 @@ absl::Status StageExecutor::CheckTiedCopies(int64_t step) {
           static_cast<uint32_t>(want),
           "); both should have taken the same update"));
     }
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
+  });
 }
 
 void StageExecutor::SummarizeSpans(RankStepResult& result) const {

@@ -148,10 +148,13 @@ class StageExecutor {
                                          int for_stage);
   absl::Status SendTo(int to, const transport::Tag& tag,
                       const engine::Tensor& tensor);
-  // The parameter `name` of `stage` if this rank holds that stage, else
-  // nullptr; Internal when the stage lacks it.
-  absl::StatusOr<engine::Parameter*> TiedOn(int stage, const std::string& name,
-                                            bool copy);
+  // Calls `visit(i, tie, original, copy)` for each tied parameter this rank
+  // holds a side of (nullptr for a side on another rank), stopping at the
+  // first error; Internal when a stage here lacks its side.
+  using TiedVisitor = std::function<absl::Status(
+      int i, const engine::TiedParameter& tie, engine::Parameter* original,
+      engine::Parameter* copy)>;
+  absl::Status ForEachTiedHere(const TiedVisitor& visit);
   // Sums each tied parameter's two gradients (see the file comment).
   absl::Status SumTiedGradients(int64_t step);
   // check_tied: fails if a copy differs from its original.

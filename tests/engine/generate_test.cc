@@ -279,8 +279,8 @@ TEST(GeneratorTiedTest, ATiedHeadReadsTheEmbedding) {
                absl::StrCat("lm_head: {vocab_size: ", kVocab, ", tied: true}"));
   const ModelSpec spec = Parse(yaml);
   const MapSource source = RandomWeights(spec);
-  ASSERT_FALSE(source.values_.contains(absl::StrCat(
-      "layers.", spec.layers.size() - 1, ".weight")));
+  ASSERT_FALSE(source.values_.contains(
+      absl::StrCat("layers.", spec.layers.size() - 1, ".weight")));
   const std::vector<int64_t> ids = RandomIds(kSeq, 3);
   const auto reference = ReferenceLogits(spec, source, ids);
   auto g = Generator::Create(CpuBackend::Get(), spec, source, kSeq);

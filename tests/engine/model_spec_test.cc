@@ -438,16 +438,16 @@ TEST(ModelSpecTest, TiedLmHeadCopiesTheEmbeddingWeight) {
   EXPECT_EQ(spec.output_shape, (std::vector<int64_t>{6, 50}));
   // Once in the model, and in both stages that hold it.
   EXPECT_THAT(ParamNames(spec),
-              ElementsAre("layers.0.weight", "layers.1.weight",
-                          "layers.1.bias", "layers.2.weight"));
+              ElementsAre("layers.0.weight", "layers.1.weight", "layers.1.bias",
+                          "layers.2.weight"));
   EXPECT_EQ(spec.NumParams(), 50 * 8 + 8 * 8 + 8 + 8);
   std::vector<std::string> last;
   for (const ParamSpec* p : spec.StageParams(1)) last.push_back(p->name);
   EXPECT_THAT(last, ElementsAre("layers.2.weight", "layers.0.weight"));
-  EXPECT_EQ(spec.TiedParameters(),
-            (std::vector<TiedParameter>{{.name = "layers.0.weight",
-                                         .original_stage = 0,
-                                         .copy_stage = 1}}));
+  EXPECT_EQ(
+      spec.TiedParameters(),
+      (std::vector<TiedParameter>{
+          {.name = "layers.0.weight", .original_stage = 0, .copy_stage = 1}}));
   // Untied: nothing shared.
   EXPECT_TRUE(ParseOk(Job("    - embedding: {vocab_size: 50, features: 8}\n"
                           "    - lm_head: {vocab_size: 50}\n",

@@ -174,21 +174,22 @@ TEST_F(HfModelTest, ATiedCheckpointTiesTheHeadToTheEmbedding) {
   tied.tie_word_embeddings = true;
   ASSERT_TRUE(WriteCheckpoint(tied, HfDType::kBF16).ok());
   auto job = engine::ParseJobSpec(
-      Job("  from_hf: hf\n  input_shape: [8]\n  boundaries: [2]\n"),
-      "job.yaml", dir_.string());
+      Job("  from_hf: hf\n  input_shape: [8]\n  boundaries: [2]\n"), "job.yaml",
+      dir_.string());
   ASSERT_TRUE(job.ok()) << job.status();
   const engine::ModelSpec& model = job->model;
   EXPECT_TRUE(model.layers.back().tied);
   std::map<std::string, std::vector<int64_t>> declared, expected;
-  for (const engine::ParamSpec* p : model.Params()) declared[p->name] = p->shape;
+  for (const engine::ParamSpec* p : model.Params())
+    declared[p->name] = p->shape;
   for (const auto& [name, shape] : ExpectedLlamaTensors(tied)) {
     expected[name] = shape;
   }
   EXPECT_EQ(declared, expected);
-  EXPECT_EQ(model.TiedParameters(),
-            (std::vector<engine::TiedParameter>{{.name = "layers.0.weight",
-                                                 .original_stage = 0,
-                                                 .copy_stage = 1}}));
+  EXPECT_EQ(
+      model.TiedParameters(),
+      (std::vector<engine::TiedParameter>{
+          {.name = "layers.0.weight", .original_stage = 0, .copy_stage = 1}}));
   std::vector<std::unique_ptr<engine::Stage>> owned;
   std::vector<engine::PipelineStage*> stages;
   for (int s = 0; s < model.num_stages; ++s) {

@@ -333,17 +333,18 @@ TEST(JobRunnerTest, ATiedJobHoldsTheEmbeddingOnceAndResumesBitwise) {
   std::filesystem::create_directories(tokens);
   {
     std::string text;
-    for (int i = 0; i < 600; ++i) text.push_back(static_cast<char>(32 + i % 89));
+    for (int i = 0; i < 600; ++i)
+      text.push_back(static_cast<char>(32 + i % 89));
     std::ofstream(tokens + "/tokens.bin", std::ios::binary) << text;
   }
-  std::vector<JobRunnerOptions> checked(3, JobRunnerOptions{.check_tied = true});
+  std::vector<JobRunnerOptions> checked(3,
+                                        JobRunnerOptions{.check_tied = true});
   for (int devices : {1, 2}) {
     SCOPED_TRACE(absl::StrCat(devices, " devices per stage"));
     const std::string yaml = TiedJobYaml(tokens + "/tokens.bin", devices);
     const std::string full = TempDir("tied_full");
     const std::string part = TempDir("tied_part");
-    const Result uninterrupted =
-        RunJob(Programs(yaml, full), nullptr, checked);
+    const Result uninterrupted = RunJob(Programs(yaml, full), nullptr, checked);
     ASSERT_EQ(uninterrupted.statuses.size(), 3u);
     for (const absl::Status& s : uninterrupted.statuses) {
       ASSERT_TRUE(s.ok()) << s;
@@ -360,13 +361,12 @@ TEST(JobRunnerTest, ATiedJobHoldsTheEmbeddingOnceAndResumesBitwise) {
           << name;
     }
     // Once: in stage 0's file, with its state; not in stage 2's.
-    auto first = *engine::SafetensorsReader::Open(
-        checkpoint::StageFilePath(full, 2, 0));
-    auto last = *engine::SafetensorsReader::Open(
-        checkpoint::StageFilePath(full, 2, 2));
+    auto first =
+        *engine::SafetensorsReader::Open(checkpoint::StageFilePath(full, 2, 0));
+    auto last =
+        *engine::SafetensorsReader::Open(checkpoint::StageFilePath(full, 2, 2));
     EXPECT_NE(first.Find("layers.0.weight"), nullptr);
-    EXPECT_NE(first.Find("optimizer/momentum_buffer/layers.0.weight"),
-              nullptr);
+    EXPECT_NE(first.Find("optimizer/momentum_buffer/layers.0.weight"), nullptr);
     for (const auto& t : last.tensors()) {
       EXPECT_FALSE(absl::StrContains(t.name, "layers.0.")) << t.name;
     }

@@ -109,11 +109,11 @@ std::unique_ptr<Variant> MakeVariant(bool tied) {
   // The init file: the unsplit model drawn from a seed (a tied model's
   // embedding once). Its logits on step 0's inputs are compared below.
   auto job = engine::ParseJobSpec(
-      absl::StrCat("name: init\n", ModelYaml("{seed: 11}", {}, tied),
-                   "data: {source: tokens, path: ",
-                   (v->dir / "corpus.txt").string(), ", seq_len: ", kSeq,
-                   "}\n", "training: {steps: 1, batch_size: 8}\n",
-                   "optimizer: {kind: sgd, lr: 0.1}\n"),
+      absl::StrCat(
+          "name: init\n", ModelYaml("{seed: 11}", {}, tied),
+          "data: {source: tokens, path: ", (v->dir / "corpus.txt").string(),
+          ", seq_len: ", kSeq, "}\n", "training: {steps: 1, batch_size: 8}\n",
+          "optimizer: {kind: sgd, lr: 0.1}\n"),
       "init.yaml");
   if (!job.ok()) {
     v->error = job.status().ToString();
@@ -168,9 +168,8 @@ std::unique_ptr<Variant> MakeVariant(bool tied) {
     v->error = absl::StrCat(command, " failed:\n", log.str());
     return v;
   }
-  for (auto [name, reader] :
-       {std::pair{"reference.safetensors", &v->reference},
-        std::pair{"init.safetensors", &v->init}}) {
+  for (auto [name, reader] : {std::pair{"reference.safetensors", &v->reference},
+                              std::pair{"init.safetensors", &v->init}}) {
     auto file = engine::SafetensorsReader::Open((v->dir / name).string());
     if (!file.ok()) {
       v->error = file.status().ToString();
@@ -204,8 +203,8 @@ class LlamaPyTorchTest : public ::testing::TestWithParam<bool> {
                       int virtual_stages) const {
     return absl::StrCat(
         "name: llama\n",
-        ModelYaml(absl::StrCat("{from: ", (v_->dir / "init.safetensors").string(),
-                               "}"),
+        ModelYaml(absl::StrCat(
+                      "{from: ", (v_->dir / "init.safetensors").string(), "}"),
                   cuts, v_->tied),
         "data: {source: tokens, path: ", (v_->dir / "corpus.txt").string(),
         ", seq_len: ", kSeq, "}\n", "training: {steps: ", kSteps,

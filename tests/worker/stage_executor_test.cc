@@ -191,8 +191,8 @@ Params Pipelined(const JobSpec& job, ScheduleKind kind, int ranks,
         if (!result.ok()) {
           hub.AbortAll(result.status());
           std::lock_guard<std::mutex> lock(out_mu);
-          out.failures.push_back(absl::StrCat("rank ", r, ": ",
-                                              result.status().ToString()));
+          out.failures.push_back(
+              absl::StrCat("rank ", r, ": ", result.status().ToString()));
           return;
         }
         std::lock_guard<std::mutex> lock(out_mu);
@@ -456,17 +456,16 @@ TEST(StageExecutorTest, TiedEmbeddingsStayIdenticalAndMatchTheReference) {
     int ranks, virtual_stages;
     bool clip;
   };
-  for (const TiedCase& c : {TiedCase{ScheduleKind::k1F1B, 1, 1, false},
-                            TiedCase{ScheduleKind::k1F1B, 2, 1, false},
-                            TiedCase{ScheduleKind::kZeroBubbleH1, 3, 1, false},
-                            TiedCase{ScheduleKind::kInterleaved1F1B, 2, 2,
-                                     false},
-                            TiedCase{ScheduleKind::k1F1B, 4, 1, true}}) {
-    const JobSpec job =
-        MakeTiedJob(c.ranks * c.virtual_stages, c.clip, dir);
-    const std::string what = absl::StrCat(
-        scheduler::ScheduleKindName(c.kind), " P=", c.ranks,
-        " V=", c.virtual_stages, c.clip ? " clipping" : "");
+  for (const TiedCase& c :
+       {TiedCase{ScheduleKind::k1F1B, 1, 1, false},
+        TiedCase{ScheduleKind::k1F1B, 2, 1, false},
+        TiedCase{ScheduleKind::kZeroBubbleH1, 3, 1, false},
+        TiedCase{ScheduleKind::kInterleaved1F1B, 2, 2, false},
+        TiedCase{ScheduleKind::k1F1B, 4, 1, true}}) {
+    const JobSpec job = MakeTiedJob(c.ranks * c.virtual_stages, c.clip, dir);
+    const std::string what =
+        absl::StrCat(scheduler::ScheduleKindName(c.kind), " P=", c.ranks,
+                     " V=", c.virtual_stages, c.clip ? " clipping" : "");
     const Params reference = Reference(job);
     const Params run = Pipelined(job, c.kind, c.ranks, c.virtual_stages);
     ExpectSame(run, reference, what, /*bitwise=*/!c.clip);
@@ -508,10 +507,10 @@ TEST(StageExecutorTest, ADivergedTiedCopyFailsTheStep) {
           if (!p->tied_copy) continue;
           std::vector<float> v = ToVector(p->value);
           v[5] = std::nextafter(v[5], 1.0f);
-          ASSERT_TRUE(CpuBackend::Get()
-                          ->CopyFromHost(v.data(), v.size() * sizeof(float),
-                                         p->value)
-                          .ok());
+          ASSERT_TRUE(
+              CpuBackend::Get()
+                  ->CopyFromHost(v.data(), v.size() * sizeof(float), p->value)
+                  .ok());
         }
       });
   std::filesystem::remove_all(dir);
