@@ -794,6 +794,9 @@ BENCHMARK_CAPTURE(BM_Pipeline, gpipe, ScheduleKind::kGPipe)
 BENCHMARK_CAPTURE(BM_Pipeline, zb_h1, ScheduleKind::kZeroBubbleH1)
     ->Name("pipeline/zb-h1")
     ->Apply(Cases);
+BENCHMARK_CAPTURE(BM_Pipeline, eager_1f1b, ScheduleKind::kEager1F1B)
+    ->Name("pipeline/eager-1f1b")
+    ->Apply(Cases);
 
 void BubbleCases(benchmark::internal::Benchmark* b) {
   b->Args({8})
@@ -814,6 +817,9 @@ BENCHMARK_CAPTURE(BM_Bubble, interleaved_1f1b, ScheduleKind::kInterleaved1F1B)
     ->Apply(BubbleCases);
 BENCHMARK_CAPTURE(BM_Bubble, zb_h1, ScheduleKind::kZeroBubbleH1)
     ->Name("bubble/zb-h1/P:4")
+    ->Apply(BubbleCases);
+BENCHMARK_CAPTURE(BM_Bubble, eager_1f1b, ScheduleKind::kEager1F1B)
+    ->Name("bubble/eager-1f1b/P:4")
     ->Apply(BubbleCases);
 
 BENCHMARK(BM_ZbGain)

@@ -25,6 +25,7 @@ std::optional<Fraction> ClosedFormBubbleFraction(ScheduleKind kind, int ranks,
       if (m % p == 0) return Reduced(p - 1, m * v + p - 1);
       return std::nullopt;
     case ScheduleKind::k1F1B:
+    case ScheduleKind::kEager1F1B:
       if (v != 1) return std::nullopt;
       return Reduced(p - 1, m + p - 1);
     case ScheduleKind::kInterleaved1F1B:

@@ -21,7 +21,7 @@ struct Fraction {
 
 // The bubble fraction in lowest terms, or nullopt where no closed form
 // applies:
-//   gpipe, 1f1b (V = 1):               (P-1) / (M+P-1)
+//   gpipe, 1f1b, eager-1f1b (V = 1):   (P-1) / (M+P-1)
 //   gpipe (V > 1, P | M),
 //   interleaved-1f1b (V = 1 or P | M): (P-1) / (MV+P-1), costs per virtual
 //                                      stage

@@ -96,6 +96,8 @@ absl::StatusOr<Schedule> GenerateSchedule(ScheduleKind kind,
       return GenerateInterleaved1F1B(options);
     case ScheduleKind::kZeroBubbleH1:
       return GenerateZeroBubbleH1(options);
+    case ScheduleKind::kEager1F1B:
+      return GenerateEager1F1B(options);
   }
   return absl::InvalidArgumentError("unknown schedule kind");
 }
@@ -146,6 +148,26 @@ absl::StatusOr<Schedule> Generate1F1B(const ScheduleOptions& options) {
     while (f < m) {
       out.push_back({Op::kForward, r, f++});
       out.push_back({Op::kBackward, r, b++});
+    }
+    while (b < m) out.push_back({Op::kBackward, r, b++});
+  }
+  return s;
+}
+
+absl::StatusOr<Schedule> GenerateEager1F1B(const ScheduleOptions& options) {
+  RETURN_IF_ERROR(CheckOptions(ScheduleKind::kEager1F1B, options));
+  Schedule s = EmptySchedule(ScheduleKind::kEager1F1B, options);
+  const int p = options.ranks, m = options.microbatches;
+  for (int r = 0; r < p; ++r) {
+    auto& out = s.actions[r];
+    out.reserve(2 * m);
+    const int warmup = std::min(2 * (p - r) - 1, m);
+    int f = 0, b = 0;
+    while (f < warmup) out.push_back({Op::kForward, r, f++});
+    // Backward first: the warm-up already holds the microbatch it needs.
+    while (f < m) {
+      out.push_back({Op::kBackward, r, b++});
+      out.push_back({Op::kForward, r, f++});
     }
     while (b < m) out.push_back({Op::kBackward, r, b++});
   }

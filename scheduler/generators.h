@@ -1,5 +1,6 @@
 // Schedule generators: gpipe, 1f1b (PipeDream-flush), interleaved-1f1b
-// (Megatron-style, V >= 1) and zb-h1 (zero-bubble H1, Qi et al. 2023).
+// (Megatron-style, V >= 1), zb-h1 (zero-bubble H1, Qi et al. 2023) and
+// eager-1f1b (JaxPP's Eager1F1B).
 //
 // Every generator accepts any M >= 1 it can serve without risking a hang;
 // where a schedule needs more (gpipe and interleaved-1f1b with V > 1 need
@@ -57,6 +58,14 @@ absl::StatusOr<Schedule> GenerateInterleaved1F1B(
 // draining, which gives a makespan of M(F+BI+BW) + (P-1)(F+BI-BW) at unit costs
 // with M >= P, against 1F1B's (M+P-1)(F+BI+BW). V must be 1.
 absl::StatusOr<Schedule> GenerateZeroBubbleH1(const ScheduleOptions& options);
+
+// Eager 1F1B (JaxPP's Eager1F1B): rank r runs min(2(P-r)-1, M) warm-up
+// forwards, then alternates one backward and one forward, then drains. With
+// free communication its makespan is 1F1B's, (M+P-1)(F+B); the extra
+// forwards (up to 2(P-r)-1 microbatches in flight on rank r, about twice
+// 1F1B's activations) let each send complete while the receiver is still
+// busy, hiding transfer time that 1F1B's rank pairs wait for. V must be 1.
+absl::StatusOr<Schedule> GenerateEager1F1B(const ScheduleOptions& options);
 
 }  // namespace conveyor::scheduler
 

@@ -14,14 +14,14 @@ absl::string_view ScheduleKindName(ScheduleKind kind) {
       return "interleaved-1f1b";
     case ScheduleKind::kZeroBubbleH1:
       return "zb-h1";
+    case ScheduleKind::kEager1F1B:
+      return "eager-1f1b";
   }
   return "?";
 }
 
 absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view name) {
-  for (ScheduleKind kind :
-       {ScheduleKind::kGPipe, ScheduleKind::k1F1B,
-        ScheduleKind::kInterleaved1F1B, ScheduleKind::kZeroBubbleH1}) {
+  for (ScheduleKind kind : kAllScheduleKinds) {
     if (ScheduleKindName(kind) == name) return kind;
   }
   return absl::InvalidArgumentError(absl::StrCat(

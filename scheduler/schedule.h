@@ -19,13 +19,21 @@ enum class ScheduleKind : unsigned char {
   k1F1B,
   kInterleaved1F1B,
   kZeroBubbleH1,
+  // 1F1B with up to twice the warm-up forwards (JaxPP's Eager1F1B), so sends
+  // run ahead of the downstream backwards.
+  kEager1F1B,
 };
 
 // The names used in job YAML and on the command line, comma-separated.
 inline constexpr absl::string_view kScheduleKindNames =
-    "gpipe, 1f1b, interleaved-1f1b, zb-h1";
+    "gpipe, 1f1b, interleaved-1f1b, zb-h1, eager-1f1b";
 
-// "gpipe", "1f1b", "interleaved-1f1b", "zb-h1".
+// Every kind, in the order of kScheduleKindNames.
+inline constexpr ScheduleKind kAllScheduleKinds[] = {
+    ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B,
+    ScheduleKind::kZeroBubbleH1, ScheduleKind::kEager1F1B};
+
+// "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "eager-1f1b".
 absl::string_view ScheduleKindName(ScheduleKind kind);
 
 // Inverse of ScheduleKindName. InvalidArgument lists the allowed names.

@@ -362,17 +362,17 @@ TEST_P(PipelinedEqualsInProcess, FinalParametersAfterFiveSteps) {
 
 INSTANTIATE_TEST_SUITE_P(
     Schedules, PipelinedEqualsInProcess,
-    ::testing::Values(Case{"mlp", "gpipe", 2}, Case{"mlp", "gpipe", 4},
-                      Case{"mlp", "1f1b", 2}, Case{"mlp", "1f1b", 4},
-                      Case{"mlp", "interleaved-1f1b", 2, 2},
-                      Case{"mlp", "interleaved-1f1b", 4, 2},
-                      Case{"transformer", "gpipe", 2},
-                      Case{"transformer", "gpipe", 4},
-                      Case{"transformer", "1f1b", 2},
-                      Case{"transformer", "1f1b", 4},
-                      Case{"transformer", "interleaved-1f1b", 2, 2},
-                      Case{"transformer", "interleaved-1f1b", 4, 2},
-                      Case{"mlp", "zb-h1", 4}, Case{"transformer", "zb-h1", 2}),
+    ::testing::Values(
+        Case{"mlp", "gpipe", 2}, Case{"mlp", "gpipe", 4},
+        Case{"mlp", "1f1b", 2}, Case{"mlp", "1f1b", 4},
+        Case{"mlp", "interleaved-1f1b", 2, 2},
+        Case{"mlp", "interleaved-1f1b", 4, 2}, Case{"transformer", "gpipe", 2},
+        Case{"transformer", "gpipe", 4}, Case{"transformer", "1f1b", 2},
+        Case{"transformer", "1f1b", 4},
+        Case{"transformer", "interleaved-1f1b", 2, 2},
+        Case{"transformer", "interleaved-1f1b", 4, 2}, Case{"mlp", "zb-h1", 4},
+        Case{"transformer", "zb-h1", 2}, Case{"mlp", "eager-1f1b", 4},
+        Case{"transformer", "eager-1f1b", 2}),
     CaseName);
 
 // Interrupted after a few checkpoints and resumed with `resume: latest`, a

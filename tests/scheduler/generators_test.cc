@@ -47,9 +47,7 @@ void ExpectBubbleEquals(const SimulationResult<int64_t>& r, Fraction f,
 // the refusal must be InvalidArgument.
 TEST(GeneratorsPropertyTest, ValidAndMatchClosedForms) {
   int generated = 0;
-  for (ScheduleKind kind :
-       {ScheduleKind::kGPipe, ScheduleKind::k1F1B,
-        ScheduleKind::kInterleaved1F1B, ScheduleKind::kZeroBubbleH1}) {
+  for (ScheduleKind kind : kAllScheduleKinds) {
     const bool split = kind == ScheduleKind::kZeroBubbleH1;
     const auto costs = split ? SimulationCosts<int64_t>::UniformSplit(1, 1, 1)
                              : SimulationCosts<int64_t>::Uniform(1, 2);
@@ -85,6 +83,13 @@ TEST(GeneratorsPropertyTest, ValidAndMatchClosedForms) {
               EXPECT_LE(r->peak_inflight[rank], p - rank) << what;
             }
           }
+          if (kind == ScheduleKind::kEager1F1B) {
+            // Exactly its warm-up: 2(P-r)-1 microbatches, or all M.
+            for (int rank = 0; rank < p; ++rank) {
+              EXPECT_EQ(r->peak_inflight[rank], std::min(2 * (p - rank) - 1, m))
+                  << what << " rank " << rank;
+            }
+          }
           if (kind == ScheduleKind::kZeroBubbleH1) {
             auto base = Simulate(MustGenerate(ScheduleKind::k1F1B, p, m),
                                  SimulationCosts<int64_t>::Uniform(1, 2));
@@ -103,10 +108,11 @@ TEST(GeneratorsPropertyTest, ValidAndMatchClosedForms) {
       }
     }
   }
-  // V = 1 for all four kinds, plus V = 2..4 with P | M for two of them.
+  // V = 1 for every kind, plus V = 2..4 with P | M for two of them.
   int divisible = 0;
   for (int p = 1; p <= 16; ++p) divisible += 64 / p;
-  EXPECT_EQ(generated, 4 * 16 * 64 + 2 * 3 * divisible);
+  EXPECT_EQ(generated,
+            std::size(kAllScheduleKinds) * 16 * 64 + 2 * 3 * divisible);
 }
 
 TEST(GeneratorsTest, InterleavedV1ReproducesJaxPPWarmup) {
@@ -135,6 +141,24 @@ TEST(GeneratorsTest, OneFOneBWarmsUpWithPMinusRankMinusOneForwards) {
 TEST(GeneratorsTest, GPipeRunsAllForwardsThenAllBackwards) {
   Schedule s = MustGenerate(ScheduleKind::kGPipe, 2, 3);
   EXPECT_EQ(Line(s, 1), "F1.0 F1.1 F1.2 B1.0 B1.1 B1.2");
+}
+
+// JaxPP's Eager1F1B(num_stages=4).tasks(8), its empty slots dropped: the
+// same per-rank order.
+TEST(GeneratorsTest, Eager1F1BMatchesJaxPPsOrder) {
+  Schedule s = MustGenerate(ScheduleKind::kEager1F1B, 4, 8);
+  EXPECT_EQ(Line(s, 0),
+            "F0.0 F0.1 F0.2 F0.3 F0.4 F0.5 F0.6 B0.0 F0.7 B0.1 B0.2 B0.3 B0.4 "
+            "B0.5 B0.6 B0.7");
+  EXPECT_EQ(Line(s, 1),
+            "F1.0 F1.1 F1.2 F1.3 F1.4 B1.0 F1.5 B1.1 F1.6 B1.2 F1.7 B1.3 B1.4 "
+            "B1.5 B1.6 B1.7");
+  EXPECT_EQ(Line(s, 2),
+            "F2.0 F2.1 F2.2 B2.0 F2.3 B2.1 F2.4 B2.2 F2.5 B2.3 F2.6 B2.4 F2.7 "
+            "B2.5 B2.6 B2.7");
+  EXPECT_EQ(Line(s, 3),
+            "F3.0 B3.0 F3.1 B3.1 F3.2 B3.2 F3.3 B3.3 F3.4 B3.4 F3.5 B3.5 F3.6 "
+            "B3.6 F3.7 B3.7");
 }
 
 TEST(GeneratorsTest, ZeroBubbleH1HoldsBackRankWeightGradients) {

@@ -168,7 +168,7 @@ std::vector<ErrorCase> ErrorCases() {
        "kind: expected a string, got number 3"},
       {"kind unknown", [](json& j) { j["kind"] = "pipedream"; },
        "kind: unknown schedule 'pipedream'; allowed: gpipe, 1f1b, "
-       "interleaved-1f1b, zb-h1"},
+       "interleaved-1f1b, zb-h1, eager-1f1b"},
       {"ranks missing", [](json& j) { j.erase("ranks"); },
        "ranks: missing required key"},
       {"ranks a string", [](json& j) { j["ranks"] = "2"; },

@@ -29,9 +29,7 @@ TEST(ActionTest, ParseOpRoundTripsAndRejectsUnknownNames) {
 }
 
 TEST(ScheduleKindTest, ParseRoundTripsAndListsAllowedNames) {
-  for (ScheduleKind kind :
-       {ScheduleKind::kGPipe, ScheduleKind::k1F1B,
-        ScheduleKind::kInterleaved1F1B, ScheduleKind::kZeroBubbleH1}) {
+  for (ScheduleKind kind : kAllScheduleKinds) {
     auto parsed = ParseScheduleKind(ScheduleKindName(kind));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, kind);

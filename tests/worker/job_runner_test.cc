@@ -337,8 +337,9 @@ TEST(JobRunnerTest, ATiedJobHoldsTheEmbeddingOnceAndResumesBitwise) {
       text.push_back(static_cast<char>(32 + i % 89));
     std::ofstream(tokens + "/tokens.bin", std::ios::binary) << text;
   }
-  std::vector<JobRunnerOptions> checked(3,
-                                        JobRunnerOptions{.check_tied = true});
+  JobRunnerOptions check;
+  check.check_tied = true;
+  const std::vector<JobRunnerOptions> checked(3, check);
   for (int devices : {1, 2}) {
     SCOPED_TRACE(absl::StrCat(devices, " devices per stage"));
     const std::string yaml = TiedJobYaml(tokens + "/tokens.bin", devices);

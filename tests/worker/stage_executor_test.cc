@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scheduler/generators.h"
+#include "scheduler/simulator.h"
 #include "tests/engine/test_util.h"
 #include "transport/in_memory_channel.h"
 
@@ -32,6 +33,7 @@ using engine::JobSpec;
 using engine::testing_util::AllClose;
 using engine::testing_util::ToVector;
 using scheduler::ScheduleKind;
+using ::testing::ElementsAre;
 
 // An MLP or a stack of causal transformer blocks, with `stages` stages.
 JobSpec MakeJob(bool transformer, int stages, bool clip) {
@@ -271,6 +273,8 @@ INSTANTIATE_TEST_SUITE_P(
                           Case{ScheduleKind::kInterleaved1F1B, 2, 2},
                           Case{ScheduleKind::kInterleaved1F1B, 4, 2},
                           Case{ScheduleKind::kZeroBubbleH1, 4, 1},
+                          Case{ScheduleKind::kEager1F1B, 2, 1},
+                          Case{ScheduleKind::kEager1F1B, 4, 1},
                           Case{ScheduleKind::kGPipe, 4, 2}),
         ::testing::Bool()));
 
@@ -360,6 +364,50 @@ TEST(StageExecutorTest, SpansAccountForTheStep) {
       EXPECT_NEAR(idle, result.wait_seconds, 1e-9);
       EXPECT_NEAR(summed, static_cast<double>(covered_us) * 1e-6, 1e-9);
     }
+  }
+}
+
+// A rank's activation peak comes at the backward that follows its most
+// microbatches in flight: k stashes plus the output gradients that
+// backward keeps, c * k + g bytes with c and g fixed per rank (identical
+// microbatches). So across schedules the measured peaks lie on one line in
+// the simulator's in-flight peaks k: gpipe (k = M) and 1f1b (k = P - r) fix
+// it, and eager-1f1b (k = min(2(P-r)-1, M)) must fall on it.
+TEST(StageExecutorTest, PeakActivationsFollowTheSimulatedInFlightPeaks) {
+  const JobSpec job = MakeJob(false, 4, false);
+  const int m = static_cast<int>(job.training.microbatches);
+  std::map<ScheduleKind, std::vector<int>> simulated;
+  std::map<ScheduleKind, std::vector<size_t>> measured;
+  for (ScheduleKind kind :
+       {ScheduleKind::k1F1B, ScheduleKind::kEager1F1B, ScheduleKind::kGPipe}) {
+    auto schedule =
+        *scheduler::GenerateSchedule(kind, {.ranks = 4, .microbatches = m});
+    auto sim = scheduler::Simulate(
+        schedule, scheduler::SimulationCosts<int64_t>::Uniform(1, 2));
+    ASSERT_TRUE(sim.ok()) << sim.status();
+    simulated[kind] = sim->peak_inflight;
+    const Params run = Pipelined(job, kind, 4, 1);
+    ASSERT_THAT(run.failures, ::testing::IsEmpty());
+    for (int r = 0; r < 4; ++r) {
+      measured[kind].push_back(run.last_step.at(r).peak_activation_bytes);
+    }
+  }
+  EXPECT_THAT(simulated[ScheduleKind::kEager1F1B], ElementsAre(7, 5, 3, 1));
+  auto k = [&](ScheduleKind kind, int r) {
+    return static_cast<int64_t>(simulated[kind][r]);
+  };
+  auto bytes = [&](ScheduleKind kind, int r) {
+    return static_cast<int64_t>(measured[kind][r]);
+  };
+  const ScheduleKind one = ScheduleKind::k1F1B, all = ScheduleKind::kGPipe,
+                     eager = ScheduleKind::kEager1F1B;
+  for (int r = 0; r < 4; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    EXPECT_GT(bytes(one, r), 0);
+    // Every held microbatch costs bytes: the line rises.
+    EXPECT_GT(bytes(all, r) - bytes(one, r), 0);
+    EXPECT_EQ((bytes(eager, r) - bytes(one, r)) * (k(all, r) - k(one, r)),
+              (bytes(all, r) - bytes(one, r)) * (k(eager, r) - k(one, r)));
   }
 }
 
