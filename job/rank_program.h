@@ -31,7 +31,9 @@ struct ProgramContext {
   std::string secret{};
   std::string yaml{}, file_name{}, base_dir{};
   int64_t recv_timeout_ms = 0;
-  // 0: from the init. resume_files: every stage's file, or this rank's.
+  // 0: from the init. resume_files: every stage's file, or this rank's; the
+  // program keeps the files of the rank's stages and of the originals of
+  // the tied copies it holds (engine::TiedParameter).
   int64_t resume_step = 0;
   std::string resume_dir{};
   std::vector<v1::StageFile> resume_files{};
