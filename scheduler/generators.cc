@@ -79,6 +79,30 @@ class GroupsOfP {
   int p_, v_;
 };
 
+// The 1F1B family with V = 1: rank r runs min(warmup(P, r), M) forwards,
+// then alternates one backward and one forward while forwards remain, then
+// runs the remaining backwards, every stage's in microbatch order.
+absl::StatusOr<Schedule> WarmupThenAlternate(ScheduleKind kind,
+                                             const ScheduleOptions& options,
+                                             int (*warmup)(int p, int r)) {
+  RETURN_IF_ERROR(CheckOptions(kind, options));
+  Schedule s = EmptySchedule(kind, options);
+  const int p = options.ranks, m = options.microbatches;
+  for (int r = 0; r < p; ++r) {
+    auto& out = s.actions[r];
+    out.reserve(2 * m);
+    const int first = std::min(warmup(p, r), m);
+    int f = 0, b = 0;
+    while (f < first) out.push_back({Op::kForward, r, f++});
+    while (f < m) {
+      out.push_back({Op::kBackward, r, b++});
+      out.push_back({Op::kForward, r, f++});
+    }
+    while (b < m) out.push_back({Op::kBackward, r, b++});
+  }
+  return s;
+}
+
 }  // namespace
 
 bool TakesVirtualStages(ScheduleKind kind) {
@@ -136,42 +160,15 @@ absl::StatusOr<Schedule> GenerateGPipe(const ScheduleOptions& options) {
 }
 
 absl::StatusOr<Schedule> Generate1F1B(const ScheduleOptions& options) {
-  RETURN_IF_ERROR(CheckOptions(ScheduleKind::k1F1B, options));
-  Schedule s = EmptySchedule(ScheduleKind::k1F1B, options);
-  const int p = options.ranks, m = options.microbatches;
-  for (int r = 0; r < p; ++r) {
-    auto& out = s.actions[r];
-    out.reserve(2 * m);
-    const int warmup = std::min(p - r - 1, m);
-    int f = 0, b = 0;
-    while (f < warmup) out.push_back({Op::kForward, r, f++});
-    while (f < m) {
-      out.push_back({Op::kForward, r, f++});
-      out.push_back({Op::kBackward, r, b++});
-    }
-    while (b < m) out.push_back({Op::kBackward, r, b++});
-  }
-  return s;
+  // F, B pairs after P-r-1 warm-up forwards are P-r forwards, then B, F
+  // pairs.
+  return WarmupThenAlternate(ScheduleKind::k1F1B, options,
+                             [](int p, int r) { return p - r; });
 }
 
 absl::StatusOr<Schedule> GenerateEager1F1B(const ScheduleOptions& options) {
-  RETURN_IF_ERROR(CheckOptions(ScheduleKind::kEager1F1B, options));
-  Schedule s = EmptySchedule(ScheduleKind::kEager1F1B, options);
-  const int p = options.ranks, m = options.microbatches;
-  for (int r = 0; r < p; ++r) {
-    auto& out = s.actions[r];
-    out.reserve(2 * m);
-    const int warmup = std::min(2 * (p - r) - 1, m);
-    int f = 0, b = 0;
-    while (f < warmup) out.push_back({Op::kForward, r, f++});
-    // Backward first: the warm-up already holds the microbatch it needs.
-    while (f < m) {
-      out.push_back({Op::kBackward, r, b++});
-      out.push_back({Op::kForward, r, f++});
-    }
-    while (b < m) out.push_back({Op::kBackward, r, b++});
-  }
-  return s;
+  return WarmupThenAlternate(ScheduleKind::kEager1F1B, options,
+                             [](int p, int r) { return 2 * (p - r) - 1; });
 }
 
 absl::StatusOr<Schedule> GenerateInterleaved1F1B(
