@@ -348,7 +348,8 @@ absl::Status StageExecutor::CheckTiedCopies(int64_t step) {
     if (copy != nullptr) {
       ASSIGN_OR_RETURN(got, checksum(*copy));
     }
-    const transport::Tag tag = TiedTag(step, 1 + n + i, 0);
+    const transport::Tag tag =
+        TiedTag(step, 1 + n + i, tie.original_stage % config_.num_ranks);
     if (copy == nullptr) {
       ASSIGN_OR_RETURN(Tensor t, backend_->Empty({1}, engine::DType::kF64));
       RETURN_IF_ERROR(backend_->CopyFromHost(&want, sizeof(want), t));
