@@ -109,7 +109,7 @@ struct StageCosts {
 // With V stages a rank, each stage costs 1/V of the V = 1 stage, so that a
 // rank's work is the same for every V.
 StageCosts CostsFor(ScheduleKind kind, int virtual_stages = 1) {
-  if (kind == ScheduleKind::kZeroBubbleH1) return {4.0, 4.0, 4.0};
+  if (SplitsBackward(kind)) return {4.0, 4.0, 4.0};
   return {4.0 / virtual_stages, 8.0 / virtual_stages, 0.0};
 }
 

@@ -255,7 +255,8 @@ CLI::App* AddScheduleCommand(CLI::App& app, ScheduleCommandOptions& o) {
       "--microbatches,-M", o.microbatches, "Microbatches per step (M)");
   CLI::Option* virtual_stages =
       cmd->add_option("--virtual,-V", o.virtual_stages,
-                      "Virtual stages per rank (V; interleaved-1f1b, gpipe)")
+                      "Virtual stages per rank (V; interleaved-1f1b, "
+                      "interleaved-zb, gpipe)")
           ->capture_default_str();
   cmd->add_option("--costs", o.costs,
                   "Per-stage costs F,B or F,BI,BW (default 1,2; 1,1,1 for "

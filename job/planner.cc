@@ -161,10 +161,11 @@ absl::StatusOr<JobPlan> PlanCut(engine::JobSpec job,
   }
   if (v > 1 && !scheduler::TakesVirtualStages(*kind)) {
     return PipelineError(
-        job, absl::StrCat(job.pipeline.schedule,
-                          " takes no virtual stages (virtual_stages = ", v,
-                          "); use interleaved-1f1b or gpipe, or set "
-                          "virtual_stages: 1"));
+        job,
+        absl::StrCat(job.pipeline.schedule,
+                     " takes no virtual stages (virtual_stages = ", v,
+                     "); use interleaved-1f1b, interleaved-zb or gpipe, or set "
+                     "virtual_stages: 1"));
   }
   if (job.training.microbatches > scheduler::kMaxMicrobatches) {
     return PipelineError(

@@ -34,12 +34,15 @@ std::optional<Fraction> ClosedFormBubbleFraction(ScheduleKind kind, int ranks,
     case ScheduleKind::kZeroBubbleH1:
       if (v != 1 || m < p) return std::nullopt;
       return Reduced(p - 1, 3 * m + p - 1);
+    case ScheduleKind::kInterleavedZeroBubble:
+      if (m < p || (v > 1 && m % p != 0)) return std::nullopt;
+      return Reduced(p - 1, 3 * m * v + p - 1);
   }
   return std::nullopt;
 }
 
 const char* ClosedFormAssumptions(ScheduleKind kind) {
-  return kind == ScheduleKind::kZeroBubbleH1
+  return SplitsBackward(kind)
              ? "uniform stages, free communication, F = BI = BW, M >= P"
              : "uniform stages, free communication";
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -26,12 +27,10 @@ absl::Status CheckOptions(ScheduleKind kind, const ScheduleOptions& o) {
         absl::StrCat("virtual stages (V) must be in 1..", kMaxVirtualStages,
                      ", got ", o.virtual_stages));
   }
-  const bool takes_virtual =
-      kind == ScheduleKind::kGPipe || kind == ScheduleKind::kInterleaved1F1B;
-  if (o.virtual_stages > 1 && !takes_virtual) {
+  if (o.virtual_stages > 1 && !TakesVirtualStages(kind)) {
     return absl::InvalidArgumentError(absl::StrCat(
         name, " runs one stage per rank (V = 1), got V = ", o.virtual_stages,
-        "; use interleaved-1f1b or gpipe for virtual stages"));
+        "; use interleaved-1f1b, interleaved-zb or gpipe for virtual stages"));
   }
   const int64_t cells =
       static_cast<int64_t>(o.ranks) * o.virtual_stages * o.microbatches;
@@ -106,7 +105,9 @@ absl::StatusOr<Schedule> WarmupThenAlternate(ScheduleKind kind,
 }  // namespace
 
 bool TakesVirtualStages(ScheduleKind kind) {
-  return kind == ScheduleKind::kGPipe || kind == ScheduleKind::kInterleaved1F1B;
+  return kind == ScheduleKind::kGPipe ||
+         kind == ScheduleKind::kInterleaved1F1B ||
+         kind == ScheduleKind::kInterleavedZeroBubble;
 }
 
 absl::StatusOr<Schedule> GenerateSchedule(ScheduleKind kind,
@@ -122,6 +123,8 @@ absl::StatusOr<Schedule> GenerateSchedule(ScheduleKind kind,
       return GenerateZeroBubbleH1(options);
     case ScheduleKind::kEager1F1B:
       return GenerateEager1F1B(options);
+    case ScheduleKind::kInterleavedZeroBubble:
+      return GenerateInterleavedZeroBubble(options);
   }
   return absl::InvalidArgumentError("unknown schedule kind");
 }
@@ -234,6 +237,62 @@ absl::StatusOr<Schedule> GenerateZeroBubbleH1(const ScheduleOptions& options) {
     // held-back BW, which fills the wait for the next gradient from downstream.
     while (b < m) backward_input(b++, /*draining=*/true);
     for (int j : pending_weight) out.push_back({Op::kBackwardWeight, r, j});
+  }
+  return s;
+}
+
+absl::StatusOr<Schedule> GenerateInterleavedZeroBubble(
+    const ScheduleOptions& options) {
+  constexpr ScheduleKind kKind = ScheduleKind::kInterleavedZeroBubble;
+  RETURN_IF_ERROR(CheckOptions(kKind, options));
+  const int p = options.ranks, m = options.microbatches,
+            v = options.virtual_stages;
+  // Chunk by chunk in groups of P, as interleaved-1f1b: PyTorch's rounds of
+  // M / max(1, M / P) microbatches deadlock under rendezvous sends when the
+  // round is not a multiple of P (P = 3, M = 5, V = 2: a ring of three
+  // ranks each waiting to send), since it relies on sends that never block.
+  RETURN_IF_ERROR(GroupsOfP::Create(kKind, options).status());
+  const int per_round = options.virtual_stages > 1 ? p : m;
+  const int total = m * v;
+  Schedule s = EmptySchedule(kKind, options);
+  for (int r = 0; r < p; ++r) {
+    auto& out = s.actions[r];
+    out.reserve(3 * total);
+    // PyTorch's warm-up, (V-1)P + (P-1-r), deadlocks under rendezvous sends
+    // with V > 1 (P = 4, M = 8, V = 2: rank 0's gradient to rank 3 waits on
+    // rank 3's activation to rank 0, and the reverse); twice the per-rank
+    // term, as interleaved-1f1b has, runs and keeps the (P-1)/(3MV+P-1)
+    // bubble.
+    const int stagger = (v > 1 ? 2 : 1) * (p - 1 - r);
+    const int warmup = std::min((v - 1) * per_round + stagger, total);
+    auto forward_stage = [&](int op) { return ((op / per_round) % v) * p + r; };
+    auto backward_stage = [&](int op) {
+      return (v - 1 - ((op - warmup) / per_round) % v) * p + r;
+    };
+    // Each stage's microbatches in order, for F and for BI.
+    std::vector<int> next_forward(p * v, 0), next_backward(p * v, 0);
+    std::deque<Action> pending_weight;
+    auto forward = [&](int op) {
+      const int stage = forward_stage(op);
+      out.push_back({Op::kForward, stage, next_forward[stage]++});
+    };
+    auto backward = [&](int op) {
+      const int stage = backward_stage(op);
+      const int mb = next_backward[stage]++;
+      out.push_back({Op::kBackwardInput, stage, mb});
+      pending_weight.push_back({Op::kBackwardWeight, stage, mb});
+      if (op - warmup >= r) {
+        out.push_back(pending_weight.front());
+        pending_weight.pop_front();
+      }
+    };
+    for (int op = 0; op < warmup; ++op) forward(op);
+    for (int op = warmup; op < total; ++op) {
+      forward(op);
+      backward(op);
+    }
+    for (int op = total; op < total + warmup; ++op) backward(op);
+    for (const Action& a : pending_weight) out.push_back(a);
   }
   return s;
 }

@@ -26,8 +26,8 @@ struct ScheduleOptions {
   int virtual_stages = 1;  // V >= 1; only gpipe and interleaved-1f1b take V > 1
 };
 
-// True for the kinds that take V > 1 virtual stages per rank: gpipe and
-// interleaved-1f1b.
+// True for the kinds that take V > 1 virtual stages per rank: gpipe,
+// interleaved-1f1b and interleaved-zb.
 bool TakesVirtualStages(ScheduleKind kind);
 
 // Dispatches on `kind`. InvalidArgument for out-of-range options or a
@@ -66,6 +66,19 @@ absl::StatusOr<Schedule> GenerateZeroBubbleH1(const ScheduleOptions& options);
 // 1F1B's activations) let each send complete while the receiver is still
 // busy, hiding transfer time that 1F1B's rank pairs wait for. V must be 1.
 absl::StatusOr<Schedule> GenerateEager1F1B(const ScheduleOptions& options);
+
+// Interleaved zero bubble (ZB1P; PyTorch's ScheduleInterleavedZeroBubble,
+// with a deeper warm-up): with V > 1, microbatches go through the chunks in
+// groups of P (M % P == 0 needed), as in interleaved-1f1b. Rank r runs
+// min((V-1)P + 2(P-1-r), MV) warm-up forwards (V = 1: min(P-1-r, M));
+// then each step is a forward and an input-gradient backward (BI), and
+// after the forwards the BIs drain alone. From the (r+1)-th step on, every
+// BI is followed by the rank's oldest held-back weight gradient (BW); the
+// rest run at the end. At unit costs (F = BI = BW) and M >= P its bubble is
+// (P-1)/(3MV+P-1), zb-h1's at V = 1. PyTorch's warm-up, (V-1)P + P-1-r,
+// deadlocks under rendezvous sends (P = 4, M = 8, V = 2).
+absl::StatusOr<Schedule> GenerateInterleavedZeroBubble(
+    const ScheduleOptions& options);
 
 }  // namespace conveyor::scheduler
 

@@ -16,6 +16,8 @@ absl::string_view ScheduleKindName(ScheduleKind kind) {
       return "zb-h1";
     case ScheduleKind::kEager1F1B:
       return "eager-1f1b";
+    case ScheduleKind::kInterleavedZeroBubble:
+      return "interleaved-zb";
   }
   return "?";
 }
@@ -26,6 +28,11 @@ absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view name) {
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown schedule '", name, "'; allowed: ", kScheduleKindNames));
+}
+
+bool SplitsBackward(ScheduleKind kind) {
+  return kind == ScheduleKind::kZeroBubbleH1 ||
+         kind == ScheduleKind::kInterleavedZeroBubble;
 }
 
 size_t Schedule::TotalActions() const {

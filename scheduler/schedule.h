@@ -22,22 +22,31 @@ enum class ScheduleKind : unsigned char {
   // 1F1B with up to twice the warm-up forwards (JaxPP's Eager1F1B), so sends
   // run ahead of the downstream backwards.
   kEager1F1B,
+  // Zero bubble with V >= 1 virtual stages a rank (ZB1P, PyTorch's
+  // ScheduleInterleavedZeroBubble).
+  kInterleavedZeroBubble,
 };
 
 // The names used in job YAML and on the command line, comma-separated.
 inline constexpr absl::string_view kScheduleKindNames =
-    "gpipe, 1f1b, interleaved-1f1b, zb-h1, eager-1f1b";
+    "gpipe, 1f1b, interleaved-1f1b, zb-h1, eager-1f1b, interleaved-zb";
 
 // Every kind, in the order of kScheduleKindNames.
 inline constexpr ScheduleKind kAllScheduleKinds[] = {
-    ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B,
-    ScheduleKind::kZeroBubbleH1, ScheduleKind::kEager1F1B};
+    ScheduleKind::kGPipe,           ScheduleKind::k1F1B,
+    ScheduleKind::kInterleaved1F1B, ScheduleKind::kZeroBubbleH1,
+    ScheduleKind::kEager1F1B,       ScheduleKind::kInterleavedZeroBubble};
 
-// "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "eager-1f1b".
+// "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "eager-1f1b",
+// "interleaved-zb".
 absl::string_view ScheduleKindName(ScheduleKind kind);
 
 // Inverse of ScheduleKindName. InvalidArgument lists the allowed names.
 absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view name);
+
+// True for the kinds that split each backward into BI and BW (zb-h1,
+// interleaved-zb); the others run B.
+bool SplitsBackward(ScheduleKind kind);
 
 // The most (stage, microbatch) pairs a schedule may have, P*V*M. Generators,
 // the validator and the simulator allocate per pair; the bound keeps a typo or

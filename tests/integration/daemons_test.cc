@@ -372,7 +372,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"transformer", "interleaved-1f1b", 2, 2},
         Case{"transformer", "interleaved-1f1b", 4, 2}, Case{"mlp", "zb-h1", 4},
         Case{"transformer", "zb-h1", 2}, Case{"mlp", "eager-1f1b", 4},
-        Case{"transformer", "eager-1f1b", 2}),
+        Case{"transformer", "eager-1f1b", 2},
+        Case{"mlp", "interleaved-zb", 4, 2},
+        Case{"transformer", "interleaved-zb", 2, 2}),
     CaseName);
 
 // Interrupted after a few checkpoints and resumed with `resume: latest`, a

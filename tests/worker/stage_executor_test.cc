@@ -275,6 +275,9 @@ INSTANTIATE_TEST_SUITE_P(
                           Case{ScheduleKind::kZeroBubbleH1, 4, 1},
                           Case{ScheduleKind::kEager1F1B, 2, 1},
                           Case{ScheduleKind::kEager1F1B, 4, 1},
+                          Case{ScheduleKind::kInterleavedZeroBubble, 4, 1},
+                          Case{ScheduleKind::kInterleavedZeroBubble, 2, 2},
+                          Case{ScheduleKind::kInterleavedZeroBubble, 4, 2},
                           Case{ScheduleKind::kGPipe, 4, 2}),
         ::testing::Bool()));
 
