@@ -269,16 +269,16 @@ absl::StatusOr<Schedule> GenerateInterleavedZeroBubble(
     auto backward_stage = [&](int op) {
       return (v - 1 - ((op - warmup) / per_round) % v) * p + r;
     };
-    // Each stage's microbatches in order, for F and for BI.
-    std::vector<int> next_forward(p * v, 0), next_backward(p * v, 0);
+    // Each chunk's microbatches in order, for F and for BI.
+    std::vector<int> next_forward(v, 0), next_backward(v, 0);
     std::deque<Action> pending_weight;
     auto forward = [&](int op) {
       const int stage = forward_stage(op);
-      out.push_back({Op::kForward, stage, next_forward[stage]++});
+      out.push_back({Op::kForward, stage, next_forward[stage / p]++});
     };
     auto backward = [&](int op) {
       const int stage = backward_stage(op);
-      const int mb = next_backward[stage]++;
+      const int mb = next_backward[stage / p]++;
       out.push_back({Op::kBackwardInput, stage, mb});
       pending_weight.push_back({Op::kBackwardWeight, stage, mb});
       if (op - warmup >= r) {
