@@ -10,6 +10,7 @@
 #include "checkpoint/directory.h"
 #include "checkpoint/layout.h"
 #include "common/status_macros.h"
+#include "job/config_hash.h"
 
 namespace conveyor::cli {
 
@@ -104,6 +105,21 @@ absl::StatusOr<std::vector<float>> CheckpointParamsSource::Read(
   const engine::SafetensorsReader& file = params_.stages[it->second].tensors;
   RETURN_IF_ERROR(engine::CheckInitTensor(file, name, shape));
   return file.ReadF32(name);
+}
+
+absl::Status CheckJobWroteCheckpoint(const CheckpointParams& params,
+                                     const std::string& dir,
+                                     const std::string& job_file,
+                                     const std::string& job_yaml) {
+  const std::string hash = job::JobConfigHash(job_yaml);
+  if (params.manifest.config_hash.empty() ||
+      params.manifest.config_hash == hash) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      job_file, " is not the job that wrote this checkpoint (", dir, " step-",
+      params.manifest.step, "): its configuration hash is ", hash,
+      ", the checkpoint's ", params.manifest.config_hash));
 }
 
 }  // namespace conveyor::cli

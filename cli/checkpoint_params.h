@@ -55,6 +55,16 @@ struct CheckpointParams {
 absl::StatusOr<CheckpointParams> LoadCheckpointParams(
     const std::string& dir, std::optional<int64_t> step);
 
+// FailedPrecondition naming `job_file` unless the checkpoint in `dir`
+// (loaded as `params`) was written by the job `job_yaml` describes: its
+// manifest records that configuration hash, or none (older checkpoints).
+// Another job's file would name the same tensors and mean something else
+// (another model, or the same one cut or trained differently).
+absl::Status CheckJobWroteCheckpoint(const CheckpointParams& params,
+                                     const std::string& dir,
+                                     const std::string& job_file,
+                                     const std::string& job_yaml);
+
 // The parameters of `params` by name, for Stage::LoadFrom. `params` must
 // outlive the source.
 class CheckpointParamsSource final : public engine::ParameterSource {

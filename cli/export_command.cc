@@ -18,7 +18,6 @@
 #include "engine/safetensors.h"
 #include "hf/checkpoint.h"
 #include "hf/model.h"
-#include "job/config_hash.h"
 
 namespace conveyor::cli {
 namespace {
@@ -94,16 +93,7 @@ absl::StatusOr<ExportResult> ExportCheckpointToHf(const std::string& dir,
   ASSIGN_OR_RETURN(const engine::JobSpec job, ParseJobSource(source));
   ASSIGN_OR_RETURN(const CheckpointParams params,
                    LoadCheckpointParams(dir, step));
-  // The model is the job file's: one that differs from the job that wrote
-  // the checkpoint would name the tensors right and mean something else.
-  const std::string hash = job::JobConfigHash(source.yaml);
-  if (!params.manifest.config_hash.empty() &&
-      params.manifest.config_hash != hash) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(job_file, " is not the job that wrote ", dir, " step-",
-                     params.manifest.step, ": its configuration hash is ", hash,
-                     ", the checkpoint's ", params.manifest.config_hash));
-  }
+  RETURN_IF_ERROR(CheckJobWroteCheckpoint(params, dir, job_file, source.yaml));
   ASSIGN_OR_RETURN(hf::HfLlamaConfig config, hf::HfConfigOfModel(job.model));
   if (!job.model.from_hf.empty()) {
     // Imported: give back what came in where the model does not say.

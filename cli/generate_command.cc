@@ -24,7 +24,6 @@
 #include "engine/model_spec.h"
 #include "hf/checkpoint.h"
 #include "hf/model.h"
-#include "job/config_hash.h"
 
 namespace conveyor::cli {
 namespace {
@@ -177,16 +176,8 @@ absl::Status GenerateFromCheckpoint(const GenerateCommandOptions& o,
   for (const std::string& reason : params.skipped) {
     err << "note: skipped " << reason << "\n";
   }
-  // Another job's file would name the same tensors and mean something else
-  // (another model, or the same one cut or trained differently).
-  const std::string hash = job::JobConfigHash(source.yaml);
-  if (!params.manifest.config_hash.empty() &&
-      params.manifest.config_hash != hash) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        o.job, " is not the job that wrote this checkpoint (", o.source,
-        " step-", params.manifest.step, "): its configuration hash is ", hash,
-        ", the checkpoint's ", params.manifest.config_hash));
-  }
+  RETURN_IF_ERROR(
+      CheckJobWroteCheckpoint(params, o.source, o.job, source.yaml));
   const CheckpointParamsSource weights(params);
   return Generate(job.model, weights, prompt, o, out);
 }
