@@ -30,6 +30,7 @@
 #include "job/config_hash.h"
 #include "tests/cli/committed_checkpoint.h"
 #include "tests/engine/test_util.h"
+#include "tests/testing/test_dir.h"
 
 namespace conveyor::cli {
 namespace {
@@ -64,12 +65,7 @@ float RoundToBf16(float v) {
 class ExportHfTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           absl::StrCat(
-               "export_hf_test_", getpid(), "_",
-               ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = conveyor::testing_util::FreshTestDir("export_hf_test");
     std::ofstream(dir_ / "tokens.bin") << std::string(100, 'a');
   }
   void TearDown() override { fs::remove_all(dir_); }

@@ -31,6 +31,7 @@
 #include "job/config_hash.h"
 #include "tests/cli/committed_checkpoint.h"
 #include "tests/engine/test_util.h"
+#include "tests/testing/test_dir.h"
 
 namespace conveyor::cli {
 namespace {
@@ -103,12 +104,7 @@ GenerateCommandOptions Options(const std::string& source,
 class GenerateCommandTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           absl::StrCat(
-               "generate_command_test_", getpid(), "_",
-               ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = conveyor::testing_util::FreshTestDir("generate_command_test");
   }
   void TearDown() override { fs::remove_all(dir_); }
 

@@ -26,6 +26,7 @@
 #include "hf/checkpoint.h"
 #include "hf/names.h"
 #include "tests/engine/test_util.h"
+#include "tests/testing/test_dir.h"
 
 namespace conveyor::hf {
 namespace {
@@ -63,12 +64,7 @@ std::vector<float> ValuesFor(const std::string& name, int64_t n) {
 class HfModelTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           absl::StrCat(
-               "hf_model_test_", getpid(), "_",
-               ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = conveyor::testing_util::FreshTestDir("hf_model_test");
     std::ofstream(dir_ / "tokens.bin") << std::string(200, 'a');
   }
   void TearDown() override { fs::remove_all(dir_); }
