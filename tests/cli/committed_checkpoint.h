@@ -17,6 +17,21 @@
 
 namespace conveyor::cli::testing_util {
 
+// The `model:` section of a tiny two-stage Llama job (vocabulary 40, width
+// 16, GQA 4/2), whose checkpoints these tests write and read.
+inline constexpr char kLlamaModel[] = R"(model:
+  input_shape: [8]
+  init: {seed: 5}
+  loss: cross_entropy
+  layers:
+    - embedding: {vocab_size: 40, features: 16}
+    - llama_block: {heads: 4, kv_heads: 2, mlp_features: 24, rope_theta: 1000}
+    - boundary
+    - llama_block: {heads: 4, kv_heads: 2, mlp_features: 24, rope_theta: 1000}
+    - rmsnorm
+    - lm_head: {vocab_size: 40}
+)";
+
 // Step `step` of `model`'s checkpoint in `dir`: stage s holds its
 // parameters with `values` (by name; every parameter must be there), job id
 // "job-1"; the manifest records `config_hash`.

@@ -38,19 +38,6 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-constexpr char kLlamaModel[] = R"(model:
-  input_shape: [8]
-  init: {seed: 5}
-  loss: cross_entropy
-  layers:
-    - embedding: {vocab_size: 40, features: 16}
-    - llama_block: {heads: 4, kv_heads: 2, mlp_features: 24, rope_theta: 1000}
-    - boundary
-    - llama_block: {heads: 4, kv_heads: 2, mlp_features: 24, rope_theta: 1000}
-    - rmsnorm
-    - lm_head: {vocab_size: 40}
-)";
-
 // `v` rounded to bfloat16, to nearest even, back as float (no NaN here).
 float RoundToBf16(float v) {
   uint32_t bits;
@@ -111,7 +98,7 @@ class ExportHfTest : public ::testing::Test {
 };
 
 TEST_F(ExportHfTest, StageFilesBecomeAnHfCheckpoint) {
-  const std::string job = WriteJob("job.yaml", kLlamaModel);
+  const std::string job = WriteJob("job.yaml", testing_util::kLlamaModel);
   const auto values = WriteCheckpoint(job);
   for (const auto& [dtype, name] :
        {std::pair{hf::HfDType::kF32, "fp32"}, {hf::HfDType::kBF16, "bf16"}}) {
@@ -148,7 +135,7 @@ TEST_F(ExportHfTest, StageFilesBecomeAnHfCheckpoint) {
 TEST_F(ExportHfTest, AnImportedModelExportsBackBitwise) {
   // An HF checkpoint (fp32) imported by a job, checkpointed, exported:
   // the same tensors, bit for bit, under the same architecture.
-  const std::string first = WriteJob("seed.yaml", kLlamaModel);
+  const std::string first = WriteJob("seed.yaml", testing_util::kLlamaModel);
   WriteCheckpoint(first);
   ASSERT_TRUE(ExportCheckpointToHf((dir_ / "ckpt").string(), std::nullopt,
                                    first, (dir_ / "original").string(),
@@ -179,7 +166,7 @@ TEST_F(ExportHfTest, AnImportedModelExportsBackBitwise) {
 // lm_head.weight, as HF stores one; imported again it is tied again, and a
 // second export gives the same files' tensors bit for bit.
 TEST_F(ExportHfTest, ATiedModelExportsTheEmbeddingOnce) {
-  std::string model = kLlamaModel;
+  std::string model = testing_util::kLlamaModel;
   model.replace(model.find("lm_head: {vocab_size: 40}"),
                 std::string("lm_head: {vocab_size: 40}").size(),
                 "lm_head: {vocab_size: 40, tied: true}");
@@ -219,10 +206,11 @@ TEST_F(ExportHfTest, ATiedModelExportsTheEmbeddingOnce) {
 }
 
 TEST_F(ExportHfTest, RefusesAnotherJobAnotherLayoutAndBadFlags) {
-  const std::string job = WriteJob("job.yaml", kLlamaModel);
+  const std::string job = WriteJob("job.yaml", testing_util::kLlamaModel);
   WriteCheckpoint(job);
   const std::string ckpt = (dir_ / "ckpt").string();
-  const std::string other = WriteJob("other.yaml", kLlamaModel, "0.2");
+  const std::string other =
+      WriteJob("other.yaml", testing_util::kLlamaModel, "0.2");
   auto r = ExportCheckpointToHf(ckpt, std::nullopt, other,
                                 (dir_ / "out").string(), hf::HfDType::kBF16);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);

@@ -227,25 +227,12 @@ TEST_F(GenerateCommandTest, RefusesBadFlags) {
             absl::StatusCode::kNotFound);
 }
 
-constexpr char kLlamaModel[] = R"(model:
-  input_shape: [8]
-  init: {seed: 5}
-  loss: cross_entropy
-  layers:
-    - embedding: {vocab_size: 40, features: 16}
-    - llama_block: {heads: 4, kv_heads: 2, mlp_features: 24, rope_theta: 1000}
-    - boundary
-    - llama_block: {heads: 4, kv_heads: 2, mlp_features: 24, rope_theta: 1000}
-    - rmsnorm
-    - lm_head: {vocab_size: 40}
-)";
-
 class ConveyorCheckpointTest : public GenerateCommandTest {
  protected:
   std::string WriteJob(const std::string& name, const std::string& lr) {
     std::ofstream(dir_ / "tokens.bin") << std::string(100, 'a');
     const std::string yaml =
-        absl::StrCat("name: llama\n", kLlamaModel,
+        absl::StrCat("name: llama\n", testing_util::kLlamaModel,
                      "data: {source: tokens, path: tokens.bin, seq_len: 8}\n"
                      "training: {steps: 1, batch_size: 2}\n"
                      "optimizer: {kind: sgd, lr: ",
