@@ -23,6 +23,15 @@ absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::Create(
   std::vector<PipelineStage*> stages;
   for (auto& stage : t->stages_) stages.push_back(stage.get());
   RETURN_IF_ERROR(InitializeStages(model, stages));
+  for (const TiedParameter& tie : model.TiedParameters()) {
+    Parameter* original =
+        FindParameter(*t->stages_[tie.original_stage], tie.name, false);
+    Parameter* copy =
+        FindParameter(*t->stages_[tie.copy_stage], tie.name, true);
+    CONVEYOR_CHECK(original != nullptr && copy != nullptr,
+                   "a tied parameter's stages hold it");
+    t->tied_.emplace_back(original, copy);
+  }
   ASSIGN_OR_RETURN(t->data_,
                    DataSource::Create(t->job_.data, ModelSampleShapes(model)));
   ResolveSchedule(t->job_.optimizer, t->job_.training.steps);
@@ -78,12 +87,7 @@ absl::StatusOr<StepReport> InProcessTrainer::RunStep() {
   // A tied parameter's two gradients, summed into both in the order the
   // pipelined exchange sums them (worker/stage_executor.h), so both copies
   // take the same update.
-  for (const TiedParameter& tie : job_.model.TiedParameters()) {
-    Parameter* original =
-        FindParameter(*stages_[tie.original_stage], tie.name, false);
-    Parameter* copy = FindParameter(*stages_[tie.copy_stage], tie.name, true);
-    CONVEYOR_CHECK(original != nullptr && copy != nullptr,
-                   "a tied parameter's stages hold it");
+  for (auto [original, copy] : tied_) {
     backend_->Add(original->grad, copy->grad, original->grad);
     backend_->Copy(original->grad, copy->grad);
   }

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -63,6 +64,8 @@ class InProcessTrainer {
   Backend* backend_;
   JobSpec job_;
   std::vector<std::unique_ptr<Stage>> stages_;
+  // Each tied parameter's original and copy (ModelSpec::TiedParameters()).
+  std::vector<std::pair<Parameter*, Parameter*>> tied_;
   std::unique_ptr<DataSource> data_;
   std::unique_ptr<Optimizer> optimizer_;
   int64_t step_ = 0;
