@@ -37,6 +37,16 @@ std::optional<Fraction> ClosedFormBubbleFraction(ScheduleKind kind, int ranks,
     case ScheduleKind::kInterleavedZeroBubble:
       if (m < p || (v > 1 && m % p != 0)) return std::nullopt;
       return Reduced(p - 1, 3 * m * v + p - 1);
+    case ScheduleKind::kZeroBubbleH2:
+      if (v != 1 || m < p) return std::nullopt;
+      return Reduced(p - 1, 3 * m + p - 1);
+    case ScheduleKind::kZeroBubbleV:
+      if (v != 2 || m < 2 * p) return std::nullopt;
+      return Reduced(p - 1, 6 * m + p - 1);
+    case ScheduleKind::kLoopedBFS:
+      if (v == 1) return Reduced(p - 1, m + p - 1);
+      if (m % p == 0) return Reduced(p - 1, m * v + p - 1);
+      return std::nullopt;
   }
   return std::nullopt;
 }

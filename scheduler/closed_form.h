@@ -25,7 +25,9 @@ struct Fraction {
 //   gpipe (V > 1, P | M),
 //   interleaved-1f1b (V = 1 or P | M): (P-1) / (MV+P-1), costs per virtual
 //                                      stage
-//   zb-h1 (M >= P, F = BI = BW):       (P-1) / (3M+P-1)
+//   zb-h1, zb-h2 (M >= P, F = BI = BW): (P-1) / (3M+P-1)
+//   interleaved-zb (M >= P; V > 1: P | M),
+//   zb-v (V = 2, M >= 2P), F = BI = BW: (P-1) / (3MV+P-1)
 // The zb-h1 form is the paper's (P-1)(F+BI-BW) bubble per rank over a
 // makespan of M(F+BI+BW) + (P-1)(F+BI-BW), at F = BI = BW.
 std::optional<Fraction> ClosedFormBubbleFraction(ScheduleKind kind, int ranks,

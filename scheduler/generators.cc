@@ -30,7 +30,13 @@ absl::Status CheckOptions(ScheduleKind kind, const ScheduleOptions& o) {
   if (o.virtual_stages > 1 && !TakesVirtualStages(kind)) {
     return absl::InvalidArgumentError(absl::StrCat(
         name, " runs one stage per rank (V = 1), got V = ", o.virtual_stages,
-        "; use interleaved-1f1b, interleaved-zb or gpipe for virtual stages"));
+        "; use interleaved-1f1b, interleaved-zb, gpipe, looped-bfs or zb-v for "
+        "virtual stages"));
+  }
+  if (kind == ScheduleKind::kZeroBubbleV && o.virtual_stages != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " holds two stages a rank (V = 2, placed in a V), got V = ",
+        o.virtual_stages));
   }
   const int64_t cells =
       static_cast<int64_t>(o.ranks) * o.virtual_stages * o.microbatches;
@@ -48,6 +54,7 @@ Schedule EmptySchedule(ScheduleKind kind, const ScheduleOptions& o) {
   s.ranks = o.ranks;
   s.virtual_stages = o.virtual_stages;
   s.microbatches = o.microbatches;
+  s.placement = PlacementOf(kind);
   s.actions.resize(o.ranks);
   return s;
 }
@@ -102,42 +109,55 @@ absl::StatusOr<Schedule> WarmupThenAlternate(ScheduleKind kind,
   return s;
 }
 
-}  // namespace
-
-bool TakesVirtualStages(ScheduleKind kind) {
-  return kind == ScheduleKind::kGPipe ||
-         kind == ScheduleKind::kInterleaved1F1B ||
-         kind == ScheduleKind::kInterleavedZeroBubble;
-}
-
-absl::StatusOr<Schedule> GenerateSchedule(ScheduleKind kind,
-                                          const ScheduleOptions& options) {
-  switch (kind) {
-    case ScheduleKind::kGPipe:
-      return GenerateGPipe(options);
-    case ScheduleKind::k1F1B:
-      return Generate1F1B(options);
-    case ScheduleKind::kInterleaved1F1B:
-      return GenerateInterleaved1F1B(options);
-    case ScheduleKind::kZeroBubbleH1:
-      return GenerateZeroBubbleH1(options);
-    case ScheduleKind::kEager1F1B:
-      return GenerateEager1F1B(options);
-    case ScheduleKind::kInterleavedZeroBubble:
-      return GenerateInterleavedZeroBubble(options);
+// The split-backward 1F1B family with V = 1: rank r runs min(warmup(P, r),
+// M) forwards, then pairs of one forward and one input-gradient backward
+// (BI), then drains the BIs. A BI's weight gradient (BW) runs right after it
+// once hold_back(P, r) BWs are waiting, and while draining; the rest run at
+// the end.
+absl::StatusOr<Schedule> WarmupThenSplitBackward(
+    ScheduleKind kind, const ScheduleOptions& options,
+    int (*warmup)(int p, int r), int (*hold_back)(int p, int r)) {
+  RETURN_IF_ERROR(CheckOptions(kind, options));
+  Schedule s = EmptySchedule(kind, options);
+  const int p = options.ranks, m = options.microbatches;
+  for (int r = 0; r < p; ++r) {
+    auto& out = s.actions[r];
+    out.reserve(3 * m);
+    const int held = hold_back(p, r);
+    std::deque<int> pending_weight;
+    auto backward_input = [&](int j, bool draining) {
+      out.push_back({Op::kBackwardInput, r, j});
+      pending_weight.push_back(j);
+      if (draining || static_cast<int>(pending_weight.size()) > held) {
+        out.push_back({Op::kBackwardWeight, r, pending_weight.front()});
+        pending_weight.pop_front();
+      }
+    };
+    const int first = std::min(warmup(p, r), m);
+    int f = 0, b = 0;
+    while (f < first) out.push_back({Op::kForward, r, f++});
+    while (f < m) {
+      out.push_back({Op::kForward, r, f++});
+      backward_input(b++, /*draining=*/f == m);
+    }
+    // Draining (every BI after the last forward): each BI is followed by one
+    // held-back BW, which fills the wait for the next gradient from downstream.
+    while (b < m) backward_input(b++, /*draining=*/true);
+    for (int j : pending_weight) out.push_back({Op::kBackwardWeight, r, j});
   }
-  return absl::InvalidArgumentError("unknown schedule kind");
+  return s;
 }
 
-absl::StatusOr<Schedule> GenerateGPipe(const ScheduleOptions& options) {
-  RETURN_IF_ERROR(CheckOptions(ScheduleKind::kGPipe, options));
+// GPipe and looped-bfs: every forward, then every backward.
+absl::StatusOr<Schedule> ChunkByChunk(ScheduleKind kind,
+                                      const ScheduleOptions& options) {
+  RETURN_IF_ERROR(CheckOptions(kind, options));
   // With V > 1, chunks are visited in groups of P microbatches. Pushing all
   // M through chunk 0 first would form a ring of blocked sends once M >= 2P:
   // the last rank's chunk-0 outputs wait for rank 0, which is still sending
   // chunk-0 work downstream.
-  ASSIGN_OR_RETURN(GroupsOfP order,
-                   GroupsOfP::Create(ScheduleKind::kGPipe, options));
-  Schedule s = EmptySchedule(ScheduleKind::kGPipe, options);
+  ASSIGN_OR_RETURN(GroupsOfP order, GroupsOfP::Create(kind, options));
+  Schedule s = EmptySchedule(kind, options);
   const int p = options.ranks;
   const int total = options.microbatches * options.virtual_stages;
   for (int r = 0; r < p; ++r) {
@@ -160,6 +180,48 @@ absl::StatusOr<Schedule> GenerateGPipe(const ScheduleOptions& options) {
     }
   }
   return s;
+}
+
+}  // namespace
+
+bool TakesVirtualStages(ScheduleKind kind) {
+  return kind == ScheduleKind::kGPipe ||
+         kind == ScheduleKind::kInterleaved1F1B ||
+         kind == ScheduleKind::kInterleavedZeroBubble ||
+         kind == ScheduleKind::kLoopedBFS || kind == ScheduleKind::kZeroBubbleV;
+}
+
+absl::StatusOr<Schedule> GenerateSchedule(ScheduleKind kind,
+                                          const ScheduleOptions& options) {
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+      return GenerateGPipe(options);
+    case ScheduleKind::k1F1B:
+      return Generate1F1B(options);
+    case ScheduleKind::kInterleaved1F1B:
+      return GenerateInterleaved1F1B(options);
+    case ScheduleKind::kZeroBubbleH1:
+      return GenerateZeroBubbleH1(options);
+    case ScheduleKind::kEager1F1B:
+      return GenerateEager1F1B(options);
+    case ScheduleKind::kInterleavedZeroBubble:
+      return GenerateInterleavedZeroBubble(options);
+    case ScheduleKind::kZeroBubbleH2:
+      return GenerateZeroBubbleH2(options);
+    case ScheduleKind::kZeroBubbleV:
+      return GenerateZeroBubbleV(options);
+    case ScheduleKind::kLoopedBFS:
+      return GenerateLoopedBFS(options);
+  }
+  return absl::InvalidArgumentError("unknown schedule kind");
+}
+
+absl::StatusOr<Schedule> GenerateGPipe(const ScheduleOptions& options) {
+  return ChunkByChunk(ScheduleKind::kGPipe, options);
+}
+
+absl::StatusOr<Schedule> GenerateLoopedBFS(const ScheduleOptions& options) {
+  return ChunkByChunk(ScheduleKind::kLoopedBFS, options);
 }
 
 absl::StatusOr<Schedule> Generate1F1B(const ScheduleOptions& options) {
@@ -207,38 +269,23 @@ absl::StatusOr<Schedule> GenerateInterleaved1F1B(
 }
 
 absl::StatusOr<Schedule> GenerateZeroBubbleH1(const ScheduleOptions& options) {
-  RETURN_IF_ERROR(CheckOptions(ScheduleKind::kZeroBubbleH1, options));
-  Schedule s = EmptySchedule(ScheduleKind::kZeroBubbleH1, options);
-  const int p = options.ranks, m = options.microbatches;
-  for (int r = 0; r < p; ++r) {
-    auto& out = s.actions[r];
-    out.reserve(3 * m);
-    // Rank r starts r forward-times after rank 0; holding back r weight
-    // gradients lets it run the input-gradient chain (the critical path
-    // upstream) first and spend the held-back BWs where 1F1B would idle.
-    const int hold_back = r;
-    std::deque<int> pending_weight;
-    auto backward_input = [&](int j, bool draining) {
-      out.push_back({Op::kBackwardInput, r, j});
-      pending_weight.push_back(j);
-      if (draining || static_cast<int>(pending_weight.size()) > hold_back) {
-        out.push_back({Op::kBackwardWeight, r, pending_weight.front()});
-        pending_weight.pop_front();
-      }
-    };
-    const int warmup = std::min(p - r - 1, m);
-    int f = 0, b = 0;
-    while (f < warmup) out.push_back({Op::kForward, r, f++});
-    while (f < m) {
-      out.push_back({Op::kForward, r, f++});
-      backward_input(b++, /*draining=*/f == m);
-    }
-    // Draining (every BI after the last forward): each BI is followed by one
-    // held-back BW, which fills the wait for the next gradient from downstream.
-    while (b < m) backward_input(b++, /*draining=*/true);
-    for (int j : pending_weight) out.push_back({Op::kBackwardWeight, r, j});
-  }
-  return s;
+  // Rank r starts r forward-times after rank 0; holding back r weight
+  // gradients lets it run the input-gradient chain (the critical path
+  // upstream) first and spend the held-back BWs where 1F1B would idle.
+  return WarmupThenSplitBackward(
+      ScheduleKind::kZeroBubbleH1, options,
+      [](int p, int r) { return p - r - 1; }, [](int, int r) { return r; });
+}
+
+absl::StatusOr<Schedule> GenerateZeroBubbleH2(const ScheduleOptions& options) {
+  // Rank r's first input gradient arrives 2(P-r)-1 forward-times after its
+  // first forward: that many forwards fill the wait. Holding back 2r weight
+  // gradients (twice zb-h1's) keeps the input-gradient chain upstream free
+  // of them until the drain.
+  return WarmupThenSplitBackward(
+      ScheduleKind::kZeroBubbleH2, options,
+      [](int p, int r) { return 2 * (p - r - 1); },
+      [](int, int r) { return 2 * r; });
 }
 
 absl::StatusOr<Schedule> GenerateInterleavedZeroBubble(
@@ -293,6 +340,65 @@ absl::StatusOr<Schedule> GenerateInterleavedZeroBubble(
     }
     for (int op = total; op < total + warmup; ++op) backward(op);
     for (const Action& a : pending_weight) out.push_back(a);
+  }
+  return s;
+}
+
+absl::StatusOr<Schedule> GenerateZeroBubbleV(const ScheduleOptions& options) {
+  constexpr ScheduleKind kKind = ScheduleKind::kZeroBubbleV;
+  RETURN_IF_ERROR(CheckOptions(kKind, options));
+  const int p = options.ranks, m = options.microbatches;
+  // The order is laid out for at least 2P-1 microbatches, which keeps every
+  // phase's count non-negative, and the surplus microbatches are dropped.
+  const int n = std::max(m, 2 * p - 1);
+  Schedule s = EmptySchedule(kKind, options);
+  for (int r = 0; r < p; ++r) {
+    auto& out = s.actions[r];
+    out.reserve(6 * m);
+    // Chunk 0 runs down the ranks (stage r), chunk 1 back up (stage 2P-1-r).
+    const int stage[2] = {r, 2 * p - 1 - r};
+    int next_f[2] = {0, 0}, next_bi[2] = {0, 0}, next_bw[2] = {0, 0};
+    auto push = [&](Op op, int chunk, int* next) {
+      const int mb = next[chunk]++;
+      if (mb < m) out.push_back({op, stage[chunk], mb});
+    };
+    auto f = [&](int chunk) { push(Op::kForward, chunk, next_f); };
+    auto bi = [&](int chunk) { push(Op::kBackwardInput, chunk, next_bi); };
+    auto bw = [&](int chunk) { push(Op::kBackwardWeight, chunk, next_bw); };
+    // Warm-up: chunk-0 forwards until the first chunk-1 input can have come
+    // back up, then chunk 1 joins, then chunk 1's first backwards.
+    for (int i = 0; i < 2 * (p - r) - 1; ++i) f(0);
+    for (int i = 0; i < r; ++i) {
+      f(1);
+      f(0);
+    }
+    for (int i = 0; i < p - r; ++i) {
+      f(1);
+      bi(1);
+      bw(1);
+    }
+    // Steady: each chunk a forward, an input gradient and its weight
+    // gradient in turn.
+    while (next_f[1] < next_f[0] || next_f[0] < n) {
+      if (next_f[0] < n) f(0);
+      bi(0);
+      bw(0);
+      f(1);
+      bi(1);
+      bw(1);
+    }
+    // Cool-down: the input-gradient chain first (it is the critical path
+    // upstream), weight gradients where the rank would otherwise wait.
+    for (int i = 0; i < r; ++i) {
+      bi(0);
+      bi(1);
+    }
+    for (int i = 0; i < p - r; ++i) {
+      bi(0);
+      bw(0);
+    }
+    while (next_bw[1] < next_bi[1]) bw(1);
+    while (next_bw[0] < next_bi[0]) bw(0);
   }
   return s;
 }

@@ -1,6 +1,7 @@
 // Schedule generators: gpipe, 1f1b (PipeDream-flush), interleaved-1f1b
-// (Megatron-style, V >= 1), zb-h1 (zero-bubble H1, Qi et al. 2023) and
-// eager-1f1b (JaxPP's Eager1F1B).
+// (Megatron-style, V >= 1), zb-h1 and zb-h2 (zero-bubble H1 and H2, Qi et
+// al. 2023), eager-1f1b (JaxPP's Eager1F1B), interleaved-zb (ZB1P), zb-v
+// (ZB-V, two stages a rank in a V) and looped-bfs.
 //
 // Every generator accepts any M >= 1 it can serve without risking a hang;
 // where a schedule needs more (gpipe and interleaved-1f1b with V > 1 need
@@ -23,11 +24,11 @@ inline constexpr int kMaxMicrobatches = 1 << 20;
 struct ScheduleOptions {
   int ranks = 1;           // P >= 1
   int microbatches = 1;    // M >= 1
-  int virtual_stages = 1;  // V >= 1; only gpipe and interleaved-1f1b take V > 1
+  int virtual_stages = 1;  // V >= 1; see TakesVirtualStages
 };
 
 // True for the kinds that take V > 1 virtual stages per rank: gpipe,
-// interleaved-1f1b and interleaved-zb.
+// interleaved-1f1b, interleaved-zb, looped-bfs and zb-v (V = 2 only).
 bool TakesVirtualStages(ScheduleKind kind);
 
 // Dispatches on `kind`. InvalidArgument for out-of-range options or a
@@ -79,6 +80,41 @@ absl::StatusOr<Schedule> GenerateEager1F1B(const ScheduleOptions& options);
 // deadlocks under rendezvous sends (P = 4, M = 8, V = 2).
 absl::StatusOr<Schedule> GenerateInterleavedZeroBubble(
     const ScheduleOptions& options);
+
+// Zero-bubble H2: rank r runs min(2(P-r-1), M) warm-up forwards, so its
+// first BI comes after 2(P-r)-1 forwards (the wait for the first gradient,
+// filled), then zb-h1's pairs of F and BI, holding back 2r BWs. Up to
+// 2(P-r)-1 microbatches are stashed on rank r, about twice 1F1B's peak. With
+// M >= 2P-1 its makespan is M(F+BI+BW) + (P-1)F, the floor for a step that
+// ends in a synchronous optimizer update (rank P-1 cannot start before P-1
+// forwards and then has M(F+BI+BW) of work); at F = BI = BW that is
+// zb-h1's, (P-1)/(3M+P-1), and with BI > BW it is shorter (with M < P it
+// can be a few units longer than zb-h1's). The paper's ZB-H2
+// has no bubble at all only by moving the optimizer step off the critical
+// path, which a synchronous step cannot. V must be 1.
+absl::StatusOr<Schedule> GenerateZeroBubbleH2(const ScheduleOptions& options);
+
+// Zero bubble V (ZB-V, Qi et al. 2024; PyTorch's ScheduleZBVZeroBubble,
+// action for action): V must be 2 and the placement is v, so rank r holds
+// stages r and 2P-1-r. Rank r warms up with 2(P-r)-1 chunk-0 forwards, r
+// pairs of chunk-1 and chunk-0 forwards, and P-r chunk-1 F, BI, BW triples;
+// then each chunk runs F, BI, BW in turn; the cool-down runs the BI chain
+// first and the held-back BWs last. The order is laid out for max(M, 2P-1)
+// microbatches and the surplus dropped. Up to 2P microbatch-stages are
+// stashed on a rank (1F1B's memory at half-size stages). With M >= 2P and
+// F = BI = BW its bubble is (P-1)/(6M+P-1), half zb-h1's over the same
+// model. Its sends must not wait for their receivers (SendsRendezvous is
+// false): every Conveyor channel buffers them.
+absl::StatusOr<Schedule> GenerateZeroBubbleV(const ScheduleOptions& options);
+
+// Looped BFS (PyTorch's ScheduleLoopedBFS): a rank's chunks breadth first,
+// every microbatch through one chunk before the next. Under rendezvous sends
+// pushing all M microbatches through a chunk deadlocks once M >= 2P (the
+// last rank's chunk-0 outputs wait for rank 0, still sending chunk-0 work),
+// so microbatches go through the chunks in groups of P (M % P == 0 needed
+// with V > 1), the same order as gpipe with V > 1; backwards run microbatches
+// ascending for the bitwise-equal accumulation order. V = 1 is gpipe.
+absl::StatusOr<Schedule> GenerateLoopedBFS(const ScheduleOptions& options);
 
 }  // namespace conveyor::scheduler
 

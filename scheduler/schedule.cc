@@ -18,6 +18,12 @@ absl::string_view ScheduleKindName(ScheduleKind kind) {
       return "eager-1f1b";
     case ScheduleKind::kInterleavedZeroBubble:
       return "interleaved-zb";
+    case ScheduleKind::kZeroBubbleH2:
+      return "zb-h2";
+    case ScheduleKind::kZeroBubbleV:
+      return "zb-v";
+    case ScheduleKind::kLoopedBFS:
+      return "looped-bfs";
   }
   return "?";
 }
@@ -32,7 +38,17 @@ absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view name) {
 
 bool SplitsBackward(ScheduleKind kind) {
   return kind == ScheduleKind::kZeroBubbleH1 ||
-         kind == ScheduleKind::kInterleavedZeroBubble;
+         kind == ScheduleKind::kInterleavedZeroBubble ||
+         kind == ScheduleKind::kZeroBubbleH2 ||
+         kind == ScheduleKind::kZeroBubbleV;
+}
+
+bool SendsRendezvous(ScheduleKind kind) {
+  return kind != ScheduleKind::kZeroBubbleV;
+}
+
+Placement PlacementOf(ScheduleKind kind) {
+  return kind == ScheduleKind::kZeroBubbleV ? Placement::kV : Placement::kLoop;
 }
 
 size_t Schedule::TotalActions() const {

@@ -54,7 +54,7 @@ class Validator {
     if (auto v = CheckActions()) return v;
     if (auto v = CheckComplete()) return v;
     if (auto v = CheckMessageOrder()) return v;
-    return CheckRendezvous();
+    return SendsRendezvous(s_.kind) ? CheckRendezvous() : CheckBuffered();
   }
 
  private:
@@ -224,11 +224,14 @@ class Validator {
     return std::nullopt;
   }
 
-  // One in-order channel per sender and direction, matching the two streams
-  // of the executor model: activations and gradients never share an order,
-  // even with P = 2 where both go to the same peer.
-  static int Channel(int from, const Message& m) {
-    return 2 * from + (m.gradient ? 1 : 0);
+  // One in-order channel per sender, receiver and direction, matching the
+  // two streams of the executor model: activations and gradients never share
+  // an order, even with P = 2 where both go to the same peer. Every
+  // placement sends only to the next or the previous rank (mod P), so a
+  // sender has at most four channels.
+  int Channel(int from, int to, const Message& m) const {
+    const int side = to == (from + 1) % p_ ? 0 : 1;
+    return 4 * from + 2 * side + (m.gradient ? 1 : 0);
   }
 
   // Builds the streams (see the header) and checks that, on every channel,
@@ -237,7 +240,7 @@ class Validator {
     struct Sequences {
       std::vector<std::pair<Message, Endpoint>> sent, expected;
     };
-    std::vector<Sequences> channels(2 * p_);
+    std::vector<Sequences> channels(4 * p_);
     streams_.assign(2 * p_, {});
     recv_group_.assign(p_, {});
     for (int r = 0; r < p_; ++r) {
@@ -254,34 +257,48 @@ class Validator {
       for (int i = 0; i < n; ++i) {
         if (auto recv = RecvOf(program[i], r)) {
           const int d = recv->second.gradient ? 1 : 0;
-          auto& seq = channels[Channel(recv->first, recv->second)].expected;
+          const int channel = Channel(recv->first, r, recv->second);
+          auto& seq = channels[channel].expected;
           auto& stream = streams_[2 * r + d];
           if (!open[d]) stream.push_back({});
           open[d] = false;
-          stream.back().Add({recv->first, Channel(recv->first, recv->second),
-                             static_cast<int>(seq.size()), false});
+          stream.back().Add(
+              {recv->first, channel, static_cast<int>(seq.size()), false});
           recv_group_[r][i] = static_cast<int>(stream.size()) - 1;
           seq.push_back({recv->second, {r, i}});
         }
         if (auto send = SendOf(program[i], r)) {
           const int d = send->second.gradient ? 1 : 0;
-          auto& seq = channels[Channel(r, send->second)].sent;
+          const int channel = Channel(r, send->first, send->second);
+          auto& seq = channels[channel].sent;
           auto& stream = streams_[2 * r + d];
           stream.push_back({});
           stream.back().send_action = i;
           open[d] = true;
-          stream.back().Add({send->first, Channel(r, send->second),
-                             static_cast<int>(seq.size()), true});
+          stream.back().Add(
+              {send->first, channel, static_cast<int>(seq.size()), true});
           seq.push_back({send->second, {r, i}});
         }
+      }
+    }
+    // Each receive's sender, for the buffered-send check (meaningful only
+    // where the sequences match, which is all that check sees).
+    sender_of_.assign(p_, {});
+    for (int r = 0; r < p_; ++r) {
+      sender_of_[r].assign(s_.actions[r].size(), Endpoint{-1, -1});
+    }
+    for (const Sequences& seq : channels) {
+      for (size_t k = 0; k < seq.expected.size() && k < seq.sent.size(); ++k) {
+        const Endpoint& e = seq.expected[k].second;
+        sender_of_[e.rank][e.index] = seq.sent[k].second;
       }
     }
     // Report the mismatch whose receiving action comes first (by rank, then
     // position), so the answer does not depend on channel numbering.
     std::optional<ScheduleViolation> first;
-    for (int channel = 0; channel < 2 * p_; ++channel) {
+    for (int channel = 0; channel < 4 * p_; ++channel) {
       const Sequences& seq = channels[channel];
-      const int from = channel / 2;
+      const int from = channel / 4;
       for (size_t k = 0; k < seq.expected.size(); ++k) {
         // Completeness guarantees equal lengths; a mismatch is an ordering
         // problem.
@@ -308,6 +325,59 @@ class Validator {
     return first;
   }
 
+  // With buffered sends (a send never waits; see SendsRendezvous) a rank
+  // stops only at an action whose input has not been sent: the schedule
+  // deadlocks exactly when some action waits, directly or through a chain,
+  // on itself.
+  std::optional<ScheduleViolation> CheckBuffered() const {
+    std::vector<int> computed(p_, 0);
+    std::vector<std::vector<int>> waiters(p_);
+    std::vector<int> work(p_);
+    for (int r = 0; r < p_; ++r) work[r] = p_ - 1 - r;
+    auto blocker = [&](int r) -> const Endpoint* {
+      const Endpoint& from = sender_of_[r][computed[r]];
+      return from.rank >= 0 && computed[from.rank] <= from.index ? &from
+                                                                 : nullptr;
+    };
+    while (!work.empty()) {
+      const int r = work.back();
+      work.pop_back();
+      const int n = static_cast<int>(s_.actions[r].size());
+      const int before = computed[r];
+      while (computed[r] < n) {
+        if (const Endpoint* from = blocker(r)) {
+          waiters[from->rank].push_back(r);
+          break;
+        }
+        ++computed[r];
+      }
+      if (computed[r] != before) {
+        for (int w : waiters[r]) work.push_back(w);
+        waiters[r].clear();
+      }
+    }
+    for (int r = 0; r < p_; ++r) {
+      if (computed[r] == static_cast<int>(s_.actions[r].size())) continue;
+      // Follow who waits for whom until a rank repeats.
+      std::vector<unsigned char> visited(p_, 0);
+      std::string chain;
+      for (int at = r; !visited[at];) {
+        visited[at] = 1;
+        const Endpoint& from = sender_of_[at][computed[at]];
+        absl::StrAppend(&chain, chain.empty() ? "" : "; ", "rank ", at, "'s ",
+                        ToString(s_.actions[at][computed[at]]),
+                        " waits for rank ", from.rank, "'s ",
+                        ToString(s_.actions[from.rank][from.index]));
+        at = from.rank;
+      }
+      return At(r, computed[r],
+                absl::StrCat("deadlocks even with buffered sends (every "
+                             "action waits on another in a cycle): ",
+                             chain));
+    }
+    return std::nullopt;
+  }
+
   int StreamOf(int rank, bool gradient) const {
     return 2 * rank + (gradient ? 1 : 0);
   }
@@ -315,7 +385,7 @@ class Validator {
   std::optional<ScheduleViolation> CheckRendezvous() {
     // posted[channel][k]: bit 1 once the k-th send is posted, bit 2 once the
     // k-th receive is; the pair completes when both are.
-    std::vector<std::vector<unsigned char>> posted(2 * p_);
+    std::vector<std::vector<unsigned char>> posted(4 * p_);
     // Per stream: groups posted so far, unmatched ops in the newest one.
     std::vector<int> posted_groups(2 * p_, 0), pending(2 * p_, 0);
     std::vector<int> computed(p_, 0);
@@ -449,6 +519,9 @@ class Validator {
   std::vector<std::vector<Group>> streams_;
   // recv_group_[r][i]: the group on action i's stream that holds its receive.
   std::vector<std::vector<int>> recv_group_;
+  // sender_of_[r][i]: the action that sends action i's input ({-1, -1}:
+  // none crosses ranks).
+  std::vector<std::vector<Endpoint>> sender_of_;
 };
 
 }  // namespace

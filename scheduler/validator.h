@@ -2,7 +2,7 @@
 // worker allocates anything.
 //
 // Checks, in order, reporting the first violation found:
-//  1. Every action belongs to its rank (stage s on rank s mod P), stays within
+//  1. Every action belongs to its rank (the schedule's placement), stays within
 //     the stages and microbatches, and appears once; a (stage, microbatch)
 //     uses either B or BI+BW, never both.
 //  2. Order on each rank: F(s,mb) after F(s-1,mb); B/BI(s,mb) after F(s,mb)

@@ -1,6 +1,7 @@
 #include "scheduler/generators.h"
 
 #include <algorithm>
+#include <array>
 #include <string>
 #include <vector>
 
@@ -61,7 +62,9 @@ TEST(GeneratorsPropertyTest, ValidAndMatchClosedForms) {
           auto s = GenerateSchedule(
               kind, {.ranks = p, .microbatches = m, .virtual_stages = v});
           const bool supported =
-              v == 1 || (TakesVirtualStages(kind) && m % p == 0);
+              kind == ScheduleKind::kZeroBubbleV
+                  ? v == 2
+                  : v == 1 || (TakesVirtualStages(kind) && m % p == 0);
           ASSERT_EQ(s.ok(), supported) << what << ": " << s.status();
           if (!s.ok()) {
             EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument)
@@ -104,6 +107,59 @@ TEST(GeneratorsPropertyTest, ValidAndMatchClosedForms) {
                   << what << " rank " << rank;
             }
           }
+          if (kind == ScheduleKind::kZeroBubbleH2) {
+            // Rank r stashes its 2(P-r)-1 warm-up microbatches, or holds
+            // them until their held-back BWs: 2P-1 on every rank, about
+            // twice 1F1B's P.
+            for (int rank = 0; rank < p; ++rank) {
+              EXPECT_EQ(r->peak_inflight[rank], std::min(2 * p - 1, m))
+                  << what << " rank " << rank;
+            }
+            // With M >= 2P-1, the synchronous floor M(F+BI+BW) + (P-1)F at
+            // equal and unequal costs; with M >= P never above zb-h1's step
+            // (below it, a unit or two longer in some cases).
+            for (auto [f, bi, bw] : {std::array<int64_t, 3>{1, 1, 1},
+                                     {4, 5, 3},
+                                     {1, 2, 1},
+                                     {2, 1, 3}}) {
+              auto c = SimulationCosts<int64_t>::UniformSplit(f, bi, bw);
+              auto h2 = Simulate(*s, c);
+              auto h1 =
+                  Simulate(MustGenerate(ScheduleKind::kZeroBubbleH1, p, m), c);
+              ASSERT_TRUE(h2.ok() && h1.ok()) << what;
+              if (m >= p) EXPECT_LE(h2->makespan, h1->makespan) << what;
+              if (m >= 2 * p - 1) {
+                EXPECT_EQ(h2->makespan, m * (f + bi + bw) + (p - 1) * f)
+                    << what << " F=" << f << " BI=" << bi << " BW=" << bw;
+              }
+            }
+          }
+          if (kind == ScheduleKind::kZeroBubbleV) {
+            // Rank r holds stages r and 2P-1-r, and at most 2P
+            // microbatch-stages: 1F1B's first-rank stash of P whole stages.
+            for (int rank = 0; rank < p; ++rank) {
+              for (const Action& a : s->actions[rank]) {
+                ASSERT_TRUE(a.stage == rank || a.stage == 2 * p - 1 - rank)
+                    << what << " " << ToString(a);
+              }
+              EXPECT_LE(r->peak_inflight[rank], 2 * p) << what;
+            }
+            // Over the same model (zb-h1's stages cost twice a zb-v stage),
+            // never a longer step; with M >= 2P, half of zb-h1's bubble.
+            auto h1 = Simulate(MustGenerate(ScheduleKind::kZeroBubbleH1, p, m),
+                               SimulationCosts<int64_t>::UniformSplit(2, 2, 2));
+            ASSERT_TRUE(h1.ok());
+            EXPECT_LE(r->makespan, h1->makespan) << what;
+            if (m >= 2 * p) {
+              EXPECT_EQ(2 * (r->makespan - 6 * m), h1->makespan - 6 * m)
+                  << what;
+            }
+          }
+          if (kind == ScheduleKind::kLoopedBFS) {
+            EXPECT_EQ(s->actions,
+                      MustGenerate(ScheduleKind::kGPipe, p, m, v).actions)
+                << what;
+          }
           if (kind == ScheduleKind::kZeroBubbleH1) {
             auto base = Simulate(MustGenerate(ScheduleKind::k1F1B, p, m),
                                  SimulationCosts<int64_t>::Uniform(1, 2));
@@ -122,12 +178,12 @@ TEST(GeneratorsPropertyTest, ValidAndMatchClosedForms) {
       }
     }
   }
-  // V = 1 for every kind, plus V = 2..4 with P | M for the three that take
-  // virtual stages.
+  // V = 1 for every kind but zb-v, V = 2 for zb-v, plus V = 2..4 with P | M
+  // for the four that take virtual stages in groups of P.
   int divisible = 0;
   for (int p = 1; p <= 16; ++p) divisible += 64 / p;
   EXPECT_EQ(generated,
-            std::size(kAllScheduleKinds) * 16 * 64 + 3 * 3 * divisible);
+            std::size(kAllScheduleKinds) * 16 * 64 + 4 * 3 * divisible);
 }
 
 TEST(GeneratorsTest, InterleavedV1ReproducesJaxPPWarmup) {
@@ -198,6 +254,37 @@ TEST(GeneratorsTest, ZeroBubbleH1MatchesThePaperBubbleAtUnitCosts) {
   for (int64_t idle : r->idle) EXPECT_EQ(idle, 3);
 }
 
+TEST(GeneratorsTest, ZeroBubbleVReproducesPyTorchsOrder) {
+  // PyTorch's ScheduleZBVZeroBubble at P = 2, M = 4, worked by hand from its
+  // phases: rank 0 holds stages 0 and 3, rank 1 stages 1 and 2.
+  Schedule s = MustGenerate(ScheduleKind::kZeroBubbleV, 2, 4, 2);
+  EXPECT_EQ(s.placement, Placement::kV);
+  EXPECT_EQ(Line(s, 0),
+            "F0.0 F0.1 F0.2 F3.0 BI3.0 BW3.0 F3.1 BI3.1 BW3.1 F0.3 BI0.0 "
+            "BW0.0 F3.2 BI3.2 BW3.2 BI0.1 BW0.1 F3.3 BI3.3 BW3.3 BI0.2 BW0.2 "
+            "BI0.3 BW0.3");
+  EXPECT_EQ(Line(s, 1),
+            "F1.0 F2.0 F1.1 F2.1 BI2.0 BW2.0 F1.2 BI1.0 BW1.0 F2.2 BI2.1 "
+            "BW2.1 F1.3 BI1.1 BW1.1 F2.3 BI2.2 BW2.2 BI1.2 BI2.3 BI1.3 BW1.2 "
+            "BW2.3 BW1.3");
+  // Its sends must be buffered: under rendezvous it deadlocks.
+  EXPECT_FALSE(SendsRendezvous(ScheduleKind::kZeroBubbleV));
+}
+
+TEST(GeneratorsTest, ZeroBubbleH2FillsTheWarmupWithForwards) {
+  Schedule s = MustGenerate(ScheduleKind::kZeroBubbleH2, 4, 8);
+  // Rank 0: 2(P-1) warm-up forwards, then F BI pairs; it holds back no BW.
+  EXPECT_EQ(Line(s, 0),
+            "F0.0 F0.1 F0.2 F0.3 F0.4 F0.5 F0.6 BI0.0 BW0.0 F0.7 BI0.1 "
+            "BW0.1 BI0.2 BW0.2 BI0.3 BW0.3 BI0.4 BW0.4 BI0.5 BW0.5 BI0.6 "
+            "BW0.6 BI0.7 BW0.7");
+  // The last rank holds back 2(P-1) = 6 BWs until it drains.
+  EXPECT_EQ(Line(s, 3),
+            "F3.0 BI3.0 F3.1 BI3.1 F3.2 BI3.2 F3.3 BI3.3 F3.4 BI3.4 F3.5 "
+            "BI3.5 F3.6 BI3.6 BW3.0 F3.7 BI3.7 BW3.1 BW3.2 BW3.3 BW3.4 BW3.5 "
+            "BW3.6 BW3.7");
+}
+
 TEST(GeneratorsTest, RejectsOptionsWithTheFieldAndTheRule) {
   struct Case {
     ScheduleKind kind;
@@ -219,6 +306,12 @@ TEST(GeneratorsTest, RejectsOptionsWithTheFieldAndTheRule) {
       {ScheduleKind::kInterleaved1F1B,
        {.ranks = 4, .microbatches = 6, .virtual_stages = 2},
        "must be a multiple of ranks (P = 4)"},
+      {ScheduleKind::kZeroBubbleV,
+       {.ranks = 4, .microbatches = 8, .virtual_stages = 1},
+       "zb-v holds two stages a rank (V = 2"},
+      {ScheduleKind::kZeroBubbleV,
+       {.ranks = 4, .microbatches = 8, .virtual_stages = 4},
+       "got V = 4"},
       {ScheduleKind::k1F1B,
        {.ranks = 4096, .microbatches = 1 << 20},
        "too large"},

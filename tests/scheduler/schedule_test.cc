@@ -34,11 +34,48 @@ TEST(ScheduleKindTest, ParseRoundTripsAndListsAllowedNames) {
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, kind);
   }
-  auto bad = ParseScheduleKind("zb-v");
+  auto bad = ParseScheduleKind("zb-w");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(
       bad.status().message(),
-      HasSubstr("'zb-v'; allowed: gpipe, 1f1b, interleaved-1f1b, zb-h1"));
+      HasSubstr("'zb-w'; allowed: gpipe, 1f1b, interleaved-1f1b, zb-h1"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("zb-v, looped-bfs"));
+}
+
+TEST(PlacementTest, ParseRoundTripsAndListsAllowedNames) {
+  for (Placement p : {Placement::kLoop, Placement::kV}) {
+    auto parsed = ParsePlacement(PlacementName(p));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, p);
+  }
+  EXPECT_THAT(ParsePlacement("u").status().message(),
+              HasSubstr("'u'; allowed: loop, v"));
+}
+
+TEST(PlacementTest, VKeepsTheEndsOnRankZeroAndNeighboursAdjacent) {
+  // P = 4, V = 2: rank r holds stages r and 7-r.
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_THAT(StagesOfRank(Placement::kV, r, 4, 8),
+                ::testing::ElementsAre(r, 7 - r));
+  }
+  // P = 3, V = 4: down, up, down, up.
+  const int want[12] = {0, 1, 2, 2, 1, 0, 0, 1, 2, 2, 1, 0};
+  for (int s = 0; s < 12; ++s)
+    EXPECT_EQ(StageRank(Placement::kV, s, 3), want[s]);
+  // Each chunk boundary is local, so a rank talks only to r-1 and r+1.
+  EXPECT_THAT(NeighbourRanks(Placement::kV, 0, 4, 8),
+              ::testing::ElementsAre(1));
+  EXPECT_THAT(NeighbourRanks(Placement::kV, 2, 4, 8),
+              ::testing::ElementsAre(1, 3));
+  EXPECT_THAT(NeighbourRanks(Placement::kV, 3, 4, 8),
+              ::testing::ElementsAre(2));
+  // Loop with V > 1 closes the ring: rank P-1 hands chunk 0 to rank 0.
+  EXPECT_THAT(NeighbourRanks(Placement::kLoop, 0, 4, 8),
+              ::testing::ElementsAre(1, 3));
+  EXPECT_THAT(NeighbourRanks(Placement::kLoop, 0, 4, 4),
+              ::testing::ElementsAre(1));
+  EXPECT_THAT(NeighbourRanks(Placement::kLoop, 0, 1, 3),
+              ::testing::ElementsAre());
 }
 
 TEST(ScheduleTest, StagesMapToRanksModuloP) {
@@ -47,6 +84,9 @@ TEST(ScheduleTest, StagesMapToRanksModuloP) {
   s.virtual_stages = 2;
   EXPECT_EQ(s.num_stages(), 8);
   EXPECT_EQ(s.RankOfStage(5), 1);
+  s.placement = Placement::kV;
+  EXPECT_EQ(s.RankOfStage(5), 2);
+  EXPECT_EQ(s.RankOfStage(7), 0);
   EXPECT_TRUE(s.IsLastStage(7));
   EXPECT_FALSE(s.IsLastStage(3));
 }

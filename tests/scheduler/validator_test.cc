@@ -183,5 +183,44 @@ TEST(ValidatorTest, RingOfBlockedSendsIsADeadlockOnlyUnderRendezvous) {
       << ValidateSchedule(*generated);
 }
 
+TEST(ValidatorTest, TheSameRingRunsWithBufferedSends) {
+  // zb-v's model: a send never waits, so only a true cycle deadlocks. The
+  // ring above is then fine (rank 1 is placed v-wise here: stages 1 and 2).
+  Schedule s = Parse(2, 2,
+                     {"F0.0 F0.1 F3.0 F3.1 B3.0 B3.1 B0.0 B0.1",
+                      "F1.0 F1.1 F2.0 F2.1 B2.0 B2.1 B1.0 B1.1"},
+                     2);
+  s.kind = ScheduleKind::kZeroBubbleV;
+  s.placement = Placement::kV;
+  EXPECT_TRUE(ValidateSchedule(s).ok()) << ValidateSchedule(s);
+  // Rank 0 wants F3.0's input before it sends F0.1, while rank 1 runs F2.0
+  // only after F1.1, which needs F0.1: a cycle no buffering breaks.
+  Schedule cycle = Parse(2, 2,
+                         {"F0.0 F3.0 F0.1 F3.1 B3.0 B3.1 B0.0 B0.1",
+                          "F1.0 F1.1 F2.0 F2.1 B2.0 B2.1 B1.0 B1.1"},
+                         2);
+  cycle.kind = ScheduleKind::kZeroBubbleV;
+  cycle.placement = Placement::kV;
+  ScheduleViolation v = MustViolate(cycle);
+  EXPECT_EQ(v.rank, 0);
+  EXPECT_EQ(ToString(v.action), "F3.0");
+  EXPECT_THAT(v.reason, HasSubstr("deadlocks even with buffered sends"));
+  EXPECT_THAT(v.reason, HasSubstr("rank 0's F3.0 waits for rank 1's F2.0"));
+  EXPECT_THAT(v.reason, HasSubstr("rank 1's F1.1 waits for rank 0's F0.1"));
+}
+
+TEST(ValidatorTest, ZeroBubbleVNeedsBufferedSends) {
+  auto s =
+      GenerateSchedule(ScheduleKind::kZeroBubbleV,
+                       {.ranks = 3, .microbatches = 5, .virtual_stages = 2});
+  ASSERT_TRUE(s.ok());
+  EXPECT_TRUE(ValidateSchedule(*s).ok()) << ValidateSchedule(*s);
+  // The same order, checked as a rendezvous kind, deadlocks: rank 0's
+  // fifth chunk-0 forward waits for rank 1, which is still sending up.
+  s->kind = ScheduleKind::kInterleavedZeroBubble;
+  ScheduleViolation v = MustViolate(*s);
+  EXPECT_THAT(v.reason, HasSubstr("deadlocks under rendezvous sends"));
+}
+
 }  // namespace
 }  // namespace conveyor::scheduler
