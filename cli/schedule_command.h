@@ -15,11 +15,11 @@ namespace conveyor::cli {
 
 struct ScheduleCommandOptions {
   std::string kind = "1f1b";
-  int stages = 0;        // P, required unless `from` is set
-  int microbatches = 0;  // M, required unless `from` is set
-  int virtual_stages = 1;
+  int stages = 0;          // P, required unless `from` is set
+  int microbatches = 0;    // M, required unless `from` is set
+  int virtual_stages = 0;  // V; 0: the kind's (2 for zb-v, else 1)
   // "F,B" (full backward) or "F,BI,BW" (split backward). Empty: 1,2 for
-  // schedules with a full backward, 1,1,1 for zb-h1.
+  // schedules with a full backward, 1,1,1 for split ones (zb-*).
   std::string costs;
   std::string latency = "0";
   std::string bandwidth = "0";  // bytes per time unit; 0 = free transfers

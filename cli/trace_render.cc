@@ -256,6 +256,7 @@ absl::StatusOr<std::string> RenderTraceSvg(const v1::Trace& trace,
           absl::StrCat("the trace's schedule: ", kind.status().message()));
     }
     schedule.kind = *kind;
+    schedule.placement = scheduler::PlacementOf(*kind);
   }
   schedule.ranks = p;
   schedule.virtual_stages = trace.virtual_stages();
@@ -297,7 +298,7 @@ absl::StatusOr<std::string> RenderTraceSvg(const v1::Trace& trace,
       }
       if (OpOf(span.kind()) &&
           (span.stage() < 0 || span.stage() >= num_stages ||
-           span.stage() % p != r || span.microbatch() < 0 ||
+           schedule.RankOfStage(span.stage()) != r || span.microbatch() < 0 ||
            span.microbatch() >= schedule.microbatches)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "rank ", r, " has a ", SpanName(span), " span (stage ",

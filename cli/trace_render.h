@@ -62,8 +62,8 @@ std::string RenderChromeTrace(const v1::Trace& trace);
 // number of ranks differs from num_ranks, or a rank number is out of range
 // or repeated; V or M below 1, or P*V*M too large; an unknown schedule name;
 // a stage action whose stage is outside [0, P*V) or not on its rank
-// (stage % P != rank) or whose microbatch is outside [0, M); a span with a
-// negative start or duration.
+// (by the schedule's placement) or whose microbatch is outside [0, M); a span
+// with a negative start or duration.
 absl::StatusOr<std::string> RenderTraceSvg(const v1::Trace& trace,
                                            scheduler::SvgOptions options = {});
 

@@ -161,11 +161,10 @@ absl::StatusOr<JobPlan> PlanCut(engine::JobSpec job,
   }
   if (v > 1 && !scheduler::TakesVirtualStages(*kind)) {
     return PipelineError(
-        job,
-        absl::StrCat(job.pipeline.schedule,
-                     " takes no virtual stages (virtual_stages = ", v,
-                     "); use interleaved-1f1b, interleaved-zb or gpipe, or set "
-                     "virtual_stages: 1"));
+        job, absl::StrCat(job.pipeline.schedule,
+                          " takes no virtual stages (virtual_stages = ", v,
+                          "); use interleaved-1f1b, interleaved-zb, zb-v, "
+                          "looped-bfs or gpipe, or set virtual_stages: 1"));
   }
   if (job.training.microbatches > scheduler::kMaxMicrobatches) {
     return PipelineError(
@@ -199,7 +198,7 @@ absl::StatusOr<JobPlan> PlanCut(engine::JobSpec job,
   for (int s = 0; s < stages; ++s) {
     StagePlan sp;
     sp.stage = s;
-    sp.rank = s % plan.num_ranks;
+    sp.rank = plan.schedule.RankOfStage(s);
     sp.first_layer = job.model.stage_begin[s];
     sp.num_layers = job.model.StageEnd(s) - sp.first_layer;
     for (const engine::ParamSpec* p : job.model.StageParams(s)) {

@@ -2,8 +2,9 @@
 // worker. It checks what the schedule needs of the job (the schedule name,
 // virtual stages against the model's stages, microbatches against the
 // schedule's rules), cuts the model at its `boundary` markers into P*V
-// stages, places stage s on rank s mod P, and generates and validates the
-// schedule's per-rank action lists for one step.
+// stages, places them on ranks as the schedule's placement says (stage s on
+// rank s mod P; zb-v: rank r holds stages r and 2P-1-r), and generates and
+// validates the schedule's per-rank action lists for one step.
 //
 // The coordinator plans at submission, so a job it cannot run is rejected
 // before anything is allocated; `conveyorctl validate` prints the same plan.
@@ -35,7 +36,7 @@ namespace conveyor::job {
 
 struct StagePlan {
   int stage = 0;
-  int rank = 0;         // stage mod P
+  int rank = 0;         // From the schedule's placement.
   int first_layer = 0;  // Into job.model.layers.
   int num_layers = 0;
   int64_t num_params = 0;

@@ -52,6 +52,9 @@ std::optional<Fraction> ClosedFormBubbleFraction(ScheduleKind kind, int ranks,
 }
 
 const char* ClosedFormAssumptions(ScheduleKind kind) {
+  if (kind == ScheduleKind::kZeroBubbleV) {
+    return "uniform stages, free communication, F = BI = BW, M >= 2P";
+  }
   return SplitsBackward(kind)
              ? "uniform stages, free communication, F = BI = BW, M >= P"
              : "uniform stages, free communication";

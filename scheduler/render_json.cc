@@ -140,6 +140,16 @@ absl::StatusOr<Schedule> ScheduleFromJsonImpl(const json& root) {
     absl::StatusOr<ScheduleKind> kind = ParseScheduleKind(name);
     if (!kind.ok()) return Invalid(TopKey("kind"), kind.status().message());
     schedule.kind = *kind;
+    schedule.placement = PlacementOf(*kind);
+  }
+  if (auto it = root.find("placement"); it != root.end()) {
+    ASSIGN_OR_RETURN(absl::string_view name,
+                     ReadString(*it, TopKey("placement")));
+    absl::StatusOr<Placement> placement = ParsePlacement(name);
+    if (!placement.ok()) {
+      return Invalid(TopKey("placement"), placement.status().message());
+    }
+    schedule.placement = *placement;
   }
   // The counts must be positive even though the validator checks the
   // schedule: stage arithmetic (stage mod P) is undefined for P = 0, and the
@@ -235,6 +245,7 @@ json ScheduleToJson(const Schedule& schedule) {
           {"ranks", schedule.ranks},
           {"virtual", schedule.virtual_stages},
           {"microbatches", schedule.microbatches},
+          {"placement", std::string(PlacementName(schedule.placement))},
           {"schedule", std::move(programs)}};
 }
 

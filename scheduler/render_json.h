@@ -1,6 +1,7 @@
 // JSON form of a schedule and of its simulation, as the CLI prints it:
 //
 //   {"kind": "1f1b", "ranks": P, "virtual": V, "microbatches": M,
+//    "placement": "loop",
 //    "schedule": [{"rank": r, "actions": [{"op": "F", "stage": s,
 //                                          "microbatch": j}, ...]}, ...],
 //    "simulation": {"makespan": ..., "bubble_fraction": ...,
@@ -23,8 +24,8 @@
 
 namespace conveyor::scheduler {
 
-// {"kind", "ranks", "virtual", "microbatches", "schedule"} as above; ops are
-// OpName, kind is ScheduleKindName.
+// {"kind", "ranks", "virtual", "microbatches", "placement", "schedule"} as
+// above; ops are OpName, kind is ScheduleKindName, placement PlacementName.
 nlohmann::json ScheduleToJson(const Schedule& schedule);
 
 // {"makespan", "bubble_fraction", "peak_inflight", "busy", "idle",
@@ -40,7 +41,8 @@ extern template nlohmann::json SimulationToJson(
 extern template nlohmann::json SimulationToJson(
     const SimulationResult<double>&);
 
-// Reads the shape ScheduleToJson writes. Checks structure only: required keys,
+// Reads the shape ScheduleToJson writes; "placement" is optional (default: the
+// kind's, PlacementOf). Checks structure only: required keys,
 // their types, "schedule" having one entry per rank (each rank exactly once,
 // in any order), counts >= 1 and stages and microbatches >= 0. It does not
 // check that the schedule makes sense (stages in range, every microbatch run,

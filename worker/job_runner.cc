@@ -67,15 +67,19 @@ absl::Status CreateDirectories(const std::filesystem::path& dir) {
 
 }  // namespace
 
-std::vector<int> PipelinePeers(int rank, int num_ranks, bool ring) {
-  std::vector<int> peers;
-  for (int peer : {rank - 1, rank + 1}) {
-    if (ring) peer = (peer + num_ranks) % num_ranks;
-    if (peer < 0 || peer >= num_ranks || peer == rank) continue;
-    if (std::find(peers.begin(), peers.end(), peer) == peers.end()) {
-      peers.push_back(peer);
-    }
+std::vector<int> PipelinePeers(scheduler::Placement placement, int rank,
+                               int num_ranks, int num_stages,
+                               const std::vector<engine::TiedParameter>& tied) {
+  std::vector<int> peers =
+      scheduler::NeighbourRanks(placement, rank, num_ranks, num_stages);
+  for (const engine::TiedParameter& tie : tied) {
+    const int a =
+        scheduler::StageRank(placement, tie.original_stage, num_ranks);
+    const int b = scheduler::StageRank(placement, tie.copy_stage, num_ranks);
+    if (a != b && (a == rank || b == rank)) peers.push_back(a == rank ? b : a);
   }
+  std::sort(peers.begin(), peers.end());
+  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
   return peers;
 }
 
@@ -106,6 +110,7 @@ absl::StatusOr<std::unique_ptr<JobRunner>> JobRunner::Create(
   }
   std::unique_ptr<JobRunner> runner(new JobRunner(
       program, std::move(job), std::move(actions), backend, options.backends));
+  runner->placement_ = plan.schedule.placement;
   RETURN_IF_ERROR(runner->Build(options));
   return runner;
 }
@@ -365,6 +370,7 @@ absl::Status JobRunner::CreateExecutor(transport::Channel* channel) {
           {.job = program_.job_number(),
            .rank = program_.rank(),
            .num_ranks = program_.num_ranks(),
+           .placement = placement_,
            .num_stages = program_.num_stages(),
            .batch_size = job_.training.batch_size,
            .microbatches = static_cast<int>(job_.training.microbatches),
@@ -405,11 +411,8 @@ absl::Status JobRunner::JoinNccl() {
   join.world_size = p;
   join.unique_id = nccl_unique_id;
   join.job = program_.job_number();
-  // A tied parameter's stages, the first and the last, exchange its
-  // gradient: the ends are neighbours then too.
-  join.peers = PipelinePeers(
-      rank, p,
-      job_.pipeline.virtual_stages > 1 || !job_.model.TiedParameters().empty());
+  join.peers = PipelinePeers(placement_, rank, p, program_.num_stages(),
+                             job_.model.TiedParameters());
   join.header_link = header_link_.get();
   join.precision = job_.training.precision;
   // Joining includes NCCL's bootstrap and connecting every peer (slower

@@ -64,6 +64,7 @@
 #include "engine/pipeline_stage.h"
 #include "engine/stage.h"
 #include "scheduler/action.h"
+#include "scheduler/placement.h"
 #include "transport/tcp/tcp_channel.h"
 #include "transport/tcp/tcp_header_link.h"
 #include "worker/device_backends.h"
@@ -127,11 +128,14 @@ struct StepProgress {
 };
 
 // The ranks `rank` exchanges tensors with, for the NCCL channel's peer list
-// (symmetric, as its rounds need): its pipeline neighbours. With virtual
-// stages (`ring`) the ends are neighbours too, since stage P-1 feeds stage
-// P on rank 0; without, leaving that edge out keeps the two ends' rounds
-// from waiting on each other.
-std::vector<int> PipelinePeers(int rank, int num_ranks, bool ring);
+// (symmetric, as its rounds need), ascending: the holders of the stages next
+// to its own under `placement` (with loop placement and virtual stages the
+// ends are neighbours, since stage P-1 feeds stage P on rank 0), and the
+// holder of the other side of each tied parameter it holds. Leaving every
+// other edge out keeps unrelated ranks' rounds from waiting on each other.
+std::vector<int> PipelinePeers(scheduler::Placement placement, int rank,
+                               int num_ranks, int num_stages,
+                               const std::vector<engine::TiedParameter>& tied);
 
 // "rank 1 (stages 1, 3)" for `program`, to prefix failure messages with.
 std::string DescribeRank(const v1::JobProgram& program);
@@ -257,6 +261,8 @@ class JobRunner {
   std::unique_ptr<engine::DataSource> data_;
   std::unique_ptr<engine::Optimizer> optimizer_;
   std::vector<scheduler::Action> actions_;
+  // Where the schedule puts each stage (set by Create).
+  scheduler::Placement placement_ = scheduler::Placement::kLoop;
   // Destroyed in reverse: the executor before the channel it uses, the
   // NCCL channel before the header link it announces over, the link before
   // the TCP channel carrying it.

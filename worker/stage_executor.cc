@@ -53,7 +53,10 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
         " is not a multiple of microbatches ", config.microbatches));
   }
   for (const auto& [index, stage] : stages) {
-    if (index % config.num_ranks != config.rank || stage->index() != index) {
+    if (index < 0 || index >= config.num_stages ||
+        scheduler::StageRank(config.placement, index, config.num_ranks) !=
+            config.rank ||
+        stage->index() != index) {
       return absl::InvalidArgumentError(absl::StrCat(
           "executor: stage ", index, " does not belong on rank ", config.rank));
     }
@@ -92,7 +95,7 @@ absl::StatusOr<Tensor> StageExecutor::Receive(const transport::Tag& tag,
                                               int for_stage) {
   absl::StatusOr<Tensor> t = channel_->Recv(tag, config_.recv_timeout);
   spans_.Record(SpanKind::kRecvWait, for_stage, tag.microbatch,
-                tag.stage % config_.num_ranks, t.ok() ? t->bytes() : 0);
+                RankOf(tag.stage), t.ok() ? t->bytes() : 0);
   return t;
 }
 
@@ -121,7 +124,7 @@ absl::Status StageExecutor::Forward(int64_t step, const Action& a) {
   spans_.Record(SpanKind::kForward, a.stage, a.microbatch);
   ASSIGN_OR_RETURN(Tensor y, std::move(forward));
   if (a.stage + 1 < config_.num_stages) {
-    return SendTo((a.stage + 1) % config_.num_ranks,
+    return SendTo(RankOf(a.stage + 1),
                   MakeTag(step, a.microbatch, a.stage, TensorKind::kActivation),
                   y);
   }
@@ -166,7 +169,7 @@ absl::Status StageExecutor::BackwardInput(int64_t step, const Action& a) {
   spans_.Record(KindOf(a.op), a.stage, a.microbatch);
   ASSIGN_OR_RETURN(Tensor dx, std::move(backward));
   if (a.stage == 0) return absl::OkStatus();
-  return SendTo((a.stage - 1) % config_.num_ranks,
+  return SendTo(RankOf(a.stage - 1),
                 MakeTag(step, a.microbatch, a.stage, TensorKind::kGradient),
                 dx);
 }
@@ -303,8 +306,7 @@ absl::Status StageExecutor::SumTiedGradients(int64_t step) {
     }
     engine::Parameter* mine = original != nullptr ? original : copy;
     const int peer =
-        (original != nullptr ? tie.copy_stage : tie.original_stage) %
-        config_.num_ranks;
+        RankOf(original != nullptr ? tie.copy_stage : tie.original_stage);
     // A snapshot goes out: the channel may read the tensor after Send
     // returns, and the sum below overwrites the gradient.
     ASSIGN_OR_RETURN(Tensor sent,
@@ -349,11 +351,11 @@ absl::Status StageExecutor::CheckTiedCopies(int64_t step) {
       ASSIGN_OR_RETURN(got, checksum(*copy));
     }
     const transport::Tag tag =
-        TiedTag(step, 1 + n + i, tie.original_stage % config_.num_ranks);
+        TiedTag(step, 1 + n + i, RankOf(tie.original_stage));
     if (copy == nullptr) {
       ASSIGN_OR_RETURN(Tensor t, backend_->Empty({1}, engine::DType::kF64));
       RETURN_IF_ERROR(backend_->CopyFromHost(&want, sizeof(want), t));
-      return channel_->Send(tie.copy_stage % config_.num_ranks, tag, t);
+      return channel_->Send(RankOf(tie.copy_stage), tag, t);
     }
     if (original == nullptr) {
       ASSIGN_OR_RETURN(Tensor t, channel_->Recv(tag, config_.recv_timeout));

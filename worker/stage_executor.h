@@ -43,6 +43,7 @@
 #include "engine/optimizer.h"
 #include "engine/pipeline_stage.h"
 #include "scheduler/action.h"
+#include "scheduler/placement.h"
 #include "telemetry/span_recorder.h"
 #include "transport/channel.h"
 
@@ -57,7 +58,9 @@ inline constexpr bool kDebugBuild = true;
 struct ExecutorConfig {
   uint64_t job = 0;
   int rank = 0;
-  int num_ranks = 1;   // P; stage s runs on rank s mod P.
+  int num_ranks = 1;  // P
+  // Which rank runs each stage: the schedule's (scheduler/placement.h).
+  scheduler::Placement placement = scheduler::Placement::kLoop;
   int num_stages = 1;  // P * V
   int64_t batch_size = 1;
   int microbatches = 1;
@@ -139,6 +142,9 @@ class StageExecutor {
         backend_(backend),
         spans_(config.record_spans) {}
 
+  int RankOf(int stage) const {
+    return scheduler::StageRank(config_.placement, stage, config_.num_ranks);
+  }
   absl::StatusOr<RankStepResult> RunActions(
       int64_t step, const std::vector<scheduler::Action>& actions,
       const AllReduceSum& all_reduce);

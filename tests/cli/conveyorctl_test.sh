@@ -50,7 +50,7 @@ check no_subcommand 2 'subcommand is required' --
 check unknown_subcommand 2 '' -- frobnicate
 check missing_required 2 '--stages and --microbatches are required' -- schedule -P 4
 check bad_kind 2 "allowed: gpipe, 1f1b, interleaved-1f1b, zb-h1" -- \
-  schedule --kind zb-v -P 4 -M 8
+  schedule --kind zb-w -P 4 -M 8
 check bad_format 2 'allowed: text, json, svg' -- schedule -P 2 -M 2 --format png
 check bad_costs 2 'expected F,B or F,BI,BW' -- schedule -P 2 -M 2 --costs 1
 check zb_needs_split_costs 2 'give --costs F,BI,BW' -- \

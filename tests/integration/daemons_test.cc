@@ -374,7 +374,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"transformer", "zb-h1", 2}, Case{"mlp", "eager-1f1b", 4},
         Case{"transformer", "eager-1f1b", 2},
         Case{"mlp", "interleaved-zb", 4, 2},
-        Case{"transformer", "interleaved-zb", 2, 2}),
+        Case{"transformer", "interleaved-zb", 2, 2}, Case{"mlp", "zb-h2", 4},
+        Case{"transformer", "zb-h2", 2}, Case{"mlp", "zb-v", 4, 2},
+        Case{"transformer", "zb-v", 2, 2}, Case{"mlp", "looped-bfs", 2, 2}),
     CaseName);
 
 // Interrupted after a few checkpoints and resumed with `resume: latest`, a

@@ -56,6 +56,21 @@ TEST(PlannerTest, PlacesStageSOnRankSModP) {
   EXPECT_THAT(DescribePlan(*plan), HasSubstr("interleaved-1f1b, 2 worker(s)"));
 }
 
+TEST(PlannerTest, ZeroBubbleVPlacesStagesInAVAndDefaultsToTwoARank) {
+  absl::StatusOr<JobPlan> plan = PlanJob(Job("{schedule: zb-v}"));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->num_ranks, 2);
+  EXPECT_EQ(plan->virtual_stages, 2);
+  EXPECT_EQ(plan->schedule.placement, scheduler::Placement::kV);
+  // Rank 0 holds the first and the last stage.
+  std::vector<int> ranks;
+  for (const StagePlan& s : plan->stages) ranks.push_back(s.rank);
+  EXPECT_THAT(ranks, ElementsAre(0, 1, 1, 0));
+  absl::Status s = PlanJob(Job("{schedule: zb-v, virtual_stages: 1}")).status();
+  EXPECT_THAT(s.message(), HasSubstr("job.yaml:"));
+  EXPECT_THAT(s.message(), HasSubstr("zb-v holds two stages a rank (V = 2"));
+}
+
 TEST(PlannerTest, RejectsUnknownScheduleAtItsPosition) {
   absl::Status s = PlanJob(Job("{schedule: 2f2b}")).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);

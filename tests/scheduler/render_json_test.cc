@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scheduler/generators.h"
+#include "scheduler/validator.h"
 
 namespace conveyor::scheduler {
 namespace {
@@ -32,6 +33,7 @@ Schedule SmallSplitSchedule() {
 TEST(ScheduleToJsonTest, WritesTheCliShape) {
   const json expected = json::parse(R"({
     "kind": "zb-h1", "ranks": 2, "virtual": 1, "microbatches": 1,
+    "placement": "loop",
     "schedule": [
       {"rank": 0, "actions": [{"op": "F", "stage": 0, "microbatch": 0},
                               {"op": "BI", "stage": 0, "microbatch": 0},
@@ -100,6 +102,8 @@ TEST(ScheduleFromJsonTest, RoundTripsEveryGeneratedKindThroughText) {
       {ScheduleKind::kInterleaved1F1B,
        {.ranks = 4, .microbatches = 8, .virtual_stages = 3}},
       {ScheduleKind::kZeroBubbleH1, {.ranks = 5, .microbatches = 7}},
+      {ScheduleKind::kZeroBubbleV,
+       {.ranks = 3, .microbatches = 5, .virtual_stages = 2}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(ScheduleKindName(c.kind));
@@ -112,7 +116,9 @@ TEST(ScheduleFromJsonTest, RoundTripsEveryGeneratedKindThroughText) {
     EXPECT_EQ(loaded->ranks, original->ranks);
     EXPECT_EQ(loaded->virtual_stages, original->virtual_stages);
     EXPECT_EQ(loaded->microbatches, original->microbatches);
+    EXPECT_EQ(loaded->placement, original->placement);
     EXPECT_EQ(loaded->actions, original->actions);
+    EXPECT_TRUE(ValidateSchedule(*loaded).ok());
   }
 }
 
@@ -169,6 +175,10 @@ std::vector<ErrorCase> ErrorCases() {
       {"kind unknown", [](json& j) { j["kind"] = "pipedream"; },
        "kind: unknown schedule 'pipedream'; allowed: gpipe, 1f1b, "
        "interleaved-1f1b, zb-h1, eager-1f1b"},
+      {"placement unknown", [](json& j) { j["placement"] = "w"; },
+       "placement: unknown placement 'w'; allowed: loop, v"},
+      {"placement not a string", [](json& j) { j["placement"] = 1; },
+       "placement: expected a string, got number 1"},
       {"ranks missing", [](json& j) { j.erase("ranks"); },
        "ranks: missing required key"},
       {"ranks a string", [](json& j) { j["ranks"] = "2"; },

@@ -410,6 +410,50 @@ TEST(JobRunnerTest, ATiedJobHoldsTheEmbeddingOnceAndResumesBitwise) {
   std::filesystem::remove_all(tokens);
 }
 
+// zb-v puts the first and the last of its 2P stages on rank 0, so a tied
+// lm_head sits beside its embedding: the tie is summed on the rank, and the
+// job still ends equal to the reference, each copy equal to its original.
+TEST(JobRunnerTest, ZeroBubbleVKeepsATiedEmbeddingOnOneRank) {
+  const std::string tokens = TempDir("tied_v_tokens");
+  std::filesystem::create_directories(tokens);
+  {
+    std::string text;
+    for (int i = 0; i < 600; ++i)
+      text.push_back(static_cast<char>(32 + i % 89));
+    std::ofstream(tokens + "/tokens.bin", std::ios::binary) << text;
+  }
+  std::string yaml = TiedJobYaml(tokens + "/tokens.bin", 1);
+  yaml = absl::StrReplaceAll(
+      yaml, {{"    - boundary\n    - layernorm\n",
+              "    - boundary\n    - transformer_block: {heads: 2, "
+              "mlp_features: 16, causal: true}\n    - boundary\n    - "
+              "layernorm\n"},
+             {"schedule: 1f1b", "schedule: zb-v"}});
+  const std::string dir = TempDir("tied_v");
+  const std::vector<v1::JobProgram> programs = Programs(yaml, dir);
+  ASSERT_EQ(programs.size(), 2u);
+  std::vector<int> rank0;
+  for (const v1::StageProgram& sp : programs[0].stages()) {
+    rank0.push_back(sp.stage());
+  }
+  EXPECT_THAT(rank0, ::testing::ElementsAre(0, 3));
+  JobRunnerOptions check;
+  check.check_tied = true;
+  const Result run = RunJob(programs, nullptr, {check, check});
+  for (const absl::Status& s : run.statuses) ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(run.tied_copies.size(), 1u);
+  EXPECT_EQ(run.tied_copies.at("layers.0.weight"),
+            run.params.at("layers.0.weight"));
+  const Result want = Reference(yaml);
+  for (const auto& [name, values] : want.params) {
+    EXPECT_TRUE(
+        engine::testing_util::AllClose(run.params.at(name), values, 1e-5, 1e-6))
+        << name;
+  }
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(tokens);
+}
+
 TEST(JobRunnerTest, ACorruptOrMismatchedResumeFileIsRefused) {
   const std::string yaml = JobYaml({.steps = 2});
   const std::string dir = TempDir("corrupt");
@@ -632,24 +676,44 @@ TEST(JobRunnerTest, NcclWithoutAGpuFailsStartOnEveryRank) {
   EXPECT_THAT(statuses[0].message(), HasSubstr("cannot use NCCL"));
 }
 
-TEST(JobRunnerTest,
-     PipelinePeersAreTheNeighboursAndCloseARingOnlyWithVirtualStages) {
+TEST(JobRunnerTest, PipelinePeersAreTheNeighboursUnderThePlacementAndTies) {
+  using scheduler::Placement;
   using ::testing::ElementsAre;
-  EXPECT_THAT(PipelinePeers(0, 1, false), ElementsAre());
-  EXPECT_THAT(PipelinePeers(0, 2, false), ElementsAre(1));
-  EXPECT_THAT(PipelinePeers(1, 2, true), ElementsAre(0));
-  EXPECT_THAT(PipelinePeers(0, 4, false), ElementsAre(1));
-  EXPECT_THAT(PipelinePeers(2, 4, false), ElementsAre(1, 3));
-  EXPECT_THAT(PipelinePeers(3, 4, false), ElementsAre(2));
-  EXPECT_THAT(PipelinePeers(0, 4, true), ElementsAre(3, 1));
-  EXPECT_THAT(PipelinePeers(3, 4, true), ElementsAre(2, 0));
+  const std::vector<engine::TiedParameter> none;
+  const std::vector<engine::TiedParameter> ends = {
+      {.name = "layers.0.weight", .original_stage = 0, .copy_stage = 7}};
+  EXPECT_THAT(PipelinePeers(Placement::kLoop, 0, 1, 1, none), ElementsAre());
+  EXPECT_THAT(PipelinePeers(Placement::kLoop, 0, 2, 2, none), ElementsAre(1));
+  EXPECT_THAT(PipelinePeers(Placement::kLoop, 1, 2, 4, none), ElementsAre(0));
+  EXPECT_THAT(PipelinePeers(Placement::kLoop, 0, 4, 4, none), ElementsAre(1));
+  EXPECT_THAT(PipelinePeers(Placement::kLoop, 2, 4, 4, none),
+              ElementsAre(1, 3));
+  EXPECT_THAT(PipelinePeers(Placement::kLoop, 3, 4, 4, none), ElementsAre(2));
+  // Virtual stages close the ring: stage 3 on rank 3 feeds stage 4 on rank 0.
+  EXPECT_THAT(PipelinePeers(Placement::kLoop, 0, 4, 8, none),
+              ElementsAre(1, 3));
+  EXPECT_THAT(PipelinePeers(Placement::kLoop, 3, 4, 8, none),
+              ElementsAre(0, 2));
+  // So does a tie between the first and the last stage, one rank a stage.
+  const std::vector<engine::TiedParameter> ends4 = {
+      {.name = "layers.0.weight", .original_stage = 0, .copy_stage = 3}};
+  EXPECT_THAT(PipelinePeers(Placement::kLoop, 0, 4, 4, ends4),
+              ElementsAre(1, 3));
+  // V-shaped, both ends are on rank 0: no ring, tied or not.
+  EXPECT_THAT(PipelinePeers(Placement::kV, 0, 4, 8, ends), ElementsAre(1));
+  EXPECT_THAT(PipelinePeers(Placement::kV, 3, 4, 8, ends), ElementsAre(2));
   // Symmetric, as the NCCL channel's rounds need.
-  for (bool ring : {false, true}) {
+  for (Placement placement : {Placement::kLoop, Placement::kV}) {
     for (int p = 1; p <= 5; ++p) {
-      for (int r = 0; r < p; ++r) {
-        for (int q : PipelinePeers(r, p, ring)) {
-          EXPECT_THAT(PipelinePeers(q, p, ring), ::testing::Contains(r))
-              << r << " -> " << q << " of " << p << (ring ? " (ring)" : "");
+      for (int v = 1; v <= 3; ++v) {
+        std::vector<engine::TiedParameter> tied = {
+            {.name = "w", .original_stage = 0, .copy_stage = p * v - 1}};
+        for (int r = 0; r < p; ++r) {
+          for (int q : PipelinePeers(placement, r, p, p * v, tied)) {
+            EXPECT_THAT(PipelinePeers(placement, q, p, p * v, tied),
+                        ::testing::Contains(r))
+                << r << " -> " << q << " of " << p << " V=" << v;
+          }
         }
       }
     }
