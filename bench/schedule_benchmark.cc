@@ -18,7 +18,7 @@ void BM_PlanSchedule(benchmark::State& state, ScheduleKind kind,
       .ranks = static_cast<int>(state.range(0)),
       .microbatches = static_cast<int>(state.range(1)),
       .virtual_stages = static_cast<int>(state.range(2))};
-  const auto costs = kind == ScheduleKind::kZeroBubbleH1
+  const auto costs = SplitsBackward(kind)
                          ? SimulationCosts<int64_t>::UniformSplit(1, 1, 1)
                          : SimulationCosts<int64_t>::Uniform(1, 2);
   size_t actions = 0;
@@ -47,10 +47,14 @@ void Register() {
   };
   const Case cases[] = {
       {8, 64, 1, 1.0}, {32, 256, 4, 10.0}, {64, 1024, 1, 50.0}};
-  for (ScheduleKind kind :
-       {ScheduleKind::kGPipe, ScheduleKind::k1F1B,
-        ScheduleKind::kInterleaved1F1B, ScheduleKind::kZeroBubbleH1}) {
-    for (const Case& c : cases) {
+  for (ScheduleKind kind : kAllScheduleKinds) {
+    for (Case c : cases) {
+      // zb-v holds exactly two stages a rank: its V = 2 row stands in for
+      // the V = 1 and V = 4 ones, with the same stage-microbatch count.
+      if (kind == ScheduleKind::kZeroBubbleV) {
+        c.m = c.m * c.v / 2;
+        c.v = 2;
+      }
       if (c.v > 1 && !TakesVirtualStages(kind)) continue;
       benchmark::RegisterBenchmark(
           ("plan/" + std::string(ScheduleKindName(kind))).c_str(),

@@ -283,14 +283,18 @@ class Validator {
     }
     // Each receive's sender, for the buffered-send check (meaningful only
     // where the sequences match, which is all that check sees).
-    sender_of_.assign(p_, {});
-    for (int r = 0; r < p_; ++r) {
-      sender_of_[r].assign(s_.actions[r].size(), Endpoint{-1, -1});
-    }
-    for (const Sequences& seq : channels) {
-      for (size_t k = 0; k < seq.expected.size() && k < seq.sent.size(); ++k) {
-        const Endpoint& e = seq.expected[k].second;
-        sender_of_[e.rank][e.index] = seq.sent[k].second;
+    sender_of_.clear();
+    if (!SendsRendezvous(s_.kind)) {
+      sender_of_.resize(p_);
+      for (int r = 0; r < p_; ++r) {
+        sender_of_[r].assign(s_.actions[r].size(), Endpoint{-1, -1});
+      }
+      for (const Sequences& seq : channels) {
+        for (size_t k = 0; k < seq.expected.size() && k < seq.sent.size();
+             ++k) {
+          const Endpoint& e = seq.expected[k].second;
+          sender_of_[e.rank][e.index] = seq.sent[k].second;
+        }
       }
     }
     // Report the mismatch whose receiving action comes first (by rank, then
