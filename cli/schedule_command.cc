@@ -216,14 +216,16 @@ absl::StatusOr<Schedule> GenerateValidated(const ScheduleCommandOptions& o) {
     return absl::InvalidArgumentError(
         "--stages and --microbatches are required (or --from FILE)");
   }
-  ASSIGN_OR_RETURN(Schedule s,
-                   scheduler::GenerateSchedule(
-                       *kind, {.ranks = o.stages,
-                               .microbatches = o.microbatches,
-                               .virtual_stages =
-                                   o.virtual_stages > 0 ? o.virtual_stages
-                                   : *kind == ScheduleKind::kZeroBubbleV ? 2
-                                                                         : 1}));
+  ASSIGN_OR_RETURN(
+      Schedule s,
+      scheduler::GenerateSchedule(
+          *kind, {.ranks = o.stages,
+                  .microbatches = o.microbatches,
+                  .virtual_stages = o.virtual_stages > 0 ? o.virtual_stages
+                                    : scheduler::PlacementOf(*kind) ==
+                                            scheduler::Placement::kV
+                                        ? 2
+                                        : 1}));
   // Generators are tested to produce valid schedules; checking again costs
   // little and keeps a generator bug from ever reaching a worker.
   if (absl::Status valid = scheduler::ValidateSchedule(s); !valid.ok()) {
@@ -259,8 +261,8 @@ CLI::App* AddScheduleCommand(CLI::App& app, ScheduleCommandOptions& o) {
   CLI::Option* virtual_stages =
       cmd->add_option("--virtual,-V", o.virtual_stages,
                       "Virtual stages per rank (V; interleaved-1f1b, "
-                      "interleaved-zb, gpipe, looped-bfs; zb-v: 2, its "
-                      "default; default 1 otherwise)");
+                      "interleaved-zb, gpipe, looped-bfs; zb-v and "
+                      "dualpipev: 2, their default; default 1 otherwise)");
   cmd->add_option("--costs", o.costs,
                   "Per-stage costs F,B or F,BI,BW (default 1,2; 1,1,1 for "
                   "the zb-* kinds). Integers simulate exactly");

@@ -17,7 +17,7 @@ struct ScheduleCommandOptions {
   std::string kind = "1f1b";
   int stages = 0;          // P, required unless `from` is set
   int microbatches = 0;    // M, required unless `from` is set
-  int virtual_stages = 0;  // V; 0: the kind's (2 for zb-v, else 1)
+  int virtual_stages = 0;  // V; 0: the kind's (2 for zb-v, dualpipev; else 1)
   // "F,B" (full backward) or "F,BI,BW" (split backward). Empty: 1,2 for
   // schedules with a full backward, 1,1,1 for split ones (zb-*).
   std::string costs;

@@ -520,8 +520,8 @@ absl::Status JobParser::ParsePipeline(const YamlMapEntry& entry,
   if (const YamlMapEntry* e = map.Find("virtual_stages"); e != nullptr) {
     ASSIGN_OR_RETURN(pipeline.virtual_stages,
                      reader_.ParseInt(e->value, 1, kMaxVirtualStages));
-  } else if (pipeline.schedule == "zb-v") {
-    // zb-v always holds two stages a rank; saying so is optional.
+  } else if (pipeline.schedule == "zb-v" || pipeline.schedule == "dualpipev") {
+    // These always hold two stages a rank; saying so is optional.
     pipeline.virtual_stages = 2;
   }
   if (const YamlMapEntry* e = map.Find("devices_per_stage"); e != nullptr) {

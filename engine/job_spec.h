@@ -28,7 +28,7 @@
 //   schedule: {kind: cosine, warmup_steps: 10, total_steps: 100, min_lr: 0}
 // pipeline:
 //   schedule: 1f1b
-//   virtual_stages: 1             # zb-v: 2 (its default)
+//   virtual_stages: 1             # zb-v, dualpipev: 2 (their default)
 //   stages: markers               # or auto: the coordinator profiles the
 //                                 # layers and chooses the cuts
 //   num_stages: 4                 # auto: how many stages (P * V)

@@ -164,7 +164,8 @@ absl::StatusOr<JobPlan> PlanCut(engine::JobSpec job,
         job, absl::StrCat(job.pipeline.schedule,
                           " takes no virtual stages (virtual_stages = ", v,
                           "); use interleaved-1f1b, interleaved-zb, zb-v, "
-                          "looped-bfs or gpipe, or set virtual_stages: 1"));
+                          "dualpipev, looped-bfs or gpipe, or set "
+                          "virtual_stages: 1"));
   }
   if (job.training.microbatches > scheduler::kMaxMicrobatches) {
     return PipelineError(

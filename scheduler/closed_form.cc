@@ -41,6 +41,7 @@ std::optional<Fraction> ClosedFormBubbleFraction(ScheduleKind kind, int ranks,
       if (v != 1 || m < p) return std::nullopt;
       return Reduced(p - 1, 3 * m + p - 1);
     case ScheduleKind::kZeroBubbleV:
+    case ScheduleKind::kDualPipeV:
       if (v != 2 || m < 2 * p) return std::nullopt;
       return Reduced(p - 1, 6 * m + p - 1);
     case ScheduleKind::kLoopedBFS:
@@ -54,6 +55,10 @@ std::optional<Fraction> ClosedFormBubbleFraction(ScheduleKind kind, int ranks,
 const char* ClosedFormAssumptions(ScheduleKind kind) {
   if (kind == ScheduleKind::kZeroBubbleV) {
     return "uniform stages, free communication, F = BI = BW, M >= 2P";
+  }
+  if (kind == ScheduleKind::kDualPipeV) {
+    return "uniform stages, free communication, F = BI = BW, B = BI + BW "
+           "(each F and B pair run in turn), M >= 2P";
   }
   return SplitsBackward(kind)
              ? "uniform stages, free communication, F = BI = BW, M >= P"

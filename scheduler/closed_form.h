@@ -27,7 +27,10 @@ struct Fraction {
 //                                      stage
 //   zb-h1, zb-h2 (M >= P, F = BI = BW): (P-1) / (3M+P-1)
 //   interleaved-zb (M >= P; V > 1: P | M),
-//   zb-v (V = 2, M >= 2P), F = BI = BW: (P-1) / (3MV+P-1)
+//   zb-v, dualpipev (V = 2, M >= 2P),
+//   F = BI = BW:                       (P-1) / (3MV+P-1)
+// dualpipev's form counts each paired F and B in turn, as Conveyor runs
+// them (DualPipe overlaps the pair's communication with its compute).
 // The zb-h1 form is the paper's (P-1)(F+BI-BW) bubble per rank over a
 // makespan of M(F+BI+BW) + (P-1)(F+BI-BW), at F = BI = BW.
 std::optional<Fraction> ClosedFormBubbleFraction(ScheduleKind kind, int ranks,

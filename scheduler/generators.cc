@@ -33,7 +33,15 @@ absl::Status CheckOptions(ScheduleKind kind, const ScheduleOptions& o) {
         "; use interleaved-1f1b, interleaved-zb, gpipe, looped-bfs or zb-v for "
         "virtual stages"));
   }
-  if (kind == ScheduleKind::kZeroBubbleV && o.virtual_stages != 2) {
+  if (kind == ScheduleKind::kDualPipeV &&
+      o.microbatches < 2 * static_cast<int64_t>(o.ranks)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " needs at least as many microbatches as stages, 2P = ",
+        2 * static_cast<int64_t>(o.ranks), "; got M = ", o.microbatches));
+  }
+  if ((kind == ScheduleKind::kZeroBubbleV ||
+       kind == ScheduleKind::kDualPipeV) &&
+      o.virtual_stages != 2) {
     return absl::InvalidArgumentError(absl::StrCat(
         name, " holds two stages a rank (V = 2, placed in a V), got V = ",
         o.virtual_stages));
@@ -188,7 +196,8 @@ bool TakesVirtualStages(ScheduleKind kind) {
   return kind == ScheduleKind::kGPipe ||
          kind == ScheduleKind::kInterleaved1F1B ||
          kind == ScheduleKind::kInterleavedZeroBubble ||
-         kind == ScheduleKind::kLoopedBFS || kind == ScheduleKind::kZeroBubbleV;
+         kind == ScheduleKind::kLoopedBFS ||
+         kind == ScheduleKind::kZeroBubbleV || kind == ScheduleKind::kDualPipeV;
 }
 
 absl::StatusOr<Schedule> GenerateSchedule(ScheduleKind kind,
@@ -212,6 +221,8 @@ absl::StatusOr<Schedule> GenerateSchedule(ScheduleKind kind,
       return GenerateZeroBubbleV(options);
     case ScheduleKind::kLoopedBFS:
       return GenerateLoopedBFS(options);
+    case ScheduleKind::kDualPipeV:
+      return GenerateDualPipeV(options);
   }
   return absl::InvalidArgumentError("unknown schedule kind");
 }
@@ -399,6 +410,83 @@ absl::StatusOr<Schedule> GenerateZeroBubbleV(const ScheduleOptions& options) {
     }
     while (next_bw[1] < next_bi[1]) bw(1);
     while (next_bw[0] < next_bi[0]) bw(0);
+  }
+  return s;
+}
+
+absl::StatusOr<Schedule> GenerateDualPipeV(const ScheduleOptions& options) {
+  constexpr ScheduleKind kKind = ScheduleKind::kDualPipeV;
+  RETURN_IF_ERROR(CheckOptions(kKind, options));
+  const int p = options.ranks, m = options.microbatches;
+  Schedule s = EmptySchedule(kKind, options);
+  for (int r = 0; r < p; ++r) {
+    auto& out = s.actions[r];
+    out.reserve(6 * m);
+    const int stage[2] = {r, 2 * p - 1 - r};
+    int next_f[2] = {0, 0}, next_b[2] = {0, 0};
+    std::deque<Action> pending_weight;
+    auto f = [&](int chunk) {
+      out.push_back({Op::kForward, stage[chunk], next_f[chunk]++});
+    };
+    // A backward, whole (B) or split (BI now, its BW queued).
+    auto b = [&](int chunk, bool split) {
+      const int mb = next_b[chunk]++;
+      if (!split) {
+        out.push_back({Op::kBackward, stage[chunk], mb});
+        return;
+      }
+      out.push_back({Op::kBackwardInput, stage[chunk], mb});
+      pending_weight.push_back({Op::kBackwardWeight, stage[chunk], mb});
+    };
+    auto w = [&] {
+      if (pending_weight.empty()) return;
+      out.push_back(pending_weight.front());
+      pending_weight.pop_front();
+    };
+    // 1. Chunk-0 forwards until chunk 1's first input can come back.
+    for (int i = 0; i < 2 * (p - r - 1); ++i) f(0);
+    // 2. Both chunks' forwards.
+    for (int i = 0; i <= r; ++i) {
+      f(0);
+      f(1);
+    }
+    // 3. Chunk 1 zero-bubble style: BI, a held BW, the next forward.
+    for (int i = 0; i < p - r - 1; ++i) {
+      b(1, true);
+      w();
+      f(1);
+    }
+    // 4. The main phase: a forward of one chunk paired with a backward of
+    //    the other (DualPipe overlaps each pair; this executor runs the two
+    //    in turn, and the simulator models them so).
+    for (int i = 0; i < m - 2 * p + r + 1; ++i) {
+      f(0);
+      b(1, false);
+      f(1);
+      b(0, false);
+    }
+    // 5. Chunk 1's last backwards, each with a chunk-1 forward and a chunk-0
+    //    backward.
+    for (int i = 0; i < p - r - 1; ++i) {
+      b(1, false);
+      f(1);
+      b(0, false);
+    }
+    // 6. Both chunks' backwards, split from the middle on (odd ranks split
+    //    chunk 1's first), so the held BWs fill the drain.
+    bool split = false;
+    for (int i = 0; i <= r; ++i) {
+      if (i == (r + 1) / 2 && r % 2 == 1) split = true;
+      b(1, split);
+      if (i == (r + 1) / 2 && r % 2 == 0) split = true;
+      b(0, split);
+    }
+    // 7. Chunk 0's last backwards, each after a held BW; 8. the rest.
+    for (int i = 0; i < p - r - 1; ++i) {
+      w();
+      b(0, split);
+    }
+    while (!pending_weight.empty()) w();
   }
   return s;
 }

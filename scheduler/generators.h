@@ -116,6 +116,16 @@ absl::StatusOr<Schedule> GenerateZeroBubbleV(const ScheduleOptions& options);
 // ascending for the bitwise-equal accumulation order. V = 1 is gpipe.
 absl::StatusOr<Schedule> GenerateLoopedBFS(const ScheduleOptions& options);
 
+// DualPipeV (DeepSeek-V3's DualPipe folded into a V; PyTorch's
+// ScheduleDualPipeV, action for action): V must be 2, the placement is v,
+// and M >= 2P. Its main phase pairs a forward of one chunk with a full
+// backward of the other, which DualPipe overlaps (one chunk's communication
+// under the other's compute); Conveyor's executor runs each pair in turn and
+// the simulator models it so. Warm-up and drain split backwards into BI and
+// BW to fill the bubble. Its sends must not wait for their receivers
+// (SendsRendezvous is false).
+absl::StatusOr<Schedule> GenerateDualPipeV(const ScheduleOptions& options);
+
 }  // namespace conveyor::scheduler
 
 #endif  // CONVEYOR_SCHEDULER_GENERATORS_H_

@@ -24,6 +24,8 @@ absl::string_view ScheduleKindName(ScheduleKind kind) {
       return "zb-v";
     case ScheduleKind::kLoopedBFS:
       return "looped-bfs";
+    case ScheduleKind::kDualPipeV:
+      return "dualpipev";
   }
   return "?";
 }
@@ -40,15 +42,17 @@ bool SplitsBackward(ScheduleKind kind) {
   return kind == ScheduleKind::kZeroBubbleH1 ||
          kind == ScheduleKind::kInterleavedZeroBubble ||
          kind == ScheduleKind::kZeroBubbleH2 ||
-         kind == ScheduleKind::kZeroBubbleV;
+         kind == ScheduleKind::kZeroBubbleV || kind == ScheduleKind::kDualPipeV;
 }
 
 bool SendsRendezvous(ScheduleKind kind) {
-  return kind != ScheduleKind::kZeroBubbleV;
+  return kind != ScheduleKind::kZeroBubbleV && kind != ScheduleKind::kDualPipeV;
 }
 
 Placement PlacementOf(ScheduleKind kind) {
-  return kind == ScheduleKind::kZeroBubbleV ? Placement::kV : Placement::kLoop;
+  return kind == ScheduleKind::kZeroBubbleV || kind == ScheduleKind::kDualPipeV
+             ? Placement::kV
+             : Placement::kLoop;
 }
 
 size_t Schedule::TotalActions() const {

@@ -35,12 +35,15 @@ enum class ScheduleKind : unsigned char {
   // Looped breadth-first (PyTorch's ScheduleLoopedBFS): every microbatch
   // through a rank's chunk before the next chunk, V >= 1.
   kLoopedBFS,
+  // DualPipeV (DeepSeek; PyTorch's ScheduleDualPipeV): zb-v's placement,
+  // with forwards paired with backwards of the other chunk.
+  kDualPipeV,
 };
 
 // The names used in job YAML and on the command line, comma-separated.
 inline constexpr absl::string_view kScheduleKindNames =
     "gpipe, 1f1b, interleaved-1f1b, zb-h1, eager-1f1b, interleaved-zb, zb-h2, "
-    "zb-v, looped-bfs";
+    "zb-v, looped-bfs, dualpipev";
 
 // Every kind, in the order of kScheduleKindNames.
 inline constexpr ScheduleKind kAllScheduleKinds[] = {
@@ -48,28 +51,30 @@ inline constexpr ScheduleKind kAllScheduleKinds[] = {
     ScheduleKind::kInterleaved1F1B, ScheduleKind::kZeroBubbleH1,
     ScheduleKind::kEager1F1B,       ScheduleKind::kInterleavedZeroBubble,
     ScheduleKind::kZeroBubbleH2,    ScheduleKind::kZeroBubbleV,
-    ScheduleKind::kLoopedBFS};
+    ScheduleKind::kLoopedBFS,       ScheduleKind::kDualPipeV};
 
 // "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "eager-1f1b",
-// "interleaved-zb", "zb-h2", "zb-v", "looped-bfs".
+// "interleaved-zb", "zb-h2", "zb-v", "looped-bfs", "dualpipev".
 absl::string_view ScheduleKindName(ScheduleKind kind);
 
 // Inverse of ScheduleKindName. InvalidArgument lists the allowed names.
 absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view name);
 
-// True for the kinds that split each backward into BI and BW (zb-h1,
-// interleaved-zb, zb-h2, zb-v); the others run B.
+// True for the kinds that split backwards into BI and BW (zb-h1,
+// interleaved-zb, zb-h2, zb-v; dualpipev splits some and runs B for the
+// rest); the others run B.
 bool SplitsBackward(ScheduleKind kind);
 
-// Where `kind` puts its stages: v for zb-v, loop for the others.
+// Where `kind` puts its stages: v for zb-v and dualpipev, loop for the
+// others.
 Placement PlacementOf(ScheduleKind kind);
 
 // Whether `kind` runs with rendezvous sends (a send completes only once the
 // peer has posted the matching receive, as raw NCCL does): every kind but
-// zb-v, whose order (PyTorch's) needs a send to complete while its receiver
-// is busy. Every channel Conveyor has buffers sends (transport/channel.h;
-// the NCCL channel through its rounds), so both run on them;
-// scheduler/validator.h proves each kind under its own model.
+// zb-v and dualpipev, whose orders (PyTorch's) need a send to complete while
+// its receiver is busy. Every channel Conveyor has buffers sends
+// (transport/channel.h; the NCCL channel through its rounds), so both run on
+// them; scheduler/validator.h proves each kind under its own model.
 bool SendsRendezvous(ScheduleKind kind);
 
 // The most (stage, microbatch) pairs a schedule may have, P*V*M. Generators,

@@ -376,7 +376,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"mlp", "interleaved-zb", 4, 2},
         Case{"transformer", "interleaved-zb", 2, 2}, Case{"mlp", "zb-h2", 4},
         Case{"transformer", "zb-h2", 2}, Case{"mlp", "zb-v", 4, 2},
-        Case{"transformer", "zb-v", 2, 2}, Case{"mlp", "looped-bfs", 2, 2}),
+        Case{"transformer", "zb-v", 2, 2}, Case{"mlp", "looped-bfs", 2, 2},
+        Case{"mlp", "dualpipev", 2, 2}, Case{"transformer", "dualpipev", 2, 2}),
     CaseName);
 
 // Interrupted after a few checkpoints and resumed with `resume: latest`, a

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -62,7 +63,8 @@ TEST(GeneratorsPropertyTest, ValidAndMatchClosedForms) {
           auto s = GenerateSchedule(
               kind, {.ranks = p, .microbatches = m, .virtual_stages = v});
           const bool supported =
-              kind == ScheduleKind::kZeroBubbleV
+              kind == ScheduleKind::kDualPipeV ? v == 2 && m >= 2 * p
+              : kind == ScheduleKind::kZeroBubbleV
                   ? v == 2
                   : v == 1 || (TakesVirtualStages(kind) && m % p == 0);
           ASSERT_EQ(s.ok(), supported) << what << ": " << s.status();
@@ -74,9 +76,11 @@ TEST(GeneratorsPropertyTest, ValidAndMatchClosedForms) {
           ++generated;
           ASSERT_TRUE(ValidateSchedule(*s).ok())
               << what << ": " << ValidateSchedule(*s);
-          EXPECT_EQ(s->TotalActions(),
-                    static_cast<size_t>(p * v * m * (split ? 3 : 2)))
-              << what;
+          if (kind != ScheduleKind::kDualPipeV) {
+            EXPECT_EQ(s->TotalActions(),
+                      static_cast<size_t>(p * v * m * (split ? 3 : 2)))
+                << what;
+          }
           auto r = Simulate(*s, costs);
           ASSERT_TRUE(r.ok()) << what << ": " << r.status();
           if (auto f = ClosedFormBubbleFraction(kind, p, m, v)) {
@@ -155,6 +159,23 @@ TEST(GeneratorsPropertyTest, ValidAndMatchClosedForms) {
                   << what;
             }
           }
+          if (kind == ScheduleKind::kDualPipeV) {
+            // zb-v's placement, one stash more a rank at most, and every
+            // stage's weight gradients (B or BW) in ascending microbatch
+            // order, the reference's accumulation order.
+            for (int rank = 0; rank < p; ++rank) {
+              EXPECT_LE(r->peak_inflight[rank], 2 * p + 1) << what;
+              std::map<int, int> next;
+              for (const Action& a : s->actions[rank]) {
+                ASSERT_TRUE(a.stage == rank || a.stage == 2 * p - 1 - rank)
+                    << what << " " << ToString(a);
+                if (a.op == Op::kBackward || a.op == Op::kBackwardWeight) {
+                  EXPECT_EQ(a.microbatch, next[a.stage]++)
+                      << what << " " << ToString(a);
+                }
+              }
+            }
+          }
           if (kind == ScheduleKind::kLoopedBFS) {
             EXPECT_EQ(s->actions,
                       MustGenerate(ScheduleKind::kGPipe, p, m, v).actions)
@@ -178,12 +199,16 @@ TEST(GeneratorsPropertyTest, ValidAndMatchClosedForms) {
       }
     }
   }
-  // V = 1 for every kind but zb-v, V = 2 for zb-v, plus V = 2..4 with P | M
-  // for the four that take virtual stages in groups of P.
-  int divisible = 0;
-  for (int p = 1; p <= 16; ++p) divisible += 64 / p;
-  EXPECT_EQ(generated,
-            std::size(kAllScheduleKinds) * 16 * 64 + 4 * 3 * divisible);
+  // V = 1 for every kind but zb-v and dualpipev, V = 2 for those (dualpipev
+  // with M >= 2P: 65 - 2P values of M), plus V = 2..4 with P | M for the
+  // four that take virtual stages in groups of P.
+  int divisible = 0, dualpipev = 0;
+  for (int p = 1; p <= 16; ++p) {
+    divisible += 64 / p;
+    dualpipev += 65 - 2 * p;
+  }
+  EXPECT_EQ(generated, (std::size(kAllScheduleKinds) - 1) * 16 * 64 +
+                           dualpipev + 4 * 3 * divisible);
 }
 
 TEST(GeneratorsTest, InterleavedV1ReproducesJaxPPWarmup) {
@@ -269,6 +294,26 @@ TEST(GeneratorsTest, ZeroBubbleVReproducesPyTorchsOrder) {
             "BW2.3 BW1.3");
   // Its sends must be buffered: under rendezvous it deadlocks.
   EXPECT_FALSE(SendsRendezvous(ScheduleKind::kZeroBubbleV));
+}
+
+TEST(GeneratorsTest, DualPipeVReproducesPyTorchsOrder) {
+  // PyTorch's ScheduleDualPipeV at P = 2, M = 4, worked by hand from its
+  // eight steps; each OVERLAP_F_B is its F then its B.
+  Schedule s = MustGenerate(ScheduleKind::kDualPipeV, 2, 4, 2);
+  EXPECT_EQ(s.placement, Placement::kV);
+  EXPECT_EQ(Line(s, 0),
+            "F0.0 F0.1 F0.2 F3.0 BI3.0 BW3.0 F3.1 F0.3 B3.1 F3.2 B0.0 B3.2 "
+            "F3.3 B0.1 B3.3 BI0.2 BW0.2 BI0.3 BW0.3");
+  EXPECT_EQ(Line(s, 1),
+            "F1.0 F2.0 F1.1 F2.1 F1.2 B2.0 F2.2 B1.0 F1.3 B2.1 F2.3 B1.1 B2.2 "
+            "B1.2 BI2.3 BI1.3 BW2.3 BW1.3");
+  EXPECT_FALSE(SendsRendezvous(ScheduleKind::kDualPipeV));
+  auto few =
+      GenerateSchedule(ScheduleKind::kDualPipeV,
+                       {.ranks = 4, .microbatches = 7, .virtual_stages = 2});
+  EXPECT_THAT(few.status().message(),
+              HasSubstr("dualpipev needs at least as many microbatches as "
+                        "stages, 2P = 8; got M = 7"));
 }
 
 TEST(GeneratorsTest, ZeroBubbleH2FillsTheWarmupWithForwards) {

@@ -285,7 +285,9 @@ INSTANTIATE_TEST_SUITE_P(
                           Case{ScheduleKind::kZeroBubbleH2, 4, 1},
                           Case{ScheduleKind::kZeroBubbleV, 2, 2},
                           Case{ScheduleKind::kZeroBubbleV, 4, 2},
-                          Case{ScheduleKind::kLoopedBFS, 2, 2}),
+                          Case{ScheduleKind::kLoopedBFS, 2, 2},
+                          Case{ScheduleKind::kDualPipeV, 2, 2},
+                          Case{ScheduleKind::kDualPipeV, 4, 2}),
         ::testing::Bool()));
 
 TEST(StageExecutorTest, GlobalNormClippingMatchesTheReference) {
