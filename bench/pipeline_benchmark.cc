@@ -41,8 +41,8 @@
 // Three more groups use the same harness (see docs/bubble.md):
 //   bubble/<schedule>/P:4/M:{8,16}: the measured bubble, 1 - (the ranks'
 //     forward + backward time) / (P x step wall time), against the
-//     simulator's bubble_fraction() for every schedule (interleaved-1f1b
-//     with V = 2).
+//     simulator's bubble_fraction() for every schedule (interleaved-1f1b,
+//     interleaved-zb, zb-v and dualpipev with V = 2).
 //   zb_gain/P:4/M:{8,16}: how much of the step time zb-h1 is predicted to
 //     save over 1f1b it actually saves (1f1b and zb-h1 in alternating
 //     blocks).
@@ -109,7 +109,9 @@ struct StageCosts {
 // With V stages a rank, each stage costs 1/V of the V = 1 stage, so that a
 // rank's work is the same for every V.
 StageCosts CostsFor(ScheduleKind kind, int virtual_stages = 1) {
-  if (SplitsBackward(kind)) return {4.0, 4.0, 4.0};
+  if (SplitsBackward(kind)) {
+    return {4.0 / virtual_stages, 4.0 / virtual_stages, 4.0 / virtual_stages};
+  }
   return {4.0 / virtual_stages, 8.0 / virtual_stages, 0.0};
 }
 
@@ -315,7 +317,8 @@ class Pipeline {
       Rank& rank = ranks_[r];
       std::vector<int> indices;
       std::vector<engine::Parameter*> params;
-      for (int s = r; s < num_stages; s += p) {
+      for (int s :
+           scheduler::StagesOfRank(schedule_.placement, r, p, num_stages)) {
         ASSIGN_OR_RETURN(std::unique_ptr<engine::Stage> stage,
                          engine::Stage::Create(be, spec, s));
         RETURN_IF_ERROR(stage->InitializeFromSeed(0));
@@ -360,6 +363,7 @@ class Pipeline {
           StageExecutor::Create({.job = kJob,
                                  .rank = r,
                                  .num_ranks = p,
+                                 .placement = schedule_.placement,
                                  .num_stages = num_stages,
                                  .batch_size = m,  // One sample a microbatch.
                                  .microbatches = m,
@@ -538,10 +542,11 @@ void BM_Pipeline(benchmark::State& state, ScheduleKind kind) {
 }
 
 // The measured bubble of every schedule against the simulator's, P = 4,
-// M = range(0): gpipe, 1f1b and zb-h1 with V = 1, F = 4 ms, B = 8 ms
-// (zb-h1 BI = BW = 4 ms); interleaved-1f1b with V = 2 (8 stages on 4 ranks,
-// rank r holding r and r + 4) at F = 2 ms, B = 4 ms a stage, so that every
-// rank has the same work in every schedule. The measured bubble of a step is
+// M = range(0): gpipe, 1f1b, eager-1f1b, zb-h1 and zb-h2 with V = 1, F =
+// 4 ms, B = 8 ms (split: BI = BW = 4 ms); interleaved-1f1b, interleaved-zb,
+// zb-v and dualpipev with V = 2 (8 stages on 4 ranks, by the schedule's
+// placement) at half those costs a stage, so that every rank has the same
+// work in every schedule. The measured bubble of a step is
 // 1 - (forward + backward time of all ranks) / (P x step wall time), from
 // the executor's per-stage times (StageStepTimes, what the worker exports as
 // conveyor_stage_forward/backward_seconds_total); the median over the timed
@@ -553,7 +558,10 @@ void BM_Pipeline(benchmark::State& state, ScheduleKind kind) {
 void BM_Bubble(benchmark::State& state, ScheduleKind kind) {
   constexpr int kP = 4;
   const int m = static_cast<int>(state.range(0));
-  const int v = kind == ScheduleKind::kInterleaved1F1B ? 2 : 1;
+  const int v = TakesVirtualStages(kind) && kind != ScheduleKind::kGPipe &&
+                        kind != ScheduleKind::kLoopedBFS
+                    ? 2
+                    : 1;
   const StageCosts costs = CostsFor(kind, v);
   auto c = MakeCase(kind, kP, m, v, costs);
   if (!c.ok()) return state.SkipWithError(c.status().ToString().c_str());
@@ -820,6 +828,19 @@ BENCHMARK_CAPTURE(BM_Bubble, zb_h1, ScheduleKind::kZeroBubbleH1)
     ->Apply(BubbleCases);
 BENCHMARK_CAPTURE(BM_Bubble, eager_1f1b, ScheduleKind::kEager1F1B)
     ->Name("bubble/eager-1f1b/P:4")
+    ->Apply(BubbleCases);
+BENCHMARK_CAPTURE(BM_Bubble, interleaved_zb,
+                  ScheduleKind::kInterleavedZeroBubble)
+    ->Name("bubble/interleaved-zb/P:4")
+    ->Apply(BubbleCases);
+BENCHMARK_CAPTURE(BM_Bubble, zb_h2, ScheduleKind::kZeroBubbleH2)
+    ->Name("bubble/zb-h2/P:4")
+    ->Apply(BubbleCases);
+BENCHMARK_CAPTURE(BM_Bubble, zb_v, ScheduleKind::kZeroBubbleV)
+    ->Name("bubble/zb-v/P:4")
+    ->Apply(BubbleCases);
+BENCHMARK_CAPTURE(BM_Bubble, dualpipev, ScheduleKind::kDualPipeV)
+    ->Name("bubble/dualpipev/P:4")
     ->Apply(BubbleCases);
 
 BENCHMARK(BM_ZbGain)
