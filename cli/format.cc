@@ -332,6 +332,13 @@ std::string FormatJobDetails(const v1::Job& job, absl::Time now) {
       }
       fields.push_back({"stages", text});
     }
+    if (a.schedule_auto()) {
+      fields.push_back(
+          {"schedule", a.chosen()
+                           ? absl::StrCat("auto: chose ", a.schedule_choice())
+                           : "auto; not chosen yet "
+                             "(profiling)"});
+    }
   }
   std::string out =
       absl::StrCat(JobTitle(job), ": ", proto::JobStateName(job.state()), "\n");

@@ -3,6 +3,7 @@
 // concern.
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -182,8 +183,12 @@ void JobManager::DescribePlan(JobRecord& job) {
   }
   v1::Job& info = job.info;
   info.set_steps_total(spec.training.steps);
+  // schedule: auto stays "auto" until ChooseStages picks (the provisional
+  // plan's 1f1b is nobody's choice).
   info.set_schedule(
-      std::string(scheduler::ScheduleKindName(job.plan.schedule.kind)));
+      job::NeedsProfile(job.plan) && spec.pipeline.auto_schedule
+          ? std::string("auto")
+          : std::string(scheduler::ScheduleKindName(job.plan.schedule.kind)));
   info.set_num_stages(job.plan.num_stages);
   info.set_num_workers(job.plan.num_ranks);
   info.set_virtual_stages(job.plan.virtual_stages);
@@ -203,7 +208,10 @@ void JobManager::DescribePlan(JobRecord& job) {
     p->set_num_params(s.num_params);
   }
   info.clear_auto_split();
-  if (spec.pipeline.auto_stages) info.mutable_auto_split()->set_chosen(false);
+  if (spec.pipeline.auto_stages) {
+    info.mutable_auto_split()->set_chosen(false);
+    info.mutable_auto_split()->set_schedule_auto(spec.pipeline.auto_schedule);
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -317,13 +325,19 @@ void JobManager::ApplyProfile(JobRecord& job,
   job.plan.auto_split->profile.clear();
   job.plan.auto_split->profile.shrink_to_fit();
   const scheduler::StageSearchResult& r = job.plan.auto_split->search;
+  // The cut (and with schedule: auto the schedule, V and stage count) is
+  // new; the ranks keep their workers.
+  std::map<int, std::string> worker_of_rank;
+  for (const v1::StagePlacement& p : job.info.stages()) {
+    worker_of_rank[p.rank()] = p.worker_id();
+  }
+  DescribePlan(job);
   for (v1::StagePlacement& p : *job.info.mutable_stages()) {
-    const StagePlan& s = job.plan.stages[p.stage()];
-    p.set_first_layer(s.first_layer);
-    p.set_num_layers(s.num_layers);
-    p.set_num_params(s.num_params);
+    p.set_worker_id(worker_of_rank[p.rank()]);
   }
   v1::AutoSplit* split = job.info.mutable_auto_split();
+  split->set_schedule_auto(job.plan.job.pipeline.auto_schedule);
+  split->set_schedule_choice(job::ScheduleChoice(job.plan));
   split->set_chosen(true);
   split->set_profiled_on(job.profile_device);
   split->set_from_cache(from_cache);

@@ -51,8 +51,8 @@ constexpr absl::string_view kTopKeys[] = {"name",       "model",     "data",
 constexpr absl::string_view kTrainingKeys[] = {"steps", "batch_size",
                                                "microbatches", "precision"};
 constexpr absl::string_view kPipelineKeys[] = {
-    "schedule",   "virtual_stages", "stages",
-    "num_stages", "memory_budget",  "devices_per_stage"};
+    "schedule",      "virtual_stages",    "stages", "num_stages",
+    "memory_budget", "devices_per_stage", "workers"};
 constexpr absl::string_view kStagesModes[] = {"markers", "auto"};
 // Largest memory budget accepted (1 EiB): anything above is a typo.
 constexpr double kMaxMemoryBudget = 1152921504606846976.0;
@@ -517,7 +517,12 @@ absl::Status JobParser::ParsePipeline(const YamlMapEntry& entry,
     ASSIGN_OR_RETURN(pipeline.schedule, reader_.ParseString(e->value));
     pipeline.where = e->value.where;
   }
-  if (const YamlMapEntry* e = map.Find("virtual_stages"); e != nullptr) {
+  pipeline.auto_schedule = pipeline.schedule == "auto";
+  if (const YamlMapEntry* e = map.Find("virtual_stages");
+      e != nullptr && pipeline.auto_schedule) {
+    return reader_.Error(e->value,
+                         "schedule: auto chooses virtual_stages; leave it out");
+  } else if (e != nullptr) {
     ASSIGN_OR_RETURN(pipeline.virtual_stages,
                      reader_.ParseInt(e->value, 1, kMaxVirtualStages));
   } else if (pipeline.schedule == "zb-v" || pipeline.schedule == "dualpipev") {
@@ -545,6 +550,34 @@ absl::Status JobParser::ParsePipeline(const YamlMapEntry& entry,
   }
   const YamlMapEntry* num_stages = map.Find("num_stages");
   const YamlMapEntry* budget = map.Find("memory_budget");
+  const YamlMapEntry* workers = map.Find("workers");
+  if (workers != nullptr && !pipeline.auto_schedule) {
+    return reader_.Error(workers->value,
+                         "only applies with schedule: auto (otherwise the "
+                         "stages and virtual_stages give the workers)");
+  }
+  if (pipeline.auto_schedule && !pipeline.auto_stages) {
+    return reader_.Error(map.Find("schedule")->value,
+                         "schedule: auto chooses the cut with the schedule: "
+                         "set stages: auto and workers: P");
+  }
+  if (pipeline.auto_schedule) {
+    if (num_stages != nullptr) {
+      return reader_.Error(num_stages->value,
+                           "schedule: auto chooses num_stages (workers x "
+                           "virtual stages); give workers: P instead");
+    }
+    if (workers == nullptr) {
+      return reader_.Error(entry.value,
+                           "schedule: auto needs workers (how many pipeline "
+                           "ranks to choose a schedule for)");
+    }
+    ASSIGN_OR_RETURN(pipeline.workers,
+                     reader_.ParseInt(workers->value, 1, kMaxAutoStages));
+    // The planner's provisional plan: one stage a worker.
+    pipeline.num_stages = pipeline.workers;
+    pipeline.num_stages_where = workers->value.where;
+  }
   if (!pipeline.auto_stages) {
     // Without auto the markers decide; a stage count or budget there would
     // be silently ignored, so it is an error instead.
@@ -558,14 +591,16 @@ absl::Status JobParser::ParsePipeline(const YamlMapEntry& entry,
     }
     return absl::OkStatus();
   }
-  if (num_stages == nullptr) {
+  if (num_stages == nullptr && !pipeline.auto_schedule) {
     return reader_.Error(entry.value,
                          "stages: auto needs num_stages (how many pipeline "
                          "stages to cut the model into)");
   }
-  ASSIGN_OR_RETURN(pipeline.num_stages,
-                   reader_.ParseInt(num_stages->value, 1, kMaxAutoStages));
-  pipeline.num_stages_where = num_stages->value.where;
+  if (num_stages != nullptr) {
+    ASSIGN_OR_RETURN(pipeline.num_stages,
+                     reader_.ParseInt(num_stages->value, 1, kMaxAutoStages));
+    pipeline.num_stages_where = num_stages->value.where;
+  }
   if (budget != nullptr) {
     ASSIGN_OR_RETURN(pipeline.memory_budget_bytes, ParseBytes(budget->value));
     pipeline.memory_budget_where = budget->value.where;

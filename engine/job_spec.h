@@ -32,6 +32,8 @@
 //   stages: markers               # or auto: the coordinator profiles the
 //                                 # layers and chooses the cuts
 //   num_stages: 4                 # auto: how many stages (P * V)
+//   workers: 4                    # schedule: auto (with stages: auto):
+//                                 # P; the schedule, V and cut are chosen
 //   memory_budget: 16GiB          # auto, optional: per device; bytes, or
 //                                 # with a unit (KB MB GB, KiB MiB GiB)
 // checkpoint: {dir: out/mlp, every: 0, keep_latest: 0}
@@ -80,6 +82,13 @@ struct PipelineSpec {
   std::string schedule = "1f1b";
   int64_t virtual_stages = 1;
   SourceLocation where;
+  // schedule: auto (needs stages: auto): the planner chooses the schedule,
+  // virtual_stages and the cut together for `workers` ranks
+  // (job/planner.h ChooseStages) and then sets `schedule`,
+  // `virtual_stages` and `num_stages` to its choice; `schedule` is "auto"
+  // only until then.
+  bool auto_schedule = false;
+  int64_t workers = 0;
   // stages: auto. The model's `boundary` markers, if any, stay as cuts the
   // search must keep; the planner checks num_stages against the model at
   // `num_stages_where`.

@@ -77,10 +77,54 @@ std::string Bytes(double bytes) {
                    : absl::StrFormat("%.1f %s", bytes, kUnits[unit]);
 }
 
+// Where the message of a planning error starts: past "file:line:col: " and
+// "pipeline...: ", for a one-line reason in a table.
+absl::string_view Reason(absl::string_view message) {
+  if (size_t at = message.find("pipeline"); at != absl::string_view::npos) {
+    message.remove_prefix(at);
+    if (size_t colon = message.find(": "); colon != absl::string_view::npos) {
+      message.remove_prefix(colon + 2);
+    }
+  }
+  return message;
+}
+
+// schedule: auto's candidates, one line each, and why the winner won.
+std::string DescribeCandidates(const JobPlan& plan) {
+  const AutoSplitPlan& a = *plan.auto_split;
+  std::string out = absl::StrFormat(
+      "schedule: auto considered %d candidate(s) for %d worker(s):\n"
+      "%-18s %-3s %12s %8s %14s\n",
+      a.candidates.size(), plan.job.pipeline.workers, "schedule", "V",
+      "step ms", "bubble", "peak memory");
+  for (const ScheduleCandidate& c : a.candidates) {
+    const bool chosen = c.schedule == plan.job.pipeline.schedule &&
+                        c.virtual_stages == plan.virtual_stages;
+    if (!c.search.has_value()) {
+      absl::StrAppendFormat(&out, "%-18s %-3d %s\n", c.schedule,
+                            c.virtual_stages,
+                            absl::StrCat("not possible: ", Reason(c.refused)));
+      continue;
+    }
+    double peak = 0;
+    for (double m : c.search->rank_memory) peak = std::max(peak, m);
+    absl::StrAppendFormat(&out, "%-18s %-3d %12.3f %7.1f%% %14s%s\n",
+                          c.schedule, c.virtual_stages,
+                          c.search->makespan * 1e3,
+                          c.search->bubble_fraction * 100, Bytes(peak),
+                          chosen ? "  <- chosen" : "");
+  }
+  absl::StrAppend(&out, "chosen: ", ScheduleChoice(plan), "\n");
+  return out;
+}
+
 std::string DescribeAutoSplit(const JobPlan& plan) {
   const AutoSplitPlan& a = *plan.auto_split;
   const scheduler::StageSearchResult& r = a.search;
-  std::string out = absl::StrFormat(
+  std::string out =
+      a.candidates.empty() ? std::string() : DescribeCandidates(plan);
+  absl::StrAppendFormat(
+      &out,
       "stages: auto from a profile on %s%s (microbatch of %d samples); "
       "%s search, %d split(s) simulated\n",
       a.profiled_on, a.from_cache ? " (cached)" : "",
@@ -215,6 +259,12 @@ absl::StatusOr<JobPlan> PlanCut(engine::JobSpec job,
 }  // namespace
 
 absl::StatusOr<JobPlan> PlanJob(engine::JobSpec job) {
+  if (job.pipeline.auto_schedule && job.pipeline.schedule == "auto") {
+    // Provisional until ChooseStages picks: one 1f1b stage a worker.
+    job.pipeline.schedule = "1f1b";
+    job.pipeline.virtual_stages = 1;
+    job.pipeline.num_stages = job.pipeline.workers;
+  }
   std::vector<int> markers = job.model.stage_begin;
   if (!job.pipeline.auto_stages) return PlanCut(std::move(job), markers);
   const int num_layers = static_cast<int>(job.model.layers.size());
@@ -287,9 +337,123 @@ absl::StatusOr<scheduler::StageSearchInput> StageSearchInputFor(
   return input;
 }
 
+namespace {
+
+// schedule: auto: the candidates for `plan`'s workers, each searched.
+std::vector<ScheduleCandidate> SearchSchedules(
+    const JobPlan& plan, const std::vector<engine::LayerProfile>& profile) {
+  std::vector<ScheduleCandidate> candidates;
+  for (scheduler::ScheduleKind kind : scheduler::kAllScheduleKinds) {
+    if (kind == scheduler::ScheduleKind::kLoopedBFS) continue;
+    std::vector<int> vs = {1};
+    if (scheduler::PlacementOf(kind) == scheduler::Placement::kV) {
+      vs = {2};
+    } else if (scheduler::TakesVirtualStages(kind)) {
+      vs = {1, 2, 4};
+    }
+    for (int v : vs) {
+      ScheduleCandidate& c = candidates.emplace_back();
+      c.schedule = std::string(scheduler::ScheduleKindName(kind));
+      c.virtual_stages = v;
+      engine::JobSpec job = plan.job;
+      job.pipeline.schedule = c.schedule;
+      job.pipeline.virtual_stages = v;
+      job.pipeline.num_stages = job.pipeline.workers * v;
+      absl::StatusOr<JobPlan> provisional =
+          engine::SetStageBoundaries(&job.model, plan.marker_stage_begin).ok()
+              ? PlanJob(std::move(job))
+              : absl::InternalError("the model's markers do not apply");
+      absl::Status refused = provisional.status();
+      if (provisional.ok()) {
+        absl::StatusOr<scheduler::StageSearchInput> input =
+            StageSearchInputFor(*provisional, profile);
+        refused = input.status();
+        if (input.ok()) {
+          absl::StatusOr<scheduler::StageSearchResult> search =
+              scheduler::SearchStages(*input);
+          refused = search.status();
+          if (search.ok()) c.search = *std::move(search);
+        }
+      }
+      if (!refused.ok()) {
+        c.refused = std::string(refused.message());
+        c.smallest_peak = scheduler::SmallestPeakOf(refused);
+      }
+    }
+  }
+  return candidates;
+}
+
+absl::StatusOr<JobPlan> ChooseSchedule(
+    const JobPlan& plan, std::vector<engine::LayerProfile> profile,
+    std::string profiled_on, bool from_cache) {
+  if (profile.size() != plan.job.model.layers.size()) {
+    return StageSearchInputFor(plan, profile).status();
+  }
+  std::vector<ScheduleCandidate> candidates = SearchSchedules(plan, profile);
+  const ScheduleCandidate* best = nullptr;
+  std::optional<double> smallest_peak;
+  for (const ScheduleCandidate& c : candidates) {
+    if (!c.search.has_value()) {
+      if (c.smallest_peak.has_value()) {
+        smallest_peak = std::min(smallest_peak.value_or(*c.smallest_peak),
+                                 *c.smallest_peak);
+      }
+      continue;
+    }
+    if (best == nullptr ||
+        c.search->makespan < best->search->makespan * (1 - 1e-9)) {
+      best = &c;
+    }
+  }
+  if (best == nullptr) {
+    if (smallest_peak.has_value()) {
+      const std::string at = plan.job.pipeline.memory_budget_where.ToString();
+      return absl::InvalidArgumentError(
+          absl::StrCat(at.empty() ? "" : absl::StrCat(at, ": "),
+                       "pipeline.memory_budget: no schedule fits ",
+                       Bytes(plan.job.pipeline.memory_budget_bytes),
+                       " per device on ", plan.job.pipeline.workers,
+                       " worker(s); the smallest peak any candidate needs is ",
+                       Bytes(*smallest_peak)));
+    }
+    std::string reasons;
+    for (const ScheduleCandidate& c : candidates) {
+      absl::StrAppend(&reasons, "; ", c.schedule, " V=", c.virtual_stages, ": ",
+                      Reason(c.refused));
+    }
+    return PipelineError(plan.job,
+                         absl::StrCat("schedule: auto found no schedule that "
+                                      "can run this job",
+                                      reasons));
+  }
+  engine::JobSpec job = plan.job;
+  job.pipeline.schedule = best->schedule;
+  job.pipeline.virtual_stages = best->virtual_stages;
+  job.pipeline.num_stages =
+      static_cast<int64_t>(job.pipeline.workers) * best->virtual_stages;
+  RETURN_IF_ERROR(
+      engine::SetStageBoundaries(&job.model, best->search->stage_begin));
+  ASSIGN_OR_RETURN(JobPlan chosen,
+                   PlanCut(std::move(job), plan.marker_stage_begin));
+  scheduler::StageSearchResult search = *best->search;
+  chosen.auto_split = AutoSplitPlan{.profiled_on = std::move(profiled_on),
+                                    .from_cache = from_cache,
+                                    .profile = std::move(profile),
+                                    .search = std::move(search),
+                                    .candidates = std::move(candidates)};
+  return chosen;
+}
+
+}  // namespace
+
 absl::StatusOr<JobPlan> ChooseStages(const JobPlan& plan,
                                      std::vector<engine::LayerProfile> profile,
                                      std::string profiled_on, bool from_cache) {
+  if (plan.job.pipeline.auto_schedule) {
+    return ChooseSchedule(plan, std::move(profile), std::move(profiled_on),
+                          from_cache);
+  }
   ASSIGN_OR_RETURN(const scheduler::StageSearchInput input,
                    StageSearchInputFor(plan, profile));
   absl::StatusOr<scheduler::StageSearchResult> search =
@@ -355,6 +519,44 @@ std::string DescribePlan(const JobPlan& plan) {
     out +=
         "stages: auto; the cut above is provisional until the layers are "
         "profiled\n";
+  }
+  return out;
+}
+
+std::string ScheduleChoice(const JobPlan& plan) {
+  if (!plan.auto_split.has_value() || plan.auto_split->candidates.empty()) {
+    return "";
+  }
+  const AutoSplitPlan& a = *plan.auto_split;
+  const std::string& chosen = plan.job.pipeline.schedule;
+  const ScheduleCandidate* runner_up = nullptr;
+  for (const ScheduleCandidate& c : a.candidates) {
+    if (!c.search.has_value() ||
+        (c.schedule == chosen && c.virtual_stages == plan.virtual_stages)) {
+      continue;
+    }
+    if (runner_up == nullptr ||
+        c.search->makespan < runner_up->search->makespan) {
+      runner_up = &c;
+    }
+  }
+  std::string out = absl::StrFormat(
+      "%s V=%d of %d candidates: the shortest predicted step%s", chosen,
+      plan.virtual_stages, a.candidates.size(),
+      plan.job.pipeline.memory_budget_bytes > 0 ? " within the memory budget"
+                                                : "");
+  if (runner_up != nullptr && runner_up->search->makespan > 0) {
+    const double shorter = 1 - a.search.makespan / runner_up->search->makespan;
+    if (shorter < 5e-4) {
+      absl::StrAppendFormat(&out,
+                            ", tied with %s V=%d (the one listed first "
+                            "wins)",
+                            runner_up->schedule, runner_up->virtual_stages);
+    } else {
+      absl::StrAppendFormat(&out, ", %.1f%% shorter than %s V=%d",
+                            shorter * 100, runner_up->schedule,
+                            runner_up->virtual_stages);
+    }
   }
   return out;
 }

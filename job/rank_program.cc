@@ -8,6 +8,7 @@
 #include "engine/model_spec.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "proto/protocol.h"
+#include "scheduler/schedule.h"
 
 namespace conveyor::job {
 namespace {
@@ -48,6 +49,9 @@ v1::JobProgram CompileRankProgram(const JobPlan& plan, int rank,
   program.set_rank(rank);
   program.set_num_ranks(plan.num_ranks);
   program.set_num_stages(plan.num_stages);
+  program.set_schedule(
+      std::string(scheduler::ScheduleKindName(plan.schedule.kind)));
+  program.set_virtual_stages(plan.virtual_stages);
   for (const StagePlan* s : StagesOfRank(plan, rank)) {
     v1::StageProgram* sp = program.add_stages();
     sp->set_stage(s->stage);
@@ -124,6 +128,23 @@ absl::StatusOr<JobPlan> PlanOfProgram(const v1::JobProgram& program) {
   ASSIGN_OR_RETURN(engine::JobSpec spec,
                    engine::ParseJobSpec(program.yaml(), program.file_name(),
                                         program.base_dir()));
+  if (spec.pipeline.auto_schedule) {
+    // The coordinator chose the schedule; the YAML says "auto".
+    if (!scheduler::ParseScheduleKind(program.schedule()).ok() ||
+        program.virtual_stages() < 1 ||
+        program.num_stages() !=
+            spec.pipeline.workers * int64_t{program.virtual_stages()}) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "program: schedule: auto needs the chosen schedule and virtual "
+          "stages for ",
+          spec.pipeline.workers, " workers; got '", program.schedule(),
+          "', V = ", program.virtual_stages(), ", ", program.num_stages(),
+          " stages"));
+    }
+    spec.pipeline.schedule = program.schedule();
+    spec.pipeline.virtual_stages = program.virtual_stages();
+    spec.pipeline.num_stages = program.num_stages();
+  }
   absl::StatusOr<JobPlan> plan;
   if (spec.pipeline.auto_stages) {
     // The coordinator chose the cut from a profile; the YAML says "auto".

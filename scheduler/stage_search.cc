@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/check.h"
@@ -495,13 +497,19 @@ std::optional<std::vector<int>> PickBest(
   return *pick;
 }
 
+constexpr absl::string_view kSmallestPeakUrl =
+    "type.conveyor/stage_search.smallest_peak";
+
 absl::Status NoSplitFits(const Evaluator& ev, double budget,
                          double smallest_peak) {
-  return absl::InvalidArgumentError(absl::StrCat(
+  absl::Status status = absl::InvalidArgumentError(absl::StrCat(
       "memory_budget: no split of ", ev.layers(), " layers into ", ev.stages(),
       " stages fits ", Bytes(budget),
       " bytes per device; the smallest peak any examined split needs is ",
       Bytes(std::ceil(smallest_peak)), " bytes"));
+  status.SetPayload(kSmallestPeakUrl,
+                    absl::Cord(absl::StrCat(std::ceil(smallest_peak))));
+  return status;
 }
 
 // Simulates every split that respects the fixed boundaries.
@@ -699,6 +707,15 @@ absl::StatusOr<StageSearchResult> EvaluateSplit(
   RETURN_IF_ERROR(CheckSplit(stage_begin, ev.layers(), ev.stages()));
   return Finish(input, ev, stage_begin, /*exhaustive=*/false,
                 /*simulations=*/1);
+}
+
+std::optional<double> SmallestPeakOf(const absl::Status& status) {
+  const auto payload = status.GetPayload(kSmallestPeakUrl);
+  double peak = 0;
+  if (!payload.has_value() || !absl::SimpleAtod(std::string(*payload), &peak)) {
+    return std::nullopt;
+  }
+  return peak;
 }
 
 }  // namespace conveyor::scheduler

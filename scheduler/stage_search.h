@@ -115,6 +115,11 @@ struct StageSearchResult {
 // examines every split, so then it is the smallest budget that works).
 absl::StatusOr<StageSearchResult> SearchStages(const StageSearchInput& input);
 
+// For SearchStages' "no split within the budget" error: the smallest peak
+// rank memory (bytes) any examined split needs, which the status carries as
+// a payload; nullopt for any other status.
+std::optional<double> SmallestPeakOf(const absl::Status& status);
+
 // The predicted result of one given split (stage_begin as above), with the
 // same memory model and the same even_* comparison; the budget is not
 // enforced on the split (exhaustive = false, simulations = 1). The split may

@@ -635,7 +635,7 @@ TEST(JobSpecErrorTest, Pipeline) {
                                      "2}\n"})),
             "job.yaml:9:29: pipeline: unknown key 'stage'; allowed: "
             "schedule, virtual_stages, stages, num_stages, memory_budget, "
-            "devices_per_stage");
+            "devices_per_stage, workers");
   EXPECT_EQ(ParseError(Job({.extra = "pipeline: {schedule: gpipe, stages: "
                                      "2}\n"})),
             "job.yaml:9:37: pipeline.stages: must be one of: markers, auto; "
@@ -665,6 +665,42 @@ TEST(JobSpecErrorTest, DevicesPerStage) {
             "integer; got '0'");
   EXPECT_THAT(ParseError(Job({.extra = "pipeline: {devices_per_stage: 65}\n"})),
               HasSubstr("pipeline.devices_per_stage"));
+}
+
+TEST(JobSpecTest, AutoScheduleTakesWorkers) {
+  const JobSpec job = ParseOk(
+      Job({.extra = "pipeline: {schedule: auto, stages: auto, workers: 3}\n"}));
+  EXPECT_TRUE(job.pipeline.auto_schedule);
+  EXPECT_TRUE(job.pipeline.auto_stages);
+  EXPECT_EQ(job.pipeline.workers, 3);
+  EXPECT_EQ(job.pipeline.num_stages, 3);
+  EXPECT_EQ(job.pipeline.schedule, "auto");
+}
+
+TEST(JobSpecErrorTest, AutoSchedule) {
+  EXPECT_EQ(ParseError(Job({.extra = "pipeline: {schedule: auto}\n"})),
+            "job.yaml:9:22: pipeline.schedule: schedule: auto chooses the cut "
+            "with the schedule: set stages: auto and workers: P");
+  EXPECT_EQ(ParseError(Job({.extra = "pipeline: {schedule: auto, stages: "
+                                     "auto}\n"})),
+            "job.yaml:9:11: pipeline: schedule: auto needs workers (how many "
+            "pipeline ranks to choose a schedule for)");
+  EXPECT_EQ(ParseError(Job({.extra = "pipeline: {schedule: auto, stages: "
+                                     "auto, num_stages: 4}\n"})),
+            "job.yaml:9:54: pipeline.num_stages: schedule: auto chooses "
+            "num_stages (workers x virtual stages); give workers: P instead");
+  EXPECT_EQ(ParseError(Job({.extra = "pipeline: {schedule: auto, "
+                                     "virtual_stages: 2}\n"})),
+            "job.yaml:9:44: pipeline.virtual_stages: schedule: auto chooses "
+            "virtual_stages; leave it out");
+  EXPECT_EQ(ParseError(Job({.extra = "pipeline: {schedule: 1f1b, workers: "
+                                     "2}\n"})),
+            "job.yaml:9:37: pipeline.workers: only applies with schedule: auto "
+            "(otherwise the stages and virtual_stages give the workers)");
+  EXPECT_EQ(ParseError(Job({.extra = "pipeline: {schedule: auto, stages: "
+                                     "auto, workers: 0}\n"})),
+            "job.yaml:9:51: pipeline.workers: must be a positive integer; "
+            "got '0'");
 }
 
 TEST(JobSpecErrorTest, AutoStages) {

@@ -915,6 +915,46 @@ TEST_F(DaemonsTest, AutoStagesTrainTheChosenCutAndMatchInProcess) {
   EXPECT_EQ(WaitForIdle(*client_, kWorkers), kWorkers);
 }
 
+// schedule: auto on real daemons: the coordinator profiles, chooses the
+// schedule, V and cut together, every worker plans the choice from its
+// program, and the result equals the in-process run.
+TEST_F(DaemonsTest, ScheduleAutoTrainsTheChosenScheduleAndMatchesInProcess) {
+  const std::string dir = TempDir("auto_schedule");
+  const std::string yaml = absl::StrCat(
+      "name: auto-schedule\nmodel:\n  input_shape: [64]\n  init: {seed: 0}\n"
+      "  layers:\n"
+      "    - dense: {features: 512}\n    - relu\n"
+      "    - dense: {features: 512}\n    - relu\n"
+      "    - dense: {features: 16}\n    - relu\n"
+      "    - dense: {features: 16}\n"
+      "  loss: mse\n"
+      "data: {source: synthetic-regression, seed: 0}\n"
+      "training: {steps: 3, batch_size: 64, microbatches: 8}\n"
+      "optimizer: {kind: adam, lr: 0.003}\n"
+      "pipeline: {schedule: auto, stages: auto, workers: 2}\n"
+      "checkpoint: {dir: ",
+      dir, "}\n");
+  absl::StatusOr<v1::Job> submitted = Submit(yaml);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  EXPECT_EQ(submitted->schedule(), "auto");
+  const v1::Job job = WaitForEnd(*client_, submitted->id());
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.message();
+  EXPECT_NE(job.schedule(), "auto");
+  EXPECT_TRUE(scheduler::ParseScheduleKind(job.schedule()).ok());
+  EXPECT_EQ(job.num_workers(), 2);
+  EXPECT_EQ(job.num_stages(), 2 * job.virtual_stages());
+  ASSERT_EQ(job.stages_size(), job.num_stages());
+  ASSERT_TRUE(job.auto_split().chosen());
+  EXPECT_TRUE(job.auto_split().schedule_auto());
+  EXPECT_THAT(job.auto_split().schedule_choice(),
+              HasSubstr(absl::StrCat(job.schedule(),
+                                     " V=", job.virtual_stages(), " of ")));
+  const std::string exported = dir + "/export.safetensors";
+  ASSERT_TRUE(cli::ExportCheckpoint(dir, std::nullopt, exported).ok());
+  ExpectBitwiseEqual(ReadParams(exported), InProcessReference(yaml));
+  EXPECT_EQ(WaitForIdle(*client_, kWorkers), kWorkers);
+}
+
 // With fixed-time layers the profile is known in advance: the two 4 ms
 // layers must each get a stage of their own, and the predicted step must
 // beat the even split's by far.

@@ -214,6 +214,86 @@ TEST(PlannerTest, ChooseStagesChargesOptimizerStateAndMeetsTheBudget) {
               HasSubstr("the layer profile has 2 entries; the model has 8"));
 }
 
+TEST(PlannerTest, ScheduleAutoChoosesTheShortestPredictedStepAndSaysWhy) {
+  absl::StatusOr<JobPlan> plan =
+      PlanJob(Job("{schedule: auto, stages: auto, workers: 2}", 8, 4, false));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(NeedsProfile(*plan));
+  EXPECT_EQ(plan->num_ranks, 2);  // Provisionally one stage a worker.
+  const std::vector<engine::LayerProfile> profile =
+      Profile({1, 1, 1, 1, 2, 2, 4, 4});
+  absl::StatusOr<JobPlan> chosen = ChooseStages(*plan, profile, "cpu:1", false);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  ASSERT_TRUE(chosen->auto_split.has_value());
+  const std::vector<ScheduleCandidate>& candidates =
+      chosen->auto_split->candidates;
+  // Every kind but looped-bfs (gpipe's order), with V in {1, 2, 4} where it
+  // takes virtual stages and 2 for zb-v and dualpipev: 15.
+  ASSERT_EQ(candidates.size(), 15u);
+  EXPECT_EQ(chosen->num_ranks, 2);
+  EXPECT_EQ(chosen->num_stages, 2 * chosen->virtual_stages);
+  // The winner's predicted step is the smallest; each candidate's is what a
+  // stages: auto job of that schedule and V would be predicted.
+  int searched = 0;
+  for (const ScheduleCandidate& c : candidates) {
+    ASSERT_TRUE(c.search.has_value()) << c.schedule << ": " << c.refused;
+    ++searched;
+    // Within 1e-9 counts as a tie, which the kind listed first wins.
+    EXPECT_GE(c.search->makespan * (1 + 1e-9),
+              chosen->auto_split->search.makespan)
+        << c.schedule << " V=" << c.virtual_stages;
+    absl::StatusOr<JobPlan> alone = PlanJob(Job(
+        absl::StrCat("{schedule: ", c.schedule,
+                     ", virtual_stages: ", c.virtual_stages,
+                     ", stages: auto, num_stages: ", 2 * c.virtual_stages, "}"),
+        8, 4, false));
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    absl::StatusOr<JobPlan> alone_chosen =
+        ChooseStages(*alone, profile, "cpu:1", false);
+    ASSERT_TRUE(alone_chosen.ok()) << alone_chosen.status();
+    EXPECT_EQ(alone_chosen->auto_split->search.makespan, c.search->makespan)
+        << c.schedule << " V=" << c.virtual_stages;
+  }
+  EXPECT_EQ(searched, 15);
+  const std::string text = DescribePlan(*chosen);
+  EXPECT_THAT(text, HasSubstr("schedule: auto considered 15 candidate(s)"));
+  EXPECT_THAT(text, HasSubstr("<- chosen"));
+  EXPECT_THAT(ScheduleChoice(*chosen),
+              HasSubstr(absl::StrCat(chosen->job.pipeline.schedule,
+                                     " V=", chosen->virtual_stages,
+                                     " of 15 candidates: the shortest "
+                                     "predicted step")));
+}
+
+TEST(PlannerTest, ScheduleAutoSaysWhyACandidateCannotRunAndWhatNoneFits) {
+  // 4 microbatches on 2 workers: dualpipev needs 2P = 4, fine; on 4
+  // workers it needs 8, and V = 4 needs 16 stages of 8 layers.
+  absl::StatusOr<JobPlan> plan =
+      PlanJob(Job("{schedule: auto, stages: auto, workers: 4}", 4, 4, false));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  absl::StatusOr<JobPlan> chosen =
+      ChooseStages(*plan, Profile({1, 1, 1, 1, 1, 1, 1, 1}), "cpu:1", false);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  const std::string text = DescribePlan(*chosen);
+  EXPECT_THAT(text, HasSubstr("dualpipev          2   not possible: dualpipev "
+                              "needs at least as many microbatches as "
+                              "stages, 2P = 8"));
+  EXPECT_THAT(text, HasSubstr("16 stages need at least 16 layers"));
+  // A budget nothing fits names the smallest peak any candidate needs.
+  absl::StatusOr<JobPlan> tight = PlanJob(
+      Job("{schedule: auto, stages: auto, workers: 2, memory_budget: 1}", 8, 4,
+          false));
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  absl::Status none =
+      ChooseStages(*tight, Profile({1, 1, 1, 1, 1, 1, 1, 1}), "cpu:1", false)
+          .status();
+  EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(none.message(),
+              HasSubstr("pipeline.memory_budget: no schedule fits 1 B per "
+                        "device on 2 worker(s); the smallest peak any "
+                        "candidate needs is "));
+}
+
 TEST(PlannerTest, ChooseStagesKeepsTheMarkers) {
   // Markers after layers 1, 3, 5; 5 stages: one marked stage is split.
   absl::StatusOr<JobPlan> plan =

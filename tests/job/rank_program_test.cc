@@ -126,6 +126,46 @@ TEST(RankProgramTest, TheWorkerPlansAnAutoJobWithTheChosenCut) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// schedule: auto: the YAML says "auto"; the program carries the schedule,
+// V and cut the coordinator chose, and the worker plans exactly that.
+TEST(RankProgramTest, TheWorkerPlansTheScheduleAutoChose) {
+  const std::string yaml = Yaml("{schedule: auto, stages: auto, workers: 4}");
+  const JobPlan plan = Plan(yaml);
+  std::vector<engine::LayerProfile> profile;
+  for (int i = 0; i < 8; ++i) {
+    const double f = i >= 6 ? 4e-3 : 1e-3;
+    profile.push_back({.forward_seconds = f,
+                       .backward_input_seconds = f,
+                       .backward_weight_seconds = f,
+                       .activation_bytes = 1000,
+                       .parameter_bytes = 100});
+  }
+  absl::StatusOr<JobPlan> chosen = ChooseStages(plan, profile, "cpu:1", false);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  EXPECT_NE(chosen->job.pipeline.schedule, "auto");
+  EXPECT_EQ(chosen->num_ranks, 4);
+  for (int r = 0; r < 4; ++r) {
+    const v1::JobProgram program =
+        CompileRankProgram(*chosen, r, Context(yaml));
+    EXPECT_EQ(program.schedule(), chosen->job.pipeline.schedule);
+    EXPECT_EQ(program.virtual_stages(), chosen->virtual_stages);
+    absl::StatusOr<JobPlan> again = PlanOfProgram(program);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->schedule.kind, chosen->schedule.kind);
+    EXPECT_EQ(again->schedule.actions, chosen->schedule.actions);
+  }
+  // A program without the choice (or with one that does not fit the
+  // workers) is refused, not guessed at.
+  v1::JobProgram bad = CompileRankProgram(*chosen, 0, Context(yaml));
+  bad.set_schedule("");
+  EXPECT_THAT(PlanOfProgram(bad).status().message(),
+              HasSubstr("schedule: auto needs the chosen schedule"));
+  bad = CompileRankProgram(*chosen, 0, Context(yaml));
+  bad.set_virtual_stages(3);
+  EXPECT_EQ(PlanOfProgram(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(RankProgramTest, TheWorkerRefusesAnyDifferenceNamingIt) {
   const std::string yaml = Yaml("{schedule: 1f1b}");
   const v1::JobProgram good = CompileRankProgram(Plan(yaml), 1, Context(yaml));
