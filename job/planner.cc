@@ -25,9 +25,14 @@ absl::Status PipelineError(const engine::JobSpec& job,
 absl::Status NumStagesError(const engine::JobSpec& job,
                             absl::string_view message) {
   const std::string where = job.pipeline.num_stages_where.ToString();
+  // With schedule: auto the stage count comes from `workers`, where the
+  // parser points num_stages_where.
+  const absl::string_view key = job.pipeline.auto_schedule
+                                    ? "pipeline.workers: "
+                                    : "pipeline.num_stages: ";
   return absl::InvalidArgumentError(
-      where.empty() ? absl::StrCat("pipeline.num_stages: ", message)
-                    : absl::StrCat(where, ": pipeline.num_stages: ", message));
+      where.empty() ? absl::StrCat(key, message)
+                    : absl::StrCat(where, ": ", key, message));
 }
 
 // The provisional cut of a stages: auto job: `stages` stages over
@@ -342,43 +347,50 @@ namespace {
 // schedule: auto: the candidates for `plan`'s workers, each searched.
 std::vector<ScheduleCandidate> SearchSchedules(
     const JobPlan& plan, const std::vector<engine::LayerProfile>& profile) {
-  std::vector<ScheduleCandidate> candidates;
+  std::vector<std::pair<scheduler::ScheduleKind, int>> kinds;
   for (scheduler::ScheduleKind kind : scheduler::kAllScheduleKinds) {
     if (kind == scheduler::ScheduleKind::kLoopedBFS) continue;
-    std::vector<int> vs = {1};
     if (scheduler::PlacementOf(kind) == scheduler::Placement::kV) {
-      vs = {2};
+      kinds.push_back({kind, 2});
     } else if (scheduler::TakesVirtualStages(kind)) {
-      vs = {1, 2, 4};
+      for (int v : {1, 2, 4}) kinds.push_back({kind, v});
+    } else {
+      kinds.push_back({kind, 1});
     }
-    for (int v : vs) {
-      ScheduleCandidate& c = candidates.emplace_back();
-      c.schedule = std::string(scheduler::ScheduleKindName(kind));
-      c.virtual_stages = v;
-      engine::JobSpec job = plan.job;
-      job.pipeline.schedule = c.schedule;
-      job.pipeline.virtual_stages = v;
-      job.pipeline.num_stages = job.pipeline.workers * v;
-      absl::StatusOr<JobPlan> provisional =
-          engine::SetStageBoundaries(&job.model, plan.marker_stage_begin).ok()
-              ? PlanJob(std::move(job))
-              : absl::InternalError("the model's markers do not apply");
-      absl::Status refused = provisional.status();
-      if (provisional.ok()) {
-        absl::StatusOr<scheduler::StageSearchInput> input =
-            StageSearchInputFor(*provisional, profile);
-        refused = input.status();
-        if (input.ok()) {
-          absl::StatusOr<scheduler::StageSearchResult> search =
-              scheduler::SearchStages(*input);
-          refused = search.status();
-          if (search.ok()) c.search = *std::move(search);
-        }
+  }
+  // The candidates share one search's work bound, so choosing the schedule
+  // too costs the coordinator no more than a stages: auto job does.
+  const int64_t work = scheduler::StageSearchInput{}.max_simulated_actions /
+                       static_cast<int64_t>(kinds.size());
+  std::vector<ScheduleCandidate> candidates;
+  for (const auto& [kind, v] : kinds) {
+    ScheduleCandidate& c = candidates.emplace_back();
+    c.schedule = std::string(scheduler::ScheduleKindName(kind));
+    c.virtual_stages = v;
+    engine::JobSpec job = plan.job;
+    job.pipeline.schedule = c.schedule;
+    job.pipeline.virtual_stages = v;
+    job.pipeline.num_stages = job.pipeline.workers * v;
+    absl::StatusOr<JobPlan> provisional =
+        engine::SetStageBoundaries(&job.model, plan.marker_stage_begin).ok()
+            ? PlanJob(std::move(job))
+            : absl::InternalError("the model's markers do not apply");
+    absl::Status refused = provisional.status();
+    if (provisional.ok()) {
+      absl::StatusOr<scheduler::StageSearchInput> input =
+          StageSearchInputFor(*provisional, profile);
+      refused = input.status();
+      if (input.ok()) {
+        input->max_simulated_actions = work;
+        absl::StatusOr<scheduler::StageSearchResult> search =
+            scheduler::SearchStages(*input);
+        refused = search.status();
+        if (search.ok()) c.search = *std::move(search);
       }
-      if (!refused.ok()) {
-        c.refused = std::string(refused.message());
-        c.smallest_peak = scheduler::SmallestPeakOf(refused);
-      }
+    }
+    if (!refused.ok()) {
+      c.refused = std::string(refused.message());
+      c.smallest_peak = scheduler::SmallestPeakOf(refused);
     }
   }
   return candidates;

@@ -279,6 +279,12 @@ TEST(PlannerTest, ScheduleAutoSaysWhyACandidateCannotRunAndWhatNoneFits) {
                               "needs at least as many microbatches as "
                               "stages, 2P = 8"));
   EXPECT_THAT(text, HasSubstr("16 stages need at least 16 layers"));
+  // More workers than layers is refused at submission, at `workers`.
+  absl::Status wide =
+      PlanJob(Job("{schedule: auto, stages: auto, workers: 9}", 4, 4, false))
+          .status();
+  EXPECT_THAT(wide.message(),
+              HasSubstr("pipeline.workers: 9 stages need at least 9 layers"));
   // A budget nothing fits names the smallest peak any candidate needs.
   absl::StatusOr<JobPlan> tight = PlanJob(
       Job("{schedule: auto, stages: auto, workers: 2, memory_budget: 1}", 8, 4,
