@@ -857,10 +857,10 @@ TEST_F(DaemonsTest, ZeroBubbleH1MatchesOneFOneBWithNoMoreActivationMemory) {
 // stages: auto on real daemons: the first worker profiles, the coordinator
 // cuts, every worker builds the chosen stages, and the result equals the
 // in-process run (which ignores stages entirely).
-TEST_F(DaemonsTest, AutoStagesTrainTheChosenCutAndMatchInProcess) {
-  const std::string dir = TempDir("auto_mlp");
-  // Widths 512 and 16 mixed, so equal layer counts are far from equal work.
-  const std::string yaml = absl::StrCat(
+// An MLP of 11 layers, widths 512 and 16 mixed, so equal layer counts are
+// far from equal work; `pipeline` is its pipeline section.
+std::string UnevenMlpYaml(const std::string& pipeline, const std::string& dir) {
+  return absl::StrCat(
       "name: uneven\nmodel:\n  input_shape: [64]\n  init: {seed: 0}\n"
       "  layers:\n"
       "    - dense: {features: 512}\n    - relu\n"
@@ -873,9 +873,14 @@ TEST_F(DaemonsTest, AutoStagesTrainTheChosenCutAndMatchInProcess) {
       "data: {source: synthetic-regression, seed: 0}\n"
       "training: {steps: 3, batch_size: 64, microbatches: 8}\n"
       "optimizer: {kind: adam, lr: 0.003}\n"
-      "pipeline: {schedule: 1f1b, stages: auto, num_stages: 4}\n"
-      "checkpoint: {dir: ",
-      dir, "}\n");
+      "pipeline: ",
+      pipeline, "\ncheckpoint: {dir: ", dir, "}\n");
+}
+
+TEST_F(DaemonsTest, AutoStagesTrainTheChosenCutAndMatchInProcess) {
+  const std::string dir = TempDir("auto_mlp");
+  const std::string yaml =
+      UnevenMlpYaml("{schedule: 1f1b, stages: auto, num_stages: 4}", dir);
   absl::StatusOr<v1::Job> submitted = Submit(yaml);
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   const v1::Job job = WaitForEnd(*client_, submitted->id());
@@ -920,20 +925,8 @@ TEST_F(DaemonsTest, AutoStagesTrainTheChosenCutAndMatchInProcess) {
 // program, and the result equals the in-process run.
 TEST_F(DaemonsTest, ScheduleAutoTrainsTheChosenScheduleAndMatchesInProcess) {
   const std::string dir = TempDir("auto_schedule");
-  const std::string yaml = absl::StrCat(
-      "name: auto-schedule\nmodel:\n  input_shape: [64]\n  init: {seed: 0}\n"
-      "  layers:\n"
-      "    - dense: {features: 512}\n    - relu\n"
-      "    - dense: {features: 512}\n    - relu\n"
-      "    - dense: {features: 16}\n    - relu\n"
-      "    - dense: {features: 16}\n"
-      "  loss: mse\n"
-      "data: {source: synthetic-regression, seed: 0}\n"
-      "training: {steps: 3, batch_size: 64, microbatches: 8}\n"
-      "optimizer: {kind: adam, lr: 0.003}\n"
-      "pipeline: {schedule: auto, stages: auto, workers: 2}\n"
-      "checkpoint: {dir: ",
-      dir, "}\n");
+  const std::string yaml =
+      UnevenMlpYaml("{schedule: auto, stages: auto, workers: 2}", dir);
   absl::StatusOr<v1::Job> submitted = Submit(yaml);
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   EXPECT_EQ(submitted->schedule(), "auto");

@@ -323,6 +323,14 @@ std::string TiedJobYaml(const std::string& tokens, int devices) {
       devices, "}\ncheckpoint: {dir: unused, every: 2}\n");
 }
 
+// 600 printable bytes in `dir`/tokens.bin, the tied jobs' data.
+void WriteTokens(const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  std::string text;
+  for (int i = 0; i < 600; ++i) text.push_back(static_cast<char>(32 + i % 89));
+  std::ofstream(dir + "/tokens.bin", std::ios::binary) << text;
+}
+
 // A tied embedding is checkpointed once, by the stage of the original, with
 // its optimizer state; the last stage's rank resumes its copy from that
 // file, and the resumed job ends bitwise where the uninterrupted one does,
@@ -330,13 +338,7 @@ std::string TiedJobYaml(const std::string& tokens, int devices) {
 // and here).
 TEST(JobRunnerTest, ATiedJobHoldsTheEmbeddingOnceAndResumesBitwise) {
   const std::string tokens = TempDir("tied_tokens");
-  std::filesystem::create_directories(tokens);
-  {
-    std::string text;
-    for (int i = 0; i < 600; ++i)
-      text.push_back(static_cast<char>(32 + i % 89));
-    std::ofstream(tokens + "/tokens.bin", std::ios::binary) << text;
-  }
+  WriteTokens(tokens);
   JobRunnerOptions check;
   check.check_tied = true;
   const std::vector<JobRunnerOptions> checked(3, check);
@@ -415,13 +417,7 @@ TEST(JobRunnerTest, ATiedJobHoldsTheEmbeddingOnceAndResumesBitwise) {
 // job still ends equal to the reference, each copy equal to its original.
 TEST(JobRunnerTest, ZeroBubbleVKeepsATiedEmbeddingOnOneRank) {
   const std::string tokens = TempDir("tied_v_tokens");
-  std::filesystem::create_directories(tokens);
-  {
-    std::string text;
-    for (int i = 0; i < 600; ++i)
-      text.push_back(static_cast<char>(32 + i % 89));
-    std::ofstream(tokens + "/tokens.bin", std::ios::binary) << text;
-  }
+  WriteTokens(tokens);
   std::string yaml = TiedJobYaml(tokens + "/tokens.bin", 1);
   yaml = absl::StrReplaceAll(
       yaml, {{"    - boundary\n    - layernorm\n",
