@@ -559,13 +559,14 @@ std::string ScheduleChoice(const JobPlan& plan) {
                                                 : "");
   if (runner_up != nullptr && runner_up->search->makespan > 0) {
     const double shorter = 1 - a.search.makespan / runner_up->search->makespan;
-    if (shorter < 5e-4) {
+    // Within 1e-9 is ChooseSchedule's tie.
+    if (shorter <= 1e-9) {
       absl::StrAppendFormat(&out,
                             ", tied with %s V=%d (the one listed first "
                             "wins)",
                             runner_up->schedule, runner_up->virtual_stages);
     } else {
-      absl::StrAppendFormat(&out, ", %.1f%% shorter than %s V=%d",
+      absl::StrAppendFormat(&out, ", %.2f%% shorter than %s V=%d",
                             shorter * 100, runner_up->schedule,
                             runner_up->virtual_stages);
     }

@@ -131,7 +131,7 @@ std::vector<const StagePlan*> StagesOfRank(const JobPlan& plan, int rank);
 
 // For a schedule: auto plan once chosen, one line: the choice, out of how
 // many candidates, and why ("zb-v V=2 of 12 candidates: the shortest
-// predicted step, 4.2% shorter than interleaved-zb V=2"); "" otherwise.
+// predicted step, 4.21% shorter than interleaved-zb V=2"); "" otherwise.
 std::string ScheduleChoice(const JobPlan& plan);
 
 // A human-readable description: schedule, P, V, M, and one line per stage

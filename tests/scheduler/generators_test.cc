@@ -131,7 +131,9 @@ TEST(GeneratorsPropertyTest, ValidAndMatchClosedForms) {
               auto h1 =
                   Simulate(MustGenerate(ScheduleKind::kZeroBubbleH1, p, m), c);
               ASSERT_TRUE(h2.ok() && h1.ok()) << what;
-              if (m >= p) EXPECT_LE(h2->makespan, h1->makespan) << what;
+              if (m >= p) {
+                EXPECT_LE(h2->makespan, h1->makespan) << what;
+              }
               if (m >= 2 * p - 1) {
                 EXPECT_EQ(h2->makespan, m * (f + bi + bw) + (p - 1) * f)
                     << what << " F=" << f << " BI=" << bi << " BW=" << bw;

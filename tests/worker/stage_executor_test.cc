@@ -430,7 +430,9 @@ TEST(StageExecutorTest, PeakActivationsFollowTheSimulatedInFlightPeaks) {
     // a whole stash (its output gradients, less what only BI needed), so
     // split schedules sit off this line; holding more microbatches than
     // 1F1B must still cost more bytes.
-    if (k(h2, r) > k(one, r)) EXPECT_GT(bytes(h2, r), bytes(one, r));
+    if (k(h2, r) > k(one, r)) {
+      EXPECT_GT(bytes(h2, r), bytes(one, r));
+    }
   }
 }
 
