@@ -219,13 +219,12 @@ absl::StatusOr<Schedule> GenerateValidated(const ScheduleCommandOptions& o) {
   ASSIGN_OR_RETURN(
       Schedule s,
       scheduler::GenerateSchedule(
-          *kind, {.ranks = o.stages,
-                  .microbatches = o.microbatches,
-                  .virtual_stages = o.virtual_stages > 0 ? o.virtual_stages
-                                    : scheduler::PlacementOf(*kind) ==
-                                            scheduler::Placement::kV
-                                        ? 2
-                                        : 1}));
+          *kind,
+          {.ranks = o.stages,
+           .microbatches = o.microbatches,
+           .virtual_stages = o.virtual_stages > 0
+                                 ? o.virtual_stages
+                                 : scheduler::DefaultVirtualStages(*kind)}));
   // Generators are tested to produce valid schedules; checking again costs
   // little and keeps a generator bug from ever reaching a worker.
   if (absl::Status valid = scheduler::ValidateSchedule(s); !valid.ok()) {

@@ -25,6 +25,7 @@
 #include "engine/model_spec.h"
 #include "engine/optimizer.h"
 #include "hf/model.h"
+#include "scheduler/schedule.h"
 #include "yaml-cpp/yaml.h"
 
 namespace conveyor::engine {
@@ -525,9 +526,12 @@ absl::Status JobParser::ParsePipeline(const YamlMapEntry& entry,
   } else if (e != nullptr) {
     ASSIGN_OR_RETURN(pipeline.virtual_stages,
                      reader_.ParseInt(e->value, 1, kMaxVirtualStages));
-  } else if (pipeline.schedule == "zb-v" || pipeline.schedule == "dualpipev") {
-    // These always hold two stages a rank; saying so is optional.
-    pipeline.virtual_stages = 2;
+  } else if (absl::StatusOr<scheduler::ScheduleKind> kind =
+                 scheduler::ParseScheduleKind(pipeline.schedule);
+             kind.ok()) {
+    // zb-v and dualpipev always hold two stages a rank; saying so is
+    // optional. (An unknown name is the planner's to report.)
+    pipeline.virtual_stages = scheduler::DefaultVirtualStages(*kind);
   }
   if (const YamlMapEntry* e = map.Find("devices_per_stage"); e != nullptr) {
     ASSIGN_OR_RETURN(pipeline.devices_per_stage,

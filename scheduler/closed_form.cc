@@ -21,6 +21,7 @@ std::optional<Fraction> ClosedFormBubbleFraction(ScheduleKind kind, int ranks,
   if (p < 1 || m < 1 || v < 1) return std::nullopt;
   switch (kind) {
     case ScheduleKind::kGPipe:
+    case ScheduleKind::kLoopedBFS:  // gpipe's order
       if (v == 1) return Reduced(p - 1, m + p - 1);
       if (m % p == 0) return Reduced(p - 1, m * v + p - 1);
       return std::nullopt;
@@ -44,10 +45,6 @@ std::optional<Fraction> ClosedFormBubbleFraction(ScheduleKind kind, int ranks,
     case ScheduleKind::kDualPipeV:
       if (v != 2 || m < 2 * p) return std::nullopt;
       return Reduced(p - 1, 6 * m + p - 1);
-    case ScheduleKind::kLoopedBFS:
-      if (v == 1) return Reduced(p - 1, m + p - 1);
-      if (m % p == 0) return Reduced(p - 1, m * v + p - 1);
-      return std::nullopt;
   }
   return std::nullopt;
 }

@@ -30,8 +30,8 @@ absl::Status CheckOptions(ScheduleKind kind, const ScheduleOptions& o) {
   if (o.virtual_stages > 1 && !TakesVirtualStages(kind)) {
     return absl::InvalidArgumentError(absl::StrCat(
         name, " runs one stage per rank (V = 1), got V = ", o.virtual_stages,
-        "; use interleaved-1f1b, interleaved-zb, gpipe, looped-bfs or zb-v for "
-        "virtual stages"));
+        "; use interleaved-1f1b, interleaved-zb, gpipe, looped-bfs, zb-v or "
+        "dualpipev for virtual stages"));
   }
   if (kind == ScheduleKind::kDualPipeV &&
       o.microbatches < 2 * static_cast<int64_t>(o.ranks)) {

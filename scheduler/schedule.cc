@@ -45,6 +45,10 @@ bool SplitsBackward(ScheduleKind kind) {
          kind == ScheduleKind::kZeroBubbleV || kind == ScheduleKind::kDualPipeV;
 }
 
+int DefaultVirtualStages(ScheduleKind kind) {
+  return PlacementOf(kind) == Placement::kV ? 2 : 1;
+}
+
 bool SendsRendezvous(ScheduleKind kind) {
   return kind != ScheduleKind::kZeroBubbleV && kind != ScheduleKind::kDualPipeV;
 }

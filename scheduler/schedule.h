@@ -69,6 +69,11 @@ bool SplitsBackward(ScheduleKind kind);
 // others.
 Placement PlacementOf(ScheduleKind kind);
 
+// The virtual stages `kind` runs when a job or command does not say: 2 for
+// the v-placed kinds (zb-v, dualpipev), which hold exactly two a rank; 1
+// otherwise.
+int DefaultVirtualStages(ScheduleKind kind);
+
 // Whether `kind` runs with rendezvous sends (a send completes only once the
 // peer has posted the matching receive, as raw NCCL does): every kind but
 // zb-v and dualpipev, whose orders (PyTorch's) need a send to complete while

@@ -140,14 +140,19 @@ TEST(GeneratorsPropertyTest, ValidAndMatchClosedForms) {
               }
             }
           }
-          if (kind == ScheduleKind::kZeroBubbleV) {
-            // Rank r holds stages r and 2P-1-r, and at most 2P
-            // microbatch-stages: 1F1B's first-rank stash of P whole stages.
+          if (PlacementOf(kind) == Placement::kV) {
+            // Rank r holds stages r and 2P-1-r.
             for (int rank = 0; rank < p; ++rank) {
               for (const Action& a : s->actions[rank]) {
                 ASSERT_TRUE(a.stage == rank || a.stage == 2 * p - 1 - rank)
                     << what << " " << ToString(a);
               }
+            }
+          }
+          if (kind == ScheduleKind::kZeroBubbleV) {
+            // At most 2P microbatch-stages: 1F1B's first-rank stash of P
+            // whole stages.
+            for (int rank = 0; rank < p; ++rank) {
               EXPECT_LE(r->peak_inflight[rank], 2 * p) << what;
             }
             // Over the same model (zb-h1's stages cost twice a zb-v stage),
@@ -162,15 +167,13 @@ TEST(GeneratorsPropertyTest, ValidAndMatchClosedForms) {
             }
           }
           if (kind == ScheduleKind::kDualPipeV) {
-            // zb-v's placement, one stash more a rank at most, and every
-            // stage's weight gradients (B or BW) in ascending microbatch
-            // order, the reference's accumulation order.
+            // One stash more a rank than zb-v at most, and every stage's
+            // weight gradients (B or BW) in ascending microbatch order, the
+            // reference's accumulation order.
             for (int rank = 0; rank < p; ++rank) {
               EXPECT_LE(r->peak_inflight[rank], 2 * p + 1) << what;
               std::map<int, int> next;
               for (const Action& a : s->actions[rank]) {
-                ASSERT_TRUE(a.stage == rank || a.stage == 2 * p - 1 - rank)
-                    << what << " " << ToString(a);
                 if (a.op == Op::kBackward || a.op == Op::kBackwardWeight) {
                   EXPECT_EQ(a.microbatch, next[a.stage]++)
                       << what << " " << ToString(a);
