@@ -48,7 +48,8 @@ constexpr absl::string_view kNoFileLabel = "<job>";
 
 constexpr absl::string_view kTopKeys[] = {"name",       "model",     "data",
                                           "training",   "optimizer", "pipeline",
-                                          "checkpoint", "resume",    "restart"};
+                                          "checkpoint", "resume",    "restart",
+                                          "eval"};
 constexpr absl::string_view kTrainingKeys[] = {"steps", "batch_size",
                                                "microbatches", "precision"};
 constexpr absl::string_view kPipelineKeys[] = {
@@ -59,6 +60,7 @@ constexpr absl::string_view kStagesModes[] = {"markers", "auto"};
 constexpr double kMaxMemoryBudget = 1152921504606846976.0;
 constexpr absl::string_view kCheckpointKeys[] = {"dir", "every", "keep_latest"};
 constexpr absl::string_view kRestartKeys[] = {"max_restarts"};
+constexpr absl::string_view kEvalKeys[] = {"every", "batches", "data"};
 // More restarts than this is a crash loop, not a policy.
 constexpr int64_t kMaxRestarts = 1000;
 
@@ -154,6 +156,8 @@ class JobParser {
                            const CheckpointSpec& checkpoint,
                            ResumeSpec& resume) const;
   absl::Status ParseRestart(const YamlValue& value, RestartSpec& restart) const;
+  absl::Status ParseEval(const YamlValue& value, const JobSpec& job,
+                         EvalSpec& eval) const;
 
   YamlReader reader_;
   std::string default_name_;
@@ -240,6 +244,9 @@ absl::StatusOr<JobSpec> JobParser::Parse(const YAML::Node& doc) const {
   }
   if (const YamlMapEntry* restart = top.Find("restart"); restart != nullptr) {
     RETURN_IF_ERROR(ParseRestart(restart->value, job.restart));
+  }
+  if (const YamlMapEntry* eval = top.Find("eval"); eval != nullptr) {
+    RETURN_IF_ERROR(ParseEval(eval->value, job, job.eval));
   }
   return job;
 }
@@ -701,6 +708,37 @@ absl::Status JobParser::ParseRestart(const YamlValue& value,
                    reader_.Require(map, "max_restarts"));
   ASSIGN_OR_RETURN(restart.max_restarts,
                    reader_.ParseInt(max->value, 0, kMaxRestarts));
+  return absl::OkStatus();
+}
+
+absl::Status JobParser::ParseEval(const YamlValue& value, const JobSpec& job,
+                                  EvalSpec& eval) const {
+  ASSIGN_OR_RETURN(const YamlMap map, reader_.ReadMap(value, kEvalKeys));
+  // Evaluating on the training data would measure nothing a user wants to
+  // know, so the validation data is never implied.
+  ASSIGN_OR_RETURN(const YamlMapEntry* data, reader_.Require(map, "data"));
+  RETURN_IF_ERROR(ParseData(data->value, eval.data));
+  if (absl::Status fits =
+          CheckDataShapes(eval.data, ModelSampleShapes(job.model));
+      !fits.ok()) {
+    return reader_.Error(data->value, fits.message());
+  }
+  if (const YamlMapEntry* e = map.Find("every"); e != nullptr) {
+    ASSIGN_OR_RETURN(eval.every, reader_.ParseInt(e->value, 0, kMaxSteps));
+  }
+  if (const YamlMapEntry* e = map.Find("batches"); e != nullptr) {
+    ASSIGN_OR_RETURN(eval.batches,
+                     reader_.ParseInt(e->value, 1, kMaxEvalMicrobatches));
+    // K * M microbatches run as one forward-only schedule.
+    const int64_t m = job.training.microbatches;
+    if (eval.batches > kMaxEvalMicrobatches / m) {
+      return reader_.Error(
+          e->value, absl::StrCat("batches * training.microbatches (",
+                                 eval.batches, " * ", m, ") must be at most ",
+                                 kMaxEvalMicrobatches));
+    }
+  }
+  eval.enabled = true;
   return absl::OkStatus();
 }
 

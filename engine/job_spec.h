@@ -37,6 +37,11 @@
 //   memory_budget: 16GiB          # auto, optional: per device; bytes, or
 //                                 # with a unit (KB MB GB, KiB MiB GiB)
 // checkpoint: {dir: out/mlp, every: 0, keep_latest: 0}
+// eval:                           # optional: evaluation under pipelining
+//   every: 50                     # steps between evaluations; 0: only at
+//                                 # the end (there is always one at the end)
+//   batches: 4                    # K batches of training.batch_size
+//   data: {...}                   # the validation data, as `data:`
 // ```
 // Every error is InvalidArgument "file:line:col: path: message".
 // Thread-safe (pure functions).
@@ -130,6 +135,29 @@ struct RestartSpec {
   int64_t max_restarts = 0;
 };
 
+// eval: {every: N, batches: K, data: {...}}. After every N-th step and after
+// the last, a forward-only pass of K batches of the validation data through
+// the same stages (worker/stage_executor.h RunEvaluation; the in-process
+// trainer's Evaluate is its reference). Batch k is the data source's step k,
+// training.batch_size samples in training.microbatches microbatches, so
+// every evaluation sees the same samples and any two are comparable.
+struct EvalSpec {
+  bool enabled = false;  // The job has an eval section.
+  int64_t every = 0;     // 0: only after the last step.
+  int64_t batches = 1;   // K
+  DataConfig data;
+
+  // Whether an evaluation follows the step that brings the job to `done`
+  // completed steps of `steps`.
+  bool DueAfter(int64_t done, int64_t steps) const {
+    return enabled && (done == steps || (every > 0 && done % every == 0));
+  }
+};
+
+// The most microbatches one evaluation may run, K * M: the schedule
+// generators' limit (scheduler/generators.h kMaxMicrobatches).
+inline constexpr int64_t kMaxEvalMicrobatches = int64_t{1} << 20;
+
 struct JobSpec {
   std::string name;
   ModelSpec model;
@@ -140,6 +168,7 @@ struct JobSpec {
   CheckpointSpec checkpoint;
   ResumeSpec resume;
   RestartSpec restart;
+  EvalSpec eval;
 };
 
 // What one sample of `model` looks like, for the data source.

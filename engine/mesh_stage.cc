@@ -109,6 +109,17 @@ absl::StatusOr<Tensor> MeshStage::Forward(int microbatch, const Tensor& x) {
   return Gather(outputs);
 }
 
+absl::StatusOr<Tensor> MeshStage::Evaluate(int label, const Tensor& x) {
+  ASSIGN_OR_RETURN(std::vector<Tensor> parts, Scatter(x, label, "input"));
+  std::vector<Tensor> outputs;
+  outputs.reserve(parts.size());
+  for (int d = 0; d < size(); ++d) {
+    ASSIGN_OR_RETURN(Tensor y, replicas_[d]->Evaluate(label, parts[d]));
+    outputs.push_back(std::move(y));
+  }
+  return Gather(outputs);
+}
+
 absl::StatusOr<Tensor> MeshStage::BackwardInput(int microbatch,
                                                 const Tensor& dy) {
   ASSIGN_OR_RETURN(std::vector<Tensor> parts,

@@ -74,6 +74,8 @@ class MeshStage final : public PipelineStage {
   absl::StatusOr<Tensor> BackwardInput(int microbatch,
                                        const Tensor& dy) override;
   absl::Status BackwardWeight(int microbatch) override;
+  // Split as Forward; nothing kept on any replica.
+  absl::StatusOr<Tensor> Evaluate(int label, const Tensor& x) override;
 
   // Also zeroes the other replicas' gradients: the failed step's partial
   // sums would otherwise leak into the next step, whose ZeroGrad reaches

@@ -52,6 +52,12 @@ class PipelineStage {
   // Accumulates parameter gradients and frees the microbatch's activations.
   virtual absl::Status BackwardWeight(int microbatch) = 0;
 
+  // y = f(x) keeping nothing: an evaluation's forward. Bitwise equal to
+  // Forward's output (the same kernels); in_flight() and the activation
+  // accounting stay as they were, since nothing outlives the call. `label`
+  // names the microbatch in errors.
+  virtual absl::StatusOr<Tensor> Evaluate(int label, const Tensor& x) = 0;
+
   // Forgets every microbatch in flight (after a failed step, so the next
   // step starts clean).
   virtual void DropInFlight() = 0;

@@ -141,6 +141,12 @@ absl::StatusOr<Tensor> Stage::Forward(int microbatch, const Tensor& x) {
   return y;
 }
 
+absl::StatusOr<Tensor> Stage::Evaluate(int /*label*/, const Tensor& x) {
+  // The layers' stash dies here, and with it every activation but y.
+  Stash scratch;
+  return chain_.Forward(x, scratch);
+}
+
 absl::StatusOr<Tensor> Stage::BackwardInput(int microbatch, const Tensor& dy) {
   ASSIGN_OR_RETURN(MicrobatchState * state, State(microbatch, "backward"));
   if (state->input_backward_done) {

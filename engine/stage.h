@@ -56,6 +56,7 @@ class Stage : public PipelineStage {
   // Accumulates parameter gradients and frees the microbatch's activations.
   absl::Status BackwardWeight(int microbatch) override;
   absl::StatusOr<Tensor> Backward(int microbatch, const Tensor& dy);
+  absl::StatusOr<Tensor> Evaluate(int label, const Tensor& x) override;
 
   // Forgets every microbatch in flight (after a failed step, so the next
   // step starts clean).

@@ -34,6 +34,10 @@ absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::Create(
   }
   ASSIGN_OR_RETURN(t->data_,
                    DataSource::Create(t->job_.data, ModelSampleShapes(model)));
+  if (t->job_.eval.enabled) {
+    ASSIGN_OR_RETURN(t->eval_data_, DataSource::Create(t->job_.eval.data,
+                                                       ModelSampleShapes(model)));
+  }
   ResolveSchedule(t->job_.optimizer, t->job_.training.steps);
   ASSIGN_OR_RETURN(t->optimizer_, Optimizer::Create(backend, t->job_.optimizer,
                                                     t->parameters()));
@@ -108,10 +112,48 @@ absl::StatusOr<StepReport> InProcessTrainer::RunStep() {
   return report;
 }
 
+absl::StatusOr<EvalResult> InProcessTrainer::Evaluate() {
+  if (eval_data_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_.name, " has no eval section"));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const TrainingSpec& t = job_.training;
+  const int m = static_cast<int>(t.microbatches);
+  const int64_t count = job_.eval.batches * m;
+  std::vector<float> losses(count);
+  for (int64_t i = 0; i < count; ++i) {
+    const EvalBatch b = EvalBatchOf(i, m);
+    ASSIGN_OR_RETURN(
+        Tensor x, eval_data_->Inputs(backend_, b.step, b.microbatch, m,
+                                     t.batch_size));
+    for (auto& stage : stages_) {
+      ASSIGN_OR_RETURN(x, stage->Evaluate(static_cast<int>(i), x));
+    }
+    ASSIGN_OR_RETURN(
+        Tensor target, eval_data_->Targets(backend_, b.step, b.microbatch, m,
+                                           t.batch_size));
+    // The gradient is computed and dropped: the loss is the training one.
+    ASSIGN_OR_RETURN(LossResult loss,
+                     ComputeLoss(backend_, job_.model.loss, x, target, 1.0f));
+    losses[i] = loss.loss;
+  }
+  RETURN_IF_ERROR(backend_->Synchronize());
+  EvalResult r = SummarizeEvaluation(job_.model.loss, losses);
+  r.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  r.samples = job_.eval.batches * t.batch_size;
+  return r;
+}
+
 absl::Status InProcessTrainer::Run(
     const std::function<void(const StepReport&)>& on_step) {
   while (step_ < job_.training.steps) {
     ASSIGN_OR_RETURN(StepReport report, Step());
+    if (job_.eval.DueAfter(step_, job_.training.steps)) {
+      ASSIGN_OR_RETURN(report.eval, Evaluate());
+    }
     on_step(report);
   }
   return absl::OkStatus();

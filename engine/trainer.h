@@ -15,12 +15,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/data.h"
+#include "engine/evaluation.h"
 #include "engine/job_spec.h"
 #include "engine/optimizer.h"
 #include "engine/stage.h"
@@ -34,6 +36,9 @@ struct StepReport {
   double samples_per_second = 0;
   double learning_rate = 0;
   size_t peak_activation_bytes = 0;  // Over all stages, this step.
+  // The evaluation after this step, when the job's eval section has one
+  // due (EvalSpec::DueAfter).
+  std::optional<EvalResult> eval;
 };
 
 class InProcessTrainer {
@@ -46,7 +51,13 @@ class InProcessTrainer {
   // One training step.
   absl::StatusOr<StepReport> Step();
 
-  // job.training.steps steps, calling on_step after each.
+  // One evaluation pass over the job's eval data (engine/evaluation.h) with
+  // the current parameters; FailedPrecondition for a job without an eval
+  // section. The reference for the pipelined RunEvaluation.
+  absl::StatusOr<EvalResult> Evaluate();
+
+  // job.training.steps steps, each followed by its evaluation when one is
+  // due, calling on_step after each.
   absl::Status Run(const std::function<void(const StepReport&)>& on_step);
 
   // Every parameter, with global names, as one safetensors file.
@@ -67,6 +78,7 @@ class InProcessTrainer {
   // Each tied parameter's original and copy (ModelSpec::TiedParameters()).
   std::vector<std::pair<Parameter*, Parameter*>> tied_;
   std::unique_ptr<DataSource> data_;
+  std::unique_ptr<DataSource> eval_data_;  // With an eval section.
   std::unique_ptr<Optimizer> optimizer_;
   int64_t step_ = 0;
 };

@@ -62,10 +62,10 @@ class Canonicalizer {
 
  private:
   bool AppendMap(const YAML::Node& node, int depth, bool top_level) {
-    // Sections that say where the job's files go or how it recovers, not
-    // what it trains.
-    static constexpr absl::string_view kIgnored[] = {"name", "checkpoint",
-                                                     "resume", "restart"};
+    // Sections that say where the job's files go, how it recovers or what
+    // it measures on the side, not what it trains.
+    static constexpr absl::string_view kIgnored[] = {
+        "name", "checkpoint", "resume", "restart", "eval"};
     // Sorted by index: assigning a YAML::Node (as a sort of the nodes
     // themselves would) rebinds the node it refers to inside the tree.
     std::vector<std::pair<std::string, size_t>> keys;

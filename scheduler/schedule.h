@@ -93,6 +93,9 @@ struct Schedule {
   int virtual_stages = 1;  // V
   int microbatches = 1;    // M
   Placement placement = Placement::kLoop;
+  // Forwards only (scheduler/forward_only.h: an evaluation pass); `kind` is
+  // then the training schedule's, for its placement and send model.
+  bool forward_only = false;
   // ranks entries; actions[r] is rank r's program for one step.
   std::vector<std::vector<Action>> actions;
 

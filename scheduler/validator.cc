@@ -129,6 +129,9 @@ class Validator {
             break;
           case Op::kBackward:
           case Op::kBackwardInput: {
+            if (s_.forward_only) {
+              return At(r, i, "is a backward in a forward-only schedule");
+            }
             unsigned char& seen = a.op == Op::kBackward ? full_[c] : input_[c];
             if (seen) return At(r, i, "appears more than once");
             if ((a.op == Op::kBackward && (input_[c] || weight_[c])) ||
@@ -153,6 +156,9 @@ class Validator {
             break;
           }
           case Op::kBackwardWeight:
+            if (s_.forward_only) {
+              return At(r, i, "is a backward in a forward-only schedule");
+            }
             if (weight_[c]) return At(r, i, "appears more than once");
             if (full_[c]) {
               return At(r, i,
@@ -178,11 +184,11 @@ class Validator {
       return ScheduleViolation{r, -1, a, absl::StrCat("is missing", what)};
     };
     for (int r = 0; r < p_; ++r) {
-      for (int st = r; st < num_stages_; st += p_) {
+      for (int st : StagesOfRank(s_.placement, r, p_, num_stages_)) {
         for (int mb = 0; mb < m_; ++mb) {
           const size_t c = Cell(st, mb);
           if (!fwd_[c]) return missing(r, {Op::kForward, st, mb}, "");
-          if (full_[c]) continue;
+          if (full_[c] || s_.forward_only) continue;
           if (!input_[c] && !weight_[c]) {
             return missing(r, {Op::kBackward, st, mb}, " (or BI and BW)");
           }

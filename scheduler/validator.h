@@ -7,7 +7,9 @@
 //     uses either B or BI+BW, never both.
 //  2. Order on each rank: F(s,mb) after F(s-1,mb); B/BI(s,mb) after F(s,mb)
 //     and after B/BI(s+1,mb); BW(s,mb) after BI(s,mb).
-//  3. Completeness: every F, and every B (or BI and BW), is present.
+//  3. Completeness: every F, and every B (or BI and BW), is present; a
+//     forward-only schedule (scheduler/forward_only.h) has every F and no
+//     backward.
 //  4. Messages: between each ordered pair of ranks, the sequence of tensors
 //     sent equals the sequence of tensors expected, because in-order
 //     transports (NCCL) match sends to receives by position, not by tag.
