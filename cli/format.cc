@@ -56,6 +56,17 @@ std::string ThroughputText(double samples_per_second,
   return absl::StrFormat("%.0f samples/s", samples_per_second);
 }
 
+// "  eval loss 2.301234 (ppl 9.987)" for a step an evaluation followed;
+// empty otherwise.
+std::string EvalText(const v1::StepSummary& step) {
+  if (!step.has_eval()) return "";
+  std::string out = absl::StrFormat("  eval loss %.6f", step.eval_loss());
+  if (step.eval_perplexity() > 0) {
+    absl::StrAppendFormat(&out, " (ppl %.4g)", step.eval_perplexity());
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string FormatDuration(double seconds) {
@@ -129,6 +140,7 @@ std::string FormatStepLine(const v1::StepSummary& step, int64_t steps_total,
     out = absl::StrFormat("step %d", step.step());
   }
   if (step.has_loss()) absl::StrAppendFormat(&out, "  loss %.6f", step.loss());
+  absl::StrAppend(&out, EvalText(step));
   absl::StrAppendFormat(&out, "  lr %.3g  %.1f ms  %.0f samples/s",
                         step.learning_rate(), step.seconds() * 1e3,
                         step.samples_per_second());
@@ -162,6 +174,7 @@ std::string FormatProgressBar(const v1::StepSummary& step, int64_t steps_total,
     absl::StrAppendFormat(&out, "  %d", step.step());
   }
   if (step.has_loss()) absl::StrAppendFormat(&out, "  loss %.6f", step.loss());
+  absl::StrAppend(&out, EvalText(step));
   absl::StrAppend(
       &out, "  ",
       ThroughputText(step.samples_per_second(), step.tokens_per_second()));
@@ -224,6 +237,13 @@ std::string FormatOutcome(const v1::Job& job) {
       if (job.has_loss()) {
         absl::StrAppendFormat(&out, ", final loss %.6f", job.last_loss());
       }
+      if (job.has_eval()) {
+        absl::StrAppendFormat(&out, ", eval loss %.6f", job.last_eval_loss());
+        if (job.last_eval_perplexity() > 0) {
+          absl::StrAppendFormat(&out, " (perplexity %.4g)",
+                                job.last_eval_perplexity());
+        }
+      }
       return out;
     }
     case v1::FAILED:
@@ -256,6 +276,15 @@ std::string FormatJobDetails(const v1::Job& job, absl::Time now) {
     }
   }
   fields.push_back({"progress", progress});
+  if (job.has_eval()) {
+    std::string eval = absl::StrFormat("loss %.6f", job.last_eval_loss());
+    if (job.last_eval_perplexity() > 0) {
+      absl::StrAppendFormat(&eval, ", perplexity %.4g",
+                            job.last_eval_perplexity());
+    }
+    absl::StrAppend(&eval, " after step ", job.last_eval_step());
+    fields.push_back({"eval", eval});
+  }
   fields.push_back({"pipeline", PipelineText(job)});
   if (job.state() == v1::QUEUED && job.queue_position() > 0) {
     fields.push_back(

@@ -101,7 +101,7 @@ absl::Status RunInProcess(const RunCommandOptions& o, std::ostream& out) {
   StepTimeEstimator estimator;
   RETURN_IF_ERROR(trainer->Run([&](const engine::StepReport& r) {
     estimator.Add(r.seconds);
-    if (!ShouldLogStep(r.step, total, every)) return;
+    if (!ShouldLogStep(r.step, total, every) && !r.eval.has_value()) return;
     // The same line a pipelined run prints, so the two compare at a glance.
     v1::StepSummary step;
     step.set_step(r.step);
@@ -110,6 +110,12 @@ absl::Status RunInProcess(const RunCommandOptions& o, std::ostream& out) {
     step.set_seconds(r.seconds);
     step.set_samples_per_second(r.samples_per_second);
     step.set_learning_rate(r.learning_rate);
+    if (r.eval.has_value()) {
+      step.set_has_eval(true);
+      step.set_eval_loss(r.eval->loss);
+      step.set_eval_perplexity(r.eval->perplexity.value_or(0));
+      step.set_eval_seconds(r.eval->seconds);
+    }
     out << FormatStepLine(step, total, estimator.Remaining(r.step, total))
         << "\n";
     out.flush();

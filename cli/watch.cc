@@ -32,7 +32,9 @@ void WatchPrinter::OnEvent(const v1::JobEvent& event) {
     const int64_t every = options_.log_every > 0
                               ? options_.log_every
                               : DefaultLogEvery(job.steps_total());
-    const bool log = ShouldLogStep(step.step(), job.steps_total(), every);
+    // An evaluation is rare and wanted: its step is always logged.
+    const bool log = ShouldLogStep(step.step(), job.steps_total(), every) ||
+                     step.has_eval();
     if (options_.tty) {
       // The step lines scroll above the bar, as in the training logs people
       // know; "\033[K" clears what a longer previous line left behind.

@@ -122,6 +122,11 @@ CoordinatorMetrics::CoordinatorMetrics()
                         .Help("Mean over ranks of receive-wait time over step "
                               "time, last step")
                         .Register(*registry_)),
+      eval_loss_(BuildGauge()
+                     .Name("conveyor_eval_loss")
+                     .Help("Mean loss over the validation batches of the "
+                           "job's newest evaluation (eval: in the job)")
+                     .Register(*registry_)),
       requests_(BuildCounter()
                     .Name("conveyor_grpc_server_requests_total")
                     .Help("Finished gRPC calls by method and status code")
@@ -186,6 +191,10 @@ void CoordinatorMetrics::OnStep(const v1::Job& job,
   s.samples_per_second->Set(step.samples_per_second());
   s.tokens_per_second->Set(step.tokens_per_second());
   s.bubble_ratio->Set(step.bubble_fraction());
+  if (step.has_eval()) {
+    if (s.eval_loss == nullptr) s.eval_loss = &eval_loss_.Add({{"job_id", job.id()}});
+    s.eval_loss->Set(step.eval_loss());
+  }
 }
 
 void CoordinatorMetrics::OnFinished(const v1::Job& job) {
@@ -202,6 +211,7 @@ void CoordinatorMetrics::OnFinished(const v1::Job& job) {
   samples_per_second_.Remove(s.samples_per_second);
   tokens_per_second_.Remove(s.tokens_per_second);
   bubble_ratio_.Remove(s.bubble_ratio);
+  if (s.eval_loss != nullptr) eval_loss_.Remove(s.eval_loss);
   jobs_.erase(it);
 }
 

@@ -67,6 +67,9 @@ class CoordinatorMetrics final : public JobObserver,
     prometheus::Gauge* samples_per_second;
     prometheus::Gauge* tokens_per_second;
     prometheus::Gauge* bubble_ratio;
+    // Added at the job's first evaluation, so a job without an eval
+    // section exports no eval loss at all (not a misleading 0).
+    prometheus::Gauge* eval_loss = nullptr;
   };
 
   std::shared_ptr<prometheus::Registry> registry_;
@@ -80,6 +83,7 @@ class CoordinatorMetrics final : public JobObserver,
   prometheus::Family<prometheus::Gauge>& samples_per_second_;
   prometheus::Family<prometheus::Gauge>& tokens_per_second_;
   prometheus::Family<prometheus::Gauge>& bubble_ratio_;
+  prometheus::Family<prometheus::Gauge>& eval_loss_;
   prometheus::Family<prometheus::Counter>& requests_;
 
   mutable std::mutex mu_;

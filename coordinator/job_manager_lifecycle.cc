@@ -85,6 +85,12 @@ void JobManager::OnStep(WorkerRecord& w, const v1::StepReport& report) {
     info.set_has_loss(true);
     info.set_last_loss(s.loss());
   }
+  if (s.has_eval()) {
+    info.set_has_eval(true);
+    info.set_last_eval_step(s.step());
+    info.set_last_eval_loss(s.eval_loss());
+    info.set_last_eval_perplexity(s.eval_perplexity());
+  }
   info.set_last_step_seconds(s.seconds());
   info.set_samples_per_second(s.samples_per_second());
   info.set_tokens_per_second(s.tokens_per_second());

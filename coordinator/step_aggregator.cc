@@ -18,6 +18,14 @@ v1::StepSummary SummarizeStep(int64_t step,
       s.set_loss(rr.loss());
     }
     s.set_learning_rate(rr.learning_rate());
+    if (rr.has_eval()) {
+      s.set_has_eval(true);
+      s.set_eval_seconds(std::max(s.eval_seconds(), rr.eval_seconds()));
+    }
+    if (rr.eval_has_loss()) {
+      s.set_eval_loss(rr.eval_loss());
+      s.set_eval_perplexity(rr.eval_perplexity());
+    }
     if (rr.seconds() > 0) bubble += rr.wait_seconds() / rr.seconds();
     v1::RankStep* rs = s.add_ranks();
     rs->set_rank(r);

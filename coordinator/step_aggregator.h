@@ -3,8 +3,9 @@
 // reports kept as timelines for GetTrace.
 //
 // A step's summary takes the slowest rank's time (the step ends when the
-// last rank does), the last stage's loss, and the mean over ranks of each
-// rank's waiting share as the bubble.
+// last rank does), the last stage's loss (and its evaluation's, when one
+// followed the step), and the mean over ranks of each rank's waiting share
+// as the bubble.
 //
 // Not thread-safe: JobManager holds one per job under its mutex.
 #ifndef CONVEYOR_COORDINATOR_STEP_AGGREGATOR_H_

@@ -739,6 +739,7 @@ absl::Status JobParser::ParseEval(const YamlValue& value, const JobSpec& job,
     }
   }
   eval.enabled = true;
+  eval.where = value.where;
   return absl::OkStatus();
 }
 

@@ -146,6 +146,8 @@ struct EvalSpec {
   int64_t every = 0;     // 0: only after the last step.
   int64_t batches = 1;   // K
   DataConfig data;
+  // The section, for the planner's errors (too many forwards to schedule).
+  SourceLocation where;
 
   // Whether an evaluation follows the step that brings the job to `done`
   // completed steps of `steps`.

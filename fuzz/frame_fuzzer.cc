@@ -91,7 +91,8 @@ void FuzzFrameHeader(const uint8_t* data, size_t size, uint64_t limit) {
   switch (h->kind) {
     case FrameKind::kActivation:
     case FrameKind::kGradient:
-    case FrameKind::kPartialSum: {
+    case FrameKind::kPartialSum:
+    case FrameKind::kEvalActivation: {
       if (h->payload_bytes > limit) Fail("tensor payload over the limit");
       // What the reader does next, short of allocating the payload.
       const conveyor::transport::Tag tag = conveyor::transport::TagOf(*h);

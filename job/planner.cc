@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "scheduler/forward_only.h"
 #include "scheduler/generators.h"
 #include "scheduler/validator.h"
 
@@ -245,6 +246,27 @@ absl::StatusOr<JobPlan> PlanCut(engine::JobSpec job,
         absl::StrCat("generated schedule is invalid: ", valid.message()));
   }
   plan.schedule = *std::move(schedule);
+  if (job.eval.enabled) {
+    // The parser bounds K * M by the generators' microbatch limit.
+    const int64_t count = job.eval.batches * job.training.microbatches;
+    absl::StatusOr<scheduler::Schedule> eval = scheduler::GenerateForwardOnly(
+        *kind, {.ranks = plan.num_ranks,
+                .microbatches = static_cast<int>(count),
+                .virtual_stages = plan.virtual_stages});
+    if (!eval.ok()) {
+      const std::string where = job.eval.where.ToString();
+      return absl::InvalidArgumentError(absl::StrCat(
+          where.empty() ? "" : absl::StrCat(where, ": "),
+          "eval: the evaluation's ", count, " microbatches (batches * ",
+          "training.microbatches) cannot be scheduled on ", plan.num_ranks,
+          " worker(s): ", eval.status().message()));
+    }
+    if (absl::Status valid = scheduler::ValidateSchedule(*eval); !valid.ok()) {
+      return absl::InternalError(absl::StrCat(
+          "generated evaluation schedule is invalid: ", valid.message()));
+    }
+    plan.eval_schedule = *std::move(eval);
+  }
   for (int s = 0; s < stages; ++s) {
     StagePlan sp;
     sp.stage = s;

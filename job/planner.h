@@ -82,6 +82,10 @@ struct JobPlan {
   int virtual_stages = 1;        // V
   int num_stages = 1;            // P * V == job.model.num_stages
   scheduler::Schedule schedule;  // actions[r]: rank r's step.
+  // With an eval section: the forward-only schedule of one evaluation, K * M
+  // microbatches over the same ranks and placement
+  // (scheduler/forward_only.h).
+  std::optional<scheduler::Schedule> eval_schedule;
   std::vector<StagePlan> stages;
 };
 

@@ -66,6 +66,12 @@ v1::JobProgram CompileRankProgram(const JobPlan& plan, int rank,
       proto::ToProto(a, program.add_actions());
     }
   }
+  if (plan.eval_schedule.has_value() && rank >= 0 &&
+      rank < static_cast<int>(plan.eval_schedule->actions.size())) {
+    for (const scheduler::Action& a : plan.eval_schedule->actions[rank]) {
+      proto::ToProto(a, program.add_eval_actions());
+    }
+  }
   program.set_steps(plan.job.training.steps);
   program.set_recv_timeout_ms(context.recv_timeout_ms);
   program.set_checkpoint_dir(plan.job.checkpoint.dir);

@@ -12,6 +12,11 @@ std::string ToString(const Tag& tag) {
             : absl::StrCat("partial sum ", tag.microbatch, " (tied parameter)"),
         " of rank ", tag.stage, ", step ", tag.step, " (job ", tag.job, ")");
   }
+  if (tag.kind == TensorKind::kEvalActivation) {
+    return absl::StrCat("evaluation activation of stage ", tag.stage,
+                        " after step ", tag.step, ", microbatch ",
+                        tag.microbatch, " (job ", tag.job, ")");
+  }
   return absl::StrCat(
       tag.kind == TensorKind::kActivation ? "activation" : "gradient",
       " of stage ", tag.stage, ", step ", tag.step, ", microbatch ",

@@ -37,6 +37,12 @@ enum class TensorKind : uint8_t {
   // (worker/stage_executor.h). Its own kind keeps it apart from every
   // stage's tensors, and names it in errors.
   kPartialSum = 2,
+  // An evaluation's activation (engine/evaluation.h): `step` is the
+  // training step the evaluation follows and `microbatch` its index in the
+  // evaluation, [0, K*M). Its own kind keeps the evaluation's tensors apart
+  // from the next training step's, which a rank done evaluating may already
+  // be sending.
+  kEvalActivation = 3,
 };
 
 struct Tag {

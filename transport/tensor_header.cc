@@ -65,7 +65,7 @@ void EncodeTensorHeader(const TensorHeader& h, uint8_t* out) {
 absl::StatusOr<TensorHeader> DecodeTensorHeader(const uint8_t* in, uint64_t job,
                                                 uint64_t max_bytes) {
   const uint8_t kind = in[kKindAt], dtype = in[kDTypeAt], ndim = in[kNdimAt];
-  if (kind > static_cast<uint8_t>(TensorKind::kPartialSum)) {
+  if (kind > static_cast<uint8_t>(TensorKind::kEvalActivation)) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown tensor kind ", kind));
   }

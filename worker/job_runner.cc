@@ -111,6 +111,10 @@ absl::StatusOr<std::unique_ptr<JobRunner>> JobRunner::Create(
   std::unique_ptr<JobRunner> runner(new JobRunner(
       program, std::move(job), std::move(actions), backend, options.backends));
   runner->placement_ = plan.schedule.placement;
+  if (plan.eval_schedule.has_value()) {
+    runner->eval_actions_ =
+        std::move(plan.eval_schedule->actions[program.rank()]);
+  }
   RETURN_IF_ERROR(runner->Build(options));
   return runner;
 }
@@ -305,6 +309,11 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
   }
   ASSIGN_OR_RETURN(data_, engine::DataSource::Create(
                               job_.data, engine::ModelSampleShapes(model)));
+  if (job_.eval.enabled) {
+    ASSIGN_OR_RETURN(eval_data_,
+                     engine::DataSource::Create(
+                         job_.eval.data, engine::ModelSampleShapes(model)));
+  }
   // Cosine total_steps defaults to the job's training.steps, exactly as in
   // the reference, or the learning rates would differ.
   engine::ResolveSchedule(job_.optimizer, job_.training.steps);
@@ -482,18 +491,30 @@ absl::Status JobRunner::RunSteps(
     }
     ASSIGN_OR_RETURN(RankStepResult r,
                      executor_->RunStep(step, actions_, reduce));
-    steps_done_.store(step + 1);
+    const int64_t done = step + 1;
+    steps_done_.store(done);
+    // The evaluation belongs to the step it follows: reported with it, and
+    // before its checkpoint, so a resume from that checkpoint never runs
+    // it again.
+    std::optional<RankEvalResult> eval;
+    if (job_.eval.DueAfter(done, program_.steps())) {
+      if (cancellation_.cancelled()) return cancellation_.status();
+      ASSIGN_OR_RETURN(eval,
+                       executor_->RunEvaluation(done, eval_actions_,
+                                                eval_data_.get(),
+                                                job_.eval.batches));
+    }
     if (on_step) {
-      on_step({.step = step + 1,
+      on_step({.step = done,
                .seconds = r.seconds,
                .wait_seconds = r.wait_seconds,
                .has_loss = r.has_loss,
                .loss = r.loss,
                .learning_rate = lr,
                .peak_activation_bytes = r.peak_activation_bytes,
-               .result = &r});
+               .result = &r,
+               .eval = eval ? &*eval : nullptr});
     }
-    const int64_t done = step + 1;
     if (!program_.checkpoint_dir().empty() &&
         (done == program_.steps() || (every > 0 && done % every == 0))) {
       if (cancellation_.cancelled()) return cancellation_.status();

@@ -10,7 +10,9 @@
 //                    plane (TcpChannel) so data_endpoint() can be reported.
 //   Start(peers)     connects to every other rank of the job.
 //   Run(on_step)     runs the steps from program.resume_step to
-//                    program.steps, calls on_step after each, and writes
+//                    program.steps, each followed by its evaluation when
+//                    the job's eval section has one due, calls on_step
+//                    after each, and writes
 //                    this rank's stages to the checkpoint directory every
 //                    checkpoint.every steps and after the last.
 //   Cancel(status)   from any thread: aborts the data plane at once (which
@@ -125,6 +127,9 @@ struct StepProgress {
   // The executor's whole result (timeline, per-stage times); always set,
   // valid during the on_step call only.
   const RankStepResult* result = nullptr;
+  // The evaluation after this step (the job's eval section), when one was
+  // due; valid during the on_step call only.
+  const RankEvalResult* eval = nullptr;
 };
 
 // The ranks `rank` exchanges tensors with, for the NCCL channel's peer list
@@ -259,8 +264,11 @@ class JobRunner {
   // Stages (MeshStages on a mesh), ascending index.
   std::vector<std::unique_ptr<engine::PipelineStage>> stages_;
   std::unique_ptr<engine::DataSource> data_;
+  std::unique_ptr<engine::DataSource> eval_data_;  // With an eval section.
   std::unique_ptr<engine::Optimizer> optimizer_;
   std::vector<scheduler::Action> actions_;
+  // One evaluation's forward-only actions (the plan's eval schedule).
+  std::vector<scheduler::Action> eval_actions_;
   // Where the schedule puts each stage (set by Create).
   scheduler::Placement placement_ = scheduler::Placement::kLoop;
   // Destroyed in reverse: the executor before the channel it uses, the

@@ -722,6 +722,7 @@ absl::Status WorkerSession::RunJob(Job* job) {
     r->set_learning_rate(p.learning_rate);
     // JobRunner always passes the executor's result.
     FillStepReport(*p.result, r);
+    if (p.eval != nullptr) FillEvalReport(*p.eval, r);
     if (metrics != nullptr) metrics->RecordStep(*p.result);
     job->writer->Write(m);
     SPDLOG_DEBUG("{} step {}/{}: {:.3f} s", program.job_id(), p.step,

@@ -143,6 +143,81 @@ absl::Status StageExecutor::Forward(int64_t step, const Action& a) {
   return absl::OkStatus();
 }
 
+absl::Status StageExecutor::EvaluateForward(int64_t steps_done,
+                                            const Action& a,
+                                            engine::DataSource* data,
+                                            std::vector<float>& losses) {
+  engine::PipelineStage* stage = stages_.at(a.stage);
+  const int m = config_.microbatches;
+  const engine::EvalBatch batch = engine::EvalBatchOf(a.microbatch, m);
+  Tensor x;
+  if (a.stage == 0) {
+    ASSIGN_OR_RETURN(x, data->Inputs(backend_, batch.step, batch.microbatch, m,
+                                     config_.batch_size));
+  } else {
+    ASSIGN_OR_RETURN(
+        x, channel_->Recv(MakeTag(steps_done, a.microbatch, a.stage - 1,
+                                  TensorKind::kEvalActivation),
+                          config_.recv_timeout));
+  }
+  ASSIGN_OR_RETURN(Tensor y, stage->Evaluate(a.microbatch, x));
+  if (a.stage + 1 < config_.num_stages) {
+    return channel_->Send(RankOf(a.stage + 1),
+                          MakeTag(steps_done, a.microbatch, a.stage,
+                                  TensorKind::kEvalActivation),
+                          y);
+  }
+  ASSIGN_OR_RETURN(Tensor target,
+                   data->Targets(backend_, batch.step, batch.microbatch, m,
+                                 config_.batch_size));
+  // The training loss; its gradient is computed and dropped.
+  ASSIGN_OR_RETURN(engine::LossResult loss,
+                   engine::ComputeLoss(backend_, config_.loss, y, target, 1));
+  losses[a.microbatch] = loss.loss;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RankEvalResult> StageExecutor::RunEvaluation(
+    int64_t steps_done, const std::vector<Action>& actions,
+    engine::DataSource* data, int64_t batches) {
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t count = batches * config_.microbatches;
+  const bool last = stages_.count(config_.num_stages - 1) > 0;
+  std::vector<float> losses(last ? count : 0);
+  int64_t summed = 0;
+  for (const Action& a : actions) {
+    if (a.op != Op::kForward || !stages_.count(a.stage) || a.microbatch < 0 ||
+        a.microbatch >= count) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", config_.rank, ", evaluation after step ", steps_done, ": ",
+          scheduler::ToString(a), " is not a forward of a stage here over ",
+          count, " microbatches"));
+    }
+    if (absl::Status s = EvaluateForward(steps_done, a, data, losses);
+        !s.ok()) {
+      return absl::Status(
+          s.code(), absl::StrCat("rank ", config_.rank,
+                                 ", evaluation after step ", steps_done, ", ",
+                                 scheduler::ToString(a), ": ", s.message()));
+    }
+    if (a.stage == config_.num_stages - 1) ++summed;
+  }
+  if (last && summed != count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", config_.rank, ": the evaluation's actions reach the loss ",
+        summed, " times for ", count, " microbatches"));
+  }
+  RETURN_IF_ERROR(backend_->Synchronize());
+  RankEvalResult result;
+  result.has_loss = last;
+  if (last) result.eval = engine::SummarizeEvaluation(config_.loss, losses);
+  result.eval.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  result.eval.samples = batches * config_.batch_size;
+  return result;
+}
+
 absl::Status StageExecutor::BackwardInput(int64_t step, const Action& a) {
   engine::PipelineStage* stage = stages_.at(a.stage);
   Tensor dy;

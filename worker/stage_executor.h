@@ -25,6 +25,13 @@
 // checksum of its values and the copy's rank fails the step if its own
 // differs.
 //
+// RunEvaluation runs an evaluation between steps (engine/evaluation.h): a
+// forward-only schedule's actions (scheduler/forward_only.h) over the
+// validation data, each stage's Evaluate keeping nothing, activations
+// travelling under their own tag kind (transport::TensorKind::
+// kEvalActivation); the last stage sums the losses exactly as
+// InProcessTrainer::Evaluate does, so the two are bitwise equal.
+//
 // Thread-compatible: one thread runs a rank's executor.
 #ifndef CONVEYOR_WORKER_STAGE_EXECUTOR_H_
 #define CONVEYOR_WORKER_STAGE_EXECUTOR_H_
@@ -38,6 +45,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/data.h"
+#include "engine/evaluation.h"
 #include "engine/loss_kind.h"
 #include "engine/model_spec.h"
 #include "engine/optimizer.h"
@@ -106,6 +114,12 @@ struct RankStepResult {
   std::map<int, StageStepTimes> stages;  // By global stage index.
 };
 
+struct RankEvalResult {
+  bool has_loss = false;  // Only the rank holding the last stage.
+  // loss and perplexity with has_loss; seconds and samples always.
+  engine::EvalResult eval;
+};
+
 // Sums a value over all ranks of the job and returns the total to each
 // (for the global gradient norm).
 using AllReduceSum = std::function<absl::StatusOr<double>(double)>;
@@ -129,6 +143,17 @@ class StageExecutor {
       int64_t step, const std::vector<scheduler::Action>& actions,
       const AllReduceSum& all_reduce = nullptr);
 
+  // Runs this rank's forward-only `actions` of the evaluation after
+  // `steps_done` completed steps: `batches` batches of `data` (the
+  // validation data, outliving the call), K * M microbatches. Leaves the
+  // parameters, gradients and in-flight state as they were. InvalidArgument
+  // for an action that is not a forward of a stage here or names a
+  // microbatch outside [0, K * M); the data's, a stage's or the channel's
+  // errors as they come, prefixed with the rank and action.
+  absl::StatusOr<RankEvalResult> RunEvaluation(
+      int64_t steps_done, const std::vector<scheduler::Action>& actions,
+      engine::DataSource* data, int64_t batches);
+
  private:
   StageExecutor(const ExecutorConfig& config,
                 std::map<int, engine::PipelineStage*> stages,
@@ -149,6 +174,10 @@ class StageExecutor {
       int64_t step, const std::vector<scheduler::Action>& actions,
       const AllReduceSum& all_reduce);
   absl::Status Forward(int64_t step, const scheduler::Action& a);
+  // One forward of RunEvaluation; the last stage's loss into `losses`.
+  absl::Status EvaluateForward(int64_t steps_done, const scheduler::Action& a,
+                               engine::DataSource* data,
+                               std::vector<float>& losses);
   absl::Status BackwardInput(int64_t step, const scheduler::Action& a);
   absl::StatusOr<engine::Tensor> Receive(const transport::Tag& tag,
                                          int for_stage);

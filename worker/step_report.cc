@@ -23,4 +23,13 @@ void FillStepReport(const RankStepResult& result, v1::StepReport* report) {
   }
 }
 
+void FillEvalReport(const RankEvalResult& eval, v1::StepReport* report) {
+  report->set_has_eval(true);
+  report->set_eval_seconds(eval.eval.seconds);
+  if (!eval.has_loss) return;
+  report->set_eval_has_loss(true);
+  report->set_eval_loss(eval.eval.loss);
+  report->set_eval_perplexity(eval.eval.perplexity.value_or(0));
+}
+
 }  // namespace conveyor::worker

@@ -14,6 +14,9 @@ namespace conveyor::worker {
 // (job id, step and learning rate are the caller's).
 void FillStepReport(const RankStepResult& result, v1::StepReport* report);
 
+// Sets report's eval fields from the evaluation that followed the step.
+void FillEvalReport(const RankEvalResult& eval, v1::StepReport* report);
+
 }  // namespace conveyor::worker
 
 #endif  // CONVEYOR_WORKER_STEP_REPORT_H_

@@ -51,7 +51,8 @@ void Put64(Bytes* b, size_t at, uint64_t v) {
 
 TEST(TensorHeaderTest, RoundTripsEveryDTypeKindAndRank) {
   const TensorKind kinds[] = {TensorKind::kActivation, TensorKind::kGradient,
-                              TensorKind::kPartialSum};
+                              TensorKind::kPartialSum,
+                              TensorKind::kEvalActivation};
   int checked = 0;
   for (int d = 0; d < kNumDTypes; ++d) {
     const auto dtype = static_cast<engine::DType>(d);
@@ -59,7 +60,7 @@ TEST(TensorHeaderTest, RoundTripsEveryDTypeKindAndRank) {
       // Distinct dims (2, 3, 1, 2, ...) so a swapped or dropped one shows.
       engine::Shape shape;
       for (int i = 0; i < ndim; ++i) shape.push_back(1 + (i + 1) % 3);
-      TensorHeader h = Header(shape, dtype, kinds[(d + ndim) % 3]);
+      TensorHeader h = Header(shape, dtype, kinds[(d + ndim) % 4]);
       h.tag.step = d * 100 + ndim;
       h.tag.microbatch = ndim;
       h.tag.stage = d;
@@ -139,7 +140,7 @@ TEST(TensorHeaderTest, RejectsEachBrokenRule) {
     const char* message;
   };
   const Case cases[] = {
-      {"kind", [](Bytes* b) { (*b)[0] = 3; }, "unknown tensor kind 3"},
+      {"kind", [](Bytes* b) { (*b)[0] = 4; }, "unknown tensor kind 4"},
       {"dtype", [](Bytes* b) { (*b)[1] = kNumDTypes; }, "unknown dtype 13"},
       {"ndim", [](Bytes* b) { (*b)[2] = 9; }, "9 dimensions, at most 8"},
       {"reserved u8", [](Bytes* b) { (*b)[3] = 1; },
@@ -181,9 +182,9 @@ TEST(TensorHeaderTest, RejectsEachBrokenRule) {
 
 TEST(TensorHeaderTest, AcceptsTheLastDTypeAndKind) {
   const TensorHeader h =
-      Header({3}, engine::DType::kBool, TensorKind::kPartialSum);
+      Header({3}, engine::DType::kBool, TensorKind::kEvalActivation);
   const Bytes b = Encode(h);
-  EXPECT_EQ(b[0], 2);               // kPartialSum
+  EXPECT_EQ(b[0], 3);               // kEvalActivation
   EXPECT_EQ(b[1], kNumDTypes - 1);  // kBool
   absl::StatusOr<TensorHeader> back = Decode(b);
   ASSERT_TRUE(back.ok()) << back.status();

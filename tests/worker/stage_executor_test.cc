@@ -1,6 +1,7 @@
 // Pipelined training with the stage executor, one thread per rank over the
 // in-memory data plane, must equal the in-process reference for every
-// schedule: the final parameters (allclose) and every step's loss.
+// schedule: the final parameters (allclose), every step's loss and every
+// evaluation's loss (bitwise).
 #include "worker/stage_executor.h"
 
 #include <condition_variable>
@@ -20,6 +21,7 @@
 #include "engine/trainer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "scheduler/forward_only.h"
 #include "scheduler/generators.h"
 #include "scheduler/simulator.h"
 #include "tests/engine/test_util.h"
@@ -63,6 +65,13 @@ JobSpec MakeJob(bool transformer, int stages, bool clip) {
   job.optimizer = {.kind = engine::OptimizerConfig::Kind::kAdamW, .lr = 1e-2};
   if (clip) job.optimizer.clip_grad_norm = 0.05;  // Small: clipping happens.
   job.training = {.steps = 3, .batch_size = 16, .microbatches = 8};
+  // Evaluations after steps 2 and 3 (the last), on other data.
+  job.eval = {.enabled = true,
+              .every = 2,
+              .batches = 2,
+              .data = {.kind = engine::DataConfig::Kind::kSyntheticRegression,
+                       .seed = 11},
+              .where = {}};
   return job;
 }
 
@@ -73,7 +82,10 @@ struct Params {
   // The steps that failed: "rank r: status".
   std::vector<std::string> failures;
   std::vector<double> losses;
+  std::vector<double> eval_losses;  // In step order.
   std::map<int, RankStepResult> last_step;  // By rank.
+  // Activation bytes held by each rank's stages after the last evaluation.
+  std::map<int, size_t> live_after_eval;
   // Mesh stages only: whether every replica ended with replica 0's values.
   bool replicas_identical = true;
 };
@@ -84,6 +96,7 @@ Params Reference(const JobSpec& job) {
   EXPECT_TRUE(trainer
                   ->Run([&](const engine::StepReport& r) {
                     p.losses.push_back(r.loss);
+                    if (r.eval) p.eval_losses.push_back(r.eval->loss);
                   })
                   .ok());
   for (engine::Parameter* param : trainer->parameters()) {
@@ -135,6 +148,14 @@ Params Pipelined(const JobSpec& job, ScheduleKind kind, int ranks,
       kind, {.ranks = ranks,
              .microbatches = static_cast<int>(job.training.microbatches),
              .virtual_stages = virtual_stages});
+  scheduler::Schedule eval_schedule;
+  if (job.eval.enabled) {
+    eval_schedule = *scheduler::GenerateForwardOnly(
+        kind, {.ranks = ranks,
+               .microbatches = static_cast<int>(job.eval.batches *
+                                                job.training.microbatches),
+               .virtual_stages = virtual_stages});
+  }
   transport::InMemoryHub hub(ranks);
   SumBarrier barrier(ranks);
   Params out;
@@ -169,6 +190,11 @@ Params Pipelined(const JobSpec& job, ScheduleKind kind, int ranks,
       }
       auto data = *engine::DataSource::Create(
           job.data, engine::ModelSampleShapes(job.model));
+      std::unique_ptr<engine::DataSource> eval_data;
+      if (job.eval.enabled) {
+        eval_data = *engine::DataSource::Create(
+            job.eval.data, engine::ModelSampleShapes(job.model));
+      }
       auto optimizer = *engine::Optimizer::Create(be, job.optimizer, params);
       auto executor = StageExecutor::Create(
           {.job = 1,
@@ -199,9 +225,29 @@ Params Pipelined(const JobSpec& job, ScheduleKind kind, int ranks,
               absl::StrCat("rank ", r, ": ", result.status().ToString()));
           return;
         }
+        {
+          std::lock_guard<std::mutex> lock(out_mu);
+          if (result->has_loss) out.losses.push_back(result->loss);
+          out.last_step[r] = *result;
+        }
+        if (!job.eval.DueAfter(step + 1, job.training.steps)) continue;
+        auto eval = (*executor)->RunEvaluation(
+            step + 1, eval_schedule.actions[r], eval_data.get(),
+            job.eval.batches);
         std::lock_guard<std::mutex> lock(out_mu);
-        if (result->has_loss) out.losses.push_back(result->loss);
-        out.last_step[r] = *result;
+        if (!eval.ok()) {
+          hub.AbortAll(eval.status());
+          out.failures.push_back(
+              absl::StrCat("rank ", r, ": ", eval.status().ToString()));
+          return;
+        }
+        if (eval->has_loss) out.eval_losses.push_back(eval->eval.loss);
+        size_t live = 0;
+        for (const auto& [s, stage] : stages) {
+          EXPECT_EQ(stage->in_flight(), 0) << "stage " << s;
+          live += stage->live_activation_bytes();
+        }
+        out.live_after_eval[r] = live;
       }
       std::lock_guard<std::mutex> lock(out_mu);
       for (auto* p : params) {
@@ -239,6 +285,19 @@ void ExpectSame(const Params& pipelined, const Params& reference,
       EXPECT_TRUE(AllClose(pipelined.values.at(name), values, 1e-5, 1e-6))
           << what << ": " << name;
     }
+  }
+  // An evaluation's forwards are the training's kernels on the same
+  // parameters, and its losses are summed in the same order: bitwise, with
+  // or without clipping (when the parameters are, which clipping spoils).
+  ASSERT_EQ(pipelined.eval_losses.size(), reference.eval_losses.size())
+      << what;
+  for (size_t i = 0; bitwise && i < reference.eval_losses.size(); ++i) {
+    EXPECT_EQ(pipelined.eval_losses[i], reference.eval_losses[i])
+        << what << " evaluation " << i;
+  }
+  for (const auto& [rank, live] : pipelined.live_after_eval) {
+    EXPECT_EQ(live, 0u) << what << ": rank " << rank
+                        << " holds activations after an evaluation";
   }
   ASSERT_EQ(pipelined.losses.size(), reference.losses.size()) << what;
   for (size_t i = 0; i < reference.losses.size(); ++i) {

@@ -22,7 +22,7 @@ static_assert(kFrameHeaderSize == 120, "the layout in frame.h");
 
 bool IsTensorFrame(FrameKind kind) {
   return kind == FrameKind::kActivation || kind == FrameKind::kGradient ||
-         kind == FrameKind::kPartialSum;
+         kind == FrameKind::kPartialSum || kind == FrameKind::kEvalActivation;
 }
 
 // The tensor kind a frame's tensor header carries: its own for a tensor
@@ -33,6 +33,8 @@ TensorKind TensorKindOf(FrameKind kind) {
       return TensorKind::kGradient;
     case FrameKind::kPartialSum:
       return TensorKind::kPartialSum;
+    case FrameKind::kEvalActivation:
+      return TensorKind::kEvalActivation;
     case FrameKind::kActivation:
     case FrameKind::kAbort:
     case FrameKind::kGoodbye:
@@ -56,6 +58,8 @@ absl::string_view FrameKindName(FrameKind kind) {
       return "message";
     case FrameKind::kPartialSum:
       return "partial sum";
+    case FrameKind::kEvalActivation:
+      return "evaluation activation";
   }
   return "unknown";
 }
@@ -94,6 +98,9 @@ absl::StatusOr<FrameHeader> TensorFrameHeader(const Tag& tag,
       break;
     case TensorKind::kPartialSum:
       h.kind = FrameKind::kPartialSum;
+      break;
+    case TensorKind::kEvalActivation:
+      h.kind = FrameKind::kEvalActivation;
       break;
   }
   h.dtype = th->dtype;
@@ -149,9 +156,7 @@ Tag TagOf(const FrameHeader& header) {
           .step = header.step,
           .microbatch = header.microbatch,
           .stage = header.stage,
-          .kind = header.kind == FrameKind::kPartialSum
-                      ? TensorKind::kPartialSum
-                      : static_cast<TensorKind>(header.kind)};
+          .kind = TensorKindOf(header.kind)};
 }
 
 void EncodeHello(const Hello& hello, HelloBytes* out) {
@@ -244,7 +249,7 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(const FrameHeaderBytes& bytes,
         "bad frame header: job ", h.job, ", expected ", expected_job));
   }
   const uint8_t kind = p[6];
-  if (kind > static_cast<uint8_t>(FrameKind::kPartialSum)) {
+  if (kind > static_cast<uint8_t>(FrameKind::kEvalActivation)) {
     return Invalid(absl::StrCat("unknown kind ", kind));
   }
   if (p[7] != 0 || GetU32(p + 12) != 0) {
@@ -315,6 +320,7 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(const FrameHeaderBytes& bytes,
     case FrameKind::kActivation:
     case FrameKind::kGradient:
     case FrameKind::kPartialSum:
+    case FrameKind::kEvalActivation:
       break;  // Returned above.
   }
   return h;

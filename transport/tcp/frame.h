@@ -115,7 +115,8 @@ enum class HelloResult : uint16_t {
 absl::string_view HelloResultName(HelloResult result);
 
 // Tensor frames carry a TensorKind: kActivation and kGradient have its
-// values, kPartialSum came later and has its own (TagOf converts).
+// values, kPartialSum and kEvalActivation came later and have their own
+// (TagOf converts).
 enum class FrameKind : uint8_t {
   kActivation = 0,
   kGradient = 1,
@@ -123,6 +124,7 @@ enum class FrameKind : uint8_t {
   kGoodbye = 3,
   kMessage = 4,
   kPartialSum = 5,
+  kEvalActivation = 6,
 };
 
 struct FrameHeader {

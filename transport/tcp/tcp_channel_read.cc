@@ -120,7 +120,8 @@ void TcpChannel::Impl::OnHeader(const std::shared_ptr<InLink>& link) {
   switch (h.kind) {
     case FrameKind::kActivation:
     case FrameKind::kGradient:
-    case FrameKind::kPartialSum: {
+    case FrameKind::kPartialSum:
+    case FrameKind::kEvalActivation: {
       // The header is validated: this allocates exactly the announced
       // (and bounded) size, and the payload lands in it directly.
       // Into the receiving backend's staging memory: page-locked for a

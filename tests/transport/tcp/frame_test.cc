@@ -83,6 +83,33 @@ TEST(FrameTest, PartialSumsRoundTripAndAreNamedAsSuch) {
             "activation of stage 2, step 5, microbatch 3 (job 7)");
 }
 
+// An evaluation's activations have a frame kind (6) and a tensor kind (3) of
+// their own, so they are never taken for the next training step's, and are
+// named as what they are.
+TEST(FrameTest, EvaluationActivationsRoundTripAndAreNamedAsSuch) {
+  engine::Tensor t =
+      *engine::CpuBackend::Get()->Empty({2, 3}, engine::DType::kF32);
+  const Tag tag = T(5, 7, 1, TensorKind::kEvalActivation);
+  absl::StatusOr<FrameHeader> h = TensorFrameHeader(tag, t);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->kind, FrameKind::kEvalActivation);
+  const FrameHeaderBytes bytes = Encode(*h);
+  EXPECT_EQ(bytes[6], 6);
+  EXPECT_EQ(bytes[kPreamble], 3);
+  absl::StatusOr<FrameHeader> got = DecodeFrameHeader(bytes, kJob, kMax);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(TagOf(*got), tag);
+  EXPECT_NE(TagOf(*got), T(5, 7, 1));
+  EXPECT_EQ(ToString(tag),
+            "evaluation activation of stage 1 after step 5, microbatch 7 "
+            "(job 7)");
+  // A training frame kind with an evaluation's tensor header is refused.
+  FrameHeaderBytes mixed = bytes;
+  mixed[6] = 0;
+  EXPECT_THAT(DecodeFrameHeader(mixed, kJob, kMax).status().message(),
+              HasSubstr("activation frame with a tensor header of kind 3"));
+}
+
 // The preamble byte for byte, then the tensor header: exactly the shared
 // encoding (tests/transport/tensor_header_test.cc pins its own layout), at
 // the frame offsets frame.h documents.
@@ -158,8 +185,8 @@ TEST(FrameTest, RejectsInconsistentFields) {
     const char* message;
   };
   const Case cases[] = {
-      {"kind", [](FrameHeaderBytes* b) { (*b)[6] = 6; },
-       "bad frame header: unknown kind 6"},
+      {"kind", [](FrameHeaderBytes* b) { (*b)[6] = 7; },
+       "bad frame header: unknown kind 7"},
       {"reserved u8", [](FrameHeaderBytes* b) { (*b)[7] = 1; },
        "bad frame header: reserved bytes are not zero"},
       {"reserved u32", [](FrameHeaderBytes* b) { (*b)[15] = 1; },
