@@ -107,6 +107,36 @@ TEST(FormatStepLineTest, LeavesOutTheLossWhenThereIsNone) {
   EXPECT_THAT(FormatStepLine(s, 10, std::nullopt), Not(HasSubstr("loss")));
 }
 
+TEST(FormatStepLineTest, ShowsTheEvaluationThatFollowedTheStep) {
+  v1::StepSummary s = Step(40, 2.5);
+  s.set_has_eval(true);
+  s.set_eval_loss(2.75);
+  EXPECT_EQ(FormatStepLine(s, 200, std::nullopt),
+            "step  40/200  loss 2.500000  eval loss 2.750000  lr 0.003  3.2 ms  "
+            "40000 samples/s");
+  s.set_eval_perplexity(15.64263);
+  EXPECT_THAT(FormatStepLine(s, 200, std::nullopt),
+              HasSubstr("eval loss 2.750000 (ppl 15.64)  lr"));
+  EXPECT_THAT(FormatProgressBar(s, 200, std::nullopt, 4),
+              HasSubstr("loss 2.500000  eval loss 2.750000 (ppl 15.64)"));
+}
+
+TEST(WatchPrinterTest, AlwaysLogsAStepAnEvaluationFollowed) {
+  std::ostringstream out;
+  WatchPrinter printer(out, {.log_every = 100, .tty = false});
+  v1::JobEvent event;
+  *event.mutable_job() = RunningJob();
+  *event.mutable_step() = Step(7, 1.5);
+  printer.OnEvent(event);
+  EXPECT_THAT(out.str(), Not(HasSubstr("step   7/200")));
+  event.mutable_step()->set_step(8);
+  event.mutable_step()->set_has_eval(true);
+  event.mutable_step()->set_eval_loss(1.75);
+  printer.OnEvent(event);
+  EXPECT_THAT(out.str(), HasSubstr("step   8/200  loss 1.500000  eval loss "
+                                   "1.750000"));
+}
+
 TEST(FormatProgressBarTest, FillsInProportion) {
   EXPECT_EQ(FormatProgressBar(Step(50, 0.5), 200, 150.0, 20),
             "[#####---------------]   50/200  loss 0.500000  40000 samples/s  "
@@ -144,6 +174,16 @@ TEST(FormatOutcomeTest, SaysHowTheJobEnded) {
   job.set_ended_unix_ms(13300);
   EXPECT_EQ(FormatOutcome(job),
             "SUCCEEDED: 200/200 steps in 12 s, final loss 0.012300");
+  job.set_has_eval(true);
+  job.set_last_eval_step(200);
+  job.set_last_eval_loss(2.5);
+  job.set_last_eval_perplexity(12.1825);
+  EXPECT_EQ(FormatOutcome(job),
+            "SUCCEEDED: 200/200 steps in 12 s, final loss 0.012300, eval loss "
+            "2.500000 (perplexity 12.18)");
+  EXPECT_THAT(FormatJobDetails(job, absl::FromUnixMillis(0)),
+              HasSubstr("  eval      loss 2.500000, perplexity 12.18 after "
+                        "step 200"));
   job.set_state(v1::FAILED);
   job.set_steps_done(40);
   job.set_message("worker-2 lost");

@@ -36,6 +36,27 @@ TEST(SummarizeStepTest, TakesTheSlowestRankTheLossAndTheMeanBubble) {
   EXPECT_EQ(s.ranks(1).wait_seconds(), 1.0);
 }
 
+// Every rank reports that an evaluation followed the step and how long its
+// part took; only the last stage's rank has the loss.
+TEST(SummarizeStepTest, TakesTheEvaluationFromTheLastStageAndTheSlowestTime) {
+  v1::StepReport first = Report(4, 1.0, 0.1), last = Report(4, 1.0, 0, 0.5f);
+  first.set_has_eval(true);
+  first.set_eval_seconds(0.75);
+  last.set_has_eval(true);
+  last.set_eval_seconds(0.5);
+  last.set_eval_has_loss(true);
+  last.set_eval_loss(0.625);
+  last.set_eval_perplexity(1.868);
+  const v1::StepSummary s = SummarizeStep(4, {first, last}, {8, 0});
+  EXPECT_TRUE(s.has_eval());
+  EXPECT_EQ(s.eval_loss(), 0.625);
+  EXPECT_EQ(s.eval_perplexity(), 1.868);
+  EXPECT_EQ(s.eval_seconds(), 0.75);
+  EXPECT_FALSE(SummarizeStep(5, {Report(5, 1, 0), Report(5, 1, 0, 0.5f)},
+                             {8, 0})
+                   .has_eval());
+}
+
 TEST(SummarizeStepTest, AZeroTimeStepHasNoRates) {
   const v1::StepSummary s = SummarizeStep(1, {Report(1, 0, 0)}, {8, 16});
   EXPECT_EQ(s.samples_per_second(), 0);

@@ -362,7 +362,61 @@ TEST(JobSpecErrorTest, UnknownTopLevelKeyListsAllowed) {
   EXPECT_EQ(ParseError(Job({.extra = "optimiser: {}\n"})),
             "job.yaml:9:1: (top level): unknown key 'optimiser'; allowed: "
             "name, model, data, training, optimizer, pipeline, checkpoint, "
-            "resume, restart");
+            "resume, restart, eval");
+}
+
+TEST(JobSpecTest, EvalSectionParses) {
+  const JobSpec job = ParseOk(
+      Job({.extra = "eval:\n  every: 5\n  batches: 3\n"
+                    "  data: {source: synthetic-regression, seed: 7}\n"}),
+      "job.yaml", "/base");
+  EXPECT_TRUE(job.eval.enabled);
+  EXPECT_EQ(job.eval.every, 5);
+  EXPECT_EQ(job.eval.batches, 3);
+  EXPECT_EQ(job.eval.data.seed, 7u);
+  EXPECT_EQ(job.eval.where.ToString(), "job.yaml:10:3");
+  // Due after every 5th step and after the last (10 steps: 5 and 10).
+  std::vector<int64_t> due;
+  for (int64_t done = 1; done <= 12; ++done) {
+    if (job.eval.DueAfter(done, 12)) due.push_back(done);
+  }
+  EXPECT_THAT(due, ::testing::ElementsAre(5, 10, 12));
+  // every: 0 (the default) evaluates only after the last step; batches
+  // defaults to 1; a job without the section never evaluates.
+  const JobSpec end_only =
+      ParseOk(Job({.extra = "eval: {data: {source: synthetic-regression}}\n"}));
+  EXPECT_EQ(end_only.eval.every, 0);
+  EXPECT_EQ(end_only.eval.batches, 1);
+  EXPECT_FALSE(end_only.eval.DueAfter(5, 10));
+  EXPECT_TRUE(end_only.eval.DueAfter(10, 10));
+  EXPECT_FALSE(ParseOk(Job({})).eval.DueAfter(10, 10));
+}
+
+TEST(JobSpecErrorTest, EvalErrorsNameTheFieldAndTheRule) {
+  EXPECT_EQ(ParseError(Job({.extra = "eval: {every: 5}\n"})),
+            "job.yaml:9:7: eval: missing required key 'data'");
+  EXPECT_EQ(ParseError(Job({.extra = "eval: {data: {source: synthetic-"
+                                     "regression}, batch: 2}\n"})),
+            "job.yaml:9:46: eval: unknown key 'batch'; allowed: every, "
+            "batches, data");
+  EXPECT_EQ(ParseError(Job({.extra = "eval: {data: {source: synthetic-"
+                                     "regression}, batches: 0}\n"})),
+            "job.yaml:9:55: eval.batches: must be a positive integer; got '0'");
+  EXPECT_EQ(ParseError(Job({.extra = "eval: {data: {source: synthetic-"
+                                     "regression}, every: -1}\n"})),
+            "job.yaml:9:53: eval.every: must be a non-negative integer; got "
+            "'-1'");
+  // K * M forwards in one schedule: bounded as training's microbatches are.
+  EXPECT_EQ(ParseError(Job({.extra = "eval: {data: {source: synthetic-"
+                                     "regression}, batches: 600000}\n"})),
+            "job.yaml:9:55: eval.batches: batches * training.microbatches "
+            "(600000 * 2) must be at most 1048576");
+  // The validation data must fit the model as the training data must.
+  EXPECT_THAT(ParseError(Job({.extra = "eval: {data: {source: tokens, path: "
+                                       "v.bin, seq_len: 4}}\n"})),
+              HasSubstr("job.yaml:9:14: eval.data: "));
+  EXPECT_THAT(ParseError(Job({.extra = "eval: {data: {source: nope}}\n"})),
+              HasSubstr("eval.data.source: "));
 }
 
 TEST(JobSpecErrorTest, DuplicateTopLevelKey) {

@@ -47,7 +47,7 @@ model:
     - dense: {in: 8, out: 1}
 name: mlp
 )",
-      // Another name, checkpoint policy, resume and restart.
+      // Another name, checkpoint policy, resume, restart and evaluation.
       R"(name: renamed
 model:
   layers:
@@ -60,6 +60,7 @@ pipeline: {schedule: 1f1b}
 checkpoint: {dir: /elsewhere, every: 5, keep_latest: 2}
 resume: latest
 restart: {max_restarts: 3}
+eval: {every: 2, data: {source: synthetic-regression, seed: 1}}
 )",
   };
   for (const std::string& text : same) {

@@ -113,6 +113,37 @@ std::vector<engine::LayerProfile> Profile(const std::vector<double>& f_ms) {
   return out;
 }
 
+// An evaluation too large to schedule on the job's ranks (P*V*K*M beyond
+// the schedule library's bound) fails at the eval section, naming the
+// counts.
+TEST(PlannerTest, RejectsAnEvaluationTooLargeToScheduleAtItsSection) {
+  std::string layers;
+  for (int s = 0; s < 64; ++s) {
+    if (s > 0) layers += "    - boundary\n";
+    layers += "    - dense: {features: 2}\n";
+  }
+  absl::StatusOr<engine::JobSpec> spec = engine::ParseJobSpec(
+      absl::StrCat("model:\n  input_shape: [2]\n  init: {seed: 1}\n"
+                   "  layers:\n",
+                   layers,
+                   "  loss: mse\n"
+                   "data: {source: synthetic-regression}\n"
+                   "training: {steps: 1, batch_size: 1024, microbatches: "
+                   "1024}\n"
+                   "optimizer: {kind: sgd, lr: 0.1}\n"
+                   "eval: {batches: 1024, data: {source: "
+                   "synthetic-regression}}\n"),
+      "big.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::Status s = PlanJob(*std::move(spec)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr("big.yaml:136:7: eval: the evaluation's 1048576 "
+                        "microbatches (batches * training.microbatches) "
+                        "cannot be scheduled on 64 worker(s): P*V*M = "
+                        "67108864 stage-microbatches is too large"));
+}
+
 TEST(PlannerTest, AutoStagesStartWithAProvisionalEvenCut) {
   // 8 layers (dense, relu x 4) without markers, cut into 4.
   absl::StatusOr<JobPlan> plan = PlanJob(

@@ -166,6 +166,37 @@ TEST(RankProgramTest, TheWorkerPlansTheScheduleAutoChose) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// An eval section gives every rank its share of the forward-only schedule
+// (over K * M microbatches, on the training schedule's placement), which the
+// worker plans again and checks like the training actions.
+TEST(RankProgramTest, CarriesEachRanksEvaluationForwards) {
+  const std::string yaml = absl::StrCat(
+      Yaml("{schedule: zb-v}"),
+      "eval: {every: 2, batches: 3, data: {source: synthetic-regression}}\n");
+  const JobPlan plan = Plan(yaml);
+  ASSERT_TRUE(plan.eval_schedule.has_value());
+  EXPECT_TRUE(plan.eval_schedule->forward_only);
+  EXPECT_EQ(plan.eval_schedule->microbatches, 12);
+  EXPECT_EQ(plan.eval_schedule->placement, scheduler::Placement::kV);
+  for (int r = 0; r < plan.num_ranks; ++r) {
+    const v1::JobProgram program = CompileRankProgram(plan, r, Context(yaml));
+    auto eval = proto::ActionsFromProto(program.eval_actions(), 4);
+    ASSERT_TRUE(eval.ok()) << eval.status();
+    EXPECT_EQ(*eval, plan.eval_schedule->actions[r]);
+    EXPECT_EQ(eval->size(), 2u * 12u);  // Two stages a rank, 12 forwards.
+    ASSERT_TRUE(PlanOfProgram(program).ok());
+    v1::JobProgram dropped = program;
+    dropped.mutable_eval_actions()->RemoveLast();
+    absl::Status s = PlanOfProgram(dropped).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(s.message(), HasSubstr("eval_actions"));
+  }
+  EXPECT_EQ(CompileRankProgram(Plan(Yaml("{schedule: 1f1b}")), 0,
+                               Context(Yaml("{schedule: 1f1b}")))
+                .eval_actions_size(),
+            0);
+}
+
 TEST(RankProgramTest, TheWorkerRefusesAnyDifferenceNamingIt) {
   const std::string yaml = Yaml("{schedule: 1f1b}");
   const v1::JobProgram good = CompileRankProgram(Plan(yaml), 1, Context(yaml));

@@ -154,9 +154,9 @@ TEST(NcclHeaderTest, RejectsMalformedMessages) {
        absl::StatusCode::kInvalidArgument, "a round of 3 tensors"},
       {"trailing", [](std::string* s) { s->push_back('\0'); },
        absl::StatusCode::kInvalidArgument, "bytes of headers"},
-      {"first tensor header", [](std::string* s) { (*s)[kFirstTensor] = 3; },
+      {"first tensor header", [](std::string* s) { (*s)[kFirstTensor] = 4; },
        absl::StatusCode::kInvalidArgument,
-       "bad header-link message: tensor header 0 of 2: unknown tensor kind 3"},
+       "bad header-link message: tensor header 0 of 2: unknown tensor kind 4"},
       {"second tensor header",
        [](std::string* s) {
          Put64(s, kFirstTensor + kTensorHeaderSize + 24, 33);
