@@ -2,6 +2,7 @@
 
 #include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "checkpoint/directory.h"
 #include "cli/job_file.h"
 #include "common/status_macros.h"
@@ -34,8 +35,8 @@ CLI::App* AddValidateCommand(CLI::App& app, ValidateCommandOptions& o) {
 namespace {
 
 // What a worker and the coordinator would find wrong with the job's files
-// only once it runs: the data (read and checked against the model's shapes,
-// as a worker does), model.init.from (every parameter, with its shape),
+// only once it runs: the data and the eval data (read and checked against
+// the model's shapes, as a worker does), model.init.from (every parameter, with its shape),
 // model.from_hf (every tensor of the checkpoint) and
 // checkpoint.dir (created if missing, and written to, as the coordinator
 // does at submission). Paths resolve as for the daemons, against the job
@@ -45,6 +46,15 @@ absl::Status CheckJobFiles(const engine::JobSpec& job) {
   ASSIGN_OR_RETURN(std::unique_ptr<engine::DataSource> data,
                    engine::DataSource::Create(
                        job.data, engine::ModelSampleShapes(job.model)));
+  if (job.eval.enabled) {
+    absl::StatusOr<std::unique_ptr<engine::DataSource>> eval =
+        engine::DataSource::Create(job.eval.data,
+                                   engine::ModelSampleShapes(job.model));
+    if (!eval.ok()) {
+      return absl::Status(eval.status().code(),
+                          absl::StrCat("eval.data: ", eval.status().message()));
+    }
+  }
   if (!job.model.init_from.empty()) {
     ASSIGN_OR_RETURN(engine::SafetensorsReader init,
                      engine::SafetensorsReader::Open(job.model.init_from));

@@ -547,6 +547,18 @@ std::string DescribePlan(const JobPlan& plan) {
   }
   absl::StrAppendFormat(&out, "actions per step: %d over %d rank(s)\n",
                         plan.schedule.TotalActions(), plan.num_ranks);
+  if (plan.eval_schedule.has_value()) {
+    absl::StrAppendFormat(
+        &out,
+        "eval: %s, %d batch(es) of %d (%d forward-only microbatches, %d "
+        "actions)\n",
+        job.eval.every > 0
+            ? absl::StrCat("after every ", job.eval.every,
+                           " step(s) and the last")
+            : std::string("after the last step"),
+        job.eval.batches, job.training.batch_size,
+        plan.eval_schedule->microbatches, plan.eval_schedule->TotalActions());
+  }
   if (plan.auto_split.has_value()) {
     out += DescribeAutoSplit(plan);
   } else if (plan.job.pipeline.auto_stages) {

@@ -948,6 +948,122 @@ TEST_F(DaemonsTest, ScheduleAutoTrainsTheChosenScheduleAndMatchesInProcess) {
   EXPECT_EQ(WaitForIdle(*client_, kWorkers), kWorkers);
 }
 
+// The evaluations of `yaml`'s job in process: (step, loss) in step order.
+std::vector<std::pair<int64_t, double>> InProcessEvaluations(
+    const std::string& yaml) {
+  absl::StatusOr<engine::JobSpec> job = engine::ParseJobSpec(yaml, "job.yaml");
+  EXPECT_TRUE(job.ok()) << job.status();
+  job->checkpoint.dir.clear();
+  auto trainer =
+      engine::InProcessTrainer::Create(engine::CpuBackend::Get(), *job);
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  std::vector<std::pair<int64_t, double>> out;
+  EXPECT_TRUE((*trainer)
+                  ->Run([&](const engine::StepReport& r) {
+                    if (r.eval) out.emplace_back(r.step, r.eval->loss);
+                  })
+                  .ok());
+  return out;
+}
+
+// Evaluation under pipelining on real workers, on a loop and on a V
+// placement: a forward-only pass after every second step and the last, whose
+// loss reaches the step events and the job's status bitwise equal to an
+// in-process forward over the same batches, while the training still ends
+// bitwise equal to the in-process run.
+TEST_F(DaemonsTest, EvaluationsRunThroughThePipelineAndMatchInProcess) {
+  const std::string eval =
+      "eval: {every: 2, batches: 3, data: {source: synthetic-regression, "
+      "seed: 5}}\n";
+  for (const bool transformer : {false, true}) {
+    const std::string dir =
+        TempDir(transformer ? "eval_transformer" : "eval_mlp");
+    const std::string yaml =
+        (transformer ? TransformerJob(kWorkers, "zb-v", 2, 5, dir)
+                     : MlpJob(kWorkers, "1f1b", 1, 5, dir)) +
+        eval;
+    absl::StatusOr<v1::Job> submitted = Submit(yaml);
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    std::vector<std::pair<int64_t, double>> evals;
+    v1::Job job;
+    ASSERT_TRUE(client_
+                    ->WatchJob(submitted->id(),
+                               [&](const v1::JobEvent& e) {
+                                 job = e.job();
+                                 if (e.step().has_eval()) {
+                                   evals.emplace_back(e.step().step(),
+                                                      e.step().eval_loss());
+                                   EXPECT_GT(e.step().eval_seconds(), 0);
+                                 }
+                               })
+                    .ok());
+    ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.message();
+    const auto reference = InProcessEvaluations(yaml);
+    ASSERT_EQ(reference.size(), 3u);  // After steps 2, 4 and 5.
+    EXPECT_EQ(evals, reference) << (transformer ? "transformer" : "mlp");
+    EXPECT_TRUE(job.has_eval());
+    EXPECT_EQ(job.last_eval_step(), 5);
+    EXPECT_EQ(job.last_eval_loss(), reference.back().second);
+    EXPECT_EQ(job.last_eval_perplexity(), 0);  // mse.
+    ExpectBitwiseEqual(ExportedParams(dir), InProcessReference(yaml));
+  }
+  EXPECT_EQ(WaitForIdle(*client_, kWorkers), kWorkers);
+}
+
+// conveyor_eval_loss: exported once a job has evaluated, equal to the loss
+// its status shows, and gone with the job; a job without an eval section
+// has none.
+TEST_F(DaemonsTest, EvalLossIsExportedWhileTheJobRuns) {
+  const std::string dir = TempDir("eval_metric");
+  absl::StatusOr<v1::Job> submitted = Submit(SlowMlpJob(
+      2, 20, 1000000, dir, "every: 0",
+      "eval: {every: 3, data: {source: synthetic-regression, seed: 1}}\n"));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const std::string label = absl::StrCat("job_id=\"", submitted->id(), "\"");
+  bool matched = false;
+  for (int attempt = 0; attempt < 200 && !matched; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    absl::StatusOr<v1::Job> before = client_->GetJob(submitted->id());
+    ASSERT_TRUE(before.ok()) << before.status();
+    if (!before->has_eval()) continue;
+    absl::StatusOr<std::string> text =
+        conveyor::testing::HttpGet(cluster_->metrics_address(), "/metrics");
+    ASSERT_TRUE(text.ok()) << text.status();
+    absl::StatusOr<v1::Job> after = client_->GetJob(submitted->id());
+    ASSERT_TRUE(after.ok());
+    // A newer evaluation between the two reads: try again.
+    if (after->last_eval_step() != before->last_eval_step()) continue;
+    const std::vector<double> gauge =
+        Samples(*text, "conveyor_eval_loss", label);
+    ASSERT_EQ(gauge.size(), 1u) << *text;
+    // The text format prints 16 significant digits.
+    EXPECT_NEAR(gauge[0], before->last_eval_loss(),
+                1e-14 * std::abs(before->last_eval_loss()));
+    EXPECT_EQ(before->last_eval_step() % 3, 0);
+    matched = true;
+  }
+  EXPECT_TRUE(matched) << "no evaluation within 10 s";
+  ASSERT_TRUE(client_->CancelJob(submitted->id()).ok());
+  EXPECT_EQ(WaitForIdle(*client_, kWorkers), kWorkers);
+  absl::StatusOr<std::string> text =
+      conveyor::testing::HttpGet(cluster_->metrics_address(), "/metrics");
+  ASSERT_TRUE(text.ok());
+  EXPECT_THAT(*text, Not(HasSubstr(absl::StrCat("conveyor_eval_loss{", label))));
+
+  // Without an eval section: steps, but no eval loss series.
+  absl::StatusOr<v1::Job> plain =
+      Submit(SlowMlpJob(2, 5, 1000000, TempDir("eval_none"), "every: 0", ""));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_EQ(WaitForSteps(*client_, plain->id(), 4).state(), v1::RUNNING);
+  text = conveyor::testing::HttpGet(cluster_->metrics_address(), "/metrics");
+  ASSERT_TRUE(text.ok());
+  const std::string plain_label = absl::StrCat("job_id=\"", plain->id(), "\"");
+  EXPECT_THAT(*text, HasSubstr(absl::StrCat("conveyor_job_loss{", plain_label)));
+  EXPECT_TRUE(Samples(*text, "conveyor_eval_loss", plain_label).empty());
+  ASSERT_TRUE(client_->CancelJob(plain->id()).ok());
+  EXPECT_EQ(WaitForIdle(*client_, kWorkers), kWorkers);
+}
+
 // With fixed-time layers the profile is known in advance: the two 4 ms
 // layers must each get a stage of their own, and the predicted step must
 // beat the even split's by far.
