@@ -121,7 +121,7 @@ done
 # the decay follows the overridden length. With 20 steps (10 of warmup) the
 # last step's lr is 0.0003 + 0.00135 (1 + cos(0.9 pi)) = 0.000366; with the
 # job's 150 it would still be 0.00297.
-sed "s|^  dir: .*|  dir: $tmp/gpt|; s|path: ../docs/architecture.md|path: $src/docs/architecture.md|" \
+sed "s|^  dir: .*|  dir: $tmp/gpt|; s|path: ../docs/architecture.md|path: $src/docs/architecture.md|; s|path: ../docs/jobs.md|path: $src/docs/jobs.md|" \
   "$src/examples/gpt.yaml" >"$tmp/gpt.yaml"
 check steps_override_rescales_cosine 0 '^step 20/20 .* lr 0.000366 ' -- \
   run "$tmp/gpt.yaml" --in-process --steps 20
