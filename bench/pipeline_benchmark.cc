@@ -71,10 +71,13 @@
 #include "engine/cpu/cpu_backend.h"     // defines: CpuBackend
 #include "engine/job_spec.h"            // defines: ModelSampleShapes
 #include "engine/model_spec.h"          // defines: ParseModelSpecYaml
+#include "engine/profiler.h"            // defines: ProfileLayers
 #include "engine/stage.h"               // defines: Stage
+#include "job/planner.h"                // defines: PlanJob, ChooseStages
 #include "scheduler/generators.h"       // defines: GenerateSchedule
 #include "scheduler/simulator.h"        // defines: Simulate, SimulationCosts
 #include "scheduler/stage_search.h"     // defines: SearchStages
+#include "transport/tcp/loopback_latency.h"  // defines: MeasureLoopbackLatency
 #include "transport/tcp/tcp_channel.h"  // defines: TcpChannel
 #include "worker/stage_executor.h"      // defines: StageExecutor
 #include "worker/step_report.h"         // defines: FillStepReport
@@ -753,6 +756,147 @@ void BM_AutoSplit(benchmark::State& state) {
   }
   state.counters["steps"] = static_cast<double>(auto_t.size());
 }
+
+// schedule: auto against every schedule it considered, measured. The
+// example's layers are profiled on this CPU (engine::ProfileLayers, as a
+// worker profiles them for the coordinator), the planner chooses the
+// schedule, V and cut for P = 4 workers within the job's memory budget
+// (job::ChooseStages), and then every candidate that fits runs on its own
+// best cut, with each layer replayed as a delay layer of its profiled
+// forward, input-gradient and weight-gradient times: four ranks of real
+// compute on a two-core machine would time the OS's scheduler rather than
+// the pipeline. All candidates run in turn, a block of steps each, for a
+// few rounds; medians. Target: the chosen one within 3% of the fastest
+// measured (chosen_vs_fastest <= 1.03). Run with the transfer latency the
+// coordinator uses (latency:1) and without (latency:0, as before workers
+// measured it): with layers under a millisecond, schedules differ mostly in
+// how many transfers their critical path holds.
+void BM_AutoSchedule(benchmark::State& state, const char* example) {
+  constexpr int kP = 4, kRounds = 3, kStepsPerBlock = 3;
+  absl::StatusOr<engine::JobSpec> job = engine::LoadJobSpec(
+      absl::StrCat(CONVEYOR_SOURCE_DIR, "/examples/", example, ".yaml"));
+  if (!job.ok()) return state.SkipWithError(job.status().ToString().c_str());
+  job->pipeline.schedule = "auto";
+  job->pipeline.auto_schedule = true;
+  job->pipeline.auto_stages = true;
+  job->pipeline.workers = kP;
+  job->pipeline.num_stages = kP;
+  job->eval = {};
+  auto plan = job::PlanJob(*job);
+  if (!plan.ok()) return state.SkipWithError(plan.status().ToString().c_str());
+  auto profile = engine::ProfileLayers(
+      engine::CpuBackend::Get(), plan->job.model,
+      {.microbatch_size = plan->job.training.microbatch_size(),
+       .repetitions = 5});
+  if (!profile.ok()) {
+    return state.SkipWithError(profile.status().ToString().c_str());
+  }
+  std::vector<StageCosts> layers;
+  for (const engine::LayerProfile& l : *profile) {
+    layers.push_back({l.forward_seconds * 1e3, l.backward_input_seconds * 1e3,
+                      l.backward_weight_seconds * 1e3});
+  }
+  // The transfer latency a worker measures with its profile (what the
+  // coordinator then charges each simulated send), or none: latency:0
+  // shows what the choice would be without it.
+  absl::StatusOr<double> latency =
+      transport::MeasureLoopbackLatency(kLatencySamples, kLatencyIdle);
+  if (!latency.ok()) {
+    return state.SkipWithError(latency.status().ToString().c_str());
+  }
+  const bool with_latency = state.range(0) != 0;
+  auto chosen = job::ChooseStages(*plan, *profile, "this CPU", false,
+                                  with_latency ? *latency : 0.0);
+  if (!chosen.ok()) {
+    return state.SkipWithError(chosen.status().ToString().c_str());
+  }
+  struct Candidate {
+    std::string name;
+    bool chosen = false;
+    double predicted_ms = 0;
+    std::unique_ptr<Pipeline> pipeline;
+    std::vector<StepTiming> timings;
+  };
+  std::vector<Candidate> candidates;
+  const int m = static_cast<int>(plan->job.training.microbatches);
+  for (const job::ScheduleCandidate& c : chosen->auto_split->candidates) {
+    if (!c.search.has_value()) continue;
+    auto kind = scheduler::ParseScheduleKind(c.schedule);
+    if (!kind.ok()) return state.SkipWithError(kind.status().ToString().c_str());
+    auto schedule = scheduler::GenerateSchedule(
+        *kind, {.ranks = kP, .microbatches = m,
+                .virtual_stages = c.virtual_stages});
+    if (!schedule.ok()) {
+      return state.SkipWithError(schedule.status().ToString().c_str());
+    }
+    auto spec = engine::ParseModelSpecYaml(
+        ModelYaml(layers, c.search->stage_begin), "bench.yaml");
+    if (!spec.ok()) return state.SkipWithError(spec.status().ToString().c_str());
+    auto pipeline = Pipeline::Create(*schedule, *spec, /*telemetry=*/false);
+    if (!pipeline.ok()) {
+      return state.SkipWithError(pipeline.status().ToString().c_str());
+    }
+    candidates.push_back(
+        {.name = absl::StrCat(c.schedule, "/V:", c.virtual_stages),
+         .chosen = c.schedule == chosen->job.pipeline.schedule &&
+                   c.virtual_stages == chosen->virtual_stages,
+         .predicted_ms = c.search->makespan * 1e3,
+         .pipeline = *std::move(pipeline),
+         .timings = {}});
+  }
+  int64_t step = 0;
+  for (auto _ : state) {
+    for (Candidate& c : candidates) {
+      for (int i = 0; i < kWarmupSteps; ++i) {
+        if (auto t = c.pipeline->RunStep(step++); !t.ok()) {
+          return state.SkipWithError(t.status().ToString().c_str());
+        }
+      }
+    }
+    for (int round = 0; round < kRounds; ++round) {
+      for (Candidate& c : candidates) {
+        for (int i = 0; i < kStepsPerBlock; ++i) {
+          absl::StatusOr<StepTiming> t = c.pipeline->RunStep(step++);
+          if (!t.ok()) return state.SkipWithError(t.status().ToString().c_str());
+          c.timings.push_back(*t);
+        }
+      }
+    }
+  }
+  double fastest = 0, chosen_ms = 0;
+  std::string fastest_name;
+  for (Candidate& c : candidates) {
+    const double ms = Median(WallMs(c.timings));
+    if (fastest_name.empty() || ms < fastest) {
+      fastest = ms;
+      fastest_name = c.name;
+    }
+    if (c.chosen) chosen_ms = ms;
+    state.counters[absl::StrCat("ms:", c.name)] = ms;
+    state.counters[absl::StrCat("sim_ms:", c.name)] = c.predicted_ms;
+  }
+  if (chosen_ms == 0) return state.SkipWithError("the choice did not run");
+  state.SetLabel(absl::StrCat("chosen ", chosen->job.pipeline.schedule, "/V:",
+                              chosen->virtual_stages, ", fastest ",
+                              fastest_name));
+  state.counters["candidates"] = static_cast<double>(candidates.size());
+  state.counters["latency_us"] = *latency * 1e6;
+  state.counters["chosen_ms"] = chosen_ms;
+  state.counters["fastest_ms"] = fastest;
+  state.counters["chosen_vs_fastest"] = chosen_ms / fastest;
+  state.counters["predicted_chosen_ms"] =
+      chosen->auto_split->search.makespan * 1e3;
+}
+BENCHMARK_CAPTURE(BM_AutoSchedule, uneven, "uneven")
+    ->Name("auto_schedule/uneven/P:4")
+    ->Arg(0)->Arg(1)->ArgName("latency")
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_AutoSchedule, transformer, "transformer")
+    ->Name("auto_schedule/transformer/P:4")
+    ->Arg(0)->Arg(1)->ArgName("latency")
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
 
 // What metrics and tracing cost a step: the same 1f1b pipeline (P = 4,
 // M = 8, F = 4 ms, B = 8 ms) built twice, with and without telemetry, run

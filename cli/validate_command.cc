@@ -11,6 +11,7 @@
 #include "engine/profiler.h"
 #include "engine/safetensors.h"
 #include "engine/stage.h"
+#include "transport/tcp/loopback_latency.h"
 #include "hf/checkpoint.h"
 #include "job/planner.h"
 
@@ -91,9 +92,14 @@ absl::Status RunValidateCommand(const ValidateCommandOptions& o,
             plan.job.model,
             {.microbatch_size = plan.job.training.microbatch_size(),
              .repetitions = o.profile_repetitions}));
+    // A transfer's cost as the TCP data plane has it here, as a worker
+    // measures it with its profile (0 if it cannot be measured).
+    const double transfer =
+        transport::MeasureLoopbackLatency(20, std::chrono::milliseconds(4))
+            .value_or(0.0);
     ASSIGN_OR_RETURN(
         plan, job::ChooseStages(plan, std::move(profile), "this machine's CPU",
-                                /*from_cache=*/false));
+                                /*from_cache=*/false, transfer));
   }
   out << job::DescribePlan(plan);
   out << source.file_name << ": valid; needs " << plan.num_ranks

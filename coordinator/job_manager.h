@@ -412,6 +412,9 @@ class JobManager {
   std::map<uint64_t, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
   JobQueue queue_ ABSL_GUARDED_BY(mu_);
   ProfileCache profiles_ ABSL_GUARDED_BY(mu_);
+  // The newest transfer latency measured on each profiled device
+  // (ModelProfile.transfer_seconds), for ChooseStages.
+  std::map<std::string, double> transfer_seconds_ ABSL_GUARDED_BY(mu_);
   // Ended jobs, oldest first (max_finished_jobs).
   std::deque<uint64_t> finished_jobs_ ABSL_GUARDED_BY(mu_);
   // Ended jobs that still hold timelines, oldest first.

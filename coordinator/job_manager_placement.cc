@@ -310,8 +310,10 @@ void JobManager::SendPrograms(JobRecord& job) {
 void JobManager::ApplyProfile(JobRecord& job,
                               std::vector<engine::LayerProfile> profile,
                               bool from_cache) {
-  absl::StatusOr<JobPlan> plan = ChooseStages(job.plan, std::move(profile),
-                                              job.profile_device, from_cache);
+  const auto transfer = transfer_seconds_.find(job.profile_device);
+  absl::StatusOr<JobPlan> plan = ChooseStages(
+      job.plan, std::move(profile), job.profile_device, from_cache,
+      transfer == transfer_seconds_.end() ? 0.0 : transfer->second);
   if (!plan.ok()) {
     Finish(
         job, v1::FAILED,
@@ -390,6 +392,13 @@ void JobManager::OnProfile(WorkerRecord& w, const v1::ModelProfile& profile) {
               w.info.id(), layers.size(), profile.seconds());
   if (layers.size() == job->plan.job.model.layers.size()) {
     profiles_.Put(job->profile_key, layers);
+  }
+  if (std::isfinite(profile.transfer_seconds()) &&
+      profile.transfer_seconds() > 0 && profile.transfer_seconds() < 1) {
+    // Per device description, so a cached profile finds it too; bounded
+    // like the cache, whatever names workers register with.
+    if (transfer_seconds_.size() >= 1024) transfer_seconds_.clear();
+    transfer_seconds_[job->profile_device] = profile.transfer_seconds();
   }
   ApplyProfile(*job, std::move(layers), /*from_cache=*/false);
 }

@@ -324,7 +324,8 @@ absl::StatusOr<JobPlan> PlanWithCut(engine::JobSpec job,
 }
 
 absl::StatusOr<scheduler::StageSearchInput> StageSearchInputFor(
-    const JobPlan& plan, const std::vector<engine::LayerProfile>& profile) {
+    const JobPlan& plan, const std::vector<engine::LayerProfile>& profile,
+    double transfer_seconds) {
   const engine::JobSpec& job = plan.job;
   if (profile.size() != job.model.layers.size()) {
     return PipelineError(
@@ -356,6 +357,7 @@ absl::StatusOr<scheduler::StageSearchInput> StageSearchInputFor(
   input.ranks = plan.num_ranks;
   input.virtual_stages = plan.virtual_stages;
   input.microbatches = plan.schedule.microbatches;
+  input.latency = transfer_seconds;
   if (job.pipeline.memory_budget_bytes > 0) {
     input.memory_budget = job.pipeline.memory_budget_bytes;
   }
@@ -368,7 +370,8 @@ namespace {
 
 // schedule: auto: the candidates for `plan`'s workers, each searched.
 std::vector<ScheduleCandidate> SearchSchedules(
-    const JobPlan& plan, const std::vector<engine::LayerProfile>& profile) {
+    const JobPlan& plan, const std::vector<engine::LayerProfile>& profile,
+    double transfer_seconds) {
   std::vector<std::pair<scheduler::ScheduleKind, int>> kinds;
   for (scheduler::ScheduleKind kind : scheduler::kAllScheduleKinds) {
     if (kind == scheduler::ScheduleKind::kLoopedBFS) continue;
@@ -400,7 +403,7 @@ std::vector<ScheduleCandidate> SearchSchedules(
     absl::Status refused = provisional.status();
     if (provisional.ok()) {
       absl::StatusOr<scheduler::StageSearchInput> input =
-          StageSearchInputFor(*provisional, profile);
+          StageSearchInputFor(*provisional, profile, transfer_seconds);
       refused = input.status();
       if (input.ok()) {
         input->max_simulated_actions = work;
@@ -420,11 +423,12 @@ std::vector<ScheduleCandidate> SearchSchedules(
 
 absl::StatusOr<JobPlan> ChooseSchedule(
     const JobPlan& plan, std::vector<engine::LayerProfile> profile,
-    std::string profiled_on, bool from_cache) {
+    std::string profiled_on, bool from_cache, double transfer_seconds) {
   if (profile.size() != plan.job.model.layers.size()) {
     return StageSearchInputFor(plan, profile).status();
   }
-  std::vector<ScheduleCandidate> candidates = SearchSchedules(plan, profile);
+  std::vector<ScheduleCandidate> candidates =
+      SearchSchedules(plan, profile, transfer_seconds);
   const ScheduleCandidate* best = nullptr;
   std::optional<double> smallest_peak;
   for (const ScheduleCandidate& c : candidates) {
@@ -483,13 +487,14 @@ absl::StatusOr<JobPlan> ChooseSchedule(
 
 absl::StatusOr<JobPlan> ChooseStages(const JobPlan& plan,
                                      std::vector<engine::LayerProfile> profile,
-                                     std::string profiled_on, bool from_cache) {
+                                     std::string profiled_on, bool from_cache,
+                                     double transfer_seconds) {
   if (plan.job.pipeline.auto_schedule) {
     return ChooseSchedule(plan, std::move(profile), std::move(profiled_on),
-                          from_cache);
+                          from_cache, transfer_seconds);
   }
   ASSIGN_OR_RETURN(const scheduler::StageSearchInput input,
-                   StageSearchInputFor(plan, profile));
+                   StageSearchInputFor(plan, profile, transfer_seconds));
   absl::StatusOr<scheduler::StageSearchResult> search =
       scheduler::SearchStages(input);
   if (!search.ok()) {

@@ -111,8 +111,11 @@ inline bool NeedsProfile(const JobPlan& plan) {
 // state bytes are parameters, gradients and the optimizer's state tensors;
 // the markers are fixed boundaries. InvalidArgument when the profile does
 // not have one entry per layer.
+// `transfer_seconds` is the time one tensor takes between two ranks
+// (SimulationCosts::latency).
 absl::StatusOr<scheduler::StageSearchInput> StageSearchInputFor(
-    const JobPlan& plan, const std::vector<engine::LayerProfile>& profile);
+    const JobPlan& plan, const std::vector<engine::LayerProfile>& profile,
+    double transfer_seconds = 0);
 
 // Re-plans a stages: auto `plan` with the split the stage search chooses
 // from `profile`. InvalidArgument (at pipeline.where) for a profile of the
@@ -126,9 +129,15 @@ absl::StatusOr<scheduler::StageSearchInput> StageSearchInputFor(
 // 1e-9) goes to the kind listed first, the simpler schedule. A budget no
 // candidate fits fails at memory_budget with the smallest peak any
 // candidate needs.
+//
+// `transfer_seconds`: the time one (small) tensor takes from rank to rank
+// where the job will run, which every simulated transfer costs; schedules
+// differ in how many transfers their critical path holds, so with layers of
+// a millisecond or less this decides between them.
 absl::StatusOr<JobPlan> ChooseStages(const JobPlan& plan,
                                      std::vector<engine::LayerProfile> profile,
-                                     std::string profiled_on, bool from_cache);
+                                     std::string profiled_on, bool from_cache,
+                                     double transfer_seconds = 0);
 
 // The stages of `plan` on rank `rank`, ascending.
 std::vector<const StagePlan*> StagesOfRank(const JobPlan& plan, int rank);

@@ -23,6 +23,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/protocol.h"
 #include "spdlog/spdlog.h"
+#include "transport/tcp/loopback_latency.h"
 #include "worker/job_runner.h"
 #include "worker/step_report.h"
 
@@ -33,6 +34,8 @@ using Stream =
     grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>;
 
 constexpr std::chrono::milliseconds kDefaultHeartbeatInterval{1000};
+// Transfers timed for a profile's transfer latency: 20 x 4 ms idle.
+constexpr int kTransferSamples = 20;
 constexpr std::chrono::milliseconds kMinHeartbeatInterval{10};
 
 v1::WorkerMessage Ended(const std::string& job_id, v1::JobState state,
@@ -549,6 +552,16 @@ void WorkerSession::ProfileMain(Job* job) {
     v1::ModelProfile* p = answer.mutable_profile();
     p->set_job_id(request.job_id());
     p->set_device(absl::StrJoin(options_.devices, ","));
+    // What a transfer costs here; a schedule: auto job's choice depends on
+    // it when its layers are short. Not measured is not fatal: 0.
+    absl::StatusOr<double> transfer = transport::MeasureLoopbackLatency(
+        kTransferSamples, std::chrono::milliseconds(4));
+    if (transfer.ok()) {
+      p->set_transfer_seconds(*transfer);
+    } else {
+      SPDLOG_WARN("{}: no transfer latency for the planner: {}",
+                  request.job_id(), transfer.status().ToString());
+    }
     for (const engine::LayerProfile& l : *layers) {
       v1::LayerCost* c = p->add_layers();
       c->set_forward_seconds(l.forward_seconds);
