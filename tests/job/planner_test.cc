@@ -1,5 +1,6 @@
 #include "job/planner.h"
 
+#include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -294,6 +295,35 @@ TEST(PlannerTest, ScheduleAutoChoosesTheShortestPredictedStepAndSaysWhy) {
                                      " V=", chosen->virtual_stages,
                                      " of 15 candidates: the shortest "
                                      "predicted step")));
+}
+
+// The transfer latency a worker measures with its profile is charged to
+// every simulated transfer: each candidate's predicted step is what the
+// simulator gives its schedule and cut with that latency, so it grows with
+// it, and a schedule with more transfers on its critical path (V = 4 moves
+// each microbatch between ranks four times as often) loses more.
+TEST(PlannerTest, ScheduleAutoChargesTheTransferLatency) {
+  absl::StatusOr<JobPlan> plan =
+      PlanJob(Job("{schedule: auto, stages: auto, workers: 2}", 8, 4, false));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const std::vector<engine::LayerProfile> profile =
+      Profile({1, 1, 1, 1, 1, 1, 1, 1});
+  absl::StatusOr<JobPlan> free = ChooseStages(*plan, profile, "cpu", false);
+  absl::StatusOr<JobPlan> slow =
+      ChooseStages(*plan, profile, "cpu", false, /*transfer_seconds=*/0.5);
+  ASSERT_TRUE(free.ok() && slow.ok());
+  std::map<std::string, double> growth;
+  for (size_t i = 0; i < free->auto_split->candidates.size(); ++i) {
+    const ScheduleCandidate& a = free->auto_split->candidates[i];
+    const ScheduleCandidate& b = slow->auto_split->candidates[i];
+    ASSERT_TRUE(a.search.has_value() && b.search.has_value());
+    EXPECT_GT(b.search->makespan, a.search->makespan) << a.schedule;
+    growth[absl::StrCat(a.schedule, "/", a.virtual_stages)] =
+        b.search->makespan - a.search->makespan;
+  }
+  EXPECT_GT(growth.at("interleaved-1f1b/4"), growth.at("interleaved-1f1b/1"));
+  EXPECT_GT(slow->auto_split->search.makespan,
+            free->auto_split->search.makespan);
 }
 
 TEST(PlannerTest, ScheduleAutoSaysWhyACandidateCannotRunAndWhatNoneFits) {
