@@ -60,6 +60,7 @@
 #include <numeric>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -756,6 +757,108 @@ void BM_AutoSplit(benchmark::State& state) {
   }
   state.counters["steps"] = static_cast<double>(auto_t.size());
 }
+
+// The zero-bubble schedules' gains over 1f1b and over zb-h1, measured
+// against simulated: P = 4, M = 16, each rank's work F, BI, BW a microbatch
+// (costs 4, 4, 4 ms, or the unequal 4, 5, 3 ms), split over V stages a rank
+// (V = 2 for interleaved-zb, zb-v and dualpipev: stages of half the cost).
+// All run in turn, a block of steps each, for a few rounds; medians. Each
+// schedule's peak activations are the simulator's busiest rank's in-flight
+// microbatches times its stage size, in units of 1f1b's whole stage: 4 for
+// 1f1b (rank 0 holds P); a schedule at or under that runs in 1f1b's memory,
+// above it in relaxed memory.
+void BM_ZbGains(benchmark::State& state) {
+  constexpr int kP = 4, kM = 16, kRounds = 3, kStepsPerBlock = 3;
+  const bool unequal = state.range(0) != 0;
+  const double f = 4, bi = unequal ? 5 : 4, bw = unequal ? 3 : 4;
+  struct Entry {
+    std::string name;
+    ScheduleKind kind;
+    int v;
+    double sim_ms = 0, peak = 0;
+    std::unique_ptr<Pipeline> pipeline;
+    std::vector<StepTiming> timings;
+  };
+  std::vector<Entry> entries;
+  for (auto [name, kind, v] :
+       std::vector<std::tuple<std::string, ScheduleKind, int>>{
+           {"1f1b", ScheduleKind::k1F1B, 1},
+           {"zb-h1", ScheduleKind::kZeroBubbleH1, 1},
+           {"zb-h2", ScheduleKind::kZeroBubbleH2, 1},
+           {"interleaved-zb/V:2", ScheduleKind::kInterleavedZeroBubble, 2},
+           {"zb-v", ScheduleKind::kZeroBubbleV, 2},
+           {"dualpipev", ScheduleKind::kDualPipeV, 2}}) {
+    const StageCosts costs{f / v, bi / v, bw / v};
+    auto c = MakeCase(kind, kP, kM, v, costs, /*telemetry=*/false);
+    if (!c.ok()) return state.SkipWithError(c.status().ToString().c_str());
+    entries.push_back({.name = name,
+                       .kind = kind,
+                       .v = v,
+                       .pipeline = std::move(c->pipeline),
+                       .timings = {}});
+    auto sim = Predict(c->schedule, costs, 0);
+    if (!sim.ok()) return state.SkipWithError(sim.status().ToString().c_str());
+    entries.back().peak =
+        static_cast<double>(*std::max_element(sim->peak_inflight.begin(),
+                                              sim->peak_inflight.end())) /
+        v;
+    // Simulated again below, at the measured latency.
+    entries.back().sim_ms = sim->makespan;
+  }
+  absl::StatusOr<double> latency =
+      transport::MeasureLoopbackLatency(kLatencySamples, kLatencyIdle);
+  if (!latency.ok()) {
+    return state.SkipWithError(latency.status().ToString().c_str());
+  }
+  for (Entry& e : entries) {
+    auto schedule = scheduler::GenerateSchedule(
+        e.kind, {.ranks = kP, .microbatches = kM, .virtual_stages = e.v});
+    auto ms = schedule.ok() ? PredictedMs(*schedule,
+                                          {f / e.v, bi / e.v, bw / e.v},
+                                          *latency * 1e3)
+                            : absl::StatusOr<double>(schedule.status());
+    if (!ms.ok()) return state.SkipWithError(ms.status().ToString().c_str());
+    e.sim_ms = *ms;
+  }
+  int64_t step = 0;
+  for (auto _ : state) {
+    for (int round = 0; round < kRounds; ++round) {
+      for (Entry& e : entries) {
+        if (absl::Status s = RunSteps(*e.pipeline, 1, step, nullptr);
+            !s.ok()) {
+          return state.SkipWithError(s.ToString().c_str());
+        }
+        if (absl::Status s =
+                RunSteps(*e.pipeline, kStepsPerBlock, step, &e.timings);
+            !s.ok()) {
+          return state.SkipWithError(s.ToString().c_str());
+        }
+      }
+    }
+  }
+  const double base = Median(WallMs(entries[0].timings));
+  const double zb = Median(WallMs(entries[1].timings));
+  for (const Entry& e : entries) {
+    const double ms = Median(WallMs(e.timings));
+    state.counters["ms:" + e.name] = ms;
+    state.counters["sim_ms:" + e.name] = e.sim_ms;
+    state.counters["peak:" + e.name] = e.peak;
+    state.counters["gain_1f1b:" + e.name] = 1 - ms / base;
+    state.counters["sim_gain_1f1b:" + e.name] =
+        1 - e.sim_ms / entries[0].sim_ms;
+    state.counters["gain_zbh1:" + e.name] = 1 - ms / zb;
+    state.counters["sim_gain_zbh1:" + e.name] =
+        1 - e.sim_ms / entries[1].sim_ms;
+  }
+  state.counters["latency_us"] = *latency * 1e6;
+}
+BENCHMARK(BM_ZbGains)
+    ->Name("zb_gains/P:4/M:16")
+    ->Arg(0)
+    ->Arg(1)
+    ->ArgName("unequal")
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
 
 // schedule: auto against every schedule it considered, measured. The
 // example's layers are profiled on this CPU (engine::ProfileLayers, as a
