@@ -67,22 +67,22 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "benchmark/benchmark.h"        // defines: BENCHMARK_CAPTURE, State
-#include "common/status_macros.h"       // defines: ASSIGN_OR_RETURN
-#include "engine/cpu/cpu_backend.h"     // defines: CpuBackend
-#include "engine/job_spec.h"            // defines: ModelSampleShapes
-#include "engine/model_spec.h"          // defines: ParseModelSpecYaml
-#include "engine/profiler.h"            // defines: ProfileLayers
-#include "engine/stage.h"               // defines: Stage
-#include "job/planner.h"                // defines: PlanJob, ChooseStages
-#include "scheduler/generators.h"       // defines: GenerateSchedule
-#include "scheduler/simulator.h"        // defines: Simulate, SimulationCosts
-#include "scheduler/stage_search.h"     // defines: SearchStages
+#include "benchmark/benchmark.h"     // defines: BENCHMARK_CAPTURE, State
+#include "common/status_macros.h"    // defines: ASSIGN_OR_RETURN
+#include "engine/cpu/cpu_backend.h"  // defines: CpuBackend
+#include "engine/job_spec.h"         // defines: ModelSampleShapes
+#include "engine/model_spec.h"       // defines: ParseModelSpecYaml
+#include "engine/profiler.h"         // defines: ProfileLayers
+#include "engine/stage.h"            // defines: Stage
+#include "job/planner.h"             // defines: PlanJob, ChooseStages
+#include "scheduler/generators.h"    // defines: GenerateSchedule
+#include "scheduler/simulator.h"     // defines: Simulate, SimulationCosts
+#include "scheduler/stage_search.h"  // defines: SearchStages
 #include "transport/tcp/loopback_latency.h"  // defines: MeasureLoopbackLatency
-#include "transport/tcp/tcp_channel.h"  // defines: TcpChannel
-#include "worker/stage_executor.h"      // defines: StageExecutor
-#include "worker/step_report.h"         // defines: FillStepReport
-#include "worker/worker_metrics.h"      // defines: WorkerMetrics
+#include "transport/tcp/tcp_channel.h"       // defines: TcpChannel
+#include "worker/stage_executor.h"           // defines: StageExecutor
+#include "worker/step_report.h"              // defines: FillStepReport
+#include "worker/worker_metrics.h"           // defines: WorkerMetrics
 
 namespace conveyor::worker {
 namespace {
@@ -813,10 +813,10 @@ void BM_ZbGains(benchmark::State& state) {
   for (Entry& e : entries) {
     auto schedule = scheduler::GenerateSchedule(
         e.kind, {.ranks = kP, .microbatches = kM, .virtual_stages = e.v});
-    auto ms = schedule.ok() ? PredictedMs(*schedule,
-                                          {f / e.v, bi / e.v, bw / e.v},
-                                          *latency * 1e3)
-                            : absl::StatusOr<double>(schedule.status());
+    auto ms = schedule.ok()
+                  ? PredictedMs(*schedule, {f / e.v, bi / e.v, bw / e.v},
+                                *latency * 1e3)
+                  : absl::StatusOr<double>(schedule.status());
     if (!ms.ok()) return state.SkipWithError(ms.status().ToString().c_str());
     e.sim_ms = *ms;
   }
@@ -824,8 +824,7 @@ void BM_ZbGains(benchmark::State& state) {
   for (auto _ : state) {
     for (int round = 0; round < kRounds; ++round) {
       for (Entry& e : entries) {
-        if (absl::Status s = RunSteps(*e.pipeline, 1, step, nullptr);
-            !s.ok()) {
+        if (absl::Status s = RunSteps(*e.pipeline, 1, step, nullptr); !s.ok()) {
           return state.SkipWithError(s.ToString().c_str());
         }
         if (absl::Status s =
@@ -925,16 +924,18 @@ void BM_AutoSchedule(benchmark::State& state, const char* example) {
   for (const job::ScheduleCandidate& c : chosen->auto_split->candidates) {
     if (!c.search.has_value()) continue;
     auto kind = scheduler::ParseScheduleKind(c.schedule);
-    if (!kind.ok()) return state.SkipWithError(kind.status().ToString().c_str());
+    if (!kind.ok())
+      return state.SkipWithError(kind.status().ToString().c_str());
     auto schedule = scheduler::GenerateSchedule(
-        *kind, {.ranks = kP, .microbatches = m,
-                .virtual_stages = c.virtual_stages});
+        *kind,
+        {.ranks = kP, .microbatches = m, .virtual_stages = c.virtual_stages});
     if (!schedule.ok()) {
       return state.SkipWithError(schedule.status().ToString().c_str());
     }
     auto spec = engine::ParseModelSpecYaml(
         ModelYaml(layers, c.search->stage_begin), "bench.yaml");
-    if (!spec.ok()) return state.SkipWithError(spec.status().ToString().c_str());
+    if (!spec.ok())
+      return state.SkipWithError(spec.status().ToString().c_str());
     auto pipeline = Pipeline::Create(*schedule, *spec, /*telemetry=*/false);
     if (!pipeline.ok()) {
       return state.SkipWithError(pipeline.status().ToString().c_str());
@@ -960,7 +961,8 @@ void BM_AutoSchedule(benchmark::State& state, const char* example) {
       for (Candidate& c : candidates) {
         for (int i = 0; i < kStepsPerBlock; ++i) {
           absl::StatusOr<StepTiming> t = c.pipeline->RunStep(step++);
-          if (!t.ok()) return state.SkipWithError(t.status().ToString().c_str());
+          if (!t.ok())
+            return state.SkipWithError(t.status().ToString().c_str());
           c.timings.push_back(*t);
         }
       }
@@ -979,8 +981,8 @@ void BM_AutoSchedule(benchmark::State& state, const char* example) {
     state.counters[absl::StrCat("sim_ms:", c.name)] = c.predicted_ms;
   }
   if (chosen_ms == 0) return state.SkipWithError("the choice did not run");
-  state.SetLabel(absl::StrCat("chosen ", chosen->job.pipeline.schedule, "/V:",
-                              chosen->virtual_stages, ", fastest ",
+  state.SetLabel(absl::StrCat("chosen ", chosen->job.pipeline.schedule,
+                              "/V:", chosen->virtual_stages, ", fastest ",
                               fastest_name));
   state.counters["candidates"] = static_cast<double>(candidates.size());
   state.counters["latency_us"] = *latency * 1e6;
@@ -992,12 +994,16 @@ void BM_AutoSchedule(benchmark::State& state, const char* example) {
 }
 BENCHMARK_CAPTURE(BM_AutoSchedule, uneven, "uneven")
     ->Name("auto_schedule/uneven/P:4")
-    ->Arg(0)->Arg(1)->ArgName("latency")
+    ->Arg(0)
+    ->Arg(1)
+    ->ArgName("latency")
     ->Iterations(1)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_AutoSchedule, transformer, "transformer")
     ->Name("auto_schedule/transformer/P:4")
-    ->Arg(0)->Arg(1)->ArgName("latency")
+    ->Arg(0)
+    ->Arg(1)
+    ->ArgName("latency")
     ->Iterations(1)
     ->Unit(benchmark::kMillisecond);
 

@@ -11,9 +11,9 @@
 #include "engine/profiler.h"
 #include "engine/safetensors.h"
 #include "engine/stage.h"
-#include "transport/tcp/loopback_latency.h"
 #include "hf/checkpoint.h"
 #include "job/planner.h"
+#include "transport/tcp/loopback_latency.h"
 
 namespace conveyor::cli {
 
@@ -37,12 +37,12 @@ namespace {
 
 // What a worker and the coordinator would find wrong with the job's files
 // only once it runs: the data and the eval data (read and checked against
-// the model's shapes, as a worker does), model.init.from (every parameter, with its shape),
-// model.from_hf (every tensor of the checkpoint) and
-// checkpoint.dir (created if missing, and written to, as the coordinator
-// does at submission). Paths resolve as for the daemons, against the job
-// file's directory; on a cluster whose machines see other files, the
-// daemons' view is the one that counts.
+// the model's shapes, as a worker does), model.init.from (every parameter, with
+// its shape), model.from_hf (every tensor of the checkpoint) and checkpoint.dir
+// (created if missing, and written to, as the coordinator does at submission).
+// Paths resolve as for the daemons, against the job file's directory; on a
+// cluster whose machines see other files, the daemons' view is the one that
+// counts.
 absl::Status CheckJobFiles(const engine::JobSpec& job) {
   ASSIGN_OR_RETURN(std::unique_ptr<engine::DataSource> data,
                    engine::DataSource::Create(

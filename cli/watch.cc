@@ -33,8 +33,8 @@ void WatchPrinter::OnEvent(const v1::JobEvent& event) {
                               ? options_.log_every
                               : DefaultLogEvery(job.steps_total());
     // An evaluation is rare and wanted: its step is always logged.
-    const bool log = ShouldLogStep(step.step(), job.steps_total(), every) ||
-                     step.has_eval();
+    const bool log =
+        ShouldLogStep(step.step(), job.steps_total(), every) || step.has_eval();
     if (options_.tty) {
       // The step lines scroll above the bar, as in the training logs people
       // know; "\033[K" clears what a longer previous line left behind.

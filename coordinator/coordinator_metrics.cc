@@ -192,7 +192,8 @@ void CoordinatorMetrics::OnStep(const v1::Job& job,
   s.tokens_per_second->Set(step.tokens_per_second());
   s.bubble_ratio->Set(step.bubble_fraction());
   if (step.has_eval()) {
-    if (s.eval_loss == nullptr) s.eval_loss = &eval_loss_.Add({{"job_id", job.id()}});
+    if (s.eval_loss == nullptr)
+      s.eval_loss = &eval_loss_.Add({{"job_id", job.id()}});
     s.eval_loss->Set(step.eval_loss());
   }
 }

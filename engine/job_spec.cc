@@ -46,10 +46,9 @@ constexpr int64_t kUint16Vocab = 65536;
 // Errors of a document given without a file name carry this in its place.
 constexpr absl::string_view kNoFileLabel = "<job>";
 
-constexpr absl::string_view kTopKeys[] = {"name",       "model",     "data",
-                                          "training",   "optimizer", "pipeline",
-                                          "checkpoint", "resume",    "restart",
-                                          "eval"};
+constexpr absl::string_view kTopKeys[] = {
+    "name",     "model",      "data",   "training", "optimizer",
+    "pipeline", "checkpoint", "resume", "restart",  "eval"};
 constexpr absl::string_view kTrainingKeys[] = {"steps", "batch_size",
                                                "microbatches", "precision"};
 constexpr absl::string_view kPipelineKeys[] = {
@@ -733,9 +732,9 @@ absl::Status JobParser::ParseEval(const YamlValue& value, const JobSpec& job,
     const int64_t m = job.training.microbatches;
     if (eval.batches > kMaxEvalMicrobatches / m) {
       return reader_.Error(
-          e->value, absl::StrCat("batches * training.microbatches (",
-                                 eval.batches, " * ", m, ") must be at most ",
-                                 kMaxEvalMicrobatches));
+          e->value,
+          absl::StrCat("batches * training.microbatches (", eval.batches, " * ",
+                       m, ") must be at most ", kMaxEvalMicrobatches));
     }
   }
   eval.enabled = true;

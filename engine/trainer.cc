@@ -130,14 +130,14 @@ absl::StatusOr<EvalResult> InProcessTrainer::Evaluate() {
   for (int64_t i = 0; i < count; ++i) {
     const EvalBatch b = EvalBatchOf(i, m);
     ASSIGN_OR_RETURN(
-        Tensor x, eval_data_->Inputs(backend_, b.step, b.microbatch, m,
-                                     t.batch_size));
+        Tensor x,
+        eval_data_->Inputs(backend_, b.step, b.microbatch, m, t.batch_size));
     for (auto& stage : stages_) {
       ASSIGN_OR_RETURN(x, stage->Evaluate(static_cast<int>(i), x));
     }
     ASSIGN_OR_RETURN(
-        Tensor target, eval_data_->Targets(backend_, b.step, b.microbatch, m,
-                                           t.batch_size));
+        Tensor target,
+        eval_data_->Targets(backend_, b.step, b.microbatch, m, t.batch_size));
     // The gradient is computed and dropped: the loss is the training one.
     ASSIGN_OR_RETURN(LossResult loss,
                      ComputeLoss(backend_, job_.model.loss, x, target, 1.0f));

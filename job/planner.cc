@@ -557,10 +557,9 @@ std::string DescribePlan(const JobPlan& plan) {
         &out,
         "eval: %s, %d batch(es) of %d (%d forward-only microbatches, %d "
         "actions)\n",
-        job.eval.every > 0
-            ? absl::StrCat("after every ", job.eval.every,
-                           " step(s) and the last")
-            : std::string("after the last step"),
+        job.eval.every > 0 ? absl::StrCat("after every ", job.eval.every,
+                                          " step(s) and the last")
+                           : std::string("after the last step"),
         job.eval.batches, job.training.batch_size,
         plan.eval_schedule->microbatches, plan.eval_schedule->TotalActions());
   }

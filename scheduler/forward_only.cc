@@ -23,14 +23,13 @@ absl::StatusOr<Schedule> GenerateForwardOnly(ScheduleKind kind,
                      ", got ", o.microbatches));
   }
   const Placement placement = PlacementOf(kind);
-  if (placement == Placement::kV ? o.virtual_stages != 2
-                                 : (o.virtual_stages < 1 ||
-                                    o.virtual_stages > kMaxVirtualStages ||
-                                    (o.virtual_stages > 1 &&
-                                     !TakesVirtualStages(kind)))) {
+  if (placement == Placement::kV
+          ? o.virtual_stages != 2
+          : (o.virtual_stages < 1 || o.virtual_stages > kMaxVirtualStages ||
+             (o.virtual_stages > 1 && !TakesVirtualStages(kind)))) {
     return absl::InvalidArgumentError(
-        absl::StrCat("virtual stages (V) = ", o.virtual_stages,
-                     " is not one ", name, " runs"));
+        absl::StrCat("virtual stages (V) = ", o.virtual_stages, " is not one ",
+                     name, " runs"));
   }
   const int64_t cells =
       static_cast<int64_t>(o.ranks) * o.virtual_stages * o.microbatches;

@@ -504,10 +504,9 @@ absl::Status JobRunner::RunSteps(
     std::optional<RankEvalResult> eval;
     if (job_.eval.DueAfter(done, program_.steps())) {
       if (cancellation_.cancelled()) return cancellation_.status();
-      ASSIGN_OR_RETURN(eval,
-                       executor_->RunEvaluation(done, eval_actions_,
-                                                eval_data_.get(),
-                                                job_.eval.batches));
+      ASSIGN_OR_RETURN(
+          eval, executor_->RunEvaluation(done, eval_actions_, eval_data_.get(),
+                                         job_.eval.batches));
     }
     if (on_step) {
       on_step({.step = done,

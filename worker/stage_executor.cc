@@ -143,8 +143,7 @@ absl::Status StageExecutor::Forward(int64_t step, const Action& a) {
   return absl::OkStatus();
 }
 
-absl::Status StageExecutor::EvaluateForward(int64_t steps_done,
-                                            const Action& a,
+absl::Status StageExecutor::EvaluateForward(int64_t steps_done, const Action& a,
                                             engine::DataSource* data,
                                             std::vector<float>& losses) {
   engine::PipelineStage* stage = stages_.at(a.stage);
@@ -162,10 +161,10 @@ absl::Status StageExecutor::EvaluateForward(int64_t steps_done,
   }
   ASSIGN_OR_RETURN(Tensor y, stage->Evaluate(a.microbatch, x));
   if (a.stage + 1 < config_.num_stages) {
-    return channel_->Send(RankOf(a.stage + 1),
-                          MakeTag(steps_done, a.microbatch, a.stage,
-                                  TensorKind::kEvalActivation),
-                          y);
+    return channel_->Send(
+        RankOf(a.stage + 1),
+        MakeTag(steps_done, a.microbatch, a.stage, TensorKind::kEvalActivation),
+        y);
   }
   ASSIGN_OR_RETURN(Tensor target,
                    data->Targets(backend_, batch.step, batch.microbatch, m,

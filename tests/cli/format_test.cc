@@ -111,9 +111,10 @@ TEST(FormatStepLineTest, ShowsTheEvaluationThatFollowedTheStep) {
   v1::StepSummary s = Step(40, 2.5);
   s.set_has_eval(true);
   s.set_eval_loss(2.75);
-  EXPECT_EQ(FormatStepLine(s, 200, std::nullopt),
-            "step  40/200  loss 2.500000  eval loss 2.750000  lr 0.003  3.2 ms  "
-            "40000 samples/s");
+  EXPECT_EQ(
+      FormatStepLine(s, 200, std::nullopt),
+      "step  40/200  loss 2.500000  eval loss 2.750000  lr 0.003  3.2 ms  "
+      "40000 samples/s");
   s.set_eval_perplexity(15.64263);
   EXPECT_THAT(FormatStepLine(s, 200, std::nullopt),
               HasSubstr("eval loss 2.750000 (ppl 15.64)  lr"));

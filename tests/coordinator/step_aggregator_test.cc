@@ -52,9 +52,9 @@ TEST(SummarizeStepTest, TakesTheEvaluationFromTheLastStageAndTheSlowestTime) {
   EXPECT_EQ(s.eval_loss(), 0.625);
   EXPECT_EQ(s.eval_perplexity(), 1.868);
   EXPECT_EQ(s.eval_seconds(), 0.75);
-  EXPECT_FALSE(SummarizeStep(5, {Report(5, 1, 0), Report(5, 1, 0, 0.5f)},
-                             {8, 0})
-                   .has_eval());
+  EXPECT_FALSE(
+      SummarizeStep(5, {Report(5, 1, 0), Report(5, 1, 0, 0.5f)}, {8, 0})
+          .has_eval());
 }
 
 TEST(SummarizeStepTest, AZeroTimeStepHasNoRates) {

@@ -7,9 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "engine/loss.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "engine/loss.h"
 #include "tests/engine/test_util.h"
 
 namespace conveyor::engine {
@@ -277,12 +277,12 @@ TEST(StageTest, EvaluateEqualsForwardAndKeepsNothing) {
 TEST(TrainerTest, EvaluationsFollowTheirStepsAndChangeNothing) {
   JobSpec plain = MakeJob(true, false, 4, 5);
   JobSpec with_eval = plain;
-  with_eval.eval = {.enabled = true,
-                    .every = 2,
-                    .batches = 3,
-                    .data = {.kind = DataConfig::Kind::kSyntheticRegression,
-                             .seed = 17},
-                    .where = {}};
+  with_eval.eval = {
+      .enabled = true,
+      .every = 2,
+      .batches = 3,
+      .data = {.kind = DataConfig::Kind::kSyntheticRegression, .seed = 17},
+      .where = {}};
   const RunResult a = Train(plain);
   auto trainer = *InProcessTrainer::Create(CpuBackend::Get(), with_eval);
   std::vector<int64_t> eval_steps;
@@ -300,7 +300,8 @@ TEST(TrainerTest, EvaluationsFollowTheirStepsAndChangeNothing) {
   EXPECT_THAT(eval_steps, ::testing::ElementsAre(2, 4, 5));
   EXPECT_EQ(losses, a.losses);
   std::vector<std::vector<float>> params;
-  for (Parameter* p : trainer->parameters()) params.push_back(ToVector(p->value));
+  for (Parameter* p : trainer->parameters())
+    params.push_back(ToVector(p->value));
   EXPECT_EQ(params, a.params);
   // Training moves the parameters, so the evaluations differ.
   EXPECT_NE(eval_losses[0], eval_losses[1]);
@@ -351,12 +352,14 @@ model:
   JobSpec job;
   job.name = "lm";
   job.model = *model;
-  job.data = {.kind = DataConfig::Kind::kTokens, .path = tokens,
-              .seq_len = 6, .vocab_size = 11};
+  job.data = {.kind = DataConfig::Kind::kTokens,
+              .path = tokens,
+              .seq_len = 6,
+              .vocab_size = 11};
   job.optimizer = {.kind = OptimizerConfig::Kind::kAdam, .lr = 1e-2};
   job.training = {.steps = 2, .batch_size = 4, .microbatches = 2};
-  job.eval = {.enabled = true, .every = 0, .batches = 2, .data = job.data,
-              .where = {}};
+  job.eval = {
+      .enabled = true, .every = 0, .batches = 2, .data = job.data, .where = {}};
   auto trainer = *InProcessTrainer::Create(CpuBackend::Get(), job);
   int evals = 0;
   ASSERT_TRUE(trainer

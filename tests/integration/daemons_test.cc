@@ -1048,7 +1048,8 @@ TEST_F(DaemonsTest, EvalLossIsExportedWhileTheJobRuns) {
   absl::StatusOr<std::string> text =
       conveyor::testing::HttpGet(cluster_->metrics_address(), "/metrics");
   ASSERT_TRUE(text.ok());
-  EXPECT_THAT(*text, Not(HasSubstr(absl::StrCat("conveyor_eval_loss{", label))));
+  EXPECT_THAT(*text,
+              Not(HasSubstr(absl::StrCat("conveyor_eval_loss{", label))));
 
   // Without an eval section: steps, but no eval loss series.
   absl::StatusOr<v1::Job> plain =
@@ -1058,7 +1059,8 @@ TEST_F(DaemonsTest, EvalLossIsExportedWhileTheJobRuns) {
   text = conveyor::testing::HttpGet(cluster_->metrics_address(), "/metrics");
   ASSERT_TRUE(text.ok());
   const std::string plain_label = absl::StrCat("job_id=\"", plain->id(), "\"");
-  EXPECT_THAT(*text, HasSubstr(absl::StrCat("conveyor_job_loss{", plain_label)));
+  EXPECT_THAT(*text,
+              HasSubstr(absl::StrCat("conveyor_job_loss{", plain_label)));
   EXPECT_TRUE(Samples(*text, "conveyor_eval_loss", plain_label).empty());
   ASSERT_TRUE(client_->CancelJob(plain->id()).ok());
   EXPECT_EQ(WaitForIdle(*client_, kWorkers), kWorkers);

@@ -67,9 +67,9 @@ TEST(ForwardOnlyPropertyTest, ValidCompleteAndWithinTheGreedyBound) {
 // Rank 0 of a V-placed pipeline starts its second chunk of microbatch 0 as
 // soon as it arrives, ahead of the rest of its first chunk.
 TEST(ForwardOnlyTest, VPlacementTakesTheReturningMicrobatchFirst) {
-  auto s = GenerateForwardOnly(ScheduleKind::kZeroBubbleV,
-                               {.ranks = 2, .microbatches = 6,
-                                .virtual_stages = 2});
+  auto s =
+      GenerateForwardOnly(ScheduleKind::kZeroBubbleV,
+                          {.ranks = 2, .microbatches = 6, .virtual_stages = 2});
   ASSERT_TRUE(s.ok()) << s.status();
   std::vector<std::string> rank0;
   for (const Action& a : s->actions[0]) rank0.push_back(ToString(a));
@@ -81,21 +81,22 @@ TEST(ForwardOnlyTest, VPlacementTakesTheReturningMicrobatchFirst) {
 }
 
 TEST(ForwardOnlyTest, RejectsOptionsWithTheFieldAndTheRule) {
-  EXPECT_THAT(GenerateForwardOnly(ScheduleKind::k1F1B,
-                                  {.ranks = 2, .microbatches = 4,
-                                   .virtual_stages = 2})
-                  .status()
-                  .message(),
-              HasSubstr("virtual stages (V) = 2 is not one 1f1b runs"));
-  EXPECT_THAT(GenerateForwardOnly(ScheduleKind::kZeroBubbleV,
-                                  {.ranks = 2, .microbatches = 4,
-                                   .virtual_stages = 1})
-                  .status()
-                  .message(),
-              HasSubstr("is not one zb-v runs"));
   EXPECT_THAT(
       GenerateForwardOnly(ScheduleKind::k1F1B,
-                          {.ranks = 0, .microbatches = 4}).status().message(),
+                          {.ranks = 2, .microbatches = 4, .virtual_stages = 2})
+          .status()
+          .message(),
+      HasSubstr("virtual stages (V) = 2 is not one 1f1b runs"));
+  EXPECT_THAT(
+      GenerateForwardOnly(ScheduleKind::kZeroBubbleV,
+                          {.ranks = 2, .microbatches = 4, .virtual_stages = 1})
+          .status()
+          .message(),
+      HasSubstr("is not one zb-v runs"));
+  EXPECT_THAT(
+      GenerateForwardOnly(ScheduleKind::k1F1B, {.ranks = 0, .microbatches = 4})
+          .status()
+          .message(),
       HasSubstr("ranks (stages P) must be in 1.."));
   EXPECT_THAT(GenerateForwardOnly(ScheduleKind::k1F1B,
                                   {.ranks = 4096, .microbatches = 1 << 20})
@@ -105,8 +106,8 @@ TEST(ForwardOnlyTest, RejectsOptionsWithTheFieldAndTheRule) {
 }
 
 TEST(ForwardOnlyTest, TheValidatorRefusesABackwardAndAMissingForward) {
-  auto s = GenerateForwardOnly(ScheduleKind::k1F1B,
-                               {.ranks = 2, .microbatches = 2});
+  auto s =
+      GenerateForwardOnly(ScheduleKind::k1F1B, {.ranks = 2, .microbatches = 2});
   ASSERT_TRUE(s.ok());
   Schedule with_backward = *s;
   with_backward.actions[1].push_back({Op::kBackward, 1, 0});

@@ -82,7 +82,7 @@ struct Params {
   // The steps that failed: "rank r: status".
   std::vector<std::string> failures;
   std::vector<double> losses;
-  std::vector<double> eval_losses;  // In step order.
+  std::vector<double> eval_losses;          // In step order.
   std::map<int, RankStepResult> last_step;  // By rank.
   // Activation bytes held by each rank's stages after the last evaluation.
   std::map<int, size_t> live_after_eval;
@@ -231,9 +231,9 @@ Params Pipelined(const JobSpec& job, ScheduleKind kind, int ranks,
           out.last_step[r] = *result;
         }
         if (!job.eval.DueAfter(step + 1, job.training.steps)) continue;
-        auto eval = (*executor)->RunEvaluation(
-            step + 1, eval_schedule.actions[r], eval_data.get(),
-            job.eval.batches);
+        auto eval =
+            (*executor)->RunEvaluation(step + 1, eval_schedule.actions[r],
+                                       eval_data.get(), job.eval.batches);
         std::lock_guard<std::mutex> lock(out_mu);
         if (!eval.ok()) {
           hub.AbortAll(eval.status());
@@ -289,8 +289,7 @@ void ExpectSame(const Params& pipelined, const Params& reference,
   // An evaluation's forwards are the training's kernels on the same
   // parameters, and its losses are summed in the same order: bitwise, with
   // or without clipping (when the parameters are, which clipping spoils).
-  ASSERT_EQ(pipelined.eval_losses.size(), reference.eval_losses.size())
-      << what;
+  ASSERT_EQ(pipelined.eval_losses.size(), reference.eval_losses.size()) << what;
   for (size_t i = 0; bitwise && i < reference.eval_losses.size(); ++i) {
     EXPECT_EQ(pipelined.eval_losses[i], reference.eval_losses[i])
         << what << " evaluation " << i;

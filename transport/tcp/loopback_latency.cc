@@ -15,8 +15,7 @@ namespace conveyor::transport {
 
 absl::StatusOr<double> MeasureLoopbackLatency(int samples,
                                               std::chrono::milliseconds idle) {
-  if (samples < 1 || samples > 1000 || idle.count() < 0 ||
-      idle.count() > 100) {
+  if (samples < 1 || samples > 1000 || idle.count() < 0 || idle.count() > 100) {
     return absl::InvalidArgumentError(
         absl::StrCat("loopback latency: samples ", samples, " (1..1000), idle ",
                      idle.count(), " ms (0..100)"));
@@ -25,13 +24,13 @@ absl::StatusOr<double> MeasureLoopbackLatency(int samples,
   std::unique_ptr<TcpChannel> ranks[2];
   std::vector<std::string> peers;
   for (int r = 0; r < 2; ++r) {
-    ASSIGN_OR_RETURN(ranks[r], TcpChannel::Create({.rank = r,
-                                                   .world_size = 2,
-                                                   .listen_address =
-                                                       "127.0.0.1:0",
-                                                   .job = 1,
-                                                   .secret = "loopback"},
-                                                  cpu));
+    ASSIGN_OR_RETURN(ranks[r],
+                     TcpChannel::Create({.rank = r,
+                                         .world_size = 2,
+                                         .listen_address = "127.0.0.1:0",
+                                         .job = 1,
+                                         .secret = "loopback"},
+                                        cpu));
     peers.push_back(absl::StrCat("127.0.0.1:", ranks[r]->port()));
   }
   // Each rank dials the other and accepts it: both at once.
@@ -50,9 +49,9 @@ absl::StatusOr<double> MeasureLoopbackLatency(int samples,
     const auto start = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(ranks[0]->Send(1, tag, probe));
     RETURN_IF_ERROR(ranks[1]->Recv(tag, std::chrono::seconds(10)).status());
-    seconds.push_back(std::chrono::duration<double>(
-                          std::chrono::steady_clock::now() - start)
-                          .count());
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count());
   }
   std::nth_element(seconds.begin(), seconds.begin() + samples / 2,
                    seconds.end());

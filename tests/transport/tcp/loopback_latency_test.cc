@@ -22,10 +22,9 @@ TEST(LoopbackLatencyTest, RejectsOptionsOutOfRange) {
                   .status()
                   .message(),
               ::testing::HasSubstr("samples 0 (1..1000)"));
-  EXPECT_EQ(MeasureLoopbackLatency(3, std::chrono::milliseconds(101))
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      MeasureLoopbackLatency(3, std::chrono::milliseconds(101)).status().code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
