@@ -6,45 +6,22 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
-
 namespace conveyor::scheduler {
 
 absl::StatusOr<Schedule> GenerateForwardOnly(ScheduleKind kind,
                                              const ScheduleOptions& o) {
-  const absl::string_view name = ScheduleKindName(kind);
-  if (o.ranks < 1 || o.ranks > kMaxRanks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ranks (stages P) must be in 1..", kMaxRanks, ", got ", o.ranks));
-  }
-  if (o.microbatches < 1 || o.microbatches > kMaxMicrobatches) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("microbatches (M) must be in 1..", kMaxMicrobatches,
-                     ", got ", o.microbatches));
-  }
-  const Placement placement = PlacementOf(kind);
-  if (placement == Placement::kV
-          ? o.virtual_stages != 2
-          : (o.virtual_stages < 1 || o.virtual_stages > kMaxVirtualStages ||
-             (o.virtual_stages > 1 && !TakesVirtualStages(kind)))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("virtual stages (V) = ", o.virtual_stages, " is not one ",
-                     name, " runs"));
+  if (absl::Status s = CheckScheduleOptions(kind, o, /*forward_only=*/true);
+      !s.ok()) {
+    return s;
   }
   const int64_t cells =
       static_cast<int64_t>(o.ranks) * o.virtual_stages * o.microbatches;
-  if (cells > kMaxStageMicrobatches) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "P*V*M = ", cells, " stage-microbatches is too large (at most ",
-        kMaxStageMicrobatches, ")"));
-  }
-
   Schedule s;
   s.kind = kind;
   s.ranks = o.ranks;
   s.virtual_stages = o.virtual_stages;
   s.microbatches = o.microbatches;
-  s.placement = placement;
+  s.placement = PlacementOf(kind);
   s.forward_only = true;
   s.actions.resize(o.ranks);
   const int p = o.ranks, m = o.microbatches, stages = s.num_stages();

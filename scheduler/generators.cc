@@ -12,6 +12,13 @@ namespace conveyor::scheduler {
 namespace {
 
 absl::Status CheckOptions(ScheduleKind kind, const ScheduleOptions& o) {
+  return CheckScheduleOptions(kind, o, /*forward_only=*/false);
+}
+
+}  // namespace
+
+absl::Status CheckScheduleOptions(ScheduleKind kind, const ScheduleOptions& o,
+                                  bool forward_only) {
   const absl::string_view name = ScheduleKindName(kind);
   if (o.ranks < 1 || o.ranks > kMaxRanks) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -33,7 +40,7 @@ absl::Status CheckOptions(ScheduleKind kind, const ScheduleOptions& o) {
         "; use interleaved-1f1b, interleaved-zb, gpipe, looped-bfs, zb-v or "
         "dualpipev for virtual stages"));
   }
-  if (kind == ScheduleKind::kDualPipeV &&
+  if (kind == ScheduleKind::kDualPipeV && !forward_only &&
       o.microbatches < 2 * static_cast<int64_t>(o.ranks)) {
     return absl::InvalidArgumentError(absl::StrCat(
         name, " needs at least as many microbatches as stages, 2P = ",
@@ -55,6 +62,8 @@ absl::Status CheckOptions(ScheduleKind kind, const ScheduleOptions& o) {
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 Schedule EmptySchedule(ScheduleKind kind, const ScheduleOptions& o) {
   Schedule s;

@@ -31,6 +31,14 @@ struct ScheduleOptions {
 // interleaved-1f1b, interleaved-zb, looped-bfs and zb-v (V = 2 only).
 bool TakesVirtualStages(ScheduleKind kind);
 
+// The checks every generator makes of `options` for `kind`: P, M and V in
+// range, V as the kind takes it, P*V*M within kMaxStageMicrobatches, and
+// (unless `forward_only`, scheduler/forward_only.h) the kind's own rule on
+// M (dualpipev: M >= 2P). InvalidArgument naming the field and the rule.
+absl::Status CheckScheduleOptions(ScheduleKind kind,
+                                  const ScheduleOptions& options,
+                                  bool forward_only = false);
+
 // Dispatches on `kind`. InvalidArgument for out-of-range options or a
 // combination the schedule does not support, with the field and the rule.
 absl::StatusOr<Schedule> GenerateSchedule(ScheduleKind kind,

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -129,14 +130,19 @@ std::vector<v1::Worker> Workers(cli::CoordinatorClient& client) {
 // Parameters by global name.
 using Params = std::map<std::string, std::vector<float>>;
 
-Params InProcessReference(const std::string& yaml) {
+// Trains `yaml`'s job in process, calling `on_step` after each step; the
+// parameters by name.
+Params InProcessReference(
+    const std::string& yaml,
+    const std::function<void(const engine::StepReport&)>& on_step =
+        [](const engine::StepReport&) {}) {
   absl::StatusOr<engine::JobSpec> job = engine::ParseJobSpec(yaml, "job.yaml");
   EXPECT_TRUE(job.ok()) << job.status();
   job->checkpoint.dir.clear();
   auto trainer =
       engine::InProcessTrainer::Create(engine::CpuBackend::Get(), *job);
   EXPECT_TRUE(trainer.ok()) << trainer.status();
-  EXPECT_TRUE((*trainer)->Run([](const engine::StepReport&) {}).ok());
+  EXPECT_TRUE((*trainer)->Run(on_step).ok());
   Params out;
   for (engine::Parameter* p : (*trainer)->parameters()) {
     out[p->name] = engine::testing_util::ToVector(p->value);
@@ -951,18 +957,10 @@ TEST_F(DaemonsTest, ScheduleAutoTrainsTheChosenScheduleAndMatchesInProcess) {
 // The evaluations of `yaml`'s job in process: (step, loss) in step order.
 std::vector<std::pair<int64_t, double>> InProcessEvaluations(
     const std::string& yaml) {
-  absl::StatusOr<engine::JobSpec> job = engine::ParseJobSpec(yaml, "job.yaml");
-  EXPECT_TRUE(job.ok()) << job.status();
-  job->checkpoint.dir.clear();
-  auto trainer =
-      engine::InProcessTrainer::Create(engine::CpuBackend::Get(), *job);
-  EXPECT_TRUE(trainer.ok()) << trainer.status();
   std::vector<std::pair<int64_t, double>> out;
-  EXPECT_TRUE((*trainer)
-                  ->Run([&](const engine::StepReport& r) {
-                    if (r.eval) out.emplace_back(r.step, r.eval->loss);
-                  })
-                  .ok());
+  InProcessReference(yaml, [&](const engine::StepReport& r) {
+    if (r.eval) out.emplace_back(r.step, r.eval->loss);
+  });
   return out;
 }
 

@@ -86,13 +86,13 @@ TEST(ForwardOnlyTest, RejectsOptionsWithTheFieldAndTheRule) {
                           {.ranks = 2, .microbatches = 4, .virtual_stages = 2})
           .status()
           .message(),
-      HasSubstr("virtual stages (V) = 2 is not one 1f1b runs"));
+      HasSubstr("1f1b runs one stage per rank (V = 1), got V = 2"));
   EXPECT_THAT(
       GenerateForwardOnly(ScheduleKind::kZeroBubbleV,
                           {.ranks = 2, .microbatches = 4, .virtual_stages = 1})
           .status()
           .message(),
-      HasSubstr("is not one zb-v runs"));
+      HasSubstr("zb-v holds two stages a rank (V = 2, placed in a V)"));
   EXPECT_THAT(
       GenerateForwardOnly(ScheduleKind::k1F1B, {.ranks = 0, .microbatches = 4})
           .status()
