@@ -32,6 +32,7 @@ v1::StepSummary SummarizeStep(int64_t step,
     rs->set_seconds(rr.seconds());
     rs->set_wait_seconds(rr.wait_seconds());
     rs->set_peak_activation_bytes(rr.peak_activation_bytes());
+    rs->set_peak_in_flight(rr.peak_in_flight());
   }
   if (!reports.empty()) s.set_bubble_fraction(bubble / reports.size());
   if (s.seconds() > 0) {

@@ -12,9 +12,9 @@
 //   Run(on_step)     runs the steps from program.resume_step to
 //                    program.steps, each followed by its evaluation when
 //                    the job's eval section has one due, calls on_step
-//                    after each, and writes
-//                    this rank's stages to the checkpoint directory every
-//                    checkpoint.every steps and after the last.
+//                    after each, and writes this rank's stages to the
+//                    checkpoint directory every checkpoint.every steps and
+//                    after the last.
 //   Cancel(status)   from any thread: aborts the data plane at once (which
 //                    wakes a blocked Recv or Connect and tells the peers why),
 //                    cancels what Run's thread waits on or loops over

@@ -1,5 +1,6 @@
 #include "worker/stage_executor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <utility>
@@ -296,6 +297,9 @@ absl::StatusOr<RankStepResult> StageExecutor::RunActions(
           s.code(), absl::StrCat("rank ", config_.rank, ", step ", step, ", ",
                                  scheduler::ToString(a), ": ", s.message()));
     }
+    int held = 0;
+    for (const auto& [index, stage] : stages_) held += stage->in_flight();
+    result.peak_in_flight = std::max(result.peak_in_flight, held);
   }
   for (auto& [index, stage] : stages_) {
     if (stage->in_flight() != 0) {

@@ -107,6 +107,11 @@ struct RankStepResult {
   double wait_seconds = 0;  // Blocked in Recv: this rank's bubble.
   double grad_norm = 0;     // When clipping.
   size_t peak_activation_bytes = 0;
+  // The most (stage, microbatch) pairs this rank held at once: forwarded
+  // and not yet through BW, over its stages. Depends on the action order
+  // only, so it equals the simulator's SimulationResult::peak_inflight for
+  // the rank under any costs.
+  int peak_in_flight = 0;
   // The step's timeline: every action, send, receive wait and the
   // optimizer, microseconds from start_unix_us (wall clock).
   int64_t start_unix_us = 0;

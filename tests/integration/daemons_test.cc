@@ -805,6 +805,50 @@ std::pair<v1::Job, std::vector<uint64_t>> RunWatchingPeaks(
   return {last, peaks};
 }
 
+// On the workers, each rank's peak of stage-microbatches held (forwarded,
+// not yet through BW) is the simulator's for the schedule, for split and
+// V-placed kinds too: the memory the planner's model charges is the memory
+// the workers hold.
+TEST_F(DaemonsTest, WorkersHoldTheSimulatedInFlightPeaks) {
+  for (const auto& [schedule, v] :
+       std::vector<std::pair<std::string, int>>{{"zb-h2", 1},
+                                                {"zb-v", 2},
+                                                {"interleaved-zb", 2},
+                                                {"dualpipev", 2}}) {
+    const std::string dir = TempDir(absl::StrCat("inflight_", schedule));
+    // 2 ranks (4 stages with V = 2, 2 with V = 1), 4 microbatches.
+    const std::string yaml = MlpJob(2 * v, schedule, v, 2, dir);
+    absl::StatusOr<v1::Job> submitted = Submit(yaml);
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    std::vector<int> peaks(2, 0);
+    v1::Job job;
+    ASSERT_TRUE(
+        client_
+            ->WatchJob(submitted->id(),
+                       [&](const v1::JobEvent& e) {
+                         job = e.job();
+                         for (const v1::RankStep& r : e.step().ranks()) {
+                           ASSERT_LT(r.rank(), 2);
+                           peaks[r.rank()] =
+                               std::max(peaks[r.rank()], r.peak_in_flight());
+                         }
+                       })
+            .ok());
+    ASSERT_EQ(job.state(), v1::SUCCEEDED) << schedule << ": " << job.message();
+    auto kind = scheduler::ParseScheduleKind(schedule);
+    ASSERT_TRUE(kind.ok());
+    auto plan = scheduler::GenerateSchedule(
+        *kind, {.ranks = 2, .microbatches = 4, .virtual_stages = v});
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    auto sim = scheduler::Simulate(
+        *plan, scheduler::SimulationCosts<int64_t>::UniformSplit(1, 1, 1));
+    ASSERT_TRUE(sim.ok());
+    EXPECT_THAT(peaks, ::testing::ElementsAreArray(sim->peak_inflight))
+        << schedule;
+  }
+  EXPECT_EQ(WaitForIdle(*client_, kWorkers), kWorkers);
+}
+
 // zb-h1 on the daemons: the same parameters as 1f1b (allclose: BI and BW
 // accumulate in another order), and no more activation memory on the
 // busiest device, since after BI a microbatch keeps only what its BW reads.
