@@ -49,9 +49,10 @@ void Register() {
       {8, 64, 1, 1.0}, {32, 256, 4, 10.0}, {64, 1024, 1, 50.0}};
   for (ScheduleKind kind : kAllScheduleKinds) {
     for (Case c : cases) {
-      // zb-v holds exactly two stages a rank: its V = 2 row stands in for
-      // the V = 1 and V = 4 ones, with the same stage-microbatch count.
-      if (kind == ScheduleKind::kZeroBubbleV) {
+      // zb-v and dualpipev hold exactly two stages a rank: their V = 2 row
+      // stands in for the V = 1 and V = 4 ones, with the same
+      // stage-microbatch count (and M >= 2P, which dualpipev needs).
+      if (PlacementOf(kind) == Placement::kV) {
         c.m = c.m * c.v / 2;
         c.v = 2;
       }
