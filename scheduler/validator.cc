@@ -51,6 +51,8 @@ class Validator {
     if (auto v = CheckShape()) return v;
     // Only now is P*V known to be small enough to compute in int.
     num_stages_ = s_.num_stages();
+    rank_of_.resize(num_stages_);
+    for (int st = 0; st < num_stages_; ++st) rank_of_[st] = s_.RankOfStage(st);
     if (auto v = CheckActions()) return v;
     if (auto v = CheckComplete()) return v;
     if (auto v = CheckMessageOrder()) return v;
@@ -61,7 +63,8 @@ class Validator {
   size_t Cell(int stage, int mb) const {
     return static_cast<size_t>(stage) * m_ + mb;
   }
-  int Rank(int stage) const { return s_.RankOfStage(stage); }
+  // Stage must be in [0, num_stages_).
+  int Rank(int stage) const { return rank_of_[stage]; }
 
   ScheduleViolation At(int rank, int index, std::string reason) const {
     return {rank, index, s_.actions[rank][index], std::move(reason)};
@@ -512,6 +515,9 @@ class Validator {
   const Schedule& s_;
   const int p_, m_;
   int num_stages_ = 0;
+  // The placement's rank of each stage: looked up once per action in every
+  // pass, so computed once.
+  std::vector<int> rank_of_;
   std::vector<unsigned char> fwd_, full_, input_, weight_;
   // One in-order stream per rank and direction: streams_[2r] carries
   // activations, streams_[2r+1] gradients. A group is one send paired with
