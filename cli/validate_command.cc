@@ -48,13 +48,7 @@ absl::Status CheckJobFiles(const engine::JobSpec& job) {
                    engine::DataSource::Create(
                        job.data, engine::ModelSampleShapes(job.model)));
   if (job.eval.enabled) {
-    absl::StatusOr<std::unique_ptr<engine::DataSource>> eval =
-        engine::DataSource::Create(job.eval.data,
-                                   engine::ModelSampleShapes(job.model));
-    if (!eval.ok()) {
-      return absl::Status(eval.status().code(),
-                          absl::StrCat("eval.data: ", eval.status().message()));
-    }
+    RETURN_IF_ERROR(engine::CreateEvalDataSource(job).status());
   }
   if (!job.model.init_from.empty()) {
     ASSIGN_OR_RETURN(engine::SafetensorsReader init,

@@ -767,6 +767,17 @@ absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
                       std::filesystem::path(path).parent_path().string());
 }
 
+absl::StatusOr<std::unique_ptr<DataSource>> CreateEvalDataSource(
+    const JobSpec& job) {
+  absl::StatusOr<std::unique_ptr<DataSource>> data =
+      DataSource::Create(job.eval.data, ModelSampleShapes(job.model));
+  if (!data.ok()) {
+    return absl::Status(data.status().code(),
+                        absl::StrCat("eval.data: ", data.status().message()));
+  }
+  return data;
+}
+
 SampleShapes ModelSampleShapes(const ModelSpec& model) {
   return {.input = model.input_shape,
           .token_input = model.token_input,

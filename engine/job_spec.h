@@ -49,6 +49,7 @@
 #define CONVEYOR_ENGINE_JOB_SPEC_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -175,6 +176,12 @@ struct JobSpec {
 
 // What one sample of `model` looks like, for the data source.
 SampleShapes ModelSampleShapes(const ModelSpec& model);
+
+// The data source of `job`'s eval section (DataSource::Create against the
+// model's sample shapes), its errors prefixed "eval.data: ". Call only for a
+// job with eval.enabled.
+absl::StatusOr<std::unique_ptr<DataSource>> CreateEvalDataSource(
+    const JobSpec& job);
 
 // Parses a job document. Relative paths (data.path, model.init.from,
 // checkpoint.dir, resume) are resolved against `base_dir` when it is non-empty.

@@ -35,13 +35,7 @@ absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::Create(
   ASSIGN_OR_RETURN(t->data_,
                    DataSource::Create(t->job_.data, ModelSampleShapes(model)));
   if (t->job_.eval.enabled) {
-    absl::StatusOr<std::unique_ptr<DataSource>> eval =
-        DataSource::Create(t->job_.eval.data, ModelSampleShapes(model));
-    if (!eval.ok()) {
-      return absl::Status(eval.status().code(),
-                          absl::StrCat("eval.data: ", eval.status().message()));
-    }
-    t->eval_data_ = *std::move(eval);
+    ASSIGN_OR_RETURN(t->eval_data_, CreateEvalDataSource(t->job_));
   }
   ResolveSchedule(t->job_.optimizer, t->job_.training.steps);
   ASSIGN_OR_RETURN(t->optimizer_, Optimizer::Create(backend, t->job_.optimizer,

@@ -16,14 +16,8 @@ absl::StatusOr<Schedule> GenerateForwardOnly(ScheduleKind kind,
   }
   const int64_t cells =
       static_cast<int64_t>(o.ranks) * o.virtual_stages * o.microbatches;
-  Schedule s;
-  s.kind = kind;
-  s.ranks = o.ranks;
-  s.virtual_stages = o.virtual_stages;
-  s.microbatches = o.microbatches;
-  s.placement = PlacementOf(kind);
+  Schedule s = EmptySchedule(kind, o);
   s.forward_only = true;
-  s.actions.resize(o.ranks);
   const int p = o.ranks, m = o.microbatches, stages = s.num_stages();
   for (auto& program : s.actions) {
     program.reserve(static_cast<size_t>(cells / p));

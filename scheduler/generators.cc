@@ -63,8 +63,6 @@ absl::Status CheckScheduleOptions(ScheduleKind kind, const ScheduleOptions& o,
   return absl::OkStatus();
 }
 
-namespace {
-
 Schedule EmptySchedule(ScheduleKind kind, const ScheduleOptions& o) {
   Schedule s;
   s.kind = kind;
@@ -75,6 +73,8 @@ Schedule EmptySchedule(ScheduleKind kind, const ScheduleOptions& o) {
   s.actions.resize(o.ranks);
   return s;
 }
+
+namespace {
 
 // The order in which a rank with V virtual stages visits (chunk, microbatch)
 // pairs: microbatches in groups of P through chunk 0, then the same group

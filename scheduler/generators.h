@@ -39,6 +39,10 @@ absl::Status CheckScheduleOptions(ScheduleKind kind,
                                   const ScheduleOptions& options,
                                   bool forward_only = false);
 
+// A schedule of `kind` with `options`' shape, the kind's placement and no
+// actions yet (one empty program per rank), for a generator to fill.
+Schedule EmptySchedule(ScheduleKind kind, const ScheduleOptions& options);
+
 // Dispatches on `kind`. InvalidArgument for out-of-range options or a
 // combination the schedule does not support, with the field and the rule.
 absl::StatusOr<Schedule> GenerateSchedule(ScheduleKind kind,

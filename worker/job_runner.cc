@@ -310,14 +310,7 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
   ASSIGN_OR_RETURN(data_, engine::DataSource::Create(
                               job_.data, engine::ModelSampleShapes(model)));
   if (job_.eval.enabled) {
-    absl::StatusOr<std::unique_ptr<engine::DataSource>> eval =
-        engine::DataSource::Create(job_.eval.data,
-                                   engine::ModelSampleShapes(model));
-    if (!eval.ok()) {
-      return absl::Status(eval.status().code(),
-                          absl::StrCat("eval.data: ", eval.status().message()));
-    }
-    eval_data_ = *std::move(eval);
+    ASSIGN_OR_RETURN(eval_data_, engine::CreateEvalDataSource(job_));
   }
   // Cosine total_steps defaults to the job's training.steps, exactly as in
   // the reference, or the learning rates would differ.
