@@ -98,12 +98,17 @@ absl::StatusOr<SimulationResult<T>> Simulate(const Schedule& schedule,
                      kMaxStageMicrobatches, ")"));
   }
   const int num_stages = schedule.num_stages();  // Small enough now.
+  // The placement's rank of each stage, looked up for every action below.
+  std::vector<int> rank_of(num_stages);
+  for (int st = 0; st < num_stages; ++st) {
+    rank_of[st] = schedule.RankOfStage(st);
+  }
 
   bool has_full_backward = false, has_split_backward = false;
   for (int r = 0; r < p; ++r) {
     for (const Action& a : schedule.actions[r]) {
       if (a.stage < 0 || a.stage >= num_stages || a.microbatch < 0 ||
-          a.microbatch >= m || schedule.RankOfStage(a.stage) != r) {
+          a.microbatch >= m || rank_of[a.stage] != r) {
         return absl::InvalidArgumentError(
             absl::StrCat("rank ", r, " has action ", ToString(a),
                          " outside its stages or microbatches; run the "
@@ -237,15 +242,14 @@ absl::StatusOr<SimulationResult<T>> Simulate(const Schedule& schedule,
   // Earliest start of `a` given its inputs, or false if an input is missing.
   auto ready_time = [&](const Action& a, T* t) -> bool {
     const int s = a.stage, j = a.microbatch;
-    const int rank = schedule.RankOfStage(s);
+    const int rank = rank_of[s];
     switch (a.op) {
       case Op::kForward:
         if (s == 0) return true;
         if (!forward_done[cell(s - 1, j)]) return false;
-        *t = std::max(
-            *t,
-            forward_end[cell(s - 1, j)] +
-                (schedule.RankOfStage(s - 1) == rank ? T{0} : transfer[s - 1]));
+        *t =
+            std::max(*t, forward_end[cell(s - 1, j)] +
+                             (rank_of[s - 1] == rank ? T{0} : transfer[s - 1]));
         return true;
       case Op::kBackward:
       case Op::kBackwardInput:
@@ -253,9 +257,8 @@ absl::StatusOr<SimulationResult<T>> Simulate(const Schedule& schedule,
         *t = std::max(*t, forward_end[cell(s, j)]);
         if (s + 1 == num_stages) return true;
         if (!grad_done[cell(s + 1, j)]) return false;
-        *t = std::max(
-            *t, grad_end[cell(s + 1, j)] +
-                    (schedule.RankOfStage(s + 1) == rank ? T{0} : transfer[s]));
+        *t = std::max(*t, grad_end[cell(s + 1, j)] +
+                              (rank_of[s + 1] == rank ? T{0} : transfer[s]));
         return true;
       case Op::kBackwardWeight:
         if (!input_grad_done[cell(s, j)]) return false;

@@ -1,9 +1,9 @@
 #include "scheduler/validator.h"
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
-#include <span>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -28,14 +28,6 @@ std::string Describe(const Message& m) {
                             m.microbatch, " (stage ", m.stage, " -> ",
                             m.stage + 1, ")");
 }
-
-// One send or receive in a communication group.
-struct CommOp {
-  int peer = 0;
-  int channel = 0;  // See Validator::Channel.
-  int seq = 0;      // Position in the channel's message sequence.
-  bool is_send = false;
-};
 
 struct Endpoint {
   int rank;
@@ -205,57 +197,112 @@ class Validator {
     return std::nullopt;
   }
 
-  // The message action `a` on rank r sends after it runs, if any.
-  std::optional<std::pair<int, Message>> SendOf(const Action& a, int r) const {
-    if (a.op == Op::kForward && a.stage + 1 < num_stages_ &&
-        Rank(a.stage + 1) != r) {
-      return std::make_pair(Rank(a.stage + 1),
-                            Message{false, a.stage, a.microbatch});
-    }
-    if (ProducesInputGradient(a.op) && a.stage > 0 && Rank(a.stage - 1) != r) {
-      return std::make_pair(Rank(a.stage - 1),
-                            Message{true, a.stage, a.microbatch});
-    }
-    return std::nullopt;
+  // A tensor crossing ranks, by number: 2 * Cell(producing stage, mb), plus
+  // one for a gradient. Every message is sent at most once (CheckActions), so
+  // per-message arrays replace per-channel sequences.
+  int MessageId(bool gradient, int stage, int mb) const {
+    return 2 * static_cast<int>(Cell(stage, mb)) + (gradient ? 1 : 0);
+  }
+  Message MessageOf(int id) const {
+    const int cell = id / 2;
+    return {(id & 1) != 0, cell / m_, cell % m_};
   }
 
-  // The message action `a` on rank r must receive before it runs, if any.
-  std::optional<std::pair<int, Message>> RecvOf(const Action& a, int r) const {
-    if (a.op == Op::kForward && a.stage > 0 && Rank(a.stage - 1) != r) {
-      return std::make_pair(Rank(a.stage - 1),
-                            Message{false, a.stage - 1, a.microbatch});
-    }
-    if (ProducesInputGradient(a.op) && a.stage + 1 < num_stages_ &&
-        Rank(a.stage + 1) != r) {
-      return std::make_pair(Rank(a.stage + 1),
-                            Message{true, a.stage + 1, a.microbatch});
-    }
-    return std::nullopt;
-  }
+  // One side of a cross-rank transfer: the peer rank (-1: the action
+  // transfers nothing that way), the message and its channel.
+  struct Transfer {
+    int peer = -1;
+    int message = -1;
+    int channel = -1;
+  };
 
   // One in-order channel per sender, receiver and direction, matching the
   // two streams of the executor model: activations and gradients never share
   // an order, even with P = 2 where both go to the same peer. Every
   // placement sends only to the next or the previous rank (mod P), so a
   // sender has at most four channels.
-  int Channel(int from, int to, const Message& m) const {
-    const int side = to == (from + 1) % p_ ? 0 : 1;
-    return 4 * from + 2 * side + (m.gradient ? 1 : 0);
+  int Channel(int from, int to, bool gradient) const {
+    const int side = to == from + 1 || (to == 0 && from == p_ - 1) ? 0 : 1;
+    return 4 * from + 2 * side + (gradient ? 1 : 0);
   }
 
-  // Builds the streams (see the header) and checks that, on every channel,
-  // the k-th tensor sent is the k-th tensor expected.
+  // The message action `a` on rank r sends after it runs, if any.
+  Transfer SendOf(const Action& a, int r) const {
+    if (a.op == Op::kForward) {
+      if (a.stage + 1 < num_stages_ && Rank(a.stage + 1) != r) {
+        const int to = Rank(a.stage + 1);
+        return {to, MessageId(false, a.stage, a.microbatch),
+                Channel(r, to, false)};
+      }
+    } else if (ProducesInputGradient(a.op) && a.stage > 0 &&
+               Rank(a.stage - 1) != r) {
+      const int to = Rank(a.stage - 1);
+      return {to, MessageId(true, a.stage, a.microbatch), Channel(r, to, true)};
+    }
+    return {};
+  }
+
+  // The message action `a` on rank r must receive before it runs, if any.
+  Transfer RecvOf(const Action& a, int r) const {
+    if (a.op == Op::kForward) {
+      if (a.stage > 0 && Rank(a.stage - 1) != r) {
+        const int from = Rank(a.stage - 1);
+        return {from, MessageId(false, a.stage - 1, a.microbatch),
+                Channel(from, r, false)};
+      }
+    } else if (ProducesInputGradient(a.op) && a.stage + 1 < num_stages_ &&
+               Rank(a.stage + 1) != r) {
+      const int from = Rank(a.stage + 1);
+      return {from, MessageId(true, a.stage + 1, a.microbatch),
+              Channel(from, r, true)};
+    }
+    return {};
+  }
+
+  // The message sent k-th on `channel`, if that many are sent. Only for
+  // error reports: it rescans the sender's program.
+  std::optional<Message> SentAt(int channel, int k) const {
+    const int from = channel / 4;
+    for (const Action& a : s_.actions[from]) {
+      const Transfer send = SendOf(a, from);
+      if (send.peer >= 0 && send.channel == channel && k-- == 0) {
+        return MessageOf(send.message);
+      }
+    }
+    return std::nullopt;
+  }
+
+  // Checks that, on every channel, the k-th tensor sent is the k-th tensor
+  // expected, and builds the streams (see the header).
   std::optional<ScheduleViolation> CheckMessageOrder() {
-    struct Sequences {
-      std::vector<std::pair<Message, Endpoint>> sent, expected;
-    };
-    std::vector<Sequences> channels(4 * p_);
+    const size_t messages = 2 * static_cast<size_t>(num_stages_) * m_;
+    const bool buffered = !SendsRendezvous(s_.kind);
+    // Each message's position among its channel's sends and, for the
+    // buffered-send check, the action that sends it.
+    send_position_.assign(messages, -1);
+    if (buffered) sender_.assign(messages, Endpoint{-1, -1});
+    std::vector<int> sent(4 * p_, 0), received(4 * p_, 0);
+    for (int r = 0; r < p_; ++r) {
+      const auto& program = s_.actions[r];
+      for (int i = 0; i < static_cast<int>(program.size()); ++i) {
+        const Transfer send = SendOf(program[i], r);
+        if (send.peer < 0) continue;
+        send_position_[send.message] = sent[send.channel]++;
+        if (buffered) sender_[send.message] = {r, i};
+      }
+    }
     streams_.assign(2 * p_, {});
-    recv_group_.assign(p_, {});
+    recv_code_.assign(p_, {});
+    if (buffered) sender_of_.assign(p_, {});
+    // Receives are visited by rank, then position, so the first mismatch
+    // found is the one whose receiving action comes first: the answer does
+    // not depend on channel numbering. On a channel, receives come in
+    // position order, so it is also that channel's first mismatch.
     for (int r = 0; r < p_; ++r) {
       const auto& program = s_.actions[r];
       const int n = static_cast<int>(program.size());
-      recv_group_[r].assign(n, -1);
+      recv_code_[r].assign(n, -1);
+      if (buffered) sender_of_[r].assign(n, Endpoint{-1, -1});
       // A stream holds at most one group per activation (or gradient) the
       // rank sends or receives: about half its actions each.
       streams_[2 * r].reserve(n / 2 + 1);
@@ -264,78 +311,45 @@ class Validator {
       // the next receive to pair with.
       bool open[2] = {false, false};
       for (int i = 0; i < n; ++i) {
-        if (auto recv = RecvOf(program[i], r)) {
-          const int d = recv->second.gradient ? 1 : 0;
-          const int channel = Channel(recv->first, r, recv->second);
-          auto& seq = channels[channel].expected;
+        const Action& a = program[i];
+        if (const Transfer recv = RecvOf(a, r); recv.peer >= 0) {
+          const int k = received[recv.channel]++;
+          if (send_position_[recv.message] != k) {
+            return Mismatch(r, i, recv, k);
+          }
+          const int d = recv.message & 1;
           auto& stream = streams_[2 * r + d];
           if (!open[d]) stream.push_back({});
           open[d] = false;
-          stream.back().Add(
-              {recv->first, channel, static_cast<int>(seq.size()), false});
-          recv_group_[r][i] = static_cast<int>(stream.size()) - 1;
-          seq.push_back({recv->second, {r, i}});
+          stream.back().recv_message = recv.message;
+          stream.back().recv_peer = recv.peer;
+          recv_code_[r][i] = 2 * (static_cast<int>(stream.size()) - 1) + d;
+          if (buffered) sender_of_[r][i] = sender_[recv.message];
         }
-        if (auto send = SendOf(program[i], r)) {
-          const int d = send->second.gradient ? 1 : 0;
-          const int channel = Channel(r, send->first, send->second);
-          auto& seq = channels[channel].sent;
+        if (const Transfer send = SendOf(a, r); send.peer >= 0) {
+          const int d = send.message & 1;
           auto& stream = streams_[2 * r + d];
-          stream.push_back({});
-          stream.back().send_action = i;
+          stream.push_back({.send_action = i,
+                            .send_message = send.message,
+                            .send_peer = send.peer});
           open[d] = true;
-          stream.back().Add(
-              {send->first, channel, static_cast<int>(seq.size()), true});
-          seq.push_back({send->second, {r, i}});
         }
       }
     }
-    // Each receive's sender, for the buffered-send check (meaningful only
-    // where the sequences match, which is all that check sees).
-    sender_of_.clear();
-    if (!SendsRendezvous(s_.kind)) {
-      sender_of_.resize(p_);
-      for (int r = 0; r < p_; ++r) {
-        sender_of_[r].assign(s_.actions[r].size(), Endpoint{-1, -1});
-      }
-      for (const Sequences& seq : channels) {
-        for (size_t k = 0; k < seq.expected.size() && k < seq.sent.size();
-             ++k) {
-          const Endpoint& e = seq.expected[k].second;
-          sender_of_[e.rank][e.index] = seq.sent[k].second;
-        }
-      }
-    }
-    // Report the mismatch whose receiving action comes first (by rank, then
-    // position), so the answer does not depend on channel numbering.
-    std::optional<ScheduleViolation> first;
-    for (int channel = 0; channel < 4 * p_; ++channel) {
-      const Sequences& seq = channels[channel];
-      const int from = channel / 4;
-      for (size_t k = 0; k < seq.expected.size(); ++k) {
-        // Completeness guarantees equal lengths; a mismatch is an ordering
-        // problem.
-        if (k < seq.sent.size() && seq.sent[k].first == seq.expected[k].first) {
-          continue;
-        }
-        const Endpoint& e = seq.expected[k].second;
-        if (first && (first->rank < e.rank ||
-                      (first->rank == e.rank && first->index < e.index))) {
-          break;
-        }
-        first = At(e.rank, e.index,
-                   absl::StrCat(
-                       "its input is message #", k, " from rank ", from,
-                       ", expected to be the ", Describe(seq.expected[k].first),
-                       ", but rank ", from, " sends the ",
-                       k < seq.sent.size() ? Describe(seq.sent[k].first)
-                                           : std::string("nothing"),
-                       " at that position; in-order transports (NCCL) would "
-                       "deliver the wrong tensor"));
-        break;
-      }
-    }
-    return first;
+    return std::nullopt;
+  }
+
+  ScheduleViolation Mismatch(int r, int i, const Transfer& recv, int k) const {
+    const int from = recv.peer;
+    const std::optional<Message> sent = SentAt(recv.channel, k);
+    return At(
+        r, i,
+        absl::StrCat("its input is message #", k, " from rank ", from,
+                     ", expected to be the ", Describe(MessageOf(recv.message)),
+                     ", but rank ", from, " sends the ",
+                     sent ? Describe(*sent) : std::string("nothing"),
+                     " at that position; in-order transports (NCCL) "
+                     "would deliver the wrong tensor"));
   }
 
   // With buffered sends (a send never waits; see SendsRendezvous) a rank
@@ -396,9 +410,9 @@ class Validator {
   }
 
   std::optional<ScheduleViolation> CheckRendezvous() {
-    // posted[channel][k]: bit 1 once the k-th send is posted, bit 2 once the
-    // k-th receive is; the pair completes when both are.
-    std::vector<std::vector<unsigned char>> posted(4 * p_);
+    // posted[message]: bit 1 once its send is posted, bit 2 once its receive
+    // is; the pair completes when both are.
+    std::vector<unsigned char> posted(send_position_.size(), 0);
     // Per stream: groups posted so far, unmatched ops in the newest one.
     std::vector<int> posted_groups(2 * p_, 0), pending(2 * p_, 0);
     std::vector<int> computed(p_, 0);
@@ -409,51 +423,57 @@ class Validator {
     // one of its posted ops, so a worklist of such ranks is exact.
     std::vector<int> work(p_);
     for (int r = 0; r < p_; ++r) work[r] = p_ - 1 - r;
-    auto post = [&](int stream) {
-      const bool gradient = stream & 1;
-      for (const CommOp& op : streams_[stream][posted_groups[stream]].ops()) {
-        auto& bits = posted[op.channel];
-        if (bits.size() <= static_cast<size_t>(op.seq))
-          bits.resize(op.seq + 1, 0);
-        const unsigned char mine = op.is_send ? 1 : 2, theirs = 3 - mine;
-        bits[op.seq] |= mine;
-        if (bits[op.seq] & theirs) {
-          if (--pending[StreamOf(op.peer, gradient)] == 0) {
-            work.push_back(op.peer);
-          }
-        } else {
-          ++pending[stream];
+    auto post_op = [&](int stream, int message, int peer, unsigned char mine) {
+      unsigned char& bits = posted[message];
+      bits |= mine;
+      if (bits == 3) {
+        if (--pending[StreamOf(peer, (stream & 1) != 0)] == 0) {
+          work.push_back(peer);
         }
+      } else {
+        ++pending[stream];
       }
+    };
+    auto post = [&](int stream) {
+      const Group& g = streams_[stream][posted_groups[stream]];
+      if (g.send_message >= 0) post_op(stream, g.send_message, g.send_peer, 1);
+      if (g.recv_message >= 0) post_op(stream, g.recv_message, g.recv_peer, 2);
       ++posted_groups[stream];
     };
-    // Every entry runs its rank as far as it goes.
+    // Every entry runs its rank as far as it goes. Posting a group and
+    // running an action only ever enable more of either, so the order in
+    // which they are tried does not change where a rank stops: all ready
+    // actions run, then all ready groups post, until neither moves.
     while (!work.empty()) {
       const int r = work.back();
       work.pop_back();
       const int n = static_cast<int>(s_.actions[r].size());
+      const int* recv_code = recv_code_[r].data();
       for (bool moved = true; moved;) {
         moved = false;
-        // A stream posts its next group once the previous one completed and
-        // the tensor it sends (if any) has been computed.
+        // A stream posts its next group once the previous one completed
+        // (nothing of it is pending) and the tensor it sends (if any) has
+        // been computed.
         for (int d = 0; d < 2; ++d) {
           const int stream = 2 * r + d;
-          const int g = posted_groups[stream];
-          if (g < static_cast<int>(streams_[stream].size()) &&
-              completed(stream) == g &&
-              computed[r] > streams_[stream][g].send_action) {
+          const std::vector<Group>& groups = streams_[stream];
+          while (pending[stream] == 0 &&
+                 posted_groups[stream] < static_cast<int>(groups.size()) &&
+                 computed[r] > groups[posted_groups[stream]].send_action) {
             post(stream);
             moved = true;
           }
         }
         // An action runs once the group holding its receive completed.
-        if (computed[r] < n) {
-          const int i = computed[r];
-          const int stream = StreamOf(r, s_.actions[r][i].op != Op::kForward);
-          if (recv_group_[r][i] < 0 || completed(stream) > recv_group_[r][i]) {
-            ++computed[r];
-            moved = true;
-          }
+        const int done[2] = {completed(2 * r), completed(2 * r + 1)};
+        int i = computed[r];
+        while (i < n && (recv_code[i] < 0 ||
+                         done[recv_code[i] & 1] > recv_code[i] >> 1)) {
+          ++i;
+        }
+        if (i != computed[r]) {
+          computed[r] = i;
+          moved = true;
         }
       }
     }
@@ -469,22 +489,25 @@ class Validator {
 
   // Follows who-waits-for-whom from rank r until a rank repeats, so the
   // message names the whole cycle.
-  ScheduleViolation DescribeDeadlock(
-      int r, const std::vector<std::vector<unsigned char>>& posted,
-      const std::vector<int>& posted_groups,
-      const std::vector<int>& computed) const {
+  ScheduleViolation DescribeDeadlock(int r,
+                                     const std::vector<unsigned char>& posted,
+                                     const std::vector<int>& posted_groups,
+                                     const std::vector<int>& computed) const {
     auto describe_wait = [&](int rank, int* peer) -> std::string {
       for (int d = 0; d < 2; ++d) {
         const int stream = 2 * rank + d;
         if (posted_groups[stream] == 0) continue;
-        for (const CommOp& op :
-             streams_[stream][posted_groups[stream] - 1].ops()) {
-          const auto& bits = posted[op.channel];
+        const Group& g = streams_[stream][posted_groups[stream] - 1];
+        // The group's send first, then its receive: the order they post in.
+        const struct {
+          int message, peer;
+          bool is_send;
+        } ops[] = {{g.send_message, g.send_peer, true},
+                   {g.recv_message, g.recv_peer, false}};
+        for (const auto& op : ops) {
+          if (op.message < 0) continue;
           const unsigned char theirs = op.is_send ? 2 : 1;
-          if (static_cast<size_t>(op.seq) < bits.size() &&
-              (bits[op.seq] & theirs)) {
-            continue;
-          }
+          if (posted[op.message] & theirs) continue;
           *peer = op.peer;
           return absl::StrCat("rank ", rank, " waits to ",
                               op.is_send ? "send" : "receive",
@@ -519,24 +542,26 @@ class Validator {
   // pass, so computed once.
   std::vector<int> rank_of_;
   std::vector<unsigned char> fwd_, full_, input_, weight_;
+  // send_position_[message]: its position among its channel's sends.
+  std::vector<int> send_position_;
+  // sender_[message]: the action that sends it (buffered sends only).
+  std::vector<Endpoint> sender_;
   // One in-order stream per rank and direction: streams_[2r] carries
   // activations, streams_[2r+1] gradients. A group is one send paired with
   // the next receive on the same stream, or a lone receive.
   struct Group {
-    // At most one send and one receive.
-    std::array<CommOp, 2> op_storage;
-    int num_ops = 0;
-    int send_action = -1;  // The action whose output the group sends.
-    void Add(const CommOp& op) { op_storage[num_ops++] = op; }
-    std::span<const CommOp> ops() const {
-      return {op_storage.data(), static_cast<size_t>(num_ops)};
-    }
+    int send_action = -1;   // The action whose output the group sends.
+    int send_message = -1;  // -1: no send (a lone receive).
+    int send_peer = -1;
+    int recv_message = -1;  // -1: no receive (yet).
+    int recv_peer = -1;
   };
   std::vector<std::vector<Group>> streams_;
-  // recv_group_[r][i]: the group on action i's stream that holds its receive.
-  std::vector<std::vector<int>> recv_group_;
+  // recv_code_[r][i]: 2g + d where group g of rank r's stream d holds action
+  // i's receive; -1 where the action receives nothing from another rank.
+  std::vector<std::vector<int>> recv_code_;
   // sender_of_[r][i]: the action that sends action i's input ({-1, -1}:
-  // none crosses ranks).
+  // none crosses ranks; buffered sends only).
   std::vector<std::vector<Endpoint>> sender_of_;
 };
 

@@ -138,6 +138,26 @@ TEST(ValidatorTest, ReversedGradientOrderIsCaughtBetweenNeighbours) {
   EXPECT_THAT(v.reason, HasSubstr("sends the gradient of stage 1 mb 1"));
 }
 
+TEST(ValidatorTest, ReportsTheFirstMismatchingReceiveWithItsPosition) {
+  // Three ranks, two mismatched channels: rank 1 receives activations from
+  // rank 0 in the order mb 0, 2, 1 (its position 1 mismatches), and rank 2
+  // receives mb 1 before mb 0 from rank 1 (position 0). Rank 1's receive
+  // comes first by rank, so it is the one reported, with the position on its
+  // channel and the message actually sent there.
+  Schedule s =
+      Parse(3, 3,
+            {"F0.0 F0.1 F0.2 B0.0 B0.1 B0.2", "F1.0 F1.2 F1.1 B1.0 B1.1 B1.2",
+             "F2.1 F2.0 F2.2 B2.0 B2.1 B2.2"});
+  ScheduleViolation v = MustViolate(s);
+  EXPECT_EQ(v.rank, 1);
+  EXPECT_EQ(v.index, 1);
+  EXPECT_EQ(v.reason,
+            "its input is message #1 from rank 0, expected to be the "
+            "activation of stage 0 mb 2 (stage 0 -> 1), but rank 0 sends the "
+            "activation of stage 0 mb 1 (stage 0 -> 1) at that position; "
+            "in-order transports (NCCL) would deliver the wrong tensor");
+}
+
 TEST(ValidatorTest, TwoRanksKeepActivationsAndGradientsOnSeparateStreams) {
   // With P = 2 both directions connect the same two ranks. Rank 1 sends
   // act(1,0), grad(3,0), act(1,1), ...; rank 0 consumes act(1,0), act(1,1),
