@@ -98,6 +98,10 @@ class ObjectReader {
     return &*it;
   }
 
+  bool Has(absl::string_view key) const {
+    return object_.contains(std::string(key));
+  }
+
   absl::StatusOr<std::string> String(absl::string_view key) {
     ASSIGN_OR_RETURN(const Json* value, Get(key));
     if (!value->is_string()) {
@@ -232,6 +236,13 @@ absl::StatusOr<CheckpointManifest> ParseManifestJson(const Json& json,
                    r.Int("step", 0, std::numeric_limits<int64_t>::max()));
   ASSIGN_OR_RETURN(m.config_hash, r.String("config_hash"));
   if (m.config_hash.empty()) return r.Error("config_hash", "must not be empty");
+  // Absent from manifests written before it was recorded.
+  if (r.Has("training_hash")) {
+    ASSIGN_OR_RETURN(m.training_hash, r.String("training_hash"));
+    if (m.training_hash.empty()) {
+      return r.Error("training_hash", "must not be empty when present");
+    }
+  }
   ASSIGN_OR_RETURN(int64_t num_stages,
                    r.Int("num_stages", 1, kMaxManifestStages));
   m.num_stages = static_cast<int>(num_stages);
@@ -384,6 +395,7 @@ std::string ManifestToJson(const CheckpointManifest& m) {
   j["job_id"] = m.job_id;
   j["step"] = m.step;
   j["config_hash"] = m.config_hash;
+  if (!m.training_hash.empty()) j["training_hash"] = m.training_hash;
   j["num_stages"] = m.num_stages;
   j["stage_begin"] = m.stage_begin;
   j["stages"] = std::move(stages);

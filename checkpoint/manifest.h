@@ -4,12 +4,12 @@
 //
 //   <checkpoint_dir>/step-<N>/manifest.json
 //
-// naming the job, its configuration hash, the stage cut, and every stage
-// file's size and CRC-32C. The manifest is written last and atomically, so a
-// step directory is complete exactly when it holds a manifest that parses and
-// whose files match it; anything else (a crash while writing, a worker lost
-// mid-save, a truncated or damaged file) is incomplete, and resume, export
-// and pruning treat it as not existing:
+// naming the job, its configuration and training hashes, the stage cut, and
+// every stage file's size and CRC-32C. The manifest is written last and
+// atomically, so a step directory is complete exactly when it holds a manifest
+// that parses and whose files match it; anything else (a crash while writing, a
+// worker lost mid-save, a truncated or damaged file) is incomplete, and resume,
+// export and pruning treat it as not existing:
 //
 //   ASSIGN_OR_RETURN(LatestCheckpoint latest,   // checkpoint/directory.h
 //                    FindLatestCompleteCheckpoint(dir, /*verify=*/true));
@@ -63,6 +63,10 @@ struct CheckpointManifest {
   int64_t step = 0;
   // job::JobConfigHash of the job file; resume refuses a different one.
   std::string config_hash;
+  // job::JobTrainingHash of the job file: a job whose training hash is equal
+  // resumes it on another pipeline layout. Empty in manifests written
+  // before it was recorded (they resume only with an equal config hash).
+  std::string training_hash;
   int num_stages = 0;
   // The first layer of every stage: 0, then strictly increasing.
   std::vector<int> stage_begin;

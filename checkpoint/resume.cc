@@ -98,6 +98,7 @@ v1::CheckpointRef ToProto(const ResumePoint& point) {
   ref.set_step_dir(point.step_dir);
   for (int b : point.stage_begin) ref.add_stage_begin(b);
   for (const v1::StageFile& f : point.files) *ref.add_files() = f;
+  ref.set_other_layout(point.other_layout);
   return ref;
 }
 
@@ -107,12 +108,14 @@ ResumePoint FromProto(const v1::CheckpointRef& ref) {
   point.step_dir = ref.step_dir();
   point.stage_begin.assign(ref.stage_begin().begin(), ref.stage_begin().end());
   point.files.assign(ref.files().begin(), ref.files().end());
+  point.other_layout = ref.other_layout();
   return point;
 }
 
 absl::StatusOr<ResumePoint> FindResumePoint(const engine::ResumeSpec& resume,
                                             const std::string& checkpoint_dir,
-                                            const std::string& config_hash) {
+                                            const std::string& config_hash,
+                                            const std::string& training_hash) {
   absl::StatusOr<FoundManifest> found = FindManifest(resume, checkpoint_dir);
   const std::string what =
       resume.kind == engine::ResumeSpec::Kind::kLatest
@@ -127,19 +130,40 @@ absl::StatusOr<ResumePoint> FindResumePoint(const engine::ResumeSpec& resume,
                      "from scratch"));
   }
   const CheckpointManifest& manifest = found->manifest;
-  if (manifest.config_hash != config_hash) {
+  if (manifest.config_hash == config_hash) {
+    return ResumePointOf(manifest, found->checkpoint_dir);
+  }
+  // Another pipeline layout of the same training: every parameter and its
+  // optimizer state is found by its global name, whichever stage file holds
+  // it.
+  if (!manifest.training_hash.empty() &&
+      manifest.training_hash == training_hash) {
+    ResumePoint point = ResumePointOf(manifest, found->checkpoint_dir);
+    point.other_layout = true;
+    return point;
+  }
+  if (manifest.training_hash.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         what, ": step ", manifest.step, " was written by job '", manifest.job,
         "' with another configuration (config hash ", manifest.config_hash,
         ", this job's ", config_hash,
-        "): its model, data, optimizer, training or pipeline section differs"));
+        "): its model, data, optimizer, training or pipeline section differs "
+        "(the checkpoint predates training hashes, so its pipeline section "
+        "and stage boundaries must match too)"));
   }
-  return ResumePointOf(manifest, found->checkpoint_dir);
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, ": step ", manifest.step, " was written by job '", manifest.job,
+      "' with another training configuration (training hash ",
+      manifest.training_hash, ", this job's ", training_hash,
+      "): its model, data, optimizer or training section differs; only the "
+      "pipeline section and the stage boundaries may change on resume"));
 }
 
 absl::Status AdoptCheckpointCut(const ResumePoint& point,
                                 engine::JobSpec& spec) {
-  if (!spec.pipeline.auto_stages) return absl::OkStatus();
+  if (!spec.pipeline.auto_stages || point.other_layout) {
+    return absl::OkStatus();
+  }
   if (absl::Status s =
           engine::SetStageBoundaries(&spec.model, point.stage_begin);
       !s.ok()) {
@@ -154,14 +178,21 @@ absl::Status AdoptCheckpointCut(const ResumePoint& point,
 
 absl::Status CheckResumeFitsPlan(const ResumePoint& point,
                                  const JobPlan& plan) {
-  std::vector<int> cut;
-  for (const StagePlan& s : plan.stages) cut.push_back(s.first_layer);
-  if (point.stage_begin != cut) {
+  // The cut may differ (each rank reads the files holding its parameters,
+  // job/rank_program.h), but it must be one of this model: resume maps
+  // layers to the checkpoint's stage files by it.
+  const size_t layers = plan.job.model.layers.size();
+  const std::vector<int>& begin = point.stage_begin;
+  bool fits = !begin.empty() && begin.front() == 0 &&
+              static_cast<size_t>(begin.back()) < layers;
+  for (size_t i = 1; fits && i < begin.size(); ++i) {
+    fits = begin[i] > begin[i - 1];
+  }
+  if (!fits) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "resume: ", point.step_dir, " holds ", point.stage_begin.size(),
-        " stages starting at layers [", absl::StrJoin(point.stage_begin, ", "),
-        "], this job has ", cut.size(), " starting at [",
-        absl::StrJoin(cut, ", "), "]"));
+        "resume: ", point.step_dir, " holds ", begin.size(),
+        " stages starting at layers [", absl::StrJoin(begin, ", "),
+        "], which is not a cut of this job's ", layers, " layers"));
   }
   if (point.step >= plan.job.training.steps) {
     return absl::FailedPreconditionError(
@@ -199,7 +230,8 @@ absl::Status CheckNothingNewer(const std::string& checkpoint_dir,
 }
 
 CheckpointManifest MakeManifest(const JobPlan& plan, const std::string& job_id,
-                                const std::string& config_hash, int64_t step,
+                                const std::string& config_hash,
+                                const std::string& training_hash, int64_t step,
                                 const std::map<int, v1::StageFile>& files,
                                 int64_t now_unix_ms) {
   CheckpointManifest m;
@@ -207,6 +239,7 @@ CheckpointManifest MakeManifest(const JobPlan& plan, const std::string& job_id,
   m.job_id = job_id;
   m.step = step;
   m.config_hash = config_hash;
+  m.training_hash = training_hash;
   m.num_stages = plan.num_stages;
   for (const StagePlan& s : plan.stages) m.stage_begin.push_back(s.first_layer);
   for (const auto& [stage, f] : files) {

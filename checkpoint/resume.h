@@ -30,31 +30,41 @@ struct ResumePoint {
   std::string step_dir;
   std::vector<int> stage_begin;      // The cut the checkpoint was taken with.
   std::vector<v1::StageFile> files;  // By stage.
+  // Written by a job with another pipeline layout (an equal training hash,
+  // another config hash): its cut is not adopted, and each rank reads the
+  // files that hold its parameters (job/rank_program.h).
+  bool other_layout = false;
 };
 
-// Resolves `resume` for a job whose config hash is `config_hash`:
+// Resolves `resume` for a job whose hashes are `config_hash` and
+// `training_hash` (job/config_hash.h):
 //   kLatest: the newest complete step in `checkpoint_dir`;
 //   kPath:   the step directory at resume.path ("…/step-N"), or, when the
 //            path is a checkpoint directory, its newest complete step.
-// Sizes are checked, checksums are left to the workers that read the files.
-// Errors say what was found: NotFound for a missing path; FailedPrecondition
-// for no complete step (with why each was passed over), an incomplete step,
-// or a checkpoint of another job configuration (both hashes); DataLoss for
-// a stage file whose size differs from its manifest.
+// The step resumes when its config hash is the job's, or, with
+// other_layout set, when its training hash is (only the pipeline section
+// or the stage boundaries differ). Sizes are checked, checksums are left to
+// the workers that read the files. Errors say what was found: NotFound for a
+// missing path; FailedPrecondition for no complete step (with why each was
+// passed over), an incomplete step, or a checkpoint of another training
+// configuration (both hashes); DataLoss for a stage file whose size differs
+// from its manifest.
 absl::StatusOr<ResumePoint> FindResumePoint(const engine::ResumeSpec& resume,
                                             const std::string& checkpoint_dir,
-                                            const std::string& config_hash);
+                                            const std::string& config_hash,
+                                            const std::string& training_hash);
 
 // A stages: auto job resumes with the cut its checkpoint was written with,
 // so the model is not profiled again: cuts `spec` there and makes it a
-// markers job for the planner. No-op for other jobs. InvalidArgument when
-// the cut does not fit the model.
+// markers job for the planner. No-op for other jobs and for a checkpoint of
+// another layout (the job's own pipeline section decides its cut).
+// FailedPrecondition when the cut does not fit the model.
 absl::Status AdoptCheckpointCut(const ResumePoint& point,
                                 engine::JobSpec& spec);
 
-// FailedPrecondition unless the checkpoint fits `plan`: the same stages and
-// cut, and a step before training.steps (a finished job has nothing left to
-// resume).
+// FailedPrecondition unless the checkpoint fits `plan`: its cut is one of
+// the plan's model (the plan's own cut may differ), and its step is before
+// training.steps (a finished job has nothing left to resume).
 absl::Status CheckResumeFitsPlan(const ResumePoint& point,
                                  const job::JobPlan& plan);
 
@@ -70,7 +80,8 @@ absl::Status CheckNothingNewer(const std::string& checkpoint_dir,
 // (by stage; all of plan.num_stages present).
 CheckpointManifest MakeManifest(const job::JobPlan& plan,
                                 const std::string& job_id,
-                                const std::string& config_hash, int64_t step,
+                                const std::string& config_hash,
+                                const std::string& training_hash, int64_t step,
                                 const std::map<int, v1::StageFile>& files,
                                 int64_t now_unix_ms);
 

@@ -116,6 +116,12 @@ absl::Status CheckJobWroteCheckpoint(const CheckpointParams& params,
       params.manifest.config_hash == hash) {
     return absl::OkStatus();
   }
+  // The same training on another pipeline layout: parameters are found by
+  // their global names whatever the cut.
+  if (!params.manifest.training_hash.empty() &&
+      params.manifest.training_hash == job::JobTrainingHash(job_yaml)) {
+    return absl::OkStatus();
+  }
   return absl::FailedPreconditionError(absl::StrCat(
       job_file, " is not the job that wrote this checkpoint (", dir, " step-",
       params.manifest.step, "): its configuration hash is ", hash,

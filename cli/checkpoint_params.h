@@ -57,9 +57,10 @@ absl::StatusOr<CheckpointParams> LoadCheckpointParams(
 
 // FailedPrecondition naming `job_file` unless the checkpoint in `dir`
 // (loaded as `params`) was written by the job `job_yaml` describes: its
-// manifest records that configuration hash, or none (older checkpoints).
-// Another job's file would name the same tensors and mean something else
-// (another model, or the same one cut or trained differently).
+// manifest records that configuration hash, or none (older checkpoints), or
+// that training hash (the same training on another pipeline layout). Another
+// job's file would name the same tensors and mean something else (another
+// model, or the same one trained differently).
 absl::Status CheckJobWroteCheckpoint(const CheckpointParams& params,
                                      const std::string& dir,
                                      const std::string& job_file,

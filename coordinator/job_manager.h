@@ -294,8 +294,10 @@ class JobManager {
     std::string failure;
     TimePoint failure_deadline;
     EventLog events;
-    // job::JobConfigHash of the YAML, recorded in every manifest.
+    // job::JobConfigHash and job::JobTrainingHash of the YAML, recorded in
+    // every manifest.
     std::string config_hash;
+    std::string training_hash;
     // Where the current attempt starts; nullopt: from the init.
     std::optional<checkpoint::ResumePoint> resume;
     // The newest step this manager committed for the job.

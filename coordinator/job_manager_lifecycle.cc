@@ -190,8 +190,9 @@ void JobManager::OnCheckpoint(WorkerRecord& w,
 void JobManager::CommitCheckpoint(JobRecord& job, int64_t step,
                                   const std::map<int, v1::StageFile>& files) {
   const std::string& dir = job.plan.job.checkpoint.dir;
-  const checkpoint::CheckpointManifest manifest = checkpoint::MakeManifest(
-      job.plan, job.info.id(), job.config_hash, step, files, NowUnixMs());
+  const checkpoint::CheckpointManifest manifest =
+      checkpoint::MakeManifest(job.plan, job.info.id(), job.config_hash,
+                               job.training_hash, step, files, NowUnixMs());
   // Under the lock: the manifest is small, and no other commit or resume
   // of this job may interleave with it.
   if (absl::Status written = checkpoint::WriteManifest(dir, manifest);

@@ -45,11 +45,12 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
       engine::ParseJobSpec(request.yaml(), file_name, request.base_dir());
   if (!spec.ok()) return spec.status();
   const std::string config_hash = job::JobConfigHash(request.yaml());
+  const std::string training_hash = job::JobTrainingHash(request.yaml());
   // Outside the lock: finding the checkpoint reads the filesystem.
   std::optional<checkpoint::ResumePoint> resume;
   if (spec->resume.kind != engine::ResumeSpec::Kind::kNone) {
     absl::StatusOr<checkpoint::ResumePoint> point = checkpoint::FindResumePoint(
-        spec->resume, spec->checkpoint.dir, config_hash);
+        spec->resume, spec->checkpoint.dir, config_hash, training_hash);
     if (!point.ok()) return point.status();
     if (absl::Status s = checkpoint::AdoptCheckpointCut(*point, *spec); !s.ok())
       return s;
@@ -123,6 +124,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
     job.request.set_file_name(file_name);
     job.plan = *std::move(plan);
     job.config_hash = config_hash;
+    job.training_hash = training_hash;
     job.resume = std::move(resume);
     v1::Job& info = job.info;
     info.set_id(JobId(number));
@@ -418,6 +420,7 @@ v1::JobProgram JobManager::MakeProgram(const JobRecord& job, int rank) const {
     context.resume_step = job.resume->step;
     context.resume_dir = job.resume->step_dir;
     context.resume_files = job.resume->files;
+    context.resume_stage_begin = job.resume->stage_begin;
   }
   return job::CompileRankProgram(job.plan, rank, context);
 }

@@ -9,6 +9,7 @@
 #include "coordinator/ids.h"
 #include "coordinator/job_manager.h"
 #include "engine/job_spec.h"
+#include "job/config_hash.h"
 #include "proto/protocol.h"
 #include "spdlog/spdlog.h"
 
@@ -117,6 +118,8 @@ absl::Status JobManager::Restore(const v1::CoordinatorState& state) {
     job.info = saved.info();
     job.request = saved.request();
     job.config_hash = saved.config_hash();
+    // Not saved: the YAML is kept while the job can still write a manifest.
+    job.training_hash = job::JobTrainingHash(job.request.yaml());
     job.attempt = saved.attempt();
     if (saved.has_resume()) job.resume = checkpoint::FromProto(saved.resume());
     if (saved.has_committed())
@@ -179,7 +182,7 @@ absl::Status JobManager::Restore(const v1::CoordinatorState& state) {
       latest.kind = engine::ResumeSpec::Kind::kLatest;
       absl::StatusOr<checkpoint::ResumePoint> on_disk =
           checkpoint::FindResumePoint(latest, job.info.checkpoint_dir(),
-                                      job.config_hash);
+                                      job.config_hash, job.training_hash);
       const int64_t known =
           std::max<int64_t>(job.committed.has_value() ? job.committed->step : 0,
                             job.resume.has_value() ? job.resume->step : 0);

@@ -2,6 +2,7 @@
 
 #include <exception>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/yaml_reader.h"
@@ -34,22 +35,35 @@ class Canonicalizer {
   static constexpr int kMaxDepth = 64;
   static constexpr size_t kMaxBytes = size_t{16} << 20;
 
-  // False if the tree is beyond the bounds.
-  bool Append(const YAML::Node& node, int depth, bool top_level) {
+  // layout_free: also leave out the pipeline section and, in the model, the
+  // stage boundaries (`- boundary` items, `boundary_every`, `boundaries`).
+  explicit Canonicalizer(bool layout_free) : layout_free_(layout_free) {}
+
+  // False if the tree is beyond the bounds. `in_model`: the node is in the
+  // top-level model section.
+  bool Append(const YAML::Node& node, int depth, bool top_level,
+              bool in_model = false) {
     if (depth > kMaxDepth || out_.size() > kMaxBytes) return false;
     switch (node.Type()) {
       case YAML::NodeType::Scalar:
         absl::StrAppend(&out_, "S", node.Scalar().size(), ":", node.Scalar());
         return true;
-      case YAML::NodeType::Sequence:
-        absl::StrAppend(&out_, "L", node.size(), "[");
+      case YAML::NodeType::Sequence: {
+        std::vector<YAML::Node> items;
         for (const YAML::Node& item : node) {
-          if (!Append(item, depth + 1, false)) return false;
+          if (!(in_model && layout_free_ && IsBoundaryItem(item))) {
+            items.push_back(item);
+          }
+        }
+        absl::StrAppend(&out_, "L", items.size(), "[");
+        for (const YAML::Node& item : items) {
+          if (!Append(item, depth + 1, false, in_model)) return false;
         }
         out_ += "]";
         return true;
+      }
       case YAML::NodeType::Map:
-        return AppendMap(node, depth, top_level);
+        return AppendMap(node, depth, top_level, in_model);
       case YAML::NodeType::Null:
       case YAML::NodeType::Undefined:
         out_ += "N";
@@ -61,25 +75,46 @@ class Canonicalizer {
   const std::string& text() const { return out_; }
 
  private:
-  bool AppendMap(const YAML::Node& node, int depth, bool top_level) {
+  // `- boundary` or `- boundary: {}` in a layer list.
+  static bool IsBoundaryItem(const YAML::Node& item) {
+    if (item.IsScalar()) return item.Scalar() == "boundary";
+    return item.IsMap() && item.size() == 1 && item.begin()->first.IsScalar() &&
+           item.begin()->first.Scalar() == "boundary";
+  }
+
+  bool Ignored(absl::string_view key, bool top_level, bool in_model) const {
     // Sections that say where the job's files go, how it recovers or what
     // it measures on the side, not what it trains.
-    static constexpr absl::string_view kIgnored[] = {
+    static constexpr absl::string_view kBookkeeping[] = {
         "name", "checkpoint", "resume", "restart", "eval"};
+    // What only says how the model is cut and run.
+    static constexpr absl::string_view kModelLayout[] = {"boundary_every",
+                                                         "boundaries"};
+    if (top_level) {
+      return absl::c_linear_search(kBookkeeping, key) ||
+             (layout_free_ && key == "pipeline");
+    }
+    return layout_free_ && in_model && absl::c_linear_search(kModelLayout, key);
+  }
+
+  bool AppendMap(const YAML::Node& node, int depth, bool top_level,
+                 bool in_model) {
     // Sorted by index: assigning a YAML::Node (as a sort of the nodes
     // themselves would) rebinds the node it refers to inside the tree.
     std::vector<std::pair<std::string, size_t>> keys;
     std::vector<YAML::Node> values;
+    std::vector<bool> model_values;
     for (auto it = node.begin(); it != node.end(); ++it) {
-      if (top_level && it->first.IsScalar() &&
-          std::find(std::begin(kIgnored), std::end(kIgnored),
-                    it->first.Scalar()) != std::end(kIgnored)) {
+      const bool scalar_key = it->first.IsScalar();
+      if (scalar_key && Ignored(it->first.Scalar(), top_level, in_model)) {
         continue;
       }
-      Canonicalizer key;
+      Canonicalizer key(layout_free_);
       if (!key.Append(it->first, depth + 1, false)) return false;
       keys.emplace_back(key.text(), values.size());
       values.push_back(it->second);
+      model_values.push_back(in_model || (top_level && scalar_key &&
+                                          it->first.Scalar() == "model"));
     }
     std::stable_sort(
         keys.begin(), keys.end(),
@@ -87,37 +122,51 @@ class Canonicalizer {
     absl::StrAppend(&out_, "M", keys.size(), "{");
     for (const auto& [key, index] : keys) {
       out_ += key;
-      if (!Append(values[index], depth + 1, false)) return false;
+      if (!Append(values[index], depth + 1, false, model_values[index])) {
+        return false;
+      }
     }
     out_ += "}";
     return true;
   }
 
+  const bool layout_free_;
   std::string out_;
 };
 
-}  // namespace
-
-std::string JobConfigHash(absl::string_view yaml_text) {
-  constexpr absl::string_view kCanonicalTag = "conveyor-job-config-v1\n";
-  constexpr absl::string_view kRawTag = "conveyor-job-config-raw-v1\n";
+std::string HashJob(absl::string_view yaml_text, bool layout_free) {
+  const absl::string_view canonical_tag =
+      layout_free ? "conveyor-job-training-v1\n" : "conveyor-job-config-v1\n";
+  const absl::string_view raw_tag = layout_free
+                                        ? "conveyor-job-training-raw-v1\n"
+                                        : "conveyor-job-config-raw-v1\n";
   uint64_t hash = 0;
   bool hashed = false;
   try {
     absl::StatusOr<YAML::Node> doc =
         LoadYaml(yaml_text, "job", YamlDocuments::kExactlyOne);
     if (doc.ok()) {
-      Canonicalizer canonical;
+      Canonicalizer canonical(layout_free);
       if (canonical.Append(*doc, 0, /*top_level=*/true)) {
-        hash = Fnv1a64(kCanonicalTag, canonical.text());
+        hash = Fnv1a64(canonical_tag, canonical.text());
         hashed = true;
       }
     }
   } catch (const std::exception&) {
     // Fall back to the raw text below: a hash must always come out.
   }
-  if (!hashed) hash = Fnv1a64(kRawTag, yaml_text);
+  if (!hashed) hash = Fnv1a64(raw_tag, yaml_text);
   return absl::StrFormat("%016x", hash);
+}
+
+}  // namespace
+
+std::string JobConfigHash(absl::string_view yaml_text) {
+  return HashJob(yaml_text, /*layout_free=*/false);
+}
+
+std::string JobTrainingHash(absl::string_view yaml_text) {
+  return HashJob(yaml_text, /*layout_free=*/true);
 }
 
 }  // namespace conveyor::job

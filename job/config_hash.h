@@ -1,6 +1,7 @@
-// A job's configuration hash: what a checkpoint records of the job that
+// A job's configuration hashes: what a checkpoint records of the job that
 // wrote it, so that resume refuses a checkpoint of another model, data,
-// optimizer, training or pipeline configuration.
+// optimizer or training configuration, and knows when only the pipeline
+// layout differs.
 //
 // Thread-safe (a pure function).
 #ifndef CONVEYOR_JOB_CONFIG_HASH_H_
@@ -23,6 +24,14 @@ namespace conveyor::job {
 // parse as one YAML document is hashed as is (callers pass job files the
 // job parser accepted).
 std::string JobConfigHash(absl::string_view yaml_text);
+
+// JobConfigHash without what only says how the model is cut and run: the
+// pipeline section and the model's stage boundaries (`- boundary` items,
+// `boundary_every` and `boundaries`). Two jobs with equal training hashes
+// train the same parameters from the same data in the same order, so a
+// checkpoint of one resumes the other on any stage layout (checkpoint/
+// resume.h). A different tag keeps it from ever equalling a config hash.
+std::string JobTrainingHash(absl::string_view yaml_text);
 
 }  // namespace conveyor::job
 

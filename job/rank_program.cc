@@ -1,8 +1,10 @@
 #include "job/rank_program.h"
 
+#include <algorithm>
 #include <set>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/model_spec.h"
@@ -36,6 +38,33 @@ std::string FirstDifference(const v1::JobProgram& planned,
 }
 
 }  // namespace
+
+std::set<int> CheckpointStagesOf(const JobPlan& plan, int rank,
+                                 const std::vector<int>& checkpoint_begin) {
+  std::vector<int> begin = checkpoint_begin;
+  if (begin.empty()) {
+    for (const StagePlan& s : plan.stages) begin.push_back(s.first_layer);
+  }
+  // Each parameter's checkpoint stage: the one holding the layer that owns
+  // it (a tied copy's original, for a tied copy).
+  absl::flat_hash_map<std::string, int> stage_of;
+  for (const engine::LayerSpec& layer : plan.job.model.layers) {
+    const int stage = static_cast<int>(
+        std::upper_bound(begin.begin(), begin.end(), layer.index) -
+        begin.begin() - 1);
+    for (const engine::ParamSpec& p : layer.params) {
+      if (!p.tied_copy) stage_of.try_emplace(p.name, stage);
+    }
+  }
+  std::set<int> wanted;
+  for (const StagePlan* s : StagesOfRank(plan, rank)) {
+    for (const std::string& name : s->parameter_names) {
+      auto it = stage_of.find(name);
+      if (it != stage_of.end()) wanted.insert(it->second);
+    }
+  }
+  return wanted;
+}
 
 v1::JobProgram CompileRankProgram(const JobPlan& plan, int rank,
                                   const ProgramContext& context) {
@@ -81,15 +110,11 @@ v1::JobProgram CompileRankProgram(const JobPlan& plan, int rank,
   if (context.resume_step > 0) {
     program.set_resume_step(context.resume_step);
     program.set_resume_dir(context.resume_dir);
-    // The files of this rank's stages, and of the original of each tied
-    // copy it holds (a tied lm_head's embedding), which only that file has.
-    std::set<int> wanted;
-    for (int s = 0; s < plan.num_stages; ++s) {
-      if (plan.stages[s].rank == rank) wanted.insert(s);
+    for (int b : context.resume_stage_begin) {
+      program.add_resume_stage_begin(b);
     }
-    for (const engine::TiedParameter& tie : plan.job.model.TiedParameters()) {
-      if (wanted.contains(tie.copy_stage)) wanted.insert(tie.original_stage);
-    }
+    const std::set<int> wanted =
+        CheckpointStagesOf(plan, rank, context.resume_stage_begin);
     for (const v1::StageFile& f : context.resume_files) {
       if (wanted.contains(f.stage())) *program.add_resume_files() = f;
     }
@@ -108,7 +133,9 @@ ProgramContext ContextOf(const v1::JobProgram& program) {
           .resume_step = program.resume_step(),
           .resume_dir = program.resume_dir(),
           .resume_files = {program.resume_files().begin(),
-                           program.resume_files().end()}};
+                           program.resume_files().end()},
+          .resume_stage_begin = {program.resume_stage_begin().begin(),
+                                 program.resume_stage_begin().end()}};
 }
 
 absl::StatusOr<JobPlan> PlanOfProgram(const v1::JobProgram& program) {

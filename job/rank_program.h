@@ -10,6 +10,7 @@
 #define CONVEYOR_JOB_RANK_PROGRAM_H_
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,13 +32,22 @@ struct ProgramContext {
   std::string secret{};
   std::string yaml{}, file_name{}, base_dir{};
   int64_t recv_timeout_ms = 0;
-  // 0: from the init. resume_files: every stage's file, or this rank's; the
-  // program keeps the files of the rank's stages and of the originals of
-  // the tied copies it holds (engine::TiedParameter).
+  // 0: from the init. resume_files: every stage's file of the checkpoint,
+  // or this rank's; resume_stage_begin: the checkpoint's cut (empty: the
+  // plan's). The program keeps the files that hold the parameters of the
+  // rank's stages, the originals of its tied copies included
+  // (engine::TiedParameter), whatever cut wrote them.
   int64_t resume_step = 0;
   std::string resume_dir{};
   std::vector<v1::StageFile> resume_files{};
+  std::vector<int> resume_stage_begin{};
 };
+
+// The stages of a checkpoint cut at `checkpoint_begin` (first layers; empty:
+// the plan's own cut) whose files hold the parameters of rank `rank`'s
+// stages in `plan`, the originals of its tied copies included.
+std::set<int> CheckpointStagesOf(const JobPlan& plan, int rank,
+                                 const std::vector<int>& checkpoint_begin);
 
 // Rank `rank`'s program for `plan` (0 <= rank < plan.num_ranks).
 v1::JobProgram CompileRankProgram(const JobPlan& plan, int rank,

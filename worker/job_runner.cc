@@ -519,7 +519,8 @@ absl::Status JobRunner::RunSteps(
     }
   }
   if (cancellation_.cancelled()) return cancellation_.status();
-  return absl::OkStatus();
+  // The job ends once its last checkpoint is durable and reported.
+  return checkpoint_writer_.Wait();
 }
 
 // Every rank sends its value to every other rank under a tag no stage uses
@@ -565,30 +566,60 @@ absl::StatusOr<double> JobRunner::AllReduceSum(int64_t step, double value) {
   return total;
 }
 
-absl::Status JobRunner::WriteCheckpoint(int64_t step) {
-  const auto start = std::chrono::steady_clock::now();
-  CheckpointWrite write;
-  write.step = step;
-  absl::StatusOr<std::vector<v1::StageFile>> files = WriteStageFiles(step);
-  write.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
-  if (files.ok()) {
-    write.files = *std::move(files);
-  } else {
-    write.status = files.status();
-  }
-  if (on_checkpoint_) on_checkpoint_(write);
-  return write.status;
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+      .count();
 }
 
-absl::StatusOr<std::vector<v1::StageFile>> JobRunner::WriteStageFiles(
-    int64_t step) {
-  RETURN_IF_ERROR(backend_->Synchronize());
-  const std::vector<engine::Optimizer::StateTensor> state =
-      optimizer_->StateTensors();
+}  // namespace
+
+absl::Status JobRunner::WriteCheckpoint(int64_t step) {
+  // At most one write in flight: the previous one finishes first, and its
+  // error fails the job here.
+  const auto wait_start = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(checkpoint_writer_.Wait());
+  const double waited = SecondsSince(wait_start);
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::vector<StageSnapshot>> snapshot = SnapshotStages(step);
+  if (!snapshot.ok()) {
+    if (on_checkpoint_) {
+      on_checkpoint_({.step = step,
+                      .status = snapshot.status(),
+                      .seconds = SecondsSince(start),
+                      .wait_seconds = waited});
+    }
+    return snapshot.status();
+  }
+  const double snapshot_seconds = SecondsSince(start);
+  // The step loop goes on while the files are written: the snapshot is the
+  // step's state, whatever the next steps do to the stages.
+  auto shared =
+      std::make_shared<std::vector<StageSnapshot>>(*std::move(snapshot));
+  return checkpoint_writer_
+      .Start([this, step, shared, start, waited, snapshot_seconds] {
+        CheckpointWrite write{.step = step,
+                              .wait_seconds = waited,
+                              .snapshot_seconds = snapshot_seconds};
+        absl::StatusOr<std::vector<v1::StageFile>> files =
+            WriteSnapshot(step, *shared);
+        write.seconds = SecondsSince(start);
+        if (files.ok()) {
+          write.files = *std::move(files);
+        } else {
+          write.status = files.status();
+        }
+        if (on_checkpoint_) on_checkpoint_(write);
+        return write.status;
+      })
+      .status();
+}
+
+absl::StatusOr<std::vector<v1::StageFile>> JobRunner::WriteSnapshot(
+    int64_t step, const std::vector<StageSnapshot>& snapshot) {
   std::vector<v1::StageFile> files;
-  for (const auto& stage : stages_) {
+  for (const StageSnapshot& stage : snapshot) {
     if (checkpoint_delay_.count() > 0) {
       // The step directory first, so a test sees the write begin and can
       // kill the worker in the middle of it.
@@ -597,10 +628,42 @@ absl::StatusOr<std::vector<v1::StageFile>> JobRunner::WriteStageFiles(
       std::this_thread::sleep_for(checkpoint_delay_);
       if (cancellation_.cancelled()) return cancellation_.status();
     }
+    ASSIGN_OR_RETURN(const checkpoint::StageFileDigest digest,
+                     checkpoint::WriteStageFile(program_.checkpoint_dir(),
+                                                stage.info, stage.tensors));
+    v1::StageFile& file = files.emplace_back();
+    file.set_stage(digest.stage);
+    file.set_file(digest.file);
+    file.set_bytes(digest.bytes);
+    file.set_crc32c(digest.crc32c);
+    SPDLOG_INFO("job {}: wrote {} ({} bytes)", program_.job_id(),
+                checkpoint::StageFilePath(program_.checkpoint_dir(), step,
+                                          stage.info.stage),
+                digest.bytes);
+  }
+  return files;
+}
+
+absl::StatusOr<std::vector<JobRunner::StageSnapshot>> JobRunner::SnapshotStages(
+    int64_t step) {
+  RETURN_IF_ERROR(backend_->Synchronize());
+  const std::vector<engine::Optimizer::StateTensor> state =
+      optimizer_->StateTensors();
+  std::vector<StageSnapshot> snapshot;
+  snapshot.reserve(stages_.size());
+  for (const auto& stage : stages_) {
+    StageSnapshot& s = snapshot.emplace_back();
+    s.info = {.job = job_.name,
+              .stage = stage->index(),
+              .num_stages = program_.num_stages(),
+              .step = step,
+              .optimizer_step = optimizer_->step(),
+              .samples_seen = step * job_.training.batch_size};
     // Host copies of everything the file holds: the parameters under their
-    // global names, then the optimizer's state of those parameters.
-    std::vector<std::vector<float>> host;
-    std::vector<engine::TensorToWrite> tensors;
+    // global names, then the optimizer's state of those parameters. `host`
+    // is reserved up front, so the pointers into it stay valid.
+    std::vector<std::vector<float>>& host = s.host;
+    std::vector<engine::TensorToWrite>& tensors = s.tensors;
     auto add = [&](std::string name, const engine::Tensor& t) -> absl::Status {
       host.emplace_back(t.numel());
       RETURN_IF_ERROR(backend_->CopyToHost(t, host.back().data(), t.bytes()));
@@ -626,34 +689,16 @@ absl::StatusOr<std::vector<v1::StageFile>> JobRunner::WriteStageFiles(
       RETURN_IF_ERROR(add(
           checkpoint::OptimizerTensorName(st.slot, st.param->name), st.tensor));
     }
-    ASSIGN_OR_RETURN(const checkpoint::StageFileDigest digest,
-                     checkpoint::WriteStageFile(
-                         program_.checkpoint_dir(),
-                         {.job = job_.name,
-                          .stage = stage->index(),
-                          .num_stages = program_.num_stages(),
-                          .step = step,
-                          .optimizer_step = optimizer_->step(),
-                          .samples_seen = step * job_.training.batch_size},
-                         tensors));
-    v1::StageFile& file = files.emplace_back();
-    file.set_stage(digest.stage);
-    file.set_file(digest.file);
-    file.set_bytes(digest.bytes);
-    file.set_crc32c(digest.crc32c);
-    SPDLOG_INFO("job {}: wrote {} ({} bytes)", program_.job_id(),
-                checkpoint::StageFilePath(program_.checkpoint_dir(), step,
-                                          stage->index()),
-                digest.bytes);
   }
-  return files;
+  return snapshot;
 }
 
 absl::Status JobRunner::LoadResumeFiles() {
   const int64_t step = program_.resume_step();
-  // This rank's stages' files, and the file of the original of any tied
-  // copy it holds (rank_program.h). Every file stays open (in memory) until
-  // the optimizer state is read.
+  // The files holding this rank's parameters, the originals of its tied
+  // copies included, whatever cut wrote them (rank_program.h): each
+  // parameter and its optimizer state is read by its global name. Every
+  // file stays open (in memory) until the optimizer state is read.
   std::vector<checkpoint::StageFile> files;
   std::set<int> read;
   for (const v1::StageFile& f : program_.resume_files()) {
@@ -669,12 +714,6 @@ absl::Status JobRunner::LoadResumeFiles() {
                                                 .crc32c = f.crc32c()},
                                                {.step = step}));
     files.push_back(std::move(file));
-  }
-  for (const auto& stage : stages_) {
-    if (!read.contains(stage->index())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("program: no resume file for stage ", stage->index()));
-    }
   }
   std::vector<const engine::SafetensorsReader*> readers;
   for (const checkpoint::StageFile& f : files) readers.push_back(&f.tensors);

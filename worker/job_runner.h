@@ -28,9 +28,13 @@
 // the optimizer's state (checkpoint/stage_file.h), so that a run resumed from
 // it ends bitwise equal to one that never stopped: the data source is indexed
 // by step (N is the data position) and training draws no random numbers
-// after initialization, so nothing else carries over. Each file is written
-// to a temporary name, fsynced and renamed; on_checkpoint then reports the
-// files' sizes and CRC-32C, for the coordinator's manifest. A program with
+// after initialization, so nothing else carries over. At the step boundary
+// the stages are copied to host memory (a snapshot); the files are written
+// from it on a background thread while the next steps run, each to a
+// temporary name, fsynced and renamed; on_checkpoint then reports the files'
+// sizes and CRC-32C, for the coordinator's manifest. At most one write is in
+// flight: the next checkpoint waits for it (CheckpointWrite.wait_seconds),
+// and Run returns only once the last is reported. A program with
 // resume_step > 0 starts from the files in resume_dir instead of the init,
 // after checking each against the size and CRC the manifest recorded.
 //
@@ -56,6 +60,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "checkpoint/stage_file.h"
 #include "common/cancellation.h"
 #include "conveyor/v1/conveyor.pb.h"
 #include "engine/backend.h"
@@ -64,11 +69,13 @@
 #include "engine/mesh_collective.h"
 #include "engine/optimizer.h"
 #include "engine/pipeline_stage.h"
+#include "engine/safetensors.h"
 #include "engine/stage.h"
 #include "scheduler/action.h"
 #include "scheduler/placement.h"
 #include "transport/tcp/tcp_channel.h"
 #include "transport/tcp/tcp_header_link.h"
+#include "worker/background_task.h"
 #include "worker/device_backends.h"
 #include "worker/stage_executor.h"
 
@@ -81,8 +88,15 @@ inline constexpr std::chrono::milliseconds kDefaultRecvTimeout{30000};
 struct CheckpointWrite {
   int64_t step = 0;
   absl::Status status;  // OK: every file below is durable at its name.
+  // From the snapshot's start to the last file durable.
   double seconds = 0;
   std::vector<v1::StageFile> files;  // One per stage of the rank, on success.
+  // How long the step loop waited for the previous write to finish before
+  // this one could start (at most one is in flight), and how long it stood
+  // still copying the stages to host memory: the write's whole cost to the
+  // step loop.
+  double wait_seconds = 0;
+  double snapshot_seconds = 0;
 };
 
 struct JobRunnerOptions {
@@ -101,7 +115,8 @@ struct JobRunnerOptions {
   DeviceBackends* backends = nullptr;
   // Told about the data plane's traffic and failures; outlives the runner.
   transport::DataPlaneObserver* observer = nullptr;
-  // After each checkpoint write (on the job thread): see CheckpointWrite.
+  // After each checkpoint write, on the thread that wrote it (not the job
+  // thread): see CheckpointWrite.
   std::function<void(const CheckpointWrite&)> on_checkpoint = nullptr;
   // Fault injection for tests of a worker killed mid-checkpoint: sleep this
   // long before writing each stage file. Never set in production.
@@ -235,9 +250,22 @@ class JobRunner {
       const std::function<void(const StepProgress&)>& on_step);
   // Sums `value` over all ranks through the channel (see job_runner.cc).
   absl::StatusOr<double> AllReduceSum(int64_t step, double value);
-  // Writes this rank's stages for `step` and reports it to on_checkpoint.
+  // One stage's checkpoint in host memory: its file's metadata and tensors
+  // (pointing into `host`).
+  struct StageSnapshot {
+    checkpoint::StageFileInfo info;
+    std::vector<std::vector<float>> host;
+    std::vector<engine::TensorToWrite> tensors;
+  };
+  // Waits for the previous checkpoint write, snapshots this rank's stages
+  // for `step` and starts writing them in the background, reporting to
+  // on_checkpoint when done. Returns the previous write's error, or the
+  // snapshot's.
   absl::Status WriteCheckpoint(int64_t step);
-  absl::StatusOr<std::vector<v1::StageFile>> WriteStageFiles(int64_t step);
+  absl::StatusOr<std::vector<StageSnapshot>> SnapshotStages(int64_t step);
+  // Writes the files of `snapshot` (on the writer's thread).
+  absl::StatusOr<std::vector<v1::StageFile>> WriteSnapshot(
+      int64_t step, const std::vector<StageSnapshot>& snapshot);
   // Loads the parameters and optimizer state of program.resume_step.
   absl::Status LoadResumeFiles();
   // The cancel status if Cancel was called, else `status`; aborts the
@@ -284,6 +312,8 @@ class JobRunner {
   std::atomic<int64_t> steps_done_{0};
   Cancellation cancellation_;  // Installed on the job thread during Run.
   mutable absl::Mutex mu_;
+  // Last, so destroyed first: the write in flight uses the members above.
+  BackgroundTask checkpoint_writer_;
 };
 
 }  // namespace conveyor::worker

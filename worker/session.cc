@@ -670,7 +670,9 @@ absl::Status WorkerSession::RunJob(Job* job) {
   // in; it hears of them on the stream, before the next StepReport.
   runner_options.on_checkpoint = [this, job](const CheckpointWrite& write) {
     if (options_.metrics != nullptr) {
-      options_.metrics->RecordCheckpoint(write.status.ok(), write.seconds);
+      options_.metrics->RecordCheckpoint(write.status.ok(), write.seconds,
+                                         write.wait_seconds,
+                                         write.snapshot_seconds);
     }
     if (!write.status.ok()) return;  // The job fails with the error.
     v1::WorkerMessage m;

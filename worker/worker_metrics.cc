@@ -118,6 +118,20 @@ WorkerMetrics::WorkerMetrics(std::string worker_name)
               .Help("Time to write this worker's stage files of a checkpoint")
               .Register(*registry_)
               .Add({{"worker", worker_}}, telemetry::DurationBuckets())),
+      checkpoint_wait_(
+          BuildCounter()
+              .Name("conveyor_checkpoint_wait_seconds_total")
+              .Help("Time the step loop waited for a checkpoint write in "
+                    "flight before it could start the next")
+              .Register(*registry_)
+              .Add({{"worker", worker_}})),
+      checkpoint_snapshot_(
+          BuildCounter()
+              .Name("conveyor_checkpoint_snapshot_seconds_total")
+              .Help("Time the step loop spent copying stages to host memory "
+                    "for checkpoints")
+              .Register(*registry_)
+              .Add({{"worker", worker_}})),
       checkpoint_last_success_(
           BuildGauge()
               .Name("conveyor_checkpoint_last_success_timestamp_seconds")
@@ -151,7 +165,11 @@ void WorkerMetrics::JobEnded(const std::string& outcome) {
   jobs_.Add({{"worker", worker_}, {"outcome", outcome}}).Increment();
 }
 
-void WorkerMetrics::RecordCheckpoint(bool ok, double seconds) {
+void WorkerMetrics::RecordCheckpoint(bool ok, double seconds,
+                                     double wait_seconds,
+                                     double snapshot_seconds) {
+  checkpoint_wait_.Increment(wait_seconds);
+  checkpoint_snapshot_.Increment(snapshot_seconds);
   checkpoint_saves_
       .Add({{"worker", worker_}, {"outcome", ok ? "success" : "failure"}})
       .Increment();

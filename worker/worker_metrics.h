@@ -96,7 +96,11 @@ class WorkerMetrics {
   void SetBusy(bool busy);
   // outcome: "succeeded", "failed" or "cancelled".
   void JobEnded(const std::string& outcome);
-  void RecordCheckpoint(bool ok, double seconds);
+  // One checkpoint write (worker/job_runner.h CheckpointWrite): its
+  // outcome and duration, and how long the step loop stood still for it
+  // (waiting for the write before it, and copying the stages to host).
+  void RecordCheckpoint(bool ok, double seconds, double wait_seconds,
+                        double snapshot_seconds);
 
   // Series for job `job_id` on the given global stages.
   std::unique_ptr<JobMetrics> StartJob(const std::string& job_id,
@@ -127,6 +131,8 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>& errors_;
   prometheus::Family<prometheus::Counter>& checkpoint_saves_;
   prometheus::Histogram& checkpoint_duration_;
+  prometheus::Counter& checkpoint_wait_;
+  prometheus::Counter& checkpoint_snapshot_;
   prometheus::Gauge& checkpoint_last_success_;
 };
 

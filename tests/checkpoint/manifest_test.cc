@@ -31,6 +31,7 @@ CheckpointManifest SampleManifest() {
   m.job_id = "job-7";
   m.step = 100;
   m.config_hash = "0123456789abcdef";
+  m.training_hash = "fedcba9876543210";
   m.num_stages = 3;
   m.stage_begin = {0, 2, 5};
   for (int s = 0; s < 3; ++s) {
@@ -52,6 +53,18 @@ TEST(ManifestJsonTest, RoundTrips) {
   const CheckpointManifest m = SampleManifest();
   absl::StatusOr<CheckpointManifest> parsed =
       ParseManifest(ManifestToJson(m), "manifest.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(*parsed, m);
+}
+
+// Manifests written before training hashes were recorded still parse.
+TEST(ManifestJsonTest, TheTrainingHashIsOptional) {
+  CheckpointManifest m = SampleManifest();
+  m.training_hash.clear();
+  const std::string json = ManifestToJson(m);
+  EXPECT_THAT(json, ::testing::Not(HasSubstr("training_hash")));
+  absl::StatusOr<CheckpointManifest> parsed =
+      ParseManifest(json, "manifest.json");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(*parsed, m);
 }
@@ -106,6 +119,10 @@ TEST(ParseManifestTest, RejectsEveryInvalidFieldNamingIt) {
        "config_hash: must not be empty"},
       {"no config_hash", [](Json& j) { j.erase("config_hash"); },
        "config_hash: missing"},
+      {"empty training_hash", [](Json& j) { j["training_hash"] = ""; },
+       "training_hash: must not be empty when present"},
+      {"training_hash as number", [](Json& j) { j["training_hash"] = 7; },
+       "training_hash: must be a string"},
       {"zero stages", [](Json& j) { j["num_stages"] = 0; },
        "num_stages: must be in [1, 4096]"},
       {"too many stages", [](Json& j) { j["num_stages"] = 4097; },

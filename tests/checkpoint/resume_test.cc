@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "checkpoint/layout.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -63,7 +64,8 @@ class CheckpointsTest : public ::testing::Test {
   // Writes step `step` of a 2-stage job planned as `plan`, with a manifest
   // when `complete`.
   void WriteStep(const JobPlan& plan, int64_t step, bool complete,
-                 const std::string& hash = "00000000000000aa") {
+                 const std::string& hash = "00000000000000aa",
+                 const std::string& training_hash = "") {
     std::map<int, v1::StageFile> files;
     for (int stage = 0; stage < plan.num_stages; ++stage) {
       const std::string path = StageFilePath(dir_, step, stage);
@@ -80,9 +82,9 @@ class CheckpointsTest : public ::testing::Test {
       f.set_crc32c(d->crc32c);
     }
     if (!complete) return;
-    ASSERT_TRUE(
-        WriteManifest(dir_, MakeManifest(plan, "job-1", hash, step, files, 1))
-            .ok());
+    ASSERT_TRUE(WriteManifest(dir_, MakeManifest(plan, "job-1", hash,
+                                                 training_hash, step, files, 1))
+                    .ok());
   }
 
   std::string dir_;
@@ -95,7 +97,7 @@ TEST_F(CheckpointsTest, FindsLatestOrTheNamedStepAndChecksTheConfig) {
   WriteStep(plan, 6, false);  // Being written, or torn by a crash.
 
   absl::StatusOr<ResumePoint> latest =
-      FindResumePoint(Latest(), dir_, "00000000000000aa");
+      FindResumePoint(Latest(), dir_, "00000000000000aa", "");
   ASSERT_TRUE(latest.ok()) << latest.status();
   EXPECT_EQ(latest->step, 4);
   EXPECT_EQ(latest->step_dir, StepDirPath(dir_, 4));
@@ -109,24 +111,24 @@ TEST_F(CheckpointsTest, FindsLatestOrTheNamedStepAndChecksTheConfig) {
   for (const std::string& path :
        {StepDirPath(dir_, 2), StepDirPath(dir_, 2) + "/"}) {
     absl::StatusOr<ResumePoint> p =
-        FindResumePoint(AtPath(path), "", "00000000000000aa");
+        FindResumePoint(AtPath(path), "", "00000000000000aa", "");
     ASSERT_TRUE(p.ok()) << p.status();
     EXPECT_EQ(p->step, 2);
     EXPECT_EQ(p->step_dir, StepDirPath(dir_, 2));
   }
   absl::StatusOr<ResumePoint> in_dir =
-      FindResumePoint(AtPath(dir_), "", "00000000000000aa");
+      FindResumePoint(AtPath(dir_), "", "00000000000000aa", "");
   ASSERT_TRUE(in_dir.ok()) << in_dir.status();
   EXPECT_EQ(in_dir->step, 4);
 
   absl::StatusOr<ResumePoint> torn =
-      FindResumePoint(AtPath(StepDirPath(dir_, 6)), "", "00000000000000aa");
+      FindResumePoint(AtPath(StepDirPath(dir_, 6)), "", "00000000000000aa", "");
   EXPECT_EQ(torn.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(torn.status().message(),
               HasSubstr("does not start from scratch"));
 
   absl::StatusOr<ResumePoint> other =
-      FindResumePoint(Latest(), dir_, "00000000000000bb");
+      FindResumePoint(Latest(), dir_, "00000000000000bb", "");
   EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(other.status().message(),
               HasSubstr("config hash 00000000000000aa, this job's "
@@ -142,7 +144,7 @@ TEST_F(CheckpointsTest, LatestRefusesADamagedCommittedStepSayingWhatToDo) {
   std::filesystem::resize_file(StageFilePath(dir_, 4, 1), 2);
   for (const engine::ResumeSpec& resume : {Latest(), AtPath(dir_)}) {
     absl::StatusOr<ResumePoint> point =
-        FindResumePoint(resume, dir_, "00000000000000aa");
+        FindResumePoint(resume, dir_, "00000000000000aa", "");
     EXPECT_EQ(point.status().code(), absl::StatusCode::kDataLoss);
     EXPECT_THAT(point.status().message(),
                 HasSubstr(StepDirPath(dir_, 4) +
@@ -155,7 +157,7 @@ TEST_F(CheckpointsTest, LatestRefusesADamagedCommittedStepSayingWhatToDo) {
   }
   // Named by its path, the older step resumes.
   absl::StatusOr<ResumePoint> older =
-      FindResumePoint(AtPath(StepDirPath(dir_, 2)), "", "00000000000000aa");
+      FindResumePoint(AtPath(StepDirPath(dir_, 2)), "", "00000000000000aa", "");
   ASSERT_TRUE(older.ok()) << older.status();
   EXPECT_EQ(older->step, 2);
 }
@@ -164,14 +166,23 @@ TEST_F(CheckpointsTest, TheCheckpointMustFitThePlan) {
   const JobPlan two = Plan(JobYaml(2, "mlp", /*steps=*/3));
   WriteStep(two, 2, true);
   absl::StatusOr<ResumePoint> p =
-      FindResumePoint(Latest(), dir_, "00000000000000aa");
+      FindResumePoint(Latest(), dir_, "00000000000000aa", "");
   ASSERT_TRUE(p.ok()) << p.status();
 
-  absl::Status stages = CheckResumeFitsPlan(*p, Plan(JobYaml(3)));
+  // Another cut of the same layers fits: each rank reads the files that
+  // hold its parameters.
+  const JobPlan one = Plan(
+      absl::StrReplaceAll(JobYaml(2, "mlp", 3), {{"    - boundary\n", ""}}));
+  ASSERT_EQ(one.num_stages, 1);
+  EXPECT_TRUE(CheckResumeFitsPlan(*p, one).ok());
+  // A cut past the model's layers does not.
+  ResumePoint past = *p;
+  past.stage_begin = {0, 2};
+  absl::Status stages = CheckResumeFitsPlan(past, one);
   EXPECT_EQ(stages.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(stages.message(),
-              HasSubstr("holds 2 stages starting at layers [0, 1], this job "
-                        "has 3 starting at [0, 1, 2]"));
+              HasSubstr("holds 2 stages starting at layers [0, 2], which is "
+                        "not a cut of this job's 2 layers"));
   absl::Status finished =
       CheckResumeFitsPlan(*p, Plan(JobYaml(2, "mlp", /*steps=*/2)));
   EXPECT_THAT(finished.message(), HasSubstr("nothing left to train"));
@@ -201,6 +212,52 @@ TEST_F(CheckpointsTest, AnAutoJobResumesWithItsCheckpointsCut) {
   const ResumePoint bad = PointAt(1, {0, 7});
   EXPECT_THAT(AdoptCheckpointCut(bad, *again).message(),
               HasSubstr("do not fit this model"));
+
+  // A checkpoint of another layout leaves the cut to the job's own
+  // pipeline section: it is profiled and cut anew.
+  ResumePoint other = PointAt(1, {0, 2});
+  other.other_layout = true;
+  ASSERT_TRUE(AdoptCheckpointCut(other, *again).ok());
+  EXPECT_TRUE(again->pipeline.auto_stages);
+}
+
+// The same training on another pipeline layout (an equal training hash)
+// resumes; another training, or an older manifest without a training hash,
+// does not.
+TEST_F(CheckpointsTest, AnotherLayoutResumesByTheTrainingHash) {
+  const JobPlan plan = Plan(JobYaml(2, "mlp", /*steps=*/10));
+  WriteStep(plan, 2, true, "00000000000000aa", "00000000000000cc");
+  absl::StatusOr<ResumePoint> same =
+      FindResumePoint(Latest(), dir_, "00000000000000aa", "00000000000000cc");
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_FALSE(same->other_layout);
+
+  absl::StatusOr<ResumePoint> other =
+      FindResumePoint(Latest(), dir_, "00000000000000bb", "00000000000000cc");
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_TRUE(other->other_layout);
+  EXPECT_EQ(other->stage_begin, (std::vector<int>{0, 1}));
+  EXPECT_EQ(other->files.size(), 2u);
+  // Kept across a coordinator restart (the state file's CheckpointRef).
+  EXPECT_TRUE(FromProto(ToProto(*other)).other_layout);
+  EXPECT_FALSE(FromProto(ToProto(*same)).other_layout);
+
+  absl::StatusOr<ResumePoint> retrained =
+      FindResumePoint(Latest(), dir_, "00000000000000bb", "00000000000000dd");
+  EXPECT_EQ(retrained.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(retrained.status().message(),
+              HasSubstr("another training configuration (training hash "
+                        "00000000000000cc, this job's 00000000000000dd)"));
+  EXPECT_THAT(retrained.status().message(),
+              HasSubstr("only the pipeline section and the stage boundaries "
+                        "may change"));
+
+  // A manifest from before training hashes: only the config hash counts.
+  WriteStep(plan, 4, true, "00000000000000aa", "");
+  absl::StatusOr<ResumePoint> old =
+      FindResumePoint(Latest(), dir_, "00000000000000bb", "00000000000000cc");
+  EXPECT_EQ(old.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(old.status().message(), HasSubstr("predates training hashes"));
 }
 
 }  // namespace

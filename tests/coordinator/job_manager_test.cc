@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "job/config_hash.h"
+#include "job/rank_program.h"
 #include "proto/protocol.h"
 #include "tests/coordinator/test_util.h"
 
@@ -1238,11 +1239,41 @@ TEST_F(JobManagerCheckpointTest, ResumeRefusesAnotherConfiguration) {
   absl::StatusOr<v1::Job> job = Submit(other);
   ASSERT_FALSE(job.ok());
   EXPECT_EQ(job.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(job.status().message(), HasSubstr("another configuration"));
+  EXPECT_THAT(job.status().message(),
+              HasSubstr("another training configuration"));
   // Resuming the finished run is refused too: nothing is left to train.
   absl::StatusOr<v1::Job> done =
       Submit(CkptYaml("every: 1", "resume: latest\n", 1));
   ASSERT_FALSE(done.ok());
+}
+
+// The same training without its boundary (one stage, one worker) resumes
+// the two-stage checkpoint: the manifest records the training hash, and
+// the one rank is sent both stage files and the checkpoint's cut.
+TEST_F(JobManagerCheckpointTest, ResumeOnAnotherLayoutSendsTheFilesAndTheCut) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string first = StartJob(CkptYaml("every: 1"), w1, w2);
+  StepWithCheckpoint(w1, w2, first, 1);
+  ASSERT_TRUE(manager_.CancelJob(first, "stop").ok());
+  Ended(w1, first, v1::CANCELLED);
+  Ended(w2, first, v1::CANCELLED);
+  ASSERT_TRUE(Committed(1));
+
+  const std::string one_stage = absl::StrReplaceAll(
+      CkptYaml("every: 1", "resume: latest\n"), {{"    - boundary\n", ""}});
+  absl::StatusOr<v1::Job> job = Submit(one_stage);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->num_workers(), 1);
+  EXPECT_EQ(job->resumed_from_step(), 1);
+  const v1::JobProgram p = LastProgram(w1);
+  EXPECT_EQ(p.job_id(), job->id());
+  EXPECT_EQ(p.resume_step(), 1);
+  EXPECT_THAT(p.resume_stage_begin(), ::testing::ElementsAre(0, 1));
+  ASSERT_EQ(p.resume_files_size(), 2);
+  EXPECT_EQ(p.resume_files(0).stage(), 0);
+  EXPECT_EQ(p.resume_files(1).stage(), 1);
+  // What the worker does with it: the same plan and program.
+  EXPECT_TRUE(job::PlanOfProgram(p).ok());
 }
 
 TEST_F(JobManagerCheckpointTest, ALostWorkerRestartsTheJobFromItsLastCommit) {

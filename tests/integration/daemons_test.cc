@@ -423,6 +423,130 @@ TEST_F(DaemonsTest, InterruptedAndResumedEqualsUninterruptedBitwise) {
   EXPECT_EQ(WaitForIdle(*client_, kWorkers), kWorkers);
 }
 
+// One model cut several ways: a token embedding tied to the language-model
+// head, dense layers between, and a fixed-time layer after each so that a
+// test can act between steps. `boundaries` lists the entries (0..9) a stage
+// boundary goes before; `pipeline` is the pipeline section.
+std::string LayoutJob(const std::string& tokens,
+                      const std::set<int>& boundaries,
+                      const std::string& pipeline, const std::string& dir,
+                      const std::string& extra = "") {
+  const std::string delay = "delay: {forward_ms: 6, backward_ms: 0}";
+  const std::string entries[] = {"embedding: {vocab_size: 128, features: 16}",
+                                 delay,
+                                 "dense: {features: 16}",
+                                 "relu",
+                                 delay,
+                                 "dense: {features: 16}",
+                                 "relu",
+                                 delay,
+                                 "layernorm",
+                                 "lm_head: {vocab_size: 128, tied: true}"};
+  std::string layers;
+  for (int i = 0; i < 10; ++i) {
+    if (boundaries.contains(i)) layers += "    - boundary\n";
+    absl::StrAppend(&layers, "    - ", entries[i], "\n");
+  }
+  return absl::StrCat(
+      "name: layouts\nmodel:\n  input_shape: [8]\n  init: {seed: 3}\n"
+      "  layers:\n",
+      layers,
+      "  loss: cross_entropy\n"
+      "data: {source: tokens, path: ",
+      tokens,
+      ", seq_len: 8, vocab_size: 128}\n"
+      "training: {steps: 12, batch_size: 8, microbatches: 4}\n"
+      "optimizer: {kind: adamw, lr: 0.01}\n"
+      "pipeline: ",
+      pipeline, "\ncheckpoint: {dir: ", dir, ", every: 3}\n", extra);
+}
+
+// Issue 21: a checkpoint resumes on another stage count, cut (markers or
+// stages: auto), schedule and placement, and the run ends with exactly the
+// parameters of one that never stopped. Parameters and their AdamW state
+// are read by global name from whichever stage files hold them, the tied
+// head's weight from the embedding's file; every layout adds each
+// parameter's microbatch gradients in the same order, so equality is
+// bitwise.
+TEST_F(DaemonsTest, ResumesOnAnotherLayoutEqualToTheUninterruptedRun) {
+  const std::string tokens = TempDir("layouts") + "/tokens.txt";
+  {
+    std::string text;
+    for (int i = 0; text.size() < 6000; ++i) {
+      absl::StrAppend(&text, "line ", i, ": the quick brown fox ", i * 7919,
+                      " jumps over the lazy dog.\n");
+    }
+    ASSERT_TRUE(WriteFileAtomically(tokens, text).ok());
+  }
+  const std::set<int> four = {2, 5, 8};
+  const std::string part = TempDir("layouts_part");
+  const std::string original =
+      LayoutJob(tokens, four, "{schedule: 1f1b}", part);
+  const Params reference = InProcessReference(original);
+
+  absl::StatusOr<v1::Job> i = Submit(original);
+  ASSERT_TRUE(i.ok()) << i.status();
+  EXPECT_EQ(i->num_workers(), 4);
+  const v1::Job seven = WaitForSteps(*client_, i->id(), 7);
+  ASSERT_EQ(seven.state(), v1::RUNNING) << "finished before the interrupt";
+  ASSERT_TRUE(client_->CancelJob(i->id()).ok());
+  const v1::Job interrupted = WaitForEnd(*client_, i->id());
+  ASSERT_EQ(interrupted.state(), v1::CANCELLED);
+  const int64_t step = interrupted.last_checkpoint_step();
+  ASSERT_GE(step, 6);
+  ASSERT_LT(step, 12);
+  EXPECT_EQ(WaitForIdle(*client_, kWorkers), kWorkers);
+
+  struct Layout {
+    const char* name;
+    std::set<int> boundaries;
+    std::string pipeline;
+    int workers;
+  };
+  const Layout layouts[] = {
+      {"two stages, gpipe", {5}, "{schedule: gpipe}", 2},
+      {"three auto stages",
+       {},
+       "{schedule: 1f1b, stages: auto, num_stages: 3}",
+       3},
+      // The V placement puts stages 0 and 3, embedding and head, on rank 0.
+      {"zb-v on two workers", four, "{schedule: zb-v, virtual_stages: 2}", 2},
+  };
+  for (const Layout& layout : layouts) {
+    SCOPED_TRACE(layout.name);
+    const std::string dir = TempDir(absl::StrCat(
+        "layouts_", absl::StrReplaceAll(layout.name, {{" ", "_"}, {",", ""}})));
+    std::filesystem::copy(
+        part, dir,
+        std::filesystem::copy_options::recursive |
+            std::filesystem::copy_options::overwrite_existing);
+    absl::StatusOr<v1::Job> r = Submit(LayoutJob(
+        tokens, layout.boundaries, layout.pipeline, dir, "resume: latest\n"));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->resumed_from_step(), step);
+    const v1::Job resumed = WaitForEnd(*client_, r->id());
+    ASSERT_EQ(resumed.state(), v1::SUCCEEDED) << resumed.message();
+    EXPECT_EQ(resumed.num_workers(), layout.workers);
+    EXPECT_EQ(resumed.steps_done(), 12);
+    ExpectBitwiseEqual(ExportedParams(dir), reference);
+    EXPECT_EQ(WaitForIdle(*client_, kWorkers), kWorkers);
+  }
+
+  // Another training (here the learning rate) is refused, naming both
+  // training hashes.
+  const std::string other = TempDir("layouts_other");
+  std::filesystem::copy(part, other,
+                        std::filesystem::copy_options::recursive |
+                            std::filesystem::copy_options::overwrite_existing);
+  absl::StatusOr<v1::Job> refused = Submit(absl::StrReplaceAll(
+      LayoutJob(tokens, {5}, "{schedule: 1f1b}", other, "resume: latest\n"),
+      {{"lr: 0.01", "lr: 0.02"}}));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("another training configuration (training hash"));
+}
+
 TEST_F(DaemonsTest, CancelEndsARunningJobWithinTwoSecondsAndWorkersGoOn) {
   const std::string dir = TempDir("cancel");
   absl::StatusOr<v1::Job> long_job =

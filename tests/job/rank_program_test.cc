@@ -1,8 +1,11 @@
 #include "job/rank_program.h"
 
+#include <fstream>
+#include <set>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/protocol.h"
@@ -88,6 +91,80 @@ TEST(RankProgramTest, SendsEachRankOnlyItsStagesResumeFiles) {
   EXPECT_EQ(program.resume_dir(), "/ckpt/step-2");
   ASSERT_EQ(program.resume_files_size(), 1);
   EXPECT_EQ(program.resume_files(0).stage(), 2);
+}
+
+// Resumed from a checkpoint cut otherwise, each rank gets the files that
+// hold its parameters: parts of one file, or several files.
+TEST(RankProgramTest, SendsTheFilesHoldingARanksParametersWhateverTheCut) {
+  const std::string yaml = Yaml("{schedule: 1f1b}");  // Stages at 0, 2, 4, 6.
+  const JobPlan plan = Plan(yaml);
+  // Two stages of four layers each.
+  EXPECT_EQ(CheckpointStagesOf(plan, 0, {0, 4}), (std::set<int>{0}));
+  EXPECT_EQ(CheckpointStagesOf(plan, 1, {0, 4}), (std::set<int>{0}));
+  EXPECT_EQ(CheckpointStagesOf(plan, 3, {0, 4}), (std::set<int>{1}));
+  // Eight one-layer stages: a relu's stage has no parameters, no file.
+  EXPECT_EQ(CheckpointStagesOf(plan, 1, {0, 1, 2, 3, 4, 5, 6, 7}),
+            (std::set<int>{2}));
+  // Cut where the plan is: the rank's own stage.
+  EXPECT_EQ(CheckpointStagesOf(plan, 2, {}), (std::set<int>{2}));
+
+  // Into two stages from the four-stage checkpoint.
+  // Boundaries at layers 2 and 6 go: stages at 0 and 4.
+  const std::string two = absl::StrReplaceAll(
+      yaml, {{"    - relu\n    - boundary\n    - dense: {features: 8}\n    - "
+              "relu\n    - boundary\n    - dense: {features: 8}\n    - "
+              "relu\n    - boundary\n",
+              "    - relu\n    - dense: {features: 8}\n    - relu\n    - "
+              "boundary\n    - dense: {features: 8}\n    - relu\n"}});
+  const JobPlan halves = Plan(two);
+  ASSERT_EQ(halves.num_stages, 2);
+  ASSERT_EQ(halves.stages[1].first_layer, 4);
+  ProgramContext context = Context(two);
+  context.resume_step = 2;
+  context.resume_dir = "/ckpt/step-2";
+  context.resume_stage_begin = {0, 2, 4, 6};
+  for (int s = 0; s < 4; ++s) {
+    v1::StageFile f;
+    f.set_stage(s);
+    f.set_file(absl::StrCat("stage-", s, ".safetensors"));
+    context.resume_files.push_back(f);
+  }
+  const v1::JobProgram program = CompileRankProgram(halves, 1, context);
+  ASSERT_EQ(program.resume_files_size(), 2);
+  EXPECT_EQ(program.resume_files(0).stage(), 2);
+  EXPECT_EQ(program.resume_files(1).stage(), 3);
+  EXPECT_THAT(program.resume_stage_begin(), ::testing::ElementsAre(0, 2, 4, 6));
+  // The worker re-plans it to the same program.
+  absl::StatusOr<JobPlan> again = PlanOfProgram(program);
+  ASSERT_TRUE(again.ok()) << again.status();
+}
+
+// A tied lm_head's weight is its embedding's: the rank holding the head
+// also reads the file holding the embedding, whichever cut wrote it.
+TEST(RankProgramTest, ATiedCopysRankReadsTheFileOfItsOriginal) {
+  const std::string tokens = absl::StrCat(::testing::TempDir(), "/tokens.txt");
+  std::ofstream(tokens) << "some text to tokenize, long enough for a batch";
+  const std::string yaml = absl::StrCat(
+      "model:\n  input_shape: [6]\n  init: {seed: 4}\n  layers:\n"
+      "    - embedding: {vocab_size: 128, features: 8}\n"
+      "    - boundary\n"
+      "    - dense: {features: 8}\n"
+      "    - boundary\n"
+      "    - layernorm\n"
+      "    - lm_head: {vocab_size: 128, tied: true}\n"
+      "  loss: cross_entropy\n"
+      "data: {source: tokens, path: ",
+      tokens,
+      ", seq_len: 6, vocab_size: 128}\n"
+      "training: {steps: 4, batch_size: 8, microbatches: 4}\n"
+      "optimizer: {kind: sgd, lr: 0.1}\npipeline: {schedule: 1f1b}\n");
+  const JobPlan plan = Plan(yaml);
+  ASSERT_EQ(plan.num_stages, 3);
+  // Its own cut: the head's stage 2, and the embedding's stage 0.
+  EXPECT_EQ(CheckpointStagesOf(plan, 2, {}), (std::set<int>{0, 2}));
+  // From a 2-stage checkpoint cut before the layernorm.
+  EXPECT_EQ(CheckpointStagesOf(plan, 2, {0, 2}), (std::set<int>{0, 1}));
+  EXPECT_EQ(CheckpointStagesOf(plan, 1, {0, 2}), (std::set<int>{0}));
 }
 
 TEST(RankProgramTest, TheWorkerAcceptsWhatTheCoordinatorCompiled) {

@@ -92,8 +92,8 @@ TEST(WorkerMetricsTest, StateJobsAndCheckpoints) {
   metrics.SetConnected(true);
   metrics.SetBusy(true);
   metrics.JobEnded("cancelled");
-  metrics.RecordCheckpoint(true, 0.5);
-  metrics.RecordCheckpoint(false, 0.1);
+  metrics.RecordCheckpoint(true, 0.5, 0.25, 0.125);
+  metrics.RecordCheckpoint(false, 0.1, 0.5, 0);
   const std::string text = Scrape(metrics);
   EXPECT_THAT(text, HasSubstr("conveyor_worker_connected{worker=\"w0\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("conveyor_worker_busy{worker=\"w0\"} 1\n"));
@@ -107,6 +107,11 @@ TEST(WorkerMetricsTest, StateJobsAndCheckpoints) {
                               "\"failure\",worker=\"w0\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("conveyor_checkpoint_save_duration_seconds_"
                               "count{worker=\"w0\"} 1\n"));
+  // Stalls count whatever the outcome.
+  EXPECT_THAT(text, HasSubstr("conveyor_checkpoint_wait_seconds_total{worker="
+                              "\"w0\"} 0.75\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_checkpoint_snapshot_seconds_total{"
+                              "worker=\"w0\"} 0.125\n"));
   EXPECT_THAT(
       text, Not(HasSubstr("conveyor_checkpoint_last_success_timestamp_seconds{"
                           "worker=\"w0\"} 0\n")));
