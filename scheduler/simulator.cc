@@ -239,29 +239,52 @@ absl::StatusOr<SimulationResult<T>> Simulate(const Schedule& schedule,
   std::vector<size_t> next(p, 0);
   std::vector<int> inflight(p, 0), pending_weight(p, 0);
 
-  // Earliest start of `a` given its inputs, or false if an input is missing.
-  auto ready_time = [&](const Action& a, T* t) -> bool {
+  // What a blocked rank waits for: the forward or the gradient (B or BI)
+  // of a (stage, microbatch) cell on another rank.
+  auto forward_key = [](size_t c) { return static_cast<int64_t>(2 * c); };
+  auto grad_key = [](size_t c) { return static_cast<int64_t>(2 * c + 1); };
+
+  // Earliest start of `a` given its inputs, or false if an input is missing
+  // (with *waits_for set to it).
+  auto ready_time = [&](const Action& a, T* t, int64_t* waits_for) -> bool {
     const int s = a.stage, j = a.microbatch;
     const int rank = rank_of[s];
     switch (a.op) {
-      case Op::kForward:
+      case Op::kForward: {
         if (s == 0) return true;
-        if (!forward_done[cell(s - 1, j)]) return false;
+        const size_t input = cell(s - 1, j);
+        if (!forward_done[input]) {
+          *waits_for = forward_key(input);
+          return false;
+        }
         *t =
-            std::max(*t, forward_end[cell(s - 1, j)] +
+            std::max(*t, forward_end[input] +
                              (rank_of[s - 1] == rank ? T{0} : transfer[s - 1]));
         return true;
+      }
       case Op::kBackward:
-      case Op::kBackwardInput:
-        if (!forward_done[cell(s, j)]) return false;
-        *t = std::max(*t, forward_end[cell(s, j)]);
+      case Op::kBackwardInput: {
+        const size_t own = cell(s, j);
+        if (!forward_done[own]) {
+          *waits_for = forward_key(own);
+          return false;
+        }
+        *t = std::max(*t, forward_end[own]);
         if (s + 1 == num_stages) return true;
-        if (!grad_done[cell(s + 1, j)]) return false;
-        *t = std::max(*t, grad_end[cell(s + 1, j)] +
+        const size_t output = cell(s + 1, j);
+        if (!grad_done[output]) {
+          *waits_for = grad_key(output);
+          return false;
+        }
+        *t = std::max(*t, grad_end[output] +
                               (rank_of[s + 1] == rank ? T{0} : transfer[s]));
         return true;
+      }
       case Op::kBackwardWeight:
-        if (!input_grad_done[cell(s, j)]) return false;
+        if (!input_grad_done[cell(s, j)]) {
+          *waits_for = -1;  // Only its own rank's BI produces it.
+          return false;
+        }
         *t = std::max(*t, input_grad_end[cell(s, j)]);
         return true;
     }
@@ -269,62 +292,76 @@ absl::StatusOr<SimulationResult<T>> Simulate(const Schedule& schedule,
   };
 
   size_t remaining = schedule.TotalActions();
-  // Sweeps over the ranks, each rank running as far as its inputs allow.
-  // Sweeps alternate direction: activations flow up the ranks and gradients
-  // down, and either chain then crosses the whole pipeline in two sweeps
-  // instead of one rank per sweep. Every sweep makes progress unless the
-  // schedule is stuck, so this terminates.
-  for (bool upward = true; remaining > 0; upward = !upward) {
-    bool progress = false;
-    for (int i = 0; i < p; ++i) {
-      const int r = upward ? i : p - 1 - i;
-      const auto& program = schedule.actions[r];
-      while (next[r] < program.size()) {
-        const Action& a = program[next[r]];
-        T start = free_at[r];
-        if (!ready_time(a, &start)) break;
-        const T end = start + duration(a);
-        result.timings[r][next[r]] = {start, end};
-        result.busy[r] += end - start;
-        free_at[r] = end;
-        const size_t c = cell(a.stage, a.microbatch);
-        switch (a.op) {
-          case Op::kForward:
-            forward_end[c] = end;
-            forward_done[c] = 1;
-            result.peak_inflight[r] =
-                std::max(result.peak_inflight[r], ++inflight[r]);
-            break;
-          case Op::kBackward:
-            grad_end[c] = end;
-            grad_done[c] = 1;
-            --inflight[r];
-            break;
-          case Op::kBackwardInput:
-            grad_end[c] = input_grad_end[c] = end;
-            grad_done[c] = input_grad_done[c] = 1;
-            result.peak_pending_weight_grads[r] = std::max(
-                result.peak_pending_weight_grads[r], ++pending_weight[r]);
-            break;
-          case Op::kBackwardWeight:
-            --pending_weight[r];
-            --inflight[r];
-            break;
-        }
-        ++next[r];
-        --remaining;
-        progress = true;
-      }
+  // Each rank runs as far as its inputs allow, then waits for the one input
+  // it lacks; the action producing it puts the rank back on the worklist.
+  // An action's start depends only on its inputs and its rank's previous
+  // action, so the order ranks are run in does not change any time, and
+  // every action is tried O(1) times.
+  std::vector<int> work(p);
+  for (int r = 0; r < p; ++r) work[r] = p - 1 - r;
+  std::vector<int64_t> blocked_on(p, -1);  // -1: not waiting on another rank.
+  auto wake = [&](int rank, int64_t key) {
+    if (blocked_on[rank] == key) {
+      blocked_on[rank] = -1;
+      work.push_back(rank);
     }
-    if (!progress) {
-      for (int r = 0; r < p; ++r) {
-        if (next[r] < schedule.actions[r].size()) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "simulation stalled: rank ", r, " can never start action #",
-              next[r], " (", ToString(schedule.actions[r][next[r]]),
-              ") because an input is never produced before it; "
-              "ValidateSchedule explains why"));
-        }
+  };
+  while (!work.empty()) {
+    const int r = work.back();
+    work.pop_back();
+    const auto& program = schedule.actions[r];
+    while (next[r] < program.size()) {
+      const Action& a = program[next[r]];
+      T start = free_at[r];
+      int64_t waits_for = -1;
+      if (!ready_time(a, &start, &waits_for)) {
+        blocked_on[r] = waits_for;
+        break;
+      }
+      const T end = start + duration(a);
+      result.timings[r][next[r]] = {start, end};
+      result.busy[r] += end - start;
+      free_at[r] = end;
+      const size_t c = cell(a.stage, a.microbatch);
+      switch (a.op) {
+        case Op::kForward:
+          forward_end[c] = end;
+          forward_done[c] = 1;
+          result.peak_inflight[r] =
+              std::max(result.peak_inflight[r], ++inflight[r]);
+          if (a.stage + 1 < num_stages)
+            wake(rank_of[a.stage + 1], forward_key(c));
+          break;
+        case Op::kBackward:
+          grad_end[c] = end;
+          grad_done[c] = 1;
+          --inflight[r];
+          if (a.stage > 0) wake(rank_of[a.stage - 1], grad_key(c));
+          break;
+        case Op::kBackwardInput:
+          grad_end[c] = input_grad_end[c] = end;
+          grad_done[c] = input_grad_done[c] = 1;
+          result.peak_pending_weight_grads[r] = std::max(
+              result.peak_pending_weight_grads[r], ++pending_weight[r]);
+          if (a.stage > 0) wake(rank_of[a.stage - 1], grad_key(c));
+          break;
+        case Op::kBackwardWeight:
+          --pending_weight[r];
+          --inflight[r];
+          break;
+      }
+      ++next[r];
+      --remaining;
+    }
+  }
+  if (remaining > 0) {
+    for (int r = 0; r < p; ++r) {
+      if (next[r] < schedule.actions[r].size()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "simulation stalled: rank ", r, " can never start action #",
+            next[r], " (", ToString(schedule.actions[r][next[r]]),
+            ") because an input is never produced before it; "
+            "ValidateSchedule explains why"));
       }
     }
   }
