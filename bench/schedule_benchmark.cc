@@ -5,6 +5,7 @@
 #include <string>
 
 #include "benchmark/benchmark.h"   // defines: BENCHMARK, benchmark::State
+#include "common/heap_tuning.h"    // defines: TuneHeapForPlanning
 #include "scheduler/generators.h"  // defines: GenerateSchedule
 #include "scheduler/simulator.h"   // defines: Simulate, SimulationCosts
 #include "scheduler/validator.h"   // defines: ValidateSchedule
@@ -73,6 +74,8 @@ void Register() {
 }  // namespace conveyor::scheduler
 
 int main(int argc, char** argv) {
+  // As the coordinator, whose planner this measures, runs.
+  conveyor::TuneHeapForPlanning();
   conveyor::scheduler::Register();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;

@@ -22,6 +22,7 @@
 #include "common/build_info.h"     // kVersion
 #include "common/command_line.h"
 #include "common/file.h"                      // ReadFile, WriteFileAtomically
+#include "common/heap_tuning.h"               // TuneHeapForPlanning
 #include "common/logging.h"                   // InitLogging
 #include "common/status_macros.h"             // ASSIGN_OR_RETURN
 #include "common/yaml_reader.h"               // the --config file
@@ -92,6 +93,9 @@ std::chrono::milliseconds Millis(double seconds) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before any thread: plans reuse their buffers instead of faulting them
+  // in afresh (common/heap_tuning.h).
+  conveyor::TuneHeapForPlanning();
   CLI::App app{
       "conveyor-coordinator: Conveyor's control plane (job queue, planner, "
       "worker registry)"};

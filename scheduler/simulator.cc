@@ -309,50 +309,64 @@ absl::StatusOr<SimulationResult<T>> Simulate(const Schedule& schedule,
   while (!work.empty()) {
     const int r = work.back();
     work.pop_back();
-    const auto& program = schedule.actions[r];
-    while (next[r] < program.size()) {
-      const Action& a = program[next[r]];
-      T start = free_at[r];
+    // The rank's state in locals while it runs: the stores into the result
+    // below could otherwise alias them, forcing a reload every action.
+    const Action* program = schedule.actions[r].data();
+    const size_t n = schedule.actions[r].size();
+    ActionTiming<T>* timings = result.timings[r].data();
+    size_t i = next[r];
+    T free = free_at[r], busy = result.busy[r];
+    int in_flight = inflight[r], peak_in_flight = result.peak_inflight[r];
+    int pending = pending_weight[r],
+        peak_pending = result.peak_pending_weight_grads[r];
+    for (; i < n; ++i) {
+      const Action& a = program[i];
+      T start = free;
       int64_t waits_for = -1;
       if (!ready_time(a, &start, &waits_for)) {
         blocked_on[r] = waits_for;
         break;
       }
       const T end = start + duration(a);
-      result.timings[r][next[r]] = {start, end};
-      result.busy[r] += end - start;
-      free_at[r] = end;
+      timings[i] = {start, end};
+      busy += end - start;
+      free = end;
       const size_t c = cell(a.stage, a.microbatch);
       switch (a.op) {
         case Op::kForward:
           forward_end[c] = end;
           forward_done[c] = 1;
-          result.peak_inflight[r] =
-              std::max(result.peak_inflight[r], ++inflight[r]);
-          if (a.stage + 1 < num_stages)
+          peak_in_flight = std::max(peak_in_flight, ++in_flight);
+          if (a.stage + 1 < num_stages) {
             wake(rank_of[a.stage + 1], forward_key(c));
+          }
           break;
         case Op::kBackward:
           grad_end[c] = end;
           grad_done[c] = 1;
-          --inflight[r];
+          --in_flight;
           if (a.stage > 0) wake(rank_of[a.stage - 1], grad_key(c));
           break;
         case Op::kBackwardInput:
           grad_end[c] = input_grad_end[c] = end;
           grad_done[c] = input_grad_done[c] = 1;
-          result.peak_pending_weight_grads[r] = std::max(
-              result.peak_pending_weight_grads[r], ++pending_weight[r]);
+          peak_pending = std::max(peak_pending, ++pending);
           if (a.stage > 0) wake(rank_of[a.stage - 1], grad_key(c));
           break;
         case Op::kBackwardWeight:
-          --pending_weight[r];
-          --inflight[r];
+          --pending;
+          --in_flight;
           break;
       }
-      ++next[r];
-      --remaining;
     }
+    remaining -= i - next[r];
+    next[r] = i;
+    free_at[r] = free;
+    result.busy[r] = busy;
+    inflight[r] = in_flight;
+    result.peak_inflight[r] = peak_in_flight;
+    pending_weight[r] = pending;
+    result.peak_pending_weight_grads[r] = peak_pending;
   }
   if (remaining > 0) {
     for (int r = 0; r < p; ++r) {
