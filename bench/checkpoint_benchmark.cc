@@ -88,6 +88,7 @@ absl::StatusOr<RunResult> RunJob(double delay_ms, int every,
       job::CompileRankProgram(*plan, 0,
                               {.job_id = "bench",
                                .job_number = 1,
+                               .secret = "bench-secret",
                                .yaml = yaml,
                                .file_name = "job.yaml"});
   RunResult result;

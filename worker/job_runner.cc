@@ -582,28 +582,26 @@ absl::Status JobRunner::WriteCheckpoint(int64_t step) {
   RETURN_IF_ERROR(checkpoint_writer_.Wait());
   const double waited = SecondsSince(wait_start);
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<std::vector<StageSnapshot>> snapshot = SnapshotStages(step);
-  if (!snapshot.ok()) {
+  if (absl::Status snapshot = SnapshotStages(step); !snapshot.ok()) {
     if (on_checkpoint_) {
       on_checkpoint_({.step = step,
-                      .status = snapshot.status(),
+                      .status = snapshot,
                       .seconds = SecondsSince(start),
                       .wait_seconds = waited});
     }
-    return snapshot.status();
+    return snapshot;
   }
   const double snapshot_seconds = SecondsSince(start);
   // The step loop goes on while the files are written: the snapshot is the
-  // step's state, whatever the next steps do to the stages.
-  auto shared =
-      std::make_shared<std::vector<StageSnapshot>>(*std::move(snapshot));
+  // step's state, whatever the next steps do to the stages. Only the writer
+  // touches snapshot_ until the next Wait.
   return checkpoint_writer_
-      .Start([this, step, shared, start, waited, snapshot_seconds] {
+      .Start([this, step, start, waited, snapshot_seconds] {
         CheckpointWrite write{.step = step,
                               .wait_seconds = waited,
                               .snapshot_seconds = snapshot_seconds};
         absl::StatusOr<std::vector<v1::StageFile>> files =
-            WriteSnapshot(step, *shared);
+            WriteSnapshot(step, snapshot_);
         write.seconds = SecondsSince(start);
         if (files.ok()) {
           write.files = *std::move(files);
@@ -644,15 +642,17 @@ absl::StatusOr<std::vector<v1::StageFile>> JobRunner::WriteSnapshot(
   return files;
 }
 
-absl::StatusOr<std::vector<JobRunner::StageSnapshot>> JobRunner::SnapshotStages(
-    int64_t step) {
+absl::Status JobRunner::SnapshotStages(int64_t step) {
   RETURN_IF_ERROR(backend_->Synchronize());
   const std::vector<engine::Optimizer::StateTensor> state =
       optimizer_->StateTensors();
-  std::vector<StageSnapshot> snapshot;
-  snapshot.reserve(stages_.size());
-  for (const auto& stage : stages_) {
-    StageSnapshot& s = snapshot.emplace_back();
+  // The buffers of the previous snapshot are reused: every checkpoint holds
+  // the same tensors, so after the first one nothing is allocated (and no
+  // page is faulted in) while the step loop stands still.
+  snapshot_.resize(stages_.size());
+  for (size_t k = 0; k < stages_.size(); ++k) {
+    const auto& stage = stages_[k];
+    StageSnapshot& s = snapshot_[k];
     s.info = {.job = job_.name,
               .stage = stage->index(),
               .num_stages = program_.num_stages(),
@@ -660,21 +660,22 @@ absl::StatusOr<std::vector<JobRunner::StageSnapshot>> JobRunner::SnapshotStages(
               .optimizer_step = optimizer_->step(),
               .samples_seen = step * job_.training.batch_size};
     // Host copies of everything the file holds: the parameters under their
-    // global names, then the optimizer's state of those parameters. `host`
-    // is reserved up front, so the pointers into it stay valid.
+    // global names, then the optimizer's state of those parameters.
     std::vector<std::vector<float>>& host = s.host;
     std::vector<engine::TensorToWrite>& tensors = s.tensors;
+    tensors.clear();
     auto add = [&](std::string name, const engine::Tensor& t) -> absl::Status {
-      host.emplace_back(t.numel());
-      RETURN_IF_ERROR(backend_->CopyToHost(t, host.back().data(), t.bytes()));
+      const size_t i = tensors.size();
+      if (host.size() <= i) host.resize(i + 1);
+      host[i].resize(t.numel());
+      RETURN_IF_ERROR(backend_->CopyToHost(t, host[i].data(), t.bytes()));
       tensors.push_back({.name = std::move(name),
                          .dtype = engine::DType::kF32,
                          .shape = t.shape(),
-                         .data = host.back().data(),
+                         .data = host[i].data(),
                          .bytes = t.bytes()});
       return absl::OkStatus();
     };
-    host.reserve(stage->parameters().size() + state.size());
     std::set<const engine::Parameter*> mine;
     for (engine::Parameter* p : stage->parameters()) {
       // A tied copy is its original, held once by the original's file; the
@@ -689,8 +690,11 @@ absl::StatusOr<std::vector<JobRunner::StageSnapshot>> JobRunner::SnapshotStages(
       RETURN_IF_ERROR(add(
           checkpoint::OptimizerTensorName(st.slot, st.param->name), st.tensor));
     }
+    // Tensors a later snapshot no longer holds (none so far) free their
+    // buffers.
+    host.resize(tensors.size());
   }
-  return snapshot;
+  return absl::OkStatus();
 }
 
 absl::Status JobRunner::LoadResumeFiles() {

@@ -251,7 +251,8 @@ class JobRunner {
   // Sums `value` over all ranks through the channel (see job_runner.cc).
   absl::StatusOr<double> AllReduceSum(int64_t step, double value);
   // One stage's checkpoint in host memory: its file's metadata and tensors
-  // (pointing into `host`).
+  // (pointing into `host`, whose vectors are never resized while a write is
+  // in flight).
   struct StageSnapshot {
     checkpoint::StageFileInfo info;
     std::vector<std::vector<float>> host;
@@ -262,7 +263,8 @@ class JobRunner {
   // on_checkpoint when done. Returns the previous write's error, or the
   // snapshot's.
   absl::Status WriteCheckpoint(int64_t step);
-  absl::StatusOr<std::vector<StageSnapshot>> SnapshotStages(int64_t step);
+  // Copies the stages into snapshot_ (no write may be in flight).
+  absl::Status SnapshotStages(int64_t step);
   // Writes the files of `snapshot` (on the writer's thread).
   absl::StatusOr<std::vector<v1::StageFile>> WriteSnapshot(
       int64_t step, const std::vector<StageSnapshot>& snapshot);
@@ -312,6 +314,9 @@ class JobRunner {
   std::atomic<int64_t> steps_done_{0};
   Cancellation cancellation_;  // Installed on the job thread during Run.
   mutable absl::Mutex mu_;
+  // The newest checkpoint's snapshot, one per stage: written by the job
+  // thread before a write starts, read by the writer until it is waited for.
+  std::vector<StageSnapshot> snapshot_;
   // Last, so destroyed first: the write in flight uses the members above.
   BackgroundTask checkpoint_writer_;
 };

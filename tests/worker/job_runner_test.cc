@@ -217,6 +217,93 @@ TEST(JobRunnerTest, WritesOneFilePerStageWithMetadata) {
   std::filesystem::remove_all(dir);
 }
 
+// Checkpoints are written in the background from a snapshot taken at the
+// step boundary: every step's file holds that step's parameters although
+// the next steps ran meanwhile, the report comes from another thread, and
+// the job's end waits for the last write.
+TEST(JobRunnerTest, CheckpointsWrittenInTheBackgroundHoldTheirStepsState) {
+  const std::string dir = TempDir("background");
+  const std::string yaml =
+      absl::StrCat(JobYaml({.stages = 1, .steps = 4}),
+                   "checkpoint: {dir: unused, every: 1}\n");
+  std::vector<v1::JobProgram> programs = Programs(yaml, dir);
+  ASSERT_EQ(programs.size(), 1u);
+  std::mutex mu;
+  std::vector<CheckpointWrite> writes;
+  std::vector<std::thread::id> report_threads;
+  // The parameters after each step, by name.
+  std::map<int64_t, std::map<std::string, std::vector<float>>> after_step;
+  std::thread::id job_thread;
+  JobRunnerOptions options;
+  options.on_checkpoint = [&](const CheckpointWrite& w) {
+    std::lock_guard<std::mutex> lock(mu);
+    writes.push_back(w);
+    report_threads.push_back(std::this_thread::get_id());
+  };
+  absl::StatusOr<std::unique_ptr<JobRunner>> runner =
+      JobRunner::Create(programs[0], options);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  ASSERT_TRUE((*runner)->Start({(*runner)->data_endpoint()}).ok());
+  const absl::Status run = (*runner)->Run([&](const StepProgress& p) {
+    job_thread = std::this_thread::get_id();
+    for (engine::Parameter* param : (*runner)->parameters()) {
+      after_step[p.step][param->name] =
+          engine::testing_util::ToVector(param->value);
+    }
+  });
+  ASSERT_TRUE(run.ok()) << run;
+  // Run returned after every write was reported.
+  ASSERT_EQ(writes.size(), 4u);
+  for (size_t k = 0; k < writes.size(); ++k) {
+    const CheckpointWrite& w = writes[k];
+    EXPECT_EQ(w.step, static_cast<int64_t>(k) + 1);
+    EXPECT_TRUE(w.status.ok()) << w.status;
+    ASSERT_EQ(w.files.size(), 1u);
+    EXPECT_GE(w.wait_seconds, 0.0);
+    EXPECT_GE(w.snapshot_seconds, 0.0);
+    EXPECT_NE(report_threads[k], job_thread);
+    auto file = engine::SafetensorsReader::Open(
+        checkpoint::StageFilePath(dir, w.step, 0));
+    ASSERT_TRUE(file.ok()) << file.status();
+    for (const auto& [name, values] : after_step.at(w.step)) {
+      EXPECT_EQ(*file->ReadF32(name), values) << "step " << w.step << name;
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// A write that fails in the background fails the job at the next
+// checkpoint (or its end), with the write's error, and is reported.
+TEST(JobRunnerTest, ABackgroundWriteThatFailsFailsTheJob) {
+  const std::string dir = TempDir("background_fails");
+  const std::string yaml =
+      absl::StrCat(JobYaml({.stages = 1, .steps = 4}),
+                   "checkpoint: {dir: unused, every: 1}\n");
+  std::vector<v1::JobProgram> programs = Programs(yaml, dir);
+  // A file where step 2's directory goes.
+  std::filesystem::create_directories(dir);
+  std::ofstream(checkpoint::StepDirPath(dir, 2)) << "in the way";
+  std::mutex mu;
+  std::vector<CheckpointWrite> writes;
+  JobRunnerOptions options;
+  options.on_checkpoint = [&](const CheckpointWrite& w) {
+    std::lock_guard<std::mutex> lock(mu);
+    writes.push_back(w);
+  };
+  const Result got = RunJob(programs, nullptr, {options});
+  ASSERT_EQ(got.statuses.size(), 1u);
+  EXPECT_FALSE(got.statuses[0].ok());
+  EXPECT_THAT(got.statuses[0].message(), HasSubstr("step-2"));
+  ASSERT_GE(writes.size(), 2u);
+  EXPECT_TRUE(writes[0].status.ok()) << writes[0].status;
+  EXPECT_EQ(writes[1].step, 2);
+  EXPECT_FALSE(writes[1].status.ok());
+  // The next checkpoint (step 3) found the error before writing anything.
+  EXPECT_EQ(writes.size(), 2u);
+  EXPECT_FALSE(std::filesystem::exists(checkpoint::StepDirPath(dir, 3)));
+  std::filesystem::remove_all(dir);
+}
+
 // Programs that resume from step `step` of `dir`, as the coordinator makes
 // them from the step's manifest.
 std::vector<v1::JobProgram> ResumePrograms(const std::string& yaml,
