@@ -341,6 +341,18 @@ std::string FormatJobDetails(const v1::Job& job, absl::Time now) {
     }
     fields.push_back({"restarts", text});
   }
+  // Every layout, once there is more than one (an elastic restart).
+  if (job.layouts_size() > 1) {
+    for (int i = 0; i < job.layouts_size(); ++i) {
+      const v1::JobLayout& l = job.layouts(i);
+      std::string text =
+          absl::StrCat("from step ", l.from_step(), ": ", l.num_workers(),
+                       " workers, ", l.num_stages(), " stages at layers [",
+                       absl::StrJoin(l.stage_begin(), ", "), "]");
+      if (!l.reason().empty()) absl::StrAppend(&text, "; ", l.reason());
+      fields.push_back({i == 0 ? "layouts" : "", text});
+    }
+  }
   if (job.has_auto_split()) {
     const v1::AutoSplit& a = job.auto_split();
     // Predicted steps are often milliseconds.

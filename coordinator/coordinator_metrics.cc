@@ -89,9 +89,9 @@ CoordinatorMetrics::CoordinatorMetrics()
       restarts_(BuildCounter()
                     .Name("conveyor_job_restarts_total")
                     .Help("Times a job was re-planned after a failure "
-                          "(restart: {max_restarts})")
-                    .Register(*registry_)
-                    .Add({})),
+                          "(restart: {max_restarts}), by reason and by "
+                          "whether its layout changed (elastic)")
+                    .Register(*registry_)),
       job_info_(BuildGauge()
                     .Name("conveyor_job_info")
                     .Help("1 while the job is queued, planning or running")
@@ -135,6 +135,9 @@ CoordinatorMetrics::CoordinatorMetrics()
   for (v1::JobState state : {v1::SUCCEEDED, v1::FAILED, v1::CANCELLED}) {
     finished_.Add({{"state", Lower(proto::JobStateName(state))}});
   }
+  // The common case exists from the start, so a dashboard shows 0, not
+  // nothing.
+  restarts_.Add({{"reason", "worker_lost"}, {"layout", "same"}});
 }
 
 CoordinatorMetrics::~CoordinatorMetrics() = default;
@@ -216,8 +219,13 @@ void CoordinatorMetrics::OnFinished(const v1::Job& job) {
   jobs_.erase(it);
 }
 
-void CoordinatorMetrics::OnRestarted(const v1::Job& /*job*/) {
-  restarts_.Increment();
+void CoordinatorMetrics::OnRestarted(const v1::Job& /*job*/,
+                                     absl::string_view reason,
+                                     bool layout_changed) {
+  restarts_
+      .Add({{"reason", std::string(reason)},
+            {"layout", layout_changed ? "changed" : "same"}})
+      .Increment();
 }
 
 std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {

@@ -53,7 +53,8 @@ class CoordinatorMetrics final : public JobObserver,
   void OnSubmitted(const v1::Job& job) override;
   void OnStep(const v1::Job& job, const v1::StepSummary& step) override;
   void OnFinished(const v1::Job& job) override;
-  void OnRestarted(const v1::Job& job) override;
+  void OnRestarted(const v1::Job& job, absl::string_view reason,
+                   bool layout_changed) override;
 
   // prometheus::Collectable: the scrape-time gauges.
   std::vector<prometheus::MetricFamily> Collect() const override;
@@ -75,7 +76,7 @@ class CoordinatorMetrics final : public JobObserver,
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Counter& submitted_;
   prometheus::Family<prometheus::Counter>& finished_;
-  prometheus::Counter& restarts_;
+  prometheus::Family<prometheus::Counter>& restarts_;
   prometheus::Family<prometheus::Gauge>& job_info_;
   prometheus::Family<prometheus::Counter>& steps_;
   prometheus::Family<prometheus::Histogram>& step_duration_;

@@ -182,7 +182,7 @@ void JobManager::MarkLost(WorkerRecord& w, const std::string& observed) {
           "job itself may be what ends them (too large for the machine?); "
           "check the workers' logs, then resubmit");
     }
-    FailOrRestart(*job, absl::StrCat(who, " lost: ", observed));
+    FailOrRestart(*job, absl::StrCat(who, " lost: ", observed), "worker_lost");
   }
 }
 
@@ -386,10 +386,11 @@ void JobManager::TickLocked() {
                     job.info.worker_ids(0), Seconds(options_.prepare_timeout))
               : absl::StrFormat("%s did not report ready within %.0f s",
                                 absl::StrJoin(slow, ", "),
-                                Seconds(options_.prepare_timeout)));
+                                Seconds(options_.prepare_timeout)),
+          "timeout");
     }
     if (job.failing && now >= job.failure_deadline) {
-      FailOrRestart(job, job.failure);
+      FailOrRestart(job, job.failure, "rank_failed");
     }
   }
   Schedule();

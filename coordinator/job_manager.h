@@ -97,7 +97,11 @@ class JobObserver {
   // The job reached SUCCEEDED, FAILED or CANCELLED.
   virtual void OnFinished(const v1::Job& job) = 0;
   // The job lost a worker and was queued again (restart: {max_restarts}).
-  virtual void OnRestarted(const v1::Job& /*job*/) {}
+  // `reason`: worker_lost, rank_failed, timeout, bad_report or
+  // coordinator_restarted; `layout_changed`: an elastic restart laid it out
+  // on another number of workers.
+  virtual void OnRestarted(const v1::Job& /*job*/, absl::string_view /*reason*/,
+                           bool /*layout_changed*/) {}
 };
 
 struct JobManagerOptions {
@@ -298,6 +302,13 @@ class JobManager {
     // every manifest.
     std::string config_hash;
     std::string training_hash;
+    // The workers the job file's layout needs, and (elastic) the workers the
+    // job is laid out for instead; 0: the file's layout.
+    int file_ranks = 0;
+    int relayout_ranks = 0;
+    // Why the next attempt's layout differs from the last one's (elastic),
+    // for Job.layouts; empty: it does not.
+    std::string layout_reason;
     // Where the current attempt starts; nullopt: from the init.
     std::optional<checkpoint::ResumePoint> resume;
     // The newest step this manager committed for the job.
@@ -361,8 +372,9 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A placed job that failed for `reason`: restarts it when its policy
   // allows, else Finish(FAILED).
-  void FailOrRestart(JobRecord& job, const std::string& reason)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `kind` labels the restart (Observer::OnRestarted).
+  void FailOrRestart(JobRecord& job, const std::string& reason,
+                     absl::string_view kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells the job's workers that have not ended to cancel, freeing at once
   // those that never heard of it (see Finish).
   void StopWorkers(JobRecord& job, const std::string& reason)
@@ -378,6 +390,13 @@ class JobManager {
   // Parses and plans a restored job's YAML again (resuming with job.resume's
   // cut), and describes the plan in job.info.
   absl::Status Replan(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Elastic: re-plans `job` onto `ranks` workers (its file's layout when
+  // ranks is the file's count), resuming from its checkpoint on the new
+  // layout. On error the job keeps its plan.
+  absl::Status Relayout(JobRecord& job, int ranks, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends the plan's layout to Job.layouts when it differs from the last.
+  void RecordLayout(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::CoordinatorState Snapshot() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetState(JobRecord& job, v1::JobState state)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -127,7 +127,7 @@ void JobManager::OnEnded(WorkerRecord& w, const v1::JobEnded& ended) {
         Finish(*job, v1::SUCCEEDED, "");
       }
     } else if (all_ended) {
-      FailOrRestart(*job, job->failure);
+      FailOrRestart(*job, job->failure, "rank_failed");
     }
     return;
   }
@@ -162,7 +162,7 @@ void JobManager::OnEnded(WorkerRecord& w, const v1::JobEnded& ended) {
     }
   }
   // Every worker has answered, so none was lost: no reason to wait.
-  if (all_ended) FailOrRestart(*job, job->failure);
+  if (all_ended) FailOrRestart(*job, job->failure, "rank_failed");
 }
 
 void JobManager::OnCheckpoint(WorkerRecord& w,
@@ -180,8 +180,9 @@ void JobManager::OnCheckpoint(WorkerRecord& w,
   absl::StatusOr<std::optional<CheckpointCollector::StepFiles>> complete =
       job->checkpoints.Add(rank, saved.step(), saved.files());
   if (!complete.ok()) {
-    FailOrRestart(*job, absl::StrCat(DescribeWorker(w), " ",
-                                     complete.status().message()));
+    FailOrRestart(
+        *job, absl::StrCat(DescribeWorker(w), " ", complete.status().message()),
+        "bad_report");
     return;
   }
   if (complete->has_value()) CommitCheckpoint(*job, saved.step(), **complete);
@@ -222,7 +223,8 @@ void JobManager::CommitCheckpoint(JobRecord& job, int64_t step,
   AddEvent(job, nullptr);
 }
 
-void JobManager::FailOrRestart(JobRecord& job, const std::string& reason) {
+void JobManager::FailOrRestart(JobRecord& job, const std::string& reason,
+                               absl::string_view kind) {
   if (proto::IsTerminal(job.info.state())) return;
   const bool placed =
       job.info.state() == v1::PLANNING || job.info.state() == v1::RUNNING;
@@ -247,22 +249,58 @@ void JobManager::FailOrRestart(JobRecord& job, const std::string& reason) {
     Finish(job, v1::SUCCEEDED, "");
     return;
   }
+  // The file's layout when enough workers are live (so an elastic job goes
+  // back to it once they are), else, elastic, as many as are.
   const int live = workers_.Live(job.plan.job.pipeline.devices_per_stage);
-  if (live < job.plan.num_ranks) {
-    Finish(
-        job, v1::FAILED,
-        absl::StrCat(reason, "; not restarted: the job needs ",
-                     job.plan.num_ranks, " workers and ", live, " are live"));
-    return;
+  const int64_t min_workers = job.plan.job.restart.elastic_min_workers;
+  int ranks = job.file_ranks;
+  if (live < ranks) {
+    if (min_workers == 0 || live < min_workers) {
+      Finish(job, v1::FAILED,
+             absl::StrCat(reason, "; not restarted: the job needs ", ranks,
+                          " workers and ", live, " are live",
+                          min_workers > 0
+                              ? absl::StrCat(", fewer than restart.elastic."
+                                             "min_workers (",
+                                             min_workers, ")")
+                              : ""));
+      return;
+    }
+    ranks = live;
   }
   StopWorkers(job, reason);
   PrepareNextAttempt(job, reason);
+  const bool layout_changed = ranks != job.plan.num_ranks;
+  if (layout_changed) {
+    // A schedule may not plan on every worker count (interleaved-1f1b needs
+    // M to be a multiple of P): fewer workers, down to the minimum, before
+    // giving up.
+    absl::Status laid_out = absl::UnknownError("no worker count tried");
+    const int lowest = ranks < job.file_ranks
+                           ? static_cast<int>(std::max<int64_t>(min_workers, 1))
+                           : ranks;
+    for (int r = ranks; r >= lowest && !laid_out.ok(); --r) {
+      laid_out = Relayout(job, r, reason);
+    }
+    if (!laid_out.ok()) {
+      Finish(job, v1::FAILED,
+             absl::StrCat(reason,
+                          "; not restarted: the job cannot be laid "
+                          "out on ",
+                          lowest == ranks ? absl::StrCat(ranks)
+                                          : absl::StrCat(lowest, " to ", ranks),
+                          " workers: ", laid_out.message()));
+      return;
+    }
+  }
   // At the head: the job was running, and a restart must not wait behind
   // work submitted after it.
   queue_.AddFirst(job.number);
   UpdateQueuePositions();
   SetState(job, v1::QUEUED);
-  if (options_.observer != nullptr) options_.observer->OnRestarted(job.info);
+  if (options_.observer != nullptr) {
+    options_.observer->OnRestarted(job.info, kind, layout_changed);
+  }
 }
 
 void JobManager::PrepareNextAttempt(JobRecord& job, const std::string& reason) {
@@ -295,6 +333,46 @@ void JobManager::PrepareNextAttempt(JobRecord& job, const std::string& reason) {
   SPDLOG_WARN("{}: restart {} of {} after: {}; resuming from {}", info.id(),
               info.restarts(), info.max_restarts(), reason,
               from > 0 ? absl::StrCat("step ", from) : "the start");
+}
+
+absl::Status JobManager::Relayout(JobRecord& job, int ranks,
+                                  const std::string& reason) {
+  const int previous = job.relayout_ranks;
+  job.relayout_ranks = ranks == job.file_ranks ? 0 : ranks;
+  // The checkpoint's cut is the old layout's: a stages: auto job is cut
+  // anew rather than adopting it.
+  if (job.resume.has_value()) job.resume->other_layout = true;
+  if (absl::Status s = Replan(job); !s.ok()) {
+    job.relayout_ranks = previous;
+    return s;
+  }
+  job.layout_reason =
+      absl::StrCat(reason, "; laid out on ", ranks, " of the ", job.file_ranks,
+                   " workers its file asks for");
+  SPDLOG_WARN("{}: {}", job.info.id(), job.layout_reason);
+  return absl::OkStatus();
+}
+
+void JobManager::RecordLayout(JobRecord& job) {
+  v1::JobLayout layout;
+  layout.set_from_step(job.resume.has_value() ? job.resume->step : 0);
+  layout.set_num_workers(job.plan.num_ranks);
+  layout.set_num_stages(job.plan.num_stages);
+  for (const StagePlan& s : job.plan.stages) {
+    layout.add_stage_begin(s.first_layer);
+  }
+  auto& layouts = *job.info.mutable_layouts();
+  const bool same =
+      !layouts.empty() &&
+      layouts.rbegin()->num_workers() == layout.num_workers() &&
+      std::equal(layouts.rbegin()->stage_begin().begin(),
+                 layouts.rbegin()->stage_begin().end(),
+                 layout.stage_begin().begin(), layout.stage_begin().end());
+  const std::string reason = std::exchange(job.layout_reason, "");
+  if (same) return;
+  if (!layouts.empty())
+    layout.set_reason(reason.empty() ? "re-planned" : reason);
+  *job.info.add_layouts() = std::move(layout);
 }
 
 void JobManager::Finish(JobRecord& job, v1::JobState state,

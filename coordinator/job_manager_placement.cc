@@ -125,6 +125,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
     job.plan = *std::move(plan);
     job.config_hash = config_hash;
     job.training_hash = training_hash;
+    job.file_ranks = job.plan.num_ranks;
     job.resume = std::move(resume);
     v1::Job& info = job.info;
     info.set_id(JobId(number));
@@ -292,6 +293,7 @@ void JobManager::Place(JobRecord& job,
 
 void JobManager::SendPrograms(JobRecord& job) {
   job.programs_sent = true;
+  RecordLayout(job);
   std::vector<int> stage_ranks;
   for (const StagePlan& s : job.plan.stages) stage_ranks.push_back(s.rank);
   job.checkpoints.Start(std::move(stage_ranks),
@@ -422,6 +424,7 @@ v1::JobProgram JobManager::MakeProgram(const JobRecord& job, int rank) const {
     context.resume_files = job.resume->files;
     context.resume_stage_begin = job.resume->stage_begin;
   }
+  context.relayout = job.relayout_ranks > 0;
   return job::CompileRankProgram(job.plan, rank, context);
 }
 

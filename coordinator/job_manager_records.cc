@@ -76,6 +76,7 @@ v1::CoordinatorState JobManager::Snapshot() const {
       *saved->mutable_committed() = checkpoint::ToProto(*job.committed);
     }
     saved->set_attempt(job.attempt);
+    saved->set_relayout_ranks(job.relayout_ranks);
   }
   for (uint64_t number : queue_.order()) state.add_queue(number);
   return state;
@@ -85,6 +86,14 @@ absl::Status JobManager::Replan(JobRecord& job) {
   absl::StatusOr<engine::JobSpec> spec = engine::ParseJobSpec(
       job.request.yaml(), job.request.file_name(), job.request.base_dir());
   if (!spec.ok()) return spec.status();
+  if (job.file_ranks == 0) {
+    ASSIGN_OR_RETURN(const JobPlan file_plan, PlanJob(*spec));
+    job.file_ranks = file_plan.num_ranks;
+  }
+  if (job.relayout_ranks > 0) {
+    ASSIGN_OR_RETURN(spec,
+                     job::RelayoutOnto(*std::move(spec), job.relayout_ranks));
+  }
   if (job.resume.has_value()) {
     RETURN_IF_ERROR(checkpoint::AdoptCheckpointCut(*job.resume, *spec));
   }
@@ -121,6 +130,7 @@ absl::Status JobManager::Restore(const v1::CoordinatorState& state) {
     // Not saved: the YAML is kept while the job can still write a manifest.
     job.training_hash = job::JobTrainingHash(job.request.yaml());
     job.attempt = saved.attempt();
+    job.relayout_ranks = saved.relayout_ranks();
     if (saved.has_resume()) job.resume = checkpoint::FromProto(saved.resume());
     if (saved.has_committed())
       job.committed = checkpoint::FromProto(saved.committed());
@@ -217,7 +227,10 @@ absl::Status JobManager::Restore(const v1::CoordinatorState& state) {
       continue;
     }
     restarted.push_back(number);
-    if (options_.observer != nullptr) options_.observer->OnRestarted(job.info);
+    if (options_.observer != nullptr) {
+      options_.observer->OnRestarted(job.info, "coordinator_restarted",
+                                     /*layout_changed=*/false);
+    }
   }
   for (uint64_t number : queued) {
     JobRecord& job = jobs_.at(number);

@@ -58,7 +58,10 @@ constexpr absl::string_view kStagesModes[] = {"markers", "auto"};
 // Largest memory budget accepted (1 EiB): anything above is a typo.
 constexpr double kMaxMemoryBudget = 1152921504606846976.0;
 constexpr absl::string_view kCheckpointKeys[] = {"dir", "every", "keep_latest"};
-constexpr absl::string_view kRestartKeys[] = {"max_restarts"};
+constexpr absl::string_view kRestartKeys[] = {"max_restarts", "elastic"};
+constexpr absl::string_view kElasticKeys[] = {"min_workers"};
+// A pipeline of more workers than this is beyond any cluster we plan for.
+constexpr int64_t kMaxElasticWorkers = 4096;
 constexpr absl::string_view kEvalKeys[] = {"every", "batches", "data"};
 // More restarts than this is a crash loop, not a policy.
 constexpr int64_t kMaxRestarts = 1000;
@@ -707,6 +710,14 @@ absl::Status JobParser::ParseRestart(const YamlValue& value,
                    reader_.Require(map, "max_restarts"));
   ASSIGN_OR_RETURN(restart.max_restarts,
                    reader_.ParseInt(max->value, 0, kMaxRestarts));
+  if (const YamlMapEntry* elastic = map.Find("elastic"); elastic != nullptr) {
+    ASSIGN_OR_RETURN(const YamlMap e,
+                     reader_.ReadMap(elastic->value, kElasticKeys));
+    ASSIGN_OR_RETURN(const YamlMapEntry* min,
+                     reader_.Require(e, "min_workers"));
+    ASSIGN_OR_RETURN(restart.elastic_min_workers,
+                     reader_.ParseInt(min->value, 1, kMaxElasticWorkers));
+  }
   return absl::OkStatus();
 }
 

@@ -132,8 +132,13 @@ struct ResumeSpec {
 // restart: {max_restarts: N}. A job that loses a worker (or fails on one) is
 // re-planned on the live workers and resumes from its newest complete
 // checkpoint, at most N times, instead of failing.
+// restart: {max_restarts: N, elastic: {min_workers: K}}. Elastic: when a
+// restart finds fewer live workers than the job's layout needs, the job is
+// re-planned onto the live ones (at least K; job/planner.h RelayoutOnto)
+// and resumes from its newest checkpoint instead of failing.
 struct RestartSpec {
   int64_t max_restarts = 0;
+  int64_t elastic_min_workers = 0;  // 0: not elastic.
 };
 
 // eval: {every: N, batches: K, data: {...}}. After every N-th step and after

@@ -323,6 +323,40 @@ absl::StatusOr<JobPlan> PlanWithCut(engine::JobSpec job,
   return PlanCut(std::move(job), std::move(markers));
 }
 
+absl::StatusOr<engine::JobSpec> RelayoutOnto(engine::JobSpec job, int ranks) {
+  if (job.pipeline.auto_schedule) {
+    job.pipeline.workers = ranks;
+    return job;
+  }
+  const int64_t v = job.pipeline.virtual_stages;
+  const int64_t stages = ranks * v;
+  if (job.pipeline.auto_stages) {
+    if (stages > static_cast<int64_t>(job.model.layers.size())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          stages, " stages (", ranks, " workers x ", v,
+          " virtual stages) need at least as many layers; the model has ",
+          job.model.layers.size()));
+    }
+    job.pipeline.num_stages = stages;
+    return job;
+  }
+  const std::vector<int> markers = job.model.stage_begin;
+  const int64_t s = static_cast<int64_t>(markers.size());
+  if (stages > s) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(ranks, " workers x ", v, " virtual stages need ", stages,
+                     " stages; the job's boundary markers make ", s));
+  }
+  // Group g takes the marked stages [first(g), first(g + 1)).
+  std::vector<int> begin;
+  for (int64_t g = 0; g < stages; ++g) {
+    const int64_t first = g * (s / stages) + std::min(g, s % stages);
+    begin.push_back(markers[first]);
+  }
+  RETURN_IF_ERROR(engine::SetStageBoundaries(&job.model, begin));
+  return job;
+}
+
 absl::StatusOr<scheduler::StageSearchInput> StageSearchInputFor(
     const JobPlan& plan, const std::vector<engine::LayerProfile>& profile,
     double transfer_seconds) {

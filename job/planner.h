@@ -102,6 +102,16 @@ absl::StatusOr<JobPlan> PlanJob(engine::JobSpec job);
 absl::StatusOr<JobPlan> PlanWithCut(engine::JobSpec job,
                                     const std::vector<int>& stage_begin);
 
+// Elastic restarts: `job` (as parsed from its file) laid out for `ranks`
+// workers instead of the number its pipeline section makes, keeping its
+// schedule and virtual stages. A markers job's stages are merged in order
+// into ranks x V groups of consecutive stages, as even in stage count as
+// they go (the first groups take one more); a stages: auto job searches
+// ranks x V stages; a schedule: auto job chooses for `ranks` workers.
+// FailedPrecondition when the model has fewer stages (markers) or layers
+// (auto) than ranks x V.
+absl::StatusOr<engine::JobSpec> RelayoutOnto(engine::JobSpec job, int ranks);
+
 // True for a stages: auto plan whose cut ChooseStages has not chosen yet.
 inline bool NeedsProfile(const JobPlan& plan) {
   return plan.job.pipeline.auto_stages && !plan.auto_split.has_value();

@@ -101,6 +101,7 @@ v1::JobProgram CompileRankProgram(const JobPlan& plan, int rank,
       proto::ToProto(a, program.add_eval_actions());
     }
   }
+  program.set_relayout(context.relayout);
   program.set_steps(plan.job.training.steps);
   program.set_recv_timeout_ms(context.recv_timeout_ms);
   program.set_checkpoint_dir(plan.job.checkpoint.dir);
@@ -135,7 +136,8 @@ ProgramContext ContextOf(const v1::JobProgram& program) {
           .resume_files = {program.resume_files().begin(),
                            program.resume_files().end()},
           .resume_stage_begin = {program.resume_stage_begin().begin(),
-                                 program.resume_stage_begin().end()}};
+                                 program.resume_stage_begin().end()},
+          .relayout = program.relayout()};
 }
 
 absl::StatusOr<JobPlan> PlanOfProgram(const v1::JobProgram& program) {
@@ -161,6 +163,10 @@ absl::StatusOr<JobPlan> PlanOfProgram(const v1::JobProgram& program) {
   ASSIGN_OR_RETURN(engine::JobSpec spec,
                    engine::ParseJobSpec(program.yaml(), program.file_name(),
                                         program.base_dir()));
+  if (program.relayout() && spec.pipeline.auto_schedule) {
+    // Elastic: chosen for the workers the job had left.
+    spec.pipeline.workers = program.num_ranks();
+  }
   if (spec.pipeline.auto_schedule) {
     // The coordinator chose the schedule; the YAML says "auto".
     if (!scheduler::ParseScheduleKind(program.schedule()).ok() ||
@@ -179,8 +185,9 @@ absl::StatusOr<JobPlan> PlanOfProgram(const v1::JobProgram& program) {
     spec.pipeline.num_stages = program.num_stages();
   }
   absl::StatusOr<JobPlan> plan;
-  if (spec.pipeline.auto_stages) {
-    // The coordinator chose the cut from a profile; the YAML says "auto".
+  if (spec.pipeline.auto_stages || program.relayout()) {
+    // The coordinator chose the cut from a profile, or merged the file's
+    // stages for fewer workers (elastic); the YAML says otherwise.
     plan = PlanWithCut(std::move(spec), {program.stage_begin().begin(),
                                          program.stage_begin().end()});
   } else {

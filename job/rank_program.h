@@ -41,6 +41,8 @@ struct ProgramContext {
   std::string resume_dir{};
   std::vector<v1::StageFile> resume_files{};
   std::vector<int> resume_stage_begin{};
+  // The plan is an elastic relayout (JobProgram.relayout).
+  bool relayout = false;
 };
 
 // The stages of a checkpoint cut at `checkpoint_begin` (first layers; empty:

@@ -116,6 +116,26 @@ TEST_F(CoordinatorMetricsTest, StateGaugesAreReadAtScrapeTime) {
       text, HasSubstr("conveyor_jobs_finished_total{state=\"succeeded\"} 0\n"));
 }
 
+// Restarts are counted by reason and by whether the layout changed; the
+// common series is there (at 0) before any restart.
+TEST_F(CoordinatorMetricsTest, CountsRestartsByReasonAndLayout) {
+  EXPECT_THAT(Scrape(metrics_),
+              HasSubstr("conveyor_job_restarts_total{layout=\"same\","
+                        "reason=\"worker_lost\"} 0\n"));
+  v1::Job job;
+  job.set_id("job-1");
+  metrics_->OnRestarted(job, "worker_lost", /*layout_changed=*/true);
+  metrics_->OnRestarted(job, "worker_lost", /*layout_changed=*/true);
+  metrics_->OnRestarted(job, "coordinator_restarted", false);
+  const std::string text = Scrape(metrics_);
+  EXPECT_THAT(text, HasSubstr("conveyor_job_restarts_total{layout=\"changed\","
+                              "reason=\"worker_lost\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_job_restarts_total{layout=\"same\","
+                              "reason=\"coordinator_restarted\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_job_restarts_total{layout=\"same\","
+                              "reason=\"worker_lost\"} 0\n"));
+}
+
 TEST_F(CoordinatorMetricsTest, CountsGrpcCallsByMethodAndCode) {
   CoordinatorService service(&manager_);
   grpc::ServerBuilder builder;

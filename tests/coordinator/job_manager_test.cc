@@ -43,8 +43,10 @@ class RecordingObserver final : public JobObserver {
     log.push_back(absl::StrCat("finished ", job.id(), " ",
                                proto::JobStateName(job.state())));
   }
-  void OnRestarted(const v1::Job& job) override {
-    log.push_back("restarted " + job.id());
+  void OnRestarted(const v1::Job& job, absl::string_view reason,
+                   bool layout_changed) override {
+    log.push_back(absl::StrCat("restarted ", job.id(), " ", reason,
+                               layout_changed ? " relaid out" : ""));
   }
   std::vector<std::string> log;
 };
@@ -1300,7 +1302,8 @@ TEST_F(JobManagerCheckpointTest, ALostWorkerRestartsTheJobFromItsLastCommit) {
   EXPECT_EQ(p.resume_step(), 1);
   EXPECT_NE(p.job_number(), first_number);  // A new data plane.
   EXPECT_EQ(LastProgram(w1).resume_step(), 1);
-  EXPECT_THAT(observer_.log, testing::Contains("restarted " + job));
+  EXPECT_THAT(observer_.log,
+              testing::Contains("restarted " + job + " worker_lost"));
 
   // A second loss is past the policy: FAILED, saying so.
   Ready(w1, job, 5003);
@@ -1478,7 +1481,8 @@ TEST_F(JobManagerCheckpointTest, JobRecordsSurviveACoordinatorRestart) {
   EXPECT_EQ(job.queue_position(), 2);
   EXPECT_EQ(restored.GetJob(cancelled->id())->state(), v1::CANCELLED);
   EXPECT_EQ(restored.GetJob(cancelled->id())->message(), "by test");
-  EXPECT_THAT(observer.log, testing::Contains("restarted " + restarting));
+  EXPECT_THAT(observer.log, testing::Contains("restarted " + restarting +
+                                              " coordinator_restarted"));
 
   // Ids go on where they stopped; the restarted job still holds its
   // checkpoint directory; it resumes from step 1 on the first workers.

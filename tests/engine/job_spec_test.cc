@@ -873,7 +873,26 @@ TEST(JobSpecErrorTest, ResumeAndRestart) {
             "job.yaml:9:10: restart: missing required key 'max_restarts'");
   EXPECT_EQ(ParseError(Job({.extra = "restart: {max_restart: 1}\n"})),
             "job.yaml:9:11: restart: unknown key 'max_restart'; allowed: "
-            "max_restarts");
+            "max_restarts, elastic");
+  // elastic: {min_workers: K}, K >= 1.
+  absl::StatusOr<JobSpec> elastic = ParseJobSpec(
+      Job({.extra = "restart: {max_restarts: 2, elastic: {min_workers: 3}}\n"}),
+      "job.yaml");
+  ASSERT_TRUE(elastic.ok()) << elastic.status();
+  EXPECT_EQ(elastic->restart.max_restarts, 2);
+  EXPECT_EQ(elastic->restart.elastic_min_workers, 3);
+  EXPECT_EQ(ParseError(Job({.extra = "restart: {max_restarts: 1, elastic: "
+                                     "{min_workers: 0}}\n"})),
+            "job.yaml:9:51: restart.elastic.min_workers: must be a positive "
+            "integer; got '0'");
+  EXPECT_EQ(ParseError(Job({.extra = "restart: {max_restarts: 1, elastic: "
+                                     "{}}\n"})),
+            "job.yaml:9:37: restart.elastic: missing required key "
+            "'min_workers'");
+  EXPECT_EQ(ParseError(Job({.extra = "restart: {max_restarts: 1, elastic: "
+                                     "{min: 2}}\n"})),
+            "job.yaml:9:38: restart.elastic: unknown key 'min'; allowed: "
+            "min_workers");
 }
 
 }  // namespace

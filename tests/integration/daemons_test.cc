@@ -1589,6 +1589,89 @@ TEST(DaemonsFailureTest, SigtermedWorkerDeregistersAndItsJobFailsNamingIt) {
   EXPECT_NE(workers[0].id(), running.worker_ids(1));
 }
 
+// Issue 21: restart: {elastic: {min_workers: K}}. A worker of a 4-stage job
+// on exactly 4 workers is killed with -9 mid-step: no spare is left, so the
+// job is laid out again on the 3 live workers (its stages merged in order)
+// and resumed from its newest checkpoint, and ends with the parameters of a
+// run that never stopped, its layouts naming the lost worker. With K = 4
+// the same loss fails the job, saying why.
+TEST(DaemonsFailureTest, ElasticJobsContinueOnTheLiveWorkers) {
+  constexpr int kSteps = 6;
+  auto job_yaml = [](const std::string& dir, int min_workers) {
+    return SlowMlpJob(4, 20, kSteps, dir, "every: 2",
+                      absl::StrCat("restart: {max_restarts: 1, elastic: "
+                                   "{min_workers: ",
+                                   min_workers, "}}\n"));
+  };
+  const Params uninterrupted = InProcessReference(job_yaml("unused", 2));
+  for (const int min_workers : {2, 4}) {
+    SCOPED_TRACE(absl::StrCat("min_workers ", min_workers));
+    std::unique_ptr<cli::LocalCluster> cluster = DaemonsTest::StartCluster(4);
+    ASSERT_NE(cluster, nullptr);
+    auto client = *cli::CoordinatorClient::Create(
+        cluster->coordinator_address(), absl::Seconds(10));
+    ASSERT_TRUE(cluster->WaitForWorkers(*client).ok());
+    const std::string dir = TempDir(absl::StrCat("elastic_", min_workers));
+    const std::string id =
+        DaemonsTest::SubmitForId(*client, job_yaml(dir, min_workers));
+    v1::Job running;
+    for (const Clock::time_point start = Clock::now();
+         SecondsSince(start) < 60;) {
+      running = *client->GetJob(id);
+      if ((running.steps_done() >= 3 && running.last_checkpoint_step() >= 2) ||
+          proto::IsTerminal(running.state())) {
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_EQ(running.state(), v1::RUNNING) << running.message();
+    ASSERT_EQ(running.num_workers(), 4);
+    std::this_thread::sleep_for(std::chrono::milliseconds(40));
+    const std::string victim = running.worker_ids(1);
+    const pid_t pid = WorkerPidOfRank(*cluster, *client, running, 1);
+    ASSERT_GT(pid, 0);  // kill(-1) would signal every process we may signal.
+    ASSERT_EQ(::kill(pid, SIGKILL), 0);
+
+    v1::Job done;
+    for (const Clock::time_point killed = Clock::now();
+         SecondsSince(killed) < 60;) {
+      done = *client->GetJob(id);
+      if (proto::IsTerminal(done.state())) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (min_workers == 4) {
+      ASSERT_EQ(done.state(), v1::FAILED);
+      EXPECT_THAT(done.message(), HasSubstr(victim));
+      EXPECT_THAT(done.message(),
+                  HasSubstr("the job needs 4 workers and 3 are live, fewer "
+                            "than restart.elastic.min_workers (4)"));
+      continue;
+    }
+    ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.message();
+    EXPECT_EQ(done.steps_done(), kSteps);
+    EXPECT_EQ(done.restarts(), 1);
+    EXPECT_EQ(done.num_workers(), 3);
+    EXPECT_THAT(done.worker_ids(), Not(Contains(victim)));
+    ASSERT_EQ(done.layouts_size(), 2);
+    EXPECT_EQ(done.layouts(0).num_workers(), 4);
+    EXPECT_EQ(done.layouts(0).from_step(), 0);
+    const v1::JobLayout& now = done.layouts(1);
+    EXPECT_EQ(now.num_workers(), 3);
+    EXPECT_EQ(now.num_stages(), 3);
+    EXPECT_EQ(now.from_step(), done.resumed_from_step());
+    EXPECT_GE(now.from_step(), 2);
+    // The four stages merged in order: the first two become one.
+    EXPECT_THAT(now.stage_begin(),
+                ::testing::ElementsAre(0, done.layouts(0).stage_begin(2),
+                                       done.layouts(0).stage_begin(3)));
+    EXPECT_THAT(now.reason(), HasSubstr(victim));
+    EXPECT_THAT(now.reason(), HasSubstr("laid out on 3 of the 4 workers"));
+    // Nothing lost, nothing done twice: equal to the run that never
+    // stopped.
+    ExpectBitwiseEqual(ExportedParams(dir), uninterrupted);
+  }
+}
+
 TEST(DaemonsFailureTest, KilledWorkerFailsTheJobNamingIt) {
   ExpectLostWorkerFailsTheJob(SIGKILL, "control connection closed");
 }

@@ -34,6 +34,50 @@ engine::JobSpec Job(const std::string& pipeline, int microbatches = 4,
   return *job;
 }
 
+// Elastic restarts lay a job out on fewer workers: marked stages merged in
+// order (the first groups one stage larger), V kept; auto stages searched
+// anew for the new count; too few stages or layers refused.
+TEST(PlannerTest, RelayoutOntoFewerWorkers) {
+  auto cut = [](const engine::JobSpec& job, int ranks) {
+    absl::StatusOr<engine::JobSpec> spec = RelayoutOnto(job, ranks);
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    absl::StatusOr<JobPlan> plan = PlanJob(*std::move(spec));
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    std::vector<int> begin;
+    for (const StagePlan& s : plan->stages) begin.push_back(s.first_layer);
+    EXPECT_EQ(plan->num_ranks, ranks);
+    return begin;
+  };
+  // Four marked stages at layers 0, 2, 4, 6.
+  EXPECT_THAT(cut(Job("{schedule: 1f1b}"), 3), ElementsAre(0, 4, 6));
+  EXPECT_THAT(cut(Job("{schedule: 1f1b}"), 2), ElementsAre(0, 4));
+  EXPECT_THAT(cut(Job("{schedule: 1f1b}"), 1), ElementsAre(0));
+  EXPECT_THAT(cut(Job("{schedule: 1f1b}"), 4), ElementsAre(0, 2, 4, 6));
+  // Eight marked stages, V = 2 on 4 ranks, onto 2 ranks: 4 stages.
+  EXPECT_THAT(
+      cut(Job("{schedule: interleaved-1f1b, virtual_stages: 2}", 4, 8), 2),
+      ElementsAre(0, 4, 8, 12));
+  // Onto 3 it cuts (6 stages), but the schedule then cannot plan M = 4 on
+  // P = 3: FailOrRestart tries fewer workers.
+  absl::StatusOr<engine::JobSpec> three = RelayoutOnto(
+      Job("{schedule: interleaved-1f1b, virtual_stages: 2}", 4, 8), 3);
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ(three->model.num_stages, 6);
+  EXPECT_FALSE(PlanJob(*three).ok());
+  // stages: auto searches 2 stages instead of 4.
+  absl::StatusOr<engine::JobSpec> automatic = RelayoutOnto(
+      Job("{schedule: 1f1b, stages: auto, num_stages: 4}", 4, 4, false), 2);
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  EXPECT_EQ(automatic->pipeline.num_stages, 2);
+  // Too few stages for the workers.
+  absl::StatusOr<engine::JobSpec> more =
+      RelayoutOnto(Job("{schedule: interleaved-1f1b, virtual_stages: 2}"), 3);
+  EXPECT_EQ(more.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(more.status().message(),
+              HasSubstr("3 workers x 2 virtual stages need 6 stages; the "
+                        "job's boundary markers make 4"));
+}
+
 TEST(PlannerTest, PlacesStageSOnRankSModP) {
   absl::StatusOr<JobPlan> plan =
       PlanJob(Job("{schedule: interleaved-1f1b, virtual_stages: 2}"));
