@@ -1054,6 +1054,14 @@ class JobManagerCheckpointTest : public JobManagerTest {
     Saved(w1, job, step, {WriteStage(step, 0)});
     Saved(w2, job, step, {WriteStage(step, 1)});
   }
+  // A two-stage job on w1 and w2 that commits step 1 and is cancelled.
+  void CommitOneStepAndCancel(const std::string& w1, const std::string& w2) {
+    const std::string first = StartJob(CkptYaml("every: 1"), w1, w2);
+    StepWithCheckpoint(w1, w2, first, 1);
+    ASSERT_TRUE(manager_.CancelJob(first, "stop").ok());
+    Ended(w1, first, v1::CANCELLED);
+    Ended(w2, first, v1::CANCELLED);
+  }
   bool Committed(int64_t step) {
     return std::filesystem::exists(
         std::filesystem::path(checkpoint::StepDirPath(dir_, step)) /
@@ -1230,11 +1238,7 @@ TEST_F(JobManagerCheckpointTest, ResumeNeverSilentlyStartsFromScratch) {
 
 TEST_F(JobManagerCheckpointTest, ResumeRefusesAnotherConfiguration) {
   const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
-  const std::string first = StartJob(CkptYaml("every: 1"), w1, w2);
-  StepWithCheckpoint(w1, w2, first, 1);
-  ASSERT_TRUE(manager_.CancelJob(first, "stop").ok());
-  Ended(w1, first, v1::CANCELLED);
-  Ended(w2, first, v1::CANCELLED);
+  CommitOneStepAndCancel(w1, w2);
 
   std::string other = CkptYaml("every: 1", "resume: latest\n");
   other = absl::StrReplaceAll(other, {{"lr: 0.1", "lr: 0.2"}});
@@ -1254,11 +1258,7 @@ TEST_F(JobManagerCheckpointTest, ResumeRefusesAnotherConfiguration) {
 // the one rank is sent both stage files and the checkpoint's cut.
 TEST_F(JobManagerCheckpointTest, ResumeOnAnotherLayoutSendsTheFilesAndTheCut) {
   const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
-  const std::string first = StartJob(CkptYaml("every: 1"), w1, w2);
-  StepWithCheckpoint(w1, w2, first, 1);
-  ASSERT_TRUE(manager_.CancelJob(first, "stop").ok());
-  Ended(w1, first, v1::CANCELLED);
-  Ended(w2, first, v1::CANCELLED);
+  CommitOneStepAndCancel(w1, w2);
   ASSERT_TRUE(Committed(1));
 
   const std::string one_stage = absl::StrReplaceAll(

@@ -1342,6 +1342,23 @@ void ExpectLostWorkerFailsTheJob(int signal, const std::string& observed,
 }
 
 // The pid of the worker holding `rank` of `job`.
+// Polls job `id` until it has done 3 steps and committed step 2 (or
+// ended, or a minute passed): the moment the kill tests strike.
+v1::Job WaitForThreeStepsAndACheckpoint(cli::CoordinatorClient& client,
+                                        const std::string& id) {
+  v1::Job running;
+  for (const Clock::time_point start = Clock::now();
+       SecondsSince(start) < 60;) {
+    running = *client.GetJob(id);
+    if ((running.steps_done() >= 3 && running.last_checkpoint_step() >= 2) ||
+        proto::IsTerminal(running.state())) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return running;
+}
+
 pid_t WorkerPidOfRank(cli::LocalCluster& cluster,
                       cli::CoordinatorClient& client, const v1::Job& job,
                       int rank) {
@@ -1472,16 +1489,7 @@ TEST(DaemonsFailureTest,
     const std::string dir = TempDir(absl::StrCat("midstep_", rank));
     const std::string id =
         submit(job_yaml(dir, "restart: {max_restarts: 1}\n"));
-    v1::Job running;
-    for (const Clock::time_point start = Clock::now();
-         SecondsSince(start) < 60;) {
-      running = *client->GetJob(id);
-      if ((running.steps_done() >= 3 && running.last_checkpoint_step() >= 2) ||
-          proto::IsTerminal(running.state())) {
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
+    const v1::Job running = WaitForThreeStepsAndACheckpoint(*client, id);
     ASSERT_EQ(running.state(), v1::RUNNING) << running.message();
     std::this_thread::sleep_for(std::chrono::milliseconds(40));
     // Mid-step 4: not after it, nor in its checkpoint.
@@ -1614,16 +1622,7 @@ TEST(DaemonsFailureTest, ElasticJobsContinueOnTheLiveWorkers) {
     const std::string dir = TempDir(absl::StrCat("elastic_", min_workers));
     const std::string id =
         DaemonsTest::SubmitForId(*client, job_yaml(dir, min_workers));
-    v1::Job running;
-    for (const Clock::time_point start = Clock::now();
-         SecondsSince(start) < 60;) {
-      running = *client->GetJob(id);
-      if ((running.steps_done() >= 3 && running.last_checkpoint_step() >= 2) ||
-          proto::IsTerminal(running.state())) {
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
+    const v1::Job running = WaitForThreeStepsAndACheckpoint(*client, id);
     ASSERT_EQ(running.state(), v1::RUNNING) << running.message();
     ASSERT_EQ(running.num_workers(), 4);
     std::this_thread::sleep_for(std::chrono::milliseconds(40));

@@ -48,6 +48,17 @@ ProgramContext Context(const std::string& yaml) {
           .recv_timeout_ms = 5000};
 }
 
+// What a manifest of `stages` stages lists, as the coordinator passes it.
+std::vector<v1::StageFile> StageFiles(int stages) {
+  std::vector<v1::StageFile> files;
+  for (int s = 0; s < stages; ++s) {
+    v1::StageFile& f = files.emplace_back();
+    f.set_stage(s);
+    f.set_file(absl::StrCat("stage-", s, ".safetensors"));
+  }
+  return files;
+}
+
 TEST(RankProgramTest, CompilesARanksStagesActionsAndCut) {
   const std::string yaml =
       Yaml("{schedule: interleaved-1f1b, virtual_stages: 2}");
@@ -80,12 +91,7 @@ TEST(RankProgramTest, SendsEachRankOnlyItsStagesResumeFiles) {
   ProgramContext context = Context(yaml);
   context.resume_step = 2;
   context.resume_dir = "/ckpt/step-2";
-  for (int s = 0; s < 4; ++s) {
-    v1::StageFile f;
-    f.set_stage(s);
-    f.set_file(absl::StrCat("stage-", s, ".safetensors"));
-    context.resume_files.push_back(f);
-  }
+  context.resume_files = StageFiles(4);
   const v1::JobProgram program = CompileRankProgram(plan, 2, context);
   EXPECT_EQ(program.resume_step(), 2);
   EXPECT_EQ(program.resume_dir(), "/ckpt/step-2");
@@ -123,12 +129,7 @@ TEST(RankProgramTest, SendsTheFilesHoldingARanksParametersWhateverTheCut) {
   context.resume_step = 2;
   context.resume_dir = "/ckpt/step-2";
   context.resume_stage_begin = {0, 2, 4, 6};
-  for (int s = 0; s < 4; ++s) {
-    v1::StageFile f;
-    f.set_stage(s);
-    f.set_file(absl::StrCat("stage-", s, ".safetensors"));
-    context.resume_files.push_back(f);
-  }
+  context.resume_files = StageFiles(4);
   const v1::JobProgram program = CompileRankProgram(halves, 1, context);
   ASSERT_EQ(program.resume_files_size(), 2);
   EXPECT_EQ(program.resume_files(0).stage(), 2);
