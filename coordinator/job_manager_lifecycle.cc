@@ -253,7 +253,9 @@ void JobManager::FailOrRestart(JobRecord& job, const std::string& reason,
   // back to it once they are), else, elastic, as many as are.
   const int live = workers_.Live(job.plan.job.pipeline.devices_per_stage);
   const int64_t min_workers = job.plan.job.restart.elastic_min_workers;
-  int ranks = job.file_ranks;
+  // (file_ranks is set by submission and by Replan; the plan's count is
+  // the file's unless the job was laid out anew.)
+  int ranks = job.file_ranks > 0 ? job.file_ranks : job.plan.num_ranks;
   if (live < ranks) {
     if (min_workers == 0 || live < min_workers) {
       Finish(job, v1::FAILED,

@@ -584,10 +584,12 @@ absl::Status JobRunner::WriteCheckpoint(int64_t step) {
   const auto start = std::chrono::steady_clock::now();
   if (absl::Status snapshot = SnapshotStages(step); !snapshot.ok()) {
     if (on_checkpoint_) {
-      on_checkpoint_({.step = step,
-                      .status = snapshot,
-                      .seconds = SecondsSince(start),
-                      .wait_seconds = waited});
+      CheckpointWrite failed;
+      failed.step = step;
+      failed.status = snapshot;
+      failed.seconds = SecondsSince(start);
+      failed.wait_seconds = waited;
+      on_checkpoint_(failed);
     }
     return snapshot;
   }
@@ -597,9 +599,10 @@ absl::Status JobRunner::WriteCheckpoint(int64_t step) {
   // touches snapshot_ until the next Wait.
   return checkpoint_writer_
       .Start([this, step, start, waited, snapshot_seconds] {
-        CheckpointWrite write{.step = step,
-                              .wait_seconds = waited,
-                              .snapshot_seconds = snapshot_seconds};
+        CheckpointWrite write;
+        write.step = step;
+        write.wait_seconds = waited;
+        write.snapshot_seconds = snapshot_seconds;
         absl::StatusOr<std::vector<v1::StageFile>> files =
             WriteSnapshot(step, snapshot_);
         write.seconds = SecondsSince(start);
