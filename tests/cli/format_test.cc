@@ -215,6 +215,32 @@ TEST(FormatJobDetailsTest, ShowsCheckpointsResumeAndRestarts) {
                               "1, stages 1) lost"));
 }
 
+// An elastic restart's layouts, one line each, once there is more than one.
+TEST(FormatJobDetailsTest, ShowsEveryLayoutOnceThereAreTwo) {
+  v1::Job job;
+  job.set_id("job-5");
+  job.set_state(v1::RUNNING);
+  v1::JobLayout* first = job.add_layouts();
+  first->set_num_workers(4);
+  first->set_num_stages(4);
+  for (int b : {0, 3, 6, 9}) first->add_stage_begin(b);
+  EXPECT_THAT(FormatJobDetails(job, absl::FromUnixMillis(0)),
+              ::testing::Not(HasSubstr("layouts")));
+  v1::JobLayout* second = job.add_layouts();
+  second->set_from_step(4);
+  second->set_num_workers(3);
+  second->set_num_stages(3);
+  for (int b : {0, 6, 9}) second->add_stage_begin(b);
+  second->set_reason("worker-2 lost; laid out on 3 of the 4 workers");
+  const std::string text = FormatJobDetails(job, absl::FromUnixMillis(0));
+  EXPECT_THAT(text, HasSubstr("  layouts   from step 0: 4 workers, 4 stages at "
+                              "layers [0, 3, 6, 9]\n"));
+  EXPECT_THAT(text,
+              HasSubstr("\n            from step 4: 3 workers, 3 stages at "
+                        "layers [0, 6, 9]; worker-2 lost; laid out on 3 "
+                        "of the 4 workers\n"));
+}
+
 TEST(FormatJobDetailsTest, ShowsDevicesPerStageAndTheDataPlane) {
   v1::Job job = RunningJob();
   std::string text = FormatJobDetails(job, absl::FromUnixMillis(0));
