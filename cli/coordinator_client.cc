@@ -139,6 +139,19 @@ absl::StatusOr<std::vector<v1::Worker>> CoordinatorClient::ListWorkers() {
                                  response.workers().end());
 }
 
+absl::StatusOr<v1::Worker> CoordinatorClient::DrainWorker(
+    const std::string& worker, const std::string& reason) {
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::DrainWorkerRequest request;
+  request.set_worker(worker);
+  request.set_reason(reason);
+  v1::Worker drained;
+  grpc::Status status = stub_->DrainWorker(&context, request, &drained);
+  if (!status.ok()) return FromGrpc(status);
+  return drained;
+}
+
 absl::StatusOr<v1::Trace> CoordinatorClient::GetTrace(const std::string& id,
                                                       int64_t step) {
   grpc::ClientContext context;

@@ -65,6 +65,10 @@ class CoordinatorClient {
   // NotFound for an unknown id. A job that already ended is returned as is.
   absl::StatusOr<v1::Job> CancelJob(const std::string& id);
   absl::StatusOr<std::vector<v1::Worker>> ListWorkers();
+  // NotFound for an unknown or lost worker (id or name); the worker as the
+  // drain left it (draining).
+  absl::StatusOr<v1::Worker> DrainWorker(const std::string& worker,
+                                         const std::string& reason);
   // Step `step` of job `id` (0: the newest complete step), every rank's
   // timeline. NotFound for an unknown job or a step no longer kept.
   absl::StatusOr<v1::Trace> GetTrace(const std::string& id, int64_t step);

@@ -433,13 +433,15 @@ std::string FormatWorkersTable(const std::vector<v1::Worker>& workers) {
   std::vector<std::vector<std::string>> rows;
   for (const v1::Worker& w : workers) {
     rows.push_back(
-        {w.id(), w.name(), std::string(proto::WorkerStateName(w.state())),
+        {w.id(), w.name(),
+         absl::StrCat(proto::WorkerStateName(w.state()),
+                      w.draining() && w.state() != v1::LOST ? " draining" : ""),
          w.job_id().empty() ? "-" : w.job_id(),
          w.stages_size() > 0 ? absl::StrJoin(w.stages(), ",") : "-",
          absl::StrCat(FormatDuration(w.seconds_since_heartbeat()), " ago"),
          w.data_address().empty() ? "-" : w.data_address(),
          w.metrics_address().empty() ? "-" : w.metrics_address(),
-         w.lost_reason()});
+         w.state() == v1::LOST ? w.lost_reason() : w.drain_reason()});
   }
   return FormatTable({"ID", "NAME", "STATE", "JOB", "STAGES", "HEARTBEAT",
                       "DATA-ADDRESS", "METRICS", "NOTE"},

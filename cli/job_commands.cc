@@ -55,7 +55,7 @@ std::string StateText(const v1::Job& job) {
 
 bool JobCommands::AnyParsed() const {
   for (const CLI::App* cmd :
-       {submit, status, watch, cancel, jobs, workers, trace}) {
+       {submit, status, watch, cancel, jobs, workers, trace, drain}) {
     if (cmd != nullptr && cmd->parsed()) return true;
   }
   return false;
@@ -107,8 +107,24 @@ JobCommands AddJobCommands(CLI::App& app, JobCommandOptions& o) {
   c.trace->add_option("-o,--output", o.output,
                       "Write to this file and print a summary (default: the "
                       "trace to standard output)");
-  for (CLI::App* cmd :
-       {c.submit, c.status, c.watch, c.cancel, c.jobs, c.workers, c.trace}) {
+  c.drain = app.add_subcommand(
+      "drain",
+      "Move a worker's job to the other workers without losing a step (it "
+      "checkpoints at its next step boundary and resumes there), then make "
+      "the worker leave; what a worker's SIGTERM does too");
+  c.drain->add_option("worker", o.worker, "Worker id (worker-3) or name")
+      ->required();
+  c.drain->add_option("--reason", o.reason,
+                      "Why, recorded in the job's layouts and the logs");
+  c.drain->add_flag("--no-wait", o.no_wait, "Return once the drain has begun");
+  c.drain
+      ->add_option("--wait-timeout", o.wait_timeout_seconds,
+                   "Seconds to wait for the worker to leave (0: as long as "
+                   "it takes)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  for (CLI::App* cmd : {c.submit, c.status, c.watch, c.cancel, c.jobs,
+                        c.workers, c.trace, c.drain}) {
     AddClientOptions(cmd, o);
   }
   return c;
@@ -193,6 +209,44 @@ absl::Status RunWorkers(CoordinatorClient& client, std::ostream& out) {
   return absl::OkStatus();
 }
 
+absl::Status RunDrain(CoordinatorClient& client, const JobCommandOptions& o,
+                      std::ostream& out, absl::Duration poll) {
+  ASSIGN_OR_RETURN(v1::Worker worker, client.DrainWorker(o.worker, o.reason));
+  const std::string who = absl::StrCat(worker.id(), " (", worker.name(), ")");
+  if (worker.job_id().empty()) {
+    out << "draining " << who << ": it holds no job, so it leaves now\n";
+  } else {
+    out << "draining " << who << ": " << worker.job_id()
+        << " checkpoints at its next step boundary and moves to the other "
+           "workers (a job without checkpoint.dir runs to its end first)\n";
+  }
+  out.flush();
+  if (o.no_wait) return absl::OkStatus();
+  const absl::Time deadline =
+      o.wait_timeout_seconds > 0
+          ? absl::Now() + absl::Seconds(o.wait_timeout_seconds)
+          : absl::InfiniteFuture();
+  while (true) {
+    ASSIGN_OR_RETURN(std::vector<v1::Worker> workers, client.ListWorkers());
+    const v1::Worker* found = nullptr;
+    for (const v1::Worker& w : workers) {
+      if (w.id() == worker.id()) found = &w;
+    }
+    if (found == nullptr || found->state() == v1::LOST) {
+      out << who << " has left\n";
+      return absl::OkStatus();
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          who, " is still draining after ", o.wait_timeout_seconds, " s",
+          found->job_id().empty()
+              ? ""
+              : absl::StrCat(" (it holds ", found->job_id(), ")")));
+    }
+    absl::SleepFor(poll);
+  }
+}
+
 absl::Status RunJobCommand(const JobCommands& c, const JobCommandOptions& o,
                            bool tty, std::ostream& out) {
   if (!(o.timeout_seconds > 0)) {
@@ -237,6 +291,7 @@ absl::Status RunJobCommand(const JobCommands& c, const JobCommandOptions& o,
   if (c.jobs->parsed()) return RunJobs(*client, absl::Now(), out);
   if (c.workers->parsed()) return RunWorkers(*client, out);
   if (c.trace->parsed()) return RunTrace(*client, o, out);
+  if (c.drain->parsed()) return RunDrain(*client, o, out);
   return absl::InternalError("no job command was parsed");
 }
 

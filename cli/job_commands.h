@@ -6,6 +6,9 @@
 //   cancel JOB
 //   jobs                                             every job, as a table
 //   workers                                          every worker, as a table
+//   drain WORKER [--reason TEXT] [--no-wait]   move the worker's job off it
+//                                      without losing a step, then make it
+//                                      leave; waits until it has
 //   trace JOB [--step N] [--format json|svg] [--output FILE]
 //                                      a step's measured timeline: Chrome
 //                                      trace JSON (Perfetto) or an SVG like
@@ -50,6 +53,10 @@ struct JobCommandOptions {
   int64_t step = 0;                    // trace; 0: the newest kept step
   std::string format = "json";         // trace: json or svg
   std::string output;                  // trace; empty or "-": stdout
+  std::string worker;                  // drain: id or name
+  std::string reason;                  // drain
+  bool no_wait = false;                // drain
+  double wait_timeout_seconds = 0;     // drain; 0: as long as it takes
 };
 
 // The subcommands, for the caller to see which one was parsed.
@@ -61,6 +68,7 @@ struct JobCommands {
   CLI::App* jobs = nullptr;
   CLI::App* workers = nullptr;
   CLI::App* trace = nullptr;
+  CLI::App* drain = nullptr;
 
   bool AnyParsed() const;
 };
@@ -91,6 +99,12 @@ absl::Status RunCancel(CoordinatorClient& client, const std::string& id,
 absl::Status RunJobs(CoordinatorClient& client, absl::Time now,
                      std::ostream& out);
 absl::Status RunWorkers(CoordinatorClient& client, std::ostream& out);
+// Drains options.worker, then (unless no_wait) polls every `poll` until the
+// coordinator no longer lists it: DeadlineExceeded after
+// wait_timeout_seconds (when positive), saying what it still holds.
+absl::Status RunDrain(CoordinatorClient& client,
+                      const JobCommandOptions& options, std::ostream& out,
+                      absl::Duration poll = absl::Milliseconds(200));
 // Writes the trace to options.output (atomically) and a summary of where
 // each rank's step time went to `out`; or the trace itself to `out` when
 // options.output is empty or "-".

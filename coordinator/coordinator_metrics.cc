@@ -244,13 +244,16 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
     ++jobs[Lower(proto::JobStateName(job.state()))];
   }
   std::map<std::string, double> workers = {
-      {"idle", 0}, {"busy", 0}, {"lost", 0}};
+      {"idle", 0}, {"busy", 0}, {"lost", 0}, {"draining", 0}};
   prometheus::MetricFamily ages;
   ages.name = "conveyor_worker_heartbeat_age_seconds";
   ages.help = "Seconds since anything was heard from each live worker";
   ages.type = prometheus::MetricType::Gauge;
   for (const v1::Worker& w : manager->ListWorkers()) {
-    ++workers[Lower(proto::WorkerStateName(w.state()))];
+    // A draining worker is counted as draining, busy or idle alike.
+    ++workers[w.draining() && w.state() != v1::LOST
+                  ? std::string("draining")
+                  : Lower(proto::WorkerStateName(w.state()))];
     if (w.state() != v1::LOST) {
       // Both labels: names need not be unique, and a scrape with two
       // identical series would be rejected whole.

@@ -121,6 +121,15 @@ absl::Status JobManager::Dispatch(const std::string& worker_id,
     case v1::WorkerMessage::kCheckpoint:
       OnCheckpoint(*w, message.checkpoint());
       return absl::OkStatus();
+    case v1::WorkerMessage::kDrainPoint:
+      OnDrainPoint(*w, message.drain_point());
+      return absl::OkStatus();
+    case v1::WorkerMessage::kDrain:
+      // The worker's SIGTERM: drain it as conveyorctl drain would.
+      StartDrain(*w, absl::StrCat("the worker asked (",
+                                  message.drain().reason(), ")"));
+      Schedule();
+      return absl::OkStatus();
     case v1::WorkerMessage::kDeregister: {
       // Leaving on purpose: its job (if any) fails or restarts as for a
       // loss, and the registry forgets it rather than listing it LOST.
@@ -391,6 +400,20 @@ void JobManager::TickLocked() {
     }
     if (job.failing && now >= job.failure_deadline) {
       FailOrRestart(job, job.failure, "rank_failed");
+    }
+    if (job.draining && job.drain_step == 0 && now > job.drain_deadline &&
+        job.info.state() == v1::RUNNING) {
+      std::vector<std::string> silent;
+      for (int r = 0; r < job.info.worker_ids_size(); ++r) {
+        if (!job.drain_points.contains(r) && !job.ranks.ended(r)) {
+          silent.push_back(job.info.worker_ids(r));
+        }
+      }
+      FailOrRestart(job,
+                    absl::StrFormat("%s did not answer the drain within %.1f s",
+                                    absl::StrJoin(silent, ", "),
+                                    Seconds(options_.heartbeat_timeout)),
+                    "timeout");
     }
   }
   Schedule();

@@ -200,6 +200,18 @@ class JobManager {
                                     const std::string& reason);
   std::vector<v1::Worker> ListWorkers() const;
 
+  // Drains a worker (by id or name): it is given no more jobs; its running
+  // job checkpoints at a step every rank agrees on (the two-step DrainJob
+  // exchange, worker/drain_gate.h), ends there and is queued again at the
+  // head to resume from that step on the other workers: laid out anew on
+  // the live ones when elastic and no spare is idle, and otherwise waiting
+  // for enough workers. A drain is not a restart (max_restarts is not
+  // spent). A job without a checkpoint directory has nothing to move with:
+  // it runs to its end here first. Once the worker holds no job it is told
+  // to Leave. Idempotent. NotFound for an unknown or lost worker.
+  absl::StatusOr<v1::Worker> DrainWorker(const std::string& worker,
+                                         const std::string& reason);
+
   // The timelines every rank reported for step `step` of job `id` (0: the
   // newest complete step). NotFound for an unknown id, or for a step whose
   // timelines are not (or no longer) kept; the message lists those kept.
@@ -318,6 +330,13 @@ class JobManager {
     // Restarts so far; part of the data plane's job number, so a restarted
     // attempt can never be confused with the one before it.
     int attempt = 0;
+    // A drain of this attempt (DrainWorker): the ranks' DrainPoints until
+    // all are in (by `drain_deadline`), then the step every rank stops after.
+    bool draining = false;
+    std::string drain_reason;
+    std::map<int, int64_t> drain_points;
+    int64_t drain_step = 0;
+    TimePoint drain_deadline;
   };
 
   // HandleWorkerMessage's work, under mu_ (taken here).
@@ -366,6 +385,22 @@ class JobManager {
   void MarkLost(WorkerRecord& w, const std::string& observed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Drains (coordinator/job_manager_drain.cc). Marks `w` draining and moves
+  // its job, or tells it to leave when it holds none.
+  void StartDrain(WorkerRecord& w, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks the job's ranks for their DrainPoints (the job is RUNNING).
+  void DrainJob(JobRecord& job, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnDrainPoint(WorkerRecord& w, const v1::DrainPoint& point)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Once every rank has answered or ended: sends the step to stop after.
+  void MaybeSendDrainStep(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every rank stopped after the drain step: queue the job to resume there.
+  void FinishDrain(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A draining worker that holds no job leaves (once).
+  void LeaveIfDrained(WorkerRecord& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Moves a job to a final state, tells its workers to stop (unless they
   // all ended already) and records the event.
   void Finish(JobRecord& job, v1::JobState state, const std::string& message)
@@ -375,6 +410,14 @@ class JobManager {
   // `kind` labels the restart (Observer::OnRestarted).
   void FailOrRestart(JobRecord& job, const std::string& reason,
                      absl::string_view kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FailOrRestart's restart, once its policy allows one: queues the job at
+  // the head for the live workers (elastic) or the file's count. A drained
+  // job (`drained`) does not count a restart and, with too few workers,
+  // waits in the queue instead of failing.
+  // (`reason` by value: callers pass the job's own failure or drain
+  // reason, which the next attempt clears.)
+  void Requeue(JobRecord& job, std::string reason, absl::string_view kind,
+               bool drained) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells the job's workers that have not ended to cancel, freeing at once
   // those that never heard of it (see Finish).
   void StopWorkers(JobRecord& job, const std::string& reason)
@@ -382,7 +425,8 @@ class JobManager {
   // Clears a placed job's placement and per-attempt state for its next
   // attempt, which resumes from the newest committed step (or where the
   // job started), and counts the restart for `reason`.
-  void PrepareNextAttempt(JobRecord& job, const std::string& reason)
+  void PrepareNextAttempt(JobRecord& job, const std::string& reason,
+                          bool counted = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills the fields of job.info that job.plan decides (stages, schedule,
   // sizes), and the rates derived from it.

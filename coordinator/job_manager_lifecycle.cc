@@ -112,6 +112,11 @@ void JobManager::OnEnded(WorkerRecord& w, const v1::JobEnded& ended) {
   job->ranks.MarkEnded(rank);
   if (proto::IsTerminal(job->info.state())) return;
   const bool all_ended = job->ranks.all_ended();
+  if (ended.drained_after_step() > 0 && job->draining && !job->failing &&
+      ended.drained_after_step() == job->drain_step) {
+    if (all_ended) FinishDrain(*job);
+    return;
+  }
   if (ended.state() == v1::SUCCEEDED) {
     if (all_ended && !job->failing) {
       // Every rank wrote its final files before reporting success, so the
@@ -249,6 +254,11 @@ void JobManager::FailOrRestart(JobRecord& job, const std::string& reason,
     Finish(job, v1::SUCCEEDED, "");
     return;
   }
+  Requeue(job, reason, kind, /*drained=*/false);
+}
+
+void JobManager::Requeue(JobRecord& job, std::string reason,
+                         absl::string_view kind, bool drained) {
   // The file's layout when enough workers are live (so an elastic job goes
   // back to it once they are), else, elastic, as many as are.
   const int live = workers_.Live(job.plan.job.pipeline.devices_per_stage);
@@ -256,7 +266,12 @@ void JobManager::FailOrRestart(JobRecord& job, const std::string& reason,
   // (file_ranks is set by submission and by Replan; the plan's count is
   // the file's unless the job was laid out anew.)
   int ranks = job.file_ranks > 0 ? job.file_ranks : job.plan.num_ranks;
-  if (live < ranks) {
+  if (live < ranks && (min_workers == 0 || live < min_workers) && drained) {
+    // Nothing was lost: the job waits at the head of the queue for the
+    // workers its layout needs (a replacement for the drained one).
+    SPDLOG_WARN("{}: waits for {} workers ({} live)", job.info.id(), ranks,
+                live);
+  } else if (live < ranks) {
     if (min_workers == 0 || live < min_workers) {
       Finish(job, v1::FAILED,
              absl::StrCat(reason, "; not restarted: the job needs ", ranks,
@@ -271,7 +286,7 @@ void JobManager::FailOrRestart(JobRecord& job, const std::string& reason,
     ranks = live;
   }
   StopWorkers(job, reason);
-  PrepareNextAttempt(job, reason);
+  PrepareNextAttempt(job, reason, /*counted=*/!drained);
   const bool layout_changed = ranks != job.plan.num_ranks;
   if (layout_changed) {
     // A schedule may not plan on every worker count (interleaved-1f1b needs
@@ -305,7 +320,8 @@ void JobManager::FailOrRestart(JobRecord& job, const std::string& reason,
   }
 }
 
-void JobManager::PrepareNextAttempt(JobRecord& job, const std::string& reason) {
+void JobManager::PrepareNextAttempt(JobRecord& job, const std::string& reason,
+                                    bool counted) {
   // The next attempt starts from the newest step this job committed, or
   // where the job itself started.
   if (job.committed.has_value()) job.resume = job.committed;
@@ -324,17 +340,27 @@ void JobManager::PrepareNextAttempt(JobRecord& job, const std::string& reason) {
   job.profile_requested = false;
   job.steps.ClearPending();
   job.checkpoints.Stop();
+  job.draining = false;
+  job.drain_reason.clear();
+  job.drain_points.clear();
+  job.drain_step = 0;
   v1::Job& info = job.info;
-  info.set_restarts(info.restarts() + 1);
+  if (counted) info.set_restarts(info.restarts() + 1);
   info.set_last_restart_reason(reason);
   info.set_steps_done(from);
   if (job.resume.has_value()) {
     info.set_resumed_from_step(job.resume->step);
     info.set_resumed_from(job.resume->step_dir);
   }
-  SPDLOG_WARN("{}: restart {} of {} after: {}; resuming from {}", info.id(),
-              info.restarts(), info.max_restarts(), reason,
-              from > 0 ? absl::StrCat("step ", from) : "the start");
+  const std::string resuming =
+      from > 0 ? absl::StrCat("step ", from) : "the start";
+  if (counted) {
+    SPDLOG_WARN("{}: restart {} of {} after: {}; resuming from {}", info.id(),
+                info.restarts(), info.max_restarts(), reason, resuming);
+  } else {
+    SPDLOG_INFO("{}: queued again after: {}; resuming from {}", info.id(),
+                reason, resuming);
+  }
 }
 
 absl::Status JobManager::Relayout(JobRecord& job, int ranks,
@@ -490,6 +516,7 @@ void JobManager::ReleaseWorker(WorkerRecord& w) {
   w.info.set_state(v1::IDLE);
   w.info.clear_job_id();
   w.info.clear_stages();
+  LeaveIfDrained(w);
 }
 
 }  // namespace conveyor::coordinator

@@ -1,5 +1,6 @@
 #include "coordinator/service.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -201,6 +202,27 @@ grpc::Status CoordinatorService::ListWorkers(
   for (v1::Worker& w : manager_->ListWorkers()) {
     *response->add_workers() = std::move(w);
   }
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::DrainWorker(
+    grpc::ServerContext* context, const v1::DrainWorkerRequest* request,
+    v1::Worker* response) {
+  if (grpc::Status s = Authenticate(context, auth_token_); !s.ok()) return s;
+  // The reason reaches logs, terminals and events.
+  const std::string& reason = request->reason();
+  if (reason.size() > 1024 ||
+      std::any_of(reason.begin(), reason.end(), [](char c) {
+        return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
+      })) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "drain: the reason must be at most 1024 bytes of "
+                        "text without control characters");
+  }
+  absl::StatusOr<v1::Worker> worker =
+      manager_->DrainWorker(request->worker(), request->reason());
+  if (!worker.ok()) return proto::ToGrpcStatus(worker.status());
+  *response = *std::move(worker);
   return grpc::Status::OK;
 }
 

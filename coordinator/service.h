@@ -77,6 +77,9 @@ class CoordinatorService final
   grpc::Status GetTrace(grpc::ServerContext* context,
                         const v1::GetTraceRequest* request,
                         v1::Trace* response) override;
+  grpc::Status DrainWorker(grpc::ServerContext* context,
+                           const v1::DrainWorkerRequest* request,
+                           v1::Worker* response) override;
 
  private:
   JobManager* manager_;

@@ -92,7 +92,8 @@ void WorkerRegistry::Erase(const std::string& id) {
 int WorkerRegistry::Live(int64_t min_devices) const {
   int n = 0;
   for (const auto& [number, w] : workers_) {
-    if (w.info.state() != v1::LOST && w.info.devices_size() >= min_devices) {
+    if (w.info.state() != v1::LOST && !w.info.draining() &&
+        w.info.devices_size() >= min_devices) {
       ++n;
     }
   }
@@ -102,7 +103,8 @@ int WorkerRegistry::Live(int64_t min_devices) const {
 std::vector<WorkerRecord*> WorkerRegistry::Idle(int64_t min_devices) {
   std::vector<WorkerRecord*> idle;
   for (auto& [number, w] : workers_) {
-    if (w.info.state() == v1::IDLE && w.info.devices_size() >= min_devices) {
+    if (w.info.state() == v1::IDLE && !w.info.draining() &&
+        w.info.devices_size() >= min_devices) {
       idle.push_back(&w);
     }
   }

@@ -31,7 +31,8 @@ class WorkerConnection {
 };
 
 struct WorkerRecord {
-  v1::Worker info;
+  v1::Worker info;    // info.draining: given no jobs, not counted live.
+  bool left = false;  // Draining, and told to Leave.
   std::shared_ptr<WorkerConnection> connection;
   std::chrono::steady_clock::time_point last_seen;
 };
@@ -65,9 +66,10 @@ class WorkerRegistry {
   // Forgets a worker (it deregistered); pointers to others stay valid.
   void Erase(const std::string& id);
 
-  // Workers not LOST with at least `min_devices` devices.
+  // Workers neither LOST nor draining with at least `min_devices` devices.
   int Live(int64_t min_devices = 1) const;
-  // IDLE workers with at least `min_devices` devices, in registration order.
+  // IDLE workers not draining with at least `min_devices` devices, in
+  // registration order.
   std::vector<WorkerRecord*> Idle(int64_t min_devices);
   // Workers not LOST that were last seen longer than `timeout` before `now`.
   std::vector<WorkerRecord*> Silent(TimePoint now, Duration timeout);

@@ -120,12 +120,6 @@ absl::StatusOr<std::unique_ptr<JobRunner>> JobRunner::Create(
 }
 
 absl::Status JobRunner::CheckParametersFitHostMemory() const {
-  // On a GPU the device allocator reports its own out-of-memory as a status;
-  // host memory is allocated lazily and a job too large for it would bring
-  // the OOM killer (or std::bad_alloc) onto the worker.
-  if (!backend_->host_resident()) {
-    return absl::OkStatus();
-  }
   uint64_t elements = 0;
   std::vector<int> stages;
   for (const v1::StageProgram& sp : program_.stages()) {
@@ -134,15 +128,32 @@ absl::Status JobRunner::CheckParametersFitHostMemory() const {
       elements += static_cast<uint64_t>(p->NumElements());
     }
   }
-  // Each parameter: its value and gradient, plus the optimizer's state
-  // (Adam's two moments, SGD's momentum buffer), on every mesh device.
-  uint64_t copies = 2;
+  // The optimizer's state per parameter: Adam's two moments, SGD's momentum
+  // buffer.
+  uint64_t state = 0;
   if (job_.optimizer.kind != engine::OptimizerConfig::Kind::kSgd) {
-    copies += 2;
+    state = 2;
   } else if (job_.optimizer.momentum != 0) {
-    copies += 1;
+    state = 1;
   }
-  copies *= static_cast<uint64_t>(job_.pipeline.devices_per_stage);
+  // With checkpoints, the background writer's snapshot holds one more copy
+  // of the values and the state, in host memory whatever the device.
+  const uint64_t snapshot = program_.checkpoint_dir().empty() ? 0 : 1 + state;
+  // Each parameter: its value and gradient, plus the optimizer's state, on
+  // every mesh device. On a GPU the device allocator reports its own
+  // out-of-memory as a status; host memory is allocated lazily and a job too
+  // large for it would bring the OOM killer (or std::bad_alloc) onto the
+  // worker.
+  uint64_t copies = snapshot;
+  std::string what = "checkpoint snapshot";
+  if (backend_->host_resident()) {
+    copies +=
+        (2 + state) * static_cast<uint64_t>(job_.pipeline.devices_per_stage);
+    what = snapshot > 0
+               ? "values, gradients, optimizer state, checkpoint snapshot"
+               : "values, gradients, optimizer state";
+  }
+  if (copies == 0) return absl::OkStatus();
   uint64_t bytes = 0;
   if (__builtin_mul_overflow(elements, copies * sizeof(float), &bytes)) {
     bytes = ~uint64_t{0};
@@ -151,8 +162,7 @@ absl::Status JobRunner::CheckParametersFitHostMemory() const {
           bytes,
           absl::StrCat("rank ", program_.rank(), "'s stages [",
                        absl::StrJoin(stages, ", "), "] with ", elements,
-                       " parameters (", copies,
-                       " floats each: values, gradients, optimizer state)"));
+                       " parameters (", copies, " floats each: ", what, ")"));
       !s.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         s.message(),
@@ -480,6 +490,7 @@ absl::Status JobRunner::RunSteps(
     const std::function<void(const StepProgress&)>& on_step) {
   const bool clip = job_.optimizer.clip_grad_norm.has_value();
   const int64_t every = job_.checkpoint.every;
+  drain_.Begin(steps_done_.load() + 1);
   for (int64_t step = steps_done_.load(); step < program_.steps(); ++step) {
     if (cancellation_.cancelled()) return cancellation_.status();
     const double lr = optimizer_->current_lr();
@@ -512,10 +523,19 @@ absl::Status JobRunner::RunSteps(
                .result = &r,
                .eval = eval ? &*eval : nullptr});
     }
+    // A drain stops after a step every rank agrees on, checkpointed
+    // whatever checkpoint.every says, so no completed step is lost.
+    ASSIGN_OR_RETURN(const bool stop,
+                     drain_.AtBoundary(done, program_.steps(), cancellation_));
     if (!program_.checkpoint_dir().empty() &&
-        (done == program_.steps() || (every > 0 && done % every == 0))) {
+        (stop || done == program_.steps() ||
+         (every > 0 && done % every == 0))) {
       if (cancellation_.cancelled()) return cancellation_.status();
       RETURN_IF_ERROR(WriteCheckpoint(done));
+    }
+    if (stop) {
+      SPDLOG_INFO("{}: drained after step {}", program_.job_id(), done);
+      break;
     }
   }
   if (cancellation_.cancelled()) return cancellation_.status();

@@ -14,7 +14,8 @@
 //                    the job's eval section has one due, calls on_step
 //                    after each, and writes this rank's stages to the
 //                    checkpoint directory every checkpoint.every steps and
-//                    after the last.
+//                    after the last, or stops early for a drain
+//                    (RequestStop/StopAfter).
 //   Cancel(status)   from any thread: aborts the data plane at once (which
 //                    wakes a blocked Recv or Connect and tells the peers why),
 //                    cancels what Run's thread waits on or loops over
@@ -77,6 +78,7 @@
 #include "transport/tcp/tcp_header_link.h"
 #include "worker/background_task.h"
 #include "worker/device_backends.h"
+#include "worker/drain_gate.h"
 #include "worker/stage_executor.h"
 
 namespace conveyor::worker {
@@ -216,6 +218,15 @@ class JobRunner {
   // first call wins; later ones are ignored.
   void Cancel(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Drain (worker/drain_gate.h), from any thread: the step whose end is
+  // this rank's next boundary, where Run waits until StopAfter; then Run
+  // writes that step's checkpoint (whatever checkpoint.every says) and
+  // returns OK after it, drained_after_step() saying so.
+  int64_t RequestStop() { return drain_.RequestStop(); }
+  void StopAfter(int64_t step) { drain_.StopAfter(step); }
+  // The step Run stopped after for a drain; 0: it ran to the end.
+  int64_t drained_after_step() const { return drain_.stopped_after(); }
+
   // The parameters of this rank's stages, in stage then build order.
   std::vector<engine::Parameter*> parameters() const;
 
@@ -312,6 +323,7 @@ class JobRunner {
   std::string data_endpoint_;
 
   std::atomic<int64_t> steps_done_{0};
+  DrainGate drain_;
   Cancellation cancellation_;  // Installed on the job thread during Run.
   mutable absl::Mutex mu_;
   // The newest checkpoint's snapshot, one per stage: written by the job

@@ -113,6 +113,8 @@ struct WorkerSession::Job {
   // Cancelled with `cancel`; installed on the job thread, so the job's
   // preparation and profile stop at its cancel (common/cancellation.h).
   Cancellation cancellation;
+  // The step the job stopped after for a drain (DrainJob); 0: none.
+  int64_t drained_after_step = 0;
 };
 
 absl::StatusOr<std::unique_ptr<WorkerSession>> WorkerSession::Create(
@@ -155,6 +157,14 @@ absl::Status WorkerSession::Run() {
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) break;
+      // The coordinator that was to drain this worker is gone, and with it
+      // the job (its session broke): nothing is left to hand over.
+      if (draining_) {
+        SPDLOG_WARN("{} while draining: shutting down",
+                    std::string(status.message()));
+        stopping_ = true;
+        break;
+      }
     }
     if (registrations() > registered_before) failures = 0;
     // Warn once per outage; a coordinator that is down for an hour should
@@ -188,6 +198,25 @@ void WorkerSession::Shutdown() {
   if (context_ != nullptr && !registered_) context_->TryCancel();
 }
 
+void WorkerSession::Drain(const std::string& reason) {
+  std::shared_ptr<StreamWriter> writer;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    writer = registered_ ? writer_ : nullptr;
+    draining_ = writer != nullptr;
+  }
+  // Without a coordinator there is no one to move the job to.
+  v1::WorkerMessage m;
+  m.mutable_drain()->set_reason(reason);
+  if (writer == nullptr || !writer->Write(m)) {
+    SPDLOG_INFO("not registered with a coordinator: shutting down at once");
+    Shutdown();
+    return;
+  }
+  SPDLOG_INFO("asked the coordinator to drain this worker: {}", reason);
+}
+
 absl::Status WorkerSession::RunStream(bool* refused) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
@@ -215,6 +244,10 @@ absl::Status WorkerSession::RunStream(bool* refused) {
   }
   std::unique_ptr<Stream> stream = stub->Session(&context);
   auto writer = std::make_shared<StreamWriter>(stream.get());
+  {
+    absl::MutexLock lock(&mu_);
+    writer_ = writer;
+  }
   std::thread heartbeat(
       [this, &context, writer] { HeartbeatLoop(&context, writer); });
 
@@ -274,6 +307,13 @@ absl::Status WorkerSession::RunStream(bool* refused) {
       case v1::CoordinatorMessage::kProfile:
         OnProfile(message.profile(), writer);
         break;
+      case v1::CoordinatorMessage::kDrain:
+        OnDrain(message.drain(), writer);
+        break;
+      case v1::CoordinatorMessage::kLeave:
+        SPDLOG_INFO("drained: {}; leaving", message.leave().reason());
+        Shutdown();
+        break;
       default:
         SPDLOG_WARN("coordinator sent an unknown message kind {}; ignored",
                     static_cast<int>(message.kind_case()));
@@ -282,6 +322,7 @@ absl::Status WorkerSession::RunStream(bool* refused) {
   {
     absl::MutexLock lock(&mu_);
     stream_done_ = true;
+    writer_ = nullptr;
   }
   heartbeat.join();
   // Whatever the job still says can no longer reach the coordinator, which
@@ -497,6 +538,38 @@ void WorkerSession::OnCancel(const v1::CancelJob& cancel) {
       cancel.reason().empty() ? "cancelled" : cancel.reason()));
 }
 
+void WorkerSession::OnDrain(const v1::DrainJob& drain,
+                            const std::shared_ptr<StreamWriter>& writer) {
+  int64_t point = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    // A job that has ended here answers with its JobEnded.
+    if (job_ == nullptr || job_->ended ||
+        job_->program.job_id() != drain.job_id()) {
+      SPDLOG_DEBUG("DrainJob for {}, which is not running here; ignored",
+                   drain.job_id());
+      return;
+    }
+    if (job_->runner == nullptr) {
+      // Still preparing: the coordinator drains only running jobs, whose
+      // ranks all hold their runner.
+      SPDLOG_WARN("DrainJob for {} before it runs; ignored", drain.job_id());
+      return;
+    }
+    if (drain.stop_after_step() > 0) {
+      SPDLOG_INFO("{}: draining after step {}", drain.job_id(),
+                  drain.stop_after_step());
+      job_->runner->StopAfter(drain.stop_after_step());
+      return;
+    }
+    point = job_->runner->RequestStop();
+  }
+  v1::WorkerMessage m;
+  m.mutable_drain_point()->set_job_id(drain.job_id());
+  m.mutable_drain_point()->set_step(point);
+  writer->Write(m);
+}
+
 void WorkerSession::CancelJobLocked(const absl::Status& status) {
   if (job_ == nullptr || job_->ended || !job_->cancel.ok()) return;
   job_->cancel = status;
@@ -621,7 +694,17 @@ void WorkerSession::JobMain(Job* job) {
     options_.metrics->SetBusy(false);
   }
   v1::WorkerMessage ended;
-  if (status.ok()) {
+  int64_t drained = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    drained = job->drained_after_step;
+  }
+  if (status.ok() && drained > 0) {
+    ended = Ended(program.job_id(), v1::CANCELLED,
+                  absl::StrCat("drained after step ", drained),
+                  absl::StatusCode::kCancelled);
+    ended.mutable_ended()->set_drained_after_step(drained);
+  } else if (status.ok()) {
     SPDLOG_INFO("{} succeeded", program.job_id());
     ended = Ended(program.job_id(), v1::SUCCEEDED, "", absl::StatusCode::kOk);
   } else if (status.code() == absl::StatusCode::kCancelled) {
@@ -729,6 +812,10 @@ absl::Status WorkerSession::RunJob(Job* job) {
   SPDLOG_INFO("{} connected to {} peer(s), tensors over {}; running {} steps",
               program.job_id(), peers.size() - 1, nccl ? "NCCL" : "TCP",
               program.steps());
+  absl::Cleanup note_drain = [this, job, &runner] {
+    absl::MutexLock lock(&mu_);
+    job->drained_after_step = runner->drained_after_step();
+  };
   return runner->Run([&](const StepProgress& p) {
     v1::WorkerMessage m;
     v1::StepReport* r = m.mutable_step();

@@ -11,6 +11,10 @@
 //   StartJob    connects the job's data plane and runs it, one StepReport
 //               per step, then JobEnded;
 //   CancelJob   aborts the job's data plane at once; JobEnded{CANCELLED}.
+//   DrainJob    (worker/drain_gate.h) answers DrainPoint, or, with its
+//               step, makes the job checkpoint that step and stop after it:
+//               JobEnded{CANCELLED, drained_after_step}.
+//   Leave       this worker has been drained: Shutdown.
 //   ProfileModel (stages: auto) starts a job thread that times each layer
 //               of the job's model (engine/profiler.h) and answers
 //               ModelProfile; the worker then holds itself for the job's
@@ -22,9 +26,12 @@
 // the job sends CheckpointSaved (the files' sizes and CRC-32C) before its
 // next StepReport, so the coordinator can commit the step.
 //
-// Shutdown (the daemon's SIGTERM) cancels the job, waits (shutdown_grace)
-// for its JobEnded to go out, then sends Deregister and closes the stream:
-// the coordinator forgets the worker rather than reporting it lost.
+// Drain (the daemon's first SIGTERM) asks the coordinator to drain this
+// worker, which ends in Leave. Shutdown (Leave, or the daemon's second
+// SIGTERM, or its drain grace running out) cancels the job, waits
+// (shutdown_grace) for its JobEnded to go out, then sends Deregister and
+// closes the stream: the coordinator forgets the worker rather than
+// reporting it lost.
 //
 // A broken stream (or a coordinator that cannot be reached) aborts the job,
 // whose results could no longer be reported, and the session reconnects and
@@ -119,6 +126,13 @@ class WorkerSession {
   // report, closes the stream and makes Run return. Does not block.
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Asks the coordinator to drain this worker (DrainRequest): its job is
+  // checkpointed at a step every rank agrees on and moved to other
+  // workers, and then the coordinator's Leave makes this session Shutdown.
+  // Not registered: Shutdown at once. Does not block; a drain that takes
+  // too long is for the caller to cut short with Shutdown.
+  void Drain(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
+
   // The id of the latest registration ("" before the first).
   std::string worker_id() const ABSL_LOCKS_EXCLUDED(mu_);
   // Successful registrations so far (more than one after reconnects).
@@ -145,6 +159,10 @@ class WorkerSession {
                const std::shared_ptr<StreamWriter>& writer)
       ABSL_LOCKS_EXCLUDED(mu_);
   void OnCancel(const v1::CancelJob& cancel) ABSL_LOCKS_EXCLUDED(mu_);
+  // DrainJob: answers the job's DrainPoint, or tells it where to stop.
+  void OnDrain(const v1::DrainJob& drain,
+               const std::shared_ptr<StreamWriter>& writer)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void OnProfile(const v1::ProfileModel& profile,
                  const std::shared_ptr<StreamWriter>& writer)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -169,10 +187,15 @@ class WorkerSession {
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Drain asked the coordinator to drain this worker: a broken stream ends
+  // Run rather than reconnecting.
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   // The current stream's call, so Shutdown can cancel a connection attempt.
   grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;  // On the current stream.
   bool stream_done_ ABSL_GUARDED_BY(mu_) = false;
+  // The current stream's writer, for Drain; null between streams.
+  std::shared_ptr<StreamWriter> writer_ ABSL_GUARDED_BY(mu_);
   std::chrono::milliseconds heartbeat_interval_ ABSL_GUARDED_BY(mu_){1000};
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   int64_t registrations_ ABSL_GUARDED_BY(mu_) = 0;

@@ -2,15 +2,19 @@
 // the stages it is given, and streams activations and gradients to the
 // other workers of each job.
 //
-// Exit codes: 0 after SIGTERM/SIGINT, 1 when the coordinator refuses the
+// Exit codes: 0 after SIGTERM/SIGINT (the first drains the worker; see
+// main), 1 when the coordinator refuses the
 // registration (version skew) or the daemon cannot start, 2 for invalid
 // arguments.
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cstdlib>
 #include <exception>
 #include <iostream>
@@ -171,6 +175,16 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level,
                  absl::StrCat("Log level: ", conveyor::kLogLevels))
       ->capture_default_str();
+  double drain_timeout_seconds = 25;
+  app.add_option(
+         "--drain-timeout", drain_timeout_seconds,
+         "Seconds a SIGTERM/SIGINT drain may take (the job checkpoints at the "
+         "next step boundary and moves to other workers) before the worker "
+         "shuts down anyway; keep it under the grace your supervisor allows "
+         "(Kubernetes and Slurm: 30 s by default); 0: no drain, shut down at "
+         "once")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
   // Fault injection for the tests that kill a worker mid-checkpoint: pause
   // before writing each stage file. Hidden (empty group): not for users.
   int64_t checkpoint_delay_ms = 0;
@@ -272,20 +286,59 @@ int main(int argc, char** argv) {
               options.name, absl::StrJoin(options.devices, ","),
               options.coordinator);
 
-  // The first signal shuts down gracefully (the job reports CANCELLED); a
-  // second one, for a shutdown that hangs, exits at once.
+  // The first signal drains the worker: its job checkpoints at a step every
+  // rank agrees on and moves to other workers, and then the coordinator
+  // tells this worker to leave (what Slurm and Kubernetes send SIGTERM for).
+  // A second signal, or the drain timeout, shuts down at once (the job is
+  // cancelled and resumes from its newest checkpoint); a third, for a
+  // shutdown that hangs, exits.
   std::atomic<bool> run_over{false};
   std::thread signal_thread([&] {
     int received = 0;
-    for (int count = 0;; ++count) {
-      if (sigwait(&signals, &received) != 0) continue;
+    int count = 0;
+    std::optional<std::chrono::steady_clock::time_point> drain_deadline;
+    while (true) {
+      if (drain_deadline.has_value()) {
+        const auto left = *drain_deadline - std::chrono::steady_clock::now();
+        const auto ns =
+            std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+        timespec timeout{};
+        timeout.tv_sec = std::max<int64_t>(ns, 0) / 1000000000;
+        timeout.tv_nsec = std::max<int64_t>(ns, 0) % 1000000000;
+        received = sigtimedwait(&signals, nullptr, &timeout);
+        if (run_over.load()) return;
+        if (received < 0) {
+          if (errno != EAGAIN) continue;  // EINTR.
+          SPDLOG_WARN(
+              "the drain took longer than --drain-timeout ({} s): "
+              "shutting down now",
+              drain_timeout_seconds);
+          drain_deadline.reset();
+          ++count;
+          (*session)->Shutdown();
+          continue;
+        }
+      } else if (sigwait(&signals, &received) != 0) {
+        continue;
+      }
       if (run_over.load()) return;
-      if (count > 0) {
+      ++count;
+      if (count == 1 && drain_timeout_seconds > 0) {
+        SPDLOG_INFO("signal {}: draining (again, or after {} s: shut down now)",
+                    received, drain_timeout_seconds);
+        drain_deadline =
+            std::chrono::steady_clock::now() +
+            std::chrono::duration_cast<std::chrono::nanoseconds>(
+                std::chrono::duration<double>(drain_timeout_seconds));
+        (*session)->Drain(absl::StrCat("signal ", received));
+      } else if (count <= 2) {
+        SPDLOG_INFO("signal {}: shutting down", received);
+        drain_deadline.reset();
+        (*session)->Shutdown();
+      } else {
         SPDLOG_WARN("signal {} again: exiting now", received);
         std::_Exit(kExitFailure);
       }
-      SPDLOG_INFO("signal {}: shutting down", received);
-      (*session)->Shutdown();
     }
   });
   g_signal_thread = signal_thread.native_handle();

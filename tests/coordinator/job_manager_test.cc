@@ -1405,6 +1405,212 @@ TEST_F(JobManagerCheckpointTest, ARestartNeedsEnoughLiveWorkers) {
                         "live"));
 }
 
+// The reason of a restart after a rank's failure report once came out
+// empty: it was passed by reference to the job's own failure text, which
+// the next attempt clears before recording it.
+TEST_F(JobManagerCheckpointTest, ARestartAfterARanksFailureKeepsItsReason) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string job =
+      StartJob(CkptYaml("every: 1", "restart: {max_restarts: 1}\n"), w1, w2);
+  StepWithCheckpoint(w1, w2, job, 1);
+  Ended(w1, job, v1::FAILED, "rank 0 (stage 0): boom");
+  Ended(w2, job, v1::CANCELLED);
+  const v1::Job info = *manager_.GetJob(job);
+  EXPECT_EQ(info.restarts(), 1);
+  EXPECT_THAT(info.last_restart_reason(), HasSubstr("boom"));
+}
+
+// ---- Drains (DrainWorker, the worker's DrainRequest) ----
+
+class JobManagerDrainTest : public JobManagerCheckpointTest {
+ protected:
+  void DrainPoint(const std::string& worker, const std::string& job,
+                  int64_t step) {
+    v1::WorkerMessage m;
+    m.mutable_drain_point()->set_job_id(job);
+    m.mutable_drain_point()->set_step(step);
+    Send(worker, m);
+  }
+  void Drained(const std::string& worker, const std::string& job,
+               int64_t step) {
+    v1::WorkerMessage m;
+    m.mutable_ended()->set_job_id(job);
+    m.mutable_ended()->set_state(v1::CANCELLED);
+    m.mutable_ended()->set_drained_after_step(step);
+    Send(worker, m);
+  }
+  // The DrainJob messages `worker` received: their stop_after_step.
+  std::vector<int64_t> DrainSteps(const std::string& worker) {
+    std::vector<int64_t> out;
+    for (const auto& m : Conn(worker).Of(v1::CoordinatorMessage::kDrain)) {
+      out.push_back(m.drain().stop_after_step());
+    }
+    return out;
+  }
+  v1::Worker WorkerInfo(const std::string& id) {
+    for (const v1::Worker& w : manager_.ListWorkers()) {
+      if (w.id() == id) return w;
+    }
+    return v1::Worker();
+  }
+};
+
+// The protocol: every rank is asked for its next boundary, the largest
+// answer is the step all stop after, that step is checkpointed, and the job
+// resumes from it on the spare, not counted as a restart; the drained
+// worker is told to leave.
+TEST_F(JobManagerDrainTest, ARunningJobMovesAfterTheStepEveryRankAgreesOn) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string job = StartJob(CkptYaml("every: 4", "", 8), w1, w2);
+  const std::string spare = AddWorker("spare");
+  Step(w1, job, 1, false);
+  Step(w2, job, 1, true);
+
+  absl::StatusOr<v1::Worker> drained = manager_.DrainWorker("b", "repair");
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_EQ(drained->id(), w2);
+  EXPECT_TRUE(drained->draining());
+  EXPECT_EQ(drained->drain_reason(), "repair");
+  EXPECT_THAT(DrainSteps(w1), ElementsAre(0));
+  EXPECT_THAT(DrainSteps(w2), ElementsAre(0));
+  // Not yet: one rank has answered.
+  DrainPoint(w1, job, 3);
+  EXPECT_THAT(DrainSteps(w2), ElementsAre(0));
+  DrainPoint(w2, job, 2);
+  EXPECT_THAT(DrainSteps(w1), ElementsAre(0, 3));
+  EXPECT_THAT(DrainSteps(w2), ElementsAre(0, 3));
+  // Draining again changes nothing.
+  ASSERT_TRUE(manager_.DrainWorker(w2, "again").ok());
+  EXPECT_EQ(DrainSteps(w2).size(), 2u);
+
+  for (int64_t step : {2, 3}) {
+    Step(w1, job, step, false);
+    Step(w2, job, step, true);
+  }
+  Saved(w1, job, 3, {WriteStage(3, 0)});
+  Saved(w2, job, 3, {WriteStage(3, 1)});
+  EXPECT_TRUE(Committed(3));
+  Drained(w2, job, 3);
+  EXPECT_EQ(State(job), v1::RUNNING);  // w1 has not stopped yet.
+  EXPECT_EQ(Conn(w2).Of(v1::CoordinatorMessage::kLeave).size(), 1u);
+  Drained(w1, job, 3);
+  // Placed again at once, on w1 and the spare, from step 3.
+  const v1::Job info = *manager_.GetJob(job);
+  EXPECT_EQ(info.state(), v1::PLANNING);
+  EXPECT_EQ(info.restarts(), 0);
+  EXPECT_EQ(info.steps_done(), 3);
+  EXPECT_EQ(LastProgram(spare).resume_step(), 3);
+  EXPECT_EQ(LastProgram(w1).resume_step(), 3);
+  EXPECT_EQ(Conn(w2).Of(v1::CoordinatorMessage::kPrepare).size(), 1u);
+  EXPECT_THAT(observer_.log,
+              testing::Contains("restarted " + job + " drained"));
+  // The drained worker is idle, draining, and not counted live: a job
+  // needing 3 workers is refused.
+  EXPECT_EQ(WorkerInfo(w2).state(), v1::IDLE);
+  EXPECT_TRUE(WorkerInfo(w2).draining());
+  EXPECT_EQ(Submit(JobYaml(3)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  v1::WorkerMessage bye;
+  bye.mutable_deregister()->set_reason("drained");
+  Send(w2, bye);
+  EXPECT_EQ(WorkerState(w2), v1::WORKER_STATE_UNSPECIFIED);
+  EXPECT_EQ(State(job), v1::PLANNING);
+}
+
+TEST_F(JobManagerDrainTest, AnIdleWorkerLeavesAtOnceAndUnknownOnesAreNamed) {
+  const std::string w1 = AddWorker("a");
+  ASSERT_TRUE(manager_.DrainWorker(w1, "").ok());
+  EXPECT_EQ(Conn(w1).Of(v1::CoordinatorMessage::kLeave).size(), 1u);
+  EXPECT_EQ(WorkerInfo(w1).drain_reason(), "drained by conveyorctl drain");
+  // Given no job while it leaves.
+  AddWorker("b");
+  EXPECT_EQ(Submit(JobYaml(1)).status().code(), absl::StatusCode::kOk);
+  EXPECT_TRUE(Conn(w1).Of(v1::CoordinatorMessage::kPrepare).empty());
+  absl::StatusOr<v1::Worker> unknown = manager_.DrainWorker("nobody", "");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(unknown.status().message(),
+              HasSubstr("no live worker 'nobody'; live workers: worker-1 (a), "
+                        "worker-2 (b)"));
+}
+
+// No spare and not elastic: nothing is lost, so the job waits in the queue
+// for a worker instead of failing, and runs once one registers.
+TEST_F(JobManagerDrainTest, WithoutASpareTheDrainedJobWaitsForAWorker) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string job = StartJob(CkptYaml("every: 4", "", 8), w1, w2);
+  // The worker's own SIGTERM.
+  v1::WorkerMessage drain;
+  drain.mutable_drain()->set_reason("signal 15");
+  Send(w1, drain);
+  EXPECT_THAT(WorkerInfo(w1).drain_reason(), HasSubstr("signal 15"));
+  DrainPoint(w1, job, 1);
+  DrainPoint(w2, job, 1);
+  Step(w1, job, 1, false);
+  Step(w2, job, 1, true);
+  Saved(w1, job, 1, {WriteStage(1, 0)});
+  Saved(w2, job, 1, {WriteStage(1, 1)});
+  Drained(w1, job, 1);
+  Drained(w2, job, 1);
+  v1::Job info = *manager_.GetJob(job);
+  EXPECT_EQ(info.state(), v1::QUEUED) << info.message();
+  EXPECT_EQ(info.restarts(), 0);
+  const std::string fresh = AddWorker("c");
+  EXPECT_EQ(State(job), v1::PLANNING);
+  EXPECT_EQ(LastProgram(fresh).resume_step(), 1);
+}
+
+TEST_F(JobManagerDrainTest, ARankThatNeverAnswersFailsTheJobNamingIt) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string job = StartJob(CkptYaml("every: 4", "", 8), w1, w2);
+  ASSERT_TRUE(manager_.DrainWorker(w1, "").ok());
+  DrainPoint(w1, job, 1);
+  v1::WorkerMessage beat;
+  beat.mutable_heartbeat()->set_job_id(job);
+  now_ += std::chrono::seconds(2);
+  Send(w1, beat);
+  Send(w2, beat);
+  now_ += std::chrono::milliseconds(1500);
+  manager_.Tick();
+  const v1::Job info = *manager_.GetJob(job);
+  EXPECT_EQ(info.state(), v1::FAILED);
+  EXPECT_THAT(info.message(), HasSubstr(w2 + " did not answer the drain"));
+}
+
+// Without checkpoint.dir there is nothing to resume from elsewhere: the job
+// runs to its end on the worker, which then leaves.
+TEST_F(JobManagerDrainTest, AJobWithoutCheckpointsEndsBeforeTheWorkerLeaves) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string job = StartTwoStageJob(w1, w2);
+  ASSERT_TRUE(manager_.DrainWorker(w2, "").ok());
+  EXPECT_TRUE(Conn(w2).Of(v1::CoordinatorMessage::kDrain).empty());
+  EXPECT_TRUE(Conn(w2).Of(v1::CoordinatorMessage::kLeave).empty());
+  Ended(w1, job, v1::SUCCEEDED);
+  Ended(w2, job, v1::SUCCEEDED);
+  EXPECT_EQ(State(job), v1::SUCCEEDED);
+  EXPECT_EQ(Conn(w2).Of(v1::CoordinatorMessage::kLeave).size(), 1u);
+}
+
+// Drained while it is still being prepared: no step to keep, so it is
+// queued again at once (not a restart) and placed on the others.
+TEST_F(JobManagerDrainTest, APlanningJobIsQueuedAgainAtOnce) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  AddWorker("c");
+  absl::StatusOr<v1::Job> job = Submit(CkptYaml("every: 1"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(State(job->id()), v1::PLANNING);
+  ASSERT_TRUE(manager_.DrainWorker(w1, "").ok());
+  EXPECT_FALSE(Conn(w1).Of(v1::CoordinatorMessage::kCancel).empty());
+  Ended(w1, job->id(), v1::CANCELLED);
+  EXPECT_EQ(Conn(w1).Of(v1::CoordinatorMessage::kLeave).size(), 1u);
+  EXPECT_EQ(State(job->id()), v1::QUEUED);  // w2 has not ended its part.
+  Ended(w2, job->id(), v1::CANCELLED);
+  const v1::Job info = *manager_.GetJob(job->id());
+  EXPECT_EQ(info.restarts(), 0);
+  EXPECT_EQ(info.state(), v1::PLANNING);
+  EXPECT_THAT(info.worker_ids(), testing::Not(testing::Contains(w1)));
+  EXPECT_THAT(info.worker_ids(), testing::Contains(w2));
+}
+
 TEST_F(JobManagerCheckpointTest, ADeregisteredWorkerIsForgottenAndItsJobFails) {
   const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
   const std::string job = StartJob(JobYaml(2), w1, w2);

@@ -16,6 +16,8 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <numeric>
 #include <ostream>
 #include <set>
 #include <sstream>
@@ -1553,39 +1555,152 @@ TEST(DaemonsFailureTest,
   }
 }
 
-// SIGTERM: the worker stops its job promptly, deregisters (the coordinator
-// forgets it instead of listing it LOST) and exits.
-TEST(DaemonsFailureTest, SigtermedWorkerDeregistersAndItsJobFailsNamingIt) {
+// Issue 21: `conveyorctl drain` and a worker's SIGTERM. The job checkpoints
+// at a step every rank agrees on, moves off the worker (to the spare; or,
+// elastic, onto the 3 workers left), and ends with the parameters of a run
+// that never stopped, every step reported exactly once (none redone); the
+// drained worker leaves (deregistered, not LOST), and a drain is no restart.
+TEST(DaemonsFailureTest, DrainedWorkersHandTheirJobOnWithoutRedoingAStep) {
+  constexpr int kSteps = 8;
+  for (const bool sigterm : {false, true}) {
+    SCOPED_TRACE(sigterm ? "SIGTERM" : "conveyorctl drain");
+    // drain: 3 stages on 4 workers, one a spare. SIGTERM: 4 stages on
+    // exactly 4 workers, elastic.
+    const int stages = sigterm ? 4 : 3;
+    const std::string dir = TempDir(sigterm ? "drain_sigterm" : "drain_cli");
+    const std::string yaml = SlowMlpJob(
+        stages, 20, kSteps, dir, "every: 4",
+        sigterm ? "restart: {max_restarts: 1, elastic: {min_workers: 2}}\n"
+                : "");
+    const Params uninterrupted = InProcessReference(yaml);
+    std::unique_ptr<cli::LocalCluster> cluster = DaemonsTest::StartCluster(4);
+    ASSERT_NE(cluster, nullptr);
+    auto client = *cli::CoordinatorClient::Create(
+        cluster->coordinator_address(), absl::Seconds(10));
+    ASSERT_TRUE(cluster->WaitForWorkers(*client).ok());
+    const std::string id = DaemonsTest::SubmitForId(*client, yaml);
+    std::mutex mu;
+    std::vector<int64_t> reported;  // Step events, in order.
+    std::thread watcher([&] {
+      (void)client->WatchJob(id, [&](const v1::JobEvent& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (e.has_step()) reported.push_back(e.step().step());
+      });
+    });
+    v1::Job running;
+    for (const Clock::time_point start = Clock::now();
+         SecondsSince(start) < 60;) {
+      running = *client->GetJob(id);
+      if (running.steps_done() >= 2 || proto::IsTerminal(running.state())) {
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_EQ(running.state(), v1::RUNNING) << running.message();
+    const std::string victim = running.worker_ids(1);
+    if (sigterm) {
+      const pid_t pid = WorkerPidOfRank(*cluster, *client, running, 1);
+      ASSERT_GT(pid, 0);
+      ASSERT_EQ(::kill(pid, SIGTERM), 0);
+    } else {
+      cli::JobCommandOptions options;
+      options.worker = victim;
+      options.reason = "node repair";
+      std::ostringstream out;
+      // Returns once the worker has left.
+      ASSERT_TRUE(cli::RunDrain(*client, options, out).ok());
+      EXPECT_THAT(out.str(), HasSubstr(absl::StrCat("draining ", victim)));
+      EXPECT_THAT(out.str(), HasSubstr(" has left"));
+      options.worker = "nobody";
+      const absl::Status unknown = cli::RunDrain(*client, options, out);
+      EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound);
+      EXPECT_THAT(unknown.message(), HasSubstr("no live worker 'nobody'"));
+    }
+    v1::Job done;
+    for (const Clock::time_point start = Clock::now();
+         SecondsSince(start) < 60;) {
+      done = *client->GetJob(id);
+      if (proto::IsTerminal(done.state())) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    watcher.join();
+    ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.message();
+    EXPECT_EQ(done.restarts(), 0);
+    EXPECT_EQ(done.steps_done(), kSteps);
+    EXPECT_THAT(done.worker_ids(), Not(Contains(victim)));
+    // Resumed from the step the drain stopped after, checkpointed whatever
+    // checkpoint.every says.
+    EXPECT_GE(done.resumed_from_step(), 2);
+    EXPECT_LT(done.resumed_from_step(), kSteps);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      std::vector<int64_t> each(kSteps);
+      std::iota(each.begin(), each.end(), 1);
+      EXPECT_EQ(reported, each) << "a step was lost or run twice";
+    }
+    if (sigterm) {
+      ASSERT_EQ(done.layouts_size(), 2);
+      EXPECT_EQ(done.layouts(1).num_workers(), 3);
+      EXPECT_EQ(done.layouts(1).from_step(), done.resumed_from_step());
+      EXPECT_THAT(done.layouts(1).reason(), HasSubstr(victim));
+      EXPECT_THAT(done.layouts(1).reason(), HasSubstr("drained"));
+    }
+    // Gone, not LOST.
+    std::vector<v1::Worker> workers;
+    for (const Clock::time_point start = Clock::now();
+         SecondsSince(start) < 10;) {
+      workers = Workers(*client);
+      if (workers.size() == 3) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_EQ(workers.size(), 3u);
+    for (const v1::Worker& w : workers) {
+      EXPECT_NE(w.id(), victim);
+      EXPECT_EQ(w.state(), v1::IDLE);
+    }
+    ExpectBitwiseEqual(ExportedParams(dir), uninterrupted);
+  }
+}
+
+// A second SIGTERM during the drain is the old SIGTERM: the worker stops
+// its job at once, deregisters (forgotten, not LOST) and exits; the job
+// fails naming it.
+TEST(DaemonsFailureTest, ASecondSigtermShutsTheWorkerDownAtOnce) {
   std::unique_ptr<cli::LocalCluster> cluster = DaemonsTest::StartCluster(2);
   ASSERT_NE(cluster, nullptr);
   auto client = *cli::CoordinatorClient::Create(cluster->coordinator_address(),
                                                 absl::Seconds(10));
   ASSERT_TRUE(cluster->WaitForWorkers(*client).ok());
-  absl::StatusOr<v1::Job> job = DaemonsTest::Submit(
-      *client, MlpJob(2, "1f1b", 1, 1000000, TempDir("sigterm")));
-  ASSERT_TRUE(job.ok()) << job.status();
+  // About a second per step: the drain cannot finish between the signals.
+  const std::string id = DaemonsTest::SubmitForId(
+      *client,
+      SlowMlpJob(2, 200, 1000, TempDir("sigterm_twice"), "every: 1000", ""));
   v1::Job running;
-  const Clock::time_point wait = Clock::now();
-  while (SecondsSince(wait) < 60) {
-    running = *client->GetJob(job->id());
-    if (running.steps_done() >= 2 || proto::IsTerminal(running.state())) break;
+  for (const Clock::time_point start = Clock::now();
+       SecondsSince(start) < 60;) {
+    running = *client->GetJob(id);
+    if (running.state() != v1::QUEUED && running.state() != v1::PLANNING) {
+      break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  ASSERT_EQ(running.state(), v1::RUNNING);
+  ASSERT_EQ(running.state(), v1::RUNNING) << running.message();
   const pid_t pid = WorkerPidOfRank(*cluster, *client, running, 1);
   ASSERT_GT(pid, 0);
   const Clock::time_point start = Clock::now();
   ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  // Two signals sent at once would be delivered as one.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
   v1::Job failed;
   while (SecondsSince(start) < 10) {
-    failed = *client->GetJob(job->id());
+    failed = *client->GetJob(id);
     if (proto::IsTerminal(failed.state())) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(failed.state(), v1::FAILED);
   EXPECT_THAT(failed.message(), HasSubstr(running.worker_ids(1)));
   EXPECT_LT(SecondsSince(start), 5);
-  // Forgotten, not LOST; the other worker is idle again.
   std::vector<v1::Worker> workers;
   while (SecondsSince(start) < 10) {
     workers = Workers(*client);

@@ -606,6 +606,16 @@ pipeline: {schedule: 1f1b}
                         "floats each: values, gradients, optimizer state) "
                         "needs 256.0 GiB of host memory"));
   EXPECT_THAT(wide.status().message(), HasSubstr("cut it into more stages"));
+
+  // With checkpoints, the background writer's host snapshot of the values
+  // and Adam's state counts too.
+  const std::string dir = TempDir("wide_snapshot");
+  absl::StatusOr<std::unique_ptr<JobRunner>> snapshotted =
+      JobRunner::Create(Programs(yaml, dir)[0], {});
+  EXPECT_EQ(snapshotted.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(snapshotted.status().message(),
+              HasSubstr("(7 floats each: values, gradients, optimizer state, "
+                        "checkpoint snapshot) needs 448.0 GiB"));
 }
 
 // Activations are sized by the job too: a model of 2M parameters whose

@@ -532,5 +532,75 @@ TEST_F(SessionTest, ShutdownCancelsTheRunningJobAndClosesTheStream) {
   EXPECT_TRUE(fake_.WaitForEndedStreams(1));
 }
 
+// A drain as the coordinator runs it: the rank answers the end of the step
+// it is in and holds there until it hears where to stop, runs to that step
+// and ends with drained_after_step; the worker's own Drain asks the
+// coordinator, and Leave ends the session (Deregister first).
+TEST_F(SessionTest, DrainHoldsAtTheAnsweredBoundaryThenStopsWhereTold) {
+  StartSession(Options());
+  ASSERT_TRUE(fake_.TakeKind(v1::WorkerMessage::kRegister).has_value());
+  Send(Prepare(Program("job-1", 1000000)));
+  auto ready = fake_.TakeKind(v1::WorkerMessage::kReady);
+  ASSERT_TRUE(ready.has_value());
+  Send(Start("job-1", ready->ready().data_endpoint()));
+  auto first = fake_.TakeKind(v1::WorkerMessage::kStep);
+  ASSERT_TRUE(first.has_value());
+
+  v1::CoordinatorMessage ask;
+  ask.mutable_drain()->set_job_id("job-1");
+  Send(ask);
+  auto point = fake_.TakeKind(v1::WorkerMessage::kDrainPoint);
+  ASSERT_TRUE(point.has_value());
+  EXPECT_EQ(point->drain_point().job_id(), "job-1");
+  const int64_t boundary = point->drain_point().step();
+  EXPECT_GE(boundary, 1);
+  // Held: no step past the boundary while the answer is on its way.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  int64_t last = first->step().step();
+  while (fake_.CountKind(v1::WorkerMessage::kStep) > 0) {
+    last =
+        std::max(last, fake_.TakeKind(v1::WorkerMessage::kStep)->step().step());
+  }
+  EXPECT_EQ(last, boundary);
+
+  v1::CoordinatorMessage stop;
+  stop.mutable_drain()->set_job_id("job-1");
+  stop.mutable_drain()->set_stop_after_step(boundary + 2);
+  Send(stop);
+  auto ended = fake_.TakeEnded("job-1");
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->state(), v1::CANCELLED);
+  EXPECT_EQ(ended->drained_after_step(), boundary + 2);
+  EXPECT_EQ(ended->message(),
+            absl::StrCat("drained after step ", boundary + 2));
+  int64_t after = 0;
+  while (fake_.CountKind(v1::WorkerMessage::kStep) > 0) {
+    after = std::max(after,
+                     fake_.TakeKind(v1::WorkerMessage::kStep)->step().step());
+  }
+  EXPECT_EQ(after, boundary + 2);
+
+  session_->Drain("signal 15");
+  auto request = fake_.TakeKind(v1::WorkerMessage::kDrain);
+  ASSERT_TRUE(request.has_value());
+  EXPECT_EQ(request->drain().reason(), "signal 15");
+  v1::CoordinatorMessage leave;
+  leave.mutable_leave()->set_reason("drained");
+  Send(leave);
+  ASSERT_TRUE(fake_.TakeKind(v1::WorkerMessage::kDeregister).has_value());
+  ASSERT_TRUE(WaitForRun());
+  EXPECT_TRUE(run_status().ok()) << run_status();
+}
+
+// Drain without a coordinator to hand the job to: shut down at once.
+TEST_F(SessionTest, ADrainWithoutACoordinatorShutsDown) {
+  SessionOptions options = Options();
+  options.coordinator = "127.0.0.1:1";  // Nothing listens there.
+  StartSession(options);
+  session_->Drain("signal 15");
+  ASSERT_TRUE(WaitForRun());
+  EXPECT_TRUE(run_status().ok()) << run_status();
+}
+
 }  // namespace
 }  // namespace conveyor::worker
