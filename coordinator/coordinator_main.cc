@@ -52,6 +52,9 @@ struct Flags {
   std::string state_file;
   conveyor::proto::TlsFiles tls;
   std::string log_level = "info";
+  // Fault injection (hidden): freeze before the manifest of this step.
+  int64_t fault_commit_step = 0;
+  int64_t fault_commit_delay_ms = 0;
 };
 
 // The optional YAML config file: the same settings as the flags; a flag
@@ -140,6 +143,17 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", flags.log_level,
                  absl::StrCat("Log level: ", conveyor::kLogLevels))
       ->capture_default_str();
+  // Fault injection for the test that kills the coordinator between a
+  // step's last stage file and its manifest: pause before writing the
+  // manifest of that step. Hidden (empty group): not for users.
+  app.add_option("--fault-commit-step", flags.fault_commit_step)
+      ->envname("CONVEYOR_FAULT_COMMIT_STEP")
+      ->check(CLI::NonNegativeNumber)
+      ->group("");
+  app.add_option("--fault-commit-delay-ms", flags.fault_commit_delay_ms)
+      ->envname("CONVEYOR_FAULT_COMMIT_DELAY_MS")
+      ->check(CLI::Range(int64_t{0}, int64_t{3600000}))
+      ->group("");
   if (std::optional<int> exit = conveyor::ParseCommandLine(
           app, argc, argv, "conveyor-coordinator", &flags.log_level);
       exit.has_value()) {
@@ -195,13 +209,20 @@ int main(int argc, char** argv) {
   }
 
   auto metrics = std::make_shared<conveyor::coordinator::CoordinatorMetrics>();
-  conveyor::coordinator::JobManager manager({
-      .heartbeat_timeout = Millis(flags.heartbeat_timeout),
-      .recv_timeout = Millis(flags.recv_timeout),
-      .observer = metrics.get(),
-      .state_file = state_file.get(),
-      .version = conveyor::kVersion,
-  });
+  conveyor::coordinator::JobManagerOptions manager_options;
+  manager_options.heartbeat_timeout = Millis(flags.heartbeat_timeout);
+  manager_options.recv_timeout = Millis(flags.recv_timeout);
+  manager_options.observer = metrics.get();
+  manager_options.state_file = state_file.get();
+  manager_options.version = conveyor::kVersion;
+  if (flags.fault_commit_step > 0) {
+    SPDLOG_WARN("fault injection: pausing {} ms before the manifest of step {}",
+                flags.fault_commit_delay_ms, flags.fault_commit_step);
+    manager_options.fault_commit_step = flags.fault_commit_step;
+    manager_options.fault_commit_delay =
+        std::chrono::milliseconds(flags.fault_commit_delay_ms);
+  }
+  conveyor::coordinator::JobManager manager(std::move(manager_options));
   metrics->Attach(&manager);
   if (saved.has_value()) {
     if (absl::Status s = manager.Restore(*saved); !s.ok()) {

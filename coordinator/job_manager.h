@@ -146,6 +146,12 @@ struct JobManagerOptions {
   // Optional; where job records are kept (see the header comment). Outlives
   // the manager.
   const StateFile* state_file = nullptr;
+  // Fault injection for a test of a coordinator killed between a step's
+  // last stage file and its manifest: CommitCheckpoint of this step (0:
+  // none) stands still this long first, holding the manager. Never set in
+  // production.
+  int64_t fault_commit_step = 0;
+  std::chrono::milliseconds fault_commit_delay{0};
   // Version a worker must report (besides proto::kProtocolVersion).
   std::string version;
   std::function<std::chrono::steady_clock::time_point()> clock =

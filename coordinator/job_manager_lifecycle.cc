@@ -1,6 +1,7 @@
 // JobManager, continued: the reports of a placed job and its states to the end
 // (coordinator/job_manager.h). One class, one mutex; its files by concern.
 #include <algorithm>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -199,6 +200,13 @@ void JobManager::CommitCheckpoint(JobRecord& job, int64_t step,
   const checkpoint::CheckpointManifest manifest =
       checkpoint::MakeManifest(job.plan, job.info.id(), job.config_hash,
                                job.training_hash, step, files, NowUnixMs());
+  if (step == options_.fault_commit_step) {
+    SPDLOG_WARN(
+        "{}: fault injection: every file of step {} is in; pausing "
+        "{} ms before its manifest",
+        job.info.id(), step, options_.fault_commit_delay.count());
+    std::this_thread::sleep_for(options_.fault_commit_delay);
+  }
   // Under the lock: the manifest is small, and no other commit or resume
   // of this job may interleave with it.
   if (absl::Status written = checkpoint::WriteManifest(dir, manifest);

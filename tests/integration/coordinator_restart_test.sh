@@ -5,7 +5,8 @@
 # once a new coordinator is up on the same address and state file; that one
 # still lists the jobs that ended before, and the interrupted job restarts
 # from its newest committed step and ends with parameters bitwise equal to
-# an uninterrupted run's. A corrupt state file, or one another coordinator
+# an uninterrupted run's; so does one killed between a step's last stage file
+# and its manifest, from the step before. A corrupt state file, or one another coordinator
 # holds, is refused (exit 1) rather than silently started without.
 # Needs COORDINATOR, WORKER and CONVEYORCTL (the binaries' paths).
 set -u
@@ -103,6 +104,35 @@ check "job ids go on after the restart" test "${next#job-}" -gt "${job#job-}"
 kill -TERM "$coordinator_pid"
 wait "$coordinator_pid" 2>/dev/null
 check "coordinator 2 exits 0 on SIGTERM" test $? -eq 0
+
+# Killed between a step's last stage file and its manifest (the coordinator
+# stands still there, by fault injection): that step is never used; the job
+# resumes from the complete step before it and ends equal.
+CONVEYOR_FAULT_COMMIT_STEP=10 CONVEYOR_FAULT_COMMIT_DELAY_MS=60000 \
+  start_coordinator "$address" "$dir/coordinator3.log"
+check "coordinator 3 is serving" test -n "$address"
+check "the workers come back to it" wait_for 20 idle_workers 2
+job_yaml "$dir/partial" "restart: {max_restarts: 1}" >"$dir/partial.yaml"
+partial=$("$ctl" submit "$dir/partial.yaml" --coordinator "$address" 2>&1 | grep -o 'job-[0-9]*' | head -1)
+check "every file of step 10 is in, and the coordinator stands before its manifest" \
+  wait_for 60 grep -q "every file of step 10 is in" "$dir/coordinator3.log"
+{
+  kill -KILL "$coordinator_pid"
+  wait "$coordinator_pid"
+} 2>/dev/null
+check "step 10 has its stage files" test -s "$dir/partial/step-10/stage-1.safetensors"
+check "and no manifest" test ! -e "$dir/partial/step-10/manifest.json"
+start_coordinator "$address" "$dir/coordinator4.log"
+check "coordinator 4 is serving on the same address" test -n "$address"
+check "the job ran to its end" wait_for 90 job_ended "$partial"
+check "and succeeded" bash -c "[[ '$(field "$partial" state)' == SUCCEEDED* ]]"
+check "resuming from step 5, the newest complete one" bash -c \
+  "[[ '$(field "$partial" resumed)' =~ ^from\ step\ 5\  ]]"
+"$ctl" export "$dir/partial" -o "$dir/partial.safetensors" >/dev/null 2>&1
+check "parameters equal the uninterrupted run's, bitwise" \
+  same_tensors "$dir/full.safetensors" "$dir/partial.safetensors"
+kill -TERM "$coordinator_pid"
+wait "$coordinator_pid" 2>/dev/null
 
 # A damaged state file is refused, not replaced by an empty one.
 printf 'garbage' >"$dir/state"
