@@ -418,6 +418,28 @@ void WriteTokens(const std::string& dir) {
   std::ofstream(dir + "/tokens.bin", std::ios::binary) << text;
 }
 
+// `programs` (ResumePrograms, one stage per rank) compiled again as the
+// coordinator does: from the manifest's files of every stage, each rank
+// picking those that hold its parameters.
+std::vector<v1::JobProgram> CompileWithEveryFile(
+    const std::vector<v1::JobProgram>& programs) {
+  auto job = engine::ParseJobSpec(programs[0].yaml(), "job.yaml");
+  EXPECT_TRUE(job.ok()) << job.status();
+  if (!job.ok()) return {};
+  auto plan = job::PlanJob(*job);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  if (!plan.ok()) return {};
+  std::vector<v1::StageFile> files;
+  for (const v1::JobProgram& p : programs) files.push_back(p.resume_files(0));
+  std::vector<v1::JobProgram> compiled;
+  for (int r = 0; r < static_cast<int>(programs.size()); ++r) {
+    job::ProgramContext context = job::ContextOf(programs[r]);
+    context.resume_files = files;
+    compiled.push_back(job::CompileRankProgram(*plan, r, context));
+  }
+  return compiled;
+}
+
 // A tied embedding is checkpointed once, by the stage of the original, with
 // its optimizer state; the last stage's rank resumes its copy from that
 // file, and the resumed job ends bitwise where the uninterrupted one does,
@@ -461,25 +483,10 @@ TEST(JobRunnerTest, ATiedJobHoldsTheEmbeddingOnceAndResumesBitwise) {
       EXPECT_FALSE(absl::StrContains(t.name, "layers.0.")) << t.name;
     }
 
-    const std::vector<v1::JobProgram> programs =
-        ResumePrograms(yaml, part, full, 2);
     // The coordinator's programs give the last rank stage 0's file too.
-    std::vector<v1::JobProgram> compiled;
-    {
-      auto job = engine::ParseJobSpec(programs[0].yaml(), "job.yaml");
-      ASSERT_TRUE(job.ok()) << job.status();
-      auto plan = job::PlanJob(*job);
-      ASSERT_TRUE(plan.ok()) << plan.status();
-      std::vector<v1::StageFile> files;
-      for (int s = 0; s < 3; ++s) {
-        files.push_back(programs[s].resume_files(0));
-      }
-      for (int r = 0; r < 3; ++r) {
-        job::ProgramContext context = job::ContextOf(programs[r]);
-        context.resume_files = files;  // Every stage's, as the manifest has.
-        compiled.push_back(job::CompileRankProgram(*plan, r, context));
-      }
-    }
+    const std::vector<v1::JobProgram> compiled =
+        CompileWithEveryFile(ResumePrograms(yaml, part, full, 2));
+    ASSERT_EQ(compiled.size(), 3u);
     std::vector<int> last_rank_files;
     for (const v1::StageFile& f : compiled[2].resume_files()) {
       last_rank_files.push_back(f.stage());
@@ -493,6 +500,41 @@ TEST(JobRunnerTest, ATiedJobHoldsTheEmbeddingOnceAndResumesBitwise) {
     }
     EXPECT_EQ(resumed.tied_copies, uninterrupted.tied_copies);
     EXPECT_EQ(resumed.learning_rates.size(), 2u);
+    std::filesystem::remove_all(full);
+    std::filesystem::remove_all(part);
+  }
+  std::filesystem::remove_all(tokens);
+}
+
+// Issue 21: devices_per_stage is part of the pipeline section, so a
+// checkpoint resumes on another mesh size. A mesh sums each weight
+// gradient over its devices' partial sums, in another order than one
+// device does, so the run that moved ends allclose (not bitwise) to the one
+// that never did, as a mesh run is to the reference (the tolerance of the
+// mesh cases above).
+TEST(JobRunnerTest, ResumesOnAnotherMeshSizeAllcloseToTheRunThatNeverMoved) {
+  const std::string tokens = TempDir("mesh_move_tokens");
+  WriteTokens(tokens);
+  for (const auto& [from, to] : {std::pair{1, 2}, std::pair{2, 1}}) {
+    SCOPED_TRACE(absl::StrCat(from, " -> ", to, " devices per stage"));
+    const std::string full = TempDir("mesh_move_full");
+    const std::string part = TempDir("mesh_move_part");
+    const Result uninterrupted =
+        RunJob(Programs(TiedJobYaml(tokens + "/tokens.bin", from), full));
+    for (const absl::Status& s : uninterrupted.statuses) {
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    const Result resumed = RunJob(CompileWithEveryFile(ResumePrograms(
+        TiedJobYaml(tokens + "/tokens.bin", to), part, full, 2)));
+    ASSERT_EQ(resumed.statuses.size(), 3u);
+    for (const absl::Status& s : resumed.statuses) ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(resumed.learning_rates.size(), 2u);  // Steps 3 and 4 only.
+    ASSERT_EQ(resumed.params.size(), uninterrupted.params.size());
+    for (const auto& [name, values] : uninterrupted.params) {
+      EXPECT_TRUE(engine::testing_util::AllClose(resumed.params.at(name),
+                                                 values, 1e-5, 1e-6))
+          << name;
+    }
     std::filesystem::remove_all(full);
     std::filesystem::remove_all(part);
   }
