@@ -745,10 +745,25 @@ absl::Status JobRunner::LoadResumeFiles() {
   std::vector<const engine::SafetensorsReader*> readers;
   for (const checkpoint::StageFile& f : files) readers.push_back(&f.tensors);
   const engine::SafetensorsFilesSource source(std::move(readers));
-  for (const auto& stage : stages_) RETURN_IF_ERROR(stage->LoadFrom(source));
+  // The files passed their checksums and the configuration matched the
+  // manifest's training hash: a tensor missing now is a checkpoint written
+  // by something else under this job's name.
+  auto explain = [&](const absl::Status& s) {
+    if (s.ok()) return s;
+    return absl::Status(
+        s.code(),
+        absl::StrCat("resuming from step ", step, " (", program_.resume_dir(),
+                     "): ", s.message(),
+                     "; the checkpoint does not hold every parameter of this "
+                     "rank's stages with its optimizer state: resume from "
+                     "another step (resume: N) or start afresh elsewhere"));
+  };
+  for (const auto& stage : stages_) {
+    RETURN_IF_ERROR(explain(stage->LoadFrom(source)));
+  }
   // A tied copy's state is its original's, from the file holding the
   // original (the two are stepped alike).
-  RETURN_IF_ERROR(optimizer_->RestoreState(
+  RETURN_IF_ERROR(explain(optimizer_->RestoreState(
       step,
       [&](absl::string_view slot, const engine::Parameter& param)
           -> absl::StatusOr<std::vector<float>> {
@@ -758,7 +773,7 @@ absl::Status JobRunner::LoadResumeFiles() {
               "resume: no file holds ", param.name, " after loading it"));
         }
         return file->ReadF32(checkpoint::OptimizerTensorName(slot, param.name));
-      }));
+      })));
   steps_done_.store(step);
   SPDLOG_INFO("job {}: resumed {} from step {} in {}", program_.job_id(),
               DescribeRank(program_), step, program_.resume_dir());

@@ -386,6 +386,61 @@ TEST(JobRunnerTest, ResumedFromACheckpointEqualsUninterruptedBitwise) {
   }
 }
 
+// A checkpoint whose files pass their checksums but lack a parameter (or
+// its optimizer state) is refused naming the tensor, the step and what to
+// do, before any step runs.
+TEST(JobRunnerTest, AResumeFileWithoutAParameterIsRefusedNamingIt) {
+  std::string yaml = JobYaml({.steps = 2});
+  yaml += "checkpoint: {dir: unused, every: 1}\n";
+  const std::string full = TempDir("missing_full");
+  const Result first = RunJob(Programs(yaml, full));
+  for (const absl::Status& s : first.statuses) ASSERT_TRUE(s.ok()) << s;
+  for (const bool state : {false, true}) {
+    SCOPED_TRACE(state ? "optimizer state" : "parameter");
+    // Stage 1's file of step 1, written again without one tensor.
+    absl::StatusOr<checkpoint::StageFile> file = checkpoint::ReadStageFile(
+        checkpoint::StepDirPath(full, 1),
+        *checkpoint::DigestStageFile(checkpoint::StepDirPath(full, 1), 1),
+        {.step = 1});
+    ASSERT_TRUE(file.ok()) << file.status();
+    const std::string dropped =
+        state ? "optimizer/exp_avg/layers.2.weight" : "layers.2.weight";
+    ASSERT_NE(file->tensors.Find(dropped), nullptr);
+    std::vector<std::vector<float>> keep;
+    std::vector<engine::TensorToWrite> tensors;
+    for (const engine::TensorInfo& t : file->tensors.tensors()) {
+      if (t.name == dropped) continue;
+      keep.push_back(*file->tensors.ReadF32(t.name));
+      tensors.push_back({.name = t.name,
+                         .dtype = engine::DType::kF32,
+                         .shape = t.shape,
+                         .data = keep.back().data(),
+                         .bytes = keep.back().size() * sizeof(float)});
+    }
+    const std::string broken = TempDir("missing_broken");
+    ASSERT_TRUE(checkpoint::WriteStageFile(broken, file->info, tensors).ok());
+    // Step 1 of `broken`: stage 1 without the tensor, stage 0 as written.
+    std::filesystem::copy_file(checkpoint::StageFilePath(full, 1, 0),
+                               checkpoint::StageFilePath(broken, 1, 0));
+    // Refused while the rank is built, before it could run a step.
+    const absl::Status refused =
+        JobRunner::Create(
+            ResumePrograms(yaml, TempDir("missing_part"), broken, 1)[1], {})
+            .status();
+    // Either way a reason of the job's own, which a restart would meet too.
+    EXPECT_EQ(refused.code(), state ? absl::StatusCode::kNotFound
+                                    : absl::StatusCode::kInvalidArgument)
+        << refused;
+    EXPECT_THAT(refused.message(),
+                HasSubstr(absl::StrCat("resuming from step 1 (", broken)));
+    EXPECT_THAT(refused.message(), HasSubstr(dropped));
+    EXPECT_THAT(refused.message(),
+                HasSubstr("resume from another step (resume: N)"));
+    std::filesystem::remove_all(broken);
+  }
+  std::filesystem::remove_all(full);
+}
+
 // A byte-token model over 3 stages whose lm_head (stage 2) is tied to the
 // embedding (stage 0), on a CPU mesh of `devices` per stage.
 std::string TiedJobYaml(const std::string& tokens, int devices) {
