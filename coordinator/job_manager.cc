@@ -126,8 +126,10 @@ absl::Status JobManager::Dispatch(const std::string& worker_id,
       return absl::OkStatus();
     case v1::WorkerMessage::kDrain:
       // The worker's SIGTERM: drain it as conveyorctl drain would.
-      StartDrain(*w, absl::StrCat("the worker asked (",
-                                  message.drain().reason(), ")"));
+      // (Its reason reaches logs and events: bounded.)
+      StartDrain(*w,
+                 absl::StrCat("the worker asked (",
+                              message.drain().reason().substr(0, 200), ")"));
       Schedule();
       return absl::OkStatus();
     case v1::WorkerMessage::kDeregister: {

@@ -1590,6 +1590,27 @@ TEST_F(JobManagerDrainTest, AJobWithoutCheckpointsEndsBeforeTheWorkerLeaves) {
   EXPECT_EQ(Conn(w2).Of(v1::CoordinatorMessage::kLeave).size(), 1u);
 }
 
+// Answers past the last step: the job simply runs to its end (its final
+// checkpoint as always) and SUCCEEDS; the drained worker leaves then.
+TEST_F(JobManagerDrainTest, ADrainAtTheLastStepLetsTheJobEnd) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string job = StartJob(CkptYaml("every: 4", "", 3), w1, w2);
+  ASSERT_TRUE(manager_.DrainWorker(w2, "").ok());
+  DrainPoint(w1, job, 4);  // Already past its last boundary.
+  DrainPoint(w2, job, 3);
+  EXPECT_THAT(DrainSteps(w1), ElementsAre(0, 3));
+  for (int64_t step : {1, 2}) {
+    Step(w1, job, step, false);
+    Step(w2, job, step, true);
+  }
+  StepWithCheckpoint(w1, w2, job, 3);
+  Ended(w1, job, v1::SUCCEEDED);
+  Ended(w2, job, v1::SUCCEEDED);
+  EXPECT_EQ(State(job), v1::SUCCEEDED);
+  EXPECT_EQ(Conn(w2).Of(v1::CoordinatorMessage::kLeave).size(), 1u);
+  EXPECT_TRUE(Conn(w1).Of(v1::CoordinatorMessage::kLeave).empty());
+}
+
 // Drained while it is still being prepared: no step to keep, so it is
 // queued again at once (not a restart) and placed on the others.
 TEST_F(JobManagerDrainTest, APlanningJobIsQueuedAgainAtOnce) {
