@@ -52,6 +52,9 @@ int main(int argc, char** argv) {
                  absl::StrCat("Log level: ", conveyor::kLogLevels))
       ->capture_default_str();
   app.require_subcommand(1);
+  // Global flags are taken after the subcommand too
+  // (`conveyorctl jobs --log-level debug`).
+  app.fallthrough();
 
   cli::RunCommandOptions run_options;
   CLI::App* run = cli::AddRunCommand(app, run_options);
@@ -66,6 +69,12 @@ int main(int argc, char** argv) {
   cli::ScheduleCommandOptions schedule_options;
   CLI::App* schedule = cli::AddScheduleCommand(app, schedule_options);
 
+  // No arguments: what the commands are, rather than an error about one.
+  if (argc <= 1) {
+    app.name("conveyorctl");
+    std::cout << app.help();
+    return conveyor::kExitUsage;
+  }
   if (std::optional<int> exit = conveyor::ParseCommandLine(
           app, argc, argv, "conveyorctl", &log_level);
       exit.has_value()) {

@@ -18,6 +18,7 @@
 #include "engine/safetensors.h"
 #include "hf/checkpoint.h"
 #include "hf/model.h"
+#include "nlohmann/json.hpp"
 
 namespace conveyor::cli {
 namespace {
@@ -45,6 +46,9 @@ CLI::App* AddExportCommand(CLI::App& app, ExportCommandOptions& o) {
   cmd->add_option("--job", o.job,
                   "--format hf: the job file that wrote the checkpoint");
   cmd->add_option("--dtype", o.dtype, "--format hf: bf16 (default) or fp32");
+  cmd->add_flag("--json", o.json,
+                "Print the summary as JSON (step, job, num_stages, tensors, "
+                "parameters, bytes, output, skipped); -o is the output file");
   return cmd;
 }
 
@@ -166,6 +170,19 @@ absl::Status RunExportCommand(const ExportCommandOptions& o,
                                                          : hf::HfDType::kF32)
                 : ExportCheckpoint(o.checkpoint_dir, step, o.output);
   ASSIGN_OR_RETURN(ExportResult r, std::move(exported));
+  if (o.json) {
+    out << nlohmann::json({{"step", r.step},
+                           {"job", r.job},
+                           {"num_stages", r.num_stages},
+                           {"tensors", r.num_tensors},
+                           {"parameters", r.num_elements},
+                           {"bytes", r.bytes},
+                           {"output", o.output},
+                           {"skipped", r.skipped}})
+               .dump(2)
+        << "\n";
+    return absl::OkStatus();
+  }
   for (const std::string& reason : r.skipped) {
     out << "note: skipped " << reason << "\n";
   }

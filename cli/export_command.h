@@ -49,6 +49,9 @@ struct ExportCommandOptions {
   // record their model), and the stored dtype ("bf16" or "fp32").
   std::string job = {};
   std::string dtype = "bf16";
+  // --json: the summary as one JSON object (docs/cli-json.md) instead of a
+  // line; -o is the output file here.
+  bool json = false;
 };
 
 CLI::App* AddExportCommand(CLI::App& app, ExportCommandOptions& options);

@@ -3,11 +3,13 @@
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cli/format.h"
+#include "cli/json_output.h"
 #include "cli/trace_render.h"
 #include "common/auth_token.h"
 #include "common/file.h"
@@ -36,6 +38,14 @@ void AddClientOptions(CLI::App* cmd, JobCommandOptions& o) {
                   absl::StrCat("File holding the cluster's shared token "
                                "(default: $",
                                kAuthTokenFileEnv, ", else none)"));
+}
+
+void AddOutputFormat(CLI::App* cmd, JobCommandOptions& o) {
+  cmd->add_option("-o,--output", o.output_format,
+                  "table, or json: the coordinator's messages in the proto3 "
+                  "JSON mapping (docs/cli-json.md)")
+      ->check(CLI::IsMember({kTableFormat, kJsonFormat}))
+      ->capture_default_str();
 }
 
 void AddLogEvery(CLI::App* cmd, JobCommandOptions& o) {
@@ -71,6 +81,11 @@ JobCommands AddJobCommands(CLI::App& app, JobCommandOptions& o) {
   c.submit->add_option("--set", o.overrides,
                        "Override a value: key.path=value (the value is YAML; "
                        "repeatable)");
+  c.submit
+      ->add_option("--steps", o.steps,
+                   "Override training.steps, as `run --steps` does (0: as "
+                   "in the job)")
+      ->check(CLI::NonNegativeNumber);
   c.submit->add_flag("--watch", o.watch,
                      "Then follow the job to its end (exit 0 only if it "
                      "succeeds)");
@@ -123,6 +138,10 @@ JobCommands AddJobCommands(CLI::App& app, JobCommandOptions& o) {
                    "it takes)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  for (CLI::App* cmd :
+       {c.submit, c.status, c.cancel, c.jobs, c.workers, c.drain}) {
+    AddOutputFormat(cmd, o);
+  }
   for (CLI::App* cmd : {c.submit, c.status, c.watch, c.cancel, c.jobs,
                         c.workers, c.trace, c.drain}) {
     AddClientOptions(cmd, o);
@@ -142,8 +161,17 @@ absl::Status RunSubmit(CoordinatorClient& client, const JobCommandOptions& o,
                        const WatchOptions& watch, std::ostream& out) {
   // The coordinator validates the job: parsing it here as well would only
   // risk a second opinion from a different build.
-  ASSIGN_OR_RETURN(JobSource source, ReadJobSource(o.job_file, o.overrides));
+  if (o.json() && o.watch) {
+    return absl::InvalidArgumentError(
+        "submit: -o json prints the submitted job once; follow it with "
+        "`conveyorctl watch` rather than --watch");
+  }
+  std::vector<std::string> overrides = o.overrides;
+  if (o.steps > 0)
+    overrides.push_back(absl::StrCat("training.steps=", o.steps));
+  ASSIGN_OR_RETURN(JobSource source, ReadJobSource(o.job_file, overrides));
   ASSIGN_OR_RETURN(v1::Job job, client.SubmitJob(MakeSubmitRequest(source)));
+  if (o.json()) return WriteProtoJson(job, out);
   out << job.id() << " " << proto::JobStateName(job.state()) << "\n";
   out.flush();
   if (!o.watch) return absl::OkStatus();
@@ -151,8 +179,9 @@ absl::Status RunSubmit(CoordinatorClient& client, const JobCommandOptions& o,
 }
 
 absl::Status RunStatus(CoordinatorClient& client, const std::string& id,
-                       absl::Time now, std::ostream& out) {
+                       absl::Time now, std::ostream& out, bool json) {
   ASSIGN_OR_RETURN(v1::Job job, client.GetJob(id));
+  if (json) return WriteProtoJson(job, out);
   out << FormatJobDetails(job, now);
   return absl::OkStatus();
 }
@@ -185,15 +214,17 @@ absl::Status RunTrace(CoordinatorClient& client, const JobCommandOptions& o,
 }
 
 absl::Status RunCancel(CoordinatorClient& client, const std::string& id,
-                       std::ostream& out) {
+                       std::ostream& out, bool json) {
   ASSIGN_OR_RETURN(v1::Job job, client.CancelJob(id));
+  if (json) return WriteProtoJson(job, out);
   out << StateText(job) << "\n";
   return absl::OkStatus();
 }
 
 absl::Status RunJobs(CoordinatorClient& client, absl::Time now,
-                     std::ostream& out) {
+                     std::ostream& out, bool json) {
   ASSIGN_OR_RETURN(v1::ListJobsResponse response, client.ListJobs());
+  if (json) return WriteProtoJson(response, out);
   if (!response.warning().empty()) {
     out << "WARNING: " << response.warning() << "\n";
   }
@@ -203,8 +234,14 @@ absl::Status RunJobs(CoordinatorClient& client, absl::Time now,
   return absl::OkStatus();
 }
 
-absl::Status RunWorkers(CoordinatorClient& client, std::ostream& out) {
+absl::Status RunWorkers(CoordinatorClient& client, std::ostream& out,
+                        bool json) {
   ASSIGN_OR_RETURN(std::vector<v1::Worker> workers, client.ListWorkers());
+  if (json) {
+    v1::ListWorkersResponse response;
+    for (v1::Worker& w : workers) *response.add_workers() = std::move(w);
+    return WriteProtoJson(response, out);
+  }
   out << FormatWorkersTable(workers);
   return absl::OkStatus();
 }
@@ -212,11 +249,15 @@ absl::Status RunWorkers(CoordinatorClient& client, std::ostream& out) {
 absl::Status RunDrain(CoordinatorClient& client, const JobCommandOptions& o,
                       std::ostream& out, absl::Duration poll) {
   ASSIGN_OR_RETURN(v1::Worker worker, client.DrainWorker(o.worker, o.reason));
+  // -o json: the worker as the drain began, then the wait in silence.
+  std::ostringstream silent;
+  if (o.json()) RETURN_IF_ERROR(WriteProtoJson(worker, out));
+  std::ostream& say = o.json() ? silent : out;
   const std::string who = absl::StrCat(worker.id(), " (", worker.name(), ")");
   if (worker.job_id().empty()) {
-    out << "draining " << who << ": it holds no job, so it leaves now\n";
+    say << "draining " << who << ": it holds no job, so it leaves now\n";
   } else {
-    out << "draining " << who << ": " << worker.job_id()
+    say << "draining " << who << ": " << worker.job_id()
         << " checkpoints at its next step boundary and moves to the other "
            "workers (a job without checkpoint.dir runs to its end first)\n";
   }
@@ -233,7 +274,7 @@ absl::Status RunDrain(CoordinatorClient& client, const JobCommandOptions& o,
       if (w.id() == worker.id()) found = &w;
     }
     if (found == nullptr || found->state() == v1::LOST) {
-      out << who << " has left\n";
+      say << who << " has left\n";
       return absl::OkStatus();
     }
     if (absl::Now() >= deadline) {
@@ -285,11 +326,13 @@ absl::Status RunJobCommand(const JobCommands& c, const JobCommandOptions& o,
                                 std::move(token), std::move(credentials)));
   const WatchOptions watch{.log_every = o.log_every, .tty = tty};
   if (c.submit->parsed()) return RunSubmit(*client, o, watch, out);
-  if (c.status->parsed()) return RunStatus(*client, o.job_id, absl::Now(), out);
+  if (c.status->parsed()) {
+    return RunStatus(*client, o.job_id, absl::Now(), out, o.json());
+  }
   if (c.watch->parsed()) return RunWatch(*client, o.job_id, watch, out);
-  if (c.cancel->parsed()) return RunCancel(*client, o.job_id, out);
-  if (c.jobs->parsed()) return RunJobs(*client, absl::Now(), out);
-  if (c.workers->parsed()) return RunWorkers(*client, out);
+  if (c.cancel->parsed()) return RunCancel(*client, o.job_id, out, o.json());
+  if (c.jobs->parsed()) return RunJobs(*client, absl::Now(), out, o.json());
+  if (c.workers->parsed()) return RunWorkers(*client, out, o.json());
   if (c.trace->parsed()) return RunTrace(*client, o, out);
   if (c.drain->parsed()) return RunDrain(*client, o, out);
   return absl::InternalError("no job command was parsed");

@@ -1,6 +1,7 @@
 // The conveyorctl commands that talk to a running coordinator:
 //
-//   submit JOB.yaml [--set k.path=v ...] [--watch]   send a job; print its id
+//   submit JOB.yaml [--set k.path=v ...] [--steps N] [--watch]
+//                                                    send a job; print its id
 //   status JOB                                       one job in detail
 //   watch JOB [--log-every N]                        follow a job to its end
 //   cancel JOB
@@ -14,6 +15,8 @@
 //                                      trace JSON (Perfetto) or an SVG like
 //                                      `schedule --format svg`
 //
+// submit, status, cancel, jobs, workers and drain take `-o json` for the
+// coordinator's messages as JSON (cli/json_output.h) instead of a table.
 // Each takes --coordinator ADDRESS (else $CONVEYOR_COORDINATOR, else
 // 127.0.0.1:7070) and --timeout SECONDS for each unary call. The coordinator
 // validates jobs: a bad one comes back InvalidArgument "file:line:col: ..."
@@ -47,6 +50,7 @@ struct JobCommandOptions {
   double timeout_seconds = 10;
   std::string job_file;                // submit
   std::vector<std::string> overrides;  // submit --set
+  int64_t steps = 0;                   // submit --steps; 0: as in the job
   bool watch = false;                  // submit --watch
   std::string job_id;                  // status, watch, cancel
   int64_t log_every = 0;               // watch; 0: about 20 lines per job
@@ -57,6 +61,10 @@ struct JobCommandOptions {
   std::string reason;                  // drain
   bool no_wait = false;                // drain
   double wait_timeout_seconds = 0;     // drain; 0: as long as it takes
+  // submit, status, cancel, jobs, workers, drain: "table" (or the command's
+  // own lines) or "json" (cli/json_output.h).
+  std::string output_format = "table";
+  bool json() const { return output_format == "json"; }
 };
 
 // The subcommands, for the caller to see which one was parsed.
@@ -91,14 +99,15 @@ absl::Status RunSubmit(CoordinatorClient& client,
                        const JobCommandOptions& options,
                        const WatchOptions& watch, std::ostream& out);
 absl::Status RunStatus(CoordinatorClient& client, const std::string& id,
-                       absl::Time now, std::ostream& out);
+                       absl::Time now, std::ostream& out, bool json = false);
 absl::Status RunWatch(CoordinatorClient& client, const std::string& id,
                       const WatchOptions& watch, std::ostream& out);
 absl::Status RunCancel(CoordinatorClient& client, const std::string& id,
-                       std::ostream& out);
+                       std::ostream& out, bool json = false);
 absl::Status RunJobs(CoordinatorClient& client, absl::Time now,
-                     std::ostream& out);
-absl::Status RunWorkers(CoordinatorClient& client, std::ostream& out);
+                     std::ostream& out, bool json = false);
+absl::Status RunWorkers(CoordinatorClient& client, std::ostream& out,
+                        bool json = false);
 // Drains options.worker, then (unless no_wait) polls every `poll` until the
 // coordinator no longer lists it: DeadlineExceeded after
 // wait_timeout_seconds (when positive), saying what it still holds.

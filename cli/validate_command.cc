@@ -13,6 +13,8 @@
 #include "engine/stage.h"
 #include "hf/checkpoint.h"
 #include "job/planner.h"
+#include "nlohmann/json.hpp"
+#include "scheduler/schedule.h"
 #include "transport/tcp/loopback_latency.h"
 
 namespace conveyor::cli {
@@ -30,6 +32,10 @@ CLI::App* AddValidateCommand(CLI::App& app, ValidateCommandOptions& o) {
   cmd->add_option("--set", o.overrides,
                   "Override a value: key.path=value (the value is YAML; "
                   "repeatable)");
+  cmd->add_option_function<std::string>(
+         "-o,--output", [&o](const std::string& f) { o.json = f == "json"; },
+         "table (the plan as text), or json (docs/cli-json.md)")
+      ->check(CLI::IsMember({"table", "json"}));
   return cmd;
 }
 
@@ -68,6 +74,44 @@ absl::Status CheckJobFiles(const engine::JobSpec& job) {
   return absl::OkStatus();
 }
 
+nlohmann::json PlanJson(const std::string& file, const job::JobPlan& plan) {
+  const engine::JobSpec& job = plan.job;
+  nlohmann::json stages = nlohmann::json::array();
+  for (const job::StagePlan& s : plan.stages) {
+    stages.push_back({{"stage", s.stage},
+                      {"rank", s.rank},
+                      {"first_layer", s.first_layer},
+                      {"num_layers", s.num_layers},
+                      {"num_params", s.num_params}});
+  }
+  nlohmann::json out = {
+      {"file", file},
+      {"valid", true},
+      {"name", job.name},
+      {"workers", plan.num_ranks},
+      {"num_stages", plan.num_stages},
+      {"virtual_stages", plan.virtual_stages},
+      {"schedule",
+       std::string(scheduler::ScheduleKindName(plan.schedule.kind))},
+      {"devices_per_stage", job.pipeline.devices_per_stage},
+      {"batch_size", job.training.batch_size},
+      {"microbatches", job.training.microbatches},
+      {"steps", job.training.steps},
+      {"parameters", job.model.NumParams()},
+      {"stages", std::move(stages)}};
+  if (plan.auto_split.has_value()) {
+    const scheduler::StageSearchResult& search = plan.auto_split->search;
+    out["auto_split"] = {
+        {"profiled_on", plan.auto_split->profiled_on},
+        {"predicted_step_seconds", search.makespan},
+        {"bubble_fraction", search.bubble_fraction},
+        {"even_step_seconds", search.even_makespan.has_value()
+                                  ? nlohmann::json(*search.even_makespan)
+                                  : nlohmann::json(nullptr)}};
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::Status RunValidateCommand(const ValidateCommandOptions& o,
@@ -94,6 +138,10 @@ absl::Status RunValidateCommand(const ValidateCommandOptions& o,
     ASSIGN_OR_RETURN(
         plan, job::ChooseStages(plan, std::move(profile), "this machine's CPU",
                                 /*from_cache=*/false, transfer));
+  }
+  if (o.json) {
+    out << PlanJson(source.file_name, plan).dump(2) << "\n";
+    return absl::OkStatus();
   }
   out << job::DescribePlan(plan);
   out << source.file_name << ": valid; needs " << plan.num_ranks

@@ -6,7 +6,13 @@
 // the layers on this machine's CPU (the coordinator profiles on the job's
 // first worker) and prints the chosen split: layers, predicted time and
 // memory per stage, the predicted step and bubble, and the even split's
-// predicted step for comparison.
+// predicted step for comparison. `-o json` prints the plan as one object
+// instead (docs/cli-json.md): file, name, workers, num_stages,
+// virtual_stages, schedule, devices_per_stage, batch_size, microbatches,
+// steps, parameters, stages [{stage, rank, first_layer, num_layers,
+// num_params}], and with stages: auto, auto_split {profiled_on,
+// predicted_step_seconds, bubble_fraction, even_step_seconds (null when the
+// even split does not fit)}.
 // Thread-compatible: the options are the caller's.
 #ifndef CONVEYOR_CLI_VALIDATE_COMMAND_H_
 #define CONVEYOR_CLI_VALIDATE_COMMAND_H_
@@ -24,6 +30,7 @@ struct ValidateCommandOptions {
   std::string job_file;
   std::vector<std::string> overrides;
   int profile_repetitions = 3;  // stages: auto
+  bool json = false;            // -o json: the plan as one JSON object
 };
 
 CLI::App* AddValidateCommand(CLI::App& app, ValidateCommandOptions& options);

@@ -46,7 +46,12 @@ check jobs_help 0 '--coordinator' -- jobs --help
 check workers_help 0 '--coordinator' -- workers --help
 check validate_help 0 '--set' -- validate --help
 check export_help 0 '--output' -- export --help
-check no_subcommand 2 'subcommand is required' --
+check no_arguments 2 '^Usage: conveyorctl \[OPTIONS\] SUBCOMMAND' --
+check no_arguments_lists_commands 2 '^  drain  ' --
+check no_subcommand 2 'subcommand is required' -- --log-level warn
+check drain_help 0 '--no-wait' -- drain --help
+check global_flag_after_subcommand 0 'Usage: .*conveyorctl jobs' -- \
+  jobs --help --log-level warn
 check unknown_subcommand 2 '' -- frobnicate
 check missing_required 2 '--stages and --microbatches are required' -- schedule -P 4
 check bad_kind 2 "allowed: gpipe, 1f1b, interleaved-1f1b, zb-h1" -- \
@@ -144,6 +149,9 @@ for example in mlp transformer gpt uneven; do
     validate "$src/examples/$example.yaml"
 done
 check validate_plan 0 '^1      1      4-6 ' -- validate "$src/examples/mlp.yaml"
+check validate_json 0 '^  "workers": 2$' -- validate "$src/examples/mlp.yaml" -o json
+check validate_bad_output 2 'yaml not in \{table,json\}' -- \
+  validate "$src/examples/mlp.yaml" -o yaml
 # stages: auto profiles here and prints the split against the even one.
 check validate_auto 0 'stages: auto from a profile on this machine.s CPU' -- \
   validate "$src/examples/uneven.yaml" --profile-repetitions 1

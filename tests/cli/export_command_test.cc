@@ -13,6 +13,7 @@
 #include "engine/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace conveyor::cli {
 namespace {
@@ -390,6 +391,24 @@ TEST_F(ExportTest, RunPrintsASummaryAndRejectsANegativeStep) {
                 {.checkpoint_dir = ckpt_, .step = -2, .output = output_}, out)
                 .code(),
             absl::StatusCode::kInvalidArgument);
+
+  // --json: the same summary as one object.
+  ExportCommandOptions json;
+  json.checkpoint_dir = ckpt_;
+  json.output = output_;
+  json.json = true;
+  std::ostringstream summary;
+  ASSERT_TRUE(RunExportCommand(json, summary).ok());
+  const nlohmann::json parsed = nlohmann::json::parse(summary.str());
+  EXPECT_EQ(parsed["step"], 100);
+  EXPECT_EQ(parsed["job"], "job-7");
+  EXPECT_EQ(parsed["num_stages"], 2);
+  EXPECT_EQ(parsed["tensors"], 4);
+  EXPECT_EQ(parsed["parameters"], 12);
+  EXPECT_EQ(parsed["output"], output_);
+  ASSERT_EQ(parsed["skipped"].size(), 1u);
+  EXPECT_THAT(parsed["skipped"][0].get<std::string>(),
+              HasSubstr("step 200 is incomplete"));
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/cli/fake_coordinator.h"
 
 namespace conveyor::cli {
@@ -113,6 +114,47 @@ TEST_F(JobCommandsTest, SubmitSendsTheYamlFileNameAndBaseDir) {
   EXPECT_EQ(request.file_name(), path);
   EXPECT_EQ(request.base_dir(),
             std::filesystem::absolute(dir_).lexically_normal().string());
+}
+
+// -o json: the coordinator's messages in the proto3 JSON mapping, with
+// proto field names, enums by name, 64-bit integers as strings and every
+// field present; one object per command.
+TEST_F(JobCommandsTest, JsonOutputIsTheCoordinatorsMessages) {
+  Start();
+  JobCommandOptions o = SubmitOptions(WriteJob("job.yaml", kJob));
+  o.output_format = "json";
+  o.steps = 3;  // As `run --steps`.
+  std::ostringstream submitted;
+  ASSERT_TRUE(RunSubmit(*client_, o, {}, submitted).ok());
+  const nlohmann::json job = nlohmann::json::parse(submitted.str());
+  EXPECT_EQ(job["id"], "job-1");
+  EXPECT_EQ(job["state"], "QUEUED");
+  EXPECT_EQ(job["steps_total"], "3");  // int64: a string.
+  EXPECT_EQ(job["steps_done"], "0");   // Present although zero.
+  EXPECT_THAT(fake_->submitted()[0].yaml(), HasSubstr("steps: 3"));
+
+  std::ostringstream status, jobs, workers;
+  ASSERT_TRUE(RunStatus(*client_, "job-1", absl::Now(), status, true).ok());
+  EXPECT_EQ(nlohmann::json::parse(status.str()), job);
+  ASSERT_TRUE(RunJobs(*client_, absl::Now(), jobs, true).ok());
+  const nlohmann::json listed = nlohmann::json::parse(jobs.str());
+  ASSERT_EQ(listed["jobs"].size(), 1u);
+  EXPECT_EQ(listed["jobs"][0]["id"], "job-1");
+  EXPECT_EQ(listed["warning"], "");
+  ASSERT_TRUE(RunWorkers(*client_, workers, true).ok());
+  const nlohmann::json registered = nlohmann::json::parse(workers.str());
+  ASSERT_EQ(registered["workers"].size(), 2u);
+  EXPECT_EQ(registered["workers"][0]["name"], "w0");
+  EXPECT_EQ(registered["workers"][0]["draining"], false);
+  EXPECT_TRUE(registered["workers"][0]["state"].is_string());
+
+  // One object, then a watch would interleave lines with it: refused.
+  o.watch = true;
+  std::ostringstream refused;
+  const absl::Status both = RunSubmit(*client_, o, {}, refused);
+  EXPECT_EQ(both.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(both.message(), HasSubstr("-o json"));
+  EXPECT_EQ(refused.str(), "");
 }
 
 TEST_F(JobCommandsTest, SubmitSendsTheOverriddenDocument) {

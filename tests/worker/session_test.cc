@@ -81,6 +81,9 @@ class FakeCoordinator final : public v1::WorkerSession::Service {
       absl::MutexLock lock(&mu_);
       received_.push_back(message);
     }
+    // The stream dies with this call: wait out a Send still writing to it
+    // (a Leave makes the worker close its end while Write returns).
+    absl::MutexLock write_lock(&write_mu_);
     absl::MutexLock lock(&mu_);
     ++ended_streams_;
     stream_ = nullptr;
