@@ -10,16 +10,17 @@
 #include <optional>
 #include <string>
 
-#include "CLI/CLI.hpp"             // defines: CLI::App, CLI::ParseError
-#include "absl/strings/str_cat.h"  // defines: absl::StrCat
-#include "cli/exit_status.h"       // defines: ExitCode, ShouldPrint
-#include "cli/export_command.h"    // defines: AddExportCommand, Run...
-#include "cli/generate_command.h"  // defines: AddGenerateCommand, Run...
-#include "cli/job_commands.h"      // defines: AddJobCommands, RunJobCommand
-#include "cli/run_command.h"       // defines: AddRunCommand, RunRunCommand
-#include "cli/schedule_command.h"  // defines: AddScheduleCommand, Run...
-#include "cli/validate_command.h"  // defines: AddValidateCommand, Run...
-#include "common/build_info.h"     // defines: kVersion, kGitRevision, ...
+#include "CLI/CLI.hpp"               // defines: CLI::App, CLI::ParseError
+#include "absl/strings/str_cat.h"    // defines: absl::StrCat
+#include "cli/completion_command.h"  // defines: AddCompletionCommand, Run...
+#include "cli/exit_status.h"         // defines: ExitCode, ShouldPrint
+#include "cli/export_command.h"      // defines: AddExportCommand, Run...
+#include "cli/generate_command.h"    // defines: AddGenerateCommand, Run...
+#include "cli/job_commands.h"        // defines: AddJobCommands, RunJobCommand
+#include "cli/run_command.h"         // defines: AddRunCommand, RunRunCommand
+#include "cli/schedule_command.h"    // defines: AddScheduleCommand, Run...
+#include "cli/validate_command.h"    // defines: AddValidateCommand, Run...
+#include "common/build_info.h"       // defines: kVersion, kGitRevision, ...
 #include "common/command_line.h"
 #include "common/logging.h"  // defines: InitLogging
 #ifdef CONVEYOR_HAVE_CUDA
@@ -68,6 +69,8 @@ int main(int argc, char** argv) {
   CLI::App* generate = cli::AddGenerateCommand(app, generate_options);
   cli::ScheduleCommandOptions schedule_options;
   CLI::App* schedule = cli::AddScheduleCommand(app, schedule_options);
+  cli::CompletionCommandOptions completion_options;
+  CLI::App* completion = cli::AddCompletionCommand(app, completion_options);
 
   // No arguments: what the commands are, rather than an error about one.
   if (argc <= 1) {
@@ -86,7 +89,10 @@ int main(int argc, char** argv) {
   // Commands return Status; this catch is the last resort for what a library
   // may still throw (std::bad_alloc), so the user gets a message, not abort().
   try {
-    if (schedule->parsed()) {
+    if (completion->parsed()) {
+      status = cli::RunCompletionCommand(app, "conveyorctl", completion_options,
+                                         std::cout);
+    } else if (schedule->parsed()) {
       status = cli::RunScheduleCommand(schedule_options, std::cout);
     } else if (run->parsed()) {
       status = cli::RunRunCommand(run_options, tty, std::cout, std::cerr);

@@ -262,7 +262,7 @@ absl::Status RunOnLocalCluster(const RunCommandOptions& o, bool tty,
     return absl::Status(status.code(), message);
   }
   absl::Status outcome = JobOutcomeStatus(*final_job);
-  if (outcome.ok()) {
+  if (outcome.ok() && !o.keep_logs) {
     cluster->RemoveLogs();
   } else {
     PrintLogs(*cluster, err);
@@ -279,6 +279,9 @@ CLI::App* AddRunCommand(CLI::App& app, RunCommandOptions& o) {
       "daemons started for this run), or with --in-process in this process: "
       "the numerical reference for pipelined runs");
   cmd->add_option("job", o.job_file, "Job YAML file")->required();
+  cmd->add_flag("--keep-logs", o.keep_logs,
+                "Keep the daemons' logs after a job that succeeds too, and "
+                "print where (they are always kept when it does not)");
   cmd->add_option("-w,--workers", o.workers,
                   "Worker daemons to start (default: as many as the job's "
                   "pipeline needs)");

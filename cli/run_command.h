@@ -12,6 +12,9 @@
 // reference trainer, every stage in turn, and the final parameters go to
 // checkpoint.dir/params.safetensors.
 //
+// The daemons' logs are kept, and their paths printed, when the job does
+// not succeed; --keep-logs keeps them after a success too.
+//
 // --overwrite removes the step-<N> directories an earlier run left in
 // checkpoint.dir before the run (a job that does not resume is otherwise
 // refused over them).
@@ -45,6 +48,9 @@ struct RunCommandOptions {
   std::vector<std::string> overrides;
   int64_t steps = 0;      // 0: the job's training.steps.
   int64_t log_every = 0;  // 0: about 20 lines over the job.
+  // Keep the daemons' logs after a job that succeeded too (they are always
+  // kept, and their paths printed, after one that did not).
+  bool keep_logs = false;
 };
 
 CLI::App* AddRunCommand(CLI::App& app, RunCommandOptions& options);

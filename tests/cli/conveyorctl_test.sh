@@ -149,6 +149,41 @@ for example in mlp transformer gpt uneven; do
     validate "$src/examples/$example.yaml"
 done
 check validate_plan 0 '^1      1      4-6 ' -- validate "$src/examples/mlp.yaml"
+# completion: a real bash, given the generated script, completes a subcommand
+# and a flag (after a global flag with its value, too).
+check completion_bash 0 '^complete -o default -F _conveyorctl conveyorctl$' -- \
+  completion bash
+check completion_bad_shell 2 'fish not in \{bash,zsh\}' -- completion fish
+completions() {  # completions WORD...: what bash offers for the last word
+  bash -c 'source <("$0" completion bash) || exit 1
+    COMP_WORDS=("$@"); COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
+    _conveyorctl; echo "${COMPREPLY[*]}"' "$ctl" "$@"
+}
+expect_completion() {  # expect_completion NAME WANT WORD...
+  local name=$1 want=$2 got
+  shift 2
+  got=$(completions "$@")
+  if [ "$got" = "$want" ]; then
+    passed=$((passed + 1))
+  else
+    echo "FAIL $name: '$*' completes to '$got', want '$want'"
+    failed=$((failed + 1))
+  fi
+}
+expect_completion complete_subcommand drain conveyorctl dr
+expect_completion complete_flag --no-wait conveyorctl drain --no
+expect_completion complete_after_global_flag jobs conveyorctl --log-level warn jo
+expect_completion complete_after_a_global_switch jobs conveyorctl --version jo
+expect_completion complete_flag_once --keep-logs conveyorctl run --keep
+expect_completion complete_file_position '' conveyorctl validate exa
+if command -v zsh >/dev/null; then
+  out=$(zsh -c 'source <("$0" completion zsh) && whence -w _conveyorctl' "$ctl" 2>&1)
+  if [[ $out == *"function"* ]]; then passed=$((passed + 1)); else
+    echo "FAIL completion_zsh: $out"; failed=$((failed + 1)); fi
+else
+  echo "SKIP completion_zsh: zsh is not installed"
+fi
+
 check validate_json 0 '^  "workers": 2$' -- validate "$src/examples/mlp.yaml" -o json
 check validate_bad_output 2 'yaml not in \{table,json\}' -- \
   validate "$src/examples/mlp.yaml" -o yaml
@@ -331,6 +366,12 @@ if [ -n "$fake" ] && [ -x "$fake/conveyor-coordinator" ]; then
   n=$(ls -d "$tmp"/conveyorctl-* 2>/dev/null | wc -l)
   if [ "$n" -eq 3 ]; then passed=$((passed + 1)); else
     echo "FAIL run_logs_kept_on_failure_only: $n log directories"; failed=$((failed + 1)); fi
+  # --keep-logs keeps them after a success too, and says where.
+  check run_keep_logs 0 "the daemons' logs: $tmp/conveyorctl-" -- \
+    run "$tmp/mlp.yaml" --steps 2 --keep-logs
+  n=$(ls -d "$tmp"/conveyorctl-* 2>/dev/null | wc -l)
+  if [ "$n" -eq 4 ]; then passed=$((passed + 1)); else
+    echo "FAIL run_keep_logs_kept: $n log directories"; failed=$((failed + 1)); fi
 
   # SIGINT cancels the job, stops the daemons and exits 130.
   for sig in INT TERM; do
