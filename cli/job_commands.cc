@@ -166,9 +166,12 @@ absl::Status RunSubmit(CoordinatorClient& client, const JobCommandOptions& o,
         "submit: -o json prints the submitted job once; follow it with "
         "`conveyorctl watch` rather than --watch");
   }
-  std::vector<std::string> overrides = o.overrides;
-  if (o.steps > 0)
-    overrides.push_back(absl::StrCat("training.steps=", o.steps));
+  std::string note;
+  const std::vector<std::string> overrides =
+      o.steps > 0 ? StepsOverrides(o.job_file, o.overrides, o.steps, &note)
+                  : o.overrides;
+  // Not into a JSON document.
+  (o.json() ? std::cerr : out) << note;
   ASSIGN_OR_RETURN(JobSource source, ReadJobSource(o.job_file, overrides));
   ASSIGN_OR_RETURN(v1::Job job, client.SubmitJob(MakeSubmitRequest(source)));
   if (o.json()) return WriteProtoJson(job, out);

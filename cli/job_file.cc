@@ -1,5 +1,6 @@
 #include "cli/job_file.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <system_error>
 
@@ -73,6 +74,32 @@ absl::StatusOr<engine::JobSpec> ParseJobSource(const JobSource& source) {
     return file.status();
   }
   return job.status();
+}
+
+std::vector<std::string> StepsOverrides(const std::string& path,
+                                        absl::Span<const std::string> overrides,
+                                        int64_t steps, std::string* note) {
+  std::vector<std::string> out(overrides.begin(), overrides.end());
+  out.push_back(absl::StrCat("training.steps=", steps));
+  absl::StatusOr<JobSource> source = ReadJobSource(path, overrides);
+  if (!source.ok()) return out;
+  absl::StatusOr<engine::JobSpec> job = ParseJobSource(*source);
+  if (!job.ok()) return out;
+  const engine::LrSchedule& schedule = job->optimizer.schedule;
+  const int64_t total = job->training.steps;
+  if (schedule.kind != engine::LrSchedule::Kind::kCosine ||
+      schedule.total_steps != 0 || schedule.warmup_steps < steps ||
+      total <= 0) {
+    return out;
+  }
+  const int64_t warmup =
+      std::min<int64_t>(steps - 1, schedule.warmup_steps * steps / total);
+  out.push_back(absl::StrCat("optimizer.schedule.warmup_steps=", warmup));
+  *note = absl::StrCat("note: --steps ", steps,
+                       ": optimizer.schedule.warmup_steps scaled from ",
+                       schedule.warmup_steps, " (of ", total, " steps) to ",
+                       warmup, ", so that the cosine schedule still fits\n");
+  return out;
 }
 
 }  // namespace conveyor::cli

@@ -5,7 +5,9 @@
 #ifndef CONVEYOR_CLI_JOB_FILE_H_
 #define CONVEYOR_CLI_JOB_FILE_H_
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -36,6 +38,16 @@ absl::StatusOr<JobSource> ReadJobSource(
 // same error, the error is reported at its place in the file, not in the
 // emitted text.
 absl::StatusOr<engine::JobSpec> ParseJobSource(const JobSource& source);
+
+// The overrides for `--steps S` (run, submit): `training.steps=S`, and
+// when the job's cosine schedule decays over training.steps but warms up
+// for S steps or more (which would make the job invalid: a quick smoke test
+// of a real job), its warmup scaled by S / training.steps (at most S - 1),
+// with a line for `note` saying so. Just `training.steps=S` when the job
+// without it does not parse (its own error is reported with it).
+std::vector<std::string> StepsOverrides(const std::string& path,
+                                        absl::Span<const std::string> overrides,
+                                        int64_t steps, std::string* note);
 
 }  // namespace conveyor::cli
 

@@ -36,10 +36,14 @@ constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
 // before run stops waiting for it.
 constexpr absl::Duration kCancelGrace = absl::Seconds(5);
 
-std::vector<std::string> AllOverrides(const RunCommandOptions& o) {
-  std::vector<std::string> overrides = o.overrides;
-  if (o.steps > 0)
-    overrides.push_back(absl::StrCat("training.steps=", o.steps));
+// --set, and --steps with what it needs (StepsOverrides), noted on `out`.
+std::vector<std::string> AllOverrides(const RunCommandOptions& o,
+                                      std::ostream& out) {
+  if (o.steps <= 0) return o.overrides;
+  std::string note;
+  std::vector<std::string> overrides =
+      StepsOverrides(o.job_file, o.overrides, o.steps, &note);
+  out << note;
   return overrides;
 }
 
@@ -68,7 +72,7 @@ absl::Status RemoveEarlierRun(const RunCommandOptions& o,
 
 absl::Status RunInProcess(const RunCommandOptions& o, std::ostream& out) {
   ASSIGN_OR_RETURN(JobSource source,
-                   ReadJobSource(o.job_file, AllOverrides(o)));
+                   ReadJobSource(o.job_file, AllOverrides(o, out)));
   ASSIGN_OR_RETURN(engine::JobSpec job, ParseJobSource(source));
   RETURN_IF_ERROR(RemoveEarlierRun(o, job, out));
   engine::Backend* backend = engine::CpuBackend::Get(job.training.precision);
@@ -152,7 +156,7 @@ absl::Status RunOnLocalCluster(const RunCommandOptions& o, bool tty,
   // Everything that can be checked without daemons is, so a bad job or a
   // missing binary costs no process.
   ASSIGN_OR_RETURN(JobSource source,
-                   ReadJobSource(o.job_file, AllOverrides(o)));
+                   ReadJobSource(o.job_file, AllOverrides(o, out)));
   ASSIGN_OR_RETURN(engine::JobSpec job, ParseJobSource(source));
   ASSIGN_OR_RETURN(job::JobPlan plan, job::PlanJob(std::move(job)));
   const int num_workers = o.workers > 0 ? o.workers : plan.num_ranks;

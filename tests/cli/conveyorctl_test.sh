@@ -184,6 +184,11 @@ else
   echo "SKIP completion_zsh: zsh is not installed"
 fi
 
+# --steps below a cosine schedule's warmup: the warmup scales, with a note.
+check run_steps_scale_warmup 0 \
+  'note: --steps 2: optimizer.schedule.warmup_steps scaled from 10 \(of 150 steps\) to 0' -- \
+  run "$src/examples/gpt.yaml" --in-process --steps 2 --set "checkpoint.dir=$tmp/gpt"
+
 check validate_json 0 '^  "workers": 2$' -- validate "$src/examples/mlp.yaml" -o json
 check validate_bad_output 2 'yaml not in \{table,json\}' -- \
   validate "$src/examples/mlp.yaml" -o yaml

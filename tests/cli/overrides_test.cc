@@ -277,5 +277,35 @@ TEST_F(JobFileTest, TooLargeFileIsInvalid) {
   EXPECT_EQ(source.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// --steps below a cosine schedule's warmup would make the job invalid: the
+// warmup scales with it, and says so. Anything else is left as written.
+TEST_F(JobFileTest, StepsBelowACosineWarmupScaleIt) {
+  std::string cosine = kJob;
+  cosine.replace(cosine.find("steps: 10"), 9, "steps: 100");
+  cosine.replace(cosine.find("optimizer: {kind: adam, lr: 0.001}"), 34,
+                 "optimizer: {kind: adam, lr: 0.01, schedule: {kind: cosine, "
+                 "warmup_steps: 40}}");
+  std::ofstream(path_) << cosine;
+  std::string note;
+  std::vector<std::string> got = StepsOverrides(path_, {}, 5, &note);
+  EXPECT_THAT(got, ::testing::ElementsAre("training.steps=5",
+                                          "optimizer.schedule.warmup_steps=2"));
+  EXPECT_THAT(note, HasSubstr("warmup_steps scaled from 40 (of 100 steps) "
+                              "to 2"));
+  absl::StatusOr<JobSource> source = ReadJobSource(path_, got);
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_TRUE(ParseJobSource(*source).ok());
+  // At most S - 1, scaled by S / training.steps otherwise.
+  EXPECT_THAT(StepsOverrides(path_, {"training.steps=50"}, 40, &note),
+              ::testing::Contains("optimizer.schedule.warmup_steps=32"));
+  EXPECT_THAT(StepsOverrides(path_, {}, 3, &note),
+              ::testing::Contains("optimizer.schedule.warmup_steps=1"));
+  // Enough steps for the warmup: untouched, no note.
+  note.clear();
+  EXPECT_THAT(StepsOverrides(path_, {}, 41, &note),
+              ::testing::ElementsAre("training.steps=41"));
+  EXPECT_EQ(note, "");
+}
+
 }  // namespace
 }  // namespace conveyor::cli
