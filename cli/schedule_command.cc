@@ -93,10 +93,12 @@ absl::StatusOr<ParsedCosts> ParseCosts(const ScheduleCommandOptions& o,
         "--costs: this schedule splits the backward into BI and BW: give "
         "--costs F,BI,BW");
   }
-  ASSIGN_OR_RETURN(c.latency, ParseNumber(o.latency, "--latency"));
-  ASSIGN_OR_RETURN(c.bandwidth, ParseNumber(o.bandwidth, "--bandwidth"));
-  ASSIGN_OR_RETURN(c.activation_bytes,
-                   ParseNumber(o.activation_bytes, "--activation-bytes"));
+  auto or_zero = [](const std::string& v) { return v.empty() ? "0" : v; };
+  ASSIGN_OR_RETURN(c.latency, ParseNumber(or_zero(o.latency), "--latency"));
+  ASSIGN_OR_RETURN(c.bandwidth,
+                   ParseNumber(or_zero(o.bandwidth), "--bandwidth"));
+  ASSIGN_OR_RETURN(c.activation_bytes, ParseNumber(or_zero(o.activation_bytes),
+                                                   "--activation-bytes"));
   return c;
 }
 
@@ -147,12 +149,36 @@ std::string RenderSummary(const Schedule& s, const SimulationResult<T>& r) {
   return out;
 }
 
+// A number as it was written: an integer stays one.
+nlohmann::json ToJson(const Number& n) {
+  if (n.integer.has_value()) return *n.integer;
+  return n.value;
+}
+
+// The costs the simulation used, so that --from simulates the file again
+// with them.
+nlohmann::json CostsToJson(const ParsedCosts& c) {
+  nlohmann::json per_stage = nlohmann::json::array();
+  for (const Number& n : c.values) per_stage.push_back(ToJson(n));
+  return {{"per_stage", std::move(per_stage)},
+          {"latency", ToJson(c.latency)},
+          {"bandwidth", ToJson(c.bandwidth)},
+          {"activation_bytes", ToJson(c.activation_bytes)}};
+}
+
+std::string CostsText(const ParsedCosts& c) {
+  std::vector<std::string> parts;
+  for (const Number& n : c.values) parts.push_back(ToJson(n).dump());
+  return absl::StrJoin(parts, ",");
+}
+
 template <typename T>
 absl::StatusOr<std::string> Render(const ScheduleCommandOptions& o,
                                    const Schedule& s, const ParsedCosts& c) {
   ASSIGN_OR_RETURN(SimulationResult<T> r, Simulate(s, ToCosts<T>(c)));
   if (o.format == "json") {
     nlohmann::json j = scheduler::ScheduleToJson(s);
+    j["costs"] = CostsToJson(c);
     j["simulation"] = scheduler::SimulationToJson(r);
     if (auto f = scheduler::ClosedFormBubbleFraction(
             s.kind, s.ranks, s.microbatches, s.virtual_stages)) {
@@ -166,14 +192,54 @@ absl::StatusOr<std::string> Render(const ScheduleCommandOptions& o,
   return absl::StrCat(
       absl::StrFormat("%s: P=%d ranks, V=%d, M=%d microbatches, costs %s\n",
                       scheduler::ScheduleKindName(s.kind), s.ranks,
-                      s.virtual_stages, s.microbatches,
-                      o.costs.empty() ? "default" : o.costs),
+                      s.virtual_stages, s.microbatches, CostsText(c)),
       scheduler::RenderText(s), RenderSummary(s, r));
 }
 
 // Reads and structurally parses a schedule file, then validates it: a
 // hand-written schedule is user input, so a violation is InvalidArgument.
-absl::StatusOr<Schedule> LoadSchedule(const std::string& path) {
+// The "costs" --format json wrote, as the flags' text, into the options the
+// user left empty: flags override the file.
+absl::Status ApplyFileCosts(const nlohmann::json& root, const std::string& path,
+                            ScheduleCommandOptions& o) {
+  auto it = root.find("costs");
+  if (it == root.end()) return absl::OkStatus();
+  auto bad = [&](const std::string& key, const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--from: ", path, ": costs", key, ": ", what));
+  };
+  if (!it->is_object()) return bad("", "expected an object");
+  auto text = [&](const nlohmann::json& v,
+                  const std::string& key) -> absl::StatusOr<std::string> {
+    if (!v.is_number() || v.get<double>() < 0) {
+      return bad(key, absl::StrCat("expected a number >= 0, got ", v.dump()));
+    }
+    return v.dump();
+  };
+  if (auto p = it->find("per_stage"); p != it->end() && o.costs.empty()) {
+    if (!p->is_array() || (p->size() != 2 && p->size() != 3)) {
+      return bad(".per_stage", "expected [F, B] or [F, BI, BW]");
+    }
+    std::vector<std::string> parts;
+    for (size_t i = 0; i < p->size(); ++i) {
+      ASSIGN_OR_RETURN(std::string v,
+                       text((*p)[i], absl::StrCat(".per_stage[", i, "]")));
+      parts.push_back(v);
+    }
+    o.costs = absl::StrJoin(parts, ",");
+  }
+  for (auto [key, field] :
+       {std::pair{"latency", &o.latency}, std::pair{"bandwidth", &o.bandwidth},
+        std::pair{"activation_bytes", &o.activation_bytes}}) {
+    if (auto v = it->find(key); v != it->end() && field->empty()) {
+      ASSIGN_OR_RETURN(*field, text(*v, absl::StrCat(".", key)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Schedule> LoadSchedule(const std::string& path,
+                                      ScheduleCommandOptions& o) {
   constexpr std::streamsize kMaxFileBytes = 256 << 20;
   std::ifstream in(path, std::ios::binary);
   if (!in) {
@@ -194,6 +260,7 @@ absl::StatusOr<Schedule> LoadSchedule(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat("--from: ", path, ": ", e.what()));
   }
+  RETURN_IF_ERROR(ApplyFileCosts(j, path, o));
   absl::StatusOr<Schedule> s = scheduler::ScheduleFromJson(j);
   if (!s.ok()) {
     return absl::InvalidArgumentError(
@@ -265,14 +332,12 @@ CLI::App* AddScheduleCommand(CLI::App& app, ScheduleCommandOptions& o) {
   cmd->add_option("--costs", o.costs,
                   "Per-stage costs F,B or F,BI,BW (default 1,2; 1,1,1 for "
                   "the zb-* kinds). Integers simulate exactly");
-  cmd->add_option("--latency", o.latency, "Per-hop latency")
-      ->capture_default_str();
+  cmd->add_option("--latency", o.latency, "Per-hop latency (default 0)");
   cmd->add_option("--bandwidth", o.bandwidth,
-                  "Bytes per time unit on a hop (0: free transfers)")
-      ->capture_default_str();
+                  "Bytes per time unit on a hop (default 0: free transfers)");
   cmd->add_option("--activation-bytes", o.activation_bytes,
-                  "Bytes of one microbatch's activation at a stage boundary")
-      ->capture_default_str();
+                  "Bytes of one microbatch's activation at a stage boundary "
+                  "(default 0)");
   cmd->add_option("--format", o.format, "Output: text, json, svg")
       ->capture_default_str();
   cmd->add_option("--output,-o", o.output,
@@ -280,7 +345,9 @@ CLI::App* AddScheduleCommand(CLI::App& app, ScheduleCommandOptions& o) {
   cmd->add_option("--from", o.from,
                   "Validate, simulate and render the schedule in this JSON "
                   "file (the shape --format json prints) instead of "
-                  "generating one")
+                  "generating one, with the costs it records unless "
+                  "--costs, --latency, --bandwidth or --activation-bytes "
+                  "say otherwise")
       ->excludes(kind)
       ->excludes(stages)
       ->excludes(microbatches)
@@ -288,14 +355,15 @@ CLI::App* AddScheduleCommand(CLI::App& app, ScheduleCommandOptions& o) {
   return cmd;
 }
 
-absl::Status RunScheduleCommand(const ScheduleCommandOptions& o,
+absl::Status RunScheduleCommand(const ScheduleCommandOptions& options,
                                 std::ostream& out) {
+  ScheduleCommandOptions o = options;
   if (o.format != "text" && o.format != "json" && o.format != "svg") {
     return absl::InvalidArgumentError(absl::StrCat(
         "--format: unknown format '", o.format, "'; allowed: text, json, svg"));
   }
-  ASSIGN_OR_RETURN(
-      Schedule s, o.from.empty() ? GenerateValidated(o) : LoadSchedule(o.from));
+  ASSIGN_OR_RETURN(Schedule s, o.from.empty() ? GenerateValidated(o)
+                                              : LoadSchedule(o.from, o));
   if (s.TotalActions() > kMaxRenderedActions) {
     return absl::InvalidArgumentError(
         absl::StrCat("the schedule has ", s.TotalActions(),

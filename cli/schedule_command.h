@@ -20,10 +20,12 @@ struct ScheduleCommandOptions {
   int virtual_stages = 0;  // V; 0: the kind's (2 for zb-v, dualpipev; else 1)
   // "F,B" (full backward) or "F,BI,BW" (split backward). Empty: 1,2 for
   // schedules with a full backward, 1,1,1 for split ones (zb-*).
+  // With `from`, an empty costs and latency, bandwidth and activation_bytes
+  // take the file's "costs" (what --format json wrote), else their defaults.
   std::string costs;
-  std::string latency = "0";
-  std::string bandwidth = "0";  // bytes per time unit; 0 = free transfers
-  std::string activation_bytes = "0";
+  std::string latency;           // Empty: 0.
+  std::string bandwidth;         // Bytes per time unit; empty or 0: free.
+  std::string activation_bytes;  // Empty: 0.
   std::string format = "text";
   std::string output;  // Empty: standard output.
   // A schedule in the JSON shape of --format json (hand-written or edited)

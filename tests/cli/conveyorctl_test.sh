@@ -96,6 +96,19 @@ check int_overflow 2 'overflows 64-bit integer' -- \
 # --from: a hand-edited schedule is validated, simulated and rendered.
 "$ctl" schedule -P 2 -M 2 --format json -o "$tmp/good.json"
 check from_file 0 '^makespan: 9$' -- schedule --from "$tmp/good.json"
+# The file records the costs it was simulated with; flags override them.
+"$ctl" schedule -P 2 -M 2 --costs 1,2 --latency 1 --format json -o "$tmp/costed.json"
+check from_file_costs 0 '^makespan: 11$' -- schedule --from "$tmp/costed.json"
+check from_file_costs_overridden 0 '^makespan: 9$' -- \
+  schedule --from "$tmp/costed.json" --latency 0
+python3 - "$tmp/costed.json" "$tmp/badcost.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+j["costs"]["latency"] = "fast"
+json.dump(j, open(sys.argv[2], "w"))
+PY
+check from_file_bad_costs 2 'costs.latency: expected a number >= 0, got "fast"' -- \
+  schedule --from "$tmp/badcost.json"
 python3 - "$tmp/good.json" "$tmp/bad.json" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
