@@ -188,7 +188,11 @@ absl::StatusOr<std::string> Render(const ScheduleCommandOptions& o,
     }
     return j.dump(2) + "\n";
   }
-  if (o.format == "svg") return scheduler::RenderSvg(s, r);
+  if (o.format == "svg") {
+    scheduler::SvgOptions svg;
+    svg.time_unit = "units of --costs";
+    return scheduler::RenderSvg(s, r, svg);
+  }
   return absl::StrCat(
       absl::StrFormat("%s: P=%d ranks, V=%d, M=%d microbatches, costs %s\n",
                       scheduler::ScheduleKindName(s.kind), s.ranks,

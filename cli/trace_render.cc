@@ -377,6 +377,7 @@ absl::StatusOr<std::string> RenderTraceSvg(const v1::Trace& trace,
     options.title =
         absl::StrCat(trace.job_id(), " step ", trace.step(), " (measured)");
   }
+  options.time_unit = "ms";
   return scheduler::RenderSvg(schedule, result, options);
 }
 

@@ -366,7 +366,11 @@ std::string RenderSvg(const Schedule& schedule,
                     "\" y=\"", axis_y + 17, "\">", Escape(label), "</text>\n");
   }
   absl::StrAppend(&out, "<text class=\"tick\" x=\"", Num(x0 + width / 2.0),
-                  "\" y=\"", axis_y + 31, "\">time</text>\n</g>\n");
+                  "\" y=\"", axis_y + 31, "\">",
+                  Escape(options.time_unit.empty()
+                             ? std::string("time")
+                             : absl::StrCat("time (", options.time_unit, ")")),
+                  "</text>\n</g>\n");
 
   // Legend: a swatch per op (one per chunk shade with V > 1), then notes.
   absl::StrAppend(&out, "<g id=\"legend\">\n");

@@ -39,6 +39,9 @@ struct SvgOptions {
   // hover over one anyway.
   bool tooltips = true;
   size_t max_tooltip_actions = 20000;
+  // The time axis's unit, shown in its label ("time (ms)"); empty: the
+  // costs' own units, unnamed ("time").
+  std::string time_unit = {};
 };
 
 // Renders `schedule` with the timings of `result` (Simulate's output for that

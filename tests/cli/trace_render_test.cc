@@ -324,6 +324,7 @@ TEST(RenderTraceSvgTest, DrawsOneGroupPerRankAndOneBoxPerAction) {
   EXPECT_THAT(RankGroup(*svg, 1),
               HasSubstr("<title>B1.0: 0.265 to 0.465</title>"));
   EXPECT_THAT(*svg, Not(HasSubstr("optimizer")));
+  EXPECT_THAT(*svg, HasSubstr(">time (ms)</text>"));  // The axis's unit.
 }
 
 TEST(RenderTraceSvgTest, ForwardBoxCoversAdjacentDataAndLoss) {

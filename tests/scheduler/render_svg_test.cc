@@ -393,6 +393,12 @@ TEST(RenderSvgTest, AxisTicksAreRoundNumbers) {
   EXPECT_THAT(svg, HasSubstr(">90</text>"));
   EXPECT_THAT(svg, Not(HasSubstr(">100</text>")));
   EXPECT_EQ(Count(svg, "<text class=\"tick\""), 11u);  // 0..90 and "time".
+  EXPECT_THAT(svg, HasSubstr(">time</text>"));
+  // With a unit, the axis says it.
+  SvgOptions options;
+  options.time_unit = "ms";
+  EXPECT_THAT(RenderSvg(TwoByTwo(), TwoByTwoTimes(), options),
+              HasSubstr(">time (ms)</text>"));
 }
 
 TEST(RenderSvgTest, DoubleTimesScaleAndTick) {
