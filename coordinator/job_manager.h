@@ -336,6 +336,8 @@ class JobManager {
     // Restarts so far; part of the data plane's job number, so a restarted
     // attempt can never be confused with the one before it.
     int attempt = 0;
+    // A step could not be appended to metrics.jsonl (logged once).
+    bool metrics_log_failed = false;
     // A drain of this attempt (DrainWorker): the ranks' DrainPoints until
     // all are in (by `drain_deadline`), then the step every rank stops after.
     bool draining = false;

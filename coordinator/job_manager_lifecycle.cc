@@ -14,6 +14,7 @@
 #include "coordinator/data_plane_choice.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/job_states.h"
+#include "coordinator/metrics_log.h"
 #include "engine/job_spec.h"
 #include "proto/protocol.h"
 #include "spdlog/spdlog.h"
@@ -97,6 +98,20 @@ void JobManager::OnStep(WorkerRecord& w, const v1::StepReport& report) {
   info.set_tokens_per_second(s.tokens_per_second());
   AddEvent(*job, &s);
   if (options_.observer != nullptr) options_.observer->OnStep(info, s);
+  if (const std::string& dir = job->plan.job.checkpoint.dir; !dir.empty()) {
+    // A job's first step from scratch starts the file over: an earlier run
+    // in the directory (`run --overwrite`) is not this job's history.
+    const bool start_over =
+        s.step() == 1 && !job->resume.has_value() && info.restarts() == 0;
+    if (absl::Status logged = AppendMetricsLog(
+            dir, MetricsLogLine(s, NowUnixMs(), info.restarts()), start_over);
+        !logged.ok() && !job->metrics_log_failed) {
+      // Once per job: a full disk must not fill the log too.
+      job->metrics_log_failed = true;
+      SPDLOG_WARN("{}: no step history: {}", info.id(),
+                  std::string(logged.message()));
+    }
+  }
 }
 
 void JobManager::OnEnded(WorkerRecord& w, const v1::JobEnded& ended) {

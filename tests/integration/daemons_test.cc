@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -1637,6 +1638,21 @@ TEST(DaemonsFailureTest, DrainedWorkersHandTheirJobOnWithoutRedoingAStep) {
       std::vector<int64_t> each(kSteps);
       std::iota(each.begin(), each.end(), 1);
       EXPECT_EQ(reported, each) << "a step was lost or run twice";
+    }
+    // The step history the coordinator kept beside the checkpoints: each
+    // step once, with its loss, no restart counted.
+    {
+      std::ifstream in(std::filesystem::path(dir) / "metrics.jsonl");
+      std::vector<int64_t> logged;
+      for (std::string line; std::getline(in, line);) {
+        const nlohmann::json j = nlohmann::json::parse(line);
+        logged.push_back(j["step"].get<int64_t>());
+        EXPECT_TRUE(j.contains("loss")) << line;
+        EXPECT_EQ(j["restarts"], 0) << line;
+      }
+      std::vector<int64_t> each(kSteps);
+      std::iota(each.begin(), each.end(), 1);
+      EXPECT_EQ(logged, each);
     }
     if (sigterm) {
       ASSERT_EQ(done.layouts_size(), 2);
