@@ -129,7 +129,11 @@ absl::Status RunCompletionCommand(const CLI::App& app,
   }
   if (o.shell == "zsh") {
     // zsh runs bash completion functions through bashcompinit.
+    // (compinit first, unless the user's setup has run it: compdef is
+    // bashcompinit's way in.)
     out << "#compdef " << program << "\n"
+        << "(( $+functions[compdef] )) || "
+           "{ autoload -U +X compinit && compinit -u; }\n"
         << "autoload -U +X bashcompinit && bashcompinit\n"
         << BashScript(app, program);
     return absl::OkStatus();

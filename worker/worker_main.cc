@@ -3,9 +3,8 @@
 // other workers of each job.
 //
 // Exit codes: 0 after SIGTERM/SIGINT (the first drains the worker; see
-// main), 1 when the coordinator refuses the
-// registration (version skew) or the daemon cannot start, 2 for invalid
-// arguments.
+// main), 1 when the coordinator refuses the registration (version skew) or
+// the daemon cannot start, 2 for invalid arguments.
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -291,7 +290,8 @@ int main(int argc, char** argv) {
   // tells this worker to leave (what Slurm and Kubernetes send SIGTERM for).
   // A second signal, or the drain timeout, shuts down at once (the job is
   // cancelled and resumes from its newest checkpoint); a third, for a
-  // shutdown that hangs, exits.
+  // shutdown that hangs, exits (with --drain-timeout 0: the first shuts
+  // down, the second exits).
   std::atomic<bool> run_over{false};
   std::thread signal_thread([&] {
     int received = 0;
@@ -331,7 +331,7 @@ int main(int argc, char** argv) {
             std::chrono::duration_cast<std::chrono::nanoseconds>(
                 std::chrono::duration<double>(drain_timeout_seconds));
         (*session)->Drain(absl::StrCat("signal ", received));
-      } else if (count <= 2) {
+      } else if (count < (drain_timeout_seconds > 0 ? 3 : 2)) {
         SPDLOG_INFO("signal {}: shutting down", received);
         drain_deadline.reset();
         (*session)->Shutdown();

@@ -10,6 +10,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -239,6 +240,10 @@ class SessionTest : public ::testing::Test {
 
   void Send(const v1::CoordinatorMessage& m) { fake_.Send(m); }
 
+  // Starts a session running "job-1" (a million steps: it runs until
+  // stopped); its first step report, or nullopt.
+  std::optional<v1::WorkerMessage> StartRunningJob();
+
   FakeCoordinator fake_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
@@ -293,6 +298,18 @@ v1::CoordinatorMessage Cancel(const std::string& id,
   m.mutable_cancel()->set_job_id(id);
   m.mutable_cancel()->set_reason(reason);
   return m;
+}
+
+std::optional<v1::WorkerMessage> SessionTest::StartRunningJob() {
+  StartSession(Options());
+  if (!fake_.TakeKind(v1::WorkerMessage::kRegister).has_value()) {
+    return std::nullopt;
+  }
+  Send(Prepare(Program("job-1", 1000000)));
+  auto ready = fake_.TakeKind(v1::WorkerMessage::kReady);
+  if (!ready.has_value()) return std::nullopt;
+  Send(Start("job-1", ready->ready().data_endpoint()));
+  return fake_.TakeKind(v1::WorkerMessage::kStep);
 }
 
 TEST_F(SessionTest, RegistersWithVersionsAndSendsHeartbeats) {
@@ -515,13 +532,7 @@ TEST_F(SessionTest, AProfileOfABadJobFailsWithItsPosition) {
 }
 
 TEST_F(SessionTest, ShutdownCancelsTheRunningJobAndClosesTheStream) {
-  StartSession(Options());
-  ASSERT_TRUE(fake_.TakeKind(v1::WorkerMessage::kRegister).has_value());
-  Send(Prepare(Program("job-1", 1000000)));
-  auto ready = fake_.TakeKind(v1::WorkerMessage::kReady);
-  ASSERT_TRUE(ready.has_value());
-  Send(Start("job-1", ready->ready().data_endpoint()));
-  ASSERT_TRUE(fake_.TakeKind(v1::WorkerMessage::kStep).has_value());
+  ASSERT_TRUE(StartRunningJob().has_value());
 
   const Clock::time_point start = Clock::now();
   session_->Shutdown();
@@ -540,13 +551,7 @@ TEST_F(SessionTest, ShutdownCancelsTheRunningJobAndClosesTheStream) {
 // and ends with drained_after_step; the worker's own Drain asks the
 // coordinator, and Leave ends the session (Deregister first).
 TEST_F(SessionTest, DrainHoldsAtTheAnsweredBoundaryThenStopsWhereTold) {
-  StartSession(Options());
-  ASSERT_TRUE(fake_.TakeKind(v1::WorkerMessage::kRegister).has_value());
-  Send(Prepare(Program("job-1", 1000000)));
-  auto ready = fake_.TakeKind(v1::WorkerMessage::kReady);
-  ASSERT_TRUE(ready.has_value());
-  Send(Start("job-1", ready->ready().data_endpoint()));
-  auto first = fake_.TakeKind(v1::WorkerMessage::kStep);
+  const std::optional<v1::WorkerMessage> first = StartRunningJob();
   ASSERT_TRUE(first.has_value());
 
   v1::CoordinatorMessage ask;
