@@ -395,7 +395,9 @@ if [ -n "$fake" ] && [ -x "$fake/conveyor-coordinator" ]; then
   for sig in INT TERM; do
     CONVEYOR_FAKE_STEP_DELAY_MS=100 "$ctl" run "$tmp/mlp.yaml" >"$tmp/sig.out" 2>&1 &
     pid=$!
-    for _ in $(seq 100); do grep -q '^step' "$tmp/sig.out" && break; sleep 0.1; done
+    # Up to 30 s: a loaded CI machine once took over 10 s to start it.
+    for _ in $(seq 300); do grep -q '^step' "$tmp/sig.out" && break; sleep 0.1; done
+    started=$(ps -o stat=,etime= -p "$pid" 2>/dev/null)
     children=$(pgrep -P "$pid" | tr '\n' ' ')
     kill -"$sig" "$pid"
     wait "$pid"
@@ -408,7 +410,8 @@ if [ -n "$fake" ] && [ -x "$fake/conveyor-coordinator" ]; then
        grep -q "interrupted by SIG$sig" "$tmp/sig.out"; then
       passed=$((passed + 1))
     else
-      echo "FAIL run_sig$sig: exit $rc (want $want), children '$children', alive '$alive'"
+      echo "FAIL run_sig$sig: exit $rc (want $want), children '$children', alive '$alive'," \
+        "conveyorctl when signalled: '$started', its output:"
       tail -5 "$tmp/sig.out"; failed=$((failed + 1))
     fi
   done
