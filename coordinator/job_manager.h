@@ -426,6 +426,10 @@ class JobManager {
   // reason, which the next attempt clears.)
   void Requeue(JobRecord& job, std::string reason, absl::string_view kind,
                bool drained) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends `message` to each rank of the job's attempt that has not ended
+  // and whose worker still holds the job.
+  void SendToRunningRanks(JobRecord& job, const v1::CoordinatorMessage& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells the job's workers that have not ended to cancel, freeing at once
   // those that never heard of it (see Finish).
   void StopWorkers(JobRecord& job, const std::string& reason)

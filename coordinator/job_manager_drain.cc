@@ -99,14 +99,7 @@ void JobManager::DrainJob(JobRecord& job, const std::string& reason) {
   job.drain_deadline = options_.clock() + options_.heartbeat_timeout;
   v1::CoordinatorMessage m;
   m.mutable_drain()->set_job_id(job.info.id());
-  const auto& ids = job.info.worker_ids();
-  for (int r = 0; r < ids.size(); ++r) {
-    WorkerRecord* w = workers_.Find(ids[r]);
-    if (!job.ranks.ended(r) && w != nullptr &&
-        w->info.job_id() == job.info.id()) {
-      w->connection->Send(m);
-    }
-  }
+  SendToRunningRanks(job, m);
   SPDLOG_INFO(
       "{}: draining ({}): asking every rank for its next step "
       "boundary",
@@ -150,13 +143,7 @@ void JobManager::MaybeSendDrainStep(JobRecord& job) {
   v1::CoordinatorMessage m;
   m.mutable_drain()->set_job_id(job.info.id());
   m.mutable_drain()->set_stop_after_step(job.drain_step);
-  for (int r = 0; r < p; ++r) {
-    WorkerRecord* w = workers_.Find(job.info.worker_ids(r));
-    if (!job.ranks.ended(r) && w != nullptr &&
-        w->info.job_id() == job.info.id()) {
-      w->connection->Send(m);
-    }
-  }
+  SendToRunningRanks(job, m);
 }
 
 void JobManager::FinishDrain(JobRecord& job) {

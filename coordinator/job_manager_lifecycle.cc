@@ -174,13 +174,7 @@ void JobManager::OnEnded(WorkerRecord& w, const v1::JobEnded& ended) {
     v1::CoordinatorMessage m;
     m.mutable_cancel()->set_job_id(job->info.id());
     m.mutable_cancel()->set_reason(job->failure);
-    for (int r = 0; r < ids.size(); ++r) {
-      WorkerRecord* peer = workers_.Find(ids[r]);
-      if (!job->ranks.ended(r) && peer != nullptr &&
-          peer->info.job_id() == job->info.id()) {
-        peer->connection->Send(m);
-      }
-    }
+    SendToRunningRanks(*job, m);
   }
   // Every worker has answered, so none was lost: no reason to wait.
   if (all_ended) FailOrRestart(*job, job->failure, "rank_failed");
@@ -505,12 +499,17 @@ void JobManager::StopWorkers(JobRecord& job, const std::string& reason) {
   v1::CoordinatorMessage m;
   m.mutable_cancel()->set_job_id(job.info.id());
   m.mutable_cancel()->set_reason(reason);
+  SendToRunningRanks(job, m);
+}
+
+void JobManager::SendToRunningRanks(JobRecord& job,
+                                    const v1::CoordinatorMessage& message) {
   const auto& ids = job.info.worker_ids();
   for (int r = 0; r < ids.size(); ++r) {
     WorkerRecord* w = workers_.Find(ids[r]);
     if (!job.ranks.ended(r) && w != nullptr &&
         w->info.job_id() == job.info.id() && w->info.state() == v1::BUSY) {
-      w->connection->Send(m);
+      w->connection->Send(message);
     }
   }
 }
