@@ -3,7 +3,9 @@
 
 Starts a real coordinator and four workers on loopback, each serving /metrics
 on a free port, and a real Prometheus server (Debian's `prometheus`) scraping
-them every second. While a 4-stage 1f1b job of fixed-time layers runs:
+them every second. Workers are started with --peak-tflops so that jobs have
+an MFU. A short job runs to its end first (for the dashboard's recent-jobs
+table); then, while a 4-stage 1f1b job of fixed-time and dense layers runs:
   - `promtool check config` passes on deploy/prometheus/prometheus.yml;
   - `promtool check metrics` passes on each daemon's /metrics;
   - every PromQL expression of deploy/grafana/dashboards/conveyor.json (its
@@ -168,7 +170,10 @@ def main():
             cluster.spawn(f"worker-{i}", [
                 os.path.join(bin_dir, "conveyor-worker"), "--coordinator",
                 address, "--data-address", "127.0.0.1:0", "--metrics-address",
-                "127.0.0.1:0", "--name", f"prom-{i}"])
+                "127.0.0.1:0", "--name", f"prom-{i}",
+                # Any peak: conveyor_job_mfu_ratio exists only when every
+                # worker of a job knows its device's.
+                "--peak-tflops", "1"])
 
         def worker_metrics():
             out = conveyorctl(bin_dir, "workers", "--coordinator", address)
@@ -203,22 +208,37 @@ scrape_configs:
         wait_for("Prometheus to be ready",
                  lambda: http_get(api + "/-/ready"), 60)
 
+        # Dense layers give the model FLOPs, hence an MFU; the delays make
+        # the steps long enough to see the pipeline's gauges.
         layers = "".join(
             ("    - boundary\n" if s else "") +
+            "    - dense: {features: 1}\n"
             "    - delay: {forward_ms: 2, backward_ms: 4}\n" for s in range(4))
-        job_file = os.path.join(tmp, "job.yaml")
-        with open(job_file, "w") as f:
-            f.write("name: prometheus-test\nmodel:\n  input_shape: [1]\n"
-                    "  init: {seed: 0}\n  layers:\n" + layers +
-                    "  loss: mse\ndata: {source: synthetic-regression}\n"
-                    "training: {steps: 100000, batch_size: 8, microbatches: 8}\n"
-                    "optimizer: {kind: sgd, lr: 0.001}\n"
-                    "pipeline: {schedule: 1f1b}\n")
-        submitted = conveyorctl(bin_dir, "submit", job_file, "--coordinator",
-                                address)
-        if submitted.returncode != 0:
-            raise RuntimeError(f"submit failed: {submitted.stderr}")
-        job_id = submitted.stdout.split()[0]
+
+        def submit(name, steps):
+            job_file = os.path.join(tmp, name + ".yaml")
+            with open(job_file, "w") as f:
+                f.write(f"name: {name}\nmodel:\n  input_shape: [1]\n"
+                        "  init: {seed: 0}\n  layers:\n" + layers +
+                        "  loss: mse\ndata: {source: synthetic-regression}\n"
+                        f"training: {{steps: {steps}, batch_size: 8, "
+                        "microbatches: 8}\n"
+                        "optimizer: {kind: sgd, lr: 0.001}\n"
+                        "pipeline: {schedule: 1f1b}\n")
+            submitted = conveyorctl(bin_dir, "submit", job_file,
+                                    "--coordinator", address)
+            if submitted.returncode != 0:
+                raise RuntimeError(f"submit failed: {submitted.stderr}")
+            return submitted.stdout.split()[0]
+
+        # conveyor_recent_job_* has only ended jobs.
+        short_id = submit("prometheus-test-short", 3)
+        watched = conveyorctl(bin_dir, "watch", short_id, "--coordinator",
+                              address)
+        if watched.returncode != 0:
+            raise RuntimeError(f"{short_id} did not succeed: {watched.stdout}"
+                               f"{watched.stderr}")
+        job_id = submit("prometheus-test", 100000)
         print(f"submitted {job_id}; Prometheus on {api}, scraping "
               f"{len(targets)} daemons every {SCRAPE_SECONDS} s")
 
