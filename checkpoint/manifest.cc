@@ -243,6 +243,19 @@ absl::StatusOr<CheckpointManifest> ParseManifestJson(const Json& json,
       return r.Error("training_hash", "must not be empty when present");
     }
   }
+  // Absent from manifests written before it was recorded, and for job
+  // files over the cap.
+  if (r.Has("job_yaml")) {
+    ASSIGN_OR_RETURN(m.job_yaml, r.String("job_yaml"));
+    if (m.job_yaml.empty()) {
+      return r.Error("job_yaml", "must not be empty when present");
+    }
+    if (m.job_yaml.size() > static_cast<size_t>(kMaxRecordedJobBytes)) {
+      return r.Error("job_yaml",
+                     absl::StrCat("must be at most ", kMaxRecordedJobBytes,
+                                  " bytes; got ", m.job_yaml.size()));
+    }
+  }
   ASSIGN_OR_RETURN(int64_t num_stages,
                    r.Int("num_stages", 1, kMaxManifestStages));
   m.num_stages = static_cast<int>(num_stages);
@@ -396,6 +409,7 @@ std::string ManifestToJson(const CheckpointManifest& m) {
   j["step"] = m.step;
   j["config_hash"] = m.config_hash;
   if (!m.training_hash.empty()) j["training_hash"] = m.training_hash;
+  if (!m.job_yaml.empty()) j["job_yaml"] = m.job_yaml;
   j["num_stages"] = m.num_stages;
   j["stage_begin"] = m.stage_begin;
   j["stages"] = std::move(stages);

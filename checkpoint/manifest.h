@@ -44,6 +44,10 @@ inline constexpr char kManifestFormat[] = "conveyor-checkpoint-v1";
 inline constexpr int64_t kMaxManifestBytes = 1 << 20;
 // Far above any pipeline we run.
 inline constexpr int kMaxManifestStages = 4096;
+// The most job file text a manifest records (CheckpointManifest::job_yaml):
+// real job files are a few KiB, and the cap leaves the manifest far below
+// kMaxManifestBytes even with every stage and every character escaped.
+inline constexpr int64_t kMaxRecordedJobBytes = 256 << 10;
 
 // One stage file as the manifest records it.
 struct StageFileDigest {
@@ -67,6 +71,11 @@ struct CheckpointManifest {
   // resumes it on another pipeline layout. Empty in manifests written
   // before it was recorded (they resume only with an equal config hash).
   std::string training_hash;
+  // The job file as submitted, so that resume can name what differs from
+  // another job's (job/config_diff.h) and allow a changed training.steps.
+  // Empty in manifests written before it was recorded, and when the file
+  // is over kMaxRecordedJobBytes; ParseManifest refuses a longer one.
+  std::string job_yaml;
   int num_stages = 0;
   // The first layer of every stage: 0, then strictly increasing.
   std::vector<int> stage_begin;
@@ -94,7 +103,9 @@ std::string ManifestToJson(const CheckpointManifest& manifest);
 // that are not 0..num_stages-1 once each, a file name other than
 // StageFileName(stage), stage_begin not num_stages layers strictly
 // increasing from 0, a crc32c not 8 lowercase hex digits, an empty
-// config_hash.
+// config_hash, a job_yaml that is present but empty or over
+// kMaxRecordedJobBytes. (That the job_yaml is the one the hashes were taken
+// of is for its reader to check: checkpoint/resume.h does.)
 absl::StatusOr<CheckpointManifest> ParseManifest(absl::string_view json,
                                                  absl::string_view source);
 

@@ -14,12 +14,54 @@
 #include "checkpoint/layout.h"
 #include "common/status_macros.h"
 #include "engine/profiler.h"
+#include "job/config_diff.h"
+#include "job/config_hash.h"
 
 namespace conveyor::checkpoint {
 
 using job::JobPlan;
 using job::StagePlan;
 namespace {
+
+// What may differ from a checkpoint's job: with its job file recorded, and
+// without (only the hashes can be compared then).
+constexpr absl::string_view kOnlyLayoutMayChange =
+    "only the pipeline section, the stage boundaries and training.steps may "
+    "change on resume";
+constexpr absl::string_view kOnlyLayoutMayChangeByHash =
+    "only the pipeline section and the stage boundaries may change on resume";
+
+// The note a resume with another training.steps carries.
+std::string DescribeStepsChange(const job::StepsChange& c, int64_t step) {
+  const bool raised = c.new_steps > c.old_steps;
+  std::string note =
+      absl::StrCat("training.steps ", raised ? "raised" : "lowered", " from ",
+                   c.old_steps, " to ", c.new_steps);
+  if (c.schedule_kind != "cosine") {
+    absl::StrAppend(&note, "; the learning-rate schedule (", c.schedule_kind,
+                    ") does not depend on it");
+    return note;
+  }
+  const std::string schedule = absl::StrCat(
+      "the learning-rate schedule (cosine",
+      c.warmup_steps > 0 ? absl::StrCat(", ", c.warmup_steps, " warmup steps")
+                         : "",
+      ")");
+  if (c.new_span != c.old_span) {
+    absl::StrAppend(&note, ": ", schedule, " now spans ", c.new_span,
+                    " steps instead of ", c.old_span, ", so from step ", step,
+                    " on the learning rate follows the ",
+                    c.new_span > c.old_span ? "longer" : "shorter",
+                    " schedule");
+  } else {
+    absl::StrAppend(&note, ": ", schedule, " still spans its total_steps, ",
+                    c.new_span);
+    if (c.new_steps > c.new_span) {
+      absl::StrAppend(&note, "; the steps after it train at min_lr");
+    }
+  }
+  return note;
+}
 
 // A manifest and the checkpoint directory it was found in.
 struct FoundManifest {
@@ -115,7 +157,8 @@ ResumePoint FromProto(const v1::CheckpointRef& ref) {
 absl::StatusOr<ResumePoint> FindResumePoint(const engine::ResumeSpec& resume,
                                             const std::string& checkpoint_dir,
                                             const std::string& config_hash,
-                                            const std::string& training_hash) {
+                                            const std::string& training_hash,
+                                            absl::string_view job_yaml) {
   absl::StatusOr<FoundManifest> found = FindManifest(resume, checkpoint_dir);
   const std::string what =
       resume.kind == engine::ResumeSpec::Kind::kLatest
@@ -151,12 +194,65 @@ absl::StatusOr<ResumePoint> FindResumePoint(const engine::ResumeSpec& resume,
         "(the checkpoint predates training hashes, so its pipeline section "
         "and stage boundaries must match too)"));
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      what, ": step ", manifest.step, " was written by job '", manifest.job,
-      "' with another training configuration (training hash ",
-      manifest.training_hash, ", this job's ", training_hash,
-      "): its model, data, optimizer or training section differs; only the "
-      "pipeline section and the stage boundaries may change on resume"));
+  const std::string written_by =
+      absl::StrCat(what, ": step ", manifest.step, " was written by job '",
+                   manifest.job, "' with another training configuration");
+  // What is not known is said as the hashes (the message before manifests
+  // recorded their job file).
+  auto refuse_by_hash = [&](absl::string_view why) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        written_by, " (training hash ", manifest.training_hash, ", this job's ",
+        training_hash,
+        "): its model, data, optimizer or training section differs; ",
+        kOnlyLayoutMayChangeByHash, " (", why, ")"));
+  };
+  if (manifest.job_yaml.empty()) {
+    return refuse_by_hash(absl::StrCat(
+        "the checkpoint predates recorded configurations, or its job file "
+        "was over ",
+        kMaxRecordedJobBytes / 1024, " KiB, so what differs is not known"));
+  }
+  if (job_yaml.empty()) {
+    return refuse_by_hash("this job's file was not given to compare");
+  }
+  // The recorded file decides what may resume, so it must be the one the
+  // hashes were taken of: a damaged or edited one is not trusted.
+  if (job::JobConfigHash(manifest.job_yaml) != manifest.config_hash ||
+      job::JobTrainingHash(manifest.job_yaml) != manifest.training_hash) {
+    return refuse_by_hash(
+        "the job file the checkpoint records does not match its hashes, so "
+        "what differs is not known");
+  }
+  absl::StatusOr<job::ConfigDiff> diff = job::DiffJobConfigs(
+      manifest.job_yaml, job_yaml, job::ConfigScope::kTraining);
+  if (!diff.ok() || diff->empty()) {
+    // Cannot be for two job files the parser accepted with other hashes.
+    return refuse_by_hash(diff.ok() ? "no key differs"
+                                    : std::string(diff.status().message()));
+  }
+  // A longer (or shorter) run of the same training. Lowering training.steps
+  // is allowed as raising is, as long as it stays past the checkpoint's
+  // step (CheckResumeFitsPlan refuses the rest): the checkpoint holds the
+  // state after its step whatever comes later, and either way the only
+  // other change is the length of a cosine schedule that follows
+  // training.steps, which the note spells out. Refusing would only make
+  // the user shorten a run by cancelling it at the step they want.
+  if (std::optional<job::StepsChange> change =
+          job::FindStepsChange(*diff, manifest.job_yaml, job_yaml)) {
+    ResumePoint point = ResumePointOf(manifest, found->checkpoint_dir);
+    // The checkpoint's cut is adopted only when the layout is the job's
+    // own: the whole configurations differ in nothing else.
+    absl::StatusOr<job::ConfigDiff> whole = job::DiffJobConfigs(
+        manifest.job_yaml, job_yaml, job::ConfigScope::kConfig);
+    point.other_layout =
+        !whole.ok() ||
+        !job::FindStepsChange(*whole, manifest.job_yaml, job_yaml).has_value();
+    point.notes.push_back(DescribeStepsChange(*change, manifest.step));
+    return point;
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat(written_by, ": ", job::DescribeConfigDiff(*diff), "; ",
+                   kOnlyLayoutMayChange));
 }
 
 absl::Status AdoptCheckpointCut(const ResumePoint& point,
@@ -231,7 +327,8 @@ absl::Status CheckNothingNewer(const std::string& checkpoint_dir,
 
 CheckpointManifest MakeManifest(const JobPlan& plan, const std::string& job_id,
                                 const std::string& config_hash,
-                                const std::string& training_hash, int64_t step,
+                                const std::string& training_hash,
+                                absl::string_view job_yaml, int64_t step,
                                 const std::map<int, v1::StageFile>& files,
                                 int64_t now_unix_ms) {
   CheckpointManifest m;
@@ -249,6 +346,14 @@ CheckpointManifest MakeManifest(const JobPlan& plan, const std::string& job_id,
                         .crc32c = f.crc32c()});
   }
   m.created_unix_ms = now_unix_ms;
+  // A checkpoint without its job file still resumes with an equal hash; one
+  // whose manifest could not be read back would not resume at all.
+  if (job_yaml.size() <= static_cast<size_t>(kMaxRecordedJobBytes)) {
+    m.job_yaml = std::string(job_yaml);
+    if (ManifestToJson(m).size() > static_cast<size_t>(kMaxManifestBytes)) {
+      m.job_yaml.clear();
+    }
+  }
   return m;
 }
 

@@ -192,7 +192,8 @@ absl::Status JobManager::Restore(const v1::CoordinatorState& state) {
       latest.kind = engine::ResumeSpec::Kind::kLatest;
       absl::StatusOr<checkpoint::ResumePoint> on_disk =
           checkpoint::FindResumePoint(latest, job.info.checkpoint_dir(),
-                                      job.config_hash, job.training_hash);
+                                      job.config_hash, job.training_hash,
+                                      job.request.yaml());
       const int64_t known =
           std::max<int64_t>(job.committed.has_value() ? job.committed->step : 0,
                             job.resume.has_value() ? job.resume->step : 0);

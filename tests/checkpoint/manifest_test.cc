@@ -69,6 +69,28 @@ TEST(ManifestJsonTest, TheTrainingHashIsOptional) {
   EXPECT_EQ(*parsed, m);
 }
 
+// The job file a manifest records comes back byte for byte (quotes,
+// newlines, non-ASCII text and all); manifests without it still parse.
+TEST(ManifestJsonTest, TheJobFileRoundTripsAndIsOptional) {
+  CheckpointManifest m = SampleManifest();
+  m.job_yaml =
+      "name: mlp  # \"quoted\" \u00e9t\u00e9\n"
+      "training: {steps: 10}\n\toptimizer: {lr: 0.1}\n";
+  const std::string json = ManifestToJson(m);
+  EXPECT_THAT(json, HasSubstr("\"job_yaml\": \"name: mlp"));
+  absl::StatusOr<CheckpointManifest> parsed =
+      ParseManifest(json, "manifest.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->job_yaml, m.job_yaml);
+  EXPECT_EQ(*parsed, m);
+
+  m.job_yaml.clear();
+  EXPECT_THAT(ManifestToJson(m), ::testing::Not(HasSubstr("job_yaml")));
+  parsed = ParseManifest(ManifestToJson(m), "manifest.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->job_yaml.empty());
+}
+
 TEST(ManifestJsonTest, IsPrettyWithFormatFirstAndCrcAsEightHexDigits) {
   const std::string json = ManifestToJson(SampleManifest());
   EXPECT_THAT(json, ::testing::StartsWith(
@@ -123,6 +145,15 @@ TEST(ParseManifestTest, RejectsEveryInvalidFieldNamingIt) {
        "training_hash: must not be empty when present"},
       {"training_hash as number", [](Json& j) { j["training_hash"] = 7; },
        "training_hash: must be a string"},
+      {"empty job_yaml", [](Json& j) { j["job_yaml"] = ""; },
+       "job_yaml: must not be empty when present"},
+      {"job_yaml as a map", [](Json& j) { j["job_yaml"] = Json::object(); },
+       "job_yaml: must be a string"},
+      {"job_yaml over the cap",
+       [](Json& j) {
+         j["job_yaml"] = std::string(kMaxRecordedJobBytes + 1, 'x');
+       },
+       "job_yaml: must be at most 262144 bytes; got 262145"},
       {"zero stages", [](Json& j) { j["num_stages"] = 0; },
        "num_stages: must be in [1, 4096]"},
       {"too many stages", [](Json& j) { j["num_stages"] = 4097; },

@@ -12,6 +12,7 @@
 #include "checkpoint/layout.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "job/config_hash.h"
 #include "tests/job/test_jobs.h"
 
 namespace conveyor::checkpoint {
@@ -65,7 +66,8 @@ class CheckpointsTest : public ::testing::Test {
   // when `complete`.
   void WriteStep(const JobPlan& plan, int64_t step, bool complete,
                  const std::string& hash = "00000000000000aa",
-                 const std::string& training_hash = "") {
+                 const std::string& training_hash = "",
+                 const std::string& job_yaml = "") {
     std::map<int, v1::StageFile> files;
     for (int stage = 0; stage < plan.num_stages; ++stage) {
       const std::string path = StageFilePath(dir_, step, stage);
@@ -82,9 +84,17 @@ class CheckpointsTest : public ::testing::Test {
       f.set_crc32c(d->crc32c);
     }
     if (!complete) return;
-    ASSERT_TRUE(WriteManifest(dir_, MakeManifest(plan, "job-1", hash,
-                                                 training_hash, step, files, 1))
-                    .ok());
+    ASSERT_TRUE(
+        WriteManifest(dir_, MakeManifest(plan, "job-1", hash, training_hash,
+                                         job_yaml, step, files, 1))
+            .ok());
+  }
+
+  // Step `step` of the job in `yaml`, its manifest recording the file and
+  // its hashes as the coordinator writes them.
+  void WriteJobStep(const std::string& yaml, int64_t step) {
+    WriteStep(Plan(yaml), step, true, job::JobConfigHash(yaml),
+              job::JobTrainingHash(yaml), yaml);
   }
 
   std::string dir_;
@@ -97,7 +107,7 @@ TEST_F(CheckpointsTest, FindsLatestOrTheNamedStepAndChecksTheConfig) {
   WriteStep(plan, 6, false);  // Being written, or torn by a crash.
 
   absl::StatusOr<ResumePoint> latest =
-      FindResumePoint(Latest(), dir_, "00000000000000aa", "");
+      FindResumePoint(Latest(), dir_, "00000000000000aa", "", "");
   ASSERT_TRUE(latest.ok()) << latest.status();
   EXPECT_EQ(latest->step, 4);
   EXPECT_EQ(latest->step_dir, StepDirPath(dir_, 4));
@@ -111,24 +121,24 @@ TEST_F(CheckpointsTest, FindsLatestOrTheNamedStepAndChecksTheConfig) {
   for (const std::string& path :
        {StepDirPath(dir_, 2), StepDirPath(dir_, 2) + "/"}) {
     absl::StatusOr<ResumePoint> p =
-        FindResumePoint(AtPath(path), "", "00000000000000aa", "");
+        FindResumePoint(AtPath(path), "", "00000000000000aa", "", "");
     ASSERT_TRUE(p.ok()) << p.status();
     EXPECT_EQ(p->step, 2);
     EXPECT_EQ(p->step_dir, StepDirPath(dir_, 2));
   }
   absl::StatusOr<ResumePoint> in_dir =
-      FindResumePoint(AtPath(dir_), "", "00000000000000aa", "");
+      FindResumePoint(AtPath(dir_), "", "00000000000000aa", "", "");
   ASSERT_TRUE(in_dir.ok()) << in_dir.status();
   EXPECT_EQ(in_dir->step, 4);
 
-  absl::StatusOr<ResumePoint> torn =
-      FindResumePoint(AtPath(StepDirPath(dir_, 6)), "", "00000000000000aa", "");
+  absl::StatusOr<ResumePoint> torn = FindResumePoint(
+      AtPath(StepDirPath(dir_, 6)), "", "00000000000000aa", "", "");
   EXPECT_EQ(torn.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(torn.status().message(),
               HasSubstr("does not start from scratch"));
 
   absl::StatusOr<ResumePoint> other =
-      FindResumePoint(Latest(), dir_, "00000000000000bb", "");
+      FindResumePoint(Latest(), dir_, "00000000000000bb", "", "");
   EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(other.status().message(),
               HasSubstr("config hash 00000000000000aa, this job's "
@@ -144,7 +154,7 @@ TEST_F(CheckpointsTest, LatestRefusesADamagedCommittedStepSayingWhatToDo) {
   std::filesystem::resize_file(StageFilePath(dir_, 4, 1), 2);
   for (const engine::ResumeSpec& resume : {Latest(), AtPath(dir_)}) {
     absl::StatusOr<ResumePoint> point =
-        FindResumePoint(resume, dir_, "00000000000000aa", "");
+        FindResumePoint(resume, dir_, "00000000000000aa", "", "");
     EXPECT_EQ(point.status().code(), absl::StatusCode::kDataLoss);
     EXPECT_THAT(point.status().message(),
                 HasSubstr(StepDirPath(dir_, 4) +
@@ -156,8 +166,8 @@ TEST_F(CheckpointsTest, LatestRefusesADamagedCommittedStepSayingWhatToDo) {
                 HasSubstr("Resume from an older step by its path"));
   }
   // Named by its path, the older step resumes.
-  absl::StatusOr<ResumePoint> older =
-      FindResumePoint(AtPath(StepDirPath(dir_, 2)), "", "00000000000000aa", "");
+  absl::StatusOr<ResumePoint> older = FindResumePoint(
+      AtPath(StepDirPath(dir_, 2)), "", "00000000000000aa", "", "");
   ASSERT_TRUE(older.ok()) << older.status();
   EXPECT_EQ(older->step, 2);
 }
@@ -166,7 +176,7 @@ TEST_F(CheckpointsTest, TheCheckpointMustFitThePlan) {
   const JobPlan two = Plan(JobYaml(2, "mlp", /*steps=*/3));
   WriteStep(two, 2, true);
   absl::StatusOr<ResumePoint> p =
-      FindResumePoint(Latest(), dir_, "00000000000000aa", "");
+      FindResumePoint(Latest(), dir_, "00000000000000aa", "", "");
   ASSERT_TRUE(p.ok()) << p.status();
 
   // Another cut of the same layers fits: each rank reads the files that
@@ -227,13 +237,13 @@ TEST_F(CheckpointsTest, AnAutoJobResumesWithItsCheckpointsCut) {
 TEST_F(CheckpointsTest, AnotherLayoutResumesByTheTrainingHash) {
   const JobPlan plan = Plan(JobYaml(2, "mlp", /*steps=*/10));
   WriteStep(plan, 2, true, "00000000000000aa", "00000000000000cc");
-  absl::StatusOr<ResumePoint> same =
-      FindResumePoint(Latest(), dir_, "00000000000000aa", "00000000000000cc");
+  absl::StatusOr<ResumePoint> same = FindResumePoint(
+      Latest(), dir_, "00000000000000aa", "00000000000000cc", "");
   ASSERT_TRUE(same.ok()) << same.status();
   EXPECT_FALSE(same->other_layout);
 
-  absl::StatusOr<ResumePoint> other =
-      FindResumePoint(Latest(), dir_, "00000000000000bb", "00000000000000cc");
+  absl::StatusOr<ResumePoint> other = FindResumePoint(
+      Latest(), dir_, "00000000000000bb", "00000000000000cc", "");
   ASSERT_TRUE(other.ok()) << other.status();
   EXPECT_TRUE(other->other_layout);
   EXPECT_EQ(other->stage_begin, (std::vector<int>{0, 1}));
@@ -242,8 +252,8 @@ TEST_F(CheckpointsTest, AnotherLayoutResumesByTheTrainingHash) {
   EXPECT_TRUE(FromProto(ToProto(*other)).other_layout);
   EXPECT_FALSE(FromProto(ToProto(*same)).other_layout);
 
-  absl::StatusOr<ResumePoint> retrained =
-      FindResumePoint(Latest(), dir_, "00000000000000bb", "00000000000000dd");
+  absl::StatusOr<ResumePoint> retrained = FindResumePoint(
+      Latest(), dir_, "00000000000000bb", "00000000000000dd", "");
   EXPECT_EQ(retrained.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(retrained.status().message(),
               HasSubstr("another training configuration (training hash "
@@ -254,10 +264,178 @@ TEST_F(CheckpointsTest, AnotherLayoutResumesByTheTrainingHash) {
 
   // A manifest from before training hashes: only the config hash counts.
   WriteStep(plan, 4, true, "00000000000000aa", "");
-  absl::StatusOr<ResumePoint> old =
-      FindResumePoint(Latest(), dir_, "00000000000000bb", "00000000000000cc");
+  absl::StatusOr<ResumePoint> old = FindResumePoint(
+      Latest(), dir_, "00000000000000bb", "00000000000000cc", "");
   EXPECT_EQ(old.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(old.status().message(), HasSubstr("predates training hashes"));
+}
+
+// A checkpoint of another training names what differs, key by key, with
+// both values.
+TEST_F(CheckpointsTest, RefusesAnotherTrainingNamingTheKeys) {
+  const std::string yaml = JobYaml(2, "mlp", /*steps=*/10);
+  WriteJobStep(yaml, 4);
+  const std::string other = absl::StrReplaceAll(
+      yaml, {{"lr: 0.1", "lr: 0.05"},
+             {"{source: synthetic-regression}",
+              "{source: synthetic-regression, shuffle: true}"},
+             {"    - boundary\n", ""}});  // Only the cut: not named.
+  absl::StatusOr<ResumePoint> point =
+      FindResumePoint(Latest(), dir_, job::JobConfigHash(other),
+                      job::JobTrainingHash(other), other);
+  EXPECT_EQ(point.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(point.status().message(),
+            absl::StrCat("resume: latest (in ", dir_,
+                         "): step 4 was written by job 'mlp' with another "
+                         "training configuration: data.shuffle is set in "
+                         "this job only (true); optimizer.lr differs (0.1 in "
+                         "the checkpoint, 0.05 in this job); only the "
+                         "pipeline section, the stage boundaries and "
+                         "training.steps may change on resume"));
+
+  // A raised training.steps with another change is refused all the same,
+  // naming both.
+  const std::string longer_and_wider = absl::StrReplaceAll(
+      yaml, {{"steps: 10,", "steps: 20,"},
+             {"features: 4}\n    - boundary", "features: 5}\n    - boundary"}});
+  point =
+      FindResumePoint(Latest(), dir_, job::JobConfigHash(longer_and_wider),
+                      job::JobTrainingHash(longer_and_wider), longer_and_wider);
+  EXPECT_EQ(point.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(point.status().message(),
+              HasSubstr("another training configuration: "
+                        "model.layers[0].dense.features differs (4 in the "
+                        "checkpoint, 5 in this job); training.steps differs "
+                        "(10, 20); only the pipeline"));
+}
+
+// Raising training.steps resumes, with a note saying what it changes; the
+// steps the job then writes carry its own hashes and file.
+TEST_F(CheckpointsTest, ResumesWithRaisedTrainingStepsAndSaysWhatChanges) {
+  const std::string yaml = absl::StrReplaceAll(
+      JobYaml(2, "mlp", /*steps=*/10),
+      {{"{kind: sgd, lr: 0.1}",
+        "{kind: sgd, lr: 0.1, schedule: {kind: cosine, warmup_steps: 2}}"}});
+  WriteJobStep(yaml, 4);
+  const std::string longer =
+      absl::StrReplaceAll(yaml, {{"steps: 10,", "steps: 20,"}});
+  absl::StatusOr<ResumePoint> point =
+      FindResumePoint(Latest(), dir_, job::JobConfigHash(longer),
+                      job::JobTrainingHash(longer), longer);
+  ASSERT_TRUE(point.ok()) << point.status();
+  EXPECT_EQ(point->step, 4);
+  EXPECT_FALSE(point->other_layout);  // The same cut: it is adopted.
+  EXPECT_THAT(point->notes,
+              ::testing::ElementsAre(
+                  "training.steps raised from 10 to 20: the learning-rate "
+                  "schedule (cosine, 2 warmup steps) now spans 20 steps "
+                  "instead of 10, so from step 4 on the learning rate "
+                  "follows the longer schedule"));
+  const JobPlan plan = Plan(longer);
+  EXPECT_TRUE(CheckResumeFitsPlan(*point, plan).ok());
+
+  // The resumed job's next step records its own configuration, so resuming
+  // that needs no note.
+  WriteStep(plan, 6, true, job::JobConfigHash(longer),
+            job::JobTrainingHash(longer), longer);
+  absl::StatusOr<CheckpointManifest> written =
+      LoadCompleteCheckpoint(dir_, 6, /*verify_checksums=*/true);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(written->job_yaml, longer);
+  absl::StatusOr<ResumePoint> again =
+      FindResumePoint(Latest(), dir_, job::JobConfigHash(longer),
+                      job::JobTrainingHash(longer), longer);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->step, 6);
+  EXPECT_THAT(again->notes, ::testing::IsEmpty());
+}
+
+TEST_F(CheckpointsTest, ChangedTrainingStepsOnAnotherLayoutOrLowered) {
+  const std::string yaml = JobYaml(2, "mlp", /*steps=*/10);
+  WriteJobStep(yaml, 4);
+  // Another cut as well (one stage): resumes on the other layout.
+  const std::string one_stage = absl::StrReplaceAll(
+      yaml, {{"    - boundary\n", ""}, {"steps: 10,", "steps: 30,"}});
+  absl::StatusOr<ResumePoint> point =
+      FindResumePoint(Latest(), dir_, job::JobConfigHash(one_stage),
+                      job::JobTrainingHash(one_stage), one_stage);
+  ASSERT_TRUE(point.ok()) << point.status();
+  EXPECT_TRUE(point->other_layout);
+  EXPECT_THAT(point->notes,
+              ::testing::ElementsAre("training.steps raised from 10 to 30; the "
+                                     "learning-rate schedule (constant) does "
+                                     "not depend on it"));
+
+  // Lowered, still past the checkpoint: allowed with a note.
+  const std::string shorter =
+      absl::StrReplaceAll(yaml, {{"steps: 10,", "steps: 6,"}});
+  point = FindResumePoint(Latest(), dir_, job::JobConfigHash(shorter),
+                          job::JobTrainingHash(shorter), shorter);
+  ASSERT_TRUE(point.ok()) << point.status();
+  EXPECT_THAT(
+      point->notes,
+      ::testing::ElementsAre(HasSubstr("training.steps lowered from 10 to 6")));
+  EXPECT_TRUE(CheckResumeFitsPlan(*point, Plan(shorter)).ok());
+  // Lowered to the checkpoint's step or below: nothing left to train.
+  const std::string done =
+      absl::StrReplaceAll(yaml, {{"steps: 10,", "steps: 4,"}});
+  point = FindResumePoint(Latest(), dir_, job::JobConfigHash(done),
+                          job::JobTrainingHash(done), done);
+  ASSERT_TRUE(point.ok()) << point.status();
+  EXPECT_THAT(CheckResumeFitsPlan(*point, Plan(done)).message(),
+              HasSubstr("nothing left to train"));
+}
+
+// A manifest from before recorded configurations, or whose recorded file
+// does not match its hashes, is refused by the hashes as before.
+TEST_F(CheckpointsTest, WithoutATrustedRecordedFileRefusesByTheHashes) {
+  const std::string yaml = JobYaml(2, "mlp", /*steps=*/10);
+  const std::string longer =
+      absl::StrReplaceAll(yaml, {{"steps: 10,", "steps: 20,"}});
+  const JobPlan plan = Plan(yaml);
+  WriteStep(plan, 2, true, job::JobConfigHash(yaml), job::JobTrainingHash(yaml),
+            /*job_yaml=*/"");
+  absl::StatusOr<ResumePoint> point =
+      FindResumePoint(Latest(), dir_, job::JobConfigHash(longer),
+                      job::JobTrainingHash(longer), longer);
+  EXPECT_EQ(point.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(point.status().message(),
+              HasSubstr(absl::StrCat("another training configuration "
+                                     "(training hash ",
+                                     job::JobTrainingHash(yaml))));
+  EXPECT_THAT(point.status().message(),
+              HasSubstr("only the pipeline section and the stage boundaries "
+                        "may change on resume (the checkpoint predates "
+                        "recorded configurations"));
+
+  // A recorded file edited after the fact (here: to say 20 steps) would
+  // let the raised job through; its hashes give it away.
+  WriteStep(plan, 4, true, job::JobConfigHash(yaml), job::JobTrainingHash(yaml),
+            longer);
+  point = FindResumePoint(Latest(), dir_, job::JobConfigHash(longer),
+                          job::JobTrainingHash(longer), longer);
+  EXPECT_EQ(point.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(point.status().message(),
+              HasSubstr("the job file the checkpoint records does not match "
+                        "its hashes"));
+}
+
+TEST_F(CheckpointsTest, MakeManifestCapsTheRecordedFile) {
+  const std::string yaml = JobYaml(2, "mlp", /*steps=*/10);
+  const JobPlan plan = Plan(yaml);
+  const std::map<int, v1::StageFile> files;
+  EXPECT_EQ(MakeManifest(plan, "job-1", "aa", "bb", yaml, 1, files, 1).job_yaml,
+            yaml);
+  const std::string huge =
+      absl::StrCat(yaml, "# ", std::string(kMaxRecordedJobBytes, 'x'), "\n");
+  EXPECT_THAT(
+      MakeManifest(plan, "job-1", "aa", "bb", huge, 1, files, 1).job_yaml,
+      ::testing::IsEmpty());
+  // Under the cap, but escaping would make the manifest too large.
+  const std::string escaped(kMaxRecordedJobBytes, '\x01');
+  EXPECT_THAT(
+      MakeManifest(plan, "job-1", "aa", "bb", escaped, 1, files, 1).job_yaml,
+      ::testing::IsEmpty());
 }
 
 }  // namespace

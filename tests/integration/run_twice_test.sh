@@ -3,7 +3,8 @@
 # does, through the real daemons: without --overwrite the second run is
 # refused over the first run's checkpoint (saying how to proceed); with it,
 # the old steps go and the second run trains from scratch, ending bitwise
-# equal to the first. --overwrite with a resuming job is refused. Needs
+# equal to the first. --overwrite with a resuming job is refused; a run
+# resumed with training.steps raised trains on to the new end. Needs
 # CONVEYORCTL (the daemons are found beside it).
 set -u
 ctl=${CONVEYORCTL:?}
@@ -44,5 +45,21 @@ check "--overwrite with a resuming job is refused" test $? -eq 2
 check "... saying why" grep -q \
   "run: --overwrite starts from scratch, and the job resumes" "$dir/resume.out"
 check "... before touching the checkpoint" test -d "$dir/ckpt/step-6"
+
+# Resumed with training.steps raised (all that differs from the job file the
+# step-6 manifest records), the job trains on to the new end, bitwise equal
+# to 10 steps from scratch: mlp.yaml's learning rate is constant, so the
+# longer run changes nothing before step 6.
+"$ctl" run "$root/examples/mlp.yaml" --steps 10 --set resume=latest \
+  --set "checkpoint.dir=$dir/ckpt" >"$dir/longer.out" 2>&1
+check "resuming with training.steps raised from 6 to 10 succeeds" test $? -eq 0
+check "... from step 6" grep -q "6/10 steps done" "$dir/longer.out"
+check "... to step 10" grep -q "SUCCEEDED: 10/10 steps" "$dir/longer.out"
+"$ctl" run "$root/examples/mlp.yaml" --steps 10 --overwrite \
+  --set "checkpoint.dir=$dir/ten" >"$dir/ten.out" 2>&1
+"$ctl" export "$dir/ckpt" -o "$dir/longer.safetensors" >/dev/null
+"$ctl" export "$dir/ten" -o "$dir/ten.safetensors" >/dev/null
+check "... bitwise equal to 10 steps from scratch" \
+  same_tensors "$dir/longer.safetensors" "$dir/ten.safetensors"
 
 finish || { tail -n 20 "$dir"/*.out; exit 1; }
