@@ -34,7 +34,13 @@ int Number(absl::string_view text, int min) {
 }
 
 // Where the plugin is: $CONVEYOR_CUDA_PLUGIN, else next to the executable
-// (build/bin/ holds both conveyor-worker and libconveyor_cuda.so).
+// (build/bin/ holds both conveyor-worker and libconveyor_cuda.so), else the
+// installed one, whose directory relative to the executable's the build
+// defines (cmake/ConveyorInstall.cmake: bin/../lib/<multiarch>/conveyor).
+// Relative, not absolute, so that an install under any prefix, or a package
+// extracted into a staging directory, loads its own plugin. When neither
+// file exists, the installed path is returned, so that the error names where
+// the conveyor-cuda package would have put it.
 std::string CudaPluginPath() {
   if (const char* path = std::getenv("CONVEYOR_CUDA_PLUGIN");
       path != nullptr && path[0] != '\0') {
@@ -44,9 +50,22 @@ std::string CudaPluginPath() {
   const ssize_t n = readlink("/proc/self/exe", exe.data(), exe.size());
   exe.resize(n > 0 ? static_cast<size_t>(n) : 0);
   const size_t slash = exe.rfind('/');
-  const std::string dir =
-      slash == std::string::npos ? "." : exe.substr(0, slash);
-  return absl::StrCat(dir, "/", kCudaPluginFileName);
+  std::string dir = slash == std::string::npos ? "." : exe.substr(0, slash);
+  const std::string beside = absl::StrCat(dir, "/", kCudaPluginFileName);
+#ifdef CONVEYOR_CUDA_PLUGIN_INSTALL_RELDIR
+  if (access(beside.c_str(), F_OK) == 0) return beside;
+  // Resolve the leading "../" lexically, so the message reads
+  // /usr/lib/..., not /usr/bin/../lib/....
+  absl::string_view rel = CONVEYOR_CUDA_PLUGIN_INSTALL_RELDIR;
+  while (absl::StartsWith(rel, "../")) {
+    rel.remove_prefix(3);
+    const size_t up = dir.rfind('/');
+    dir = up == std::string::npos || up == 0 ? "" : dir.substr(0, up);
+  }
+  return absl::StrCat(dir, "/", rel, "/", kCudaPluginFileName);
+#else
+  return beside;
+#endif
 }
 
 // Loads the plugin (once per file: dlopen counts references to a loaded
@@ -62,8 +81,9 @@ absl::StatusOr<const CudaPluginApi*> LoadCudaPlugin() {
     return absl::FailedPreconditionError(absl::StrCat(
         "cannot load the CUDA plugin ", path, ": ",
         error != nullptr ? error : "unknown dlopen error",
-        " (it is built next to conveyor-worker; set CONVEYOR_CUDA_PLUGIN to "
-        "its full path to load another)"));
+        " (a build puts it next to conveyor-worker, the conveyor-cuda "
+        "package in its lib directory; set CONVEYOR_CUDA_PLUGIN to its full "
+        "path to load another)"));
   }
   dlerror();  // Clears any earlier error, so a null dlsym result is ours.
   void* entry = dlsym(handle, kCudaPluginEntryName);
