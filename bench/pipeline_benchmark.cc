@@ -193,7 +193,7 @@ struct StepTiming {
   double compute = 0;
   // the mean over ranks of the rank's idle time (its stages' idle_seconds)
   // over its own RankStepResult::seconds: the sum of the rank's stages'
-  // conveyor_stage_bubble_ratio, as the worker exports it.
+  // conveyor_stage_receive_wait_ratio, as the worker exports it.
   double worker_bubble = 0;
 };
 
@@ -556,7 +556,7 @@ void BM_Pipeline(benchmark::State& state, ScheduleKind kind) {
 // conveyor_stage_forward/backward_seconds_total); the median over the timed
 // steps is reported. The simulator's bubble_fraction() is the same quantity
 // at the configured costs. The worker's own gauge,
-// conveyor_stage_bubble_ratio (receive waits over the rank's RunStep time),
+// conveyor_stage_receive_wait_ratio (receive waits over the rank's RunStep time),
 // is reported too, as worker_bubble: it leaves out the ranks' staggered
 // starts and early ends, which the pipeline's bubble counts.
 void BM_Bubble(benchmark::State& state, ScheduleKind kind) {

@@ -5,10 +5,12 @@
 // 128 + signal when run was interrupted.
 #include <unistd.h>
 
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "CLI/CLI.hpp"               // defines: CLI::App, CLI::ParseError
 #include "absl/strings/str_cat.h"    // defines: absl::StrCat
@@ -17,6 +19,7 @@
 #include "cli/export_command.h"      // defines: AddExportCommand, Run...
 #include "cli/generate_command.h"    // defines: AddGenerateCommand, Run...
 #include "cli/job_commands.h"        // defines: AddJobCommands, RunJobCommand
+#include "cli/plot_command.h"        // defines: AddPlotCommand, RunPlot...
 #include "cli/run_command.h"         // defines: AddRunCommand, RunRunCommand
 #include "cli/schedule_command.h"    // defines: AddScheduleCommand, Run...
 #include "cli/validate_command.h"    // defines: AddValidateCommand, Run...
@@ -69,6 +72,8 @@ int main(int argc, char** argv) {
   CLI::App* generate = cli::AddGenerateCommand(app, generate_options);
   cli::ScheduleCommandOptions schedule_options;
   CLI::App* schedule = cli::AddScheduleCommand(app, schedule_options);
+  cli::PlotCommandOptions plot_options;
+  CLI::App* plot = cli::AddPlotCommand(app, plot_options);
   cli::CompletionCommandOptions completion_options;
   CLI::App* completion = cli::AddCompletionCommand(app, completion_options);
 
@@ -84,7 +89,14 @@ int main(int argc, char** argv) {
     return *exit;
   }
 
-  const bool tty = isatty(STDOUT_FILENO) == 1;
+  // The in-place progress bar only for a terminal that can take it: plain
+  // lines for a file or pipe, for NO_COLOR (no-color.org: no escape codes)
+  // and for TERM=dumb (Emacs shells, some CI logs).
+  const char* no_color = std::getenv("NO_COLOR");
+  const char* term = std::getenv("TERM");
+  const bool tty = isatty(STDOUT_FILENO) == 1 &&
+                   (no_color == nullptr || no_color[0] == '\0') &&
+                   (term == nullptr || std::string_view(term) != "dumb");
   absl::Status status = absl::OkStatus();
   // Commands return Status; this catch is the last resort for what a library
   // may still throw (std::bad_alloc), so the user gets a message, not abort().
@@ -102,6 +114,8 @@ int main(int argc, char** argv) {
       status = cli::RunExportCommand(export_options, std::cout);
     } else if (generate->parsed()) {
       status = cli::RunGenerateCommand(generate_options, std::cout, std::cerr);
+    } else if (plot->parsed()) {
+      status = cli::RunPlotCommand(plot_options, std::cout, std::cerr);
     } else if (job_commands.AnyParsed()) {
       status = cli::RunJobCommand(job_commands, job_options, tty, std::cout);
     }

@@ -147,6 +147,13 @@ std::string FormatStepLine(const v1::StepSummary& step, int64_t steps_total,
   if (step.tokens_per_second() > 0) {
     absl::StrAppendFormat(&out, "  %.0f tokens/s", step.tokens_per_second());
   }
+  if (step.grad_norm() > 0) {
+    absl::StrAppendFormat(&out, "  grad norm %.3g", step.grad_norm());
+  }
+  if (step.mfu() > 0)
+    absl::StrAppendFormat(&out, "  MFU %.1f%%", step.mfu() * 100);
+  // The schedule bubble, as the trace SVG's title and
+  // conveyor_job_bubble_ratio (docs/metrics.md).
   if (step.ranks_size() > 1) {
     absl::StrAppendFormat(&out, "  bubble %.1f%%",
                           step.bubble_fraction() * 100);
@@ -221,6 +228,13 @@ std::string FormatStateLine(const v1::Job& job) {
     default:
       if (!job.message().empty()) absl::StrAppend(&out, ": ", job.message());
       break;
+  }
+  // Once, with the first line a submission shows: what resuming from a
+  // checkpoint of another configuration changes.
+  if (job.state() == v1::QUEUED) {
+    for (const std::string& note : job.resume_notes()) {
+      absl::StrAppend(&out, "\n  note: ", note);
+    }
   }
   return out;
 }
@@ -332,6 +346,9 @@ std::string FormatJobDetails(const v1::Job& job, absl::Time now) {
     fields.push_back(
         {"resumed", absl::StrCat("from step ", job.resumed_from_step(), " (",
                                  job.resumed_from(), ")")});
+    for (const std::string& note : job.resume_notes()) {
+      fields.push_back({"", note});
+    }
   }
   if (job.max_restarts() > 0) {
     std::string text =

@@ -70,7 +70,8 @@ absl::Status RemoveEarlierRun(const RunCommandOptions& o,
   return absl::OkStatus();
 }
 
-absl::Status RunInProcess(const RunCommandOptions& o, std::ostream& out) {
+absl::Status RunInProcess(const RunCommandOptions& o, bool tty,
+                          std::ostream& out) {
   ASSIGN_OR_RETURN(JobSource source,
                    ReadJobSource(o.job_file, AllOverrides(o, out)));
   ASSIGN_OR_RETURN(engine::JobSpec job, ParseJobSource(source));
@@ -100,19 +101,24 @@ absl::Status RunInProcess(const RunCommandOptions& o, std::ostream& out) {
       job.model.NumParams(), job.training.steps, job.training.batch_size,
       job.training.microbatches, backend->Name());
   out.flush();
-  const int64_t total = job.training.steps;
-  const int64_t every = o.log_every > 0 ? o.log_every : DefaultLogEvery(total);
-  StepTimeEstimator estimator;
-  RETURN_IF_ERROR(trainer->Run([&](const engine::StepReport& r) {
-    estimator.Add(r.seconds);
-    if (!ShouldLogStep(r.step, total, every) && !r.eval.has_value()) return;
-    // The same line a pipelined run prints, so the two compare at a glance.
+  // The same lines and progress bar a pipelined run prints, so the two
+  // compare at a glance.
+  v1::Job shown;
+  shown.set_steps_total(job.training.steps);
+  double tokens_per_sample = 0;
+  if (job.model.token_input) {
+    tokens_per_sample = 1;
+    for (int64_t d : job.model.input_shape) tokens_per_sample *= d;
+  }
+  WatchPrinter printer(out, {.log_every = o.log_every, .tty = tty});
+  absl::Status trained = trainer->Run([&](const engine::StepReport& r) {
     v1::StepSummary step;
     step.set_step(r.step);
     step.set_has_loss(true);
     step.set_loss(r.loss);
     step.set_seconds(r.seconds);
     step.set_samples_per_second(r.samples_per_second);
+    step.set_tokens_per_second(r.samples_per_second * tokens_per_sample);
     step.set_learning_rate(r.learning_rate);
     if (r.eval.has_value()) {
       step.set_has_eval(true);
@@ -120,10 +126,10 @@ absl::Status RunInProcess(const RunCommandOptions& o, std::ostream& out) {
       step.set_eval_perplexity(r.eval->perplexity.value_or(0));
       step.set_eval_seconds(r.eval->seconds);
     }
-    out << FormatStepLine(step, total, estimator.Remaining(r.step, total))
-        << "\n";
-    out.flush();
-  }));
+    printer.OnStep(shown, step);
+  });
+  printer.EndBar();
+  RETURN_IF_ERROR(trained);
   if (!job.checkpoint.dir.empty()) {
     const std::string path =
         (std::filesystem::path(job.checkpoint.dir) / "params.safetensors")
@@ -325,7 +331,7 @@ absl::Status RunRunCommand(const RunCommandOptions& o, bool tty,
                        " is for the daemons; it does not go with "
                        "--in-process"));
     }
-    return RunInProcess(o, out);
+    return RunInProcess(o, tty, out);
   }
   return RunOnLocalCluster(o, tty, out, err);
 }

@@ -18,6 +18,7 @@
 #include "scheduler/action.h"
 #include "scheduler/schedule.h"
 #include "scheduler/simulator.h"
+#include "telemetry/step_timeline.h"
 
 namespace conveyor::cli {
 namespace {
@@ -52,21 +53,7 @@ Stream StreamOf(int kind) {
   }
 }
 
-// The schedule op a span kind is, if it is one of a schedule's actions.
-std::optional<Op> OpOf(int kind) {
-  switch (kind) {
-    case v1::Span::FORWARD:
-      return Op::kForward;
-    case v1::Span::BACKWARD:
-      return Op::kBackward;
-    case v1::Span::BACKWARD_INPUT:
-      return Op::kBackwardInput;
-    case v1::Span::BACKWARD_WEIGHT:
-      return Op::kBackwardWeight;
-    default:
-      return std::nullopt;
-  }
-}
+std::optional<Op> OpOf(int kind) { return telemetry::SpanOp(kind); }
 
 std::string SpanName(const v1::Span& span) {
   if (std::optional<Op> op = OpOf(span.kind())) {
@@ -280,15 +267,13 @@ absl::StatusOr<std::string> RenderTraceSvg(const v1::Trace& trace,
 
   const int64_t origin = EarliestStart(trace);
   std::set<int> seen_ranks;
+  std::vector<telemetry::RankSpans> rank_spans(p);
   for (const v1::RankTrace& rank_trace : trace.ranks()) {
     const int r = rank_trace.rank();
     if (r < 0 || r >= p || !seen_ranks.insert(r).second) {
       return absl::InvalidArgumentError(absl::StrCat(
           "rank ", r, " is out of range [0, ", p, ") or appears twice"));
     }
-    // Time order; ties (zero-length spans) keep the recorded order.
-    std::vector<const v1::Span*> spans;
-    spans.reserve(rank_trace.spans_size());
     for (const v1::Span& span : rank_trace.spans()) {
       if (span.start_us() < 0 || span.duration_us() < 0) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -306,52 +291,27 @@ absl::StatusOr<std::string> RenderTraceSvg(const v1::Trace& trace,
             ") that is not one of its stages' actions (P=", p, ", V=",
             schedule.virtual_stages, ", M=", schedule.microbatches, ")"));
       }
-      spans.push_back(&span);
     }
-    std::stable_sort(spans.begin(), spans.end(),
-                     [](const v1::Span* a, const v1::Span* b) {
-                       return a->start_us() < b->start_us();
-                     });
-
-    // Doubles: an int64 sum of garbage wall-clock values could overflow, and
-    // the result is in (fractional) milliseconds anyway.
-    const double offset_us = static_cast<double>(rank_trace.start_unix_us()) -
-                             static_cast<double>(origin);
-    auto ms = [offset_us](int64_t us) {
-      return (offset_us + static_cast<double>(us)) / 1000.0;
-    };
-    auto same_cell = [](const v1::Span* a, const v1::Span* b) {
-      return a->stage() == b->stage() && a->microbatch() == b->microbatch();
-    };
+    rank_spans[r] = {rank_trace.start_unix_us(), &rank_trace.spans()};
+  }
+  // A rank the trace lacks has no spans.
+  const google::protobuf::RepeatedPtrField<v1::Span> none;
+  for (telemetry::RankSpans& rank : rank_spans) {
+    if (rank.spans == nullptr) rank = {origin, &none};
+  }
+  const std::vector<std::vector<telemetry::ActionBox>> boxes =
+      telemetry::ActionBoxes(rank_spans, origin);
+  for (int r = 0; r < p; ++r) {
     auto& actions = schedule.actions[r];
     auto& timings = result.timings[r];
     int inflight = 0, pending_weight = 0;
-    for (size_t i = 0; i < spans.size(); ++i) {
-      const std::optional<Op> op = OpOf(spans[i]->kind());
-      if (!op) continue;
-      size_t first = i, last = i;
-      if (*op == Op::kForward) {
-        while (first > 0 && spans[first - 1]->kind() == v1::Span::DATA &&
-               same_cell(spans[first - 1], spans[i])) {
-          --first;
-        }
-        while (last + 1 < spans.size() &&
-               (spans[last + 1]->kind() == v1::Span::LOSS ||
-                spans[last + 1]->kind() == v1::Span::DATA) &&
-               same_cell(spans[last + 1], spans[i])) {
-          ++last;
-        }
-      }
-      const double start = ms(spans[first]->start_us());
-      // Spans on a rank do not overlap, so the last one ends the box.
-      const double end =
-          ms(spans[last]->start_us() + spans[last]->duration_us());
-      actions.push_back({*op, spans[i]->stage(), spans[i]->microbatch()});
-      timings.push_back({start, end});
-      result.busy[r] += end - start;
-      result.makespan = std::max(result.makespan, end);
+    for (const telemetry::ActionBox& box : boxes[r]) {
+      actions.push_back({box.op, box.stage, box.microbatch});
+      timings.push_back({box.start_ms, box.end_ms});
+      result.busy[r] += box.end_ms - box.start_ms;
+      result.makespan = std::max(result.makespan, box.end_ms);
       // The same bookkeeping as the simulator, over the measured order.
-      switch (*op) {
+      switch (box.op) {
         case Op::kForward:
           result.peak_inflight[r] =
               std::max(result.peak_inflight[r], ++inflight);
@@ -368,7 +328,6 @@ absl::StatusOr<std::string> RenderTraceSvg(const v1::Trace& trace,
           --inflight;
           break;
       }
-      i = last;
     }
   }
   for (int r = 0; r < p; ++r) result.idle[r] = result.makespan - result.busy[r];

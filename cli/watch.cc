@@ -16,41 +16,42 @@ void WatchPrinter::OnEvent(const v1::JobEvent& event) {
       out_ << FormatStateLine(job) << "\n";
     }
   }
-  if (event.has_step()) {
-    const v1::StepSummary& step = event.step();
-    const absl::Time now = options_.clock ? options_.clock() : absl::Now();
-    if (!last_step_at_.has_value()) {
-      estimator_.Add(step.seconds());  // No interval yet: the best guess.
-    } else if (step.step() > last_step_) {
-      estimator_.Add(absl::ToDoubleSeconds(now - *last_step_at_) /
-                     static_cast<double>(step.step() - last_step_));
-    }
-    last_step_at_ = now;
-    last_step_ = step.step();
-    const std::optional<double> eta =
-        estimator_.Remaining(step.step(), job.steps_total());
-    const int64_t every = options_.log_every > 0
-                              ? options_.log_every
-                              : DefaultLogEvery(job.steps_total());
-    // An evaluation is rare and wanted: its step is always logged.
-    const bool log =
-        ShouldLogStep(step.step(), job.steps_total(), every) || step.has_eval();
-    if (options_.tty) {
-      // The step lines scroll above the bar, as in the training logs people
-      // know; "\033[K" clears what a longer previous line left behind.
-      out_ << "\r";
-      if (log) {
-        out_ << FormatStepLine(step, job.steps_total(), eta) << "\033[K\n";
-      }
-      out_ << FormatProgressBar(step, job.steps_total(), eta,
-                                options_.bar_width)
-           << "\033[K";
-      bar_showing_ = true;
-    } else if (log) {
-      out_ << FormatStepLine(step, job.steps_total(), eta) << "\n";
-    }
-  }
+  if (event.has_step()) OnStep(job, event.step());
   // Someone is watching: show each event as it comes, even through a pipe.
+  out_.flush();
+}
+
+void WatchPrinter::OnStep(const v1::Job& job, const v1::StepSummary& step) {
+  const absl::Time now = options_.clock ? options_.clock() : absl::Now();
+  if (!last_step_at_.has_value()) {
+    estimator_.Add(step.seconds());  // No interval yet: the best guess.
+  } else if (step.step() > last_step_) {
+    estimator_.Add(absl::ToDoubleSeconds(now - *last_step_at_) /
+                   static_cast<double>(step.step() - last_step_));
+  }
+  last_step_at_ = now;
+  last_step_ = step.step();
+  const std::optional<double> eta =
+      estimator_.Remaining(step.step(), job.steps_total());
+  const int64_t every = options_.log_every > 0
+                            ? options_.log_every
+                            : DefaultLogEvery(job.steps_total());
+  // An evaluation is rare and wanted: its step is always logged.
+  const bool log =
+      ShouldLogStep(step.step(), job.steps_total(), every) || step.has_eval();
+  if (options_.tty) {
+    // The step lines scroll above the bar, as in the training logs people
+    // know; "\033[K" clears what a longer previous line left behind.
+    out_ << "\r";
+    if (log) {
+      out_ << FormatStepLine(step, job.steps_total(), eta) << "\033[K\n";
+    }
+    out_ << FormatProgressBar(step, job.steps_total(), eta, options_.bar_width)
+         << "\033[K";
+    bar_showing_ = true;
+  } else if (log) {
+    out_ << FormatStepLine(step, job.steps_total(), eta) << "\n";
+  }
   out_.flush();
 }
 

@@ -43,6 +43,10 @@ class WatchPrinter {
   // the event has one. Final states are left to PrintOutcome.
   void OnEvent(const v1::JobEvent& event);
 
+  // The step part of OnEvent, for a job that is not the coordinator's
+  // (`run --in-process`): `job` gives the total of steps.
+  void OnStep(const v1::Job& job, const v1::StepSummary& step);
+
   // Ends the progress bar's line if one is showing, then prints
   // FormatOutcome(job).
   void PrintOutcome(const v1::Job& job);

@@ -1,7 +1,10 @@
 #include "coordinator/coordinator_metrics.h"
 
+#include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -71,6 +74,88 @@ class CountingFactory final
   CoordinatorMetrics* const metrics_;
 };
 
+// Read at scrape time from the jobs the manager holds, so an alert's
+// clock is the manager's own record: when each running job last stepped
+// and checkpointed (for the stall and stale-checkpoint alerts), and the
+// newest kRecentJobs ended jobs with their outcome and duration (the
+// dashboard's recent-jobs table; bounded, so the series count stays flat).
+constexpr size_t kRecentJobs = 20;
+
+std::vector<prometheus::MetricFamily> JobTimeFamilies(
+    const std::vector<v1::Job>& jobs) {
+  auto family = [](const char* name, const char* help) {
+    prometheus::MetricFamily f;
+    f.name = name;
+    f.help = help;
+    f.type = prometheus::MetricType::Gauge;
+    return f;
+  };
+  prometheus::MetricFamily last_step =
+      family("conveyor_job_last_step_timestamp_seconds",
+             "Unix time of the running job's last completed step (its start "
+             "before the first)");
+  prometheus::MetricFamily last_checkpoint =
+      family("conveyor_job_last_checkpoint_timestamp_seconds",
+             "Unix time of the running job's newest committed checkpoint (its "
+             "start before the first); jobs with checkpoint.every > 0");
+  prometheus::MetricFamily interval =
+      family("conveyor_job_checkpoint_interval_steps",
+             "checkpoint.every of the running job; jobs with "
+             "checkpoint.every > 0");
+  prometheus::MetricFamily durations =
+      family("conveyor_recent_job_duration_seconds",
+             "Seconds from submission to the final state, for the newest 20 "
+             "ended jobs");
+  prometheus::MetricFamily ends =
+      family("conveyor_recent_job_end_timestamp_seconds",
+             "Unix time the job ended, for the newest 20 ended jobs");
+  std::vector<const v1::Job*> ended;
+  for (const v1::Job& job : jobs) {
+    if (job.state() == v1::RUNNING && job.started_unix_ms() > 0) {
+      const std::vector<prometheus::ClientMetric::Label> id = {
+          {"job_id", job.id()}};
+      const int64_t stepped =
+          std::max(job.last_step_unix_ms(), job.started_unix_ms());
+      last_step.metric.push_back(GaugeSample(id, stepped / 1000.0));
+      if (job.checkpoint_every() > 0) {
+        const int64_t saved =
+            std::max(job.last_checkpoint_unix_ms(), job.started_unix_ms());
+        last_checkpoint.metric.push_back(GaugeSample(id, saved / 1000.0));
+        interval.metric.push_back(
+            GaugeSample(id, static_cast<double>(job.checkpoint_every())));
+      }
+    }
+    if (job.ended_unix_ms() > 0 &&
+        (job.state() == v1::SUCCEEDED || job.state() == v1::FAILED ||
+         job.state() == v1::CANCELLED)) {
+      ended.push_back(&job);
+    }
+  }
+  const size_t keep = std::min(ended.size(), kRecentJobs);
+  std::partial_sort(ended.begin(), ended.begin() + keep, ended.end(),
+                    [](const v1::Job* a, const v1::Job* b) {
+                      return a->ended_unix_ms() > b->ended_unix_ms();
+                    });
+  for (size_t i = 0; i < keep; ++i) {
+    const v1::Job& job = *ended[i];
+    const std::vector<prometheus::ClientMetric::Label> labels = {
+        {"job_id", job.id()},
+        {"name", job.name()},
+        {"state", Lower(proto::JobStateName(job.state()))}};
+    durations.metric.push_back(GaugeSample(
+        labels,
+        std::max<int64_t>(0, job.ended_unix_ms() - job.created_unix_ms()) /
+            1000.0));
+    ends.metric.push_back(GaugeSample(labels, job.ended_unix_ms() / 1000.0));
+  }
+  std::vector<prometheus::MetricFamily> out;
+  for (prometheus::MetricFamily* f :
+       {&last_step, &last_checkpoint, &interval, &durations, &ends}) {
+    if (!f->metric.empty()) out.push_back(std::move(*f));
+  }
+  return out;
+}
+
 }  // namespace
 
 CoordinatorMetrics::CoordinatorMetrics()
@@ -119,9 +204,29 @@ CoordinatorMetrics::CoordinatorMetrics()
                              .Register(*registry_)),
       bubble_ratio_(BuildGauge()
                         .Name("conveyor_job_bubble_ratio")
-                        .Help("Mean over ranks of receive-wait time over step "
-                              "time, last step")
+                        .Help("Schedule bubble of the last step: idle area "
+                              "of its timeline over ranks x makespan")
                         .Register(*registry_)),
+      receive_wait_ratio_(BuildGauge()
+                              .Name("conveyor_job_receive_wait_ratio")
+                              .Help("Mean over ranks of receive-wait time "
+                                    "over step time, last step")
+                              .Register(*registry_)),
+      learning_rate_(BuildGauge()
+                         .Name("conveyor_job_learning_rate")
+                         .Help("Learning rate of the last completed step")
+                         .Register(*registry_)),
+      grad_norm_(BuildGauge()
+                     .Name("conveyor_job_grad_norm")
+                     .Help("Global L2 norm of the last step's gradients, "
+                           "before clipping")
+                     .Register(*registry_)),
+      mfu_(BuildGauge()
+               .Name("conveyor_job_mfu_ratio")
+               .Help("Model FLOPs utilisation of the last step: the model's "
+                     "training FLOP/s over the devices' peak "
+                     "(conveyor-worker --peak-tflops)")
+               .Register(*registry_)),
       eval_loss_(BuildGauge()
                      .Name("conveyor_eval_loss")
                      .Help("Mean loss over the validation batches of the "
@@ -178,7 +283,10 @@ void CoordinatorMetrics::OnSubmitted(const v1::Job& job) {
                 .loss = &loss_.Add(labels),
                 .samples_per_second = &samples_per_second_.Add(labels),
                 .tokens_per_second = &tokens_per_second_.Add(labels),
-                .bubble_ratio = &bubble_ratio_.Add(labels)};
+                .bubble_ratio = &bubble_ratio_.Add(labels),
+                .receive_wait_ratio = &receive_wait_ratio_.Add(labels),
+                .learning_rate = &learning_rate_.Add(labels),
+                .grad_norm = &grad_norm_.Add(labels)};
   jobs_[job.id()].info->Set(1);
 }
 
@@ -194,6 +302,13 @@ void CoordinatorMetrics::OnStep(const v1::Job& job,
   s.samples_per_second->Set(step.samples_per_second());
   s.tokens_per_second->Set(step.tokens_per_second());
   s.bubble_ratio->Set(step.bubble_fraction());
+  s.receive_wait_ratio->Set(step.receive_wait_fraction());
+  s.learning_rate->Set(step.learning_rate());
+  s.grad_norm->Set(step.grad_norm());
+  if (step.mfu() > 0) {
+    if (s.mfu == nullptr) s.mfu = &mfu_.Add({{"job_id", job.id()}});
+    s.mfu->Set(step.mfu());
+  }
   if (step.has_eval()) {
     if (s.eval_loss == nullptr)
       s.eval_loss = &eval_loss_.Add({{"job_id", job.id()}});
@@ -215,7 +330,11 @@ void CoordinatorMetrics::OnFinished(const v1::Job& job) {
   samples_per_second_.Remove(s.samples_per_second);
   tokens_per_second_.Remove(s.tokens_per_second);
   bubble_ratio_.Remove(s.bubble_ratio);
+  receive_wait_ratio_.Remove(s.receive_wait_ratio);
+  learning_rate_.Remove(s.learning_rate);
+  grad_norm_.Remove(s.grad_norm);
   if (s.eval_loss != nullptr) eval_loss_.Remove(s.eval_loss);
+  if (s.mfu != nullptr) mfu_.Remove(s.mfu);
   jobs_.erase(it);
 }
 
@@ -240,7 +359,8 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
                              v1::SUCCEEDED, v1::FAILED, v1::CANCELLED}) {
     jobs[Lower(proto::JobStateName(state))] = 0;
   }
-  for (const v1::Job& job : manager->ListJobs()) {
+  const std::vector<v1::Job> listed = manager->ListJobs();
+  for (const v1::Job& job : listed) {
     ++jobs[Lower(proto::JobStateName(job.state()))];
   }
   std::map<std::string, double> workers = {
@@ -285,6 +405,9 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
   healthy.metric.push_back(
       GaugeSample({}, manager->StateFileError().empty() ? 1 : 0));
   out.push_back(std::move(healthy));
+  for (prometheus::MetricFamily& family : JobTimeFamilies(listed)) {
+    out.push_back(std::move(family));
+  }
   return out;
 }
 

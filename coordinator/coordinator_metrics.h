@@ -68,9 +68,14 @@ class CoordinatorMetrics final : public JobObserver,
     prometheus::Gauge* samples_per_second;
     prometheus::Gauge* tokens_per_second;
     prometheus::Gauge* bubble_ratio;
+    prometheus::Gauge* receive_wait_ratio;
+    prometheus::Gauge* learning_rate;
+    prometheus::Gauge* grad_norm;
     // Added at the job's first evaluation, so a job without an eval
-    // section exports no eval loss at all (not a misleading 0).
+    // section exports no eval loss at all (not a misleading 0); the MFU
+    // likewise at its first step with a known device peak.
     prometheus::Gauge* eval_loss = nullptr;
+    prometheus::Gauge* mfu = nullptr;
   };
 
   std::shared_ptr<prometheus::Registry> registry_;
@@ -84,6 +89,10 @@ class CoordinatorMetrics final : public JobObserver,
   prometheus::Family<prometheus::Gauge>& samples_per_second_;
   prometheus::Family<prometheus::Gauge>& tokens_per_second_;
   prometheus::Family<prometheus::Gauge>& bubble_ratio_;
+  prometheus::Family<prometheus::Gauge>& receive_wait_ratio_;
+  prometheus::Family<prometheus::Gauge>& learning_rate_;
+  prometheus::Family<prometheus::Gauge>& grad_norm_;
+  prometheus::Family<prometheus::Gauge>& mfu_;
   prometheus::Family<prometheus::Gauge>& eval_loss_;
   prometheus::Family<prometheus::Counter>& requests_;
 

@@ -94,6 +94,9 @@ void JobManager::OnStep(WorkerRecord& w, const v1::StepReport& report) {
     info.set_last_eval_perplexity(s.eval_perplexity());
   }
   info.set_last_step_seconds(s.seconds());
+  info.set_last_step_unix_ms(NowUnixMs());
+  info.set_last_grad_norm(s.grad_norm());
+  info.set_last_mfu(s.mfu());
   info.set_samples_per_second(s.samples_per_second());
   info.set_tokens_per_second(s.tokens_per_second());
   AddEvent(*job, &s);
@@ -206,9 +209,9 @@ void JobManager::OnCheckpoint(WorkerRecord& w,
 void JobManager::CommitCheckpoint(JobRecord& job, int64_t step,
                                   const std::map<int, v1::StageFile>& files) {
   const std::string& dir = job.plan.job.checkpoint.dir;
-  const checkpoint::CheckpointManifest manifest =
-      checkpoint::MakeManifest(job.plan, job.info.id(), job.config_hash,
-                               job.training_hash, step, files, NowUnixMs());
+  const checkpoint::CheckpointManifest manifest = checkpoint::MakeManifest(
+      job.plan, job.info.id(), job.config_hash, job.training_hash,
+      job.request.yaml(), step, files, NowUnixMs());
   if (step == options_.fault_commit_step) {
     SPDLOG_WARN(
         "{}: fault injection: every file of step {} is in; pausing "
@@ -227,6 +230,7 @@ void JobManager::CommitCheckpoint(JobRecord& job, int64_t step,
   }
   job.committed = checkpoint::ResumePointOf(manifest, dir);
   job.info.set_last_checkpoint_step(step);
+  job.info.set_last_checkpoint_unix_ms(NowUnixMs());
   MarkChanged();
   SPDLOG_INFO("{}: checkpoint of step {} complete in {}", job.info.id(), step,
               checkpoint::StepDirPath(dir, step));

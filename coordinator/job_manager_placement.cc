@@ -49,9 +49,14 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
   // Outside the lock: finding the checkpoint reads the filesystem.
   std::optional<checkpoint::ResumePoint> resume;
   if (spec->resume.kind != engine::ResumeSpec::Kind::kNone) {
-    absl::StatusOr<checkpoint::ResumePoint> point = checkpoint::FindResumePoint(
-        spec->resume, spec->checkpoint.dir, config_hash, training_hash);
+    absl::StatusOr<checkpoint::ResumePoint> point =
+        checkpoint::FindResumePoint(spec->resume, spec->checkpoint.dir,
+                                    config_hash, training_hash, request.yaml());
     if (!point.ok()) return point.status();
+    for (const std::string& note : point->notes) {
+      SPDLOG_INFO("'{}' resumes from {}: {}", spec->name, point->step_dir,
+                  note);
+    }
     if (absl::Status s = checkpoint::AdoptCheckpointCut(*point, *spec); !s.ok())
       return s;
     resume = *std::move(point);
@@ -136,6 +141,9 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
       info.set_steps_done(job.resume->step);
       info.set_resumed_from_step(job.resume->step);
       info.set_resumed_from(job.resume->step_dir);
+      for (const std::string& note : job.resume->notes) {
+        info.add_resume_notes(note);
+      }
     }
     info.set_state(v1::QUEUED);
     SPDLOG_INFO("{} '{}' queued: {} over {} worker(s)", info.id(), info.name(),
@@ -184,8 +192,11 @@ void JobManager::DescribePlan(JobRecord& job) {
     job.rates.tokens_per_sample = 1;
     for (int64_t d : spec.model.input_shape) job.rates.tokens_per_sample *= d;
   }
+  job.rates.flops_per_sample = spec.model.TrainingFlopsPerSample();
   v1::Job& info = job.info;
   info.set_steps_total(spec.training.steps);
+  info.set_checkpoint_every(
+      spec.checkpoint.dir.empty() ? 0 : spec.checkpoint.every);
   // schedule: auto stays "auto" until ChooseStages picks (the provisional
   // plan's 1f1b is nobody's choice).
   info.set_schedule(
@@ -245,6 +256,18 @@ void JobManager::Place(JobRecord& job,
   job.prepare_deadline = options_.clock() + options_.prepare_timeout;
   job.info.clear_worker_ids();
   for (WorkerRecord* w : workers) job.info.add_worker_ids(w->info.id());
+  // The MFU's denominator: every rank computes on devices_per_stage devices
+  // of its worker. One worker of unknown peak leaves the job without MFU.
+  job.rates.peak_flops = 0;
+  for (WorkerRecord* w : workers) {
+    const double peak = w->info.peak_flops_per_device();
+    if (!(peak > 0)) {
+      job.rates.peak_flops = 0;
+      break;
+    }
+    job.rates.peak_flops +=
+        peak * static_cast<double>(job.plan.job.pipeline.devices_per_stage);
+  }
   for (v1::StagePlacement& s : *job.info.mutable_stages()) {
     s.set_worker_id(job.info.worker_ids(s.rank()));
   }

@@ -22,6 +22,10 @@ std::string MetricsLogLine(const v1::StepSummary& step, int64_t unix_ms,
   j["samples_per_second"] = step.samples_per_second();
   j["tokens_per_second"] = step.tokens_per_second();
   j["bubble_fraction"] = step.bubble_fraction();
+  j["receive_wait_fraction"] = step.receive_wait_fraction();
+  j["grad_norm"] = step.grad_norm();
+  // Absent, not 0, where a device's peak is unknown: 0 would read as idle.
+  if (step.mfu() > 0) j["mfu"] = step.mfu();
   if (step.has_eval()) {
     j["eval_loss"] = step.eval_loss();
     j["eval_perplexity"] = step.eval_perplexity();

@@ -1,6 +1,12 @@
 #include "coordinator/step_aggregator.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "telemetry/step_timeline.h"
 
 namespace conveyor::coordinator {
 
@@ -9,7 +15,10 @@ v1::StepSummary SummarizeStep(int64_t step,
                               const StepRates& rates) {
   v1::StepSummary s;
   s.set_step(step);
-  double bubble = 0;
+  double receive_wait = 0, grad_squared_sum = 0;
+  int64_t origin = std::numeric_limits<int64_t>::max();
+  std::vector<telemetry::RankSpans> timeline;
+  timeline.reserve(reports.size());
   for (int r = 0; r < static_cast<int>(reports.size()); ++r) {
     const v1::StepReport& rr = reports[r];
     s.set_seconds(std::max(s.seconds(), rr.seconds()));
@@ -26,7 +35,10 @@ v1::StepSummary SummarizeStep(int64_t step,
       s.set_eval_loss(rr.eval_loss());
       s.set_eval_perplexity(rr.eval_perplexity());
     }
-    if (rr.seconds() > 0) bubble += rr.wait_seconds() / rr.seconds();
+    if (rr.seconds() > 0) receive_wait += rr.wait_seconds() / rr.seconds();
+    grad_squared_sum += rr.grad_squared_sum();
+    timeline.push_back({rr.start_unix_us(), &rr.spans()});
+    origin = std::min(origin, rr.start_unix_us());
     v1::RankStep* rs = s.add_ranks();
     rs->set_rank(r);
     rs->set_seconds(rr.seconds());
@@ -34,10 +46,23 @@ v1::StepSummary SummarizeStep(int64_t step,
     rs->set_peak_activation_bytes(rr.peak_activation_bytes());
     rs->set_peak_in_flight(rr.peak_in_flight());
   }
-  if (!reports.empty()) s.set_bubble_fraction(bubble / reports.size());
+  if (!reports.empty()) {
+    s.set_receive_wait_fraction(receive_wait / reports.size());
+    // The trace SVG's bubble, from the same boxes (telemetry/step_timeline.h).
+    s.set_bubble_fraction(
+        telemetry::ScheduleBubble(telemetry::ActionBoxes(timeline, origin)));
+  }
+  // A worker's garbage must not turn into a NaN on every dashboard.
+  if (grad_squared_sum > 0 && std::isfinite(grad_squared_sum)) {
+    s.set_grad_norm(std::sqrt(grad_squared_sum));
+  }
   if (s.seconds() > 0) {
     s.set_samples_per_second(rates.samples_per_step / s.seconds());
     s.set_tokens_per_second(s.samples_per_second() * rates.tokens_per_sample);
+    if (rates.peak_flops > 0) {
+      s.set_mfu(s.samples_per_second() * rates.flops_per_sample /
+                rates.peak_flops);
+    }
   }
   return s;
 }

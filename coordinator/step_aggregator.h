@@ -26,6 +26,11 @@ namespace conveyor::coordinator {
 struct StepRates {
   double samples_per_step = 0;
   double tokens_per_sample = 0;  // 0: the model's input is not tokens.
+  // For the MFU: the model's training FLOPs per sample
+  // (engine::ModelSpec::TrainingFlopsPerSample) and the summed peak FLOP/s
+  // of the devices the job runs on, 0 when a worker's is unknown.
+  double flops_per_sample = 0;
+  double peak_flops = 0;
 };
 
 // The summary of one step from every rank's report, by rank.

@@ -1,6 +1,7 @@
 #include "coordinator/worker_registry.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -60,6 +61,23 @@ absl::StatusOr<WorkerRecord*> WorkerRegistry::Add(
           "is host:pid)"));
     }
   }
+  // The worker is back under its name: its LOST record would only keep a
+  // `worker lost` alert firing (conveyor_workers{state="lost"}) for a worker
+  // that is there. And lost records are capped, oldest first, so workers
+  // that come and go under new names (pods) do not grow the registry, the
+  // listings and the state gauges without bound.
+  std::vector<int64_t> lost;
+  for (const auto& [n, other] : workers_) {
+    if (other.info.state() == v1::LOST) lost.push_back(n);
+  }
+  size_t kept = lost.size();
+  for (int64_t n : lost) {
+    if (workers_.at(n).info.name() == request.name() ||
+        kept > kMaxLostWorkers - 1) {
+      workers_.erase(n);
+      --kept;
+    }
+  }
   const int64_t number = next_++;
   WorkerRecord& w = workers_[number];
   w.info.set_id(WorkerId(number));
@@ -68,6 +86,12 @@ absl::StatusOr<WorkerRecord*> WorkerRegistry::Add(
   *w.info.mutable_devices() = request.devices();
   w.info.set_data_address(request.data_address());
   w.info.set_metrics_address(request.metrics_address());
+  // A NaN or negative peak (a skewed or hostile worker) is unknown.
+  w.info.set_peak_flops_per_device(
+      request.peak_flops_per_device() > 0 &&
+              std::isfinite(request.peak_flops_per_device())
+          ? request.peak_flops_per_device()
+          : 0);
   w.info.set_state(v1::IDLE);
   w.info.set_registered_unix_ms(now_unix_ms);
   w.connection = std::move(connection);

@@ -52,9 +52,14 @@ class WorkerRegistry {
   // and metric labels).
   absl::Status CheckRequest(const v1::RegisterRequest& request) const;
 
+  // Lost workers listed at most (Add forgets the oldest beyond).
+  static constexpr size_t kMaxLostWorkers = 256;
+
   // Registers a checked request as IDLE, seen at `now`. AlreadyExists when
   // a live worker has the name (a lost one's name is free again: a
-  // restarted worker registers under its old name).
+  // restarted worker registers under its old name, and the lost record of
+  // that name is forgotten). Keeps at most kMaxLostWorkers lost records,
+  // forgetting the oldest.
   absl::StatusOr<WorkerRecord*> Add(
       const v1::RegisterRequest& request,
       std::shared_ptr<WorkerConnection> connection, TimePoint now,

@@ -551,6 +551,33 @@ int64_t ModelSpec::NumParams() const {
   return n;
 }
 
+double ModelSpec::TrainingFlopsPerSample() const {
+  double forward = 0;
+  for (const LayerSpec& layer : layers) {
+    if (layer.kind == LayerKind::kEmbedding) continue;  // Lookups.
+    // Every position but the feature dimension takes the layer's matrices.
+    double positions = 1;
+    for (size_t d = 0; d + 1 < layer.input_shape.size(); ++d) {
+      positions *= static_cast<double>(layer.input_shape[d]);
+    }
+    for (const ParamSpec& p : layer.params) {
+      if (p.shape.size() == 2) {
+        forward += 2.0 * static_cast<double>(p.NumElements()) * positions;
+      }
+    }
+    const bool attends = layer.kind == LayerKind::kAttention ||
+                         layer.kind == LayerKind::kTransformerBlock ||
+                         layer.kind == LayerKind::kLlamaBlock;
+    if (attends && layer.input_shape.size() == 2) {
+      const double s = static_cast<double>(layer.input_shape[0]);
+      const double width = static_cast<double>(
+          layer.qkv_features > 0 ? layer.qkv_features : layer.input_shape[1]);
+      forward += 4.0 * s * s * width;
+    }
+  }
+  return 3.0 * forward;
+}
+
 absl::Status SetStageBoundaries(ModelSpec* model,
                                 const std::vector<int>& stage_begin) {
   const int num_layers = static_cast<int>(model->layers.size());

@@ -114,6 +114,15 @@ struct ModelSpec {
   std::vector<const ParamSpec*> StageParams(int stage) const;
   // Total parameter elements, each parameter once (<= kMaxModelParams).
   int64_t NumParams() const;
+  // Model FLOPs of one training sample (forward and backward), the
+  // numerator of model FLOPs utilisation: 2 per multiply-add of every
+  // weight matrix at every position, plus attention's scores and weighted
+  // sum (4 s^2 d per attention layer of sequence s and width d, counted
+  // whole even when causal, as PaLM and Megatron count them); the backward
+  // is twice the forward. Embedding lookups, norms and activations are not
+  // counted, nor is recomputation (remat): the work the model needs, not
+  // what this engine does.
+  double TrainingFlopsPerSample() const;
   // The parameters held twice (a tied lm_head's weight is the embedding's):
   // the stage of the original and of the copy. Empty for most models.
   std::vector<TiedParameter> TiedParameters() const;

@@ -259,6 +259,7 @@ absl::Status WorkerSession::RunStream(bool* refused) {
   for (const std::string& d : options_.devices) reg->add_devices(d);
   reg->set_data_address(options_.data_address);
   reg->set_metrics_address(options_.metrics_address);
+  reg->set_peak_flops_per_device(options_.peak_flops_per_device);
   // A failed write shows up as the end of the stream below.
   writer->Write(hello);
 

@@ -92,6 +92,9 @@ struct SessionOptions {
   // the metrics to keep; both optional.
   std::string metrics_address;
   WorkerMetrics* metrics = nullptr;
+  // Peak FLOP/s of one device (--peak-tflops), reported at registration for
+  // the MFU of its jobs; 0: unknown.
+  double peak_flops_per_device = 0;
   // What jobs compute on (from --devices); nullptr: the CPU. Outlives the
   // session.
   DeviceBackends* backends = nullptr;

@@ -317,9 +317,14 @@ absl::StatusOr<RankStepResult> StageExecutor::RunActions(
     RETURN_IF_ERROR(stage->BeforeOptimizerStep());
   }
   RETURN_IF_ERROR(SumTiedGradients(step));
-  std::optional<double> global_norm;
+  // Every step reports its share of the gradient norm (the coordinator
+  // sums the ranks'); clipping needs the whole norm before the update, so
+  // it sums them here too. Without the all-reduce this rank's is the whole
+  // (the optimizer would compute the same sum again).
+  ASSIGN_OR_RETURN(const double local, optimizer_->GradSquaredSum());
+  result.grad_squared_sum = local;
+  std::optional<double> global_norm = std::sqrt(local);
   if (all_reduce) {
-    ASSIGN_OR_RETURN(double local, optimizer_->GradSquaredSum());
     spans_.Record(SpanKind::kOptimizer);
     absl::StatusOr<double> total = all_reduce(local);
     spans_.Record(SpanKind::kAllReduce);

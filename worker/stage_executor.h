@@ -106,6 +106,9 @@ struct RankStepResult {
   double seconds = 0;
   double wait_seconds = 0;  // Blocked in Recv: this rank's bubble.
   double grad_norm = 0;     // When clipping.
+  // This rank's sum of squared gradients before clipping (tied copies
+  // once); the job's gradient norm is the root of the ranks' sum.
+  double grad_squared_sum = 0;
   size_t peak_activation_bytes = 0;
   // The most (stage, microbatch) pairs this rank held at once: forwarded
   // and not yet through BW, over its stages. Depends on the action order

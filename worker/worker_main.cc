@@ -158,6 +158,15 @@ int main(int argc, char** argv) {
   app.add_option("--name", options.name,
                  "This worker's name as the coordinator lists it")
       ->capture_default_str();
+  double peak_tflops = 0;
+  app.add_option("--peak-tflops", peak_tflops,
+                 "Peak TFLOP/s of one of its devices at the precision jobs "
+                 "run in (a datasheet figure, or a measured GEMM rate for a "
+                 "CPU), for the model FLOPs utilisation its jobs report "
+                 "(conveyor_job_mfu_ratio); 0: unknown, and jobs on this "
+                 "worker report no MFU")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
   std::string auth_token_file;
   app.add_option("--auth-token-file", auth_token_file,
                  "File holding the cluster's shared token, presented to the "
@@ -200,6 +209,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<conveyor::worker::DeviceBackends>> backends =
       conveyor::worker::DeviceBackends::Create(options.devices);
   absl::Status valid = backends.status();
+  options.peak_flops_per_device = peak_tflops * 1e12;
   if (valid.ok()) valid = CheckAddress("--coordinator", options.coordinator);
   if (valid.ok()) valid = CheckAddress("--data-address", options.data_address);
   if (valid.ok() && !metrics_address.empty()) {

@@ -66,18 +66,18 @@ WorkerMetrics::WorkerMetrics(std::string worker_name)
                          .Register(*registry_)),
       idle_(BuildCounter()
                 .Name("conveyor_stage_idle_seconds_total")
-                .Help("Time the stage's actions waited for a tensor: the "
-                      "bubble")
+                .Help("Time the stage's actions waited to receive a "
+                      "tensor")
                 .Register(*registry_)),
       microbatches_(BuildCounter()
                         .Name("conveyor_stage_microbatches_total")
                         .Help("Microbatches through the stage's forward")
                         .Register(*registry_)),
-      bubble_ratio_(BuildGauge()
-                        .Name("conveyor_stage_bubble_ratio")
-                        .Help("Idle time of the stage over the worker's step "
-                              "time, last step")
-                        .Register(*registry_)),
+      receive_wait_ratio_(BuildGauge()
+                              .Name("conveyor_stage_receive_wait_ratio")
+                              .Help("Time the stage waited to receive tensors "
+                                    "over the worker's step time, last step")
+                              .Register(*registry_)),
       peak_activation_(BuildGauge()
                            .Name("conveyor_stage_peak_activation_bytes")
                            .Help("Most activation bytes the stage held at "
@@ -201,7 +201,7 @@ JobMetrics::JobMetrics(WorkerMetrics* owner, std::string job_id,
         .communication = &owner_->communication_.Add(labels),
         .idle = &owner_->idle_.Add(labels),
         .microbatches = &owner_->microbatches_.Add(labels),
-        .bubble_ratio = &owner_->bubble_ratio_.Add(labels),
+        .receive_wait_ratio = &owner_->receive_wait_ratio_.Add(labels),
         .peak_activation_bytes = &owner_->peak_activation_.Add(labels)};
   }
   step_duration_ =
@@ -218,7 +218,7 @@ JobMetrics::~JobMetrics() {
     o.communication_.Remove(s.communication);
     o.idle_.Remove(s.idle);
     o.microbatches_.Remove(s.microbatches);
-    o.bubble_ratio_.Remove(s.bubble_ratio);
+    o.receive_wait_ratio_.Remove(s.receive_wait_ratio);
     o.peak_activation_.Remove(s.peak_activation_bytes);
   }
   o.step_duration_.Remove(step_duration_);
@@ -249,7 +249,8 @@ void JobMetrics::RecordStep(const RankStepResult& step) {
     s.communication->Increment(t.communication_seconds);
     s.idle->Increment(t.idle_seconds);
     s.microbatches->Increment(static_cast<double>(t.microbatches));
-    s.bubble_ratio->Set(step.seconds > 0 ? t.idle_seconds / step.seconds : 0);
+    s.receive_wait_ratio->Set(step.seconds > 0 ? t.idle_seconds / step.seconds
+                                               : 0);
     s.peak_activation_bytes->Set(static_cast<double>(t.peak_activation_bytes));
   }
 }

@@ -61,7 +61,7 @@ class JobMetrics final : public transport::DataPlaneObserver {
     prometheus::Counter* communication;
     prometheus::Counter* idle;
     prometheus::Counter* microbatches;
-    prometheus::Gauge* bubble_ratio;
+    prometheus::Gauge* receive_wait_ratio;
     prometheus::Gauge* peak_activation_bytes;
   };
   struct PeerSeries {
@@ -121,7 +121,7 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>& communication_;
   prometheus::Family<prometheus::Counter>& idle_;
   prometheus::Family<prometheus::Counter>& microbatches_;
-  prometheus::Family<prometheus::Gauge>& bubble_ratio_;
+  prometheus::Family<prometheus::Gauge>& receive_wait_ratio_;
   prometheus::Family<prometheus::Gauge>& peak_activation_;
   prometheus::Family<prometheus::Histogram>& step_duration_;
   prometheus::Family<prometheus::Counter>& sent_;

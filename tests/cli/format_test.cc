@@ -101,6 +101,15 @@ TEST(FormatStepLineTest, ShowsTokensBubbleAndNoEtaAtTheEnd) {
             "9000 tokens/s  bubble 12.5%");
 }
 
+TEST(FormatStepLineTest, ShowsTheGradientNormAndMfuWhenKnown) {
+  v1::StepSummary s = Step(200, 2.5);
+  s.set_grad_norm(0.8125);
+  s.set_mfu(0.4125);
+  EXPECT_EQ(FormatStepLine(s, 200, 0.0),
+            "step 200/200  loss 2.500000  lr 0.003  3.2 ms  40000 samples/s  "
+            "grad norm 0.812  MFU 41.2%");
+}
+
 TEST(FormatStepLineTest, LeavesOutTheLossWhenThereIsNone) {
   v1::StepSummary s = Step(3, 0);
   s.set_has_loss(false);
@@ -153,6 +162,11 @@ TEST(FormatStateLineTest, DescribesEachState) {
   job.set_state(v1::QUEUED);
   job.set_queue_position(2);
   EXPECT_EQ(FormatStateLine(job), "job-7 (mlp): QUEUED, position 2");
+  job.add_resume_notes("training.steps raised from 10 to 20");
+  EXPECT_EQ(FormatStateLine(job),
+            "job-7 (mlp): QUEUED, position 2\n"
+            "  note: training.steps raised from 10 to 20");
+  job.clear_resume_notes();
   job.set_state(v1::RUNNING);
   EXPECT_EQ(FormatStateLine(job),
             "job-7 (mlp): RUNNING: 1f1b: 2 worker(s) x 1 virtual stage(s) = 2 "

@@ -322,7 +322,7 @@ TEST(RenderTraceSvgTest, DrawsOneGroupPerRankAndOneBoxPerAction) {
   // The boxes are the stage actions in time order; loss, data, sends and
   // the optimizer are not boxes of their own.
   EXPECT_THAT(RankGroup(*svg, 1),
-              HasSubstr("<title>B1.0: 0.265 to 0.465</title>"));
+              HasSubstr("<title>B1.0: 0.225 to 0.425</title>"));
   EXPECT_THAT(*svg, Not(HasSubstr("optimizer")));
   EXPECT_THAT(*svg, HasSubstr(">time (ms)</text>"));  // The axis's unit.
 }
@@ -332,14 +332,16 @@ TEST(RenderTraceSvgTest, ForwardBoxCoversAdjacentDataAndLoss) {
   ASSERT_TRUE(svg.ok()) << svg.status();
   const std::string r0 = RankGroup(*svg, 0);
   const std::string r1 = RankGroup(*svg, 1);
-  // Rank 0: data then forward, 40 us after the earliest start.
-  EXPECT_THAT(r0, HasSubstr("<title>F0.0: 0.04 to 0.15</title>"));
-  EXPECT_THAT(r0, HasSubstr("<title>F0.1: 0.155 to 0.265</title>"));
+  // Rank 0: data then forward, 40 us after the earliest start: the first
+  // action, where the axis starts (time before it belongs to the step
+  // before, telemetry/step_timeline.h).
+  EXPECT_THAT(r0, HasSubstr("<title>F0.0: 0 to 0.11</title>"));
+  EXPECT_THAT(r0, HasSubstr("<title>F0.1: 0.115 to 0.225</title>"));
   // Rank 1: forward then loss; data (targets), forward, loss.
-  EXPECT_THAT(r1, HasSubstr("<title>F1.0: 0.155 to 0.265</title>"));
-  EXPECT_THAT(r1, HasSubstr("<title>F1.1: 0.47 to 0.58</title>"));
+  EXPECT_THAT(r1, HasSubstr("<title>F1.0: 0.115 to 0.225</title>"));
+  EXPECT_THAT(r1, HasSubstr("<title>F1.1: 0.43 to 0.54</title>"));
   // A backward is never widened.
-  EXPECT_THAT(r0, HasSubstr("<title>B0.0: 0.47 to 0.67</title>"));
+  EXPECT_THAT(r0, HasSubstr("<title>B0.0: 0.43 to 0.63</title>"));
 }
 
 TEST(RenderTraceSvgTest, DataOfAnotherMicrobatchIsNotMerged) {
@@ -349,7 +351,7 @@ TEST(RenderTraceSvgTest, DataOfAnotherMicrobatchIsNotMerged) {
   absl::StatusOr<std::string> svg = RenderTraceSvg(trace);
   ASSERT_TRUE(svg.ok()) << svg.status();
   EXPECT_THAT(RankGroup(*svg, 0),
-              HasSubstr("<title>F0.1: 0.165 to 0.265</title>"));
+              HasSubstr("<title>F0.1: 0.125 to 0.225</title>"));
 }
 
 TEST(RenderTraceSvgTest, SortsSpansByTime) {
@@ -365,16 +367,17 @@ TEST(RenderTraceSvgTest, SortsSpansByTime) {
   ASSERT_NE(first, std::string::npos);
   ASSERT_NE(last, std::string::npos);
   EXPECT_LT(first, last);
-  EXPECT_THAT(group, HasSubstr("<title>F0.0: 0.04 to 0.15</title>"));
+  EXPECT_THAT(group, HasSubstr("<title>F0.0: 0 to 0.11</title>"));
 }
 
 TEST(RenderTraceSvgTest, TitleHasMeasuredMakespanAndBubble) {
   absl::StatusOr<std::string> svg = RenderTraceSvg(OneFOneBTrace());
   ASSERT_TRUE(svg.ok()) << svg.status();
-  // Makespan: B0.1 ends at 945 + 40 us. Busy: 0.62 ms per rank, so the
-  // bubble is 2 * 0.365 / (2 * 0.985).
+  // Makespan: from the first action (40 us after the earliest start) to
+  // B0.1's end at 945 + 40 us. Busy: 0.62 ms per rank, so the bubble is
+  // 2 * 0.325 / (2 * 0.945): what the coordinator reports for the step.
   EXPECT_THAT(*svg, HasSubstr(">job-7 step 3 (measured): 1f1b, P=2 V=1 M=2, "
-                              "makespan 0.985, bubble 37.06%</text>"));
+                              "makespan 0.945, bubble 34.39%</text>"));
 }
 
 TEST(RenderTraceSvgTest, KeepsACallersTitle) {

@@ -3,7 +3,9 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "coordinator/service.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -33,8 +35,9 @@ class CoordinatorMetricsTest : public ::testing::Test {
     metrics_->Attach(&manager_);
   }
 
-  std::string AddWorker(const std::string& name) {
+  std::string AddWorker(const std::string& name, double peak_flops = 0) {
     v1::RegisterRequest r;
+    r.set_peak_flops_per_device(peak_flops);
     r.set_protocol_version(proto::kProtocolVersion);
     r.set_version(kVersion);
     r.set_name(name);
@@ -56,8 +59,8 @@ TEST_F(CoordinatorMetricsTest, StateGaugesAreReadAtScrapeTime) {
   EXPECT_THAT(text, HasSubstr("conveyor_build_info{"));
   EXPECT_THAT(text, HasSubstr("conveyor_coordinator_state_file_healthy 1\n"));
 
-  const std::string w1 = AddWorker("a");
-  const std::string w2 = AddWorker("b");
+  const std::string w1 = AddWorker("a", 1e9);
+  const std::string w2 = AddWorker("b", 1e9);
   v1::SubmitJobRequest req;
   req.set_yaml(JobYaml(2));
   req.set_file_name("job.yaml");
@@ -84,6 +87,20 @@ TEST_F(CoordinatorMetricsTest, StateGaugesAreReadAtScrapeTime) {
     s->set_wait_seconds(0.125);
     s->set_has_loss(loss);
     s->set_loss(2.5);
+    s->set_learning_rate(0.01);
+    // Rank 0 holds 3^2, rank 1 4^2: a global norm of 5.
+    s->set_grad_squared_sum(loss ? 16 : 9);
+    // Two ranks, 400 us long, each busy 200 us: half the area idles.
+    s->set_start_unix_us(1000);
+    auto span = [&](v1::Span::Kind kind, int64_t start) {
+      v1::Span* x = s->add_spans();
+      x->set_kind(kind);
+      x->set_stage(loss ? 1 : 0);
+      x->set_start_us(start);
+      x->set_duration_us(100);
+    };
+    span(v1::Span::FORWARD, loss ? 100 : 0);
+    span(v1::Span::BACKWARD, loss ? 200 : 300);
     ASSERT_TRUE(manager_.HandleWorkerMessage(w, m).ok());
   };
   for (const std::string& w : {w1, w2}) {
@@ -99,16 +116,37 @@ TEST_F(CoordinatorMetricsTest, StateGaugesAreReadAtScrapeTime) {
   EXPECT_THAT(text,
               HasSubstr("conveyor_job_steps_completed_total" + id + " 1\n"));
   EXPECT_THAT(text, HasSubstr("conveyor_job_loss" + id + " 2.5\n"));
-  EXPECT_THAT(text, HasSubstr("conveyor_job_bubble_ratio" + id + " 0.25\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_job_bubble_ratio" + id + " 0.5\n"));
+  EXPECT_THAT(text,
+              HasSubstr("conveyor_job_receive_wait_ratio" + id + " 0.25\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_job_learning_rate" + id + " 0.01\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_job_grad_norm" + id + " 5\n"));
+  // Both workers know their peak (the arithmetic is step_aggregator_test's).
+  EXPECT_THAT(text, HasSubstr("conveyor_job_mfu_ratio" + id + " "));
+  EXPECT_THAT(text,
+              HasSubstr("conveyor_job_last_step_timestamp_seconds" + id + " "));
+  // The job keeps no checkpoints: no checkpoint clock to alert on.
+  EXPECT_THAT(
+      text, Not(HasSubstr("conveyor_job_last_checkpoint_timestamp_seconds{")));
   EXPECT_THAT(text,
               HasSubstr("conveyor_job_samples_per_second" + id + " 16\n"));
   EXPECT_THAT(text, HasSubstr("conveyor_job_step_duration_seconds_count" + id +
                               " 1\n"));
 
-  // The job's series go with the job; the totals stay.
+  // The job's series go with the job, but for its row among the recent
+  // ended jobs; the totals stay.
   ASSERT_TRUE(manager_.CancelJob(job->id(), "done").ok());
   text = Scrape(metrics_);
-  EXPECT_THAT(text, Not(HasSubstr(job->id())));
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StrContains(line, job->id())) {
+      EXPECT_TRUE(absl::StartsWith(line, "conveyor_recent_job_")) << line;
+    }
+  }
+  const std::string row = absl::StrCat("{job_id=\"", job->id(),
+                                       "\",name=\"mlp\",state=\"cancelled\"} ");
+  EXPECT_THAT(text, HasSubstr("conveyor_recent_job_duration_seconds" + row));
+  EXPECT_THAT(text,
+              HasSubstr("conveyor_recent_job_end_timestamp_seconds" + row));
   EXPECT_THAT(text, HasSubstr("conveyor_jobs{state=\"cancelled\"} 1\n"));
   EXPECT_THAT(
       text, HasSubstr("conveyor_jobs_finished_total{state=\"cancelled\"} 1\n"));

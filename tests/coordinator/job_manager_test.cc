@@ -331,7 +331,8 @@ TEST_F(JobManagerTest, RunsAJobThroughEveryStateWithOneEventPerStep) {
   EXPECT_TRUE(s.has_loss());
   EXPECT_DOUBLE_EQ(s.loss(), 1.25);
   EXPECT_DOUBLE_EQ(s.samples_per_second(), 16.0);
-  EXPECT_DOUBLE_EQ(s.bubble_fraction(), 0.2);
+  // The reports carry no timeline: the receive wait only.
+  EXPECT_DOUBLE_EQ(s.receive_wait_fraction(), 0.2);
   EXPECT_EQ(s.ranks_size(), 2);
 
   Ended(w1, job->id(), v1::SUCCEEDED);

@@ -46,6 +46,9 @@ TEST(MetricsLogTest, OneObjectPerStepWithWhatTheStepHas) {
   first.set_samples_per_second(64);
   first.set_tokens_per_second(8192);
   first.set_bubble_fraction(0.2);
+  first.set_receive_wait_fraction(0.125);
+  first.set_grad_norm(1.5);
+  first.set_mfu(0.375);
   v1::StepSummary second = first;
   second.set_step(2);
   second.set_has_eval(true);
@@ -68,6 +71,10 @@ TEST(MetricsLogTest, OneObjectPerStepWithWhatTheStepHas) {
   EXPECT_EQ(lines[0]["samples_per_second"], 64.0);
   EXPECT_EQ(lines[0]["tokens_per_second"], 8192.0);
   EXPECT_EQ(lines[0]["bubble_fraction"], 0.2);
+  EXPECT_EQ(lines[0]["receive_wait_fraction"], 0.125);
+  EXPECT_EQ(lines[0]["grad_norm"], 1.5);
+  EXPECT_EQ(lines[0]["mfu"], 0.375);
+  EXPECT_FALSE(lines[2].contains("mfu"));  // No known peak: absent.
   EXPECT_FALSE(lines[0].contains("eval_loss"));
   EXPECT_EQ(lines[1]["eval_loss"], 2.75);
   EXPECT_EQ(lines[1]["eval_perplexity"], 15.6);

@@ -1,5 +1,7 @@
 #include "coordinator/step_aggregator.h"
 
+#include <cmath>
+
 #include "gtest/gtest.h"
 
 namespace conveyor::coordinator {
@@ -28,12 +30,66 @@ TEST(SummarizeStepTest, TakesTheSlowestRankTheLossAndTheMeanBubble) {
   EXPECT_TRUE(s.has_loss());
   EXPECT_EQ(s.loss(), 0.25f);
   // (0.5 / 2 + 1 / 4) / 2: each rank's share of waiting, averaged.
-  EXPECT_DOUBLE_EQ(s.bubble_fraction(), 0.25);
+  EXPECT_DOUBLE_EQ(s.receive_wait_fraction(), 0.25);
+  // No spans, no timeline: no schedule bubble to report.
+  EXPECT_EQ(s.bubble_fraction(), 0);
   EXPECT_DOUBLE_EQ(s.samples_per_second(), 2.0);
   EXPECT_DOUBLE_EQ(s.tokens_per_second(), 32.0);
   ASSERT_EQ(s.ranks_size(), 2);
   EXPECT_EQ(s.ranks(1).rank(), 1);
   EXPECT_EQ(s.ranks(1).wait_seconds(), 1.0);
+}
+
+void AddSpan(v1::StepReport& r, v1::Span::Kind kind, int stage, int64_t start,
+             int64_t duration) {
+  v1::Span* s = r.add_spans();
+  s->set_kind(kind);
+  s->set_stage(stage);
+  s->set_start_us(start);
+  s->set_duration_us(duration);
+}
+
+// The schedule bubble from the ranks' timelines, as the trace SVG draws
+// them: a forward's box takes in its data read and loss; sends, receive
+// waits and the optimizer are not actions; each rank's clock starts at its
+// own start_unix_us.
+TEST(SummarizeStepTest, TheBubbleIsTheIdleAreaOfTheStepsTimeline) {
+  v1::StepReport a = Report(1, 1, 0), b = Report(1, 1, 0, 1.0f);
+  a.set_start_unix_us(5000);
+  AddSpan(a, v1::Span::DATA, 0, 0, 50);
+  AddSpan(a, v1::Span::FORWARD, 0, 50, 50);  // Box 0..100.
+  AddSpan(a, v1::Span::SEND, 0, 100, 10);
+  AddSpan(a, v1::Span::RECV_WAIT, 0, 110, 390);
+  AddSpan(a, v1::Span::BACKWARD, 0, 500, 100);  // Box 500..600.
+  AddSpan(a, v1::Span::OPTIMIZER, -1, 600, 400);
+  b.set_start_unix_us(5100);                    // Starts 100 us later.
+  AddSpan(b, v1::Span::FORWARD, 1, 0, 100);     // 100..200 on a's clock.
+  AddSpan(b, v1::Span::LOSS, 1, 100, 100);      // Forward box to 300.
+  AddSpan(b, v1::Span::BACKWARD, 1, 200, 200);  // 300..500.
+  const v1::StepSummary s = SummarizeStep(1, {a, b}, {8, 0});
+  // Makespan 600 us; busy 100 + 100 + 200 + 200 = 600 of 2 x 600.
+  EXPECT_DOUBLE_EQ(s.bubble_fraction(), 0.5);
+}
+
+// The global gradient norm is the root of the ranks' sums of squares; the
+// MFU is the model's FLOP/s over the job's peak, and absent without one.
+TEST(SummarizeStepTest, SumsTheGradientNormAndComputesTheMfu) {
+  v1::StepReport a = Report(1, 2.0, 0), b = Report(1, 2.0, 0, 1.0f);
+  a.set_grad_squared_sum(36);
+  b.set_grad_squared_sum(64);
+  StepRates rates{.samples_per_step = 8,
+                  .tokens_per_sample = 0,
+                  .flops_per_sample = 1e9,
+                  .peak_flops = 16e9};
+  const v1::StepSummary s = SummarizeStep(1, {a, b}, rates);
+  EXPECT_DOUBLE_EQ(s.grad_norm(), 10);
+  // 4 samples/s x 1 GFLOP over 16 GFLOP/s.
+  EXPECT_DOUBLE_EQ(s.mfu(), 0.25);
+  rates.peak_flops = 0;
+  EXPECT_EQ(SummarizeStep(1, {a, b}, rates).mfu(), 0);
+  // A NaN from a broken worker reports no norm rather than NaN.
+  a.set_grad_squared_sum(std::nan(""));
+  EXPECT_EQ(SummarizeStep(1, {a, b}, rates).grad_norm(), 0);
 }
 
 // Every rank reports that an evaluation followed the step and how long its

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/protocol.h"
@@ -63,13 +64,43 @@ TEST(WorkerRegistryTest, NumbersWorkersAndKeepsLiveNamesUnique) {
   auto again = registry.Add(Request("a"), nullptr, now, 0);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ((*again)->info.id(), "worker-2");
-  EXPECT_EQ(registry.Find("worker-1"), *a);
+  // The lost record of the name is gone with the worker's return.
+  EXPECT_EQ(registry.Find("worker-1"), nullptr);
+  EXPECT_EQ(registry.Find("worker-2"), *again);
   EXPECT_EQ(registry.Find("worker-3"), nullptr);
   EXPECT_EQ(registry.Find("job-1"), nullptr);
   EXPECT_EQ(registry.Find("worker-x"), nullptr);
-  registry.Erase("worker-1");
-  EXPECT_EQ(registry.Find("worker-1"), nullptr);
+  registry.Erase("worker-2");
+  EXPECT_EQ(registry.Find("worker-2"), nullptr);
+  EXPECT_TRUE(registry.All().empty());
+}
+
+// A worker back under its name replaces its lost record (which would keep
+// the worker-lost alert firing), and lost records are capped, oldest first.
+TEST(WorkerRegistryTest, ForgetsLostRecordsOfReturningNamesAndTheOldest) {
+  WorkerRegistry registry("1.0");
+  const TimePoint now{};
+  auto lose = [&](const std::string& name) {
+    absl::StatusOr<WorkerRecord*> w =
+        registry.Add(Request(name), nullptr, now, 0);
+    EXPECT_TRUE(w.ok()) << w.status();
+    (*w)->info.set_state(v1::LOST);
+    return (*w)->info.id();
+  };
+  const std::string first = lose("a");
+  ASSERT_TRUE(registry.Add(Request("a"), nullptr, now, 0).ok());
+  EXPECT_EQ(registry.Find(first), nullptr);
   EXPECT_EQ(registry.All().size(), 1u);
+
+  std::vector<std::string> ids;
+  for (size_t i = 0; i < WorkerRegistry::kMaxLostWorkers + 5; ++i) {
+    ids.push_back(lose(absl::StrCat("pod-", i)));
+  }
+  ASSERT_TRUE(registry.Add(Request("new"), nullptr, now, 0).ok());
+  // a, new, and the newest kMaxLostWorkers - 1 lost ones.
+  EXPECT_EQ(registry.All().size(), WorkerRegistry::kMaxLostWorkers + 1);
+  EXPECT_EQ(registry.Find(ids.front()), nullptr);
+  EXPECT_NE(registry.Find(ids.back()), nullptr);
 }
 
 TEST(WorkerRegistryTest, CountsLiveAndIdleWorkersByDevices) {

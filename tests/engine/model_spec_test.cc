@@ -413,6 +413,29 @@ TEST(ModelSpecTest, TokenModelWithEmbeddingLmHeadAndCrossEntropy) {
             1000 * 64 + 128 * 64 + 2 * block + 2 * 64 + 1000 * 64);
 }
 
+// The MFU numerator, by hand: 2 FLOPs per weight element per position,
+// attention's 4 s^2 d, times 3 for the backward; lookups and norms free.
+TEST(ModelSpecTest, TrainingFlopsPerSampleCountsMatricesAndAttention) {
+  const ModelSpec spec = ParseOk(Job(
+      R"(    - embedding: {vocab_size: 50, features: 8}
+    - transformer_block: {heads: 2, mlp_features: 32, causal: true}
+    - boundary
+    - layernorm
+    - lm_head: {vocab_size: 50, tied: true}
+)",
+      "[6]", "cross_entropy"));
+  const double s = 6, d = 8;
+  // in_proj (3d x d), out_proj (d x d), the MLP (32 x d, d x 32).
+  const double block =
+      2 * (3 * d * d + d * d + 32 * d + d * 32) * s + 4 * s * s * d;
+  const double head = 2 * (50 * d) * s;  // The tied copy still multiplies.
+  EXPECT_DOUBLE_EQ(spec.TrainingFlopsPerSample(), 3 * (block + head));
+
+  const ModelSpec mlp =
+      ParseOk(Job("    - dense: {features: 4}\n", "[3]", "mse"));
+  EXPECT_DOUBLE_EQ(mlp.TrainingFlopsPerSample(), 3 * 2 * 3 * 4);
+}
+
 // lm_head: {tied: true}: the head's weight is the embedding's, held by the
 // last stage as a tied copy. The model counts and lists it once.
 TEST(ModelSpecTest, TiedLmHeadCopiesTheEmbeddingWeight) {

@@ -51,8 +51,8 @@ TEST(WorkerMetricsTest, StepsAccumulatePerStageAndSeriesGoWithTheJob) {
                                 "} 1\n"));
     EXPECT_THAT(text, HasSubstr("conveyor_stage_microbatches_total{" + labels +
                                 "} 16\n"));
-    EXPECT_THAT(
-        text, HasSubstr("conveyor_stage_bubble_ratio{" + labels + "} 0.25\n"));
+    EXPECT_THAT(text, HasSubstr("conveyor_stage_receive_wait_ratio{" + labels +
+                                "} 0.25\n"));
     EXPECT_THAT(text, HasSubstr("conveyor_stage_peak_activation_bytes{" +
                                 labels + "} 4096\n"));
     EXPECT_THAT(text, HasSubstr("conveyor_worker_step_duration_seconds_count{"
