@@ -1,6 +1,5 @@
 #include "cli/job_commands.h"
 
-#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -11,34 +10,12 @@
 #include "cli/format.h"
 #include "cli/json_output.h"
 #include "cli/trace_render.h"
-#include "common/auth_token.h"
 #include "common/file.h"
 #include "common/status_macros.h"
 #include "proto/protocol.h"
 
 namespace conveyor::cli {
 namespace {
-
-void AddClientOptions(CLI::App* cmd, JobCommandOptions& o) {
-  cmd->add_option(
-      "--coordinator", o.coordinator,
-      absl::StrCat("Coordinator address host:port (default: $", kCoordinatorEnv,
-                   ", else ", kDefaultCoordinatorAddress, ")"));
-  cmd->add_option("--timeout", o.timeout_seconds,
-                  "Seconds to wait for each request's answer")
-      ->capture_default_str();
-  cmd->add_option("--tls-ca", o.tls.ca,
-                  "PEM CA that signed the coordinator's certificate: "
-                  "connect with TLS");
-  cmd->add_option("--tls-cert", o.tls.cert,
-                  "PEM client certificate, for a coordinator that requires "
-                  "one (with --tls-key)");
-  cmd->add_option("--tls-key", o.tls.key, "PEM private key of --tls-cert");
-  cmd->add_option("--auth-token-file", o.auth_token_file,
-                  absl::StrCat("File holding the cluster's shared token "
-                               "(default: $",
-                               kAuthTokenFileEnv, ", else none)"));
-}
 
 void AddOutputFormat(CLI::App* cmd, JobCommandOptions& o) {
   cmd->add_option("-o,--output", o.output_format,
@@ -144,7 +121,7 @@ JobCommands AddJobCommands(CLI::App& app, JobCommandOptions& o) {
   }
   for (CLI::App* cmd : {c.submit, c.status, c.watch, c.cancel, c.jobs,
                         c.workers, c.trace, c.drain}) {
-    AddClientOptions(cmd, o);
+    AddCoordinatorFlags(cmd, o);
   }
   return c;
 }
@@ -293,40 +270,12 @@ absl::Status RunDrain(CoordinatorClient& client, const JobCommandOptions& o,
 
 absl::Status RunJobCommand(const JobCommands& c, const JobCommandOptions& o,
                            bool tty, std::ostream& out) {
-  if (!(o.timeout_seconds > 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--timeout must be positive; got ", o.timeout_seconds));
-  }
   if (o.log_every < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--log-every must be >= 1 (or 0 for the default); got ", o.log_every));
   }
-  std::string token_file = o.auth_token_file;
-  if (const char* env = std::getenv(kAuthTokenFileEnv);
-      token_file.empty() && env != nullptr) {
-    token_file = env;
-  }
-  std::string token;
-  if (!token_file.empty()) {
-    absl::StatusOr<std::string> read = ReadAuthTokenFile(token_file);
-    if (!read.ok()) {
-      return absl::Status(
-          read.status().code(),
-          absl::StrCat("--auth-token-file: ", read.status().message()));
-    }
-    token = *std::move(read);
-    if (const std::string warning = AuthTokenFileWarning(token_file);
-        !warning.empty()) {
-      std::cerr << "conveyorctl: warning: " << warning << "\n";
-    }
-  }
-  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
-                   proto::MakeChannelCredentials(o.tls));
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<CoordinatorClient> client,
-      CoordinatorClient::Create(ResolveCoordinatorAddress(o.coordinator),
-                                absl::Seconds(o.timeout_seconds),
-                                std::move(token), std::move(credentials)));
+  ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorClient> client,
+                   ConnectToCoordinator(o, std::cerr));
   const WatchOptions watch{.log_every = o.log_every, .tty = tty};
   if (c.submit->parsed()) return RunSubmit(*client, o, watch, out);
   if (c.status->parsed()) {

@@ -35,6 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "cli/coordinator_client.h"
+#include "cli/coordinator_flags.h"
 #include "cli/job_file.h"
 #include "cli/watch.h"
 #include "conveyor/v1/conveyor.pb.h"
@@ -42,12 +43,7 @@
 
 namespace conveyor::cli {
 
-struct JobCommandOptions {
-  std::string coordinator;  // Empty: ResolveCoordinatorAddress's fallbacks.
-  // Empty: $CONVEYOR_AUTH_TOKEN_FILE, else no token.
-  std::string auth_token_file;
-  proto::TlsFiles tls;  // --tls-ca, --tls-cert, --tls-key
-  double timeout_seconds = 10;
+struct JobCommandOptions : CoordinatorFlags {
   std::string job_file;                // submit
   std::vector<std::string> overrides;  // submit --set
   int64_t steps = 0;                   // submit --steps; 0: as in the job

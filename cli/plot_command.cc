@@ -22,6 +22,7 @@
 #include "common/auth_token.h"
 #include "common/file.h"
 #include "common/status_macros.h"
+#include "scheduler/svg_text.h"
 
 namespace conveyor::cli {
 namespace {
@@ -50,52 +51,9 @@ constexpr char kGreen[] = "#54a24b";
 constexpr char kPurple[] = "#b279a2";
 constexpr char kRed[] = "#e45756";
 
-// Coordinates: fixed-point, at most two decimals, no trailing zeros; locale
-// independent. scheduler/render_svg.cc has the same helper (and Escape)
-// privately in its .cc, so they are repeated here.
-std::string Num(double v) {
-  if (!std::isfinite(v)) return "0";
-  char buf[64];
-  auto [end, ec] =
-      std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::fixed, 2);
-  if (ec != std::errc()) return "0";
-  std::string out(buf, end);
-  while (out.back() == '0') out.pop_back();
-  if (out.back() == '.') out.pop_back();
-  if (out == "-0") out = "0";
-  return out;
-}
-
+std::string Num(double v) { return scheduler::SvgNumber(v); }
 std::string Escape(absl::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&apos;";
-        break;
-      default:
-        // Not allowed in XML 1.0 at all, even escaped.
-        if (static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n') {
-          out.push_back('?');
-        } else {
-          out.push_back(c);
-        }
-    }
-  }
-  return out;
+  return scheduler::SvgEscape(text);
 }
 
 // 1, 2 or 5 times a power of ten, near `raw`.
@@ -623,40 +581,6 @@ struct HistorySource {
   bool directory = false;  // JOB_OR_DIR was a directory.
 };
 
-absl::StatusOr<std::unique_ptr<CoordinatorClient>> MakeClient(
-    const PlotCommandOptions& o, std::ostream& err) {
-  // As `status` connects (cli/job_commands.cc, RunJobCommand), which keeps
-  // its version private.
-  if (!(o.timeout_seconds > 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--timeout must be positive; got ", o.timeout_seconds));
-  }
-  std::string token_file = o.auth_token_file;
-  if (const char* env = std::getenv(kAuthTokenFileEnv);
-      token_file.empty() && env != nullptr) {
-    token_file = env;
-  }
-  std::string token;
-  if (!token_file.empty()) {
-    absl::StatusOr<std::string> read = ReadAuthTokenFile(token_file);
-    if (!read.ok()) {
-      return absl::Status(
-          read.status().code(),
-          absl::StrCat("--auth-token-file: ", read.status().message()));
-    }
-    token = *std::move(read);
-    if (const std::string warning = AuthTokenFileWarning(token_file);
-        !warning.empty()) {
-      err << "conveyorctl: warning: " << warning << "\n";
-    }
-  }
-  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
-                   proto::MakeChannelCredentials(o.tls));
-  return CoordinatorClient::Create(ResolveCoordinatorAddress(o.coordinator),
-                                   absl::Seconds(o.timeout_seconds),
-                                   std::move(token), std::move(credentials));
-}
-
 absl::StatusOr<HistorySource> Locate(const PlotCommandOptions& o,
                                      std::ostream& err) {
   const std::string& arg = o.source;
@@ -683,7 +607,7 @@ absl::StatusOr<HistorySource> Locate(const PlotCommandOptions& o,
   }
 
   ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorClient> client,
-                   MakeClient(o, err));
+                   ConnectToCoordinator(o, err));
   absl::StatusOr<v1::Job> job = client->GetJob(arg);
   if (!job.ok()) {
     // The argument may as well be a mistyped path: say both.
@@ -766,25 +690,7 @@ CLI::App* AddPlotCommand(CLI::App& app, PlotCommandOptions& o) {
   cmd->add_option("--width", o.width, "Pixels of the step axis")
       ->check(CLI::Range(kMinWidth, kMaxWidth))
       ->capture_default_str();
-  cmd->add_option(
-      "--coordinator", o.coordinator,
-      absl::StrCat("For a job id: coordinator address host:port (default: $",
-                   kCoordinatorEnv, ", else ", kDefaultCoordinatorAddress,
-                   ")"));
-  cmd->add_option("--timeout", o.timeout_seconds,
-                  "Seconds to wait for the coordinator's answer")
-      ->capture_default_str();
-  cmd->add_option("--tls-ca", o.tls.ca,
-                  "PEM CA that signed the coordinator's certificate: "
-                  "connect with TLS");
-  cmd->add_option("--tls-cert", o.tls.cert,
-                  "PEM client certificate, for a coordinator that requires "
-                  "one (with --tls-key)");
-  cmd->add_option("--tls-key", o.tls.key, "PEM private key of --tls-cert");
-  cmd->add_option("--auth-token-file", o.auth_token_file,
-                  absl::StrCat("File holding the cluster's shared token "
-                               "(default: $",
-                               kAuthTokenFileEnv, ", else none)"));
+  AddCoordinatorFlags(cmd, o);
   return cmd;
 }
 

@@ -26,23 +26,19 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "cli/coordinator_flags.h"
 #include "cli/metrics_history.h"
-#include "proto/credentials.h"
 
 namespace conveyor::cli {
 
-struct PlotCommandOptions {
+// For a job id, the coordinator flags as `status` takes them.
+struct PlotCommandOptions : CoordinatorFlags {
   std::string source;     // JOB_OR_DIR.
   std::string output;     // Required; "-": standard output.
   int64_t from_step = 0;  // 0: from the first step.
   int64_t to_step = 0;    // 0: to the last step.
   bool log_y = false;     // The loss panel on a log scale.
   int width = 900;        // Pixels of the step axis.
-  // For a job id: as `status` takes them.
-  std::string coordinator;      // Empty: ResolveCoordinatorAddress's fallbacks.
-  std::string auth_token_file;  // Empty: $CONVEYOR_AUTH_TOKEN_FILE, or none.
-  proto::TlsFiles tls;
-  double timeout_seconds = 10;
 };
 
 CLI::App* AddPlotCommand(CLI::App& app, PlotCommandOptions& options);

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "scheduler/svg_text.h"
 
 namespace conveyor::scheduler {
 namespace {
@@ -94,53 +95,9 @@ std::string Hex(Rgb c) {
 // White numbers on dark boxes, black on light ones.
 bool IsDark(Rgb c) { return 0.299 * c.r + 0.587 * c.g + 0.114 * c.b < 140; }
 
-// Fixed-point with at most two decimals and no trailing zeros: 0.01 px is
-// finer than any display, and short numbers keep large schedules' files
-// small. std::to_chars ignores the locale, so output is deterministic.
-std::string Num(double v) {
-  if (!std::isfinite(v)) return "0";
-  char buf[64];
-  auto [end, ec] =
-      std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::fixed, 2);
-  if (ec != std::errc()) return "0";
-  std::string out(buf, end);
-  while (out.back() == '0') out.pop_back();
-  if (out.back() == '.') out.pop_back();
-  if (out == "-0") out = "0";
-  return out;
-}
-
+std::string Num(double v) { return scheduler::SvgNumber(v); }
 std::string Escape(absl::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&apos;";
-        break;
-      default:
-        // Control characters other than tab and newline are not allowed in
-        // XML 1.0 at all, even escaped.
-        if (static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n') {
-          out.push_back('?');
-        } else {
-          out.push_back(c);
-        }
-    }
-  }
-  return out;
+  return scheduler::SvgEscape(text);
 }
 
 // Time as text: integers exactly, doubles to six significant digits.

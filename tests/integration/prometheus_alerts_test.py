@@ -32,8 +32,8 @@ import urllib.parse
 # No __pycache__ in the source tree from importing the sibling test.
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from prometheus_test import (Cluster, conveyorctl, free_port,  # noqa: E402
-                             http_get, wait_for)
+from prometheus_test import (Cluster, conveyorctl, http_get,  # noqa: E402
+                             start_prometheus, wait_for)
 
 
 def test_rules(source_dir):
@@ -117,31 +117,9 @@ def main():
         worker_targets = wait_for("2 idle workers with metrics",
                                   worker_metrics, 30)
 
-        prom_port = free_port()
-        config = os.path.join(tmp, "prometheus.yml")
-        with open(config, "w") as f:
-            f.write(f"""global:
-  scrape_interval: 1s
-  evaluation_interval: 1s
-rule_files:
-  - {rules_file}
-scrape_configs:
-  - job_name: conveyor-coordinator
-    static_configs:
-      - targets: ['{coordinator_metrics}']
-  - job_name: conveyor-worker
-    static_configs:
-      - targets: [{', '.join(repr(w) for w in worker_targets)}]
-""")
-        subprocess.run([promtool, "check", "config", config], check=True,
-                       capture_output=True)
-        cluster.spawn("prometheus", [
-            prometheus, f"--config.file={config}",
-            f"--storage.tsdb.path={os.path.join(tmp, 'tsdb')}",
-            f"--web.listen-address=127.0.0.1:{prom_port}"])
-        api = f"http://127.0.0.1:{prom_port}"
-        wait_for("Prometheus to be ready",
-                 lambda: http_get(api + "/-/ready"), 60)
+        api = start_prometheus(cluster, tmp, prometheus, promtool,
+                               coordinator_metrics, worker_targets,
+                               rules_file=rules_file)
 
         def api_get(path, **params):
             url = api + path

@@ -99,6 +99,38 @@ def conveyorctl(bin_dir, *args):
                           capture_output=True, text=True, timeout=30)
 
 
+def start_prometheus(cluster, tmp, prometheus, promtool, coordinator_metrics,
+                     worker_targets, interval=1, rules_file=None):
+    """Starts a Prometheus scraping the daemons every `interval` seconds
+    (and evaluating `rules_file`, if given) once promtool accepts its
+    configuration; returns its base URL once it is ready."""
+    prom_port = free_port()
+    config = os.path.join(tmp, "prometheus.yml")
+    rules = f"rule_files:\n  - {rules_file}\n" if rules_file else ""
+    with open(config, "w") as f:
+        f.write(f"""global:
+  scrape_interval: {interval}s
+  evaluation_interval: {interval}s
+{rules}scrape_configs:
+  - job_name: conveyor-coordinator
+    static_configs:
+      - targets: ['{coordinator_metrics}']
+  - job_name: conveyor-worker
+    static_configs:
+      - targets: [{', '.join(repr(w) for w in worker_targets)}]
+""")
+    subprocess.run([promtool, "check", "config", config], check=True,
+                   capture_output=True)
+    cluster.spawn("prometheus", [
+        prometheus, f"--config.file={config}",
+        f"--storage.tsdb.path={os.path.join(tmp, 'tsdb')}",
+        f"--web.listen-address=127.0.0.1:{prom_port}"])
+    api = f"http://127.0.0.1:{prom_port}"
+    wait_for("Prometheus to be ready",
+             lambda: http_get(api + "/-/ready"), 60)
+    return api
+
+
 def dashboard_queries(dashboard):
     """(where, expr) for every panel target and variable query."""
     out = []
@@ -184,29 +216,9 @@ def main():
         workers = wait_for("4 idle workers with metrics", worker_metrics, 30)
         targets = [coordinator_metrics] + workers
 
-        prom_port = free_port()
-        config = os.path.join(tmp, "prometheus.yml")
-        with open(config, "w") as f:
-            f.write(f"""global:
-  scrape_interval: {SCRAPE_SECONDS}s
-  evaluation_interval: {SCRAPE_SECONDS}s
-scrape_configs:
-  - job_name: conveyor-coordinator
-    static_configs:
-      - targets: ['{coordinator_metrics}']
-  - job_name: conveyor-worker
-    static_configs:
-      - targets: [{', '.join(repr(w) for w in workers)}]
-""")
-        subprocess.run([promtool, "check", "config", config], check=True,
-                       capture_output=True)
-        cluster.spawn("prometheus", [
-            prometheus, f"--config.file={config}",
-            f"--storage.tsdb.path={os.path.join(tmp, 'tsdb')}",
-            f"--web.listen-address=127.0.0.1:{prom_port}"])
-        api = f"http://127.0.0.1:{prom_port}"
-        wait_for("Prometheus to be ready",
-                 lambda: http_get(api + "/-/ready"), 60)
+        api = start_prometheus(cluster, tmp, prometheus, promtool,
+                               coordinator_metrics, workers,
+                               interval=SCRAPE_SECONDS)
 
         # Dense layers give the model FLOPs, hence an MFU; the delays make
         # the steps long enough to see the pipeline's gauges.
