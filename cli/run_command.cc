@@ -120,6 +120,7 @@ absl::Status RunInProcess(const RunCommandOptions& o, bool tty,
     step.set_samples_per_second(r.samples_per_second);
     step.set_tokens_per_second(r.samples_per_second * tokens_per_sample);
     step.set_learning_rate(r.learning_rate);
+    step.set_grad_norm(r.grad_norm);
     if (r.eval.has_value()) {
       step.set_has_eval(true);
       step.set_eval_loss(r.eval->loss);

@@ -1,6 +1,7 @@
 #include "engine/trainer.h"
 
 #include <chrono>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -94,7 +95,11 @@ absl::StatusOr<StepReport> InProcessTrainer::RunStep() {
     backend_->Add(original->grad, copy->grad, original->grad);
     backend_->Copy(original->grad, copy->grad);
   }
-  RETURN_IF_ERROR(optimizer_->Step().status());
+  ASSIGN_OR_RETURN(const double grad_squared_sum, optimizer_->GradSquaredSum());
+  report.grad_norm = std::sqrt(grad_squared_sum);
+  // The norm is the one clipping would compute: handing it over spares the
+  // optimizer a second pass.
+  RETURN_IF_ERROR(optimizer_->Step(report.grad_norm).status());
   RETURN_IF_ERROR(backend_->Synchronize());
   ++step_;
   // Microbatches are equal in size, so the mean of their means is the mean

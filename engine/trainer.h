@@ -35,6 +35,9 @@ struct StepReport {
   double seconds = 0;
   double samples_per_second = 0;
   double learning_rate = 0;
+  // The global L2 norm of the step's gradients before clipping (a tied
+  // parameter once), as the pipelined run reports it.
+  double grad_norm = 0;
   size_t peak_activation_bytes = 0;  // Over all stages, this step.
   // The evaluation after this step, when the job's eval section has one
   // due (EvalSpec::DueAfter).

@@ -4,6 +4,7 @@
 // evaluation's loss (bitwise).
 #include "worker/stage_executor.h"
 
+#include <cmath>
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
@@ -83,6 +84,7 @@ struct Params {
   std::vector<std::string> failures;
   std::vector<double> losses;
   std::vector<double> eval_losses;          // In step order.
+  std::vector<double> grad_norms;           // Reference only.
   std::map<int, RankStepResult> last_step;  // By rank.
   // Activation bytes held by each rank's stages after the last evaluation.
   std::map<int, size_t> live_after_eval;
@@ -96,6 +98,7 @@ Params Reference(const JobSpec& job) {
   EXPECT_TRUE(trainer
                   ->Run([&](const engine::StepReport& r) {
                     p.losses.push_back(r.loss);
+                    p.grad_norms.push_back(r.grad_norm);
                     if (r.eval) p.eval_losses.push_back(r.eval->loss);
                   })
                   .ok());
@@ -303,6 +306,21 @@ void ExpectSame(const Params& pipelined, const Params& reference,
     EXPECT_NEAR(pipelined.losses[i], reference.losses[i],
                 1e-5 * std::abs(reference.losses[i]))
         << what << " step " << i;
+  }
+  // The gradient norm the coordinator reports: the root of the ranks' sums
+  // of squares. Equal gradients (bitwise runs) differ only in the order of
+  // a few double sums; a mesh's are allclose, and so is their norm. A rank
+  // or stage left out would miss by its whole share.
+  if (!pipelined.last_step.empty() && !reference.grad_norms.empty()) {
+    double squares = 0;
+    for (const auto& [rank, result] : pipelined.last_step) {
+      squares += result.grad_squared_sum;
+    }
+    const double expected = reference.grad_norms.back();
+    EXPECT_GT(expected, 0) << what;
+    EXPECT_NEAR(std::sqrt(squares), expected,
+                (bitwise ? 1e-12 : 1e-4) * expected)
+        << what << ": gradient norm of the last step";
   }
 }
 
