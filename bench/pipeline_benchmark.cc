@@ -556,8 +556,8 @@ void BM_Pipeline(benchmark::State& state, ScheduleKind kind) {
 // conveyor_stage_forward/backward_seconds_total); the median over the timed
 // steps is reported. The simulator's bubble_fraction() is the same quantity
 // at the configured costs. The worker's own gauge,
-// conveyor_stage_receive_wait_ratio (receive waits over the rank's RunStep time),
-// is reported too, as worker_bubble: it leaves out the ranks' staggered
+// conveyor_stage_receive_wait_ratio (receive waits over the rank's RunStep
+// time), is reported too, as worker_bubble: it leaves out the ranks' staggered
 // starts and early ends, which the pipeline's bubble counts.
 void BM_Bubble(benchmark::State& state, ScheduleKind kind) {
   constexpr int kP = 4;
