@@ -109,7 +109,40 @@ model:
   loss: mse
 )";
 
+// The byte-level GPT of examples/gpt.yaml, whole: two pre-norm causal
+// blocks (d = 128, 4 heads, MLP 512) over 64 tokens, a final layernorm and
+// the 256-way head, cross-entropy; batch 16 in 4 microbatches, as the
+// example trains it (bench/torch_reference.py has the same model).
+constexpr char kGpt[] = R"(
+model:
+  input_shape: [64]
+  init: {seed: 0}
+  layers:
+    - embedding: {vocab_size: 256, features: 128, max_positions: 64}
+    - transformer_block: {heads: 4, mlp_features: 512, causal: true, norm: pre}
+    - transformer_block: {heads: 4, mlp_features: 512, causal: true, norm: pre}
+    - layernorm
+    - lm_head: {vocab_size: 256}
+  loss: cross_entropy
+)";
+
+// Token ids in [0, vocab) as the tokens data source makes them (I64).
+Tensor RandomTokens(const Shape& shape, int64_t vocab, uint64_t seed) {
+  Tensor t = *CpuBackend::Get()->Empty(shape, DType::kI64);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  int64_t* ids = t.data<int64_t>();
+  for (int64_t i = 0; i < NumElements(shape); ++i) {
+    x ^= x << 13;  // xorshift64: any spread of ids will do.
+    x ^= x >> 7;
+    x ^= x << 17;
+    ids[i] = static_cast<int64_t>(x % static_cast<uint64_t>(vocab));
+  }
+  return t;
+}
+
 // One training step of a one-stage model: batch split into `microbatches`.
+// Token models (token_input, integer targets) get random ids; the others
+// random floats.
 void TrainStep(benchmark::State& state, const char* yaml, int64_t batch,
                int microbatches) {
   auto fail = [&](const absl::Status& s) {
@@ -132,9 +165,15 @@ void TrainStep(benchmark::State& state, const char* yaml, int64_t batch,
   Shape in = {batch / microbatches}, out = {batch / microbatches};
   in.insert(in.end(), spec.input_shape.begin(), spec.input_shape.end());
   out.insert(out.end(), spec.output_shape.begin(), spec.output_shape.end());
+  Shape targets = {batch / microbatches};
+  targets.insert(targets.end(), spec.target_shape.begin(),
+                 spec.target_shape.end());
+  const int64_t vocab = spec.output_shape.empty() ? 0 : spec.output_shape.back();
   for (int mb = 0; mb < microbatches; ++mb) {
-    x.push_back(Random(in, 10 + mb));
-    y.push_back(Random(out, 20 + mb));
+    x.push_back(spec.token_input ? RandomTokens(in, vocab, 10 + mb)
+                                 : Random(in, 10 + mb));
+    y.push_back(spec.integer_targets ? RandomTokens(targets, vocab, 20 + mb)
+                                     : Random(out, 20 + mb));
   }
   for (auto _ : state) {
     optimizer->ZeroGrad();
@@ -153,6 +192,11 @@ void TrainStep(benchmark::State& state, const char* yaml, int64_t batch,
   state.counters["samples_per_s"] =
       benchmark::Counter(static_cast<double>(batch),
                          benchmark::Counter::kIsIterationInvariantRate);
+  if (spec.token_input) {
+    state.counters["tokens_per_s"] = benchmark::Counter(
+        static_cast<double>(batch * NumElements(spec.input_shape)),
+        benchmark::Counter::kIsIterationInvariantRate);
+  }
 }
 
 void BM_StepMlp(benchmark::State& state) { TrainStep(state, kMlp, 128, 4); }
@@ -162,6 +206,7 @@ void BM_StepTransformerBlock(benchmark::State& state) {
 void BM_StepLlamaBlock(benchmark::State& state) {
   TrainStep(state, kLlamaBlock, 8, 4);
 }
+void BM_StepGpt(benchmark::State& state) { TrainStep(state, kGpt, 16, 4); }
 BENCHMARK(BM_StepMlp)
     ->Name("step/mlp")
     ->UseRealTime()
@@ -172,6 +217,10 @@ BENCHMARK(BM_StepTransformerBlock)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_StepLlamaBlock)
     ->Name("step/llama_block")
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_StepGpt)
+    ->Name("step/gpt")
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

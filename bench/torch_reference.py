@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
 """The models of bench/engine_benchmark.cc's step/* benchmarks, in PyTorch on
-the CPU with the same thread count, for the Conveyor/PyTorch comparison in
-scripts/bench. Same shapes, batch, microbatches (loss / M, gradients
-accumulated), AdamW, fixed data. Prints JSON: median milliseconds per step.
+the CPU, for the Conveyor/PyTorch comparison in scripts/bench. Same shapes,
+batch, microbatches (loss / M, gradients accumulated), AdamW, fixed data.
+Prints JSON: per row, the median milliseconds per step of PyTorch's FASTEST
+configuration for the cores given, and that configuration's name.
 
-step/llama_block is timed in several configurations (eager and TorchScript,
-each at 1, 2, 4, ... threads up to the thread count) and reports the fastest,
-with the winner under "step/llama_block_config": on a small machine one
-thread can beat two for a block this size, and the row must not gain from
-PyTorch running slower than it can.
+The configurations (each in its own process, since OpenMP and OpenBLAS read
+their settings only when they load):
+  - 1 thread;
+  - N threads with OMP_WAIT_POLICY=PASSIVE, and N threads with OpenMP's
+    default wait policy (which spins, and on a small machine fights
+    OpenBLAS's own threads), for N = 2, 4, ... up to the thread count;
+  - for step/llama_block, eager and TorchScript in each.
+A row compares against the fastest, so Conveyor never gains from PyTorch
+running slower than it can (issue 23: the baseline is PyTorch's best).
 """
 import json
 import math
@@ -120,6 +125,61 @@ def time_steps(model, sample_shape, out_shape, batch, microbatches, seconds):
             loss.backward()
         opt.step()
 
+    return time_callable(step, seconds)
+
+
+class Gpt(nn.Module):
+    """examples/gpt.yaml's byte-level GPT, Conveyor's step/gpt: token and
+    learned position embeddings, pre-norm causal transformer blocks (exact
+    GELU, no dropout), a final layer norm and a bias-free 256-way head."""
+
+    def __init__(self, vocab=256, d=128, seq=64, heads=4, mlp=512, layers=2):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, d)
+        self.positions = nn.Embedding(seq, d)
+        self.blocks = nn.ModuleList(
+            nn.TransformerEncoderLayer(d, heads, mlp, dropout=0.0,
+                                       activation="gelu", batch_first=True,
+                                       norm_first=True)
+            for _ in range(layers))
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.register_buffer(
+            "mask", torch.full((seq, seq), float("-inf")).triu(1),
+            persistent=False)
+        self.register_buffer("pos", torch.arange(seq), persistent=False)
+
+    def forward(self, ids):
+        x = self.tokens(ids) + self.positions(self.pos)
+        for block in self.blocks:
+            x = block(x, src_mask=self.mask)
+        return self.head(self.norm(x))
+
+
+def time_token_steps(model, seq, vocab, batch, microbatches, seconds):
+    """time_steps for a language model: random token ids, cross-entropy over
+    the vocabulary at every position."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    mb = batch // microbatches
+    gen = torch.Generator().manual_seed(1)
+    xs = [torch.randint(vocab, (mb, seq), generator=gen)
+          for _ in range(microbatches)]
+    ys = [torch.randint(vocab, (mb, seq), generator=gen)
+          for _ in range(microbatches)]
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        for x, y in zip(xs, ys):
+            logits = model(x)
+            loss = nn.functional.cross_entropy(
+                logits.reshape(-1, vocab), y.reshape(-1)) / microbatches
+            loss.backward()
+        opt.step()
+
+    return time_callable(step, seconds)
+
+
+def time_callable(step, seconds):
     for _ in range(5):
         step()
     times = []
@@ -129,6 +189,45 @@ def time_steps(model, sample_shape, out_shape, batch, microbatches, seconds):
         step()
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
+
+
+def time_rows(seconds):
+    """{row: {mode: ms}} for every row at this process's configuration;
+    modes are "eager" and, for step/llama_block, "torchscript". A mode this
+    torch cannot run is left out (the reason goes to stderr)."""
+    rows = {}
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 512),
+                        nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                        nn.Linear(512, 128))
+    rows["step/mlp"] = {"eager": time_steps(mlp, [128], [128], 128, 4,
+                                            seconds)}
+    torch.manual_seed(0)
+    rows["step/transformer_block"] = {
+        "eager": time_steps(Block(64, 4, 256), [32, 64], [32, 64], 8, 4,
+                            seconds)}
+    rows["step/llama_block"] = time_llama_block_configs(seconds)
+    torch.manual_seed(0)
+    rows["step/gpt"] = {"eager": time_token_steps(Gpt(), 64, 256, 16, 4,
+                                                  seconds)}
+    return rows
+
+
+def configurations(max_threads):
+    """(name, environment) of each configuration for max_threads cores."""
+    counts = sorted({min(1 << i, max_threads)
+                     for i in range(max_threads.bit_length() + 1)})
+    out = []
+    for n in counts:
+        threads = dict(OMP_NUM_THREADS=str(n), OPENBLAS_NUM_THREADS=str(n),
+                       MKL_NUM_THREADS=str(n), CONVEYOR_BENCH_THREADS=str(n))
+        if n == 1:
+            out.append(("1 thread", threads))
+            continue
+        out.append((f"{n} threads, OMP_WAIT_POLICY=PASSIVE",
+                    dict(threads, OMP_WAIT_POLICY="PASSIVE")))
+        out.append((f"{n} threads", threads))
+    return out
 
 
 def time_llama_block_configs(seconds):
@@ -148,58 +247,30 @@ def time_llama_block_configs(seconds):
     return times
 
 
-def time_llama_block(seconds, max_threads):
-    """(ms, configuration) of the fastest of eager and TorchScript at 1, 2,
-    4, ... threads up to max_threads; (None, None) if none ran. Each thread
-    count runs in its own process started with OMP_NUM_THREADS and
-    OPENBLAS_NUM_THREADS set, as a user would run it: Debian's torch calls a
-    generic BLAS (OpenBLAS), whose thread pool torch.set_num_threads does not
-    reach and which reads its count only when it loads."""
-    counts = sorted({min(1 << i, max_threads)
-                     for i in range(max_threads.bit_length() + 1)})
-    best = (None, None)
-    for n in counts:
-        env = dict(os.environ, OMP_NUM_THREADS=str(n),
-                   OPENBLAS_NUM_THREADS=str(n), MKL_NUM_THREADS=str(n),
-                   CONVEYOR_BENCH_THREADS=str(n))
-        command = [sys.executable, os.path.abspath(__file__),
-                   "--llama-block-configs"]
-        run = subprocess.run(command, env=env, stdout=subprocess.PIPE,
-                             text=True)
-        if run.returncode != 0:
-            print(f"llama_block at {n} threads: exit {run.returncode}",
-                  file=sys.stderr)
-            continue
-        for mode, ms in json.loads(run.stdout).items():
-            if best[0] is None or ms < best[0]:
-                best = (ms, f"{mode}, {n} thread{'s' * (n > 1)}")
-    return best
-
-
 def main():
     threads = int(os.environ.get("CONVEYOR_BENCH_THREADS", os.cpu_count() or 1))
     seconds = float(os.environ.get("CONVEYOR_BENCH_SECONDS", "2"))
     torch.set_num_threads(threads)
-    if sys.argv[1:] == ["--llama-block-configs"]:
-        json.dump(time_llama_block_configs(seconds), sys.stdout)
+    if sys.argv[1:] == ["--rows"]:
+        json.dump(time_rows(seconds), sys.stdout)
         return
-    torch.manual_seed(0)
-    mlp = nn.Sequential(nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 512),
-                        nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                        nn.Linear(512, 128))
-    result = {
-        "torch_version": torch.__version__,
-        "threads": threads,
-        "step/mlp": time_steps(mlp, [128], [128], 128, 4, seconds),
-        "step/transformer_block": time_steps(Block(64, 4, 256), [32, 64],
-                                             [32, 64], 8, 4, seconds),
-    }
-    # Without a time (every configuration failed) the row shows n/a and the
-    # rows above still compare.
-    ms, config = time_llama_block(seconds, threads)
-    if ms is not None:
-        result["step/llama_block"] = ms
-        result["step/llama_block_config"] = config
+    result = {"torch_version": torch.__version__, "threads": threads}
+    for name, env in configurations(threads):
+        run = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--rows"],
+            env=dict(os.environ, **env), stdout=subprocess.PIPE, text=True)
+        if run.returncode != 0:
+            print(f"{name}: exit {run.returncode}", file=sys.stderr)
+            continue
+        for row, modes in json.loads(run.stdout).items():
+            for mode, ms in modes.items():
+                config = name if mode == "eager" else f"{mode}, {name}"
+                print(f"{row}: {ms:.2f} ms ({config})", file=sys.stderr)
+                if row not in result or ms < result[row]:
+                    result[row] = ms
+                    result[f"{row}_config"] = config
+    # A row without a time (every configuration failed) shows n/a and the
+    # others still compare.
     json.dump(result, sys.stdout)
     print()
 
