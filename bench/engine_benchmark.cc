@@ -168,7 +168,8 @@ void TrainStep(benchmark::State& state, const char* yaml, int64_t batch,
   Shape targets = {batch / microbatches};
   targets.insert(targets.end(), spec.target_shape.begin(),
                  spec.target_shape.end());
-  const int64_t vocab = spec.output_shape.empty() ? 0 : spec.output_shape.back();
+  const int64_t vocab =
+      spec.output_shape.empty() ? 0 : spec.output_shape.back();
   for (int mb = 0; mb < microbatches; ++mb) {
     x.push_back(spec.token_input ? RandomTokens(in, vocab, 10 + mb)
                                  : Random(in, 10 + mb));
