@@ -169,6 +169,9 @@ absl::Status LocalCluster::StartWorkers() {
       argv.insert(argv.end(),
                   {"--devices", devices.size() == 1 ? devices[0] : devices[i]});
     }
+    if (i < static_cast<int>(options_.worker_cpu_cores.size())) {
+      argv.insert(argv.end(), {"--cpu-cores", options_.worker_cpu_cores[i]});
+    }
     ASSIGN_OR_RETURN(
         std::unique_ptr<Subprocess> worker,
         Subprocess::Spawn(

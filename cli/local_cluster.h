@@ -63,6 +63,9 @@ struct LocalClusterOptions {
   // The workers' --devices: one entry serves every worker, or one per
   // worker (worker i gets entry i); empty: the worker's default (the CPU).
   std::vector<std::string> worker_devices;
+  // Worker i's --cpu-cores (a cpu list it is pinned to); empty: none
+  // pinned. One entry per worker when set.
+  std::vector<std::string> worker_cpu_cores;
   absl::Duration ready_timeout = absl::Seconds(20);    // The ready file.
   absl::Duration workers_timeout = absl::Seconds(20);  // N IDLE workers.
   absl::Duration stop_timeout = absl::Seconds(5);      // SIGTERM to SIGKILL.

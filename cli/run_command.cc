@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "checkpoint/directory.h"
 #include "cli/coordinator_client.h"
+#include "cli/core_shares.h"
 #include "cli/exit_status.h"
 #include "cli/format.h"
 #include "cli/interrupt_handler.h"
@@ -20,6 +21,7 @@
 #include "cli/job_file.h"
 #include "cli/local_cluster.h"
 #include "cli/watch.h"
+#include "common/cpu_set.h"
 #include "common/status_macros.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/job_spec.h"
@@ -186,10 +188,21 @@ absl::Status RunOnLocalCluster(const RunCommandOptions& o, bool tty,
   // devices: by default a CPU mesh (the devices share the CPU; the split
   // and the gradient sums are the same as on GPUs).
   const int64_t devices = plan.job.pipeline.devices_per_stage;
-  if (o.devices.empty() && devices > 1) {
-    options.worker_devices = {
-        absl::StrJoin(std::vector<std::string>(devices, "cpu:1"), ",")};
+  std::vector<int> cores;
+  if (absl::StatusOr<std::vector<int>> allowed = AllowedCpus(); allowed.ok()) {
+    cores = *std::move(allowed);
   }
+  const CoreShares shares =
+      PlanCoreShares({.cores = cores,
+                      .workers = num_workers,
+                      .devices_per_stage = static_cast<int>(devices),
+                      .devices = o.devices,
+                      .pin = !o.no_pin});
+  if (!shares.worker_devices.empty()) {
+    options.worker_devices = shares.worker_devices;
+  }
+  options.worker_cpu_cores = shares.worker_cpu_cores;
+  const std::string& cores_note = shares.description;
   for (const std::string& d : o.devices) {
     const int64_t given = static_cast<int64_t>(
         std::vector<std::string>(absl::StrSplit(d, ',')).size());
@@ -215,7 +228,7 @@ absl::Status RunOnLocalCluster(const RunCommandOptions& o, bool tty,
   const std::string plan_text = job::DescribePlan(plan);
   out << plan_text.substr(0, plan_text.find('\n')) << "\n";
   out << "starting a local cluster: " << kCoordinatorBinary << " and "
-      << num_workers << " " << kWorkerBinary << "(s)\n";
+      << num_workers << " " << kWorkerBinary << "(s), " << cores_note << "\n";
   out.flush();
   absl::StatusOr<std::unique_ptr<LocalCluster>> started =
       LocalCluster::Start(std::move(options));
@@ -300,8 +313,12 @@ CLI::App* AddRunCommand(CLI::App& app, RunCommandOptions& o) {
                   "The workers' devices: once for all (cuda:0: they share "
                   "GPU 0; cuda:0,1: each owns a mesh of GPUs 0 and 1, see "
                   "pipeline.devices_per_stage) or once per worker (cuda:0 "
-                  "then cuda:1: tensors go over NCCL); default: the CPU, a "
-                  "CPU mesh for devices_per_stage > 1");
+                  "then cuda:1: tensors go over NCCL); default: the CPU, "
+                  "each worker cpu:N with N its share of the cores this "
+                  "process may use, a CPU mesh for devices_per_stage > 1");
+  cmd->add_flag("--no-pin", o.no_pin,
+                "Do not pin local CPU workers to their share of the cores "
+                "(--cpu-cores); they still get that many threads");
   cmd->add_option("--set", o.overrides,
                   "Override a value: key.path=value (the value is YAML; "
                   "repeatable)");
@@ -326,11 +343,12 @@ absl::Status RunRunCommand(const RunCommandOptions& o, bool tty,
         "run: --steps, --log-every and --workers must be >= 0");
   }
   if (o.in_process) {
-    if (o.workers > 0 || !o.devices.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("run: ", o.workers > 0 ? "--workers" : "--devices",
-                       " is for the daemons; it does not go with "
-                       "--in-process"));
+    if (o.workers > 0 || !o.devices.empty() || o.no_pin) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "run: ",
+          o.workers > 0 ? "--workers" : (o.no_pin ? "--no-pin" : "--devices"),
+          " is for the daemons; it does not go with "
+          "--in-process"));
     }
     return RunInProcess(o, tty, out);
   }

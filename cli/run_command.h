@@ -51,6 +51,9 @@ struct RunCommandOptions {
   // Keep the daemons' logs after a job that succeeded too (they are always
   // kept, and their paths printed, after one that did not).
   bool keep_logs = false;
+  // Do not pin local CPU workers to their share of the cores (they still
+  // get that many threads).
+  bool no_pin = false;
 };
 
 CLI::App* AddRunCommand(CLI::App& app, RunCommandOptions& options);

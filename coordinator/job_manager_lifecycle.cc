@@ -1,6 +1,7 @@
 // JobManager, continued: the reports of a placed job and its states to the end
 // (coordinator/job_manager.h). One class, one mutex; its files by concern.
 #include <algorithm>
+#include <cmath>
 #include <thread>
 #include <utility>
 
@@ -41,6 +42,16 @@ void JobManager::OnReady(WorkerRecord& w, const v1::JobReady& ready) {
   job->ranks.MarkReady(rank, ready);
   if (!job->ranks.all_ready()) return;
   const DataPlaneChoice plane = ChooseDataPlane(job->ranks.ready_reports());
+  // The MFU's denominator: each rank's devices at the job's precision. One
+  // rank of unknown peak leaves the job without MFU rather than a wrong one.
+  job->rates.peak_flops = 0;
+  for (const v1::JobReady& r : job->ranks.ready_reports()) {
+    if (!(r.peak_flops() > 0) || !std::isfinite(r.peak_flops())) {
+      job->rates.peak_flops = 0;
+      break;
+    }
+    job->rates.peak_flops += r.peak_flops();
+  }
   job->info.set_data_plane(plane.description);
   SPDLOG_INFO("{}: tensors over {}", job->info.id(), plane.description);
   v1::CoordinatorMessage m;

@@ -256,18 +256,8 @@ void JobManager::Place(JobRecord& job,
   job.prepare_deadline = options_.clock() + options_.prepare_timeout;
   job.info.clear_worker_ids();
   for (WorkerRecord* w : workers) job.info.add_worker_ids(w->info.id());
-  // The MFU's denominator: every rank computes on devices_per_stage devices
-  // of its worker. One worker of unknown peak leaves the job without MFU.
+  // The MFU's denominator comes with the ranks' JobReady (OnReady).
   job.rates.peak_flops = 0;
-  for (WorkerRecord* w : workers) {
-    const double peak = w->info.peak_flops_per_device();
-    if (!(peak > 0)) {
-      job.rates.peak_flops = 0;
-      break;
-    }
-    job.rates.peak_flops +=
-        peak * static_cast<double>(job.plan.job.pipeline.devices_per_stage);
-  }
   for (v1::StagePlacement& s : *job.info.mutable_stages()) {
     s.set_worker_id(job.info.worker_ids(s.rank()));
   }

@@ -74,6 +74,11 @@ class Backend {
   // backend): the channels send and receive them in place instead of
   // staging them, and the worker checks their sizes against host memory.
   virtual bool host_resident() const = 0;
+  // The device's dense peak FLOP/s for this backend's GEMMs at its
+  // precision (engine/device_peak.h), the MFU's denominator; 0 when
+  // unknown, as on the CPU, whose sustained rate depends on cores, clocks
+  // and BLAS far more than on any table (workers take --peak-tflops).
+  virtual double peak_flops() const { return 0; }
 
   // --- Memory -------------------------------------------------------------
   // Uninitialized memory. ResourceExhausted when the device is out of memory.

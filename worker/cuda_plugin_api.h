@@ -38,7 +38,7 @@
 
 namespace conveyor::worker {
 
-inline constexpr uint32_t kCudaPluginAbiVersion = 1;
+inline constexpr uint32_t kCudaPluginAbiVersion = 2;
 
 // The plugin's file name, looked for next to the worker's executable.
 inline constexpr char kCudaPluginFileName[] = "libconveyor_cuda.so";

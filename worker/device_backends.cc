@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <set>
@@ -12,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/cpu_set.h"
 #include "common/status_macros.h"
 #include "engine/cpu/cpu_backend.h"
 #include "worker/cuda_plugin_api.h"
@@ -20,7 +22,8 @@ namespace conveyor::worker {
 namespace {
 
 constexpr absl::string_view kAllowed =
-    "allowed: cpu:N (N >= 1 cores; several cpu entries make a CPU mesh) or "
+    "allowed: cpu:N (N >= 1 cores; cpu: all the cores this process may use; "
+    "several cpu entries make a CPU mesh) or "
     "cuda:K (GPU ordinal K >= 0; several make a CUDA mesh), not mixed; a "
     "bare number repeats the kind of the entry before it (cuda:0,1)";
 
@@ -159,6 +162,11 @@ absl::StatusOr<std::unique_ptr<DeviceBackends>> DeviceBackends::Create(
     } else if (absl::StartsWith(d, "cpu:")) {
       this_kind = "cpu";
       n = Number(d.substr(4), 1);
+    } else if (d == "cpu") {
+      // Every core this process may run on (after --cpu-cores or taskset).
+      this_kind = "cpu";
+      absl::StatusOr<std::vector<int>> allowed = AllowedCpus();
+      n = allowed.ok() ? std::max<int>(1, allowed->size()) : 1;
     } else if (!previous.empty()) {
       this_kind = previous;
       n = Number(d, this_kind == "cuda" ? 0 : 1);
@@ -215,6 +223,21 @@ int DeviceBackends::size() const {
 std::string DeviceBackends::device_name(int device) const {
   CONVEYOR_CHECK(impl_->CheckDevice(device).ok(), "device outside the mesh");
   return impl_->cuda ? absl::StrCat("cuda:", impl_->numbers[device]) : "cpu";
+}
+
+std::vector<std::string> DeviceBackends::spelled_out() const {
+  std::vector<std::string> out;
+  for (int n : impl_->numbers) {
+    out.push_back(absl::StrCat(impl_->cuda ? "cuda:" : "cpu:", n));
+  }
+  return out;
+}
+
+int DeviceBackends::cpu_threads() const {
+  if (impl_->cuda) return 0;
+  int threads = 0;
+  for (int n : impl_->numbers) threads += n;
+  return threads;
 }
 
 int DeviceBackends::cuda_device() const {

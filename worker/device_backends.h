@@ -1,9 +1,11 @@
 // DeviceBackends: the devices a worker computes on (its mesh), from
 // --devices, and what the worker needs from CUDA and NCCL for them.
 //
-//   cpu:N             the CPU backend (N: the cores offered, for the
-//                     coordinator's listing); one process-wide instance per
-//                     precision.
+//   cpu:N             the CPU backend on N cores: its kernels and OpenBLAS
+//                     run N threads (engine::SetCpuThreads, which the
+//                     worker calls with cpu_threads()); one process-wide
+//                     instance per precision. `cpu` alone: every core the
+//                     process may run on (its affinity mask).
 //   cpu:N,cpu:N,...   a CPU mesh of that many devices that share the CPU: a
 //                     stage's microbatches are split over them exactly as
 //                     over GPUs (development and CI; no speedup).
@@ -78,6 +80,12 @@ class DeviceBackends {
   int size() const;
   // "cpu" or "cuda:K" for device d.
   std::string device_name(int device) const;
+  // --devices as the coordinator lists them: "cpu:N" or "cuda:K" per
+  // device, a bare number or `cpu` spelled out.
+  std::vector<std::string> spelled_out() const;
+  // The threads a CPU worker's kernels and BLAS get: the sum of its cpu:N
+  // (a CPU mesh shares the process's threads); 0 for a CUDA worker.
+  int cpu_threads() const;
   // -1 for a CPU worker; the first device's ordinal otherwise.
   int cuda_device() const;
   // The GPU's UUID ("GPU-xxxxxxxx-..."), so the coordinator can tell two

@@ -270,6 +270,26 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
     }
   }
 
+  // JobReady's peak, the MFU's denominator: the operator's figure where
+  // given, else what each device's backend knows; unknown (0) if any is.
+  peak_flops_ = 0;
+  if (options.peak_flops_per_device > 0) {
+    peak_flops_ = options.peak_flops_per_device * devices;
+  } else {
+    for (int d = 0; d < devices; ++d) {
+      const engine::Backend* device = backend_;
+      if (backends_ != nullptr) {
+        ASSIGN_OR_RETURN(device, backends_->Get(d, job_.training.precision));
+      }
+      const double peak = device->peak_flops();
+      if (!(peak > 0)) {
+        peak_flops_ = 0;
+        break;
+      }
+      peak_flops_ += peak;
+    }
+  }
+
   RETURN_IF_ERROR(CheckParametersFitHostMemory());
 
   // Build, and check each stage against the coordinator's plan of it.

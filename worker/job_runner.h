@@ -130,6 +130,8 @@ struct JobRunnerOptions {
   // Check after every step that each tied parameter's copies are bitwise
   // equal (ExecutorConfig::check_tied); unset: in debug builds only.
   std::optional<bool> check_tied = std::nullopt;
+  // The worker's --peak-tflops, per device, in FLOP/s; 0: ask the backend.
+  double peak_flops_per_device = 0;
 };
 
 // What one finished step reports; the session turns it into a StepReport.
@@ -194,6 +196,10 @@ class JobRunner {
   // put its tensors on NCCL.
   const std::string& device_uuid() const { return device_uuid_; }
   bool nccl() const { return nccl_; }
+  // For JobReady: the summed peak FLOP/s of the devices this rank computes
+  // on (JobRunnerOptions::peak_flops_per_device, else the backends'); 0
+  // when unknown.
+  double peak_flops() const { return peak_flops_; }
 
   // Connects to the other ranks; peers[r] is rank r's data endpoint. With
   // `nccl` (the coordinator's choice, StartJob) the ranks then join the
@@ -292,6 +298,7 @@ class JobRunner {
   std::chrono::milliseconds recv_timeout_{kDefaultRecvTimeout};
   std::chrono::milliseconds connect_timeout_{10000};
   std::string device_uuid_;
+  double peak_flops_ = 0;
   bool nccl_ = false;
   std::function<void(const CheckpointWrite&)> on_checkpoint_;
   // The data-plane metrics, for the NCCL channel made at Start.

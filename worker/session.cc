@@ -750,6 +750,7 @@ absl::Status WorkerSession::RunJob(Job* job) {
     runner_options.observer = metrics.get();
   }
   runner_options.checkpoint_delay = options_.checkpoint_delay;
+  runner_options.peak_flops_per_device = options_.peak_flops_per_device;
   // The coordinator commits a step's checkpoint once every rank's files are
   // in; it hears of them on the stream, before the next StepReport.
   runner_options.on_checkpoint = [this, job](const CheckpointWrite& write) {
@@ -787,6 +788,7 @@ absl::Status WorkerSession::RunJob(Job* job) {
   ready.mutable_ready()->set_data_endpoint(runner->data_endpoint());
   ready.mutable_ready()->set_device_uuid(runner->device_uuid());
   ready.mutable_ready()->set_nccl(runner->nccl());
+  ready.mutable_ready()->set_peak_flops(runner->peak_flops());
   job->writer->Write(ready);
   SPDLOG_INFO("{} ready, data plane on {}", program.job_id(),
               runner->data_endpoint());

@@ -92,8 +92,8 @@ struct SessionOptions {
   // the metrics to keep; both optional.
   std::string metrics_address;
   WorkerMetrics* metrics = nullptr;
-  // Peak FLOP/s of one device (--peak-tflops), reported at registration for
-  // the MFU of its jobs; 0: unknown.
+  // Peak FLOP/s of one device (--peak-tflops), reported at registration and
+  // for the MFU of its jobs; 0: the backend's own figure (a GPU's), if any.
   double peak_flops_per_device = 0;
   // What jobs compute on (from --devices); nullptr: the CPU. Outlives the
   // session.

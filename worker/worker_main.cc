@@ -24,16 +24,16 @@
 
 #include "CLI/CLI.hpp"              // defines: CLI::App, CLI::ParseError
 #include "absl/status/status.h"     // defines: absl::Status
-#include "absl/strings/ascii.h"     // defines: absl::StripAsciiWhitespace
-#include "absl/strings/match.h"     // defines: absl::StartsWith
 #include "absl/strings/str_cat.h"   // defines: absl::StrCat
 #include "absl/strings/str_join.h"  // defines: absl::StrJoin
 #include "common/auth_token.h"      // defines: ReadAuthTokenFile
 #include "common/build_info.h"      // defines: kVersion, kGitRevision, ...
 #include "common/command_line.h"
-#include "common/logging.h"     // defines: InitLogging, kLogLevels
-#include "proto/credentials.h"  // defines: MakeChannelCredentials
-#include "spdlog/spdlog.h"      // defines: SPDLOG_INFO, ...
+#include "common/cpu_set.h"       // defines: ParseCpuList, PinProcess
+#include "common/logging.h"       // defines: InitLogging, kLogLevels
+#include "engine/cpu/parallel.h"  // defines: SetCpuThreads
+#include "proto/credentials.h"    // defines: MakeChannelCredentials
+#include "spdlog/spdlog.h"        // defines: SPDLOG_INFO, ...
 #include "telemetry/daemon_metrics.h"
 #include "telemetry/metrics_server.h"
 #include "worker/session.h"  // defines: WorkerSession
@@ -96,21 +96,6 @@ absl::Status CheckAddress(absl::string_view flag, const std::string& address) {
   return absl::OkStatus();
 }
 
-// --devices as the coordinator lists them: a bare number takes the kind of
-// the entry before it (DeviceBackends::Create accepts both), so
-// "cuda:0,1" registers as cuda:0 and cuda:1.
-std::vector<std::string> SpelledOut(const std::vector<std::string>& devices) {
-  std::vector<std::string> out;
-  std::string kind;
-  for (const std::string& entry : devices) {
-    const std::string d(absl::StripAsciiWhitespace(entry));
-    const size_t colon = d.find(':');
-    if (colon != std::string::npos) kind = d.substr(0, colon + 1);
-    out.push_back(colon != std::string::npos ? d : kind + d);
-  }
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -133,6 +118,9 @@ int main(int argc, char** argv) {
   std::string metrics_address;
   std::string log_level = "info";
   options.name = DefaultName();
+  // Every core the worker may use, as many threads: a worker that owns
+  // fewer says cpu:N or --cpu-cores.
+  options.devices = {"cpu"};
   app.add_option("--coordinator", options.coordinator,
                  "The coordinator's host:port")
       ->envname("CONVEYOR_COORDINATOR")
@@ -140,13 +128,22 @@ int main(int argc, char** argv) {
   app.add_option(
          "--devices", options.devices,
          "The devices to compute on, comma-separated or in repeated flags: "
-         "cpu:N (the CPU, N cores); cpu:N,cpu:N,... (a CPU mesh of that many "
-         "devices sharing the CPU, for development); cuda:K (GPU ordinal K); "
+         "cpu:N (the CPU: kernels and BLAS run N threads); cpu (every core "
+         "this process may use: --cpu-cores, taskset or the cgroup's); "
+         "cpu:N,cpu:N,... (a CPU mesh of that many devices sharing the "
+         "CPU, for development); cuda:K (GPU ordinal K); "
          "cuda:K,L,... or cuda:K,cuda:L,... (a mesh of those GPUs). CUDA "
          "comes from libconveyor_cuda.so next to this binary, or the file "
          "CONVEYOR_CUDA_PLUGIN names")
       ->delimiter(',')
       ->capture_default_str();
+  std::string cpu_cores;
+  app.add_option("--cpu-cores", cpu_cores,
+                 "Pin the worker (all its threads) to these cores, a Linux "
+                 "cpu list such as 0-3,8: a CPU worker's share of a machine "
+                 "it shares (conveyorctl run gives each local worker one); "
+                 "empty: no pinning")
+      ->envname("CONVEYOR_CPU_CORES");
   app.add_option("--data-address", options.data_address,
                  "host:port each job's data plane listens on (port 0: a free "
                  "port per job; host 0.0.0.0: all interfaces, advertised as "
@@ -163,8 +160,9 @@ int main(int argc, char** argv) {
                  "Peak TFLOP/s of one of its devices at the precision jobs "
                  "run in (a datasheet figure, or a measured GEMM rate for a "
                  "CPU), for the model FLOPs utilisation its jobs report "
-                 "(conveyor_job_mfu_ratio); 0: unknown, and jobs on this "
-                 "worker report no MFU")
+                 "(conveyor_job_mfu_ratio); 0: a GPU's own figure from its "
+                 "SM count, clock and architecture at the job's precision, "
+                 "and no MFU on a CPU")
       ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
   std::string auth_token_file;
@@ -205,6 +203,27 @@ int main(int argc, char** argv) {
           app, argc, argv, "conveyor-worker", &log_level);
       exit.has_value()) {
     return *exit;
+  }
+  // Pinned first: `cpu` counts the cores the process may use, and every
+  // thread started from here on inherits the mask.
+  std::vector<int> pinned;
+  if (!cpu_cores.empty()) {
+    absl::StatusOr<std::vector<int>> cores = conveyor::ParseCpuList(cpu_cores);
+    absl::Status pin = cores.status();
+    if (pin.ok()) pin = conveyor::PinProcess(*cores);
+    if (pin.code() == absl::StatusCode::kInvalidArgument) {
+      std::cerr << "conveyor-worker: --cpu-cores " << cpu_cores << ": "
+                << pin.message() << "\n";
+      return conveyor::kExitUsage;
+    }
+    if (pin.ok()) {
+      pinned = *std::move(cores);
+    } else {
+      // Pinned where the OS allows: a container may forbid it, and the
+      // worker is still useful unpinned.
+      SPDLOG_WARN("--cpu-cores {}: not pinned: {}", cpu_cores,
+                  std::string(pin.message()));
+    }
   }
   absl::StatusOr<std::unique_ptr<conveyor::worker::DeviceBackends>> backends =
       conveyor::worker::DeviceBackends::Create(options.devices);
@@ -257,7 +276,18 @@ int main(int argc, char** argv) {
     }
   }
   options.backends = backends->get();
-  options.devices = SpelledOut(options.devices);
+  options.devices = (*backends)->spelled_out();
+  // A CPU worker's kernels and OpenBLAS run as many threads as its devices
+  // have cores, so workers sharing a machine do not oversubscribe it.
+  if (const int threads = (*backends)->cpu_threads(); threads > 0) {
+    conveyor::engine::SetCpuThreads(threads);
+    if (!pinned.empty() && threads > static_cast<int>(pinned.size())) {
+      SPDLOG_WARN(
+          "--devices asks for {} CPU threads on the {} core(s) of "
+          "--cpu-cores {}: they will share cores",
+          threads, pinned.size(), conveyor::FormatCpuList(pinned));
+    }
+  }
 
   options.checkpoint_delay = std::chrono::milliseconds(checkpoint_delay_ms);
   if (checkpoint_delay_ms > 0) {
@@ -291,8 +321,11 @@ int main(int argc, char** argv) {
     std::cerr << "conveyor-worker: " << session.status().message() << "\n";
     return conveyor::kExitUsage;
   }
-  SPDLOG_INFO("{} starting as '{}' (devices {}), coordinator {}", VersionText(),
-              options.name, absl::StrJoin(options.devices, ","),
+  SPDLOG_INFO("{} starting as '{}' (devices {}{}), coordinator {}",
+              VersionText(), options.name, absl::StrJoin(options.devices, ","),
+              pinned.empty()
+                  ? std::string()
+                  : absl::StrCat(" on cores ", conveyor::FormatCpuList(pinned)),
               options.coordinator);
 
   // The first signal drains the worker: its job checkpoints at a step every

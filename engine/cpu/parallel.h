@@ -28,7 +28,21 @@ namespace conveyor::engine {
 // spin-down are worth splitting.
 inline constexpr int64_t kParallelGrain = int64_t{1} << 21;
 
-// Runs chunk(begin, end) over a partition of [0, n) on up to all cores.
+// How many threads the CPU kernels' pool splits a loop into, and OpenBLAS
+// runs a GEMM on: SetCpuThreads's value, or by default the cores this
+// process may run on (its affinity mask, so `taskset`, cgroup cpusets and
+// --cpu-cores count, not the machine's core count).
+int CpuThreads();
+
+// Gives the CPU kernels and OpenBLAS `threads` threads (>= 1; 0 or less
+// restores the default), process-wide: a worker's `--devices cpu:N`. Safe
+// at any time from any thread; a loop already running keeps its split.
+// Without a call, OpenBLAS keeps its own setting (OPENBLAS_NUM_THREADS, else
+// its default, which also counts the affinity mask).
+void SetCpuThreads(int threads);
+
+// Runs chunk(begin, end) over a partition of [0, n) on up to CpuThreads()
+// threads.
 void ParallelChunks(int64_t n,
                     const std::function<void(int64_t, int64_t)>& chunk);
 

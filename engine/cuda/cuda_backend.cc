@@ -20,6 +20,7 @@
 #include "engine/cuda/cuda_status.h"  // defines: CudaStatus, CONVEYOR_CUDA_CHECK
 #include "engine/cuda/device_info.h"       // defines: ListCudaDevices
 #include "engine/cuda/internal/kernels.h"  // defines: the kernel launchers
+#include "engine/device_peak.h"            // defines: GpuPeakFlops
 
 namespace conveyor::engine {
 
@@ -106,6 +107,13 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   // the first kernel launch of a training step. Leaves `device` current.
   RETURN_IF_ERROR(RunDeviceSmokeTest(device));
   std::unique_ptr<CudaBackend> b(new CudaBackend(device, options));
+  const CudaDeviceInfo& info = devices[device];
+  b->peak_flops_ =
+      GpuPeakFlops({.compute_major = info.compute_major,
+                    .compute_minor = info.compute_minor,
+                    .multiprocessors = info.multiprocessors,
+                    .clock_khz = static_cast<double>(info.clock_khz)},
+                   options.precision);
 
   cudaStream_t stream = nullptr;
   // Non-blocking: the legacy default stream, which other libraries may use,

@@ -99,6 +99,7 @@ class CudaBackend final : public Backend {
   bool host_resident() const override { return false; }
   int device() const { return device_; }
   int device_ordinal() const override { return device_; }
+  double peak_flops() const override { return peak_flops_; }
   // The compute stream: for libraries that must run in order with the
   // backend's kernels (NCCL on the same stream, profilers).
   cudaStream_t stream() const { return stream_.get(); }
@@ -235,6 +236,7 @@ class CudaBackend final : public Backend {
   const int device_;
   const CudaBackendOptions options_;
   const std::string name_;
+  double peak_flops_ = 0;  // Set by Create.
   // Declared first so it is destroyed last: everything below may still have
   // work queued on it.
   CudaStreamPtr stream_;

@@ -74,6 +74,13 @@ absl::StatusOr<std::vector<CudaDeviceInfo>> ListCudaDevices() {
     RETURN_IF_ERROR(
         CudaStatus(cudaGetDeviceProperties(&prop, i),
                    absl::StrCat("cudaGetDeviceProperties(device ", i, ")")));
+    // The maximum SM clock, in kHz, for the MFU's peak (engine/
+    // device_peak.h). cudaDeviceProp::clockRate is gone in CUDA 13; the
+    // attribute stays.
+    int clock_khz = 0;
+    RETURN_IF_ERROR(CudaStatus(
+        cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, i),
+        absl::StrCat("cudaDeviceGetAttribute(ClockRate, device ", i, ")")));
     devices.push_back(CudaDeviceInfo{
         .index = i,
         .name = prop.name,
@@ -81,6 +88,7 @@ absl::StatusOr<std::vector<CudaDeviceInfo>> ListCudaDevices() {
         .compute_minor = prop.minor,
         .total_memory_bytes = prop.totalGlobalMem,
         .multiprocessors = prop.multiProcessorCount,
+        .clock_khz = clock_khz,
     });
   }
   return devices;

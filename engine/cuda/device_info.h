@@ -28,6 +28,7 @@ struct CudaDeviceInfo {
   int compute_minor = 0;
   size_t total_memory_bytes = 0;
   int multiprocessors = 0;  // Streaming multiprocessor count.
+  int clock_khz = 0;        // Maximum SM clock.
 };
 
 // The visible devices, in ordinal order.

@@ -35,9 +35,8 @@ class CoordinatorMetricsTest : public ::testing::Test {
     metrics_->Attach(&manager_);
   }
 
-  std::string AddWorker(const std::string& name, double peak_flops = 0) {
+  std::string AddWorker(const std::string& name) {
     v1::RegisterRequest r;
-    r.set_peak_flops_per_device(peak_flops);
     r.set_protocol_version(proto::kProtocolVersion);
     r.set_version(kVersion);
     r.set_name(name);
@@ -47,41 +46,11 @@ class CoordinatorMetricsTest : public ::testing::Test {
     return reg->worker_id();
   }
 
-  std::shared_ptr<CoordinatorMetrics> metrics_;
-  JobManager manager_;
-};
-
-TEST_F(CoordinatorMetricsTest, StateGaugesAreReadAtScrapeTime) {
-  std::string text = Scrape(metrics_);
-  EXPECT_THAT(text, HasSubstr("conveyor_jobs{state=\"queued\"} 0\n"));
-  EXPECT_THAT(text, HasSubstr("conveyor_jobs{state=\"cancelled\"} 0\n"));
-  EXPECT_THAT(text, HasSubstr("conveyor_workers{state=\"idle\"} 0\n"));
-  EXPECT_THAT(text, HasSubstr("conveyor_build_info{"));
-  EXPECT_THAT(text, HasSubstr("conveyor_coordinator_state_file_healthy 1\n"));
-
-  const std::string w1 = AddWorker("a", 1e9);
-  const std::string w2 = AddWorker("b", 1e9);
-  v1::SubmitJobRequest req;
-  req.set_yaml(JobYaml(2));
-  req.set_file_name("job.yaml");
-  absl::StatusOr<v1::Job> job = manager_.SubmitJob(req);
-  ASSERT_TRUE(job.ok()) << job.status();
-  text = Scrape(metrics_);
-  EXPECT_THAT(text, HasSubstr("conveyor_jobs{state=\"planning\"} 1\n"));
-  EXPECT_THAT(text, HasSubstr("conveyor_workers{state=\"busy\"} 2\n"));
-  EXPECT_THAT(text, HasSubstr("conveyor_worker_heartbeat_age_seconds{worker="
-                              "\"a\",worker_id=\"" +
-                              w1 + "\"} 0"));
-  EXPECT_THAT(text, HasSubstr("conveyor_jobs_submitted_total 1\n"));
-  EXPECT_THAT(
-      text, HasSubstr(absl::StrCat("conveyor_job_info{job_id=\"", job->id(),
-                                   "\",name=\"mlp\",schedule=\"1f1b\"} 1\n")));
-
-  // A completed step updates the job's series.
-  auto step = [&](const std::string& w, bool loss) {
+  // Step 1 of a two-rank job: rank 0 on `w`, or rank 1 (with the loss).
+  void ReportStep(const std::string& job_id, const std::string& w, bool loss) {
     v1::WorkerMessage m;
     v1::StepReport* s = m.mutable_step();
-    s->set_job_id(job->id());
+    s->set_job_id(job_id);
     s->set_step(1);
     s->set_seconds(0.5);
     s->set_wait_seconds(0.125);
@@ -101,16 +70,55 @@ TEST_F(CoordinatorMetricsTest, StateGaugesAreReadAtScrapeTime) {
     };
     span(v1::Span::FORWARD, loss ? 100 : 0);
     span(v1::Span::BACKWARD, loss ? 200 : 300);
-    ASSERT_TRUE(manager_.HandleWorkerMessage(w, m).ok());
-  };
-  for (const std::string& w : {w1, w2}) {
-    v1::WorkerMessage m;
-    m.mutable_ready()->set_job_id(job->id());
-    m.mutable_ready()->set_data_endpoint("127.0.0.1:1");
-    ASSERT_TRUE(manager_.HandleWorkerMessage(w, m).ok());
+    EXPECT_TRUE(manager_.HandleWorkerMessage(w, m).ok());
   }
-  step(w1, false);
-  step(w2, true);
+
+  // Both ranks' JobReady, with their devices' peaks (0: unknown).
+  void ReportReady(const std::string& job_id, const std::string& w1,
+                   const std::string& w2, double peak1, double peak2) {
+    for (const auto& [w, peak] : {std::pair{w1, peak1}, std::pair{w2, peak2}}) {
+      v1::WorkerMessage m;
+      m.mutable_ready()->set_job_id(job_id);
+      m.mutable_ready()->set_data_endpoint("127.0.0.1:1");
+      m.mutable_ready()->set_peak_flops(peak);
+      EXPECT_TRUE(manager_.HandleWorkerMessage(w, m).ok());
+    }
+  }
+
+  std::shared_ptr<CoordinatorMetrics> metrics_;
+  JobManager manager_;
+};
+
+TEST_F(CoordinatorMetricsTest, StateGaugesAreReadAtScrapeTime) {
+  std::string text = Scrape(metrics_);
+  EXPECT_THAT(text, HasSubstr("conveyor_jobs{state=\"queued\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_jobs{state=\"cancelled\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_workers{state=\"idle\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_build_info{"));
+  EXPECT_THAT(text, HasSubstr("conveyor_coordinator_state_file_healthy 1\n"));
+
+  const std::string w1 = AddWorker("a");
+  const std::string w2 = AddWorker("b");
+  v1::SubmitJobRequest req;
+  req.set_yaml(JobYaml(2));
+  req.set_file_name("job.yaml");
+  absl::StatusOr<v1::Job> job = manager_.SubmitJob(req);
+  ASSERT_TRUE(job.ok()) << job.status();
+  text = Scrape(metrics_);
+  EXPECT_THAT(text, HasSubstr("conveyor_jobs{state=\"planning\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_workers{state=\"busy\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_worker_heartbeat_age_seconds{worker="
+                              "\"a\",worker_id=\"" +
+                              w1 + "\"} 0"));
+  EXPECT_THAT(text, HasSubstr("conveyor_jobs_submitted_total 1\n"));
+  EXPECT_THAT(
+      text, HasSubstr(absl::StrCat("conveyor_job_info{job_id=\"", job->id(),
+                                   "\",name=\"mlp\",schedule=\"1f1b\"} 1\n")));
+
+  // A completed step updates the job's series.
+  ReportReady(job->id(), w1, w2, 1e9, 1e9);
+  ReportStep(job->id(), w1, false);
+  ReportStep(job->id(), w2, true);
   const std::string id = absl::StrCat("{job_id=\"", job->id(), "\"}");
   text = Scrape(metrics_);
   EXPECT_THAT(text,
@@ -121,7 +129,7 @@ TEST_F(CoordinatorMetricsTest, StateGaugesAreReadAtScrapeTime) {
               HasSubstr("conveyor_job_receive_wait_ratio" + id + " 0.25\n"));
   EXPECT_THAT(text, HasSubstr("conveyor_job_learning_rate" + id + " 0.01\n"));
   EXPECT_THAT(text, HasSubstr("conveyor_job_grad_norm" + id + " 5\n"));
-  // Both workers know their peak (the arithmetic is step_aggregator_test's).
+  // Both ranks know their peak (the arithmetic is step_aggregator_test's).
   EXPECT_THAT(text, HasSubstr("conveyor_job_mfu_ratio" + id + " "));
   EXPECT_THAT(text,
               HasSubstr("conveyor_job_last_step_timestamp_seconds" + id + " "));
@@ -152,6 +160,25 @@ TEST_F(CoordinatorMetricsTest, StateGaugesAreReadAtScrapeTime) {
       text, HasSubstr("conveyor_jobs_finished_total{state=\"cancelled\"} 1\n"));
   EXPECT_THAT(
       text, HasSubstr("conveyor_jobs_finished_total{state=\"succeeded\"} 0\n"));
+}
+
+// One rank of unknown peak (a CPU worker without --peak-tflops) leaves the
+// job without an MFU series rather than one over half the devices.
+TEST_F(CoordinatorMetricsTest, NoMfuWhenARankKnowsNoPeak) {
+  const std::string w1 = AddWorker("a");
+  const std::string w2 = AddWorker("b");
+  v1::SubmitJobRequest req;
+  req.set_yaml(JobYaml(2));
+  req.set_file_name("job.yaml");
+  absl::StatusOr<v1::Job> job = manager_.SubmitJob(req);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ReportReady(job->id(), w1, w2, 1e9, 0);
+  ReportStep(job->id(), w1, false);
+  ReportStep(job->id(), w2, true);
+  const std::string text = Scrape(metrics_);
+  const std::string id = absl::StrCat("{job_id=\"", job->id(), "\"}");
+  EXPECT_THAT(text, HasSubstr("conveyor_job_grad_norm" + id + " 5\n"));
+  EXPECT_THAT(text, Not(HasSubstr("conveyor_job_mfu_ratio{")));
 }
 
 // Restarts are counted by reason and by whether the layout changed; the

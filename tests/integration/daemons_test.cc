@@ -1080,7 +1080,9 @@ TEST_F(DaemonsTest, AutoStagesTrainTheChosenCutAndMatchInProcess) {
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.message();
   ASSERT_TRUE(job.auto_split().chosen());
   EXPECT_FALSE(job.auto_split().from_cache());
-  EXPECT_EQ(job.auto_split().profiled_on(), "cpu:1");
+  // The workers' default device: every core they may use.
+  EXPECT_THAT(job.auto_split().profiled_on(),
+              ::testing::MatchesRegex("cpu:[0-9]+"));
   EXPECT_GT(job.auto_split().predicted_step_seconds(), 0);
   ASSERT_EQ(job.stages_size(), 4);
   int layers = 0;

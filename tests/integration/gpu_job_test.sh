@@ -54,6 +54,13 @@ for precision in fp32 bf16; do
   "$ctl" export "$dir/gpu-$precision" -o "$dir/gpu-$precision.safetensors" >/dev/null
   check "$precision: GPU parameters allclose to the CPU's" \
     allclose "$dir/gpu-$precision.safetensors" "$dir/cpu-$precision/params.safetensors" 1e-4 1e-5
+  # The backend knows the GPU's peak (engine/device_peak.h): MFU without
+  # --peak-tflops, in (0, 1].
+  check "$precision: GPU steps report an MFU in (0, 1]" python3 - "$dir/gpu-$precision/metrics.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+assert rows and all(0 < r["mfu"] <= 1 for r in rows), rows[-1]
+PY
 done
 
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')

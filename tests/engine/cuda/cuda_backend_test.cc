@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/device_info.h"
+#include "engine/device_peak.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/engine/cuda/cuda_test_util.h"
@@ -93,6 +94,29 @@ TEST_F(CudaBackendTest, NameAndDevice) {
   EXPECT_FALSE(cuda()->host_resident());
   EXPECT_EQ(cuda()->device(), 0);
   EXPECT_NE(cuda()->stream(), nullptr);
+}
+
+// The MFU's denominator: the device's figure from engine/device_peak.h,
+// for the architectures its table knows (every GPU we run on).
+TEST_F(CudaBackendTest, KnowsItsDevicePeak) {
+  const absl::StatusOr<std::vector<CudaDeviceInfo>> devices = ListCudaDevices();
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  const CudaDeviceInfo& d = (*devices)[0];
+  const double expected =
+      GpuPeakFlops({.compute_major = d.compute_major,
+                    .compute_minor = d.compute_minor,
+                    .multiprocessors = d.multiprocessors,
+                    .clock_khz = static_cast<double>(d.clock_khz)},
+                   Precision::kFp32);
+  if (FlopsPerSmPerClock(d.compute_major, d.compute_minor, Precision::kFp32) ==
+      0) {
+    GTEST_SKIP() << "sm_" << d.compute_major << d.compute_minor
+                 << " is not in engine/device_peak.h's table";
+  }
+  EXPECT_GT(d.clock_khz, 0);
+  // Every GPU in the table does more than 1 TFLOP/s of fp32.
+  EXPECT_GT(cuda()->peak_flops(), 1e12);
+  EXPECT_EQ(cuda()->peak_flops(), expected);
 }
 
 TEST_F(CudaBackendTest, CopiesRoundTripExactly) {
