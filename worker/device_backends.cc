@@ -175,6 +175,12 @@ absl::StatusOr<std::unique_ptr<DeviceBackends>> DeviceBackends::Create(
       return absl::InvalidArgumentError(absl::StrCat(
           "--devices: '", entry, "' is not supported; ", kAllowed));
     }
+    // N is a thread count: a typo must not start a million threads.
+    if (this_kind == "cpu" && n > kMaxCpu + 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--devices: '", entry, "' asks for ", n,
+                       " cores; at most ", kMaxCpu + 1));
+    }
     if (kind.empty()) kind = this_kind;
     if (this_kind != kind) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -281,11 +281,13 @@ int main(int argc, char** argv) {
   // have cores, so workers sharing a machine do not oversubscribe it.
   if (const int threads = (*backends)->cpu_threads(); threads > 0) {
     conveyor::engine::SetCpuThreads(threads);
-    if (!pinned.empty() && threads > static_cast<int>(pinned.size())) {
+    if (absl::StatusOr<std::vector<int>> cores = conveyor::AllowedCpus();
+        cores.ok() && threads > static_cast<int>(cores->size())) {
       SPDLOG_WARN(
-          "--devices asks for {} CPU threads on the {} core(s) of "
-          "--cpu-cores {}: they will share cores",
-          threads, pinned.size(), conveyor::FormatCpuList(pinned));
+          "--devices asks for {} CPU threads but this worker may run on {} "
+          "core(s) ({}): they will share cores, and spinning BLAS threads "
+          "slow each other down",
+          threads, cores->size(), conveyor::FormatCpuList(*cores));
     }
   }
 

@@ -1,5 +1,7 @@
 #include "worker/device_backends.h"
 
+#include <sched.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -231,6 +233,31 @@ TEST(DeviceBackendsTest, NcclUniqueIdsComeFromThePluginWithoutAGpu) {
     EXPECT_EQ(id.status().code(), absl::StatusCode::kUnavailable)
         << id.status();
   }
+}
+
+// cpu:N is the worker's thread count (SetCpuThreads(cpu_threads())): a
+// mesh's devices add up, `cpu` is every core the process may use, and the
+// listing spells both out.
+TEST(DeviceBackendsTest, CpuDevicesCountThreadsAndSpellThemOut) {
+  auto mesh = DeviceBackends::Create({"cpu:2", "3"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  EXPECT_EQ((*mesh)->cpu_threads(), 5);
+  EXPECT_THAT((*mesh)->spelled_out(), ElementsAre("cpu:2", "cpu:3"));
+
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  auto all = DeviceBackends::Create({"cpu"});
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ((*all)->cpu_threads(), CPU_COUNT(&set));
+  EXPECT_THAT((*all)->spelled_out(),
+              ElementsAre(absl::StrCat("cpu:", CPU_COUNT(&set))));
+
+  // A typo must not start a million threads.
+  const absl::Status huge = DeviceBackends::Create({"cpu:100000"}).status();
+  EXPECT_EQ(huge.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(huge.message(), HasSubstr("asks for 100000 cores; at most 1024"));
+  EXPECT_TRUE(DeviceBackends::Create({"cpu:1024"}).ok());
 }
 
 TEST(DeviceBackendsTest, AMissingPluginIsAFailedPreconditionNamingTheFile) {
