@@ -46,6 +46,13 @@ class CoordinatorMetricsTest : public ::testing::Test {
     return reg->worker_id();
   }
 
+  absl::StatusOr<v1::Job> SubmitTwoRankJob() {
+    v1::SubmitJobRequest req;
+    req.set_yaml(JobYaml(2));
+    req.set_file_name("job.yaml");
+    return manager_.SubmitJob(req);
+  }
+
   // Step 1 of a two-rank job: rank 0 on `w`, or rank 1 (with the loss).
   void ReportStep(const std::string& job_id, const std::string& w, bool loss) {
     v1::WorkerMessage m;
@@ -99,10 +106,7 @@ TEST_F(CoordinatorMetricsTest, StateGaugesAreReadAtScrapeTime) {
 
   const std::string w1 = AddWorker("a");
   const std::string w2 = AddWorker("b");
-  v1::SubmitJobRequest req;
-  req.set_yaml(JobYaml(2));
-  req.set_file_name("job.yaml");
-  absl::StatusOr<v1::Job> job = manager_.SubmitJob(req);
+  absl::StatusOr<v1::Job> job = SubmitTwoRankJob();
   ASSERT_TRUE(job.ok()) << job.status();
   text = Scrape(metrics_);
   EXPECT_THAT(text, HasSubstr("conveyor_jobs{state=\"planning\"} 1\n"));
@@ -167,10 +171,7 @@ TEST_F(CoordinatorMetricsTest, StateGaugesAreReadAtScrapeTime) {
 TEST_F(CoordinatorMetricsTest, NoMfuWhenARankKnowsNoPeak) {
   const std::string w1 = AddWorker("a");
   const std::string w2 = AddWorker("b");
-  v1::SubmitJobRequest req;
-  req.set_yaml(JobYaml(2));
-  req.set_file_name("job.yaml");
-  absl::StatusOr<v1::Job> job = manager_.SubmitJob(req);
+  absl::StatusOr<v1::Job> job = SubmitTwoRankJob();
   ASSERT_TRUE(job.ok()) << job.status();
   ReportReady(job->id(), w1, w2, 1e9, 0);
   ReportStep(job->id(), w1, false);
