@@ -2,6 +2,8 @@
 //  - gemm/*: Backend::Gemm against a direct cblas_sgemm call on the same
 //    shapes (the dense layer's forward, x W^T), timed alternately in one
 //    loop, as GFLOP/s. Target: the backend reaches >= 85% of OpenBLAS.
+//  - gemm_gpt/*: each distinct GEMM shape of step/gpt, the same comparison,
+//    plus the backend's milliseconds per training step at that shape.
 //  - step/*: one training step (M microbatches forward and backward, one
 //    AdamW step) of the examples' models and of a Llama decoder block on
 //    fixed data, so only compute is timed. bench/torch_reference.py times the
@@ -9,6 +11,7 @@
 #include <cblas.h>
 
 #include <chrono>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,6 +72,103 @@ BENCHMARK(BM_Gemm)
     ->Args({64, 256, 64})
     ->Args({512, 512, 512})
     ->ArgNames({"m", "n", "k"});
+
+// Every distinct GEMM of one step/gpt step (4 microbatches of 4 x 64
+// tokens, d = 128, 4 heads of 32, MLP 512, vocabulary 256), with how often a
+// step runs it: 2 blocks x 4 microbatches for a block's GEMMs, 4 for the
+// head's. FW is the forward, BI the input gradient, BW the weight gradient
+// (accumulated: beta = 1); the attention rows are strided batches over the
+// 4 x 4 (sample, head) pairs. docs/performance.md has the table.
+struct GptGemm {
+  const char* name;
+  int64_t batch, m, n, k;
+  bool trans_a, trans_b;
+  float beta;
+  int per_step;
+};
+constexpr GptGemm kGptGemms[] = {
+    {"qkv.FW", 1, 256, 384, 128, false, true, 0, 8},
+    {"qkv.BI", 1, 256, 128, 384, false, false, 0, 8},
+    {"qkv.BW", 1, 384, 128, 256, true, false, 1, 8},
+    {"attn_out.FW", 1, 256, 128, 128, false, true, 0, 8},
+    {"attn_out.BI", 1, 256, 128, 128, false, false, 0, 8},
+    {"attn_out.BW", 1, 128, 128, 256, true, false, 1, 8},
+    {"mlp_up.FW", 1, 256, 512, 128, false, true, 0, 8},
+    {"mlp_up.BI", 1, 256, 128, 512, false, false, 0, 8},
+    {"mlp_up.BW", 1, 512, 128, 256, true, false, 1, 8},
+    {"mlp_down.FW", 1, 256, 128, 512, false, true, 0, 8},
+    {"mlp_down.BI", 1, 256, 512, 128, false, false, 0, 8},
+    {"mlp_down.BW", 1, 128, 512, 256, true, false, 1, 8},
+    {"head.FW", 1, 256, 256, 128, false, true, 0, 4},
+    {"head.BI", 1, 256, 128, 256, false, false, 0, 4},
+    {"head.BW", 1, 256, 128, 256, true, false, 1, 4},
+    {"scores.FW", 16, 64, 64, 32, false, true, 0, 8},
+    {"context.FW", 16, 64, 32, 64, false, false, 0, 8},
+    {"d_probs.BI", 16, 64, 64, 32, false, true, 0, 8},
+    {"dv.BI", 16, 64, 32, 64, true, false, 0, 8},
+    {"dq.BI", 16, 64, 32, 64, false, false, 0, 8},
+    {"dk.BI", 16, 64, 32, 64, true, false, 0, 8},
+};
+
+// One GEMM of kGptGemms through Backend::GemmStridedBatched and as the
+// same cblas_sgemm calls, alternating as in BM_Gemm. Counters: GFLOP/s of
+// each, and the backend's ms per step (time per call x calls per step).
+void BM_GptGemm(benchmark::State& state) {
+  const GptGemm& g = kGptGemms[state.range(0)];
+  state.SetLabel(g.name);
+  // Stored shapes: A is [m, k] or, transposed, [k, m]; likewise B.
+  const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
+  const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
+  Tensor a = Random({g.batch, a_rows, a_cols}, 1);
+  Tensor b = Random({g.batch, b_rows, b_cols}, 2);
+  Tensor c = Random({g.batch, g.m, g.n}, 3);
+  GemmBatch batch;
+  batch.batch = g.batch;
+  batch.trans_a = g.trans_a;
+  batch.trans_b = g.trans_b;
+  batch.m = g.m;
+  batch.n = g.n;
+  batch.k = g.k;
+  batch.beta = g.beta;
+  batch.a = a.data<float>();
+  batch.lda = a_cols;
+  batch.stride_a = a_rows * a_cols;
+  batch.b = b.data<float>();
+  batch.ldb = b_cols;
+  batch.stride_b = b_rows * b_cols;
+  batch.c = c.data<float>();
+  batch.ldc = g.n;
+  batch.stride_c = g.m * g.n;
+  using Clock = std::chrono::steady_clock;
+  Clock::duration backend{}, direct{};
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    CpuBackend::Get()->GemmStridedBatched(batch);
+    auto t1 = Clock::now();
+    for (int64_t i = 0; i < g.batch; ++i) {
+      cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
+                  g.trans_b ? CblasTrans : CblasNoTrans, g.m, g.n, g.k, 1.0f,
+                  batch.a + i * batch.stride_a, a_cols,
+                  batch.b + i * batch.stride_b, b_cols, g.beta,
+                  batch.c + i * batch.stride_c, g.n);
+    }
+    auto t2 = Clock::now();
+    benchmark::DoNotOptimize(c.raw());
+    backend += t1 - t0;
+    direct += t2 - t1;
+  }
+  const double iters = static_cast<double>(state.iterations());
+  const double flops = 2.0 * g.batch * g.m * g.n * g.k * iters;
+  const double backend_s = std::chrono::duration<double>(backend).count();
+  const double direct_s = std::chrono::duration<double>(direct).count();
+  state.counters["backend_GFLOPs"] = flops / backend_s / 1e9;
+  state.counters["openblas_GFLOPs"] = flops / direct_s / 1e9;
+  state.counters["backend_ms_per_step"] = backend_s / iters * 1e3 * g.per_step;
+}
+BENCHMARK(BM_GptGemm)
+    ->Name("gemm_gpt")
+    ->DenseRange(0, std::size(kGptGemms) - 1)
+    ->ArgName("shape");
 
 constexpr char kMlp[] = R"(
 model:

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cpu/internal/vector_math.h"
 #include "engine/cpu/parallel.h"
 
 namespace conveyor::engine {
@@ -176,12 +177,19 @@ void CpuBackend::DoSumRows(const Tensor& x, float beta, const Tensor& out) {
   const int64_t rows = x.numel() / cols;
   const float* px = F(x);
   float* po = F(out);
-  // Columns in parallel, rows in order: deterministic, and each thread reads
-  // whole cache lines of a row band.
-  ParallelForRows(cols, rows, [=](int64_t c) {
-    double sum = 0;
-    for (int64_t r = 0; r < rows; ++r) sum += px[r * cols + c];
-    po[c] = beta * po[c] + static_cast<float>(sum);
+  // Row by row into double accumulators: contiguous, vectorisable reads
+  // (a column at a time strides by a whole row), and each column still sums
+  // its rows in order, so the result does not depend on the thread count.
+  cpu_internal::ForColumnBands(rows, cols, [=](int64_t begin, int64_t end) {
+    const int64_t width = end - begin;
+    double* sum = cpu_internal::Scratch(width);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = px + r * cols + begin;
+      for (int64_t c = 0; c < width; ++c) sum[c] += row[c];
+    }
+    for (int64_t c = 0; c < width; ++c) {
+      po[begin + c] = beta * po[begin + c] + static_cast<float>(sum[c]);
+    }
   });
 }
 
@@ -208,43 +216,58 @@ constexpr float kGeluCubic = 0.044715f;
 
 }  // namespace
 
+namespace {
+
+using cpu_internal::Vf;
+
+// tanh(z) = 1 - 2 / (exp(2z) + 1): saturates to +-1 through Exp's clamp.
+Vf Tanh(Vf z) { return 1.0f - 2.0f / (cpu_internal::Exp(2.0f * z) + 1.0f); }
+
+// GELU and its derivative on one vector. The exact form's derivative reuses
+// the Gaussian that Erf computes, so it costs one Exp per element, as the
+// forward does.
+Vf GeluForward(Vf v, bool tanh) {
+  if (tanh) {
+    return 0.5f * v *
+           (1.0f + Tanh(kSqrt2OverPi * (v + kGeluCubic * v * v * v)));
+  }
+  Vf gauss;
+  return 0.5f * v * (1.0f + cpu_internal::Erf(v * kInvSqrt2, &gauss));
+}
+
+Vf GeluDerivative(Vf v, bool tanh) {
+  if (tanh) {
+    const Vf t = Tanh(kSqrt2OverPi * (v + kGeluCubic * v * v * v));
+    const Vf dt =
+        (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
+    return 0.5f * (1.0f + t) + 0.5f * v * dt;
+  }
+  // d/dv [v Phi(v)] = Phi(v) + v phi(v); Erf hands back exp(-v^2 / 2).
+  Vf gauss;
+  const Vf cdf = 0.5f * (1.0f + cpu_internal::Erf(v * kInvSqrt2, &gauss));
+  return cdf + v * (kInvSqrt2Pi * gauss);
+}
+
+}  // namespace
+
 void CpuBackend::DoGelu(const Tensor& x, bool tanh, const Tensor& y) {
   const float* px = F(x);
   float* py = F(y);
-  if (tanh) {
-    ParallelFor(x.numel(), [=](int64_t i) {
-      const float v = px[i];
-      py[i] = 0.5f * v *
-              (1.0f + std::tanh(kSqrt2OverPi * (v + kGeluCubic * v * v * v)));
-    });
-  } else {
-    ParallelFor(x.numel(), [=](int64_t i) {
-      const float v = px[i];
-      py[i] = 0.5f * v * (1.0f + std::erf(v * kInvSqrt2));
-    });
-  }
+  cpu_internal::ForChunks(x.numel(), [=](int64_t begin, int64_t end) {
+    cpu_internal::MapUnary(px + begin, py + begin, end - begin,
+                           [=](Vf v) { return GeluForward(v, tanh); });
+  });
 }
 
 void CpuBackend::DoGeluBackward(const Tensor& x, bool tanh, const Tensor& dy,
                                 const Tensor& dx) {
   const float *px = F(x), *pdy = F(dy);
   float* pdx = F(dx);
-  if (tanh) {
-    ParallelFor(x.numel(), [=](int64_t i) {
-      const float v = px[i];
-      const float t = std::tanh(kSqrt2OverPi * (v + kGeluCubic * v * v * v));
-      const float dt =
-          (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
-      pdx[i] = pdy[i] * (0.5f * (1.0f + t) + 0.5f * v * dt);
-    });
-  } else {
-    ParallelFor(x.numel(), [=](int64_t i) {
-      const float v = px[i];
-      const float cdf = 0.5f * (1.0f + std::erf(v * kInvSqrt2));
-      const float pdf = kInvSqrt2Pi * std::exp(-0.5f * v * v);
-      pdx[i] = pdy[i] * (cdf + v * pdf);
-    });
-  }
+  cpu_internal::ForChunks(x.numel(), [=](int64_t begin, int64_t end) {
+    cpu_internal::MapBinary(
+        px + begin, pdy + begin, pdx + begin, end - begin,
+        [=](Vf v, Vf g) { return g * GeluDerivative(v, tanh); });
+  });
 }
 
 }  // namespace conveyor::engine

@@ -8,10 +8,25 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/cpu_backend.h"
+#include "engine/cpu/internal/vector_math.h"
 #include "engine/cpu/parallel.h"
 
 namespace conveyor::engine {
 namespace {
+
+using cpu_internal::DoubleSum;
+using cpu_internal::Exp;
+using cpu_internal::ForChunks;
+using cpu_internal::ForColumnBands;
+using cpu_internal::kLanes;
+using cpu_internal::Load;
+using cpu_internal::LoadPartial;
+using cpu_internal::Scratch;
+using cpu_internal::Splat;
+using cpu_internal::Sqrt;
+using cpu_internal::Store;
+using cpu_internal::StorePartial;
+using cpu_internal::Vf;
 
 float* F(const Tensor& t) { return t.data<float>(); }
 
@@ -34,18 +49,27 @@ void CpuBackend::DoLayerNorm(const Tensor& x, const Tensor& gamma,
   const float* pg = gamma.defined() ? F(gamma) : nullptr;
   const float* pb = beta.defined() ? F(beta) : nullptr;
   float *py = F(y), *pm = F(mean), *pr = F(rstd);
+  const int64_t body = cols / kLanes * kLanes;
   ParallelForRows(rows, cols, [=](int64_t r) {
     const float* row = px + r * cols;
-    double sum = 0;
-    for (int64_t c = 0; c < cols; ++c) sum += row[c];
-    const double mu = sum / cols;
-    double var = 0;
-    for (int64_t c = 0; c < cols; ++c) {
-      const double d = row[c] - mu;
-      var += d * d;
+    DoubleSum sum;
+    for (int64_t c = 0; c < body; c += kLanes) sum.Add(Load(row + c));
+    if (body < cols) sum.Add(LoadPartial(row + body, cols - body));
+    const double mu = sum.Total() / cols;
+    // Two passes: the variance of the centred values does not cancel.
+    const Vf mu_v = Splat(static_cast<float>(mu));
+    DoubleSum var;
+    for (int64_t c = 0; c < body; c += kLanes) {
+      const Vf d = Load(row + c) - mu_v;
+      var.Add(d * d);
     }
-    var /= cols;
-    const float inv = static_cast<float>(1.0 / std::sqrt(var + eps));
+    double tail_var = 0;
+    for (int64_t c = body; c < cols; ++c) {
+      const double d = row[c] - static_cast<float>(mu);
+      tail_var += d * d;
+    }
+    const double variance = (var.Total() + tail_var) / cols;
+    const float inv = static_cast<float>(1.0 / std::sqrt(variance + eps));
     pm[r] = static_cast<float>(mu);
     pr[r] = inv;
     float* out = py + r * cols;
@@ -71,20 +95,32 @@ void CpuBackend::DoLayerNormBackwardInput(const Tensor& x, const Tensor& gamma,
     const float* g = pdy + r * cols;
     const float mu = pm[r], inv = pr[r];
     // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
-    double sum_g = 0, sum_gx = 0;
-    for (int64_t c = 0; c < cols; ++c) {
-      const double dxhat = pg ? g[c] * pg[c] : g[c];
-      sum_g += dxhat;
-      sum_gx += dxhat * (row[c] - mu) * inv;
-    }
-    const float mean_g = static_cast<float>(sum_g / cols);
-    const float mean_gx = static_cast<float>(sum_gx / cols);
+    auto dxhat = [=](int64_t c, int64_t n) {
+      const Vf gv = LoadPartial(g + c, n);
+      return pg ? gv * LoadPartial(pg + c, n) : gv;
+    };
+    auto xhat = [=](int64_t c, int64_t n) {
+      return (LoadPartial(row + c, n) - mu) * inv;
+    };
+    // Full vectors pass n = kLanes, a constant, so their loads are plain.
+    DoubleSum sum_g, sum_gx;
+    auto accumulate = [&](int64_t c, int64_t n) {
+      const Vf d = dxhat(c, n);
+      sum_g.Add(d);
+      sum_gx.Add(d * xhat(c, n));  // Padding lanes are 0 * xhat = 0.
+    };
+    int64_t c = 0;
+    for (; c + kLanes <= cols; c += kLanes) accumulate(c, kLanes);
+    if (c < cols) accumulate(c, cols - c);
+    const float mean_g = static_cast<float>(sum_g.Total() / cols);
+    const float mean_gx = static_cast<float>(sum_gx.Total() / cols);
     float* out = pdx + r * cols;
-    for (int64_t c = 0; c < cols; ++c) {
-      const float dxhat = pg ? g[c] * pg[c] : g[c];
-      const float xhat = (row[c] - mu) * inv;
-      out[c] = inv * (dxhat - mean_g - xhat * mean_gx);
-    }
+    auto write = [&](int64_t c, int64_t n) {
+      StorePartial(out + c, inv * (dxhat(c, n) - mean_g - xhat(c, n) * mean_gx),
+                   n);
+    };
+    for (c = 0; c + kLanes <= cols; c += kLanes) write(c, kLanes);
+    if (c < cols) write(c, cols - c);
   });
 }
 
@@ -95,15 +131,25 @@ void CpuBackend::DoLayerNormBackwardWeight(const Tensor& x, const Tensor& mean,
   const int64_t cols = x.dim(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
   const float *px = F(x), *pm = F(mean), *pr = F(rstd), *pdy = F(dy);
   float *pdg = F(dgamma), *pdb = F(dbeta);
-  ParallelForRows(cols, rows, [=](int64_t c) {
-    double sg = 0, sb = 0;
+  // Row by row into per-column double sums, as DoSumRows: contiguous reads,
+  // and each column sums its rows in order whatever the thread count.
+  ForColumnBands(rows, cols, [=](int64_t begin, int64_t end) {
+    const int64_t width = end - begin;
+    double* sg = Scratch(2 * width);
+    double* sb = sg + width;
     for (int64_t r = 0; r < rows; ++r) {
-      const float g = pdy[r * cols + c];
-      sg += g * (px[r * cols + c] - pm[r]) * pr[r];
-      sb += g;
+      const float* xr = px + r * cols + begin;
+      const float* gr = pdy + r * cols + begin;
+      const float mu = pm[r], inv = pr[r];
+      for (int64_t c = 0; c < width; ++c) {
+        sg[c] += gr[c] * ((xr[c] - mu) * inv);
+        sb[c] += gr[c];
+      }
     }
-    pdg[c] += static_cast<float>(sg);
-    pdb[c] += static_cast<float>(sb);
+    for (int64_t c = 0; c < width; ++c) {
+      pdg[begin + c] += static_cast<float>(sg[c]);
+      pdb[begin + c] += static_cast<float>(sb[c]);
+    }
   });
 }
 
@@ -119,14 +165,25 @@ void CpuBackend::DoSoftmax(const Tensor& x, float scale, bool causal,
     float* out = py + r * cols;
     // With a causal mask, query row q sees keys 0..q.
     const int64_t visible = causal ? std::min(cols, r % rows_per + 1) : cols;
+    const int64_t body = visible / kLanes * kLanes;
     float max = -std::numeric_limits<float>::infinity();
     for (int64_t c = 0; c < visible; ++c) max = std::max(max, scale * in[c]);
-    double sum = 0;
-    for (int64_t c = 0; c < visible; ++c) {
-      out[c] = std::exp(scale * in[c] - max);
-      sum += out[c];
+    // exp(scale * x - max) into out, summed in double; the tail's padding
+    // lanes are not stored and not summed.
+    DoubleSum sum;
+    for (int64_t c = 0; c < body; c += kLanes) {
+      const Vf e = Exp(scale * Load(in + c) - max);
+      Store(out + c, e);
+      sum.Add(e);
     }
-    const float inv = static_cast<float>(1.0 / sum);
+    if (body < visible) {
+      const int64_t n = visible - body;
+      Vf e = Exp(scale * LoadPartial(in + body, n) - max);
+      for (int64_t i = n; i < kLanes; ++i) e[i] = 0.0f;
+      StorePartial(out + body, e, n);
+      sum.Add(e);
+    }
+    const float inv = static_cast<float>(1.0 / sum.Total());
     for (int64_t c = 0; c < visible; ++c) out[c] *= inv;
     for (int64_t c = visible; c < cols; ++c) out[c] = 0.0f;
   });
@@ -137,16 +194,22 @@ void CpuBackend::DoSoftmaxBackward(const Tensor& y, const Tensor& dy,
   const int64_t cols = y.dim(-1), rows = y.numel() / std::max<int64_t>(cols, 1);
   const float *py = F(y), *pdy = F(dy);
   float* pdx = F(dx);
+  const int64_t body = cols / kLanes * kLanes;
   ParallelForRows(rows, cols, [=](int64_t r) {
     const float* yr = py + r * cols;
     const float* gr = pdy + r * cols;
-    double dot = 0;
-    for (int64_t c = 0; c < cols; ++c)
-      dot += static_cast<double>(yr[c]) * gr[c];
-    float* out = pdx + r * cols;
-    for (int64_t c = 0; c < cols; ++c) {
-      out[c] = scale * yr[c] * (gr[c] - static_cast<float>(dot));
+    // sum(y * dy) of each product in fp32, accumulated in double.
+    DoubleSum dot;
+    for (int64_t c = 0; c < body; c += kLanes) {
+      dot.Add(Load(yr + c) * Load(gr + c));
     }
+    double tail = 0;
+    for (int64_t c = body; c < cols; ++c) {
+      tail += static_cast<double>(yr[c]) * gr[c];
+    }
+    const float d = static_cast<float>(dot.Total() + tail);
+    float* out = pdx + r * cols;
+    for (int64_t c = 0; c < cols; ++c) out[c] = scale * yr[c] * (gr[c] - d);
   });
 }
 
@@ -285,24 +348,34 @@ absl::StatusOr<float> CpuBackend::DoCrossEntropyLoss(const Tensor& logits,
   const float* pl = F(logits);
   float* pd = F(dlogits);
   const float g = n > 0 ? grad_scale / static_cast<float>(n) : 0.0f;
-  std::vector<double> row_loss(n);
-  ParallelForRows(n, vocab, [&](int64_t r) {
+  const int64_t body = vocab / kLanes * kLanes;
+  double* row_loss = Scratch(n);
+  ParallelForRows(n, vocab, [=](int64_t r) {
     const float* in = pl + r * vocab;
     float* out = pd + r * vocab;
     float max = -std::numeric_limits<float>::infinity();
     for (int64_t c = 0; c < vocab; ++c) max = std::max(max, in[c]);
-    double sum = 0;
-    for (int64_t c = 0; c < vocab; ++c)
-      sum += std::exp(static_cast<double>(in[c] - max));
-    const double log_sum = std::log(sum);
-    row_loss[r] = log_sum - (in[pt[r]] - max);
-    for (int64_t c = 0; c < vocab; ++c) {
-      out[c] = g * static_cast<float>(std::exp(in[c] - max - log_sum));
+    // One pass stores exp(x - max) and sums it; the second scales it into
+    // the softmax. Exp's 1e-7 relative error is below fp32 logits' own.
+    DoubleSum sum;
+    for (int64_t c = 0; c < body; c += kLanes) {
+      const Vf e = Exp(Load(in + c) - max);
+      Store(out + c, e);
+      sum.Add(e);
     }
+    double tail = 0;
+    for (int64_t c = body; c < vocab; ++c) {
+      out[c] = static_cast<float>(std::exp(static_cast<double>(in[c] - max)));
+      tail += out[c];
+    }
+    const double total = sum.Total() + tail;
+    row_loss[r] = std::log(total) - (in[pt[r]] - max);
+    const float scale = static_cast<float>(g / total);
+    for (int64_t c = 0; c < vocab; ++c) out[c] *= scale;
     out[pt[r]] -= g;
   });
   double total = 0;
-  for (double l : row_loss) total += l;
+  for (int64_t r = 0; r < n; ++r) total += row_loss[r];
   return n > 0 ? static_cast<float>(total / n) : 0.0f;
 }
 
@@ -329,17 +402,28 @@ void CpuBackend::DoAdamUpdate(const AdamParams& p, const Tensor& param,
   const double bias2 = 1.0 - std::pow(static_cast<double>(p.beta2), p.step);
   const float step_size = static_cast<float>(p.lr / bias1);
   const float bias2_sqrt = static_cast<float>(std::sqrt(bias2));
-  ParallelFor(param.numel(), [=](int64_t i) {
-    float gi = g[i];
+  const float decay = 1.0f - p.lr * p.weight_decay;
+  // The same operations, in the same order, as one element at a time, on
+  // vectors: sqrt and division are correctly rounded either way, so the
+  // result is bit for bit the scalar loop's.
+  auto update = [=](int64_t i, int64_t n) {
+    Vf wi = LoadPartial(w + i, n), gi = LoadPartial(g + i, n);
     if (p.decoupled_weight_decay) {
-      w[i] *= 1.0f - p.lr * p.weight_decay;
+      wi *= decay;
     } else {
-      gi += p.weight_decay * w[i];
+      gi += p.weight_decay * wi;
     }
-    m[i] = p.beta1 * m[i] + (1.0f - p.beta1) * gi;
-    v[i] = p.beta2 * v[i] + (1.0f - p.beta2) * gi * gi;
-    const float denom = std::sqrt(v[i]) / bias2_sqrt + p.eps;
-    w[i] -= step_size * m[i] / denom;
+    const Vf mi = p.beta1 * LoadPartial(m + i, n) + (1.0f - p.beta1) * gi;
+    const Vf vi = p.beta2 * LoadPartial(v + i, n) + (1.0f - p.beta2) * gi * gi;
+    const Vf denom = Sqrt(vi) / bias2_sqrt + p.eps;
+    StorePartial(w + i, wi - step_size * mi / denom, n);
+    StorePartial(m + i, mi, n);
+    StorePartial(v + i, vi, n);
+  };
+  ForChunks(param.numel(), [=](int64_t begin, int64_t end) {
+    int64_t i = begin;
+    for (; i + kLanes <= end; i += kLanes) update(i, kLanes);
+    if (i < end) update(i, end - i);
   });
 }
 

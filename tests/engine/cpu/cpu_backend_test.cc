@@ -1,12 +1,15 @@
 #include "engine/cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
+#include "engine/cpu/internal/vector_math.h"
 #include "engine/cpu/parallel.h"
 #include "engine/precision.h"
 #include "gmock/gmock.h"
@@ -427,6 +430,248 @@ TEST(CpuBackendTest, OptimizersFollowTorchOptim) {
       {.lr = 0.1f, .weight_decay = 0.5f, .decoupled_weight_decay = true}, w3,
       g2, m3, v3);
   EXPECT_NEAR(ToVector(w3)[0], 0.95f - 0.1f, 1e-6);
+}
+
+// --- Vectorised kernels against straightforward double-precision loops ----
+// Sizes are chosen so that rows have whole 4-lane vectors and a tail (130 =
+// 32 x 4 + 2), and the tolerances follow from each approximation's error
+// bound (engine/cpu/internal/vector_math.h) times the factors applied after
+// it.
+
+std::vector<double> Doubles(const Tensor& t) {
+  std::vector<float> f = ToVector(t);
+  return std::vector<double>(f.begin(), f.end());
+}
+
+TEST(VectorMathTest, ExpIsWithinAFewUlpOfLibmAndClampsItsRange) {
+  double worst = 0;
+  for (double x = -87.0; x <= 88.0; x += 1e-3) {
+    const float xf = static_cast<float>(x);
+    const double want = std::exp(static_cast<double>(xf));
+    const double got = cpu_internal::Exp(cpu_internal::Splat(xf))[0];
+    worst = std::max(worst, std::abs(got - want) / want);
+  }
+  // Eight fp32 roundings in the polynomial and scaling (6e-8 each, mostly
+  // cancelling) plus a 3e-9 series remainder: well under 3e-7.
+  EXPECT_LT(worst, 3e-7);
+  const cpu_internal::Vf extremes = cpu_internal::Exp(cpu_internal::Vf{
+      -1e4f, 1e4f, -std::numeric_limits<float>::infinity(), 0.0f});
+  EXPECT_GT(extremes[0], 0.0f);
+  EXPECT_LT(extremes[0], 1e-37f);
+  EXPECT_TRUE(std::isfinite(extremes[1]));
+  EXPECT_GT(extremes[2], 0.0f);
+  EXPECT_EQ(extremes[3], 1.0f);
+}
+
+TEST(VectorMathTest, ErfIsWithinItsApproximationBoundAndReturnsTheGaussian) {
+  double worst_erf = 0, worst_gauss = 0;
+  for (double x = -6.0; x <= 6.0; x += 1e-4) {
+    const float xf = static_cast<float>(x);
+    cpu_internal::Vf gauss;
+    const double got = cpu_internal::Erf(cpu_internal::Splat(xf), &gauss)[0];
+    worst_erf = std::max(worst_erf, std::abs(got - std::erf(double{xf})));
+    const double want_gauss = std::exp(-double{xf} * xf);
+    worst_gauss =
+        std::max(worst_gauss, std::abs(gauss[0] - want_gauss) / want_gauss);
+  }
+  // Abramowitz-Stegun 7.1.26 is within 1.5e-7; evaluating 1 - t P(t) e^-x^2
+  // in fp32 adds a few ulp of 1 (6e-8 each).
+  EXPECT_LT(worst_erf, 6e-7);
+  // exp(-x^2) with x^2 rounded: relative error |x^2| * 6e-8 <= 2.2e-6 at 6.
+  EXPECT_LT(worst_gauss, 3e-6);
+}
+
+TEST(CpuBackendTest, GeluKernelsMatchADoubleReferenceOnVectorsAndTails) {
+  const int n = 1027;  // 256 vectors and a tail of 3.
+  Tensor x = RandomTensor({n}, 21, 2.0f), dy = RandomTensor({n}, 22);
+  Tensor y = ZerosLike(x), dx = ZerosLike(x);
+  const std::vector<double> xs = Doubles(x), gs = Doubles(dy);
+  for (bool tanh : {false, true}) {
+    B()->Gelu(x, tanh, y);
+    B()->GeluBackward(x, tanh, dy, dx);
+    for (int i = 0; i < n; ++i) {
+      const double v = xs[i];
+      double cdf, dcdf;
+      if (tanh) {
+        const double k = std::sqrt(2.0 / M_PI),
+                     u = k * (v + 0.044715 * v * v * v);
+        const double t = std::tanh(u);
+        cdf = 0.5 * (1 + t);
+        dcdf = 0.5 * (1 - t * t) * k * (1 + 3 * 0.044715 * v * v);
+      } else {
+        cdf = 0.5 * (1 + std::erf(v / std::sqrt(2.0)));
+        dcdf = std::exp(-0.5 * v * v) / std::sqrt(2 * M_PI);
+      }
+      // The cdf is within 6e-7 (erf / 2, or tanh's few ulp of 1); GELU
+      // multiplies it by |x| (< 10 here), and the derivative adds x pdf.
+      const double tol = 1e-6 * (1 + std::abs(v));
+      EXPECT_NEAR(y.data<float>()[i], v * cdf, tol) << "x=" << v;
+      EXPECT_NEAR(dx.data<float>()[i], gs[i] * (cdf + v * dcdf),
+                  tol * (1 + std::abs(gs[i])))
+          << "x=" << v << " tanh=" << tanh;
+    }
+  }
+}
+
+TEST(CpuBackendTest, SumRowsEqualsAnInOrderDoubleSumExactly) {
+  // The kernel sums each column's rows in order in double, split into
+  // column bands across threads when large: the same bits as this loop,
+  // whatever the split. The second shape is above the parallel grain.
+  for (const auto& [rows, cols] :
+       {std::pair<int64_t, int64_t>{37, 130}, {2, kParallelGrain / 2 + 3}}) {
+    Tensor x = RandomTensor({rows, cols}, 23);
+    Tensor out = RandomTensor({cols}, 24);
+    const std::vector<float> xs = ToVector(x), before = ToVector(out);
+    B()->SumRows(x, 0.5f, out);
+    const std::vector<float> got = ToVector(out);
+    for (int64_t c = 0; c < cols; ++c) {
+      double sum = 0;
+      for (int64_t r = 0; r < rows; ++r) sum += xs[r * cols + c];
+      ASSERT_EQ(got[c], 0.5f * before[c] + static_cast<float>(sum))
+          << "column " << c << " of [" << rows << ", " << cols << "]";
+    }
+  }
+}
+
+TEST(CpuBackendTest, LayerNormKernelsMatchADoubleReferenceOnWideRows) {
+  const int rows = 9, cols = 130;
+  const float eps = 1e-5f;
+  Tensor x = RandomTensor({rows, cols}, 25, 3.0f), g = RandomTensor({cols}, 26),
+         b = RandomTensor({cols}, 27), dy = RandomTensor({rows, cols}, 28);
+  Tensor y = ZerosLike(x), mean = *B()->Zeros({rows}),
+         rstd = *B()->Zeros({rows});
+  B()->LayerNorm(x, g, b, eps, y, mean, rstd);
+  Tensor dx = ZerosLike(x), dg = ZerosLike(g), db = ZerosLike(b);
+  B()->LayerNormBackwardInput(x, g, mean, rstd, dy, dx);
+  B()->LayerNormBackwardWeight(x, mean, rstd, dy, dg, db);
+  const std::vector<double> xs = Doubles(x), gs = Doubles(g), bs = Doubles(b),
+                            dys = Doubles(dy);
+  std::vector<double> want_dg(cols, 0.0), want_db(cols, 0.0);
+  for (int r = 0; r < rows; ++r) {
+    const double* row = xs.data() + r * cols;
+    double mu = 0, var = 0;
+    for (int c = 0; c < cols; ++c) mu += row[c];
+    mu /= cols;
+    for (int c = 0; c < cols; ++c) var += (row[c] - mu) * (row[c] - mu);
+    const double inv = 1 / std::sqrt(var / cols + eps);
+    EXPECT_NEAR(mean.data<float>()[r], mu, 1e-6);
+    EXPECT_NEAR(rstd.data<float>()[r], inv, 1e-6 * inv);
+    double sum_g = 0, sum_gx = 0;
+    for (int c = 0; c < cols; ++c) {
+      const double xhat = (row[c] - mu) * inv, d = dys[r * cols + c] * gs[c];
+      sum_g += d;
+      sum_gx += d * xhat;
+      want_dg[c] += dys[r * cols + c] * xhat;
+      want_db[c] += dys[r * cols + c];
+      // xhat is within a few fp32 roundings of |xhat| (< 4 here), scaled
+      // by gamma (< 4).
+      EXPECT_NEAR(y.data<float>()[r * cols + c], xhat * gs[c] + bs[c], 1e-5);
+    }
+    for (int c = 0; c < cols; ++c) {
+      const double xhat = (row[c] - mu) * inv, d = dys[r * cols + c] * gs[c];
+      const double want = inv * (d - sum_g / cols - xhat * sum_gx / cols);
+      // Each term is O(inv * |d|) <= 0.3 * 16: fp32 leaves ~1e-6 of that.
+      EXPECT_NEAR(dx.data<float>()[r * cols + c], want, 1e-5);
+    }
+  }
+  for (int c = 0; c < cols; ++c) {
+    EXPECT_NEAR(dg.data<float>()[c], want_dg[c], 1e-5 * (1 + rows));
+    EXPECT_NEAR(db.data<float>()[c], want_db[c], 1e-6 * (1 + rows));
+  }
+}
+
+TEST(CpuBackendTest, SoftmaxKernelsMatchADoubleReferenceOnWideRows) {
+  const int heads = 2, s = 67;  // Rows see 1..67 keys: every tail length.
+  const float scale = 0.3f;
+  for (bool causal : {false, true}) {
+    Tensor x = RandomTensor({heads, s, s}, 29, 3.0f),
+           dy = RandomTensor({heads, s, s}, 30);
+    Tensor y = ZerosLike(x), dx = ZerosLike(x);
+    B()->Softmax(x, scale, causal, y);
+    B()->SoftmaxBackward(y, dy, scale, dx);
+    const std::vector<double> xs = Doubles(x), dys = Doubles(dy);
+    for (int r = 0; r < heads * s; ++r) {
+      const int visible = causal ? r % s + 1 : s;
+      const double* in = xs.data() + r * s;
+      double max = -1e300, sum = 0;
+      for (int c = 0; c < visible; ++c) max = std::max(max, scale * in[c]);
+      for (int c = 0; c < visible; ++c) sum += std::exp(scale * in[c] - max);
+      std::vector<double> p(s, 0.0);
+      double dot = 0;
+      for (int c = 0; c < visible; ++c) {
+        p[c] = std::exp(scale * in[c] - max) / sum;
+        dot += p[c] * dys[r * s + c];
+      }
+      for (int c = 0; c < s; ++c) {
+        // Probabilities <= 1 with Exp's 3e-7 relative error, normalised.
+        EXPECT_NEAR(y.data<float>()[r * s + c], p[c], 1e-6);
+        EXPECT_NEAR(dx.data<float>()[r * s + c],
+                    scale * p[c] * (dys[r * s + c] - dot), 2e-6);
+      }
+    }
+  }
+}
+
+TEST(CpuBackendTest, CrossEntropyMatchesADoubleReferenceOverAWideVocabulary) {
+  const int n = 5, vocab = 258;  // 64 vectors and a tail of 2.
+  Tensor logits = RandomTensor({n, vocab}, 31, 4.0f);
+  Tensor targets = Ids({n}, {0, 257, 100, 3, 255});
+  Tensor dl = ZerosLike(logits);
+  auto loss = B()->CrossEntropyLoss(logits, targets, 2.0f, dl);
+  ASSERT_TRUE(loss.ok());
+  const std::vector<double> ls = Doubles(logits);
+  const int64_t* t = targets.data<int64_t>();
+  double want_loss = 0;
+  for (int r = 0; r < n; ++r) {
+    const double* in = ls.data() + r * vocab;
+    const double max = *std::max_element(in, in + vocab);
+    double sum = 0;
+    for (int c = 0; c < vocab; ++c) sum += std::exp(in[c] - max);
+    want_loss += std::log(sum) - (in[t[r]] - max);
+    for (int c = 0; c < vocab; ++c) {
+      const double p = std::exp(in[c] - max) / sum;
+      // grad_scale / n = 0.4 times (p - onehot), p with 3e-7 relative error.
+      EXPECT_NEAR(dl.data<float>()[r * vocab + c],
+                  0.4 * (p - (c == t[r] ? 1.0 : 0.0)), 2e-7);
+    }
+  }
+  EXPECT_NEAR(*loss, want_loss / n, 1e-6 * want_loss / n);
+}
+
+TEST(CpuBackendTest, AdamOnVectorsIsBitForBitTheScalarUpdate) {
+  const int n = 1027;
+  for (bool decoupled : {false, true}) {
+    const AdamParams p{.lr = 0.01f,
+                       .weight_decay = 0.1f,
+                       .decoupled_weight_decay = decoupled,
+                       .step = 3};
+    std::vector<float> w = Random(n, 32), g = Random(n, 33), m = Random(n, 34),
+                       v = Random(n, 35);
+    for (float& x : v) x = x * x;
+    Tensor tw = FromVector({n}, w), tg = FromVector({n}, g),
+           tm = FromVector({n}, m), tv = FromVector({n}, v);
+    B()->AdamUpdate(p, tw, tg, tm, tv);
+    // The scalar loop the kernel replaced.
+    const double bias1 = 1.0 - std::pow(static_cast<double>(p.beta1), p.step);
+    const double bias2 = 1.0 - std::pow(static_cast<double>(p.beta2), p.step);
+    const float step_size = static_cast<float>(p.lr / bias1);
+    const float bias2_sqrt = static_cast<float>(std::sqrt(bias2));
+    for (int i = 0; i < n; ++i) {
+      float gi = g[i];
+      if (p.decoupled_weight_decay) {
+        w[i] *= 1.0f - p.lr * p.weight_decay;
+      } else {
+        gi += p.weight_decay * w[i];
+      }
+      m[i] = p.beta1 * m[i] + (1.0f - p.beta1) * gi;
+      v[i] = p.beta2 * v[i] + (1.0f - p.beta2) * gi * gi;
+      const float denom = std::sqrt(v[i]) / bias2_sqrt + p.eps;
+      w[i] -= step_size * m[i] / denom;
+    }
+    EXPECT_EQ(ToVector(tw), w) << "decoupled=" << decoupled;
+    EXPECT_EQ(ToVector(tm), m);
+    EXPECT_EQ(ToVector(tv), v);
+  }
 }
 
 }  // namespace
