@@ -13,7 +13,7 @@
 # Usage: pipeline_scaling.sh CONVEYORCTL [STEPS]
 set -euo pipefail
 ctl=$1
-steps=${2:-30}
+steps=${2:-60}
 root=$(cd "$(dirname "$0")/.." && pwd)
 job=$root/examples/gpt.yaml
 tmp=$(mktemp -d)

@@ -32,8 +32,7 @@ CoreShares PlanCoreShares(const CoreShareRequest& request) {
   if (shares.empty()) {
     out.description =
         absl::StrCat(request.workers, " workers sharing ", request.cores.size(),
-                     " core(s): 1 thread each, not "
-                     "pinned");
+                     " core(s): 1 thread each, not pinned");
     return out;
   }
   if (!request.pin) {
