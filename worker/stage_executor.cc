@@ -92,8 +92,16 @@ transport::Tag StageExecutor::MakeTag(int64_t step, int mb, int stage,
           .kind = kind};
 }
 
+void StageExecutor::ZeroGradsOnce() {
+  if (grads_zeroed_) return;
+  optimizer_->ZeroGrad();
+  spans_.Record(SpanKind::kOptimizer);
+  grads_zeroed_ = true;
+}
+
 absl::StatusOr<Tensor> StageExecutor::Receive(const transport::Tag& tag,
                                               int for_stage) {
+  ZeroGradsOnce();
   absl::StatusOr<Tensor> t = channel_->Recv(tag, config_.recv_timeout);
   spans_.Record(SpanKind::kRecvWait, for_stage, tag.microbatch,
                 RankOf(tag.stage), t.ok() ? t->bytes() : 0);
@@ -235,6 +243,7 @@ absl::Status StageExecutor::BackwardInput(int64_t step, const Action& a) {
                                          TensorKind::kGradient),
                                  a.stage));
   }
+  ZeroGradsOnce();
   absl::StatusOr<Tensor> backward = stage->BackwardInput(a.microbatch, dy);
   if (a.op == Op::kBackward && backward.ok()) {
     // B is BI then BW on the same microbatch: one span, as scheduled.
@@ -267,8 +276,7 @@ absl::StatusOr<RankStepResult> StageExecutor::RunActions(
       spans_.enabled() ? spans_.step_start() : SpanRecorder::Clock::now();
   loss_sum_ = 0;
   loss_grads_.clear();
-  optimizer_->ZeroGrad();
-  spans_.Record(SpanKind::kOptimizer);
+  grads_zeroed_ = false;
   RankStepResult result;
   for (auto& [index, stage] : stages_) stage->ResetPeakActivationBytes();
   for (const Action& a : actions) {
@@ -287,6 +295,7 @@ absl::StatusOr<RankStepResult> StageExecutor::RunActions(
         s = BackwardInput(step, a);
         break;
       case Op::kBackwardWeight: {
+        ZeroGradsOnce();
         s = stages_.at(a.stage)->BackwardWeight(a.microbatch);
         spans_.Record(SpanKind::kBackwardWeight, a.stage, a.microbatch);
         break;
@@ -309,6 +318,7 @@ absl::StatusOr<RankStepResult> StageExecutor::RunActions(
     }
     result.peak_activation_bytes += stage->peak_activation_bytes();
   }
+  ZeroGradsOnce();  // A rank without backwards adds no gradient.
   // A mesh stage's gradients are complete only once its replicas' are
   // summed, before the norm and the update read them. Its time counts as the
   // optimizer's, in the span of the work that follows (no span of its own,

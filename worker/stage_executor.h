@@ -191,6 +191,13 @@ class StageExecutor {
                                          int for_stage);
   absl::Status SendTo(int to, const transport::Tag& tag,
                       const engine::Tensor& tensor);
+  // Zeroes the gradients the first time in a step that it is called: before
+  // the step's first receive or backward, whichever comes first, and
+  // before the optimizer. Not at the start of the step, because the first
+  // rank's first actions are forwards that the next rank waits for, while
+  // before its first receive it would only wait (zeroing took a third of a
+  // millisecond of the GPT example's 50 ms step; see docs/performance.md).
+  void ZeroGradsOnce();
   // Calls `visit(i, tie, original, copy)` for each tied parameter this rank
   // holds a side of (nullptr for a side on another rank), stopping at the
   // first error; Internal when a stage here lacks its side.
@@ -223,6 +230,8 @@ class StageExecutor {
   // summed loss and the timeline.
   std::map<int, engine::Tensor> loss_grads_;
   double loss_sum_ = 0;
+  // Whether this step has zeroed the gradients yet (ZeroGradsOnce).
+  bool grads_zeroed_ = false;
   telemetry::SpanRecorder spans_;
 };
 

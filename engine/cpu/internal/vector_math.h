@@ -16,9 +16,11 @@
 #ifndef CONVEYOR_ENGINE_CPU_INTERNAL_VECTOR_MATH_H_
 #define CONVEYOR_ENGINE_CPU_INTERNAL_VECTOR_MATH_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #if defined(__SSE__)
@@ -79,6 +81,18 @@ struct DoubleSum {
 
 inline Vf Min(Vf a, Vf b) { return a < b ? a : b; }
 inline Vf MaxV(Vf a, Vf b) { return a > b ? a : b; }
+
+// The largest of scale * x[i] over [0, n); -inf for n = 0. A max is exact in
+// any order, so four lanes give the scalar loop's value; the loop's single
+// chain of dependent comparisons cost a third of the cross-entropy kernel.
+inline float ScaledMax(const float* x, int64_t n, float scale) {
+  Vf lanes = Splat(-std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) lanes = MaxV(lanes, Load(x + i) * scale);
+  float max = Max(lanes);
+  for (; i < n; ++i) max = std::max(max, scale * x[i]);
+  return max;
+}
 
 // exp(x), clamped to x in [-87, 88] so the result is a normal float, never
 // 0, inf or NaN for finite x (softmax and GELU take exp of values <= 0,

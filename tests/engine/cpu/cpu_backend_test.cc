@@ -481,6 +481,24 @@ TEST(VectorMathTest, ErfIsWithinItsApproximationBoundAndReturnsTheGaussian) {
   EXPECT_LT(worst_gauss, 3e-6);
 }
 
+TEST(VectorMathTest, ScaledMaxIsTheScalarLoopsMaxForEveryTail) {
+  EXPECT_EQ(cpu_internal::ScaledMax(nullptr, 0, 1.0f),
+            -std::numeric_limits<float>::infinity());
+  const std::vector<float> xs = Random(23, 37, 5.0f);
+  for (int64_t n = 1; n <= 23; ++n) {
+    for (const float scale : {1.0f, 0.125f, -2.0f}) {
+      float want = -std::numeric_limits<float>::infinity();
+      for (int64_t i = 0; i < n; ++i) want = std::max(want, scale * xs[i]);
+      EXPECT_EQ(cpu_internal::ScaledMax(xs.data(), n, scale), want)
+          << "n = " << n << ", scale " << scale;
+    }
+  }
+  // The largest element in the tail, past the last whole vector.
+  std::vector<float> tail(9, -1.0f);
+  tail[8] = 3.0f;
+  EXPECT_EQ(cpu_internal::ScaledMax(tail.data(), 9, 1.0f), 3.0f);
+}
+
 TEST(CpuBackendTest, GeluKernelsMatchADoubleReferenceOnVectorsAndTails) {
   const int n = 1027;  // 256 vectors and a tail of 3.
   Tensor x = RandomTensor({n}, 21, 2.0f), dy = RandomTensor({n}, 22);
@@ -529,6 +547,26 @@ TEST(CpuBackendTest, SumRowsEqualsAnInOrderDoubleSumExactly) {
       for (int64_t r = 0; r < rows; ++r) sum += xs[r * cols + c];
       ASSERT_EQ(got[c], 0.5f * before[c] + static_cast<float>(sum))
           << "column " << c << " of [" << rows << ", " << cols << "]";
+    }
+  }
+}
+
+TEST(CpuBackendTest, SumSquaresMatchesALongDoubleSumOnVectorsAndTails) {
+  // Every term is a float's square, exact in double and non-negative, so
+  // any order of the additions is within n * 2^-53 relative of the exact
+  // sum: a well-posed bound. The lengths cover the vector loop's tail (n mod
+  // 8 from 0 to 7) and a gradient-sized tensor.
+  for (const int64_t n : {0, 1, 7, 8, 9, 15, 16, 1003, 250001}) {
+    Tensor x = RandomTensor({n}, 36, 3.0f);
+    const std::vector<float> xs = ToVector(x);
+    long double exact = 0;
+    for (const float v : xs) exact += static_cast<long double>(v) * v;
+    const double got = *B()->SumSquares(x);
+    const double bound =
+        static_cast<double>(exact) * static_cast<double>(n) * 0x1p-53;
+    EXPECT_NEAR(got, static_cast<double>(exact), bound) << "n = " << n;
+    if (n == 1) {
+      EXPECT_EQ(got, static_cast<double>(xs[0]) * xs[0]);
     }
   }
 }
