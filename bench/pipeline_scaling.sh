@@ -150,5 +150,7 @@ print(f"  schedule factor (1 - measured bubble {median(pipe_bubble_r):.3f}) / (1
       f"{median(schedules):.3f}; compute factor: {ratio / median(schedules):.3f}")
 print(f"  medians over all rounds instead: {pipe / predicted:.3f}; against what the two cores "
       f"deliver together x (1 - bubble): {pipe / capacity:.3f} (for comparison)")
+print(f"  about the most any schedule could reach here: two cores at once deliver {pair / one:.2f}x "
+      f"one core alone, so at best {pair / (2 * one):.3f} of the prediction")
 sys.exit(0 if ok else 1)
 PY
