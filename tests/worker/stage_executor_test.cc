@@ -463,6 +463,23 @@ TEST(StageExecutorTest, SpansAccountForTheStep) {
       EXPECT_EQ((counts[{SpanKind::kAllReduce, -1}]), c.clip ? 1 : 0);
       // Zeroing, (the local norm,) and the update.
       EXPECT_EQ((counts[{SpanKind::kOptimizer, -1}]), c.clip ? 3 : 2);
+      // The zeroing comes right before the rank's first receive or
+      // backward: on the first rank after the forwards the next rank waits
+      // for, on the others where they would wait anyway.
+      size_t first = 0;
+      while (first < result.spans.size() &&
+             result.spans[first].kind != SpanKind::kRecvWait &&
+             result.spans[first].kind != SpanKind::kBackward &&
+             result.spans[first].kind != SpanKind::kBackwardInput &&
+             result.spans[first].kind != SpanKind::kBackwardWeight) {
+        ++first;
+      }
+      ASSERT_GT(first, 0u);
+      ASSERT_LT(first, result.spans.size());
+      EXPECT_EQ(result.spans[first - 1].kind, SpanKind::kOptimizer);
+      if (rank == 0) {
+        EXPECT_EQ(result.spans.front().kind, SpanKind::kData);
+      }
       EXPECT_NEAR(idle, result.wait_seconds, 1e-9);
       EXPECT_NEAR(summed, static_cast<double>(covered_us) * 1e-6, 1e-9);
     }
