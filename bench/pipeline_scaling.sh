@@ -88,33 +88,32 @@ median = statistics.median
 def steady(step):
     return 4 <= step < steps
 
-def per_round(name):
-    """Each run's median tokens/s over its steady steps, in run order."""
+def medians(path, value, what):
+    """Each run's median of value(line) over its steady steps, in run order
+    (runs end at a "--" line; value gives None for other lines)."""
     rounds, current = [], []
-    for line in open(f"{tmp}/{name}"):
+    for line in open(path):
         if line.startswith("--"):
             rounds.append(current); current = []
-            continue
-        m = re.match(r"step\s+(\d+)/(\d+) .* (\d+) tokens/s", line)
-        if m and steady(int(m.group(1))):
-            current.append(float(m.group(3)))
+        elif (v := value(line)) is not None:
+            current.append(v)
     if not rounds or not all(rounds):
-        sys.exit(f"{name}: no step lines; its output is in {tmp}/{name}")
+        sys.exit(f"{path}: no {what}")
     return [median(r) for r in rounds]
 
-def bubbles(name):
-    """Each pipelined run's median measured bubble (metrics.jsonl)."""
-    rounds, current = [], []
-    for line in open(f"{tmp}/{name}.jsonl"):
-        if line.startswith("--"):
-            rounds.append(current); current = []
-            continue
-        row = json.loads(line)
-        if steady(row.get("step", 0)) and "bubble_fraction" in row:
-            current.append(row["bubble_fraction"])
-    if not rounds or not all(rounds):
-        sys.exit(f"{name}: no bubble in metrics.jsonl")
-    return [median(r) for r in rounds]
+def tokens_per_second(line):
+    m = re.match(r"step\s+(\d+)/(\d+) .* (\d+) tokens/s", line)
+    return float(m.group(3)) if m and steady(int(m.group(1))) else None
+
+def bubble_fraction(line):
+    row = json.loads(line)
+    return row.get("bubble_fraction") if steady(row.get("step", 0)) else None
+
+def per_round(name):
+    return medians(f"{tmp}/{name}", tokens_per_second, "step lines")
+
+def bubbles(name):  # the coordinator's measured bubble (metrics.jsonl)
+    return medians(f"{tmp}/{name}.jsonl", bubble_fraction, "bubble")
 
 one_r = per_round("in_process_1core")
 pipe_r = per_round("pipelined_2x1core")
@@ -150,7 +149,7 @@ print(f"  schedule factor (1 - measured bubble {median(pipe_bubble_r):.3f}) / (1
       f"{median(schedules):.3f}; compute factor: {ratio / median(schedules):.3f}")
 print(f"  medians over all rounds instead: {pipe / predicted:.3f}; against what the two cores "
       f"deliver together x (1 - bubble): {pipe / capacity:.3f} (for comparison)")
-print(f"  about the most any schedule could reach here: two cores at once deliver {pair / one:.2f}x "
-      f"one core alone, so at best {pair / (2 * one):.3f} of the prediction")
+print(f"  two cores busy at once delivered {pair / one:.2f}x one core alone: at that speed a "
+      f"perfect split would reach {pair / (2 * one):.3f} of the prediction")
 sys.exit(0 if ok else 1)
 PY
