@@ -430,9 +430,9 @@ void CpuBackend::DoAdamUpdate(const AdamParams& p, const Tensor& param,
 absl::StatusOr<double> CpuBackend::SumSquares(const Tensor& x) {
   // The gradient norm: the rank that finishes a pipelined step last sums
   // its squares before the all-reduce, on the step's critical path. A
-  // float's square is exact in double; four independent
-  // 2-lane accumulators keep each add from waiting on the one before (a
-  // single running sum took 1 ms for a quarter-million gradients).
+  // float's square is exact in double; four independent 2-lane
+  // accumulators keep each add from waiting on the one before (a single
+  // running sum took 1 ms for a quarter-million gradients).
   const float* p = F(x);
   const int64_t n = x.numel();
   Vd acc[4] = {};
