@@ -118,6 +118,9 @@ def bubbles(name):  # the coordinator's measured bubble (metrics.jsonl)
 one_r = per_round("in_process_1core")
 pipe_r = per_round("pipelined_2x1core")
 pipe_bubble_r = bubbles("pipelined_2x1core")
+if not len(one_r) == len(pipe_r) == len(pipe_bubble_r):
+    sys.exit(f"rounds do not pair up: {len(one_r)} baselines, {len(pipe_r)} pipelined "
+             f"runs, {len(pipe_bubble_r)} metrics.jsonl; the runs' output is in {tmp}")
 one, pipe = median(one_r), median(pipe_r)
 two = median(per_round("in_process_2cores"))
 unpinned = median(per_round("pipelined_unpinned"))
