@@ -80,10 +80,15 @@ done
 bubble=$("$ctl" schedule --kind 1f1b -P 2 -M 4 --format json |
   python3 -c 'import json, sys; print(json.load(sys.stdin)["simulation"]["bubble_fraction"])')
 
-python3 - "$tmp" "$steps" "$bubble" <<'PY'
+status=0
+python3 - "$tmp" "$steps" "$bubble" <<'PY' || status=$?
 import json, re, statistics, sys
 tmp, steps, bubble = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 median = statistics.median
+
+def fail(message):  # exit 2: the runs went wrong (1 is "target not met")
+    print(f"{message}; the runs' output is kept in {tmp}", file=sys.stderr)
+    sys.exit(2)
 
 def steady(step):
     return 4 <= step < steps
@@ -98,7 +103,7 @@ def medians(path, value, what):
         elif (v := value(line)) is not None:
             current.append(v)
     if not rounds or not all(rounds):
-        sys.exit(f"{path}: no {what}")
+        fail(f"{path}: no {what}")
     return [median(r) for r in rounds]
 
 def tokens_per_second(line):
@@ -119,8 +124,8 @@ one_r = per_round("in_process_1core")
 pipe_r = per_round("pipelined_2x1core")
 pipe_bubble_r = bubbles("pipelined_2x1core")
 if not len(one_r) == len(pipe_r) == len(pipe_bubble_r):
-    sys.exit(f"rounds do not pair up: {len(one_r)} baselines, {len(pipe_r)} pipelined "
-             f"runs, {len(pipe_bubble_r)} metrics.jsonl; the runs' output is in {tmp}")
+    fail(f"rounds do not pair up: {len(one_r)} baselines, {len(pipe_r)} pipelined "
+         f"runs, {len(pipe_bubble_r)} metrics.jsonl")
 one, pipe = median(one_r), median(pipe_r)
 two = median(per_round("in_process_2cores"))
 unpinned = median(per_round("pipelined_unpinned"))
@@ -156,3 +161,6 @@ print(f"  two cores busy at once delivered {pair / one:.2f}x one core alone: at 
       f"perfect split would reach {pair / (2 * one):.3f} of the prediction")
 sys.exit(0 if ok else 1)
 PY
+# Keep the runs' output when they went wrong (the summary says where).
+if [ "$status" -eq 2 ]; then trap - EXIT; fi
+exit "$status"
