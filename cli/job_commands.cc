@@ -190,6 +190,12 @@ absl::Status RunTrace(CoordinatorClient& client, const JobCommandOptions& o,
       << trace.step() << ", " << trace.ranks_size() << " ranks ("
       << trace.schedule() << ")\n"
       << FormatAccounting(AccountTrace(trace));
+  if (absl::StatusOr<BubbleBreakdown> bubble = ExplainBubble(trace);
+      bubble.ok()) {
+    out << FormatBubbleBreakdown(*bubble);
+  } else {
+    out << "no bubble breakdown: " << bubble.status().message() << "\n";
+  }
   return absl::OkStatus();
 }
 

@@ -9,11 +9,13 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "scheduler/action.h"
 #include "scheduler/schedule.h"
@@ -218,8 +220,17 @@ std::string RenderChromeTrace(const v1::Trace& trace) {
          "\n";
 }
 
-absl::StatusOr<std::string> RenderTraceSvg(const v1::Trace& trace,
-                                           scheduler::SvgOptions options) {
+namespace {
+
+// A trace's actions as a schedule in their measured order, with their
+// measured times as the simulation result RenderSvg draws.
+struct MeasuredTimeline {
+  scheduler::Schedule schedule;
+  scheduler::SimulationResult<double> result;
+};
+
+// RenderTraceSvg's checks (its comment lists them), then the timeline.
+absl::StatusOr<MeasuredTimeline> MeasureTimeline(const v1::Trace& trace) {
   if (trace.ranks().empty()) {
     return absl::InvalidArgumentError("the trace has no ranks to draw");
   }
@@ -331,13 +342,90 @@ absl::StatusOr<std::string> RenderTraceSvg(const v1::Trace& trace,
     }
   }
   for (int r = 0; r < p; ++r) result.idle[r] = result.makespan - result.busy[r];
+  return MeasuredTimeline{std::move(schedule), std::move(result)};
+}
 
+}  // namespace
+
+absl::StatusOr<std::string> RenderTraceSvg(const v1::Trace& trace,
+                                           scheduler::SvgOptions options) {
+  ASSIGN_OR_RETURN(MeasuredTimeline measured, MeasureTimeline(trace));
   if (options.title.empty()) {
     options.title =
         absl::StrCat(trace.job_id(), " step ", trace.step(), " (measured)");
   }
   options.time_unit = "ms";
-  return scheduler::RenderSvg(schedule, result, options);
+  return scheduler::RenderSvg(measured.schedule, measured.result, options);
+}
+
+absl::StatusOr<BubbleBreakdown> ExplainBubble(const v1::Trace& trace) {
+  ASSIGN_OR_RETURN(MeasuredTimeline measured, MeasureTimeline(trace));
+  const scheduler::Schedule& schedule = measured.schedule;
+  const int num_stages = schedule.num_stages();
+  // durations[op][stage]: the measured boxes of that op on that stage.
+  std::vector<std::vector<std::vector<double>>> durations(
+      4, std::vector<std::vector<double>>(num_stages));
+  for (int r = 0; r < schedule.ranks; ++r) {
+    for (size_t i = 0; i < schedule.actions[r].size(); ++i) {
+      const Action& a = schedule.actions[r][i];
+      const scheduler::ActionTiming<double>& t = measured.result.timings[r][i];
+      durations[static_cast<int>(a.op)][a.stage].push_back(t.end - t.start);
+    }
+  }
+  // Per op the stages' medians, and their mean for every stage; nothing for
+  // an op the step did not run (B or BI/BW).
+  scheduler::SimulationCosts<double> staged, uniform;
+  auto fill = [&](Op op, std::vector<double>& per_stage,
+                  std::vector<double>& mean) {
+    const auto& by_stage = durations[static_cast<int>(op)];
+    if (std::all_of(by_stage.begin(), by_stage.end(),
+                    [](const std::vector<double>& d) { return d.empty(); })) {
+      return;
+    }
+    double sum = 0;
+    for (std::vector<double> d : by_stage) {
+      double median = 0;
+      if (!d.empty()) {
+        std::sort(d.begin(), d.end());
+        const size_t n = d.size();
+        median = n % 2 ? d[n / 2] : (d[n / 2 - 1] + d[n / 2]) / 2;
+      }
+      per_stage.push_back(median);
+      sum += median;
+    }
+    mean = {sum / num_stages};
+  };
+  fill(Op::kForward, staged.forward, uniform.forward);
+  fill(Op::kBackward, staged.backward, uniform.backward);
+  fill(Op::kBackwardInput, staged.backward_input, uniform.backward_input);
+  fill(Op::kBackwardWeight, staged.backward_weight, uniform.backward_weight);
+  ASSIGN_OR_RETURN(const scheduler::SimulationResult<double> at_stages,
+                   scheduler::Simulate(schedule, staged));
+  ASSIGN_OR_RETURN(const scheduler::SimulationResult<double> at_uniform,
+                   scheduler::Simulate(schedule, uniform));
+  return BubbleBreakdown{.measured = measured.result.bubble_fraction(),
+                         .at_stage_costs = at_stages.bubble_fraction(),
+                         .at_uniform_costs = at_uniform.bubble_fraction()};
+}
+
+std::string FormatBubbleBreakdown(const BubbleBreakdown& bubble) {
+  auto percent = [](double fraction) {
+    return absl::StrCat(Fixed(100 * fraction, 1), "%");
+  };
+  auto points = [](double difference) {
+    // Rounded first, so that a difference smaller than shown reads +0.0.
+    const double tenths = std::round(1000 * difference);
+    return absl::StrCat(tenths < 0 ? "-" : "+",
+                        Fixed(std::abs(tenths) / 10, 1));
+  };
+  return absl::StrCat(
+      "bubble ", percent(bubble.measured),
+      " measured; simulated for these actions: ",
+      percent(bubble.at_stage_costs), " at this step's stage costs, ",
+      percent(bubble.at_uniform_costs), " at uniform stages (stage imbalance ",
+      points(bubble.at_stage_costs - bubble.at_uniform_costs),
+      " points; communication, runtime and uneven actions ",
+      points(bubble.measured - bubble.at_stage_costs), ")\n");
 }
 
 std::vector<RankAccounting> AccountTrace(const v1::Trace& trace) {

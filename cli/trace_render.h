@@ -9,6 +9,8 @@
 //    (scheduler::RenderSvg), drawn from measured times instead of simulated
 //    ones, so a predicted and a measured schedule can be put side by side.
 //  - AccountTrace / FormatAccounting: where each rank's step time went.
+//  - ExplainBubble / FormatBubbleBreakdown: the step's bubble split into
+//    what its stages' imbalance explains and what comes on top.
 //
 // A trace's span times are microseconds relative to their rank's step start
 // (RankTrace.start_unix_us); the renderers put all ranks on one axis that
@@ -90,6 +92,33 @@ std::vector<RankAccounting> AccountTrace(const v1::Trace& trace);
 // step as a percentage ("-" when the step time is not positive). Columns are
 // padded to their widest cell, two spaces apart, no trailing spaces.
 std::string FormatAccounting(const std::vector<RankAccounting>& rows);
+
+// The step's bubble against what the simulator predicts for the same
+// actions in the same order, once at the step's own per-stage costs (the
+// median of each stage's measured F, B, BI and BW boxes, as RenderTraceSvg
+// draws them: a forward with its data reads and loss) and once at their
+// mean over the stages (uniform stages, the schedule's textbook bubble).
+// The first gap is the stage cut's imbalance; what the measured bubble adds
+// on top of it is communication, the runtime, and actions of one stage that
+// took longer than its median (a slow first microbatch on the critical
+// path counts here, not as imbalance). All three
+// are fractions of P x makespan, the measured one as in RenderTraceSvg's
+// title and the coordinator's bubble (telemetry/step_timeline.h), both
+// simulations at zero latency.
+struct BubbleBreakdown {
+  double measured = 0;
+  double at_stage_costs = 0;
+  double at_uniform_costs = 0;
+};
+
+// RenderTraceSvg's InvalidArgument cases, and the simulator's errors for a
+// trace whose actions do not make a whole step (a rank without spans).
+absl::StatusOr<BubbleBreakdown> ExplainBubble(const v1::Trace& trace);
+
+// One line: "bubble 24.5% measured; simulated for these actions: 22.1% at
+// this step's stage costs, 20.0% at uniform stages (stage imbalance +2.1
+// points; communication, runtime and uneven actions +2.4)".
+std::string FormatBubbleBreakdown(const BubbleBreakdown& bubble);
 
 }  // namespace conveyor::cli
 

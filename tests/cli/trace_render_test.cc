@@ -11,6 +11,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "scheduler/generators.h"
+#include "scheduler/schedule.h"
+#include "scheduler/simulator.h"
 
 namespace conveyor::cli {
 namespace {
@@ -512,6 +515,100 @@ TEST(FormatAccountingTest, MarksAMissingStepTime) {
       {{.rank = 4, .compute_seconds = 0.5, .step_seconds = 0}});
   EXPECT_THAT(text, HasSubstr("\n4     500.000 ms"));
   EXPECT_THAT(text, HasSubstr("0.000 ms  -\n"));
+}
+
+// ---------------------------------------------------------------------------
+// The bubble's breakdown.
+
+TEST(ExplainBubbleTest, ComparesTheMeasuredStepWithTheSimulatorAtItsCosts) {
+  // Every forward box is 110 us (data or loss included) and every backward
+  // 200 us on both stages, so the two simulations agree: 1F1B with P = M = 2
+  // idles (P - 1) / (M + P - 1) = 1/3. Measured: the boxes span 945 us from
+  // rank 0's first data read to its last backward, and hold 620 us a rank.
+  absl::StatusOr<BubbleBreakdown> bubble = ExplainBubble(OneFOneBTrace());
+  ASSERT_TRUE(bubble.ok()) << bubble.status();
+  EXPECT_NEAR(bubble->measured, 1 - 1240.0 / 1890.0, 1e-12);
+  EXPECT_NEAR(bubble->at_stage_costs, 1.0 / 3, 1e-12);
+  EXPECT_NEAR(bubble->at_uniform_costs, 1.0 / 3, 1e-12);
+}
+
+// A trace that is exactly the simulator's timeline of `costs`, in whole
+// microseconds, every rank starting at the same instant.
+v1::Trace SimulatedTrace(const scheduler::Schedule& schedule,
+                         const scheduler::SimulationCosts<int64_t>& costs) {
+  const scheduler::SimulationResult<int64_t> result =
+      *scheduler::Simulate(schedule, costs);
+  v1::Trace trace;
+  trace.set_job_id("job-9");
+  trace.set_step(1);
+  trace.set_schedule(std::string(scheduler::ScheduleKindName(schedule.kind)));
+  trace.set_num_ranks(schedule.ranks);
+  trace.set_virtual_stages(schedule.virtual_stages);
+  trace.set_microbatches(schedule.microbatches);
+  for (int r = 0; r < schedule.ranks; ++r) {
+    v1::RankTrace* rank = trace.add_ranks();
+    rank->set_rank(r);
+    rank->set_start_unix_us(kRank1Start);
+    for (size_t i = 0; i < schedule.actions[r].size(); ++i) {
+      const scheduler::Action& a = schedule.actions[r][i];
+      const scheduler::ActionTiming<int64_t>& t = result.timings[r][i];
+      const v1::Span::Kind kind = a.op == scheduler::Op::kForward
+                                      ? v1::Span::FORWARD
+                                      : v1::Span::BACKWARD;
+      AddSpan(rank, kind, a.stage, a.microbatch, t.start, t.end - t.start);
+    }
+  }
+  return trace;
+}
+
+TEST(ExplainBubbleTest, SeparatesTheStagesImbalanceFromTheRest) {
+  // The second stage's backward takes twice the first's: the simulator at
+  // the step's stage costs reproduces the measured bubble exactly, and at
+  // uniform stages (F 100, B 300 us) gives 1F1B's (P - 1) / (M + P - 1).
+  const scheduler::Schedule schedule = *scheduler::GenerateSchedule(
+      scheduler::ScheduleKind::k1F1B,
+      {.ranks = 2, .microbatches = 4, .virtual_stages = 1});
+  scheduler::SimulationCosts<int64_t> costs;
+  costs.forward = {100, 100};
+  costs.backward = {200, 400};
+  const v1::Trace trace = SimulatedTrace(schedule, costs);
+  absl::StatusOr<BubbleBreakdown> bubble = ExplainBubble(trace);
+  ASSERT_TRUE(bubble.ok()) << bubble.status();
+  EXPECT_NEAR(bubble->at_uniform_costs, 1.0 / 5, 1e-12);
+  EXPECT_NEAR(bubble->at_stage_costs, bubble->measured, 1e-12);
+  // Rank 1 is busy 4 x 500 us from the first forward's end (100 us) and
+  // rank 0's last backward follows (200 us): 1 - (1200 + 2000) / (2 x 2300).
+  EXPECT_NEAR(bubble->measured, 1 - 3200.0 / 4600.0, 1e-12);
+  EXPECT_THAT(FormatBubbleBreakdown(*bubble),
+              HasSubstr("(stage imbalance +10.4 points; communication, "
+                        "runtime and uneven actions +0.0)"));
+}
+
+TEST(ExplainBubbleTest, RefusesWhatItCannotSimulate) {
+  EXPECT_EQ(ExplainBubble(v1::Trace()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Rank 1 reported nothing: its stage's actions never ran.
+  v1::Trace trace = OneFOneBTrace();
+  trace.mutable_ranks(1)->clear_spans();
+  EXPECT_FALSE(ExplainBubble(trace).ok());
+}
+
+TEST(FormatBubbleBreakdownTest, ShowsPercentAndSignedPoints) {
+  EXPECT_EQ(FormatBubbleBreakdown({.measured = 0.245,
+                                   .at_stage_costs = 0.2213,
+                                   .at_uniform_costs = 0.2}),
+            "bubble 24.5% measured; simulated for these actions: 22.1% at "
+            "this step's stage costs, 20.0% at uniform stages (stage "
+            "imbalance +2.1 points; communication, runtime and uneven actions "
+            "+2.4)\n");
+  EXPECT_THAT(
+      FormatBubbleBreakdown(
+          {.measured = 0.1999, .at_stage_costs = 0.2, .at_uniform_costs = 0.2}),
+      HasSubstr("actions +0.0)"));
+  EXPECT_THAT(
+      FormatBubbleBreakdown(
+          {.measured = 0.18, .at_stage_costs = 0.2, .at_uniform_costs = 0.2}),
+      HasSubstr("actions -2.0)"));
 }
 
 }  // namespace

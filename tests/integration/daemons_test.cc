@@ -780,6 +780,16 @@ TEST_F(DaemonsTest, TraceOfAFourStage1F1BStepAccountsForTheStepTime) {
   ASSERT_TRUE(cli::RunTrace(*client_, options, summary).ok());
   EXPECT_THAT(summary.str(), HasSubstr(absl::StrCat("wrote ", svg_path, ": ",
                                                     job->id(), " step 6")));
+  // And its bubble's breakdown: the real step's actions in their order, at
+  // uniform stages, idle as 1F1B does, (P - 1) / (M + P - 1) = 3/7.
+  EXPECT_THAT(summary.str(), HasSubstr("% at uniform stages (stage imbalance"));
+  absl::StatusOr<v1::Trace> last = client_->GetTrace(job->id(), 6);
+  ASSERT_TRUE(last.ok()) << last.status();
+  absl::StatusOr<cli::BubbleBreakdown> bubble = cli::ExplainBubble(*last);
+  ASSERT_TRUE(bubble.ok()) << bubble.status();
+  EXPECT_NEAR(bubble->at_uniform_costs, 3.0 / 7, 1e-9);
+  EXPECT_GT(bubble->measured, 0);
+  EXPECT_LT(bubble->measured, 1);
   absl::StatusOr<std::string> svg = ReadFile(svg_path, 1 << 24);
   ASSERT_TRUE(svg.ok()) << svg.status();
   for (int r = 0; r < 4; ++r) {
