@@ -20,6 +20,7 @@
 #include "cli/job_commands.h"
 #include "cli/job_file.h"
 #include "cli/local_cluster.h"
+#include "cli/trace_render.h"
 #include "cli/watch.h"
 #include "common/cpu_set.h"
 #include "common/status_macros.h"
@@ -160,6 +161,18 @@ void PrintLogs(const LocalCluster& cluster, std::ostream& err) {
   err << "conveyorctl: " << LogsLine(cluster) << "\n";
 }
 
+// The last step's bubble, split as `conveyorctl trace --output` splits it
+// (cli/trace_render.h): what the stage cut's imbalance explains and what
+// comes on top. A summary only, so nothing when there is nothing to split
+// (one stage) or the coordinator keeps no timeline.
+void PrintLastBubble(CoordinatorClient& client, const std::string& id,
+                     std::ostream& out) {
+  absl::StatusOr<v1::Trace> trace = client.GetTrace(id, 0);
+  if (!trace.ok() || trace->num_ranks() < 2) return;
+  absl::StatusOr<BubbleBreakdown> bubble = ExplainBubble(*trace);
+  if (bubble.ok()) out << "last step's " << FormatBubbleBreakdown(*bubble);
+}
+
 absl::Status RunOnLocalCluster(const RunCommandOptions& o, bool tty,
                                std::ostream& out, std::ostream& err) {
   // Everything that can be checked without daemons is, so a bad job or a
@@ -259,6 +272,9 @@ absl::Status RunOnLocalCluster(const RunCommandOptions& o, bool tty,
     ASSIGN_OR_RETURN(final_job,
                      WatchToEnd(*client, submitted.id(),
                                 {.log_every = o.log_every, .tty = tty}, out));
+    if (final_job->state() == v1::SUCCEEDED) {
+      PrintLastBubble(*client, submitted.id(), out);
+    }
     return absl::OkStatus();
   }();
   interrupts->Untrack();

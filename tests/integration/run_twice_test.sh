@@ -22,6 +22,9 @@ run() {  # run OUTPUT ARGS...
 run first.out --overwrite
 check "the first run succeeds (--overwrite with nothing to remove)" test $? -eq 0
 check "... and removes nothing" bash -c "! grep -q 'removed' '$dir/first.out'"
+check "... ending with its last step's bubble, split as trace splits it" grep -qE \
+  "^last step's bubble [0-9.]+% measured; simulated for these actions: [0-9.]+% at this step's stage costs, 20.0% at uniform stages" \
+  "$dir/first.out"
 "$ctl" export "$dir/ckpt" -o "$dir/first.safetensors" >/dev/null
 check "... leaving a checkpoint" test -s "$dir/first.safetensors"
 
