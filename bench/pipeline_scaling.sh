@@ -43,7 +43,8 @@ two="${cores[0]},${cores[1]}"
 
 # Two independent in-process runs at once, one per core: what the two cores
 # deliver together (shared caches, memory bandwidth and clocks make it less
-# than twice one core's), the most any split of the work could reach.
+# than twice one core's). Context, not a bound: the pipeline idles a fifth
+# of the time and each worker holds half the model.
 run_pair() {
   rm -rf "$tmp/a" "$tmp/b"
   taskset -c "${cores[0]}" "$ctl" run "$job" --steps "$steps" --log-every 1 \

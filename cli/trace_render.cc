@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/median.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "scheduler/action.h"
@@ -383,15 +384,9 @@ absl::StatusOr<BubbleBreakdown> ExplainBubble(const v1::Trace& trace) {
       return;
     }
     double sum = 0;
-    for (std::vector<double> d : by_stage) {
-      double median = 0;
-      if (!d.empty()) {
-        std::sort(d.begin(), d.end());
-        const size_t n = d.size();
-        median = n % 2 ? d[n / 2] : (d[n / 2 - 1] + d[n / 2]) / 2;
-      }
-      per_stage.push_back(median);
-      sum += median;
+    for (const std::vector<double>& d : by_stage) {
+      per_stage.push_back(Median(d));
+      sum += per_stage.back();
     }
     mean = {sum / num_stages};
   };

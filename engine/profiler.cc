@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/cancellation.h"
+#include "common/median.h"
 #include "common/status_macros.h"
 #include "engine/stage.h"
 
@@ -57,14 +58,6 @@ absl::StatusOr<double> Timed(Backend* backend, F&& f) {
   RETURN_IF_ERROR(f());
   RETURN_IF_ERROR(backend->Synchronize());
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// The median; the mean of the middle two for an even count.
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  if (n == 0) return 0;
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 struct ActionTimes {
