@@ -279,14 +279,22 @@ class DaemonsTest : public ::testing::Test {
   static absl::StatusOr<v1::Job> Submit(const std::string& yaml) {
     return Submit(*client_, yaml);
   }
-  // Waits until `id` has done at least `steps` steps (or ended).
+  // Waits until `id` has done at least `steps` steps and committed a
+  // checkpoint of at least step `checkpoint` (or ended). Checkpoints are
+  // written in the background and committed once every rank reports its
+  // file, which on a loaded machine can come after later steps are done.
   static v1::Job WaitForSteps(cli::CoordinatorClient& client,
-                              const std::string& id, int64_t steps) {
+                              const std::string& id, int64_t steps,
+                              int64_t checkpoint = 0) {
     v1::Job job;
     const Clock::time_point start = Clock::now();
     while (SecondsSince(start) < 60) {
       job = *client.GetJob(id);
-      if (job.steps_done() >= steps || proto::IsTerminal(job.state())) break;
+      if ((job.steps_done() >= steps &&
+           job.last_checkpoint_step() >= checkpoint) ||
+          proto::IsTerminal(job.state())) {
+        break;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     return job;
@@ -401,7 +409,7 @@ TEST_F(DaemonsTest, InterruptedAndResumedEqualsUninterruptedBitwise) {
 
   absl::StatusOr<v1::Job> i = Submit(SlowCheckpointedJob(12, part, policy));
   ASSERT_TRUE(i.ok()) << i.status();
-  const v1::Job seven = WaitForSteps(*client_, i->id(), 7);
+  const v1::Job seven = WaitForSteps(*client_, i->id(), 7, /*checkpoint=*/6);
   ASSERT_EQ(seven.state(), v1::RUNNING) << "finished before the interrupt";
   ASSERT_TRUE(client_->CancelJob(i->id()).ok());
   const v1::Job interrupted = WaitForEnd(*client_, i->id());
@@ -490,7 +498,7 @@ TEST_F(DaemonsTest, ResumesOnAnotherLayoutEqualToTheUninterruptedRun) {
   absl::StatusOr<v1::Job> i = Submit(original);
   ASSERT_TRUE(i.ok()) << i.status();
   EXPECT_EQ(i->num_workers(), 4);
-  const v1::Job seven = WaitForSteps(*client_, i->id(), 7);
+  const v1::Job seven = WaitForSteps(*client_, i->id(), 7, /*checkpoint=*/6);
   ASSERT_EQ(seven.state(), v1::RUNNING) << "finished before the interrupt";
   ASSERT_TRUE(client_->CancelJob(i->id()).ok());
   const v1::Job interrupted = WaitForEnd(*client_, i->id());
