@@ -53,9 +53,9 @@ def scrape(address):
         raise KeyError(f"{name} not served by {address}:\n{text[:2000]}")
 
     return {
-        "rss_bytes": value("conveyor_process_resident_memory_bytes"),
-        "threads": value("conveyor_process_threads"),
-        "open_fds": value("conveyor_process_open_fds"),
+        "rss_bytes": value("process_resident_memory_bytes"),
+        "threads": value("process_threads"),
+        "open_fds": value("process_open_fds"),
         # Process gauges are always there; what must not grow is the rest
         # (per-job series must be removed when the job ends).
         "series": len(series),

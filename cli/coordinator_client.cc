@@ -10,6 +10,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "proto/answered_by.h"
 #include "proto/protocol.h"
 
 namespace conveyor::cli {
@@ -59,8 +60,17 @@ void CoordinatorClient::SetDeadline(grpc::ClientContext& context) const {
   context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
 }
 
-absl::Status CoordinatorClient::FromGrpc(const grpc::Status& status) const {
+absl::Status CoordinatorClient::FromGrpc(
+    const grpc::Status& status, const grpc::ClientContext& context) const {
   absl::Status s = proto::FromGrpcStatus(status);
+  // The coordinator's own UNAVAILABLE (it cannot write its state file):
+  // its message says what happened, and where to point the CLI is not the
+  // question.
+  if (s.code() == absl::StatusCode::kUnavailable &&
+      !proto::AnsweredBy(context).empty()) {
+    return absl::Status(s.code(), absl::StrCat("the coordinator at ", address_,
+                                               ": ", s.message()));
+  }
   switch (s.code()) {
     case absl::StatusCode::kUnavailable:
       return absl::UnavailableError(
@@ -92,7 +102,7 @@ absl::StatusOr<v1::Job> CoordinatorClient::SubmitJob(
   SetDeadline(context);
   v1::SubmitJobResponse response;
   grpc::Status status = stub_->SubmitJob(&context, request, &response);
-  if (!status.ok()) return FromGrpc(status);
+  if (!status.ok()) return FromGrpc(status, context);
   return std::move(*response.mutable_job());
 }
 
@@ -103,7 +113,7 @@ absl::StatusOr<v1::Job> CoordinatorClient::GetJob(const std::string& id) {
   request.set_id(id);
   v1::Job job;
   grpc::Status status = stub_->GetJob(&context, request, &job);
-  if (!status.ok()) return FromGrpc(status);
+  if (!status.ok()) return FromGrpc(status, context);
   return job;
 }
 
@@ -113,7 +123,7 @@ absl::StatusOr<v1::ListJobsResponse> CoordinatorClient::ListJobs() {
   v1::ListJobsResponse response;
   grpc::Status status =
       stub_->ListJobs(&context, v1::ListJobsRequest(), &response);
-  if (!status.ok()) return FromGrpc(status);
+  if (!status.ok()) return FromGrpc(status, context);
   return response;
 }
 
@@ -124,7 +134,7 @@ absl::StatusOr<v1::Job> CoordinatorClient::CancelJob(const std::string& id) {
   request.set_id(id);
   v1::Job job;
   grpc::Status status = stub_->CancelJob(&context, request, &job);
-  if (!status.ok()) return FromGrpc(status);
+  if (!status.ok()) return FromGrpc(status, context);
   return job;
 }
 
@@ -134,7 +144,7 @@ absl::StatusOr<std::vector<v1::Worker>> CoordinatorClient::ListWorkers() {
   v1::ListWorkersResponse response;
   grpc::Status status =
       stub_->ListWorkers(&context, v1::ListWorkersRequest(), &response);
-  if (!status.ok()) return FromGrpc(status);
+  if (!status.ok()) return FromGrpc(status, context);
   return std::vector<v1::Worker>(response.workers().begin(),
                                  response.workers().end());
 }
@@ -148,7 +158,7 @@ absl::StatusOr<v1::Worker> CoordinatorClient::DrainWorker(
   request.set_reason(reason);
   v1::Worker drained;
   grpc::Status status = stub_->DrainWorker(&context, request, &drained);
-  if (!status.ok()) return FromGrpc(status);
+  if (!status.ok()) return FromGrpc(status, context);
   return drained;
 }
 
@@ -161,7 +171,7 @@ absl::StatusOr<v1::Trace> CoordinatorClient::GetTrace(const std::string& id,
   request.set_step(step);
   v1::Trace trace;
   grpc::Status status = stub_->GetTrace(&context, request, &trace);
-  if (!status.ok()) return FromGrpc(status);
+  if (!status.ok()) return FromGrpc(status, context);
   return trace;
 }
 
@@ -188,7 +198,7 @@ absl::Status CoordinatorClient::WatchJob(
     absl::MutexLock lock(&mutex_);
     watches_.erase(&context);
   }
-  return FromGrpc(status);
+  return FromGrpc(status, context);
 }
 
 void CoordinatorClient::CancelWatches() {

@@ -101,7 +101,8 @@ class CoordinatorClient {
   // The token, when there is one, and (unary calls) the deadline.
   void Authenticate(grpc::ClientContext& context) const;
   void SetDeadline(grpc::ClientContext& context) const;
-  absl::Status FromGrpc(const grpc::Status& status) const;
+  absl::Status FromGrpc(const grpc::Status& status,
+                        const grpc::ClientContext& context) const;
 
   const std::string address_;
   const absl::Duration rpc_timeout_;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/printable.h"
 #include "proto/protocol.h"
 
 namespace conveyor::cli {
@@ -18,7 +19,8 @@ constexpr double kSmoothing = 0.2;
 
 std::string JobTitle(const v1::Job& job) {
   if (job.name().empty()) return job.id();
-  return absl::StrCat(job.id(), " (", job.name(), ")");
+  // Escaped: a record from before names were checked may hold anything.
+  return absl::StrCat(job.id(), " (", Printable(job.name()), ")");
 }
 
 std::string StepsText(int64_t done, int64_t total) {
@@ -432,7 +434,7 @@ std::string FormatJobsTable(const std::vector<v1::Job>& jobs, absl::Time now) {
       absl::StrAppend(&schedule, " V=", job.virtual_stages());
     }
     rows.push_back(
-        {job.id(), job.name().empty() ? "-" : job.name(),
+        {job.id(), job.name().empty() ? "-" : Printable(job.name()),
          std::string(proto::JobStateName(job.state())),
          StepsText(job.steps_done(), job.steps_total()),
          job.has_loss() ? absl::StrFormat("%.6f", job.last_loss()) : "-",
@@ -450,7 +452,7 @@ std::string FormatWorkersTable(const std::vector<v1::Worker>& workers) {
   std::vector<std::vector<std::string>> rows;
   for (const v1::Worker& w : workers) {
     rows.push_back(
-        {w.id(), w.name(),
+        {w.id(), Printable(w.name()),
          absl::StrCat(proto::WorkerStateName(w.state()),
                       w.draining() && w.state() != v1::LOST ? " draining" : ""),
          w.job_id().empty() ? "-" : w.job_id(),

@@ -27,10 +27,12 @@
 #include "common/status_macros.h"             // ASSIGN_OR_RETURN
 #include "common/yaml_reader.h"               // the --config file
 #include "coordinator/coordinator_metrics.h"  // /metrics
+#include "coordinator/fleet_summary.h"        // /readyz
 #include "coordinator/job_manager.h"          // the state machine
 #include "coordinator/service.h"              // the gRPC services
 #include "coordinator/state_file.h"           // StateFile
 #include "grpcpp/grpcpp.h"                    // ServerBuilder
+#include "proto/answered_by.h"                // AnsweredByInterceptorFactory
 #include "proto/credentials.h"                // MakeServerCredentials
 #include "proto/protocol.h"                   // kMaxMessageBytes
 #include "spdlog/spdlog.h"                    // SPDLOG_*
@@ -283,6 +285,8 @@ int main(int argc, char** argv) {
       std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
       interceptors;
   interceptors.push_back(metrics->InterceptorFactory());
+  interceptors.push_back(
+      conveyor::proto::AnsweredByInterceptorFactory("coordinator"));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -302,10 +306,19 @@ int main(int argc, char** argv) {
   std::string ready = absl::StrCat(address, "\n");
   // The server holds collectables weakly: this one must outlive it.
   auto process = std::make_shared<conveyor::telemetry::ProcessCollector>();
+  std::atomic<bool> shutting_down{false};
   if (!flags.metrics_address.empty()) {
     absl::StatusOr<std::unique_ptr<conveyor::telemetry::MetricsServer>>
         started = conveyor::telemetry::MetricsServer::Start(
-            flags.metrics_address, {metrics->registry(), metrics, process});
+            flags.metrics_address, {metrics->registry(), metrics, process},
+            [&]() -> conveyor::telemetry::Readiness {
+              if (shutting_down.load()) return {false, "shutting down"};
+              // Ready whether or not workers have registered: a readiness
+              // probe that waited for them would hide the coordinator from
+              // the very workers that must reach it to register.
+              return {true, conveyor::coordinator::FleetSummary(
+                                manager.ListWorkers(), manager.ListJobs())};
+            });
     if (!started.ok()) {
       std::cerr << "conveyor-coordinator: --metrics-address: "
                 << started.status().message() << "\n";
@@ -340,15 +353,15 @@ int main(int argc, char** argv) {
   int signal = 0;
   sigwait(&signals, &signal);
   SPDLOG_INFO("signal {}: shutting down", signal);
+  shutting_down.store(true);
   stop.store(true);
   ticker.join();
   manager.Shutdown();
   // Open streams (workers, watchers) are cancelled after a short grace.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->Wait();
-  // Stopping civetweb waits out its poll interval (about 2 s); the process
-  // is exiting and the kernel closes the socket, so skip that wait.
-  (void)metrics_server.release();
+  // Before the manager goes: /readyz and the collector read it.
+  metrics_server.reset();
   SPDLOG_INFO("stopped");
   return 0;
 }

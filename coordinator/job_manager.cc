@@ -272,6 +272,37 @@ std::vector<v1::Job> JobManager::ListJobs() const {
 
 absl::StatusOr<v1::Job> JobManager::CancelJob(const std::string& id,
                                               const std::string& reason) {
+  // Written ahead: the state file first holds the job as cancelled, and
+  // only then is it cancelled here. A cancel the file cannot hold is not
+  // applied at all, so what the caller is told, what this coordinator
+  // does and what a restarted one would do agree.
+  v1::CoordinatorState ahead;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    JobRecord* job = FindJob(id);
+    if (job == nullptr) {
+      return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+    }
+    if (proto::IsTerminal(job->info.state())) return job->info;
+    ahead = Snapshot();
+    for (v1::JobRecordState& saved : *ahead.mutable_jobs()) {
+      if (saved.info().id() != id) continue;
+      saved.mutable_info()->set_state(v1::CANCELLED);
+      saved.mutable_info()->set_message(reason);
+      saved.mutable_info()->set_ended_unix_ms(NowUnixMs());
+      saved.mutable_info()->set_queue_position(0);
+    }
+    auto& queue = *ahead.mutable_queue();
+    queue.erase(std::remove(queue.begin(), queue.end(), job->number),
+                queue.end());
+  }
+  if (absl::Status s = SaveState(ahead); !s.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        id,
+        " was not cancelled: the coordinator could not make the change "
+        "durable (it cannot write its state file: ",
+        s.message(), "); retry the cancel once it can"));
+  }
   v1::Job cancelled;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -285,13 +316,8 @@ absl::StatusOr<v1::Job> JobManager::CancelJob(const std::string& id,
     }
     cancelled = job->info;
   }
-  if (absl::Status s = Persist(); !s.ok()) {
-    return absl::UnavailableError(absl::StrCat(
-        id, " is cancelled, but the coordinator cannot write its state file (",
-        s.message(),
-        "), so a restart now would not know it; retry the cancel once it "
-        "can"));
-  }
+  // What else changed meanwhile; the cancel itself is held already.
+  (void)Persist();
   return cancelled;
 }
 

@@ -327,6 +327,10 @@ class JobManager {
     // Why the next attempt's layout differs from the last one's (elastic),
     // for Job.layouts; empty: it does not.
     std::string layout_reason;
+    // Why the job was restarted, while it waits in the queue for that
+    // restart (not for a drain, nor after a coordinator restart); empty
+    // otherwise. See ReexamineRestarts.
+    std::string restart_reason;
     // Where the current attempt starts; nullopt: from the init.
     std::optional<checkpoint::ResumePoint> resume;
     // The newest step this manager committed for the job.
@@ -362,6 +366,12 @@ class JobManager {
   // Whether a write of the state file has held the records as they were at
   // change number `change` (always, without a state file).
   bool PersistedThrough(uint64_t change) ABSL_LOCKS_EXCLUDED(persist_mu_, mu_);
+  // Writes `state` (CancelJob's write-ahead, or Persist's snapshot) and
+  // keeps StateFileError current. The Locked form needs persist_mu_.
+  absl::Status SaveState(const v1::CoordinatorState& state)
+      ABSL_LOCKS_EXCLUDED(persist_mu_, mu_);
+  absl::Status SaveStateLocked(const v1::CoordinatorState& state)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Discounts a stall of the coordinator since the last Tick from every
   // worker's silence (JobManagerOptions::stall_threshold).
   void DiscountStall(TimePoint now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -426,6 +436,16 @@ class JobManager {
   // reason, which the next attempt clears.)
   void Requeue(JobRecord& job, std::string reason, absl::string_view kind,
                bool drained) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Elastic: lays `job` out on `ranks` workers, or fewer down to its
+  // restart.elastic.min_workers when its schedule cannot plan on `ranks`.
+  // False when no count works: the job is then FAILED, naming why.
+  bool LayOutOn(JobRecord& job, int ranks, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every restarted job still queued is checked against the live workers
+  // (Schedule, so after every loss, join and drain): one that its rules no
+  // longer let run on them is laid out anew (elastic) or FAILED, naming
+  // why, rather than waiting for workers that are gone.
+  void ReexamineRestarts() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends `message` to each rank of the job's attempt that has not ended
   // and whose worker still holds the job.
   void SendToRunningRanks(JobRecord& job, const v1::CoordinatorMessage& message)

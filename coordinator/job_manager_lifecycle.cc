@@ -289,6 +289,22 @@ void JobManager::FailOrRestart(JobRecord& job, const std::string& reason,
   Requeue(job, reason, kind, /*drained=*/false);
 }
 
+namespace {
+
+// Why a restart cannot go ahead on `live` workers.
+std::string TooFewWorkers(const std::string& reason, int ranks, int live,
+                          int64_t min_workers) {
+  return absl::StrCat(
+      reason, "; not restarted: the job needs ", ranks, " workers and ", live,
+      " are live",
+      min_workers > 0
+          ? absl::StrCat(", fewer than restart.elastic.min_workers (",
+                         min_workers, ")")
+          : "");
+}
+
+}  // namespace
+
 void JobManager::Requeue(JobRecord& job, std::string reason,
                          absl::string_view kind, bool drained) {
   // The file's layout when enough workers are live (so an elastic job goes
@@ -305,14 +321,7 @@ void JobManager::Requeue(JobRecord& job, std::string reason,
                 live);
   } else if (live < ranks) {
     if (min_workers == 0 || live < min_workers) {
-      Finish(job, v1::FAILED,
-             absl::StrCat(reason, "; not restarted: the job needs ", ranks,
-                          " workers and ", live, " are live",
-                          min_workers > 0
-                              ? absl::StrCat(", fewer than restart.elastic."
-                                             "min_workers (",
-                                             min_workers, ")")
-                              : ""));
+      Finish(job, v1::FAILED, TooFewWorkers(reason, ranks, live, min_workers));
       return;
     }
     ranks = live;
@@ -320,28 +329,11 @@ void JobManager::Requeue(JobRecord& job, std::string reason,
   StopWorkers(job, reason);
   PrepareNextAttempt(job, reason, /*counted=*/!drained);
   const bool layout_changed = ranks != job.plan.num_ranks;
-  if (layout_changed) {
-    // A schedule may not plan on every worker count (interleaved-1f1b needs
-    // M to be a multiple of P): fewer workers, down to the minimum, before
-    // giving up.
-    absl::Status laid_out = absl::UnknownError("no worker count tried");
-    const int lowest = ranks < job.file_ranks
-                           ? static_cast<int>(std::max<int64_t>(min_workers, 1))
-                           : ranks;
-    for (int r = ranks; r >= lowest && !laid_out.ok(); --r) {
-      laid_out = Relayout(job, r, reason);
-    }
-    if (!laid_out.ok()) {
-      Finish(job, v1::FAILED,
-             absl::StrCat(reason,
-                          "; not restarted: the job cannot be laid "
-                          "out on ",
-                          lowest == ranks ? absl::StrCat(ranks)
-                                          : absl::StrCat(lowest, " to ", ranks),
-                          " workers: ", laid_out.message()));
-      return;
-    }
-  }
+  if (layout_changed && !LayOutOn(job, ranks, reason)) return;
+  // Until it is placed, every change of the fleet re-examines it
+  // (ReexamineRestarts): a worker this count took for live may be lost
+  // next, as when two die at once.
+  if (!drained) job.restart_reason = reason;
   // At the head: the job was running, and a restart must not wait behind
   // work submitted after it.
   queue_.AddFirst(job.number);
@@ -349,6 +341,52 @@ void JobManager::Requeue(JobRecord& job, std::string reason,
   SetState(job, v1::QUEUED);
   if (options_.observer != nullptr) {
     options_.observer->OnRestarted(job.info, kind, layout_changed);
+  }
+}
+
+bool JobManager::LayOutOn(JobRecord& job, int ranks,
+                          const std::string& reason) {
+  // A schedule may not plan on every worker count (interleaved-1f1b needs
+  // M to be a multiple of P): fewer workers, down to the minimum, before
+  // giving up.
+  const int64_t min_workers = job.plan.job.restart.elastic_min_workers;
+  absl::Status laid_out = absl::UnknownError("no worker count tried");
+  const int lowest = ranks < job.file_ranks
+                         ? static_cast<int>(std::max<int64_t>(min_workers, 1))
+                         : ranks;
+  for (int r = ranks; r >= lowest && !laid_out.ok(); --r) {
+    laid_out = Relayout(job, r, reason);
+  }
+  if (laid_out.ok()) return true;
+  Finish(job, v1::FAILED,
+         absl::StrCat(reason,
+                      "; not restarted: the job cannot be laid "
+                      "out on ",
+                      lowest == ranks ? absl::StrCat(ranks)
+                                      : absl::StrCat(lowest, " to ", ranks),
+                      " workers: ", laid_out.message()));
+  return false;
+}
+
+void JobManager::ReexamineRestarts() {
+  // A copy: Finish takes jobs out of the queue.
+  const std::vector<uint64_t> queued(queue_.order().begin(),
+                                     queue_.order().end());
+  for (const uint64_t number : queued) {
+    JobRecord& job = jobs_.at(number);
+    if (job.info.state() != v1::QUEUED || job.restart_reason.empty()) continue;
+    const int live = workers_.Live(job.plan.job.pipeline.devices_per_stage);
+    const int ranks = job.plan.num_ranks;
+    if (live >= ranks) continue;
+    const int64_t min_workers = job.plan.job.restart.elastic_min_workers;
+    const std::string reason = job.restart_reason;
+    if (min_workers == 0 || live < min_workers) {
+      Finish(job, v1::FAILED, TooFewWorkers(reason, ranks, live, min_workers));
+      continue;
+    }
+    SPDLOG_WARN("{}: {} of the {} workers it was to restart on are live",
+                job.info.id(), live, ranks);
+    if (LayOutOn(job, live, reason)) MarkChanged();
   }
 }
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/directory.h"
+#include "common/printable.h"
 #include "common/status_macros.h"
 #include "coordinator/ids.h"
 #include "coordinator/job_manager.h"
@@ -54,8 +55,8 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
                                     config_hash, training_hash, request.yaml());
     if (!point.ok()) return point.status();
     for (const std::string& note : point->notes) {
-      SPDLOG_INFO("'{}' resumes from {}: {}", spec->name, point->step_dir,
-                  note);
+      SPDLOG_INFO("'{}' resumes from {}: {}", Printable(spec->name),
+                  point->step_dir, note);
     }
     if (absl::Status s = checkpoint::AdoptCheckpointCut(*point, *spec); !s.ok())
       return s;
@@ -146,8 +147,8 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
       }
     }
     info.set_state(v1::QUEUED);
-    SPDLOG_INFO("{} '{}' queued: {} over {} worker(s)", info.id(), info.name(),
-                info.schedule(), info.num_workers());
+    SPDLOG_INFO("{} '{}' queued: {} over {} worker(s)", info.id(),
+                Printable(info.name()), info.schedule(), info.num_workers());
     job.durable = false;
     queue_.Add(number);
     UpdateQueuePositions();
@@ -232,6 +233,7 @@ void JobManager::DescribePlan(JobRecord& job) {
 // Scheduling.
 
 void JobManager::Schedule() {
+  ReexamineRestarts();
   while (!queue_.empty()) {
     JobRecord& job = jobs_.at(*queue_.head());
     if (!job.durable) break;  // Placed once SubmitJob has persisted it.
@@ -253,6 +255,7 @@ void JobManager::Place(JobRecord& job,
                        const std::vector<WorkerRecord*>& workers) {
   const int p = job.plan.num_ranks;
   job.ranks.Start(p);
+  job.restart_reason.clear();
   job.prepare_deadline = options_.clock() + options_.prepare_timeout;
   job.info.clear_worker_ids();
   for (WorkerRecord* w : workers) job.info.add_worker_ids(w->info.id());

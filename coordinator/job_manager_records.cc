@@ -34,8 +34,19 @@ absl::Status JobManager::Persist() {
   }
   // Outside mu_: a slow disk delays only the next write, not the workers'
   // reports or the clients' calls.
-  const absl::Status saved = options_.state_file->Save(state);
+  const absl::Status saved = SaveStateLocked(state);
   if (saved.ok()) persisted_changes_ = changes;
+  return saved;
+}
+
+absl::Status JobManager::SaveState(const v1::CoordinatorState& state) {
+  if (options_.state_file == nullptr) return absl::OkStatus();
+  std::lock_guard<std::mutex> persist(persist_mu_);
+  return SaveStateLocked(state);
+}
+
+absl::Status JobManager::SaveStateLocked(const v1::CoordinatorState& state) {
+  const absl::Status saved = options_.state_file->Save(state);
   std::lock_guard<std::mutex> health(health_mu_);
   // Logged once per outage: the first failure and the recovery.
   if (!saved.ok() && state_file_error_.empty()) {

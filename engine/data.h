@@ -51,6 +51,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/uninitialized_vector.h"
 #include "engine/backend.h"
 #include "engine/tensor.h"
 
@@ -103,7 +104,9 @@ struct SampleShapes {
 // (note: the transpose of torch.nn.Linear's weight) and b [out]. Exposed so
 // that tests can check what a model learned.
 struct SyntheticRegressionParams {
-  std::vector<float> weight;
+  // Not zeroed first: a cancelled draw stops at once, leaving the rest
+  // unwritten (and, for a large W, not even resident).
+  UninitializedVector<float> weight;
   std::vector<float> bias;
 };
 SyntheticRegressionParams MakeSyntheticRegressionParams(uint64_t seed,

@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "common/file.h"
+#include "common/printable.h"
 #include "common/status_macros.h"
 #include "common/yaml_reader.h"
 #include "engine/data.h"
@@ -110,10 +111,17 @@ std::string Resolve(absl::string_view base_dir, const std::string& path) {
 
 // The name of a job that does not give one: the file's stem ("mlp" for
 // "jobs/mlp.yaml"), or "job" for text without a file.
+// The longest job name: it becomes a metric label and a column.
+constexpr size_t kMaxJobNameBytes = 253;
+
 std::string DefaultName(absl::string_view file_name) {
-  const std::string stem =
+  std::string stem =
       std::filesystem::path(std::string(file_name)).stem().string();
-  return stem.empty() ? "job" : stem;
+  if (stem.empty()) return "job";
+  // A file's name may hold anything; the job's may not (see Parse).
+  stem = Printable(stem);
+  if (stem.size() > kMaxJobNameBytes) stem.resize(kMaxJobNameBytes);
+  return stem;
 }
 
 // Parses one job document; one per call, holding the reader and base dir.
@@ -182,6 +190,17 @@ absl::StatusOr<JobSpec> JobParser::Parse(const YAML::Node& doc) const {
 
   if (const YamlMapEntry* name = top.Find("name"); name != nullptr) {
     ASSIGN_OR_RETURN(job.name, reader_.ParseString(name->value));
+    // Names reach terminals, logs and metric labels: control characters
+    // (ESC would rewrite an operator's screen) are refused, as in worker
+    // names.
+    if (job.name.empty() || job.name.size() > kMaxJobNameBytes ||
+        HasControlCharacters(job.name)) {
+      return reader_.Error(
+          name->value, absl::StrCat("must be 1 to ", kMaxJobNameBytes,
+                                    " bytes without control characters; got \"",
+                                    Printable(job.name.substr(0, 64)),
+                                    job.name.size() > 64 ? "..." : "", "\""));
+    }
   } else {
     job.name = default_name_;
   }

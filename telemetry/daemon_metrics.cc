@@ -1,25 +1,32 @@
 #include "telemetry/daemon_metrics.h"
 
 #include <dirent.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/numbers.h"
 #include "common/build_info.h"
 #include "prometheus/gauge.h"
 
 namespace conveyor::telemetry {
 namespace {
 
-prometheus::MetricFamily GaugeFamily(const std::string& name,
-                                     const std::string& help, double value) {
+prometheus::MetricFamily GaugeFamily(
+    const std::string& name, const std::string& help, double value,
+    prometheus::MetricType type = prometheus::MetricType::Gauge) {
   prometheus::MetricFamily family;
   family.name = name;
   family.help = help;
-  family.type = prometheus::MetricType::Gauge;
+  family.type = type;
   prometheus::ClientMetric metric;
-  metric.gauge.value = value;
+  if (type == prometheus::MetricType::Counter) {
+    metric.counter.value = value;
+  } else {
+    metric.gauge.value = value;
+  }
   family.metric.push_back(std::move(metric));
   return family;
 }
@@ -59,44 +66,57 @@ void AddBuildInfo(prometheus::Registry& registry,
 
 std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
   std::vector<prometheus::MetricFamily> out;
-  // /proc/self/stat: field 20 is num_threads, 22 starttime (clock ticks
-  // after boot), 24 rss (pages). The command name (field 2) may hold spaces,
-  // so fields are counted after its closing parenthesis.
+  // /proc/self/stat: fields 14 and 15 are utime and stime (clock ticks), 20
+  // num_threads, 22 starttime (ticks after boot), 23 vsize (bytes), 24 rss
+  // (pages). The command name (field 2) may hold spaces, so fields are
+  // counted after its closing parenthesis.
   std::ifstream stat("/proc/self/stat");
   std::string text((std::istreambuf_iterator<char>(stat)),
                    std::istreambuf_iterator<char>());
   const size_t paren = text.rfind(')');
-  if (paren != std::string::npos) {
+  std::vector<double> f;  // f[0] is field 3 (state, not a number: 0)
+  if (paren != std::string::npos && paren + 2 <= text.size()) {
     std::istringstream fields(text.substr(paren + 2));
-    std::vector<std::string> f;
-    for (std::string word; fields >> word;) f.push_back(word);
-    // f[0] is field 3 (state).
-    if (f.size() > 21) {
-      const double threads = std::stod(f[17]);
-      const double start_ticks = std::stod(f[19]);
-      const double rss_pages = std::stod(f[21]);
-      out.push_back(GaugeFamily("conveyor_process_threads",
-                                "Threads of the daemon", threads));
-      out.push_back(
-          GaugeFamily("conveyor_process_resident_memory_bytes",
-                      "Resident set size of the daemon in bytes",
-                      rss_pages * static_cast<double>(sysconf(_SC_PAGESIZE))));
-      double boot_time = 0;
-      std::ifstream proc_stat("/proc/stat");
-      for (std::string key; proc_stat >> key;) {
-        if (key == "btime") {
-          proc_stat >> boot_time;
-          break;
-        }
-      }
-      out.push_back(GaugeFamily(
-          "conveyor_process_start_time_seconds", "Unix time the daemon started",
-          boot_time + start_ticks / static_cast<double>(sysconf(_SC_CLK_TCK))));
+    for (std::string word; fields >> word;) {
+      double value = 0;
+      f.push_back(absl::SimpleAtod(word, &value) ? value : 0);
     }
   }
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  if (f.size() > 21) {
+    out.push_back(GaugeFamily(
+        "process_cpu_seconds_total", "User and system CPU time of the daemon",
+        (f[11] + f[12]) / ticks, prometheus::MetricType::Counter));
+    out.push_back(
+        GaugeFamily("process_threads", "Threads of the daemon", f[17]));
+    out.push_back(GaugeFamily("process_virtual_memory_bytes",
+                              "Virtual memory size of the daemon in bytes",
+                              f[20]));
+    out.push_back(
+        GaugeFamily("process_resident_memory_bytes",
+                    "Resident set size of the daemon in bytes",
+                    f[21] * static_cast<double>(sysconf(_SC_PAGESIZE))));
+    double boot_time = 0;
+    std::ifstream proc_stat("/proc/stat");
+    for (std::string key; proc_stat >> key;) {
+      if (key == "btime") {
+        proc_stat >> boot_time;
+        break;
+      }
+    }
+    out.push_back(GaugeFamily("process_start_time_seconds",
+                              "Unix time the daemon started",
+                              boot_time + f[19] / ticks));
+  }
   if (const int fds = CountOpenFds(); fds >= 0) {
-    out.push_back(GaugeFamily("conveyor_process_open_fds",
+    out.push_back(GaugeFamily("process_open_fds",
                               "Open file descriptors of the daemon", fds));
+  }
+  if (rlimit limit{}; getrlimit(RLIMIT_NOFILE, &limit) == 0 &&
+                      limit.rlim_cur != RLIM_INFINITY) {
+    out.push_back(GaugeFamily("process_max_fds",
+                              "The daemon's limit on open file descriptors",
+                              static_cast<double>(limit.rlim_cur)));
   }
   return out;
 }

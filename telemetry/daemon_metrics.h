@@ -1,5 +1,5 @@
 // What both daemons export besides their own metrics: build information and
-// the process's resident memory, open file descriptors, threads and start
+// the process's CPU time, memory, open file descriptors, threads and start
 // time (read from /proc at scrape time, so they cost nothing in between),
 // plus the bucket layout every duration histogram shares.
 #ifndef CONVEYOR_TELEMETRY_DAEMON_METRICS_H_
@@ -22,7 +22,9 @@ const prometheus::Histogram::BucketBoundaries& DurationBuckets();
 // Adds conveyor_build_info{version, revision, component} = 1 to `registry`.
 void AddBuildInfo(prometheus::Registry& registry, const std::string& component);
 
-// conveyor_process_* gauges of the calling process.
+// The process_* series of the calling process, under the names every
+// Prometheus client library and stock dashboard use (process_cpu_seconds_total,
+// process_resident_memory_bytes, process_open_fds, process_max_fds, ...).
 class ProcessCollector final : public prometheus::Collectable {
  public:
   std::vector<prometheus::MetricFamily> Collect() const override;

@@ -1,54 +1,60 @@
 #include "telemetry/metrics_server.h"
 
-#include <exception>
+#include <map>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "prometheus/exposer.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/text_serializer.h"
 
 namespace conveyor::telemetry {
+namespace {
 
-MetricsServer::MetricsServer(std::unique_ptr<prometheus::Exposer> exposer,
-                             std::string address)
-    : exposer_(std::move(exposer)), address_(std::move(address)) {}
+HttpResponse Scrape(
+    const std::vector<std::weak_ptr<prometheus::Collectable>>& collectables) {
+  std::vector<prometheus::MetricFamily> families;
+  for (const auto& weak : collectables) {
+    const std::shared_ptr<prometheus::Collectable> collectable = weak.lock();
+    if (collectable == nullptr) continue;  // its owner is gone
+    std::vector<prometheus::MetricFamily> more = collectable->Collect();
+    families.insert(families.end(), std::make_move_iterator(more.begin()),
+                    std::make_move_iterator(more.end()));
+  }
+  return {200, "text/plain; version=0.0.4; charset=utf-8",
+          prometheus::TextSerializer().Serialize(families)};
+}
+
+}  // namespace
+
+MetricsServer::MetricsServer(std::unique_ptr<HttpServer> http)
+    : http_(std::move(http)) {}
 
 MetricsServer::~MetricsServer() = default;
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     const std::string& address,
-    const std::vector<std::weak_ptr<prometheus::Collectable>>& collectables) {
-  const size_t colon = address.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
-      port > 65535 || (address.front() == '[') != (address[colon - 1] == ']')) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "metrics address \"", address,
-        "\": expected host:port (IPv6 as [::1]:port; port 0 picks one)"));
+    const std::vector<std::weak_ptr<prometheus::Collectable>>& collectables,
+    ReadinessCheck readiness, const HttpServerOptions& options) {
+  std::map<std::string, HttpHandler> routes;
+  routes["/metrics"] = [collectables] { return Scrape(collectables); };
+  routes["/healthz"] = [] { return HttpResponse{200, "text/plain", "ok\n"}; };
+  routes["/readyz"] = [readiness = std::move(readiness)] {
+    const Readiness now = readiness ? readiness() : Readiness{true, ""};
+    return HttpResponse{
+        now.ready ? 200 : 503, "text/plain; charset=utf-8",
+        absl::StrCat(now.ready ? "ready" : "not ready",
+                     now.detail.empty() ? "" : ": ", now.detail, "\n")};
+  };
+  absl::StatusOr<std::unique_ptr<HttpServer>> http =
+      HttpServer::Start(address, std::move(routes), options);
+  if (!http.ok()) {
+    const std::string why(http.status().message());
+    if (absl::IsInvalidArgument(http.status())) {
+      return absl::InvalidArgumentError(absl::StrCat("metrics ", why));
+    }
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics: ", why));
   }
-  std::unique_ptr<prometheus::Exposer> exposer;
-  // prometheus-cpp reports a failed bind by throwing (civetweb's
-  // CivetException); it must not cross into the daemons.
-  try {
-    exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
-        "listening_ports", address, "num_threads", "2"});
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on ", address, ": ", e.what(),
-                     " (is the address in use or not local?)"));
-  }
-  for (const auto& collectable : collectables) {
-    exposer->RegisterCollectable(collectable);
-  }
-  const std::vector<int> ports = exposer->GetListeningPorts();
-  if (ports.empty()) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on ", address, ": nothing bound"));
-  }
-  return std::unique_ptr<MetricsServer>(new MetricsServer(
-      std::move(exposer),
-      absl::StrCat(address.substr(0, colon + 1), ports.front())));
+  return std::unique_ptr<MetricsServer>(new MetricsServer(*std::move(http)));
 }
 
 }  // namespace conveyor::telemetry

@@ -143,6 +143,18 @@ int64_t WorkerSession::registrations() const {
   return registrations_;
 }
 
+WorkerSession::Standing WorkerSession::standing() const {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return {false, "shutting down"};
+  if (registered_) {
+    return {true, absl::StrCat("registered with ", options_.coordinator, " as ",
+                               worker_id_)};
+  }
+  return {false,
+          absl::StrCat("not registered with ", options_.coordinator,
+                       last_error_.empty() ? " yet" : ": ", last_error_)};
+}
+
 absl::Status WorkerSession::Run() {
   int failures = 0;
   while (true) {
@@ -165,6 +177,10 @@ absl::Status WorkerSession::Run() {
         stopping_ = true;
         break;
       }
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      last_error_ = std::string(status.message());
     }
     if (registrations() > registered_before) failures = 0;
     // Warn once per outage; a coordinator that is down for an hour should

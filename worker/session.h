@@ -141,6 +141,14 @@ class WorkerSession {
   // Successful registrations so far (more than one after reconnects).
   int64_t registrations() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Whether the worker is registered with the coordinator on a live stream
+  // (what its /readyz answers), and a line saying with which id, or why not.
+  struct Standing {
+    bool registered = false;
+    std::string detail;
+  };
+  Standing standing() const ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   class StreamWriter;
   struct Job;
@@ -202,6 +210,8 @@ class WorkerSession {
   std::chrono::milliseconds heartbeat_interval_ ABSL_GUARDED_BY(mu_){1000};
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   int64_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
+  // Why the last stream ended ("" while none has).
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
   // The job this worker holds (or held last; see Job::ended).
   std::unique_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
 };

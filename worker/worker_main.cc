@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"              // defines: CLI::App, CLI::ParseError
+#include "absl/cleanup/cleanup.h"   // defines: absl::Cleanup
 #include "absl/status/status.h"     // defines: absl::Status
 #include "absl/strings/str_cat.h"   // defines: absl::StrCat
 #include "absl/strings/str_join.h"  // defines: absl::StrJoin
@@ -300,11 +301,23 @@ int main(int argc, char** argv) {
   // Served before registering, so the coordinator learns the bound address.
   conveyor::worker::WorkerMetrics metrics(options.name);
   auto process = std::make_shared<conveyor::telemetry::ProcessCollector>();
+  // /readyz: registered with the coordinator. The session is made after
+  // the server (which must be bound first), and the server is stopped
+  // before the session goes.
+  std::atomic<conveyor::worker::WorkerSession*> probed_session{nullptr};
   std::unique_ptr<conveyor::telemetry::MetricsServer> metrics_server;
   if (!metrics_address.empty()) {
     absl::StatusOr<std::unique_ptr<conveyor::telemetry::MetricsServer>> server =
         conveyor::telemetry::MetricsServer::Start(
-            metrics_address, {metrics.registry(), process});
+            metrics_address, {metrics.registry(), process},
+            [&probed_session]() -> conveyor::telemetry::Readiness {
+              const conveyor::worker::WorkerSession* session =
+                  probed_session.load();
+              if (session == nullptr) return {false, "starting"};
+              const conveyor::worker::WorkerSession::Standing standing =
+                  session->standing();
+              return {standing.registered, standing.detail};
+            });
     if (!server.ok()) {
       std::cerr << "conveyor-worker: --metrics-address: "
                 << server.status().message() << "\n";
@@ -323,6 +336,12 @@ int main(int argc, char** argv) {
     std::cerr << "conveyor-worker: " << session.status().message() << "\n";
     return conveyor::kExitUsage;
   }
+  probed_session.store(session->get());
+  // Whichever way main returns, the probes stop before the session goes.
+  absl::Cleanup stop_probes = [&] {
+    probed_session.store(nullptr);
+    metrics_server.reset();
+  };
   SPDLOG_INFO("{} starting as '{}' (devices {}{}), coordinator {}",
               VersionText(), options.name, absl::StrJoin(options.devices, ","),
               pinned.empty()
@@ -405,9 +424,6 @@ int main(int argc, char** argv) {
   g_forward_signals.store(false);
   pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();
-  // Stopping civetweb waits out its poll interval (about 2 s); the process
-  // is exiting and the kernel closes the socket, so skip that wait.
-  (void)metrics_server.release();
   if (status.ok()) {
     SPDLOG_INFO("stopped");
     return 0;

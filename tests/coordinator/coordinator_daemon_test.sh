@@ -35,8 +35,8 @@ check "ready file holds the bound address" grep -Eq '^127\.0\.0\.1:[0-9]+$' <(he
 metrics=$(sed -n 2p "$dir/addr" | cut -d' ' -f2)
 python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('http://$metrics/metrics').read().decode())" \
   >"$dir/metrics" 2>&1
-for gauge in resident_memory_bytes threads open_fds start_time_seconds; do
-  check "serves conveyor_process_$gauge" grep -q "^conveyor_process_$gauge " "$dir/metrics"
+for gauge in resident_memory_bytes threads open_fds max_fds start_time_seconds cpu_seconds_total; do
+  check "serves process_$gauge" grep -q "^process_$gauge " "$dir/metrics"
 done
 check "--listen wins over the file" test "$(head -1 "$dir/addr" | cut -d: -f2)" != 1
 check "state_file from the file: written at start" test -s "$dir/state"

@@ -519,8 +519,12 @@ TEST_F(JobManagerTest,
   absl::StatusOr<v1::Job> cancel = manager_.CancelJob(accepted->id(), "stop");
   EXPECT_EQ(cancel.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(cancel.status().message(),
-              HasSubstr("job-2 is cancelled, but the coordinator cannot write "
-                        "its state file"));
+              HasSubstr("job-2 was not cancelled: the coordinator could not "
+                        "make the change durable"));
+  // Not applied either (it once was, while the caller was told it failed):
+  // memory, disk and the answer agree.
+  EXPECT_EQ(State(accepted->id()), v1::PLANNING);
+  EXPECT_TRUE(Conn(w1).Of(v1::CoordinatorMessage::kCancel).empty());
   std::filesystem::remove(path);
   cancel = manager_.CancelJob(accepted->id(), "stop");  // The retry.
   ASSERT_TRUE(cancel.ok()) << cancel.status();
@@ -1404,6 +1408,90 @@ TEST_F(JobManagerCheckpointTest, ARestartNeedsEnoughLiveWorkers) {
   EXPECT_THAT(manager_.GetJob(job)->message(),
               HasSubstr("not restarted: the job needs 2 workers and 1 are "
                         "live"));
+}
+
+// Two workers lost at once, the job's and a spare's, in either order: the
+// restart decided on the first loss counted the second as live, and the
+// job then sat QUEUED for good. Every loss re-examines it.
+TEST_F(JobManagerCheckpointTest, TwoLossesAtOnceFailARestartThatCannotRun) {
+  for (const bool spare_first : {false, true}) {
+    SCOPED_TRACE(spare_first ? "the spare first" : "the job's worker first");
+    const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+    const std::string spare = AddWorker("spare");
+    const std::string job =
+        StartJob(CkptYaml("", "restart: {max_restarts: 3}\n"), w1, w2);
+    if (spare_first) {
+      manager_.WorkerDisconnected(spare, "control connection closed");
+      manager_.WorkerDisconnected(w2, "control connection closed");
+    } else {
+      manager_.WorkerDisconnected(w2, "control connection closed");
+      manager_.WorkerDisconnected(spare, "control connection closed");
+    }
+    const v1::Job info = *manager_.GetJob(job);
+    EXPECT_EQ(info.state(), v1::FAILED);
+    EXPECT_THAT(info.message(),
+                HasSubstr("not restarted: the job needs 2 workers and 1 are "
+                          "live"));
+    Ended(w1, job, v1::CANCELLED);
+    EXPECT_EQ(WorkerState(w1), v1::IDLE);
+    manager_.WorkerDisconnected(w1, "control connection closed");
+  }
+}
+
+TEST_F(JobManagerCheckpointTest, TwoLossesAtOnceShrinkAnElasticRestart) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string spare = AddWorker("spare");
+  const std::string job = StartJob(
+      CkptYaml("", "restart: {max_restarts: 3, elastic: {min_workers: 1}}\n"),
+      w1, w2);
+  manager_.WorkerDisconnected(w2, "control connection closed");
+  // Counted live when w2's loss was handled; lost right after.
+  manager_.WorkerDisconnected(spare, "control connection closed");
+  v1::Job info = *manager_.GetJob(job);
+  ASSERT_EQ(info.state(), v1::QUEUED) << info.message();
+  EXPECT_EQ(info.restarts(), 1);
+  // The survivor frees itself and the job runs on it alone.
+  Ended(w1, job, v1::CANCELLED);
+  info = *manager_.GetJob(job);
+  EXPECT_EQ(info.state(), v1::PLANNING) << info.message();
+  EXPECT_THAT(info.worker_ids(), ElementsAre(w1));
+  EXPECT_EQ(LastProgram(w1).job_id(), job);
+}
+
+TEST_F(JobManagerCheckpointTest, TwoLossesAtOnceBelowMinWorkersFail) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string spare = AddWorker("spare");
+  const std::string job = StartJob(
+      CkptYaml("", "restart: {max_restarts: 3, elastic: {min_workers: 2}}\n"),
+      w1, w2);
+  manager_.WorkerDisconnected(w1, "control connection closed");
+  manager_.WorkerDisconnected(spare, "control connection closed");
+  const v1::Job info = *manager_.GetJob(job);
+  EXPECT_EQ(info.state(), v1::FAILED);
+  EXPECT_THAT(info.message(),
+              HasSubstr("the job needs 2 workers and 1 are live, fewer than "
+                        "restart.elastic.min_workers (2)"));
+}
+
+// Both silent past the heartbeat timeout: lost in one Tick, one after the
+// other, with the same outcome.
+TEST_F(JobManagerCheckpointTest, TwoWorkersSilentAtOnceFailARestart) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string spare = AddWorker("spare");
+  const std::string job =
+      StartJob(CkptYaml("", "restart: {max_restarts: 3}\n"), w1, w2);
+  // Only w1 heartbeats; w2 and the spare fall silent together.
+  for (int i = 0; i < 40; ++i) {
+    now_ += std::chrono::milliseconds(100);
+    v1::WorkerMessage hb;
+    hb.mutable_heartbeat()->set_job_id(job);
+    Send(w1, hb);
+    manager_.Tick();
+  }
+  const v1::Job info = *manager_.GetJob(job);
+  EXPECT_EQ(info.state(), v1::FAILED) << info.message();
+  EXPECT_THAT(info.message(), HasSubstr("needs 2 workers and 1 are live"));
+  EXPECT_EQ(WorkerState(spare), v1::LOST);
 }
 
 // The reason of a restart after a rank's failure report once came out

@@ -1,5 +1,7 @@
 #include "engine/data.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -275,6 +277,28 @@ TEST(SyntheticRegressionTest, WithoutNoiseTargetsAreExactlyLinear) {
   for (float w : wide.weight) sq += static_cast<double>(w) * w;
   EXPECT_NEAR(sq / wide.weight.size(), 1.0 / 400, 0.1 / 400);
   EXPECT_NE(p.weight, MakeSyntheticRegressionParams(12, 4, 3).weight);
+}
+
+// Resident pages of this process, in bytes.
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+// Cancelling a job whose W is 4 GB once left its workers busy for 10 s:
+// the vector was zero-filled in full before the draw's first poll. A
+// cancelled draw now touches (almost) none of it.
+TEST(SyntheticRegressionTest, ACancelledDrawDoesNotFillItsBuffer) {
+  Cancellation cancellation;
+  cancellation.Cancel(absl::CancelledError("job cancelled"));
+  CancellationScope scope(&cancellation);
+  const int64_t before = ResidentBytes();
+  const SyntheticRegressionParams p =
+      MakeSyntheticRegressionParams(1, 16384, 8192);  // 512 MiB of W
+  EXPECT_EQ(p.weight.size(), size_t{16384} * 8192);
+  EXPECT_LT(ResidentBytes() - before, int64_t{64} << 20);
 }
 
 TEST(SyntheticRegressionTest, NoiseHasTheRequestedDeviation) {

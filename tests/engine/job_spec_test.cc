@@ -220,6 +220,32 @@ TEST(JobSpecTest, NameDefaultsToFileStemOrJob) {
   EXPECT_EQ(ParseOk(Job({.extra = "name: 42\n"}), "x.yaml").name, "42");
 }
 
+// Names with ESC, NUL, DEL or \x01 were printed raw by `jobs`, `status` and
+// the coordinator's log: they are refused like worker names.
+TEST(JobSpecTest, NamesWithControlCharactersAreRefused) {
+  for (const char* name : {"\"evil\\e[2Jname\"", "\"nul\\0x\"", "\"del\\x7f\"",
+                           "\"a\\x01b\"", "\"tab\\tname\""}) {
+    const std::string error = ParseError(
+        Job({.extra = absl::StrCat("name: ", name, "\n")}), "j.yaml");
+    EXPECT_THAT(error, HasSubstr("name: must be 1 to 253 bytes without control "
+                                 "characters"))
+        << name;
+    EXPECT_THAT(error, ::testing::StartsWith("j.yaml:")) << name;
+  }
+  EXPECT_THAT(ParseError(Job({.extra = "name: \"evil\\e[2J\"\n"}), "j.yaml"),
+              HasSubstr("got \"evil\\x1b[2J\""));
+  EXPECT_THAT(
+      ParseError(
+          Job({.extra = absl::StrCat("name: ", std::string(300, 'n'), "\n")}),
+          "j.yaml"),
+      HasSubstr("must be 1 to 253 bytes"));
+  // Unicode is text, not control: kept.
+  EXPECT_EQ(ParseOk(Job({.extra = "name: \"caf\u00e9\"\n"}), "x.yaml").name,
+            "caf\xc3\xa9");
+  // A file's name holding one gives an escaped default.
+  EXPECT_EQ(ParseOk(Job({}), "a\x1b[2Jb.yaml").name, "a\\x1b[2Jb");
+}
+
 TEST(JobSpecTest, TextWithoutFileLabelsErrors) {
   EXPECT_EQ(ParseError(Job({.training = "{steps: 0, batch_size: 8}"}), ""),
             "<job>:7:19: training.steps: must be a positive integer; got '0'");

@@ -2,6 +2,7 @@
 
 #include <memory>
 
+#include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/counter.h"
@@ -37,14 +38,55 @@ TEST(MetricsServerTest, ServesRegistryAndProcessMetricsOnAPickedPort) {
   EXPECT_THAT(*body, HasSubstr("conveyor_test_things_total{kind=\"a\"} 3"));
   EXPECT_THAT(*body, HasSubstr("conveyor_build_info{"));
   EXPECT_THAT(*body, HasSubstr("component=\"worker\""));
-  EXPECT_THAT(*body, MatchesRegex(
-                         "(.|\n)*conveyor_process_threads [1-9][0-9]*(.|\n)*"));
-  EXPECT_THAT(
-      *body,
-      MatchesRegex("(.|\n)*conveyor_process_open_fds [1-9][0-9]*(.|\n)*"));
-  EXPECT_THAT(*body, MatchesRegex("(.|\n)*conveyor_process_resident_memory_"
+  EXPECT_THAT(*body, MatchesRegex("(.|\n)*process_threads [1-9][0-9]*(.|\n)*"));
+  EXPECT_THAT(*body,
+              MatchesRegex("(.|\n)*process_open_fds [1-9][0-9]*(.|\n)*"));
+  EXPECT_THAT(*body, MatchesRegex("(.|\n)*process_resident_memory_"
                                   "bytes [1-9][0-9.e+]*(.|\n)*"));
-  EXPECT_THAT(*body, HasSubstr("conveyor_process_start_time_seconds 1"));
+  EXPECT_THAT(*body, HasSubstr("process_start_time_seconds 1"));
+  EXPECT_THAT(*body, HasSubstr("# TYPE process_cpu_seconds_total counter"));
+  EXPECT_THAT(*body, HasSubstr("process_max_fds "));
+}
+
+TEST(MetricsServerTest, ProbesAnswerAndOtherPathsAre404) {
+  bool ready = false;
+  absl::Mutex mu;
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server =
+      MetricsServer::Start("127.0.0.1:0", {}, [&]() -> Readiness {
+        absl::MutexLock lock(&mu);
+        return {ready, ready ? "registered" : "no coordinator yet"};
+      });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = (*server)->address();
+  absl::StatusOr<std::string> body =
+      conveyor::testing::HttpGet(address, "/healthz");
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_EQ(*body, "ok\n");
+  body = conveyor::testing::HttpGet(address, "/readyz");
+  EXPECT_THAT(body.status().message(), HasSubstr("503"));
+  {
+    absl::MutexLock lock(&mu);
+    ready = true;
+  }
+  body = conveyor::testing::HttpGet(address, "/readyz");
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_EQ(*body, "ready: registered\n");
+  // The paths that crashed civetweb: an answer, and the server stays.
+  for (const char* path : {"/", "/favicon.ico", "/metrics2", "/%00"}) {
+    body = conveyor::testing::HttpGet(address, path);
+    EXPECT_THAT(body.status().message(), HasSubstr("404")) << path;
+  }
+  EXPECT_TRUE(conveyor::testing::HttpGet(address, "/metrics").ok());
+}
+
+TEST(MetricsServerTest, ReadyWithoutACheck) {
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server =
+      MetricsServer::Start("127.0.0.1:0", {});
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<std::string> body =
+      conveyor::testing::HttpGet((*server)->address(), "/readyz");
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_EQ(*body, "ready\n");
 }
 
 TEST(MetricsServerTest, RejectsAddressesWithoutPort) {
