@@ -50,11 +50,15 @@ namespace {
 // cluster whose machines see other files, the daemons' view is the one that
 // counts.
 absl::Status CheckJobFiles(const engine::JobSpec& job) {
-  ASSIGN_OR_RETURN(std::unique_ptr<engine::DataSource> data,
-                   engine::DataSource::Create(
-                       job.data, engine::ModelSampleShapes(job.model)));
+  // Checked, not made: a synthetic W of gigabytes is sized, never drawn.
+  RETURN_IF_ERROR(engine::DataSource::Check(
+      job.data, engine::ModelSampleShapes(job.model)));
   if (job.eval.enabled) {
-    RETURN_IF_ERROR(engine::CreateEvalDataSource(job).status());
+    if (absl::Status s = engine::DataSource::Check(
+            job.eval.data, engine::ModelSampleShapes(job.model));
+        !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("eval.data: ", s.message()));
+    }
   }
   if (!job.model.init_from.empty()) {
     ASSIGN_OR_RETURN(engine::SafetensorsReader init,

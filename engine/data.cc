@@ -405,8 +405,9 @@ absl::Status CheckUnusedFields(const DataConfig& config) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<DataSource>> CreateSyntheticRegression(
-    const DataConfig& config, const SampleShapes& shapes) {
+// Everything CreateSyntheticRegression checks, without drawing W.
+absl::Status CheckSyntheticRegression(const DataConfig& config,
+                                      const SampleShapes& shapes) {
   if (!std::isfinite(config.noise) || config.noise < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data.noise must be finite and non-negative, got ", config.noise));
@@ -441,6 +442,12 @@ absl::StatusOr<std::unique_ptr<DataSource>> CreateSyntheticRegression(
                      "of model.input_shape) and its output features (the "
                      "last layer's)"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<DataSource>> CreateSyntheticRegression(
+    const DataConfig& config, const SampleShapes& shapes) {
+  RETURN_IF_ERROR(CheckSyntheticRegression(config, shapes));
   auto source = std::make_unique<SyntheticRegressionSource>(config, shapes);
   // Drawing W takes seconds for a wide model; a job cancelled meanwhile
   // stops with an unfinished one.
@@ -681,6 +688,17 @@ absl::Status CheckDataShapes(const DataConfig& config,
     }
   }
   return absl::InvalidArgumentError("data.source: unknown source");
+}
+
+absl::Status DataSource::Check(const DataConfig& config,
+                               const SampleShapes& shapes) {
+  if (config.kind == DataConfig::Kind::kSyntheticRegression) {
+    RETURN_IF_ERROR(CheckUnusedFields(config));
+    RETURN_IF_ERROR(CheckDataShapes(config, shapes));
+    return CheckSyntheticRegression(config, shapes);
+  }
+  // The file sources' checks are their reads.
+  return Create(config, shapes).status();
 }
 
 absl::StatusOr<std::unique_ptr<DataSource>> DataSource::Create(

@@ -136,6 +136,13 @@ class DataSource {
   static absl::StatusOr<std::unique_ptr<DataSource>> Create(
       const DataConfig& config, const SampleShapes& shapes);
 
+  // What Create would refuse, without making what only has to be sized:
+  // synthetic-regression's W (gigabytes for a wide model) is checked
+  // against the host's memory, not drawn. File sources are read and
+  // checked as Create does.
+  static absl::Status Check(const DataConfig& config,
+                            const SampleShapes& shapes);
+
   // The inputs of microbatch `microbatch` of `num_microbatches` of step
   // `step` with global batch `batch_size`, on `backend`: shape
   // [batch_size / num_microbatches, ...input], i64 for token inputs, else

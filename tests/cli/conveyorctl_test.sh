@@ -229,6 +229,28 @@ check validate_checkpoint_dir 1 "checkpoint.dir $tmp/not-a-dir cannot be written
   validate "$src/examples/mlp.yaml" --set "checkpoint.dir=$tmp/not-a-dir"
 check validate_init_from 1 "$tmp/no-init.safetensors" -- \
   validate "$src/examples/mlp.yaml" --set "model.init={from: $tmp/no-init.safetensors}"
+# A synthetic W of 1 GiB (input and output widths 16384) is sized, not
+# drawn: validate of a 4 GB one once ran past a minute and took 3.9 GB.
+cat >"$tmp/wide.yaml" <<'YAML'
+model:
+  input_shape: [16384]
+  init: {seed: 0}
+  layers: [{dense: {features: 8}}, boundary, {dense: {features: 16384}}]
+  loss: mse
+data: {source: synthetic-regression}
+training: {steps: 1, batch_size: 2}
+optimizer: {kind: sgd, lr: 0.1}
+YAML
+wide_peak_kib=$(python3 -c '
+import resource, subprocess, sys
+subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)' "$ctl" validate "$tmp/wide.yaml")
+if [ -n "$wide_peak_kib" ] && [ "$wide_peak_kib" -lt 262144 ]; then
+  passed=$((passed + 1))
+else
+  echo "FAIL validate_wide_synthetic: peak RSS ${wide_peak_kib:-?} KiB (W is 1 GiB)"
+  failed=$((failed + 1))
+fi
 mkfifo "$tmp/fifo"
 check validate_data_fifo 2 "$tmp/fifo: not a regular file" -- \
   validate "$src/examples/gpt.yaml" --set "data.path=$tmp/fifo"
