@@ -17,6 +17,11 @@ namespace {
 // does not swing the estimate.
 constexpr double kSmoothing = 0.2;
 
+// "1 worker", "2 workers".
+std::string Count(int64_t n, absl::string_view one, absl::string_view many) {
+  return absl::StrCat(n, " ", n == 1 ? one : many);
+}
+
 std::string JobTitle(const v1::Job& job) {
   if (job.name().empty()) return job.id();
   // Escaped: a record from before names were checked may hold anything.
@@ -364,10 +369,11 @@ std::string FormatJobDetails(const v1::Job& job, absl::Time now) {
   if (job.layouts_size() > 1) {
     for (int i = 0; i < job.layouts_size(); ++i) {
       const v1::JobLayout& l = job.layouts(i);
-      std::string text =
-          absl::StrCat("from step ", l.from_step(), ": ", l.num_workers(),
-                       " workers, ", l.num_stages(), " stages at layers [",
-                       absl::StrJoin(l.stage_begin(), ", "), "]");
+      std::string text = absl::StrCat(
+          "from step ", l.from_step(), ": ",
+          Count(l.num_workers(), "worker", "workers"), ", ",
+          Count(l.num_stages(), "stage", "stages"), " at layers [",
+          absl::StrJoin(l.stage_begin(), ", "), "]");
       if (!l.reason().empty()) absl::StrAppend(&text, "; ", l.reason());
       fields.push_back({i == 0 ? "layouts" : "", text});
     }

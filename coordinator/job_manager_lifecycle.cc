@@ -354,10 +354,20 @@ bool JobManager::LayOutOn(JobRecord& job, int ranks,
   const int lowest = ranks < job.file_ranks
                          ? static_cast<int>(std::max<int64_t>(min_workers, 1))
                          : ranks;
+  absl::Status first_failure;
   for (int r = ranks; r >= lowest && !laid_out.ok(); --r) {
     laid_out = Relayout(job, r, reason);
+    if (r == ranks) first_failure = laid_out;
   }
-  if (laid_out.ok()) return true;
+  if (laid_out.ok()) {
+    // Why workers that are live sit idle (interleaved-1f1b on 3 of 3 live
+    // workers with 4 microbatches, say): `status` shows it with the layout.
+    if (!first_failure.ok()) {
+      absl::StrAppend(&job.layout_reason, "; not on ", ranks, ": ",
+                      first_failure.message());
+    }
+    return true;
+  }
   Finish(job, v1::FAILED,
          absl::StrCat(reason,
                       "; not restarted: the job cannot be laid "
@@ -467,10 +477,22 @@ void JobManager::RecordLayout(JobRecord& job) {
                  layouts.rbegin()->stage_begin().end(),
                  layout.stage_begin().begin(), layout.stage_begin().end());
   const std::string reason = std::exchange(job.layout_reason, "");
-  if (same) return;
-  if (!layouts.empty())
-    layout.set_reason(reason.empty() ? "re-planned" : reason);
+  // Every attempt after the first has its entry, on the same layout too
+  // (a restart that kept it once left no trace here, though `restarts`
+  // counted it): where it resumed and why.
+  if (!layouts.empty()) {
+    std::string why = reason;
+    if (why.empty()) why = job.info.last_restart_reason();
+    if (why.empty()) why = "re-planned";
+    if (same) absl::StrAppend(&why, "; same layout");
+    layout.set_reason(std::move(why));
+  }
   *job.info.add_layouts() = std::move(layout);
+  // Bounded: the first and the newest, for a job that restarts for weeks.
+  constexpr int kMaxLayouts = 64;
+  if (layouts.size() > kMaxLayouts) {
+    layouts.DeleteSubrange(1, layouts.size() - kMaxLayouts);
+  }
 }
 
 void JobManager::Finish(JobRecord& job, v1::JobState state,

@@ -253,6 +253,14 @@ TEST(FormatJobDetailsTest, ShowsEveryLayoutOnceThereAreTwo) {
               HasSubstr("\n            from step 4: 3 workers, 3 stages at "
                         "layers [0, 6, 9]; worker-2 lost; laid out on 3 "
                         "of the 4 workers\n"));
+  // One of each is singular ("1 workers, 1 stages" once).
+  v1::JobLayout* third = job.add_layouts();
+  third->set_from_step(9);
+  third->set_num_workers(1);
+  third->set_num_stages(1);
+  third->add_stage_begin(0);
+  EXPECT_THAT(FormatJobDetails(job, absl::FromUnixMillis(0)),
+              HasSubstr("from step 9: 1 worker, 1 stage at layers [0]\n"));
 }
 
 TEST(FormatJobDetailsTest, ShowsDevicesPerStageAndTheDataPlane) {

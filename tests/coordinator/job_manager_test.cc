@@ -1309,6 +1309,13 @@ TEST_F(JobManagerCheckpointTest, ALostWorkerRestartsTheJobFromItsLastCommit) {
   EXPECT_EQ(LastProgram(w1).resume_step(), 1);
   EXPECT_THAT(observer_.log,
               testing::Contains("restarted " + job + " worker_lost"));
+  // The same layout, a new attempt: it has its entry, where it resumed and
+  // why (it once had none, though `restarts` counted it).
+  info = *manager_.GetJob(job);
+  ASSERT_EQ(info.layouts_size(), 2);
+  EXPECT_EQ(info.layouts(1).from_step(), 1);
+  EXPECT_THAT(info.layouts(1).reason(), HasSubstr("lost"));
+  EXPECT_THAT(info.layouts(1).reason(), HasSubstr("same layout"));
 
   // A second loss is past the policy: FAILED, saying so.
   Ready(w1, job, 5003);
@@ -1492,6 +1499,34 @@ TEST_F(JobManagerCheckpointTest, TwoWorkersSilentAtOnceFailARestart) {
   EXPECT_EQ(info.state(), v1::FAILED) << info.message();
   EXPECT_THAT(info.message(), HasSubstr("needs 2 workers and 1 are live"));
   EXPECT_EQ(WorkerState(spare), v1::LOST);
+}
+
+// Interleaved-1f1b with 4 microbatches cannot run on 3 workers: with 3
+// live it runs on 2, and says why the third sits idle.
+TEST_F(JobManagerCheckpointTest, ALayoutOnFewerWorkersThanAreLiveSaysWhy) {
+  std::vector<std::string> w;
+  for (const char* name : {"a", "b", "c", "d"}) w.push_back(AddWorker(name));
+  const std::string yaml = absl::StrCat(
+      absl::StrReplaceAll(JobYaml(8),
+                          {{"pipeline: {schedule: 1f1b}",
+                            "pipeline: {schedule: interleaved-1f1b, "
+                            "virtual_stages: 2}"}}),
+      "checkpoint: {dir: ", dir_, "}\n",
+      "restart: {max_restarts: 2, elastic: {min_workers: 1}}\n");
+  absl::StatusOr<v1::Job> submitted = Submit(yaml);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const std::string job = submitted->id();
+  for (int i = 0; i < 4; ++i) Ready(w[i], job, 5001 + i);
+  ASSERT_EQ(State(job), v1::RUNNING);
+  manager_.WorkerDisconnected(w[3], "control connection closed");
+  for (int i = 0; i < 3; ++i) Ended(w[i], job, v1::CANCELLED);
+  const v1::Job info = *manager_.GetJob(job);
+  ASSERT_EQ(info.state(), v1::PLANNING) << info.message();
+  EXPECT_EQ(info.worker_ids_size(), 2);
+  ASSERT_EQ(info.layouts_size(), 2);
+  EXPECT_THAT(info.layouts(1).reason(), HasSubstr("laid out on 2 of the 4"));
+  EXPECT_THAT(info.layouts(1).reason(), HasSubstr("; not on 3: "));
+  EXPECT_THAT(info.layouts(1).reason(), HasSubstr("multiple"));
 }
 
 // The reason of a restart after a rank's failure report once came out
