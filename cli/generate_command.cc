@@ -153,6 +153,9 @@ absl::Status GenerateFromHf(const GenerateCommandOptions& o,
   RETURN_IF_ERROR(CheckPromptFitsModel(o, model, prompt));
   ASSIGN_OR_RETURN(const hf::HfCheckpoint checkpoint,
                    hf::HfCheckpoint::Open(o.source));
+  // What validate and the workers refuse (a tensor the config does not
+  // explain: another model's file, or a half-converted one), so is this.
+  RETURN_IF_ERROR(checkpoint.CheckComplete());
   const hf::HfParameterSource weights(checkpoint);
   return Generate(model, weights, prompt, o, out);
 }

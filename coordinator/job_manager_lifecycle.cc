@@ -182,6 +182,15 @@ void JobManager::OnEnded(WorkerRecord& w, const v1::JobEnded& ended) {
       job->no_restart =
           "preparing the job failed for a reason of its own, which another "
           "attempt would meet too";
+    } else if (job->info.state() == v1::PLANNING &&
+               code == absl::StatusCode::kDataLoss) {
+      // A damaged checkpoint file: the next attempt would resume from the
+      // same step and read the same bytes, so restarts would only be used
+      // up one by one before the job fails anyway.
+      job->no_restart =
+          "the checkpoint it resumes from is damaged, and another attempt "
+          "would read the same files; resubmit with resume: set to an "
+          "older step directory";
     }
     job->failure_deadline = options_.clock() + options_.failure_grace;
     // Stop the others now; the job's final state waits for the grace.

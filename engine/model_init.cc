@@ -19,6 +19,8 @@ absl::Status InitializeStages(const ModelSpec& model,
   if (!model.from_hf.empty()) {
     ASSIGN_OR_RETURN(const hf::HfCheckpoint checkpoint,
                      hf::HfCheckpoint::Open(model.from_hf));
+    // As validate and generate check it: every tensor explained.
+    RETURN_IF_ERROR(checkpoint.CheckComplete());
     const hf::HfParameterSource source(checkpoint);
     for (PipelineStage* stage : stages) {
       RETURN_IF_ERROR(stage->LoadFrom(source));

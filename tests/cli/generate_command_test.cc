@@ -23,6 +23,7 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/generate.h"
 #include "engine/job_spec.h"
+#include "engine/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "hf/checkpoint.h"
@@ -165,6 +166,31 @@ TEST_F(GenerateCommandTest, PrintsTheGeneratorsIdsForAnHfCheckpoint) {
     ASSERT_EQ(want.size(), 6u);
     EXPECT_EQ(out_.str(), absl::StrCat(absl::StrJoin(want, ","), "\n"));
   }
+}
+
+// validate and the workers refuse a checkpoint holding a tensor its config
+// does not explain; generate once read it all the same.
+TEST_F(GenerateCommandTest, RefusesACheckpointWithAnUnexplainedTensor) {
+  const std::string hf = WriteHf(40);
+  const std::string weights = (fs::path(hf) / hf::kHfWeightsFile).string();
+  absl::StatusOr<engine::SafetensorsReader> reader =
+      engine::SafetensorsReader::Open(weights);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<engine::TensorToWrite> tensors;
+  for (const engine::TensorInfo& info : reader->tensors()) {
+    const std::span<const uint8_t> bytes = reader->RawBytes(info);
+    tensors.push_back(
+        {info.name, info.dtype, info.shape, bytes.data(), bytes.size()});
+  }
+  const std::vector<float> extra(4, 1.0f);
+  tensors.push_back({"model.extra.weight", engine::DType::kF32, {4},
+                     extra.data(), extra.size() * sizeof(float)});
+  ASSERT_TRUE(engine::WriteSafetensors(weights + ".new", tensors).ok());
+  fs::rename(weights + ".new", weights);
+  const absl::Status s = Run(Options(hf, "3, 1,4", 2));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("unexpected 1 tensor(s)"));
+  EXPECT_THAT(s.message(), HasSubstr("model.extra.weight"));
 }
 
 TEST_F(GenerateCommandTest, PrintsBytesAsTextForAByteLevelModel) {

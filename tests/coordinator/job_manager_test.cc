@@ -125,11 +125,13 @@ class JobManagerTest : public ::testing::Test {
     Send(worker, m);
   }
   void Ended(const std::string& worker, const std::string& job,
-             v1::JobState state, const std::string& message = "") {
+             v1::JobState state, const std::string& message = "",
+             absl::StatusCode code = absl::StatusCode::kUnknown) {
     v1::WorkerMessage m;
     m.mutable_ended()->set_job_id(job);
     m.mutable_ended()->set_state(state);
     m.mutable_ended()->set_message(message);
+    if (state == v1::FAILED) m.mutable_ended()->set_code(static_cast<int>(code));
     Send(worker, m);
   }
   v1::JobState State(const std::string& job) {
@@ -1499,6 +1501,30 @@ TEST_F(JobManagerCheckpointTest, TwoWorkersSilentAtOnceFailARestart) {
   EXPECT_EQ(info.state(), v1::FAILED) << info.message();
   EXPECT_THAT(info.message(), HasSubstr("needs 2 workers and 1 are live"));
   EXPECT_EQ(WorkerState(spare), v1::LOST);
+}
+
+// A damaged newest checkpoint once used up every restart, one attempt
+// after another reading the same corrupt file: a DataLoss while preparing
+// is not restarted.
+TEST_F(JobManagerCheckpointTest, ADamagedCheckpointIsNotWorthARestart) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string job =
+      StartJob(CkptYaml("every: 1", "restart: {max_restarts: 3}\n"), w1, w2);
+  StepWithCheckpoint(w1, w2, job, 1);
+  const std::string spare = AddWorker("spare");
+  manager_.WorkerDisconnected(w2, "control connection closed");
+  Ended(w1, job, v1::CANCELLED);
+  ASSERT_EQ(State(job), v1::PLANNING);
+  Ended(w1, job, v1::FAILED, "stage-0.safetensors: CRC-32C differs",
+        absl::StatusCode::kDataLoss);
+  Ended(spare, job, v1::CANCELLED);
+  now_ += std::chrono::seconds(1);  // Past the failure grace.
+  manager_.Tick();
+  const v1::Job info = *manager_.GetJob(job);
+  EXPECT_EQ(info.state(), v1::FAILED);
+  EXPECT_EQ(info.restarts(), 1);
+  EXPECT_THAT(info.message(), HasSubstr("not restarted: the checkpoint it "
+                                        "resumes from is damaged"));
 }
 
 // Interleaved-1f1b with 4 microbatches cannot run on 3 workers: with 3
