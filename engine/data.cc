@@ -536,8 +536,12 @@ absl::StatusOr<std::unique_ptr<DataSource>> CreateTokens(
         absl::StrCat("data.vocab_size must be positive (or 0 for ", max_vocab,
                      "), got ", config.vocab_size));
   }
-  const int64_t vocab_size =
-      config.vocab_size == 0 ? max_vocab : config.vocab_size;
+  // Without data.vocab_size, ids are bounded by what the model takes.
+  const bool from_model =
+      config.vocab_size == 0 && shapes.vocab > 0 && shapes.vocab < max_vocab;
+  const int64_t vocab_size = config.vocab_size != 0 ? config.vocab_size
+                             : from_model           ? shapes.vocab
+                                                    : max_vocab;
 
   ASSIGN_OR_RETURN(std::string bytes, ReadFile(config.path));
   if (config.uint16_tokens && bytes.size() % 2 != 0) {
@@ -557,7 +561,9 @@ absl::StatusOr<std::unique_ptr<DataSource>> CreateTokens(
     if (tokens[i] >= vocab_size) {
       return absl::InvalidArgumentError(
           absl::StrCat(config.path, ": token ", i, " is ", tokens[i],
-                       ", not below data.vocab_size ", vocab_size));
+                       from_model ? ", not below the model's vocabulary "
+                                  : ", not below data.vocab_size ",
+                       vocab_size));
     }
   }
   bytes = std::string();  // Free the copy before the source keeps tokens.
@@ -683,6 +689,16 @@ absl::Status CheckDataShapes(const DataConfig& config,
                          "] (loss: cross_entropy), but the model's target is ",
                          shapes.integer_targets ? "integer ids " : "floats ",
                          ShapeString(shapes.target)));
+      }
+      // Checked now: an id the model has no row for would otherwise fail
+      // the job at its first use, hours in.
+      if (shapes.vocab > 0 && config.vocab_size > shapes.vocab) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "data.vocab_size is ", config.vocab_size,
+            " but the model's vocabulary is ", shapes.vocab,
+            " (its embedding's vocab_size and its output's classes): ids "
+            "from ",
+            shapes.vocab, " up would fail the job when first met"));
       }
       return absl::OkStatus();
     }

@@ -98,6 +98,10 @@ struct SampleShapes {
   std::vector<int64_t> target;
   // Targets are integer class ids (i64, cross_entropy), else f32 (mse).
   bool integer_targets = false;
+  // Token models: every id must be below this to reach the embedding and
+  // the loss (the smaller of the embedding's vocab_size and the output's
+  // classes); 0 when the model does not say.
+  int64_t vocab = 0;
 };
 
 // The fixed truth behind synthetic-regression data: W row-major [in, out]

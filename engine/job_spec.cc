@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <filesystem>
@@ -809,10 +810,21 @@ absl::StatusOr<std::unique_ptr<DataSource>> CreateEvalDataSource(
 }
 
 SampleShapes ModelSampleShapes(const ModelSpec& model) {
+  int64_t vocab = 0;
+  if (model.token_input && !model.layers.empty() &&
+      model.layers.front().vocab_size > 0) {
+    vocab = model.layers.front().vocab_size;
+  }
+  if (model.integer_targets && !model.output_shape.empty() &&
+      model.output_shape.back() > 0) {
+    vocab = vocab > 0 ? std::min(vocab, model.output_shape.back())
+                      : model.output_shape.back();
+  }
   return {.input = model.input_shape,
           .token_input = model.token_input,
           .target = model.target_shape,
-          .integer_targets = model.integer_targets};
+          .integer_targets = model.integer_targets,
+          .vocab = vocab};
 }
 
 }  // namespace conveyor::engine

@@ -767,6 +767,18 @@ TEST(DataSourceErrorsTest, TokensFileProblems) {
                                      "data.vocab_size 122"));
   config.vocab_size = 'z' + 1;
   EXPECT_TRUE(DataSource::Create(config, LanguageModel(2)).ok());
+  // The model's vocabulary bounds both: data.vocab_size above it is
+  // refused, and without one the ids are checked against it.
+  SampleShapes small_vocab = LanguageModel(2);
+  small_vocab.vocab = 'z';
+  EXPECT_THAT(CreateError(config, small_vocab).message(),
+              HasSubstr("data.vocab_size is 123 but the model's vocabulary "
+                        "is 122"));
+  EXPECT_THAT(CreateError(TokensConfig(text, 2), small_vocab).message(),
+              HasSubstr("token 4 is 122, not below the model's vocabulary "
+                        "122"));
+  small_vocab.vocab = 'z' + 1;
+  EXPECT_TRUE(DataSource::Create(TokensConfig(text, 2), small_vocab).ok());
 
   const std::string odd = TempPath("odd.u16");
   WriteBytes(odd, "abcde");

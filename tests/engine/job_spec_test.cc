@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
 #include "engine/data.h"
 #include "engine/model_spec.h"
@@ -91,7 +92,7 @@ data:
   shuffle: true
   seq_len: 16
   uint16: true
-  vocab_size: 1000
+  vocab_size: 200
 training: {steps: 100, batch_size: 64, microbatches: 4}
 optimizer:
   kind: adamw
@@ -119,7 +120,7 @@ checkpoint: {dir: out/gpt, every: 25, keep_latest: 3}
   EXPECT_TRUE(job.data.shuffle);
   EXPECT_EQ(job.data.seq_len, 16);
   EXPECT_TRUE(job.data.uint16_tokens);
-  EXPECT_EQ(job.data.vocab_size, 1000);
+  EXPECT_EQ(job.data.vocab_size, 200);
 
   EXPECT_EQ(job.training.steps, 100);
   EXPECT_EQ(job.training.batch_size, 64);
@@ -557,6 +558,29 @@ TEST(JobSpecErrorTest, DataValues) {
   EXPECT_EQ(ParseError(Job({.data = "{source: tensors, path: p, shuffle: "
                                     "yes}"})),
             "job.yaml:6:43: data.shuffle: must be true or false; got 'yes'");
+}
+
+// A data.vocab_size above the model's vocabulary once passed validate and
+// failed the job hours later, at the first id the embedding had no row for.
+TEST(JobSpecErrorTest, DataVocabularyLargerThanTheModels) {
+  const std::string yaml = R"(model:
+  input_shape: [4]
+  init: {seed: 0}
+  layers:
+    - embedding: {vocab_size: 100, features: 8}
+    - lm_head: {vocab_size: 120}
+  loss: cross_entropy
+data: {source: tokens, path: t, seq_len: 4, uint16: true, vocab_size: 101}
+training: {steps: 1, batch_size: 2}
+optimizer: {kind: sgd, lr: 0.1}
+)";
+  EXPECT_THAT(ParseError(yaml),
+              HasSubstr("data.vocab_size is 101 but the model's vocabulary "
+                        "is 100"));
+  EXPECT_TRUE(ParseJobSpec(absl::StrReplaceAll(yaml, {{"vocab_size: 101",
+                                                       "vocab_size: 100"}}),
+                           "job.yaml")
+                  .ok());
 }
 
 TEST(JobSpecErrorTest, TrainingValues) {
