@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "checkpoint/directory.h"
+#include "checkpoint/resume.h"
 #include "cli/coordinator_client.h"
 #include "cli/core_shares.h"
 #include "cli/exit_status.h"
@@ -27,6 +28,7 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/job_spec.h"
 #include "engine/trainer.h"
+#include "job/config_hash.h"
 #include "job/planner.h"
 
 namespace conveyor::cli {
@@ -173,6 +175,26 @@ void PrintLastBubble(CoordinatorClient& client, const std::string& id,
   if (bubble.ok()) out << "last step's " << FormatBubbleBreakdown(*bubble);
 }
 
+// What the coordinator checks of a job's checkpoints at submission (an
+// earlier run's steps it would write over, a resume point that is not
+// there), checked before any daemon starts: a refused job then costs no
+// process and leaves no log folder.
+absl::Status CheckCheckpointsFirst(const JobSource& source,
+                                   const engine::JobSpec& job) {
+  if (job.checkpoint.dir.empty()) return absl::OkStatus();
+  int64_t from = 0;
+  if (job.resume.kind != engine::ResumeSpec::Kind::kNone) {
+    ASSIGN_OR_RETURN(
+        const checkpoint::ResumePoint point,
+        checkpoint::FindResumePoint(
+            job.resume, job.checkpoint.dir, job::JobConfigHash(source.yaml),
+            job::JobTrainingHash(source.yaml), source.yaml));
+    from = point.step;
+  }
+  RETURN_IF_ERROR(checkpoint::CheckNothingNewer(job.checkpoint.dir, from));
+  return checkpoint::CheckCheckpointDirWritable(job.checkpoint.dir);
+}
+
 absl::Status RunOnLocalCluster(const RunCommandOptions& o, bool tty,
                                std::ostream& out, std::ostream& err) {
   // Everything that can be checked without daemons is, so a bad job or a
@@ -232,6 +254,7 @@ absl::Status RunOnLocalCluster(const RunCommandOptions& o, bool tty,
   ASSIGN_OR_RETURN(options.worker_binary,
                    FindDaemonBinary(kWorkerBinary, search));
   RETURN_IF_ERROR(RemoveEarlierRun(o, plan.job, out));
+  RETURN_IF_ERROR(CheckCheckpointsFirst(source, plan.job));
 
   // From here on a signal cancels and tears down rather than kills.
   ASSIGN_OR_RETURN(std::unique_ptr<InterruptHandler> interrupts,

@@ -28,11 +28,16 @@ check "... ending with its last step's bubble, split as trace splits it" grep -q
 "$ctl" export "$dir/ckpt" -o "$dir/first.safetensors" >/dev/null
 check "... leaving a checkpoint" test -s "$dir/first.safetensors"
 
-run refused.out
+mkdir -p "$dir/tmp"
+TMPDIR=$dir/tmp run refused.out
 check "a second run without --overwrite is refused" test $? -ne 0
 check "... naming the earlier checkpoint and --overwrite" grep -q \
   "already holds a complete checkpoint of an earlier run (step 6).*--overwrite" \
   "$dir/refused.out"
+# Checked before any daemon starts (it once started a cluster first, and
+# left its log folder behind at each refusal).
+check "... before starting a cluster" bash -c "! grep -q 'starting a local cluster' '$dir/refused.out'"
+check "... leaving no log folder" test -z "$(ls -A "$dir/tmp")"
 
 run second.out --overwrite
 check "a second run with --overwrite succeeds" test $? -eq 0
