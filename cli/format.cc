@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -454,6 +455,23 @@ std::string FormatJobsTable(const std::vector<v1::Job>& jobs, absl::Time now) {
       rows);
 }
 
+namespace {
+
+// The bound endpoint of the worker's job when it has one; else the
+// configured address, whose port 0 means a free port per job.
+std::string DataAddressText(const v1::Worker& w) {
+  if (!w.data_endpoint().empty()) return w.data_endpoint();
+  if (w.data_address().empty()) return "-";
+  if (absl::EndsWith(w.data_address(), ":0")) {
+    return absl::StrCat(
+        w.data_address().substr(0, w.data_address().size() - 1),
+        "* (per job)");
+  }
+  return w.data_address();
+}
+
+}  // namespace
+
 std::string FormatWorkersTable(const std::vector<v1::Worker>& workers) {
   std::vector<std::vector<std::string>> rows;
   for (const v1::Worker& w : workers) {
@@ -464,7 +482,7 @@ std::string FormatWorkersTable(const std::vector<v1::Worker>& workers) {
          w.job_id().empty() ? "-" : w.job_id(),
          w.stages_size() > 0 ? absl::StrJoin(w.stages(), ",") : "-",
          absl::StrCat(FormatDuration(w.seconds_since_heartbeat()), " ago"),
-         w.data_address().empty() ? "-" : w.data_address(),
+         DataAddressText(w),
          w.metrics_address().empty() ? "-" : w.metrics_address(),
          w.state() == v1::LOST ? w.lost_reason() : w.drain_reason()});
   }

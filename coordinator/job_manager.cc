@@ -173,6 +173,7 @@ void JobManager::MarkLost(WorkerRecord& w, const std::string& observed) {
   JobRecord* job = FindJob(w.info.job_id());
   w.info.clear_job_id();
   w.info.clear_stages();
+  w.info.clear_data_endpoint();
   // A worker of an earlier attempt, still winding down after a restart,
   // keeps the job's id but is no longer among its workers: its loss ends
   // nothing of the attempt now running.

@@ -40,6 +40,7 @@ void JobManager::OnReady(WorkerRecord& w, const v1::JobReady& ready) {
     return;
   }
   job->ranks.MarkReady(rank, ready);
+  w.info.set_data_endpoint(ready.data_endpoint());
   if (!job->ranks.all_ready()) return;
   const DataPlaneChoice plane = ChooseDataPlane(job->ranks.ready_reports());
   // The MFU's denominator: each rank's devices at the job's precision. One
@@ -622,6 +623,7 @@ void JobManager::ReleaseWorker(WorkerRecord& w) {
   w.info.set_state(v1::IDLE);
   w.info.clear_job_id();
   w.info.clear_stages();
+  w.info.clear_data_endpoint();
   LeaveIfDrained(w);
 }
 

@@ -272,6 +272,7 @@ void JobManager::Place(JobRecord& job,
     w.info.set_state(v1::BUSY);
     w.info.set_job_id(job.info.id());
     w.info.clear_stages();
+    w.info.clear_data_endpoint();
     for (const StagePlan* s : StagesOfRank(job.plan, r)) {
       w.info.add_stages(s->stage);
     }

@@ -378,6 +378,25 @@ TEST(FormatWorkersTableTest, OneRowPerWorker) {
             "               -               no heartbeat for 5 s\n");
 }
 
+// A data plane asked for on port 0 binds a free port per job: the table
+// once showed "127.0.0.1:0". It shows the bound endpoint of the job a worker
+// holds, and says the port is picked per job otherwise.
+TEST(FormatWorkersTableTest, ShowsTheBoundDataEndpoint) {
+  v1::Worker idle;
+  idle.set_id("worker-1");
+  idle.set_name("a");
+  idle.set_state(v1::IDLE);
+  idle.set_data_address("127.0.0.1:0");
+  v1::Worker busy = idle;
+  busy.set_id("worker-2");
+  busy.set_state(v1::BUSY);
+  busy.set_data_endpoint("127.0.0.1:41234");
+  const std::string table = FormatWorkersTable({idle, busy});
+  EXPECT_THAT(table, HasSubstr("127.0.0.1:* (per job)"));
+  EXPECT_THAT(table, HasSubstr("127.0.0.1:41234"));
+  EXPECT_THAT(table, Not(HasSubstr("127.0.0.1:0 ")));
+}
+
 // The watch output, event by event.
 std::vector<v1::JobEvent> Events() {
   std::vector<v1::JobEvent> events;

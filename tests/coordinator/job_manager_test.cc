@@ -392,6 +392,24 @@ TEST_F(JobManagerTest, CancelStopsTheWorkersAndFreesThemWhenTheyEnd) {
             absl::StatusCode::kNotFound);
 }
 
+// The data plane's bound endpoint, once the worker reports ready, for
+// `workers` (which showed the requested 127.0.0.1:0); gone when it is free.
+TEST_F(JobManagerTest, WorkersShowTheirJobsBoundDataEndpoint) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string job = StartTwoStageJob(w1, w2);
+  auto endpoint = [&](const std::string& id) {
+    for (const v1::Worker& w : manager_.ListWorkers()) {
+      if (w.id() == id) return w.data_endpoint();
+    }
+    return std::string("?");
+  };
+  EXPECT_EQ(endpoint(w1), "127.0.0.1:5001");
+  EXPECT_EQ(endpoint(w2), "127.0.0.1:5002");
+  ASSERT_TRUE(manager_.CancelJob(job, "stop").ok());
+  Ended(w1, job, v1::CANCELLED);
+  EXPECT_EQ(endpoint(w1), "");
+}
+
 TEST_F(JobManagerTest, SilentWorkerIsLostAndItsJobFailsNamingIt) {
   const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
   const std::string job = StartTwoStageJob(w1, w2);
