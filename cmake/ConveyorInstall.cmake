@@ -73,13 +73,26 @@ install(FILES ${_conveyor_deploy}/systemd/conveyor-coordinator.service
         DESTINATION lib/systemd/system COMPONENT runtime)
 install(FILES ${_conveyor_deploy}/systemd/sysusers.d/conveyor.conf
         DESTINATION lib/sysusers.d COMPONENT runtime)
-# Absolute: the units read /etc/conveyor/*.env whatever the prefix. In the
+# The configuration goes where GNUInstallDirs puts a prefix's sysconfdir,
+# decided when installing (cmake --install --prefix P may differ from the
+# configured prefix): /etc/conveyor for the prefix /usr (the package, and
+# `sudo cmake --install build` with the default prefix), which the units
+# read; P/etc/conveyor for any other prefix P, so an install under a prefix
+# never writes outside it (it once wrote /etc whatever the prefix). In the
 # package these are conffiles (deploy/debian/conffiles), so an upgrade keeps
-# the operator's edits.
-install(FILES ${_conveyor_deploy}/systemd/coordinator.env
-              ${_conveyor_deploy}/systemd/worker.env
-              ${_conveyor_deploy}/systemd/coordinator.yaml
-        DESTINATION /etc/conveyor COMPONENT runtime)
+# the operator's edits. file(INSTALL) honours DESTDIR, as CPack uses it.
+install(CODE "
+  if(CMAKE_INSTALL_PREFIX STREQUAL \"/usr\" OR CMAKE_INSTALL_PREFIX STREQUAL \"/\")
+    set(_conveyor_etc \"/etc/conveyor\")
+  else()
+    set(_conveyor_etc \"\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_SYSCONFDIR}/conveyor\")
+  endif()
+  file(INSTALL DESTINATION \"\${_conveyor_etc}\" TYPE FILE
+       PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ
+       FILES \"${_conveyor_deploy}/systemd/coordinator.env\"
+             \"${_conveyor_deploy}/systemd/worker.env\"
+             \"${_conveyor_deploy}/systemd/coordinator.yaml\")
+" COMPONENT runtime)
 
 # --- Monitoring ------------------------------------------------------------
 

@@ -105,6 +105,15 @@ if [ $cuda_built = yes ]; then
     grep -Eq "(^|, )conveyor \(= $version-$revision\)" <<<"$cuda_depends"
 fi
 
+# cmake --install under another prefix stays under it: the configuration
+# once went to /etc/conveyor whatever the prefix (as root, silently).
+DESTDIR="$dir/destdir" cmake --install "$build" --prefix "$dir/prefix" \
+  --component runtime >"$dir/install.log" 2>&1
+check "cmake --install --prefix P installs" test $? -eq 0
+check "... the configuration under P/etc/conveyor" \
+  test -f "$dir/destdir$dir/prefix/etc/conveyor/coordinator.env"
+check "... and nothing outside P" test ! -e "$dir/destdir/etc"
+
 # --- Files ---------------------------------------------------------------------
 
 dpkg-deb -c "$main" | awk '{print $6}' | sed 's|^\./|/|' >"$dir/files"
