@@ -191,6 +191,9 @@ absl::Status JobRunner::CheckActivationsFitHostMemory() const {
     }
     return n;
   };
+  auto add = [](uint64_t& total, uint64_t n) {
+    if (__builtin_add_overflow(total, n, &total)) total = ~uint64_t{0};
+  };
   for (const v1::StageProgram& sp : program_.stages()) {
     const int st = sp.stage();
     uint64_t kept = 0;
@@ -198,11 +201,22 @@ absl::Status JobRunner::CheckActivationsFitHostMemory() const {
       kept = elements(model.layers[model.stage_begin[st]].input_shape);
     } else {
       for (int l = model.stage_begin[st]; l < model.StageEnd(st); ++l) {
-        if (__builtin_add_overflow(kept, elements(model.layers[l].output_shape),
-                                   &kept)) {
-          kept = ~uint64_t{0};
-        }
+        add(kept, elements(model.layers[l].output_shape));
       }
+    }
+    // The first stage also keeps its microbatches' inputs, which it makes
+    // rather than receives, and the last their targets (ids count twice: 8
+    // bytes). A 16 GiB input once passed this check and the job died on a
+    // neighbour's 30 s receive timeout instead.
+    if (st == 0) {
+      const uint64_t n = elements(model.input_shape);
+      add(kept, n);
+      if (model.token_input) add(kept, n);
+    }
+    if (st == model.num_stages - 1) {
+      const uint64_t n = elements(model.target_shape);
+      add(kept, n);
+      if (model.integer_targets) add(kept, n);
     }
     uint64_t bytes = 0;
     if (__builtin_mul_overflow(kept, microbatch * sizeof(float), &bytes)) {

@@ -755,6 +755,41 @@ pipeline: {schedule: 1f1b}
   EXPECT_TRUE(JobRunner::Create(programs[1], {}).ok());
 }
 
+// The first stage's own inputs count too: 4M floats a sample in a
+// microbatch of 16384 is 256 GiB of input, with activations of 4 bytes a
+// sample. It once passed, and the job died on rank 1's receive timeout.
+TEST(JobRunnerTest, InputsTooLargeForTheHostAreRefusedBeforeTheFirstStep) {
+  const uint64_t needed = uint64_t{16384} * 4194304 * 4;
+  if (const std::optional<uint64_t> available = AvailableHostMemoryBytes();
+      !available.has_value() || *available >= needed) {
+    GTEST_SKIP() << "this machine could hold 256 GiB of inputs";
+  }
+  const std::string yaml = R"(name: wide-inputs
+model:
+  input_shape: [4194304]
+  init: {seed: 0}
+  layers:
+    - dense: {features: 1}
+    - boundary
+    - dense: {features: 1}
+  loss: mse
+data: {source: synthetic-regression}
+training: {steps: 1, batch_size: 16384, microbatches: 1}
+optimizer: {kind: sgd, lr: 0.1}
+pipeline: {schedule: 1f1b}
+)";
+  const std::vector<v1::JobProgram> programs = Programs(yaml);
+  ASSERT_EQ(programs.size(), 2u);
+  absl::StatusOr<std::unique_ptr<JobRunner>> first =
+      JobRunner::Create(programs[0], {});
+  EXPECT_EQ(first.status().code(), absl::StatusCode::kResourceExhausted)
+      << first.status();
+  EXPECT_THAT(first.status().message(),
+              HasSubstr("rank 0 (stage 0)'s activations (1 microbatch of "
+                        "16384 samples in flight at the schedule's peak) "
+                        "needs 256.0 GiB of host memory"));
+}
+
 TEST(JobRunnerTest, CancelStopsBothRanksPromptly) {
   JobOptions o;
   o.steps = 100000;  // Far more than the test waits for.
