@@ -1,6 +1,7 @@
 #include "checkpoint/resume.h"
 
 #include <filesystem>
+#include <vector>
 #include <optional>
 #include <system_error>
 #include <utility>
@@ -250,9 +251,30 @@ absl::StatusOr<ResumePoint> FindResumePoint(const engine::ResumeSpec& resume,
     point.notes.push_back(DescribeStepsChange(*change, manifest.step));
     return point;
   }
-  return absl::FailedPreconditionError(
-      absl::StrCat(written_by, ": ", job::DescribeConfigDiff(*diff), "; ",
-                   kOnlyLayoutMayChange));
+  // training.steps (and the schedule length that follows it) may change:
+  // listing it among the causes and then saying it may change read as a
+  // contradiction. What is refused is the rest.
+  job::ConfigDiff refused = *diff;
+  bool steps_too = false;
+  for (const job::ConfigDifference& d : diff->differences) {
+    if (d.path == "training.steps" &&
+        d.kind == job::ConfigDifference::Kind::kChanged) {
+      steps_too = true;
+    }
+  }
+  if (steps_too) {
+    std::erase_if(refused.differences, [](const job::ConfigDifference& d) {
+      return d.path == "training.steps" ||
+             d.path == "optimizer.schedule.total_steps";
+    });
+    refused.total -= static_cast<int64_t>(diff->differences.size() -
+                                          refused.differences.size());
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      written_by, ": ", job::DescribeConfigDiff(refused), "; ",
+      kOnlyLayoutMayChange,
+      steps_too ? " (training.steps differs too, which alone would resume)"
+                : ""));
 }
 
 absl::Status AdoptCheckpointCut(const ResumePoint& point,
