@@ -26,6 +26,7 @@
 #include "common/build_info.h"       // defines: kVersion, kGitRevision, ...
 #include "common/command_line.h"
 #include "common/logging.h"  // defines: InitLogging
+#include "proto/grpc_diagnostics.h"  // defines: RouteGrpcLogs
 #ifdef CONVEYOR_HAVE_CUDA
 #include "engine/cuda/device_info.h"  // defines: CudaRuntimeVersionString
 #endif
@@ -88,6 +89,8 @@ int main(int argc, char** argv) {
       exit.has_value()) {
     return *exit;
   }
+  // A failed call's status says what gRPC would also print raw.
+  conveyor::proto::RouteGrpcLogs(conveyor::proto::GrpcLogs::kQuiet);
 
   // The in-place progress bar only for a terminal that can take it: plain
   // lines for a file or pipe, for NO_COLOR (no-color.org: no escape codes)

@@ -26,7 +26,8 @@ std::string ResolveCoordinatorAddress(absl::string_view flag) {
 
 absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
     std::string address, absl::Duration rpc_timeout, std::string auth_token,
-    std::shared_ptr<grpc::ChannelCredentials> credentials) {
+    std::shared_ptr<grpc::ChannelCredentials> credentials,
+    proto::ClientTls tls) {
   if (address.empty()) {
     return absl::InvalidArgumentError("the coordinator address is empty");
   }
@@ -46,7 +47,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
       args);
   return std::unique_ptr<CoordinatorClient>(new CoordinatorClient(
       std::move(address), rpc_timeout, std::move(auth_token),
-      v1::Coordinator::NewStub(channel)));
+      v1::Coordinator::NewStub(channel), tls));
 }
 
 void CoordinatorClient::Authenticate(grpc::ClientContext& context) const {
@@ -73,6 +74,14 @@ absl::Status CoordinatorClient::FromGrpc(
   }
   switch (s.code()) {
     case absl::StatusCode::kUnavailable:
+      // A refused TLS handshake is no reason to check --coordinator.
+      if (const std::string cause =
+              proto::DescribeTransportFailure(s.message(), tls_);
+          !cause.empty()) {
+        return absl::UnavailableError(
+            absl::StrCat("cannot talk to the coordinator at ", address_, ": ",
+                         cause, " (gRPC: ", s.message(), ")"));
+      }
       return absl::UnavailableError(
           absl::StrCat("cannot reach the coordinator at ", address_,
                        " (set --coordinator "

@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "conveyor/v1/conveyor.grpc.pb.h"
 #include "grpcpp/security/credentials.h"
+#include "proto/grpc_diagnostics.h"
 
 namespace conveyor::cli {
 
@@ -45,10 +46,13 @@ class CoordinatorClient {
   // on every call (common/auth_token.h); a coordinator that wants another
   // answers Unauthenticated. `credentials`: TLS (proto/credentials.h); null:
   // plaintext.
+  // `tls` says which TLS files the credentials came from, to name the
+  // likely cause of a refused handshake.
   static absl::StatusOr<std::unique_ptr<CoordinatorClient>> Create(
       std::string address, absl::Duration rpc_timeout,
       std::string auth_token = "",
-      std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
+      std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr,
+      proto::ClientTls tls = {});
 
   CoordinatorClient(const CoordinatorClient&) = delete;
   CoordinatorClient& operator=(const CoordinatorClient&) = delete;
@@ -92,11 +96,13 @@ class CoordinatorClient {
  private:
   CoordinatorClient(std::string address, absl::Duration rpc_timeout,
                     std::string auth_token,
-                    std::unique_ptr<v1::Coordinator::Stub> stub)
+                    std::unique_ptr<v1::Coordinator::Stub> stub,
+                    proto::ClientTls tls)
       : address_(std::move(address)),
         rpc_timeout_(rpc_timeout),
         auth_token_(std::move(auth_token)),
-        stub_(std::move(stub)) {}
+        stub_(std::move(stub)),
+        tls_(tls) {}
 
   // The token, when there is one, and (unary calls) the deadline.
   void Authenticate(grpc::ClientContext& context) const;
@@ -108,6 +114,7 @@ class CoordinatorClient {
   const absl::Duration rpc_timeout_;
   const std::string auth_token_;
   const std::unique_ptr<v1::Coordinator::Stub> stub_;
+  const proto::ClientTls tls_;
 
   absl::Mutex mutex_;
   std::set<grpc::ClientContext*> watches_ ABSL_GUARDED_BY(mutex_);

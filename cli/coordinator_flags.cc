@@ -58,9 +58,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> ConnectToCoordinator(
   }
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
                    proto::MakeChannelCredentials(flags.tls));
-  return CoordinatorClient::Create(ResolveCoordinatorAddress(flags.coordinator),
-                                   absl::Seconds(flags.timeout_seconds),
-                                   std::move(token), std::move(credentials));
+  return CoordinatorClient::Create(
+      ResolveCoordinatorAddress(flags.coordinator),
+      absl::Seconds(flags.timeout_seconds), std::move(token),
+      std::move(credentials),
+      {.tls = !flags.tls.ca.empty(), .client_cert = !flags.tls.cert.empty()});
 }
 
 }  // namespace conveyor::cli

@@ -33,6 +33,7 @@
 #include "coordinator/state_file.h"           // StateFile
 #include "grpcpp/grpcpp.h"                    // ServerBuilder
 #include "proto/answered_by.h"                // AnsweredByInterceptorFactory
+#include "proto/grpc_diagnostics.h"           // RouteGrpcLogs
 #include "proto/credentials.h"                // MakeServerCredentials
 #include "proto/protocol.h"                   // kMaxMessageBytes
 #include "spdlog/spdlog.h"                    // SPDLOG_*
@@ -161,6 +162,9 @@ int main(int argc, char** argv) {
       exit.has_value()) {
     return *exit;
   }
+  // Refused TLS handshakes (a plaintext client, a missing or foreign
+  // client certificate) logged as warnings that say why, rate-limited.
+  conveyor::proto::RouteGrpcLogs(conveyor::proto::GrpcLogs::kDaemon);
   if (!flags.config.empty()) {
     if (absl::Status s = ApplyConfigFile(flags.config, app, flags); !s.ok()) {
       std::cerr << "conveyor-coordinator: --config: " << s.message() << "\n";
@@ -256,14 +260,24 @@ int main(int argc, char** argv) {
       SPDLOG_WARN("{}", warning);
     }
   }
+  conveyor::proto::TlsFilesReport tls_report;
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      conveyor::proto::MakeServerCredentials(flags.tls);
+      conveyor::proto::MakeServerCredentials(flags.tls, &tls_report);
   if (!credentials.ok()) {
     std::cerr << "conveyor-coordinator: " << credentials.status().message()
               << "\n";
     return credentials.status().code() == absl::StatusCode::kInvalidArgument
                ? conveyor::kExitUsage
                : kExitFailure;
+  }
+  for (const std::string& warning : tls_report.warnings) {
+    SPDLOG_WARN("{}", warning);
+  }
+  for (const conveyor::proto::CertificateValidity& c :
+       tls_report.certificates) {
+    conveyor::telemetry::AddCertificateExpiry(*metrics->registry(), c.flag,
+                                              c.path, c.subject,
+                                              c.not_after_unix);
   }
   conveyor::coordinator::CoordinatorService coordinator_service(&manager,
                                                                 auth_token);

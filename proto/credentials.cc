@@ -5,29 +5,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/file.h"
 #include "common/status_macros.h"
 
 namespace conveyor::proto {
 namespace {
-
-// Certificates and keys are a few KiB; a chain of a few certificates fits.
-constexpr uint64_t kMaxPemBytes = 1 << 20;
-
-absl::StatusOr<std::string> ReadPem(absl::string_view flag,
-                                    const std::string& path) {
-  absl::StatusOr<std::string> pem = ReadFile(path, kMaxPemBytes);
-  if (!pem.ok()) {
-    return absl::Status(pem.status().code(),
-                        absl::StrCat(flag, ": ", pem.status().message()));
-  }
-  // gRPC would only say "handshake failed" much later; say what is wrong now.
-  if (!absl::StrContains(*pem, "-----BEGIN ")) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": ", path, " is not a PEM file"));
-  }
-  return pem;
-}
 
 absl::Status CheckPair(const TlsFiles& files) {
   if (files.cert.empty() != files.key.empty()) {
@@ -37,10 +21,26 @@ absl::Status CheckPair(const TlsFiles& files) {
   return absl::OkStatus();
 }
 
+// The files, checked (CheckTlsFiles) and then read for gRPC.
+absl::StatusOr<TlsFilesReport> Check(const TlsFiles& files, TlsRole role,
+                                     TlsFilesReport* report) {
+  ASSIGN_OR_RETURN(TlsFilesReport checked,
+                   CheckTlsFiles(files, role, absl::ToUnixSeconds(absl::Now())));
+  if (report != nullptr) *report = checked;
+  return checked;
+}
+
+// Read again after the check, which read it: a file replaced in between
+// fails the handshake, as any bad file did before the check.
+std::string Pem(const std::string& path) {
+  absl::StatusOr<std::string> pem = ReadFile(path, 1 << 20);
+  return pem.ok() ? *std::move(pem) : std::string();
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const TlsFiles& files) {
+    const TlsFiles& files, TlsFilesReport* report) {
   if (!files.any()) return grpc::InsecureServerCredentials();
   RETURN_IF_ERROR(CheckPair(files));
   if (files.cert.empty()) {
@@ -48,12 +48,11 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
         "--tls-ca on the coordinator checks client certificates, which needs "
         "TLS: give --tls-cert and --tls-key too");
   }
+  RETURN_IF_ERROR(Check(files, TlsRole::kServer, report).status());
   grpc::SslServerCredentialsOptions options;
-  ASSIGN_OR_RETURN(std::string cert, ReadPem("--tls-cert", files.cert));
-  ASSIGN_OR_RETURN(std::string key, ReadPem("--tls-key", files.key));
-  options.pem_key_cert_pairs.push_back({std::move(key), std::move(cert)});
+  options.pem_key_cert_pairs.push_back({Pem(files.key), Pem(files.cert)});
   if (!files.ca.empty()) {
-    ASSIGN_OR_RETURN(options.pem_root_certs, ReadPem("--tls-ca", files.ca));
+    options.pem_root_certs = Pem(files.ca);
     options.client_certificate_request =
         GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
@@ -61,7 +60,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>
-MakeChannelCredentials(const TlsFiles& files) {
+MakeChannelCredentials(const TlsFiles& files, TlsFilesReport* report) {
   if (!files.any()) return grpc::InsecureChannelCredentials();
   RETURN_IF_ERROR(CheckPair(files));
   if (files.ca.empty()) {
@@ -69,11 +68,12 @@ MakeChannelCredentials(const TlsFiles& files) {
         "TLS needs --tls-ca, the CA that signed the coordinator's "
         "certificate");
   }
+  RETURN_IF_ERROR(Check(files, TlsRole::kClient, report).status());
   grpc::SslCredentialsOptions options;
-  ASSIGN_OR_RETURN(options.pem_root_certs, ReadPem("--tls-ca", files.ca));
+  options.pem_root_certs = Pem(files.ca);
   if (!files.cert.empty()) {
-    ASSIGN_OR_RETURN(options.pem_cert_chain, ReadPem("--tls-cert", files.cert));
-    ASSIGN_OR_RETURN(options.pem_private_key, ReadPem("--tls-key", files.key));
+    options.pem_cert_chain = Pem(files.cert);
+    options.pem_private_key = Pem(files.key);
   }
   return grpc::SslCredentials(options);
 }

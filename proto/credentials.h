@@ -19,29 +19,24 @@
 #include "absl/status/statusor.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
+#include "proto/tls_files.h"
 
 namespace conveyor::proto {
 
-// Paths to PEM files; empty: not given. Every field has an initializer so
-// callers can name only the ones they set.
-struct TlsFiles {
-  std::string cert = {};
-  std::string key = {};
-  std::string ca = {};
-
-  bool any() const { return !cert.empty() || !key.empty() || !ca.empty(); }
-};
-
 // InvalidArgument naming the flag when only one of --tls-cert and --tls-key
-// is given, when the server gets --tls-ca without a certificate, or when a
-// file is empty or not PEM; the errno-derived code when one cannot be read.
+// is given, when the server gets --tls-ca without a certificate, or for
+// anything CheckTlsFiles (proto/tls_files.h) finds wrong with the files:
+// unreadable, not PEM, a key that is not the certificate's, expired, no
+// subjectAltName. `report`, when given, receives the certificates' validity
+// and the warnings for those that expire soon.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const TlsFiles& files);
+    const TlsFiles& files, TlsFilesReport* report = nullptr);
 
 // As MakeServerCredentials; a client certificate needs --tls-ca too (a
 // client with TLS must know whom to trust).
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>
-MakeChannelCredentials(const TlsFiles& files);
+MakeChannelCredentials(const TlsFiles& files,
+                       TlsFilesReport* report = nullptr);
 
 }  // namespace conveyor::proto
 

@@ -64,6 +64,18 @@ void AddBuildInfo(prometheus::Registry& registry,
       .Set(1);
 }
 
+void AddCertificateExpiry(prometheus::Registry& registry,
+                          const std::string& flag, const std::string& file,
+                          const std::string& subject, int64_t not_after_unix) {
+  prometheus::BuildGauge()
+      .Name("conveyor_tls_certificate_expiry_timestamp_seconds")
+      .Help("Unix time at which a certificate this daemon was started with "
+            "(--tls-cert, or each of --tls-ca's) stops being valid")
+      .Register(registry)
+      .Add({{"flag", flag}, {"file", file}, {"subject", subject}})
+      .Set(static_cast<double>(not_after_unix));
+}
+
 std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
   std::vector<prometheus::MetricFamily> out;
   // /proc/self/stat: fields 14 and 15 are utime and stime (clock ticks), 20

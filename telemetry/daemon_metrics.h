@@ -5,6 +5,7 @@
 #ifndef CONVEYOR_TELEMETRY_DAEMON_METRICS_H_
 #define CONVEYOR_TELEMETRY_DAEMON_METRICS_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,14 @@ const prometheus::Histogram::BucketBoundaries& DurationBuckets();
 
 // Adds conveyor_build_info{version, revision, component} = 1 to `registry`.
 void AddBuildInfo(prometheus::Registry& registry, const std::string& component);
+
+// Adds conveyor_tls_certificate_expiry_timestamp_seconds{flag, file,
+// subject} = `not_after_unix` (when the certificate stops being valid) to
+// `registry`, one series per certificate a daemon was started with, so an
+// alert fires before it expires (deploy/prometheus/alerts.yml).
+void AddCertificateExpiry(prometheus::Registry& registry,
+                          const std::string& flag, const std::string& file,
+                          const std::string& subject, int64_t not_after_unix);
 
 // The process_* series of the calling process, under the names every
 // Prometheus client library and stock dashboard use (process_cpu_seconds_total,

@@ -364,9 +364,13 @@ absl::Status WorkerSession::RunStream(bool* refused) {
       *refused = true;
       return status;
     }
+    const std::string cause =
+        proto::DescribeTransportFailure(status.message(), options_.tls);
     return absl::UnavailableError(absl::StrCat(
         "cannot register with coordinator ", options_.coordinator, ": ",
-        status.ok() ? "stream closed without an answer" : status.ToString()));
+        cause.empty() ? "" : absl::StrCat(cause, " (gRPC: "),
+        status.ok() ? "stream closed without an answer" : status.ToString(),
+        cause.empty() ? "" : ")"));
   }
   return absl::UnavailableError(absl::StrCat(
       "session with coordinator ", options_.coordinator, " ended: ",

@@ -58,6 +58,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "conveyor/v1/conveyor.pb.h"
+#include "proto/grpc_diagnostics.h"
 #include "worker/device_backends.h"
 #include "worker/worker_metrics.h"
 
@@ -105,6 +106,8 @@ struct SessionOptions {
   std::string auth_token;
   // TLS to the coordinator (proto/credentials.h); null: plaintext.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Which TLS files it has, to name the likely cause of a refused handshake.
+  proto::ClientTls tls;
 };
 
 class WorkerSession {

@@ -34,6 +34,7 @@
 #include "common/logging.h"       // defines: InitLogging, kLogLevels
 #include "engine/cpu/parallel.h"  // defines: SetCpuThreads
 #include "proto/credentials.h"    // defines: MakeChannelCredentials
+#include "proto/grpc_diagnostics.h"  // defines: RouteGrpcLogs, ClientTls
 #include "spdlog/spdlog.h"        // defines: SPDLOG_INFO, ...
 #include "telemetry/daemon_metrics.h"
 #include "telemetry/metrics_server.h"
@@ -205,6 +206,7 @@ int main(int argc, char** argv) {
       exit.has_value()) {
     return *exit;
   }
+  conveyor::proto::RouteGrpcLogs(conveyor::proto::GrpcLogs::kDaemon);
   // Pinned first: `cpu` counts the cores the process may use, and every
   // thread started from here on inherits the mask.
   std::vector<int> pinned;
@@ -250,11 +252,13 @@ int main(int argc, char** argv) {
           absl::StrCat("--auth-token-file: ", token.status().message()));
     }
   }
+  conveyor::proto::TlsFilesReport tls_report;
   if (valid.ok()) {
     absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-        conveyor::proto::MakeChannelCredentials(tls);
+        conveyor::proto::MakeChannelCredentials(tls, &tls_report);
     if (credentials.ok()) {
       options.credentials = *std::move(credentials);
+      options.tls = {.tls = !tls.ca.empty(), .client_cert = !tls.cert.empty()};
     } else {
       valid = absl::InvalidArgumentError(credentials.status().message());
     }
@@ -300,6 +304,15 @@ int main(int argc, char** argv) {
 
   // Served before registering, so the coordinator learns the bound address.
   conveyor::worker::WorkerMetrics metrics(options.name);
+  for (const std::string& warning : tls_report.warnings) {
+    SPDLOG_WARN("{}", warning);
+  }
+  for (const conveyor::proto::CertificateValidity& c :
+       tls_report.certificates) {
+    conveyor::telemetry::AddCertificateExpiry(*metrics.registry(), c.flag,
+                                              c.path, c.subject,
+                                              c.not_after_unix);
+  }
   auto process = std::make_shared<conveyor::telemetry::ProcessCollector>();
   // /readyz: registered with the coordinator. The session is made after
   // the server (which must be bound first), and the server is stopped

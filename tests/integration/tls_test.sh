@@ -4,7 +4,11 @@
 # client certificates (and the auth token) admits conveyorctl and workers
 # with the right CA, certificate and token, and refuses plaintext, a wrong
 # CA, a client certificate from another CA, no client certificate, and no
-# token. Needs COORDINATOR, WORKER and CONVEYORCTL (the binaries' paths).
+# token, each client naming the likely cause and the coordinator logging
+# it. Bad files (a key that is not the certificate's, an expired
+# certificate, no subjectAltName on the server's) stop every program at
+# start with exit 2, naming the files. The certificates' expiry is a
+# metric. Needs COORDINATOR, WORKER and CONVEYORCTL (the binaries' paths).
 set -u
 coordinator=${COORDINATOR:?}
 worker=${WORKER:?}
@@ -30,6 +34,7 @@ leaf() {
 ca ca1
 ca ca2
 leaf server ca1 "subjectAltName=IP:127.0.0.1,DNS:localhost"
+leaf bare ca1 "extendedKeyUsage=serverAuth"
 leaf client ca1 "extendedKeyUsage=clientAuth"
 leaf stranger ca2 "extendedKeyUsage=clientAuth"
 check "certificates made" test -s "$dir/server.pem" -a -s "$dir/client.pem" -a -s "$dir/stranger.pem"
@@ -39,7 +44,37 @@ chmod 600 "$dir/token"
 "$coordinator" --tls-ca "$dir/ca1.pem" >"$dir/bad-flags.log" 2>&1
 check "--tls-ca alone on the coordinator: exit 2" test $? -eq 2
 
+# Bad files: exit 2 at start, naming them (a key that is not the
+# certificate's once read "cannot listen ... (address in use)" on the
+# coordinator, and kept a worker retrying "empty address list" forever).
+openssl x509 -req -in "$dir/server.csr" -CA "$dir/ca1.pem" -CAkey "$dir/ca1.key" \
+  -CAcreateserial -out "$dir/expired.pem" -days -1 -extfile "$dir/server.ext" \
+  >/dev/null 2>&1
+check "an expired certificate made" test -s "$dir/expired.pem"
+mismatch="does not belong to --tls-cert $dir/server.pem"
+"$coordinator" --listen 127.0.0.1:0 --tls-cert "$dir/server.pem" \
+  --tls-key "$dir/client.key" >"$dir/mismatch-coordinator.log" 2>&1
+check "coordinator with another certificate's key: exit 2" test $? -eq 2
+check "... naming both files" grep -qF -- "--tls-key $dir/client.key $mismatch" "$dir/mismatch-coordinator.log"
+timeout 10 "$worker" --coordinator 127.0.0.1:1 --tls-ca "$dir/ca1.pem" \
+  --tls-cert "$dir/server.pem" --tls-key "$dir/client.key" >"$dir/mismatch-worker.log" 2>&1
+check "worker with another certificate's key: exit 2" test $? -eq 2
+check "... naming both files" grep -qF -- "$mismatch" "$dir/mismatch-worker.log"
+"$ctl" workers --coordinator 127.0.0.1:1 --tls-ca "$dir/ca1.pem" \
+  --tls-cert "$dir/server.pem" --tls-key "$dir/client.key" >"$dir/mismatch-ctl.out" 2>&1
+check "conveyorctl with another certificate's key: exit 2" test $? -eq 2
+check "... naming both files" grep -qF -- "$mismatch" "$dir/mismatch-ctl.out"
+"$coordinator" --listen 127.0.0.1:0 --tls-cert "$dir/expired.pem" \
+  --tls-key "$dir/server.key" >"$dir/expired.log" 2>&1
+check "coordinator with an expired certificate: exit 2" test $? -eq 2
+check "... saying when it expired" grep -q "expired on .* UTC" "$dir/expired.log"
+"$coordinator" --listen 127.0.0.1:0 --tls-cert "$dir/bare.pem" \
+  --tls-key "$dir/bare.key" >"$dir/bare.log" 2>&1
+check "coordinator certificate without subjectAltName: exit 2" test $? -eq 2
+check "... saying so" grep -q "has no subjectAltName" "$dir/bare.log"
+
 "$coordinator" --listen 127.0.0.1:0 --ready-file "$dir/ready" \
+  --metrics-address 127.0.0.1:0 \
   --tls-cert "$dir/server.pem" --tls-key "$dir/server.key" --tls-ca "$dir/ca1.pem" \
   --auth-token-file "$dir/token" >"$dir/coordinator.log" 2>&1 &
 pids+=($!)
@@ -67,6 +102,25 @@ ctl_run no_token 1 "${right[@]}"
 check "no token: refused, not unreachable" grep -q "refused the call" "$dir/no_token.out"
 ctl_run half_pair 2 --tls-ca "$dir/ca1.pem" --tls-cert "$dir/client.pem"
 check "half a pair: says so" grep -q -- "--tls-cert and --tls-key go together" "$dir/half_pair.out"
+# Each refusal names its likely cause, not the address ("Socket closed ...
+# (set --coordinator ...)" once).
+check "plaintext: the coordinator probably serves TLS" grep -q "probably serves TLS" "$dir/plaintext.out"
+check "wrong CA: the coordinator's certificate is not trusted" grep -q "certificate is not trusted" "$dir/wrong_ca.out"
+check "stranger: this client certificate is not accepted" grep -q "does not accept this client certificate" "$dir/stranger_cert.out"
+check "no client certificate: one is required" grep -q "requires a client certificate" "$dir/no_client_cert.out"
+for f in plaintext wrong_ca stranger_cert no_client_cert; do
+  check "$f: not blaming --coordinator" bash -c "! grep -q 'set --coordinator' '$dir/$f.out'"
+done
+check "the coordinator logs why it refused a plaintext client" grep -q "refused a TLS handshake: a client spoke plaintext" "$dir/coordinator.log"
+check "... a client without a certificate" grep -q "refused a TLS handshake: a client presented no certificate" "$dir/coordinator.log"
+check "... as warnings, not raw gRPC lines" bash -c "! grep -q '^E[0-9]' '$dir/coordinator.log'"
+check "the coordinator warns of certificates that expire within 30 days" \
+  grep -q "the certificate CN=server expires on .* renew it" "$dir/coordinator.log"
+metrics=$(sed -n 2p "$dir/ready" | cut -d' ' -f2)
+python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('http://$metrics/metrics').read().decode())" \
+  >"$dir/metrics" 2>&1
+check "the certificates' expiry is a metric" grep -q \
+  "^conveyor_tls_certificate_expiry_timestamp_seconds{.*flag=\"--tls-cert\".*} [0-9.e+]*$" "$dir/metrics"
 
 # A worker with the wrong CA never gets in; one with the right files does.
 "$worker" --coordinator "$address" --name outsider --tls-ca "$dir/ca2.pem" \
