@@ -1,10 +1,10 @@
 #include "checkpoint/resume.h"
 
 #include <filesystem>
-#include <vector>
 #include <optional>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"

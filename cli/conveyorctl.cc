@@ -25,7 +25,7 @@
 #include "cli/validate_command.h"    // defines: AddValidateCommand, Run...
 #include "common/build_info.h"       // defines: kVersion, kGitRevision, ...
 #include "common/command_line.h"
-#include "common/logging.h"  // defines: InitLogging
+#include "common/logging.h"          // defines: InitLogging
 #include "proto/grpc_diagnostics.h"  // defines: RouteGrpcLogs
 #ifdef CONVEYOR_HAVE_CUDA
 #include "engine/cuda/device_info.h"  // defines: CudaRuntimeVersionString

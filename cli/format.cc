@@ -370,11 +370,11 @@ std::string FormatJobDetails(const v1::Job& job, absl::Time now) {
   if (job.layouts_size() > 1) {
     for (int i = 0; i < job.layouts_size(); ++i) {
       const v1::JobLayout& l = job.layouts(i);
-      std::string text = absl::StrCat(
-          "from step ", l.from_step(), ": ",
-          Count(l.num_workers(), "worker", "workers"), ", ",
-          Count(l.num_stages(), "stage", "stages"), " at layers [",
-          absl::StrJoin(l.stage_begin(), ", "), "]");
+      std::string text =
+          absl::StrCat("from step ", l.from_step(), ": ",
+                       Count(l.num_workers(), "worker", "workers"), ", ",
+                       Count(l.num_stages(), "stage", "stages"), " at layers [",
+                       absl::StrJoin(l.stage_begin(), ", "), "]");
       if (!l.reason().empty()) absl::StrAppend(&text, "; ", l.reason());
       fields.push_back({i == 0 ? "layouts" : "", text});
     }
@@ -463,9 +463,8 @@ std::string DataAddressText(const v1::Worker& w) {
   if (!w.data_endpoint().empty()) return w.data_endpoint();
   if (w.data_address().empty()) return "-";
   if (absl::EndsWith(w.data_address(), ":0")) {
-    return absl::StrCat(
-        w.data_address().substr(0, w.data_address().size() - 1),
-        "* (per job)");
+    return absl::StrCat(w.data_address().substr(0, w.data_address().size() - 1),
+                        "*");
   }
   return w.data_address();
 }

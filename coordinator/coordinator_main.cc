@@ -33,8 +33,8 @@
 #include "coordinator/state_file.h"           // StateFile
 #include "grpcpp/grpcpp.h"                    // ServerBuilder
 #include "proto/answered_by.h"                // AnsweredByInterceptorFactory
-#include "proto/grpc_diagnostics.h"           // RouteGrpcLogs
 #include "proto/credentials.h"                // MakeServerCredentials
+#include "proto/grpc_diagnostics.h"           // RouteGrpcLogs
 #include "proto/protocol.h"                   // kMaxMessageBytes
 #include "spdlog/spdlog.h"                    // SPDLOG_*
 #include "telemetry/daemon_metrics.h"         // ProcessCollector
@@ -275,9 +275,8 @@ int main(int argc, char** argv) {
   }
   for (const conveyor::proto::CertificateValidity& c :
        tls_report.certificates) {
-    conveyor::telemetry::AddCertificateExpiry(*metrics->registry(), c.flag,
-                                              c.path, c.subject,
-                                              c.not_after_unix);
+    conveyor::telemetry::AddCertificateExpiry(
+        *metrics->registry(), c.flag, c.path, c.subject, c.not_after_unix);
   }
   conveyor::coordinator::CoordinatorService coordinator_service(&manager,
                                                                 auth_token);

@@ -24,8 +24,9 @@ absl::Status CheckPair(const TlsFiles& files) {
 // The files, checked (CheckTlsFiles) and then read for gRPC.
 absl::StatusOr<TlsFilesReport> Check(const TlsFiles& files, TlsRole role,
                                      TlsFilesReport* report) {
-  ASSIGN_OR_RETURN(TlsFilesReport checked,
-                   CheckTlsFiles(files, role, absl::ToUnixSeconds(absl::Now())));
+  ASSIGN_OR_RETURN(
+      TlsFilesReport checked,
+      CheckTlsFiles(files, role, absl::ToUnixSeconds(absl::Now())));
   if (report != nullptr) *report = checked;
   return checked;
 }

@@ -35,8 +35,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 // As MakeServerCredentials; a client certificate needs --tls-ca too (a
 // client with TLS must know whom to trust).
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>
-MakeChannelCredentials(const TlsFiles& files,
-                       TlsFilesReport* report = nullptr);
+MakeChannelCredentials(const TlsFiles& files, TlsFilesReport* report = nullptr);
 
 }  // namespace conveyor::proto
 

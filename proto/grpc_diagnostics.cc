@@ -34,8 +34,7 @@ void ToSpdlog(gpr_log_func_args* args) {
     uint64_t suppressed = 0;
     if (HandshakeLimiter().Allow(&suppressed)) {
       SPDLOG_WARN("refused a TLS handshake: {} (gRPC: {}){}", cause,
-                  std::string(message),
-                  More(suppressed));
+                  std::string(message), More(suppressed));
     }
     return;
   }
@@ -43,8 +42,7 @@ void ToSpdlog(gpr_log_func_args* args) {
     uint64_t suppressed = 0;
     if (ErrorLimiter().Allow(&suppressed)) {
       SPDLOG_ERROR("gRPC {}:{}: {}{}", args->file, args->line,
-                   std::string(message),
-                   More(suppressed));
+                   std::string(message), More(suppressed));
     }
     return;
   }

@@ -99,17 +99,15 @@ absl::Status CheckDates(absl::string_view flag, const std::string& path,
   if (*not_after < now) {
     return Bad(flag, path,
                absl::StrCat("the certificate ", subject, " expired on ",
-                            FormatUnixTime(*not_after),
-                            "; issue a new one"));
+                            FormatUnixTime(*not_after), "; issue a new one"));
   }
   if (*not_before > now) {
     return Bad(flag, path,
-               absl::StrCat("the certificate ", subject,
-                            " is not valid until ", FormatUnixTime(*not_before),
+               absl::StrCat("the certificate ", subject, " is not valid until ",
+                            FormatUnixTime(*not_before),
                             " (is this machine's clock right?)"));
   }
-  report.certificates.push_back(
-      {std::string(flag), path, subject, *not_after});
+  report.certificates.push_back({std::string(flag), path, subject, *not_after});
   if (*not_after - now < kExpiryWarningDays * 86400) {
     report.warnings.push_back(absl::StrCat(
         flag, " ", path, ": the certificate ", subject, " expires on ",
@@ -148,8 +146,8 @@ absl::StatusOr<TlsFilesReport> CheckTlsFiles(const TlsFiles& files,
       return s;
     }
     if (role == TlsRole::kServer) {
-      auto* names = static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(
-          cert.get(), NID_subject_alt_name, nullptr, nullptr));
+      auto* names = static_cast<GENERAL_NAMES*>(
+          X509_get_ext_d2i(cert.get(), NID_subject_alt_name, nullptr, nullptr));
       const bool has_names = names != nullptr && sk_GENERAL_NAME_num(names) > 0;
       GENERAL_NAMES_free(names);
       if (!has_names) {
@@ -178,10 +176,11 @@ absl::StatusOr<TlsFilesReport> CheckTlsFiles(const TlsFiles& files,
     }
     if (cert != nullptr && X509_check_private_key(cert.get(), key.get()) != 1) {
       ERR_clear_error();
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--tls-key ", files.key, " does not belong to --tls-cert ",
-          files.cert, " (the certificate holds another public key); give the "
-                      "key the certificate was issued for"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tls-key ", files.key,
+                       " does not belong to --tls-cert ", files.cert,
+                       " (the certificate holds another public key); give the "
+                       "key the certificate was issued for"));
     }
   }
   if (!files.ca.empty()) {

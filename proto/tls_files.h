@@ -33,7 +33,7 @@ enum class TlsRole { kServer, kClient };
 
 // One certificate's validity, for the expiry warning and metric.
 struct CertificateValidity {
-  std::string flag;     // "--tls-cert" or "--tls-ca"
+  std::string flag;  // "--tls-cert" or "--tls-ca"
   std::string path;
   std::string subject;  // "CN=coordinator"
   int64_t not_after_unix = 0;

@@ -69,8 +69,9 @@ void AddCertificateExpiry(prometheus::Registry& registry,
                           const std::string& subject, int64_t not_after_unix) {
   prometheus::BuildGauge()
       .Name("conveyor_tls_certificate_expiry_timestamp_seconds")
-      .Help("Unix time at which a certificate this daemon was started with "
-            "(--tls-cert, or each of --tls-ca's) stops being valid")
+      .Help(
+          "Unix time at which a certificate this daemon was started with "
+          "(--tls-cert, or each of --tls-ca's) stops being valid")
       .Register(registry)
       .Add({{"flag", flag}, {"file", file}, {"subject", subject}})
       .Set(static_cast<double>(not_after_unix));

@@ -30,12 +30,12 @@
 #include "common/auth_token.h"      // defines: ReadAuthTokenFile
 #include "common/build_info.h"      // defines: kVersion, kGitRevision, ...
 #include "common/command_line.h"
-#include "common/cpu_set.h"       // defines: ParseCpuList, PinProcess
-#include "common/logging.h"       // defines: InitLogging, kLogLevels
-#include "engine/cpu/parallel.h"  // defines: SetCpuThreads
-#include "proto/credentials.h"    // defines: MakeChannelCredentials
+#include "common/cpu_set.h"          // defines: ParseCpuList, PinProcess
+#include "common/logging.h"          // defines: InitLogging, kLogLevels
+#include "engine/cpu/parallel.h"     // defines: SetCpuThreads
+#include "proto/credentials.h"       // defines: MakeChannelCredentials
 #include "proto/grpc_diagnostics.h"  // defines: RouteGrpcLogs, ClientTls
-#include "spdlog/spdlog.h"        // defines: SPDLOG_INFO, ...
+#include "spdlog/spdlog.h"           // defines: SPDLOG_INFO, ...
 #include "telemetry/daemon_metrics.h"
 #include "telemetry/metrics_server.h"
 #include "worker/session.h"  // defines: WorkerSession
@@ -309,9 +309,8 @@ int main(int argc, char** argv) {
   }
   for (const conveyor::proto::CertificateValidity& c :
        tls_report.certificates) {
-    conveyor::telemetry::AddCertificateExpiry(*metrics.registry(), c.flag,
-                                              c.path, c.subject,
-                                              c.not_after_unix);
+    conveyor::telemetry::AddCertificateExpiry(
+        *metrics.registry(), c.flag, c.path, c.subject, c.not_after_unix);
   }
   auto process = std::make_shared<conveyor::telemetry::ProcessCollector>();
   // /readyz: registered with the coordinator. The session is made after

@@ -183,8 +183,11 @@ TEST_F(GenerateCommandTest, RefusesACheckpointWithAnUnexplainedTensor) {
         {info.name, info.dtype, info.shape, bytes.data(), bytes.size()});
   }
   const std::vector<float> extra(4, 1.0f);
-  tensors.push_back({"model.extra.weight", engine::DType::kF32, {4},
-                     extra.data(), extra.size() * sizeof(float)});
+  tensors.push_back({"model.extra.weight",
+                     engine::DType::kF32,
+                     {4},
+                     extra.data(),
+                     extra.size() * sizeof(float)});
   ASSERT_TRUE(engine::WriteSafetensors(weights + ".new", tensors).ok());
   fs::rename(weights + ".new", weights);
   const absl::Status s = Run(Options(hf, "3, 1,4", 2));

@@ -131,7 +131,8 @@ class JobManagerTest : public ::testing::Test {
     m.mutable_ended()->set_job_id(job);
     m.mutable_ended()->set_state(state);
     m.mutable_ended()->set_message(message);
-    if (state == v1::FAILED) m.mutable_ended()->set_code(static_cast<int>(code));
+    if (state == v1::FAILED)
+      m.mutable_ended()->set_code(static_cast<int>(code));
     Send(worker, m);
   }
   v1::JobState State(const std::string& job) {
@@ -1550,13 +1551,13 @@ TEST_F(JobManagerCheckpointTest, ADamagedCheckpointIsNotWorthARestart) {
 TEST_F(JobManagerCheckpointTest, ALayoutOnFewerWorkersThanAreLiveSaysWhy) {
   std::vector<std::string> w;
   for (const char* name : {"a", "b", "c", "d"}) w.push_back(AddWorker(name));
-  const std::string yaml = absl::StrCat(
-      absl::StrReplaceAll(JobYaml(8),
-                          {{"pipeline: {schedule: 1f1b}",
-                            "pipeline: {schedule: interleaved-1f1b, "
-                            "virtual_stages: 2}"}}),
-      "checkpoint: {dir: ", dir_, "}\n",
-      "restart: {max_restarts: 2, elastic: {min_workers: 1}}\n");
+  const std::string yaml =
+      absl::StrCat(absl::StrReplaceAll(
+                       JobYaml(8), {{"pipeline: {schedule: 1f1b}",
+                                     "pipeline: {schedule: interleaved-1f1b, "
+                                     "virtual_stages: 2}"}}),
+                   "checkpoint: {dir: ", dir_, "}\n",
+                   "restart: {max_restarts: 2, elastic: {min_workers: 1}}\n");
   absl::StatusOr<v1::Job> submitted = Submit(yaml);
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   const std::string job = submitted->id();

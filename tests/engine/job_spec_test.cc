@@ -577,8 +577,8 @@ optimizer: {kind: sgd, lr: 0.1}
   EXPECT_THAT(ParseError(yaml),
               HasSubstr("data.vocab_size is 101 but the model's vocabulary "
                         "is 100"));
-  EXPECT_TRUE(ParseJobSpec(absl::StrReplaceAll(yaml, {{"vocab_size: 101",
-                                                       "vocab_size: 100"}}),
+  EXPECT_TRUE(ParseJobSpec(absl::StrReplaceAll(
+                               yaml, {{"vocab_size: 101", "vocab_size: 100"}}),
                            "job.yaml")
                   .ok());
 }

@@ -110,7 +110,7 @@ def main():
 
         def worker_metrics():
             out = conveyorctl(bin_dir, "workers", "--coordinator", address)
-            found = re.findall(r"alert-\d\s+IDLE.*?(127\.0\.0\.1:\d+)\s+"
+            found = re.findall(r"alert-\d\s+IDLE.*?(127\.0\.0\.1:(?:\d+|\*))\s+"
                                r"(127\.0\.0\.1:\d+)", out.stdout)
             return [m[1] for m in found] if len(found) == 2 else None
 

@@ -49,8 +49,8 @@ TEST(CredentialsTest, UnreadableOrNonPemFilesAreErrors) {
   const std::string text = Write("not.pem", "hello");
   absl::Status not_pem = MakeChannelCredentials({.ca = text}).status();
   EXPECT_EQ(not_pem.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(not_pem.message(), HasSubstr("--tls-ca " + text +
-                                           ": no PEM certificate in it"));
+  EXPECT_THAT(not_pem.message(),
+              HasSubstr("--tls-ca " + text + ": no PEM certificate in it"));
 }
 
 }  // namespace

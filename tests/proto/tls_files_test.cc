@@ -44,10 +44,10 @@ std::string WriteText(const std::string& name, const std::string& text) {
 std::string KeyPem(EVP_PKEY* key, bool encrypted = false) {
   BIO* bio = BIO_new(BIO_s_mem());
   char pass[] = "secret";
-  PEM_write_bio_PrivateKey(bio, key, encrypted ? EVP_aes_128_cbc() : nullptr,
-                           encrypted ? reinterpret_cast<unsigned char*>(pass)
-                                     : nullptr,
-                           encrypted ? 6 : 0, nullptr, nullptr);
+  PEM_write_bio_PrivateKey(
+      bio, key, encrypted ? EVP_aes_128_cbc() : nullptr,
+      encrypted ? reinterpret_cast<unsigned char*>(pass) : nullptr,
+      encrypted ? 6 : 0, nullptr, nullptr);
   char* data = nullptr;
   const long n = BIO_get_mem_data(bio, &data);
   std::string pem(data, static_cast<size_t>(n));
@@ -105,9 +105,9 @@ class TlsFilesTest : public ::testing::Test {
     ca_ = WriteText("ca.pem", CertPem(ca_key_.get(), "ca", -kDay, 365 * kDay,
                                       /*san=*/false));
     key_path_ = WriteText("key.pem", KeyPem(key_.get()));
-    cert_ = WriteText("cert.pem", CertPem(key_.get(), "coordinator", -kDay,
-                                          365 * kDay, true, ca_key_.get(),
-                                          "ca"));
+    cert_ =
+        WriteText("cert.pem", CertPem(key_.get(), "coordinator", -kDay,
+                                      365 * kDay, true, ca_key_.get(), "ca"));
   }
 
   Key ca_key_, key_, other_key_;
@@ -136,16 +136,17 @@ TEST_F(TlsFilesTest, AKeyThatIsNotTheCertificatesIsNamed) {
             .status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(s.message(),
-              absl::StrCat("--tls-key ", other, " does not belong to "
-                           "--tls-cert ", cert_,
+              absl::StrCat("--tls-key ", other,
+                           " does not belong to "
+                           "--tls-cert ",
+                           cert_,
                            " (the certificate holds another public key); "
                            "give the key the certificate was issued for"));
   }
   // Through the credentials every program makes.
-  EXPECT_THAT(MakeServerCredentials({.cert = cert_, .key = other})
-                  .status()
-                  .message(),
-              HasSubstr("does not belong to --tls-cert"));
+  EXPECT_THAT(
+      MakeServerCredentials({.cert = cert_, .key = other}).status().message(),
+      HasSubstr("does not belong to --tls-cert"));
   EXPECT_THAT(MakeChannelCredentials({.cert = cert_, .key = other, .ca = ca_})
                   .status()
                   .message(),
@@ -153,9 +154,9 @@ TEST_F(TlsFilesTest, AKeyThatIsNotTheCertificatesIsNamed) {
 }
 
 TEST_F(TlsFilesTest, ExpiredAndNotYetValidCertificatesAreRefused) {
-  const std::string expired = WriteText(
-      "expired.pem", CertPem(key_.get(), "old", -400 * kDay, -30 * kDay, true,
-                             ca_key_.get(), "ca"));
+  const std::string expired =
+      WriteText("expired.pem", CertPem(key_.get(), "old", -400 * kDay,
+                                       -30 * kDay, true, ca_key_.get(), "ca"));
   absl::Status s = CheckTlsFiles({.cert = expired, .key = key_path_},
                                  TlsRole::kServer, Now())
                        .status();
@@ -165,11 +166,11 @@ TEST_F(TlsFilesTest, ExpiredAndNotYetValidCertificatesAreRefused) {
   EXPECT_THAT(s.message(), HasSubstr(" UTC; issue a new one"));
   const std::string future = WriteText(
       "future.pem", CertPem(key_.get(), "new", 10 * kDay, 400 * kDay, true));
-  EXPECT_THAT(CheckTlsFiles({.cert = future, .key = key_path_},
-                            TlsRole::kClient, Now())
-                  .status()
-                  .message(),
-              HasSubstr("is not valid until"));
+  EXPECT_THAT(
+      CheckTlsFiles({.cert = future, .key = key_path_}, TlsRole::kClient, Now())
+          .status()
+          .message(),
+      HasSubstr("is not valid until"));
   const std::string old_ca = WriteText(
       "old-ca.pem",
       CertPem(ca_key_.get(), "old-ca", -400 * kDay, -1 * kDay, false));
@@ -179,9 +180,9 @@ TEST_F(TlsFilesTest, ExpiredAndNotYetValidCertificatesAreRefused) {
 }
 
 TEST_F(TlsFilesTest, CertificatesExpiringWithin30DaysAreWarnedAbout) {
-  const std::string soon = WriteText(
-      "soon.pem", CertPem(key_.get(), "soon", -kDay, 10 * kDay + 600, true,
-                          ca_key_.get(), "ca"));
+  const std::string soon =
+      WriteText("soon.pem", CertPem(key_.get(), "soon", -kDay, 10 * kDay + 600,
+                                    true, ca_key_.get(), "ca"));
   absl::StatusOr<TlsFilesReport> report = CheckTlsFiles(
       {.cert = soon, .key = key_path_, .ca = ca_}, TlsRole::kServer, Now());
   ASSERT_TRUE(report.ok()) << report.status();
@@ -191,14 +192,14 @@ TEST_F(TlsFilesTest, CertificatesExpiringWithin30DaysAreWarnedAbout) {
 }
 
 TEST_F(TlsFilesTest, AServerCertificateNeedsASubjectAltName) {
-  const std::string bare = WriteText(
-      "bare.pem", CertPem(key_.get(), "bare", -kDay, 365 * kDay, false,
-                          ca_key_.get(), "ca"));
-  EXPECT_THAT(CheckTlsFiles({.cert = bare, .key = key_path_},
-                            TlsRole::kServer, Now())
-                  .status()
-                  .message(),
-              HasSubstr("has no subjectAltName"));
+  const std::string bare =
+      WriteText("bare.pem", CertPem(key_.get(), "bare", -kDay, 365 * kDay,
+                                    false, ca_key_.get(), "ca"));
+  EXPECT_THAT(
+      CheckTlsFiles({.cert = bare, .key = key_path_}, TlsRole::kServer, Now())
+          .status()
+          .message(),
+      HasSubstr("has no subjectAltName"));
   // A client certificate needs none.
   EXPECT_TRUE(CheckTlsFiles({.cert = bare, .key = key_path_, .ca = ca_},
                             TlsRole::kClient, Now())
@@ -208,12 +209,12 @@ TEST_F(TlsFilesTest, AServerCertificateNeedsASubjectAltName) {
 TEST_F(TlsFilesTest, KeysThatCannotBeReadAreRefused) {
   const std::string encrypted =
       WriteText("encrypted.key", KeyPem(key_.get(), /*encrypted=*/true));
-  EXPECT_THAT(CheckTlsFiles({.cert = cert_, .key = encrypted},
-                            TlsRole::kServer, Now())
-                  .status()
-                  .message(),
-              HasSubstr("no PEM private key in it (an encrypted key is "
-                        "refused"));
+  EXPECT_THAT(
+      CheckTlsFiles({.cert = cert_, .key = encrypted}, TlsRole::kServer, Now())
+          .status()
+          .message(),
+      HasSubstr("no PEM private key in it (an encrypted key is "
+                "refused"));
   // A certificate given as the key.
   EXPECT_THAT(
       CheckTlsFiles({.cert = cert_, .key = cert_}, TlsRole::kServer, Now())
@@ -221,12 +222,12 @@ TEST_F(TlsFilesTest, KeysThatCannotBeReadAreRefused) {
           .message(),
       HasSubstr("--tls-key " + cert_ + ": no PEM private key"));
   // A key given as the certificate.
-  EXPECT_THAT(CheckTlsFiles({.cert = key_path_, .key = key_path_},
-                            TlsRole::kServer, Now())
-                  .status()
-                  .message(),
-              HasSubstr("--tls-cert " + key_path_ +
-                        ": no PEM certificate in it"));
+  EXPECT_THAT(
+      CheckTlsFiles({.cert = key_path_, .key = key_path_}, TlsRole::kServer,
+                    Now())
+          .status()
+          .message(),
+      HasSubstr("--tls-cert " + key_path_ + ": no PEM certificate in it"));
   // A directory.
   EXPECT_EQ(CheckTlsFiles({.cert = ::testing::TempDir(), .key = key_path_},
                           TlsRole::kServer, Now())
