@@ -24,6 +24,7 @@
 #include "common/file.h"                      // ReadFile, WriteFileAtomically
 #include "common/heap_tuning.h"               // TuneHeapForPlanning
 #include "common/logging.h"                   // InitLogging
+#include "common/open_file_limit.h"           // RaiseOpenFileLimit
 #include "common/status_macros.h"             // ASSIGN_OR_RETURN
 #include "common/yaml_reader.h"               // the --config file
 #include "coordinator/coordinator_metrics.h"  // /metrics
@@ -165,6 +166,8 @@ int main(int argc, char** argv) {
   // Refused TLS handshakes (a plaintext client, a missing or foreign
   // client certificate) logged as warnings that say why, rate-limited.
   conveyor::proto::RouteGrpcLogs(conveyor::proto::GrpcLogs::kDaemon);
+  // Workers' streams, watchers and scrapers: up to the hard limit.
+  conveyor::RaiseOpenFileLimit();
   if (!flags.config.empty()) {
     if (absl::Status s = ApplyConfigFile(flags.config, app, flags); !s.ok()) {
       std::cerr << "conveyor-coordinator: --config: " << s.message() << "\n";

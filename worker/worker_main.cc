@@ -32,6 +32,7 @@
 #include "common/command_line.h"
 #include "common/cpu_set.h"          // defines: ParseCpuList, PinProcess
 #include "common/logging.h"          // defines: InitLogging, kLogLevels
+#include "common/open_file_limit.h"  // defines: RaiseOpenFileLimit
 #include "engine/cpu/parallel.h"     // defines: SetCpuThreads
 #include "proto/credentials.h"       // defines: MakeChannelCredentials
 #include "proto/grpc_diagnostics.h"  // defines: RouteGrpcLogs, ClientTls
@@ -207,6 +208,8 @@ int main(int argc, char** argv) {
     return *exit;
   }
   conveyor::proto::RouteGrpcLogs(conveyor::proto::GrpcLogs::kDaemon);
+  // Data-plane peers, checkpoint files and scrapers: up to the hard limit.
+  conveyor::RaiseOpenFileLimit();
   // Pinned first: `cpu` counts the cores the process may use, and every
   // thread started from here on inherits the mask.
   std::vector<int> pinned;
