@@ -208,6 +208,9 @@ std::string FormatStateLine(const v1::Job& job) {
       if (job.queue_position() > 0) {
         absl::StrAppend(&out, ", position ", job.queue_position());
       }
+      if (!job.queue_reason().empty()) {
+        absl::StrAppend(&out, ": ", job.queue_reason());
+      }
       break;
     case v1::PLANNING:
       // The workers load their stages and connect; RUNNING tells the rest.
@@ -310,7 +313,9 @@ std::string FormatJobDetails(const v1::Job& job, absl::Time now) {
   fields.push_back({"pipeline", PipelineText(job)});
   if (job.state() == v1::QUEUED && job.queue_position() > 0) {
     fields.push_back(
-        {"queue", absl::StrCat("position ", job.queue_position())});
+        {"queue", absl::StrCat("position ", job.queue_position(),
+                               job.queue_reason().empty() ? "" : "; ",
+                               job.queue_reason())});
   }
   if (job.created_unix_ms() > 0) {
     fields.push_back({"created", absl::StrCat(FormatDuration(SecondsSince(

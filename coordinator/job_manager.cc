@@ -495,8 +495,38 @@ std::string JobManager::DescribeWorker(const WorkerRecord& w) const {
 void JobManager::UpdateQueuePositions() {
   int position = 1;
   for (uint64_t number : queue_.order()) {
-    jobs_.at(number).info.set_queue_position(position++);
+    JobRecord& job = jobs_.at(number);
+    job.info.set_queue_position(position);
+    job.info.set_queue_reason(WhyQueued(job, position));
+    ++position;
   }
+}
+
+std::string JobManager::WhyQueued(JobRecord& job, int position) {
+  // A job that waits for workers that are not there says so, whatever its
+  // turn: a queue that never moves must not look like one that will.
+  const int64_t devices = job.plan.job.pipeline.devices_per_stage;
+  const int needed = job.plan.num_ranks;
+  const std::string workers = absl::StrCat(
+      needed, needed == 1 ? " worker" : " workers",
+      devices > 1 ? absl::StrCat(" with ", devices, " devices") : "");
+  if (const int live = workers_.Live(devices); live < needed) {
+    return absl::StrCat("needs ", workers, "; ", live,
+                        live == 1 ? " is" : " are",
+                        " live: it waits for more to register");
+  }
+  if (position > 1) {
+    return absl::StrCat("behind ", position - 1,
+                        position == 2 ? " job" : " jobs",
+                        " (first come, first served)");
+  }
+  if (const int idle = static_cast<int>(workers_.Idle(devices).size());
+      idle < needed) {
+    return absl::StrCat("needs ", workers, " idle; ", idle,
+                        idle == 1 ? " is" : " are",
+                        " (the others run or finish other jobs)");
+  }
+  return "";
 }
 
 int64_t JobManager::NowUnixMs() const {

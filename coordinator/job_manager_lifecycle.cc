@@ -528,6 +528,7 @@ void JobManager::Finish(JobRecord& job, v1::JobState state,
                 std::string(proto::JobStateName(state)), message);
   }
   job.info.set_queue_position(0);
+  job.info.clear_queue_reason();
   SetState(job, state);
   if (options_.observer != nullptr) options_.observer->OnFinished(job.info);
   // A finished job keeps only its newest events (a watcher that is behind

@@ -256,6 +256,7 @@ void JobManager::Place(JobRecord& job,
   const int p = job.plan.num_ranks;
   job.ranks.Start(p);
   job.restart_reason.clear();
+  job.info.clear_queue_reason();
   job.prepare_deadline = options_.clock() + options_.prepare_timeout;
   job.info.clear_worker_ids();
   for (WorkerRecord* w : workers) job.info.add_worker_ids(w->info.id());

@@ -167,6 +167,15 @@ TEST(FormatStateLineTest, DescribesEachState) {
             "job-7 (mlp): QUEUED, position 2\n"
             "  note: training.steps raised from 10 to 20");
   job.clear_resume_notes();
+  job.set_queue_reason(
+      "needs 2 workers; 1 is live: it waits for more to "
+      "register");
+  EXPECT_EQ(FormatStateLine(job),
+            "job-7 (mlp): QUEUED, position 2: needs 2 workers; 1 is live: it "
+            "waits for more to register");
+  EXPECT_THAT(FormatJobDetails(job, absl::FromUnixMillis(0)),
+              HasSubstr("  queue     position 2; needs 2 workers; 1 is live"));
+  job.clear_queue_reason();
   job.set_state(v1::RUNNING);
   EXPECT_EQ(FormatStateLine(job),
             "job-7 (mlp): RUNNING: 1f1b: 2 worker(s) x 1 virtual stage(s) = 2 "

@@ -1438,6 +1438,42 @@ TEST_F(JobManagerCheckpointTest, ARestartNeedsEnoughLiveWorkers) {
                         "live"));
 }
 
+// A queued job says what it waits for, kept current as workers come and
+// go: a queue that cannot move must not look like one that will.
+TEST_F(JobManagerTest, AQueuedJobSaysWhatItWaitsFor) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string first = StartTwoStageJob(w1, w2);
+  absl::StatusOr<v1::Job> second = Submit(JobYaml(2));
+  ASSERT_TRUE(second.ok()) << second.status();
+  v1::Job info = *manager_.GetJob(second->id());
+  EXPECT_EQ(info.state(), v1::QUEUED);
+  EXPECT_EQ(info.queue_reason(),
+            "needs 2 workers idle; 0 are (the others run or finish other "
+            "jobs)");
+  absl::StatusOr<v1::Job> third = Submit(JobYaml(2));
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(manager_.GetJob(third->id())->queue_reason(),
+            "behind 1 job (first come, first served)");
+  // A worker is lost: the queue now waits for one to register.
+  manager_.WorkerDisconnected(w2, "control connection closed");
+  EXPECT_EQ(manager_.GetJob(second->id())->queue_reason(),
+            "needs 2 workers; 1 is live: it waits for more to register");
+  EXPECT_EQ(manager_.GetJob(third->id())->queue_reason(),
+            "needs 2 workers; 1 is live: it waits for more to register");
+  EXPECT_EQ(State(first), v1::FAILED);
+  // Another registers and the survivor is free: the head is placed, the
+  // next one waits for idle workers.
+  Ended(w1, first, v1::CANCELLED);
+  EXPECT_EQ(manager_.GetJob(second->id())->queue_reason(),
+            "needs 2 workers; 1 is live: it waits for more to register");
+  AddWorker("c");
+  EXPECT_EQ(State(second->id()), v1::PLANNING);
+  EXPECT_EQ(manager_.GetJob(second->id())->queue_reason(), "");
+  EXPECT_EQ(manager_.GetJob(third->id())->queue_reason(),
+            "needs 2 workers idle; 0 are (the others run or finish other "
+            "jobs)");
+}
+
 // Two workers lost at once, the job's and a spare's, in either order: the
 // restart decided on the first loss counted the second as live, and the
 // job then sat QUEUED for good. Every loss re-examines it.
