@@ -318,11 +318,12 @@ int main(int argc, char** argv) {
   SPDLOG_INFO(
       "conveyor-coordinator {} listening on {} (heartbeat timeout {} s)",
       conveyor::kVersion, address, flags.heartbeat_timeout);
+  // Read by /readyz: declared before the server, so it outlives it.
+  std::atomic<bool> shutting_down{false};
   std::unique_ptr<conveyor::telemetry::MetricsServer> metrics_server;
   std::string ready = absl::StrCat(address, "\n");
   // The server holds collectables weakly: this one must outlive it.
   auto process = std::make_shared<conveyor::telemetry::ProcessCollector>();
-  std::atomic<bool> shutting_down{false};
   if (!flags.metrics_address.empty()) {
     absl::StatusOr<std::unique_ptr<conveyor::telemetry::MetricsServer>>
         started = conveyor::telemetry::MetricsServer::Start(
