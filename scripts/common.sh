@@ -3,8 +3,11 @@
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 jobs=${CONVEYOR_JOBS:-2}
 # Paths under the checkout are hashed relative to it, so a build in another
-# clone (CI's) hits the objects this one cached.
+# clone (CI's) hits the objects this one cached. With -g, ccache also hashes
+# the working directory (it lands in the debug info) unless told not to:
+# without this, CI's clone missed every object a session had built.
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root}
+export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 
 # configure_and_build BUILD_DIR BUILD_TYPE [TARGET...]
 configure_and_build() {
