@@ -493,16 +493,22 @@ std::string JobManager::DescribeWorker(const WorkerRecord& w) const {
 }
 
 void JobManager::UpdateQueuePositions() {
+  // Live workers by devices_per_stage, counted once a pass: this runs at
+  // every Tick, and the queue may be long and the fleet large.
+  std::map<int64_t, int> live;
   int position = 1;
   for (uint64_t number : queue_.order()) {
     JobRecord& job = jobs_.at(number);
+    const int64_t devices = job.plan.job.pipeline.devices_per_stage;
+    auto [it, added] = live.try_emplace(devices, 0);
+    if (added) it->second = workers_.Live(devices);
     job.info.set_queue_position(position);
-    job.info.set_queue_reason(WhyQueued(job, position));
+    job.info.set_queue_reason(WhyQueued(job, position, it->second));
     ++position;
   }
 }
 
-std::string JobManager::WhyQueued(JobRecord& job, int position) {
+std::string JobManager::WhyQueued(JobRecord& job, int position, int live) {
   // A job that waits for workers that are not there says so, whatever its
   // turn: a queue that never moves must not look like one that will.
   const int64_t devices = job.plan.job.pipeline.devices_per_stage;
@@ -510,7 +516,7 @@ std::string JobManager::WhyQueued(JobRecord& job, int position) {
   const std::string workers = absl::StrCat(
       needed, needed == 1 ? " worker" : " workers",
       devices > 1 ? absl::StrCat(" with ", devices, " devices") : "");
-  if (const int live = workers_.Live(devices); live < needed) {
+  if (live < needed) {
     return absl::StrCat("needs ", workers, "; ", live,
                         live == 1 ? " is" : " are",
                         " live: it waits for more to register");

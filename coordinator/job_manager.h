@@ -478,8 +478,9 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Job records changed: the state file is due for a write.
   void MarkChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ++changes_; }
-  // Job.queue_reason of the queued `job` at `position` (1: the head).
-  std::string WhyQueued(JobRecord& job, int position)
+  // Job.queue_reason of the queued `job` at `position` (1: the head), with
+  // `live` workers that have its devices_per_stage.
+  std::string WhyQueued(JobRecord& job, int position, int live)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddEvent(JobRecord& job, const v1::StepSummary* step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,6 +1,5 @@
 #include "coordinator/service.h"
 
-#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -9,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/auth_token.h"
+#include "common/printable.h"
 #include "proto/protocol.h"
 #include "spdlog/spdlog.h"
 
@@ -211,10 +211,7 @@ grpc::Status CoordinatorService::DrainWorker(
   if (grpc::Status s = Authenticate(context, auth_token_); !s.ok()) return s;
   // The reason reaches logs, terminals and events.
   const std::string& reason = request->reason();
-  if (reason.size() > 1024 ||
-      std::any_of(reason.begin(), reason.end(), [](char c) {
-        return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
-      })) {
+  if (reason.size() > 1024 || HasControlCharacters(reason)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "drain: the reason must be at most 1024 bytes of "
                         "text without control characters");

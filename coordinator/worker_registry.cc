@@ -6,6 +6,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/printable.h"
 #include "coordinator/ids.h"
 #include "proto/protocol.h"
 
@@ -36,9 +37,7 @@ absl::Status WorkerRegistry::CheckRequest(
   // No control characters (they would rewrite a terminal) and a bounded
   // length.
   if (request.name().size() > kMaxWorkerNameBytes ||
-      std::any_of(request.name().begin(), request.name().end(), [](char c) {
-        return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
-      })) {
+      HasControlCharacters(request.name())) {
     return absl::InvalidArgumentError(
         absl::StrCat("worker name must be 1 to ", kMaxWorkerNameBytes,
                      " characters without control characters; got ",

@@ -3,11 +3,9 @@
 #include <utility>
 
 #include "absl/status/status.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/file.h"
 #include "common/status_macros.h"
 
 namespace conveyor::proto {
@@ -21,21 +19,18 @@ absl::Status CheckPair(const TlsFiles& files) {
   return absl::OkStatus();
 }
 
-// The files, checked (CheckTlsFiles) and then read for gRPC.
+// The files, checked (CheckTlsFiles), with their text for gRPC: read once.
 absl::StatusOr<TlsFilesReport> Check(const TlsFiles& files, TlsRole role,
                                      TlsFilesReport* report) {
   ASSIGN_OR_RETURN(
       TlsFilesReport checked,
       CheckTlsFiles(files, role, absl::ToUnixSeconds(absl::Now())));
-  if (report != nullptr) *report = checked;
+  // The caller gets the validity and warnings, not another copy of the key.
+  if (report != nullptr) {
+    report->certificates = checked.certificates;
+    report->warnings = checked.warnings;
+  }
   return checked;
-}
-
-// Read again after the check, which read it: a file replaced in between
-// fails the handshake, as any bad file did before the check.
-std::string Pem(const std::string& path) {
-  absl::StatusOr<std::string> pem = ReadFile(path, 1 << 20);
-  return pem.ok() ? *std::move(pem) : std::string();
 }
 
 }  // namespace
@@ -49,11 +44,13 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
         "--tls-ca on the coordinator checks client certificates, which needs "
         "TLS: give --tls-cert and --tls-key too");
   }
-  RETURN_IF_ERROR(Check(files, TlsRole::kServer, report).status());
+  ASSIGN_OR_RETURN(TlsFilesReport checked,
+                   Check(files, TlsRole::kServer, report));
   grpc::SslServerCredentialsOptions options;
-  options.pem_key_cert_pairs.push_back({Pem(files.key), Pem(files.cert)});
+  options.pem_key_cert_pairs.push_back(
+      {std::move(checked.key_pem), std::move(checked.cert_pem)});
   if (!files.ca.empty()) {
-    options.pem_root_certs = Pem(files.ca);
+    options.pem_root_certs = std::move(checked.ca_pem);
     options.client_certificate_request =
         GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
@@ -69,12 +66,13 @@ MakeChannelCredentials(const TlsFiles& files, TlsFilesReport* report) {
         "TLS needs --tls-ca, the CA that signed the coordinator's "
         "certificate");
   }
-  RETURN_IF_ERROR(Check(files, TlsRole::kClient, report).status());
+  ASSIGN_OR_RETURN(TlsFilesReport checked,
+                   Check(files, TlsRole::kClient, report));
   grpc::SslCredentialsOptions options;
-  options.pem_root_certs = Pem(files.ca);
+  options.pem_root_certs = std::move(checked.ca_pem);
   if (!files.cert.empty()) {
-    options.pem_cert_chain = Pem(files.cert);
-    options.pem_private_key = Pem(files.key);
+    options.pem_cert_chain = std::move(checked.cert_pem);
+    options.pem_private_key = std::move(checked.key_pem);
   }
   return grpc::SslCredentials(options);
 }

@@ -28,7 +28,8 @@ namespace conveyor::proto {
 // anything CheckTlsFiles (proto/tls_files.h) finds wrong with the files:
 // unreadable, not PEM, a key that is not the certificate's, expired, no
 // subjectAltName. `report`, when given, receives the certificates' validity
-// and the warnings for those that expire soon.
+// and the warnings for those that expire soon (not the files' text). Each
+// file is read once, by the check, and what was checked is what gRPC gets.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const TlsFiles& files, TlsFilesReport* report = nullptr);
 

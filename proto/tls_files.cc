@@ -139,6 +139,7 @@ absl::StatusOr<TlsFilesReport> CheckTlsFiles(const TlsFiles& files,
     if (chain.empty()) {
       return Bad("--tls-cert", files.cert, "no PEM certificate in it");
     }
+    report.cert_pem = *std::move(pem);
     cert = std::move(chain.front());
     if (absl::Status s =
             CheckDates("--tls-cert", files.cert, cert.get(), now_unix, report);
@@ -174,6 +175,7 @@ absl::StatusOr<TlsFilesReport> CheckTlsFiles(const TlsFiles& files,
                  "nothing can type its passphrase; decrypt it with `openssl "
                  "pkey`)");
     }
+    report.key_pem = *std::move(pem);
     if (cert != nullptr && X509_check_private_key(cert.get(), key.get()) != 1) {
       ERR_clear_error();
       return absl::InvalidArgumentError(
@@ -190,6 +192,7 @@ absl::StatusOr<TlsFilesReport> CheckTlsFiles(const TlsFiles& files,
     if (cas.empty()) {
       return Bad("--tls-ca", files.ca, "no PEM certificate in it");
     }
+    report.ca_pem = *std::move(pem);
     for (const X509Ptr& ca : cas) {
       if (absl::Status s =
               CheckDates("--tls-ca", files.ca, ca.get(), now_unix, report);

@@ -40,6 +40,10 @@ struct CertificateValidity {
 };
 
 struct TlsFilesReport {
+  // The files' PEM text as checked, for the credentials ("" when not given).
+  std::string cert_pem;
+  std::string key_pem;
+  std::string ca_pem;
   // Every certificate read: --tls-cert's first, then each of --tls-ca's.
   std::vector<CertificateValidity> certificates;
   // Certificates that expire within kExpiryWarningDays: said at start.
