@@ -33,7 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"  // defines: State, RegisterBenchmark
-#include "engine/job_spec.h"
+#include "job/job_spec.h"
 #include "job/planner.h"
 #include "job/rank_program.h"
 #include "worker/job_runner.h"
@@ -80,7 +80,7 @@ absl::StatusOr<RunResult> RunJob(double delay_ms, int every,
                                  const std::string& dir) {
   std::filesystem::remove_all(dir);
   const std::string yaml = JobYaml(delay_ms, every, dir);
-  absl::StatusOr<engine::JobSpec> spec = engine::ParseJobSpec(yaml, "job.yaml");
+  absl::StatusOr<job::JobSpec> spec = job::ParseJobSpec(yaml, "job.yaml");
   if (!spec.ok()) return spec.status();
   absl::StatusOr<job::JobPlan> plan = job::PlanJob(*std::move(spec));
   if (!plan.ok()) return plan.status();

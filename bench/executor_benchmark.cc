@@ -13,9 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"     // defines: BENCHMARK, benchmark::State
 #include "engine/cpu/cpu_backend.h"  // defines: CpuBackend
-#include "engine/job_spec.h"         // defines: ModelSampleShapes
 #include "engine/model_spec.h"       // defines: ParseModelSpecYaml
 #include "engine/stage.h"            // defines: Stage
+#include "job/job_spec.h"            // defines: ModelSampleShapes
 #include "scheduler/generators.h"    // defines: GenerateSchedule
 #include "transport/in_memory_channel.h"  // defines: InMemoryHub
 #include "worker/stage_executor.h"        // defines: StageExecutor
@@ -47,7 +47,7 @@ void BM_ExecutorOverhead(benchmark::State& state) {
   }
   engine::DataConfig data_config;
   auto data =
-      engine::DataSource::Create(data_config, engine::ModelSampleShapes(*spec));
+      engine::DataSource::Create(data_config, job::ModelSampleShapes(*spec));
   auto optimizer = engine::Optimizer::Create(
       be, {.kind = engine::OptimizerConfig::Kind::kSgd, .lr = 1e-3}, params);
   // One rank with four virtual stages: every action runs here, and tensors

@@ -13,7 +13,7 @@
 //    cuBLAS.
 //  - step/conveyor_transformer: one training step of the whole transformer
 //    (8 post-norm blocks, sequence 2048, batch 8 in 4 microbatches, MSE,
-//    AdamW) as ONE stage trained by engine::InProcessTrainer, data read from
+//    AdamW) as ONE stage trained by job::InProcessTrainer, data read from
 //    a tensors file and uploaded each microbatch, as a job runs.
 //  - step/conveyor_transformer_resident: the same step with the data already
 //    on the GPU (Stage + Optimizer driven directly), the counterpart of a
@@ -55,13 +55,13 @@
 #include "engine/cuda/cuda_backend.h"  // defines: CudaBackend
 #include "engine/cuda/cuda_status.h"   // defines: CONVEYOR_CUDA_CHECK
 #include "engine/cuda/device_info.h"   // defines: ListCudaDevices
-#include "engine/job_spec.h"           // defines: ParseJobSpec
 #include "engine/loss.h"               // defines: ComputeLoss
 #include "engine/optimizer.h"          // defines: Optimizer
 #include "engine/precision.h"          // defines: RoundToBf16
 #include "engine/safetensors.h"        // defines: WriteSafetensors
 #include "engine/stage.h"              // defines: Stage
-#include "engine/trainer.h"            // defines: InProcessTrainer
+#include "job/job_spec.h"              // defines: ParseJobSpec
+#include "job/trainer.h"               // defines: InProcessTrainer
 
 namespace conveyor::engine {
 namespace {

@@ -70,10 +70,10 @@
 #include "benchmark/benchmark.h"     // defines: BENCHMARK_CAPTURE, State
 #include "common/status_macros.h"    // defines: ASSIGN_OR_RETURN
 #include "engine/cpu/cpu_backend.h"  // defines: CpuBackend
-#include "engine/job_spec.h"         // defines: ModelSampleShapes
 #include "engine/model_spec.h"       // defines: ParseModelSpecYaml
 #include "engine/profiler.h"         // defines: ProfileLayers
 #include "engine/stage.h"            // defines: Stage
+#include "job/job_spec.h"            // defines: ModelSampleShapes
 #include "job/planner.h"             // defines: PlanJob, ChooseStages
 #include "scheduler/generators.h"    // defines: GenerateSchedule
 #include "scheduler/simulator.h"     // defines: Simulate, SimulationCosts
@@ -332,9 +332,9 @@ class Pipeline {
         rank.stages.push_back(std::move(stage));
         indices.push_back(s);
       }
-      ASSIGN_OR_RETURN(rank.data, engine::DataSource::Create(
-                                      engine::DataConfig{},
-                                      engine::ModelSampleShapes(spec)));
+      ASSIGN_OR_RETURN(
+          rank.data, engine::DataSource::Create(engine::DataConfig{},
+                                                job::ModelSampleShapes(spec)));
       ASSIGN_OR_RETURN(
           rank.optimizer,
           engine::Optimizer::Create(
@@ -805,8 +805,8 @@ void BM_ZbGains(benchmark::State& state) {
     // Simulated again below, at the measured latency.
     entries.back().sim_ms = sim->makespan;
   }
-  absl::StatusOr<double> latency =
-      transport::MeasureLoopbackLatency(kLatencySamples, kLatencyIdle);
+  absl::StatusOr<double> latency = transport::MeasureLoopbackLatency(
+      engine::CpuBackend::Get(), kLatencySamples, kLatencyIdle);
   if (!latency.ok()) {
     return state.SkipWithError(latency.status().ToString().c_str());
   }
@@ -875,7 +875,7 @@ BENCHMARK(BM_ZbGains)
 // how many transfers their critical path holds.
 void BM_AutoSchedule(benchmark::State& state, const char* example) {
   constexpr int kP = 4, kRounds = 3, kStepsPerBlock = 3;
-  absl::StatusOr<engine::JobSpec> job = engine::LoadJobSpec(
+  absl::StatusOr<job::JobSpec> job = job::LoadJobSpec(
       absl::StrCat(CONVEYOR_SOURCE_DIR, "/examples/", example, ".yaml"));
   if (!job.ok()) return state.SkipWithError(job.status().ToString().c_str());
   job->pipeline.schedule = "auto";
@@ -901,8 +901,8 @@ void BM_AutoSchedule(benchmark::State& state, const char* example) {
   // The transfer latency a worker measures with its profile (what the
   // coordinator then charges each simulated send), or none: latency:0
   // shows what the choice would be without it.
-  absl::StatusOr<double> latency =
-      transport::MeasureLoopbackLatency(kLatencySamples, kLatencyIdle);
+  absl::StatusOr<double> latency = transport::MeasureLoopbackLatency(
+      engine::CpuBackend::Get(), kLatencySamples, kLatencyIdle);
   if (!latency.ok()) {
     return state.SkipWithError(latency.status().ToString().c_str());
   }

@@ -17,6 +17,7 @@
 #include "engine/profiler.h"
 #include "job/config_diff.h"
 #include "job/config_hash.h"
+#include "job/stage_cut.h"
 
 namespace conveyor::checkpoint {
 
@@ -84,9 +85,9 @@ absl::StatusOr<LatestCheckpoint> FindLatest(const std::string& dir) {
   return latest;
 }
 
-absl::StatusOr<FoundManifest> FindManifest(const engine::ResumeSpec& resume,
+absl::StatusOr<FoundManifest> FindManifest(const job::ResumeSpec& resume,
                                            const std::string& checkpoint_dir) {
-  if (resume.kind == engine::ResumeSpec::Kind::kLatest) {
+  if (resume.kind == job::ResumeSpec::Kind::kLatest) {
     ASSIGN_OR_RETURN(LatestCheckpoint latest, FindLatest(checkpoint_dir));
     return FoundManifest{std::move(latest.manifest), checkpoint_dir};
   }
@@ -155,14 +156,14 @@ ResumePoint FromProto(const v1::CheckpointRef& ref) {
   return point;
 }
 
-absl::StatusOr<ResumePoint> FindResumePoint(const engine::ResumeSpec& resume,
+absl::StatusOr<ResumePoint> FindResumePoint(const job::ResumeSpec& resume,
                                             const std::string& checkpoint_dir,
                                             const std::string& config_hash,
                                             const std::string& training_hash,
                                             absl::string_view job_yaml) {
   absl::StatusOr<FoundManifest> found = FindManifest(resume, checkpoint_dir);
   const std::string what =
-      resume.kind == engine::ResumeSpec::Kind::kLatest
+      resume.kind == job::ResumeSpec::Kind::kLatest
           ? absl::StrCat("resume: latest (in ", checkpoint_dir, ")")
           : absl::StrCat("resume: ", resume.path);
   if (!found.ok()) {
@@ -218,8 +219,9 @@ absl::StatusOr<ResumePoint> FindResumePoint(const engine::ResumeSpec& resume,
   }
   // The recorded file decides what may resume, so it must be the one the
   // hashes were taken of: a damaged or edited one is not trusted.
-  if (job::JobConfigHash(manifest.job_yaml) != manifest.config_hash ||
-      job::JobTrainingHash(manifest.job_yaml) != manifest.training_hash) {
+  const job::JobHashes recorded = job::HashJobText(manifest.job_yaml);
+  if (recorded.config != manifest.config_hash ||
+      recorded.training != manifest.training_hash) {
     return refuse_by_hash(
         "the job file the checkpoint records does not match its hashes, so "
         "what differs is not known");
@@ -277,13 +279,13 @@ absl::StatusOr<ResumePoint> FindResumePoint(const engine::ResumeSpec& resume,
                 : ""));
 }
 
-absl::Status AdoptCheckpointCut(const ResumePoint& point,
-                                engine::JobSpec& spec) {
+absl::Status AdoptCheckpointCut(const ResumePoint& point, job::JobSpec& spec) {
   if (!spec.pipeline.auto_stages || point.other_layout) {
     return absl::OkStatus();
   }
-  if (absl::Status s =
-          engine::SetStageBoundaries(&spec.model, point.stage_begin);
+  absl::StatusOr<job::StageCut> cut = job::StageCut::Create(
+      point.stage_begin, static_cast<int>(spec.model.layers.size()));
+  if (absl::Status s = cut.ok() ? cut->ApplyTo(&spec.model) : cut.status();
       !s.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("resume: the checkpoint's stages (first layers ",
@@ -301,12 +303,7 @@ absl::Status CheckResumeFitsPlan(const ResumePoint& point,
   // layers to the checkpoint's stage files by it.
   const size_t layers = plan.job.model.layers.size();
   const std::vector<int>& begin = point.stage_begin;
-  bool fits = !begin.empty() && begin.front() == 0 &&
-              static_cast<size_t>(begin.back()) < layers;
-  for (size_t i = 1; fits && i < begin.size(); ++i) {
-    fits = begin[i] > begin[i - 1];
-  }
-  if (!fits) {
+  if (!job::StageCut::Create(begin, static_cast<int>(layers)).ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "resume: ", point.step_dir, " holds ", begin.size(),
         " stages starting at layers [", absl::StrJoin(begin, ", "),

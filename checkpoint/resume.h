@@ -20,7 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "checkpoint/manifest.h"
 #include "conveyor/v1/conveyor.pb.h"
-#include "engine/job_spec.h"
+#include "job/job_spec.h"
 #include "job/planner.h"
 
 namespace conveyor::checkpoint {
@@ -59,7 +59,7 @@ struct ResumePoint {
 // (naming the keys that differ with both values, job/config_diff.h, or,
 // for a manifest that does not record its job file, both hashes); DataLoss
 // for a stage file whose size differs from its manifest.
-absl::StatusOr<ResumePoint> FindResumePoint(const engine::ResumeSpec& resume,
+absl::StatusOr<ResumePoint> FindResumePoint(const job::ResumeSpec& resume,
                                             const std::string& checkpoint_dir,
                                             const std::string& config_hash,
                                             const std::string& training_hash,
@@ -70,8 +70,7 @@ absl::StatusOr<ResumePoint> FindResumePoint(const engine::ResumeSpec& resume,
 // markers job for the planner. No-op for other jobs and for a checkpoint of
 // another layout (the job's own pipeline section decides its cut).
 // FailedPrecondition when the cut does not fit the model.
-absl::Status AdoptCheckpointCut(const ResumePoint& point,
-                                engine::JobSpec& spec);
+absl::Status AdoptCheckpointCut(const ResumePoint& point, job::JobSpec& spec);
 
 // FailedPrecondition unless the checkpoint fits `plan`: its cut is one of
 // the plan's model (the plan's own cut may differ), and its step is before

@@ -14,10 +14,10 @@
 #include "cli/checkpoint_params.h"
 #include "cli/job_file.h"
 #include "common/status_macros.h"
-#include "engine/job_spec.h"
 #include "engine/safetensors.h"
 #include "hf/checkpoint.h"
 #include "hf/model.h"
+#include "job/job_spec.h"
 #include "nlohmann/json.hpp"
 
 namespace conveyor::cli {
@@ -94,7 +94,8 @@ absl::StatusOr<ExportResult> ExportCheckpointToHf(const std::string& dir,
                                                   const std::string& output_dir,
                                                   hf::HfDType dtype) {
   ASSIGN_OR_RETURN(const JobSource source, ReadJobSource(job_file, {}));
-  ASSIGN_OR_RETURN(const engine::JobSpec job, ParseJobSource(source));
+  ASSIGN_OR_RETURN(const job::ParsedJob parsed, ParseJobSource(source));
+  const job::JobSpec& job = parsed.spec;
   ASSIGN_OR_RETURN(const CheckpointParams params,
                    LoadCheckpointParams(dir, step));
   RETURN_IF_ERROR(CheckJobWroteCheckpoint(params, dir, job_file, source.yaml));

@@ -170,7 +170,8 @@ absl::Status GenerateFromCheckpoint(const GenerateCommandOptions& o,
         "model: give the job file that wrote it with --job JOB.yaml"));
   }
   ASSIGN_OR_RETURN(const JobSource source, ReadJobSource(o.job, {}));
-  ASSIGN_OR_RETURN(const engine::JobSpec job, ParseJobSource(source));
+  ASSIGN_OR_RETURN(const job::ParsedJob parsed, ParseJobSource(source));
+  const job::JobSpec& job = parsed.spec;
   RETURN_IF_ERROR(CheckPromptFitsModel(o, job.model, prompt));
   std::optional<int64_t> step;
   if (o.step >= 0) step = o.step;

@@ -144,12 +144,10 @@ absl::Status RunSubmit(CoordinatorClient& client, const JobCommandOptions& o,
         "`conveyorctl watch` rather than --watch");
   }
   std::string note;
-  const std::vector<std::string> overrides =
-      o.steps > 0 ? StepsOverrides(o.job_file, o.overrides, o.steps, &note)
-                  : o.overrides;
+  ASSIGN_OR_RETURN(JobSource source,
+                   ReadJobSource(o.job_file, o.overrides, o.steps, &note));
   // Not into a JSON document.
   (o.json() ? std::cerr : out) << note;
-  ASSIGN_OR_RETURN(JobSource source, ReadJobSource(o.job_file, overrides));
   ASSIGN_OR_RETURN(v1::Job job, client.SubmitJob(MakeSubmitRequest(source)));
   if (o.json()) return WriteProtoJson(job, out);
   out << job.id() << " " << proto::JobStateName(job.state()) << "\n";

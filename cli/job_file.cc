@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <initializer_list>
+#include <optional>
 #include <system_error>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "cli/overrides.h"
@@ -29,18 +32,59 @@ absl::string_view WithoutLocation(absl::string_view message,
   return message;
 }
 
+// The scalar at `keys` under `doc`'s maps, if there is one.
+std::optional<std::string> ScalarAt(const YAML::Node& doc,
+                                    std::initializer_list<const char*> keys) {
+  YAML::Node node = doc;
+  for (const char* key : keys) {
+    if (!node.IsMap()) return std::nullopt;
+    YAML::Node next;
+    bool found = false;
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      if (it->first.IsScalar() && it->first.Scalar() == key) {
+        next = it->second;
+        found = true;
+        break;
+      }
+    }
+    if (!found) return std::nullopt;
+    node.reset(next);  // Rebinds `node`; `=` would assign into the tree.
+  }
+  if (!node.IsScalar()) return std::nullopt;
+  return node.Scalar();
+}
+
+// The integer at `keys` into `*value`, left as it is when absent. False
+// when the value there is not an integer.
+bool IntegerAt(const YAML::Node& doc, std::initializer_list<const char*> keys,
+               int64_t* value) {
+  const std::optional<std::string> text = ScalarAt(doc, keys);
+  return !text.has_value() || absl::SimpleAtoi(*text, value);
+}
+
 }  // namespace
 
-absl::StatusOr<JobSource> ReadJobSource(
-    const std::string& path, absl::Span<const std::string> overrides) {
+absl::StatusOr<JobSource> ReadJobSource(const std::string& path,
+                                        absl::Span<const std::string> overrides,
+                                        int64_t steps, std::string* note) {
   JobSource source;
-  ASSIGN_OR_RETURN(std::string text, ReadFile(path, engine::kMaxJobFileBytes));
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path, job::kMaxJobFileBytes));
   // Checked here too: `submit` sends the text unparsed.
   RETURN_IF_ERROR(CheckUtf8Text(text, path));
   source.file_name = path;
-  if (!overrides.empty()) {
-    ASSIGN_OR_RETURN(source.yaml, ApplyOverrides(text, path, overrides,
-                                                 engine::kMaxJobFileBytes));
+  if (!overrides.empty() || steps > 0) {
+    DeriveOverrides derive;
+    if (steps > 0) {
+      derive = [steps, note](const YAML::Node& doc) {
+        std::string line;
+        std::vector<std::string> specs = StepsOverrides(doc, steps, &line);
+        if (note != nullptr) *note += line;
+        return specs;
+      };
+    }
+    ASSIGN_OR_RETURN(
+        source.yaml,
+        ApplyOverrides(text, path, overrides, job::kMaxJobFileBytes, derive));
     absl::StrAppend(&source.file_name, " (with --set)");
     source.original_yaml = std::move(text);
     source.original_file_name = path;
@@ -60,13 +104,13 @@ absl::StatusOr<JobSource> ReadJobSource(
   return source;
 }
 
-absl::StatusOr<engine::JobSpec> ParseJobSource(const JobSource& source) {
-  absl::StatusOr<engine::JobSpec> job =
-      engine::ParseJobSpec(source.yaml, source.file_name, source.base_dir);
+absl::StatusOr<job::ParsedJob> ParseJobSource(const JobSource& source) {
+  absl::StatusOr<job::ParsedJob> job =
+      job::ParseJob(source.yaml, source.file_name, source.base_dir);
   if (job.ok() || source.original_yaml.empty()) return job;
   // Positions in the emitted text mean nothing to someone reading the file;
   // an error the overrides did not cause is better shown where it is.
-  absl::StatusOr<engine::JobSpec> file = engine::ParseJobSpec(
+  absl::StatusOr<job::JobSpec> file = job::ParseJobSpec(
       source.original_yaml, source.original_file_name, source.base_dir);
   if (!file.ok() &&
       WithoutLocation(file.status().message(), source.original_file_name) ==
@@ -76,29 +120,26 @@ absl::StatusOr<engine::JobSpec> ParseJobSource(const JobSource& source) {
   return job.status();
 }
 
-std::vector<std::string> StepsOverrides(const std::string& path,
-                                        absl::Span<const std::string> overrides,
-                                        int64_t steps, std::string* note) {
-  std::vector<std::string> out(overrides.begin(), overrides.end());
-  out.push_back(absl::StrCat("training.steps=", steps));
-  absl::StatusOr<JobSource> source = ReadJobSource(path, overrides);
-  if (!source.ok()) return out;
-  absl::StatusOr<engine::JobSpec> job = ParseJobSource(*source);
-  if (!job.ok()) return out;
-  const engine::LrSchedule& schedule = job->optimizer.schedule;
-  const int64_t total = job->training.steps;
-  if (schedule.kind != engine::LrSchedule::Kind::kCosine ||
-      schedule.total_steps != 0 || schedule.warmup_steps < steps ||
-      total <= 0) {
+std::vector<std::string> StepsOverrides(const YAML::Node& doc, int64_t steps,
+                                        std::string* note) {
+  std::vector<std::string> out = {absl::StrCat("training.steps=", steps)};
+  const std::optional<std::string> kind =
+      ScalarAt(doc, {"optimizer", "schedule", "kind"});
+  int64_t total = 1;  // training.steps' default.
+  int64_t warmup = 0, span = 0;
+  if (!kind.has_value() || *kind != "cosine" ||
+      !IntegerAt(doc, {"training", "steps"}, &total) ||
+      !IntegerAt(doc, {"optimizer", "schedule", "warmup_steps"}, &warmup) ||
+      !IntegerAt(doc, {"optimizer", "schedule", "total_steps"}, &span) ||
+      span != 0 || warmup < steps || total <= 0) {
     return out;
   }
-  const int64_t warmup =
-      std::min<int64_t>(steps - 1, schedule.warmup_steps * steps / total);
-  out.push_back(absl::StrCat("optimizer.schedule.warmup_steps=", warmup));
+  const int64_t scaled = std::min<int64_t>(steps - 1, warmup * steps / total);
+  out.push_back(absl::StrCat("optimizer.schedule.warmup_steps=", scaled));
   *note = absl::StrCat("note: --steps ", steps,
-                       ": optimizer.schedule.warmup_steps scaled from ",
-                       schedule.warmup_steps, " (of ", total, " steps) to ",
-                       warmup, ", so that the cosine schedule still fits\n");
+                       ": optimizer.schedule.warmup_steps scaled from ", warmup,
+                       " (of ", total, " steps) to ", scaled,
+                       ", so that the cosine schedule still fits\n");
   return out;
 }
 

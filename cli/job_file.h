@@ -11,7 +11,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "engine/job_spec.h"
+#include "job/job_spec.h"
+#include "job/parsed_job.h"
+#include "yaml-cpp/yaml.h"
 
 namespace conveyor::cli {
 
@@ -26,28 +28,32 @@ struct JobSource {
   std::string original_file_name;
 };
 
-// Reads `path` (at most engine::kMaxJobFileBytes) and applies `overrides`
-// ("key.path=value", see cli/overrides.h). Returns the errno-derived code
-// (NotFound, ...) when the file cannot be read, InvalidArgument for a file
-// over the limit, bad override syntax, or YAML the overrides cannot walk.
-absl::StatusOr<JobSource> ReadJobSource(
-    const std::string& path, absl::Span<const std::string> overrides);
-
-// engine::ParseJobSpec over the source: InvalidArgument "file:line:col: ..."
-// for a bad job. When overrides were applied and the file itself has the
-// same error, the error is reported at its place in the file, not in the
-// emitted text.
-absl::StatusOr<engine::JobSpec> ParseJobSource(const JobSource& source);
-
-// The overrides for `--steps S` (run, submit): `training.steps=S`, and
-// when the job's cosine schedule decays over training.steps but warms up
-// for S steps or more (which would make the job invalid: a quick smoke test
-// of a real job), its warmup scaled by S / training.steps (at most S - 1),
-// with a line for `note` saying so. Just `training.steps=S` when the job
-// without it does not parse (its own error is reported with it).
-std::vector<std::string> StepsOverrides(const std::string& path,
+// Reads `path` (at most job::kMaxJobFileBytes) and applies `overrides`
+// ("key.path=value", see cli/overrides.h), then, with `steps` > 0, those of
+// `--steps` (StepsOverrides), noting on `note` what they change. The file
+// is loaded once for all of them. Returns the errno-derived code (NotFound,
+// ...) when the file cannot be read, InvalidArgument for a file over the
+// limit, bad override syntax, or YAML the overrides cannot walk.
+absl::StatusOr<JobSource> ReadJobSource(const std::string& path,
                                         absl::Span<const std::string> overrides,
-                                        int64_t steps, std::string* note);
+                                        int64_t steps = 0,
+                                        std::string* note = nullptr);
+
+// job::ParseJob over the source: the one parse of the job in this process.
+// InvalidArgument "file:line:col: ..." for a bad job. When overrides were
+// applied and the file itself has the same error, the error is reported at
+// its place in the file, not in the emitted text.
+absl::StatusOr<job::ParsedJob> ParseJobSource(const JobSource& source);
+
+// The overrides for `--steps S` (run, submit) of the job document `doc`:
+// `training.steps=S`, and when the job's cosine schedule decays over
+// training.steps but warms up for S steps or more (which would make the job
+// invalid: a quick smoke test of a real job), its warmup scaled by S /
+// training.steps (at most S - 1), with a line for `note` saying so. Just
+// `training.steps=S` when those values are not integers (the job's own
+// error is reported when it is parsed).
+std::vector<std::string> StepsOverrides(const YAML::Node& doc, int64_t steps,
+                                        std::string* note);
 
 }  // namespace conveyor::cli
 

@@ -186,8 +186,10 @@ absl::StatusOr<std::string> EmitYaml(const YAML::Node& doc, size_t max_bytes,
 absl::StatusOr<std::string> ApplyOverrides(absl::string_view yaml,
                                            absl::string_view file_name,
                                            absl::Span<const std::string> specs,
-                                           size_t max_bytes) {
-  if (specs.empty()) return std::string(yaml);
+                                           size_t max_bytes,
+                                           const DeriveOverrides& derive) {
+  if (specs.empty() && derive == nullptr) return std::string(yaml);
+  std::vector<std::string> all(specs.begin(), specs.end());
   std::vector<Override> overrides;
   for (const std::string& spec : specs) {
     ASSIGN_OR_RETURN(Override o, ParseOverride(spec));
@@ -207,11 +209,18 @@ absl::StatusOr<std::string> ApplyOverrides(absl::string_view yaml,
   for (const Override& o : overrides) {
     RETURN_IF_ERROR(ApplyOverride(o, doc));
   }
+  if (derive != nullptr) {
+    for (const std::string& spec : derive(doc)) {
+      ASSIGN_OR_RETURN(const Override o, ParseOverride(spec));
+      RETURN_IF_ERROR(ApplyOverride(o, doc));
+      all.push_back(spec);
+    }
+  }
   absl::StatusOr<std::string> emitted = EmitYaml(doc, max_bytes);
   if (!emitted.ok()) {
     return absl::Status(
         emitted.status().code(),
-        absl::StrCat(file_name, " with --set ", absl::StrJoin(specs, " --set "),
+        absl::StrCat(file_name, " with --set ", absl::StrJoin(all, " --set "),
                      ": ", emitted.status().message()));
   }
   return emitted;

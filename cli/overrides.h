@@ -18,6 +18,7 @@
 #ifndef CONVEYOR_CLI_OVERRIDES_H_
 #define CONVEYOR_CLI_OVERRIDES_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -55,13 +56,20 @@ absl::Status ApplyOverride(const Override& override, YAML::Node& doc);
 absl::StatusOr<std::string> EmitYaml(const YAML::Node& doc, size_t max_bytes,
                                      absl::string_view source = "");
 
+// More specs, derived from the document once `specs` are applied (--steps:
+// cli/job_file.h StepsOverrides), so that the text is loaded once.
+using DeriveOverrides =
+    std::function<std::vector<std::string>(const YAML::Node& doc)>;
+
 // Parses `yaml` (errors at "file_name:line:col"), applies each `--set` spec
-// in order and emits the result (at most `max_bytes`). With no specs, returns
-// `yaml` unchanged, so positions in errors stay those of the file.
+// in order, then those `derive` returns, and emits the result (at most
+// `max_bytes`). With no specs and no `derive`, returns `yaml` unchanged, so
+// positions in errors stay those of the file.
 absl::StatusOr<std::string> ApplyOverrides(absl::string_view yaml,
                                            absl::string_view file_name,
                                            absl::Span<const std::string> specs,
-                                           size_t max_bytes);
+                                           size_t max_bytes,
+                                           const DeriveOverrides& derive = {});
 
 }  // namespace conveyor::cli
 

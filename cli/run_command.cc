@@ -26,10 +26,9 @@
 #include "common/cpu_set.h"
 #include "common/status_macros.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/job_spec.h"
-#include "engine/trainer.h"
-#include "job/config_hash.h"
+#include "job/job_spec.h"
 #include "job/planner.h"
+#include "job/trainer.h"
 
 namespace conveyor::cli {
 namespace {
@@ -41,15 +40,15 @@ constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
 // before run stops waiting for it.
 constexpr absl::Duration kCancelGrace = absl::Seconds(5);
 
-// --set, and --steps with what it needs (StepsOverrides), noted on `out`.
-std::vector<std::string> AllOverrides(const RunCommandOptions& o,
-                                      std::ostream& out) {
-  if (o.steps <= 0) return o.overrides;
+// The job file with --set, and --steps with what it needs (StepsOverrides),
+// noted on `out`.
+absl::StatusOr<JobSource> ReadRunSource(const RunCommandOptions& o,
+                                        std::ostream& out) {
   std::string note;
-  std::vector<std::string> overrides =
-      StepsOverrides(o.job_file, o.overrides, o.steps, &note);
+  absl::StatusOr<JobSource> source =
+      ReadJobSource(o.job_file, o.overrides, o.steps, &note);
   out << note;
-  return overrides;
+  return source;
 }
 
 // --overwrite: the checkpoints an earlier run left in checkpoint.dir go
@@ -57,9 +56,9 @@ std::vector<std::string> AllOverrides(const RunCommandOptions& o,
 // smoke test run twice). Only step-<N> directories are removed: what the
 // refusal is about, and what this project wrote.
 absl::Status RemoveEarlierRun(const RunCommandOptions& o,
-                              const engine::JobSpec& job, std::ostream& out) {
+                              const job::JobSpec& job, std::ostream& out) {
   if (!o.overwrite || job.checkpoint.dir.empty()) return absl::OkStatus();
-  if (job.resume.kind != engine::ResumeSpec::Kind::kNone) {
+  if (job.resume.kind != job::ResumeSpec::Kind::kNone) {
     return absl::InvalidArgumentError(absl::StrCat(
         "run: --overwrite starts from scratch, and the job resumes (resume at ",
         job.resume.where.ToString(), "): drop one of them"));
@@ -77,9 +76,9 @@ absl::Status RemoveEarlierRun(const RunCommandOptions& o,
 
 absl::Status RunInProcess(const RunCommandOptions& o, bool tty,
                           std::ostream& out) {
-  ASSIGN_OR_RETURN(JobSource source,
-                   ReadJobSource(o.job_file, AllOverrides(o, out)));
-  ASSIGN_OR_RETURN(engine::JobSpec job, ParseJobSource(source));
+  ASSIGN_OR_RETURN(const JobSource source, ReadRunSource(o, out));
+  ASSIGN_OR_RETURN(const job::ParsedJob parsed, ParseJobSource(source));
+  const job::JobSpec& job = parsed.spec;
   RETURN_IF_ERROR(RemoveEarlierRun(o, job, out));
   engine::Backend* backend = engine::CpuBackend::Get(job.training.precision);
   // Create the checkpoint directory first: a run that cannot write its
@@ -97,8 +96,8 @@ absl::Status RunInProcess(const RunCommandOptions& o, bool tty,
              "--in-process; only the final parameters are written\n";
     }
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<engine::InProcessTrainer> trainer,
-                   engine::InProcessTrainer::Create(backend, job));
+  ASSIGN_OR_RETURN(std::unique_ptr<job::InProcessTrainer> trainer,
+                   job::InProcessTrainer::Create(backend, job));
   out << absl::StrFormat(
       "job %s: %d layers in %d stage(s), %d parameters; %d steps of batch %d "
       "in %d microbatches, in process on %s\n",
@@ -116,7 +115,7 @@ absl::Status RunInProcess(const RunCommandOptions& o, bool tty,
     for (int64_t d : job.model.input_shape) tokens_per_sample *= d;
   }
   WatchPrinter printer(out, {.log_every = o.log_every, .tty = tty});
-  absl::Status trained = trainer->Run([&](const engine::StepReport& r) {
+  absl::Status trained = trainer->Run([&](const job::StepReport& r) {
     v1::StepSummary step;
     step.set_step(r.step);
     step.set_has_loss(true);
@@ -179,16 +178,15 @@ void PrintLastBubble(CoordinatorClient& client, const std::string& id,
 // earlier run's steps it would write over, a resume point that is not
 // there), checked before any daemon starts: a refused job then costs no
 // process and leaves no log folder.
-absl::Status CheckCheckpointsFirst(const JobSource& source,
-                                   const engine::JobSpec& job) {
+absl::Status CheckCheckpointsFirst(const job::ParsedJob& parsed) {
+  const job::JobSpec& job = parsed.spec;
   if (job.checkpoint.dir.empty()) return absl::OkStatus();
   int64_t from = 0;
-  if (job.resume.kind != engine::ResumeSpec::Kind::kNone) {
-    ASSIGN_OR_RETURN(
-        const checkpoint::ResumePoint point,
-        checkpoint::FindResumePoint(
-            job.resume, job.checkpoint.dir, job::JobConfigHash(source.yaml),
-            job::JobTrainingHash(source.yaml), source.yaml));
+  if (job.resume.kind != job::ResumeSpec::Kind::kNone) {
+    ASSIGN_OR_RETURN(const checkpoint::ResumePoint point,
+                     checkpoint::FindResumePoint(
+                         job.resume, job.checkpoint.dir, parsed.config_hash,
+                         parsed.training_hash, parsed.yaml));
     from = point.step;
   }
   RETURN_IF_ERROR(checkpoint::CheckNothingNewer(job.checkpoint.dir, from));
@@ -199,10 +197,9 @@ absl::Status RunOnLocalCluster(const RunCommandOptions& o, bool tty,
                                std::ostream& out, std::ostream& err) {
   // Everything that can be checked without daemons is, so a bad job or a
   // missing binary costs no process.
-  ASSIGN_OR_RETURN(JobSource source,
-                   ReadJobSource(o.job_file, AllOverrides(o, out)));
-  ASSIGN_OR_RETURN(engine::JobSpec job, ParseJobSource(source));
-  ASSIGN_OR_RETURN(job::JobPlan plan, job::PlanJob(std::move(job)));
+  ASSIGN_OR_RETURN(const JobSource source, ReadRunSource(o, out));
+  ASSIGN_OR_RETURN(const job::ParsedJob parsed, ParseJobSource(source));
+  ASSIGN_OR_RETURN(job::JobPlan plan, job::PlanJob(parsed.spec));
   const int num_workers = o.workers > 0 ? o.workers : plan.num_ranks;
   if (num_workers < plan.num_ranks) {
     return absl::InvalidArgumentError(
@@ -254,7 +251,7 @@ absl::Status RunOnLocalCluster(const RunCommandOptions& o, bool tty,
   ASSIGN_OR_RETURN(options.worker_binary,
                    FindDaemonBinary(kWorkerBinary, search));
   RETURN_IF_ERROR(RemoveEarlierRun(o, plan.job, out));
-  RETURN_IF_ERROR(CheckCheckpointsFirst(source, plan.job));
+  RETURN_IF_ERROR(CheckCheckpointsFirst(parsed));
 
   // From here on a signal cancels and tears down rather than kills.
   ASSIGN_OR_RETURN(std::unique_ptr<InterruptHandler> interrupts,

@@ -49,13 +49,13 @@ namespace {
 // Paths resolve as for the daemons, against the job file's directory; on a
 // cluster whose machines see other files, the daemons' view is the one that
 // counts.
-absl::Status CheckJobFiles(const engine::JobSpec& job) {
+absl::Status CheckJobFiles(const job::JobSpec& job) {
   // Checked, not made: a synthetic W of gigabytes is sized, never drawn.
-  RETURN_IF_ERROR(engine::DataSource::Check(
-      job.data, engine::ModelSampleShapes(job.model)));
+  RETURN_IF_ERROR(
+      engine::DataSource::Check(job.data, job::ModelSampleShapes(job.model)));
   if (job.eval.enabled) {
     if (absl::Status s = engine::DataSource::Check(
-            job.eval.data, engine::ModelSampleShapes(job.model));
+            job.eval.data, job::ModelSampleShapes(job.model));
         !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("eval.data: ", s.message()));
     }
@@ -79,7 +79,7 @@ absl::Status CheckJobFiles(const engine::JobSpec& job) {
 }
 
 nlohmann::json PlanJson(const std::string& file, const job::JobPlan& plan) {
-  const engine::JobSpec& job = plan.job;
+  const job::JobSpec& job = plan.job;
   nlohmann::json stages = nlohmann::json::array();
   for (const job::StagePlan& s : plan.stages) {
     stages.push_back({{"stage", s.stage},
@@ -121,7 +121,8 @@ nlohmann::json PlanJson(const std::string& file, const job::JobPlan& plan) {
 absl::Status RunValidateCommand(const ValidateCommandOptions& o,
                                 std::ostream& out) {
   ASSIGN_OR_RETURN(JobSource source, ReadJobSource(o.job_file, o.overrides));
-  ASSIGN_OR_RETURN(engine::JobSpec job, ParseJobSource(source));
+  ASSIGN_OR_RETURN(job::ParsedJob parsed, ParseJobSource(source));
+  job::JobSpec job = std::move(parsed.spec);
   ASSIGN_OR_RETURN(job::JobPlan plan, job::PlanJob(std::move(job)));
   RETURN_IF_ERROR(CheckJobFiles(plan.job));
   if (job::NeedsProfile(plan)) {
@@ -137,7 +138,8 @@ absl::Status RunValidateCommand(const ValidateCommandOptions& o,
     // A transfer's cost as the TCP data plane has it here, as a worker
     // measures it with its profile (0 if it cannot be measured).
     const double transfer =
-        transport::MeasureLoopbackLatency(20, std::chrono::milliseconds(4))
+        transport::MeasureLoopbackLatency(engine::CpuBackend::Get(), 20,
+                                          std::chrono::milliseconds(4))
             .value_or(0.0);
     ASSIGN_OR_RETURN(
         plan, job::ChooseStages(plan, std::move(profile), "this machine's CPU",

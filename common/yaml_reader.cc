@@ -5,6 +5,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -17,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/yaml_load_count.h"
 #include "yaml-cpp/eventhandler.h"
 #include "yaml-cpp/yaml.h"
 
@@ -184,9 +188,40 @@ absl::Status CheckUtf8Text(absl::string_view text, absl::string_view file) {
       static_cast<unsigned char>(text[*bad])));
 }
 
+namespace {
+
+// TEST_CountYamlLoads's counts, by the text's hash; null while off.
+std::mutex load_count_mu;
+std::map<size_t, int64_t>* load_counts = nullptr;
+
+void CountLoad(absl::string_view text) {
+  std::lock_guard<std::mutex> lock(load_count_mu);
+  if (load_counts != nullptr) {
+    ++(*load_counts)[std::hash<std::string_view>()(
+        std::string_view(text.data(), text.size()))];
+  }
+}
+
+}  // namespace
+
+void TEST_CountYamlLoads(bool on) {
+  std::lock_guard<std::mutex> lock(load_count_mu);
+  delete load_counts;
+  load_counts = on ? new std::map<size_t, int64_t>() : nullptr;
+}
+
+int64_t TEST_YamlLoadsOf(absl::string_view text) {
+  std::lock_guard<std::mutex> lock(load_count_mu);
+  if (load_counts == nullptr) return 0;
+  auto it = load_counts->find(std::hash<std::string_view>()(
+      std::string_view(text.data(), text.size())));
+  return it == load_counts->end() ? 0 : it->second;
+}
+
 absl::StatusOr<YAML::Node> LoadYaml(absl::string_view text,
                                     absl::string_view file,
                                     YamlDocuments documents) {
+  CountLoad(text);
   if (absl::Status s = CheckUtf8Text(text, file); !s.ok()) return s;
   return CatchYamlExceptions(file, "YAML", [&]() -> absl::StatusOr<YAML::Node> {
     try {

@@ -83,6 +83,7 @@
 #include "coordinator/state_file.h"
 #include "coordinator/step_aggregator.h"
 #include "coordinator/worker_registry.h"
+#include "job/parsed_job.h"
 #include "job/planner.h"
 
 namespace conveyor::coordinator {
@@ -293,7 +294,10 @@ class JobManager {
     bool durable = true;
     v1::Job info;
     job::JobPlan plan;
-    v1::SubmitJobRequest request;
+    // The job file, parsed once (at submission or restore): every plan of
+    // the job starts from its spec, every manifest records its hashes. An
+    // ended job keeps only its names and hashes.
+    job::ParsedJob parsed;
     uint64_t number = 0;
     std::string secret;
     // Which ranks of the current attempt are ready, and which ended.
@@ -316,10 +320,6 @@ class JobManager {
     std::string failure;
     TimePoint failure_deadline;
     EventLog events;
-    // job::JobConfigHash and job::JobTrainingHash of the YAML, recorded in
-    // every manifest.
-    std::string config_hash;
-    std::string training_hash;
     // The workers the job file's layout needs, and (elastic) the workers the
     // job is laid out for instead; 0: the file's layout.
     int file_ranks = 0;
@@ -463,8 +463,9 @@ class JobManager {
   // Fills the fields of job.info that job.plan decides (stages, schedule,
   // sizes), and the rates derived from it.
   void DescribePlan(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Parses and plans a restored job's YAML again (resuming with job.resume's
-  // cut), and describes the plan in job.info.
+  // Plans the job again from its parsed file (resuming with job.resume's
+  // cut, on relayout_ranks workers when elastic), and describes the plan in
+  // job.info.
   absl::Status Replan(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Elastic: re-plans `job` onto `ranks` workers (its file's layout when
   // ranks is the file's count), resuming from its checkpoint on the new

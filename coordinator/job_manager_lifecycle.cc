@@ -16,7 +16,7 @@
 #include "coordinator/job_manager.h"
 #include "coordinator/job_states.h"
 #include "coordinator/metrics_log.h"
-#include "engine/job_spec.h"
+#include "job/job_spec.h"
 #include "proto/protocol.h"
 #include "spdlog/spdlog.h"
 
@@ -231,8 +231,8 @@ void JobManager::CommitCheckpoint(JobRecord& job, int64_t step,
                                   const std::map<int, v1::StageFile>& files) {
   const std::string& dir = job.plan.job.checkpoint.dir;
   const checkpoint::CheckpointManifest manifest = checkpoint::MakeManifest(
-      job.plan, job.info.id(), job.config_hash, job.training_hash,
-      job.request.yaml(), step, files, NowUnixMs());
+      job.plan, job.info.id(), job.parsed.config_hash, job.parsed.training_hash,
+      job.parsed.yaml, step, files, NowUnixMs());
   if (step == options_.fault_commit_step) {
     SPDLOG_WARN(
         "{}: fault injection: every file of step {} is in; pausing "
@@ -538,14 +538,15 @@ void JobManager::Finish(JobRecord& job, v1::JobState state,
   job.events.KeepNewest(options_.events_per_finished_job);
   // Nor does it need its parsed job, action lists, parameter names or YAML
   // (GetTrace still reads the plan's ranks and stages).
-  job.plan.job = engine::JobSpec();
+  job.plan.job = job::JobSpec();
   job.plan.schedule.actions.clear();
   job.plan.schedule.actions.shrink_to_fit();
   for (StagePlan& s : job.plan.stages) {
     s.parameter_names.clear();
     s.parameter_names.shrink_to_fit();
   }
-  job.request.clear_yaml();
+  job.parsed.spec = job::JobSpec();
+  job.parsed.yaml.clear();
   finished_jobs_.push_back(job.number);
   const uint64_t finished_number = job.number;
   if (!job.steps.timelines().empty()) {

@@ -14,9 +14,8 @@
 #include "common/status_macros.h"
 #include "coordinator/ids.h"
 #include "coordinator/job_manager.h"
-#include "engine/job_spec.h"
 #include "engine/profiler.h"
-#include "job/config_hash.h"
+#include "job/job_spec.h"
 #include "job/rank_program.h"
 #include "proto/protocol.h"
 #include "spdlog/spdlog.h"
@@ -35,34 +34,34 @@ using job::StagesOfRank;
 
 absl::StatusOr<v1::Job> JobManager::SubmitJob(
     const v1::SubmitJobRequest& request) {
-  if (static_cast<int64_t>(request.yaml().size()) > engine::kMaxJobFileBytes) {
+  if (static_cast<int64_t>(request.yaml().size()) > job::kMaxJobFileBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("job file is ", request.yaml().size(),
-                     " bytes; the limit is ", engine::kMaxJobFileBytes));
+                     " bytes; the limit is ", job::kMaxJobFileBytes));
   }
   const std::string file_name =
       request.file_name().empty() ? "job.yaml" : request.file_name();
-  absl::StatusOr<engine::JobSpec> spec =
-      engine::ParseJobSpec(request.yaml(), file_name, request.base_dir());
-  if (!spec.ok()) return spec.status();
-  const std::string config_hash = job::JobConfigHash(request.yaml());
-  const std::string training_hash = job::JobTrainingHash(request.yaml());
+  absl::StatusOr<job::ParsedJob> parsed =
+      job::ParseJob(request.yaml(), file_name, request.base_dir());
+  if (!parsed.ok()) return parsed.status();
+  // The plan's copy: a checkpoint's cut changes it, never the parsed file.
+  job::JobSpec spec = parsed->spec;
   // Outside the lock: finding the checkpoint reads the filesystem.
   std::optional<checkpoint::ResumePoint> resume;
-  if (spec->resume.kind != engine::ResumeSpec::Kind::kNone) {
-    absl::StatusOr<checkpoint::ResumePoint> point =
-        checkpoint::FindResumePoint(spec->resume, spec->checkpoint.dir,
-                                    config_hash, training_hash, request.yaml());
+  if (spec.resume.kind != job::ResumeSpec::Kind::kNone) {
+    absl::StatusOr<checkpoint::ResumePoint> point = checkpoint::FindResumePoint(
+        spec.resume, spec.checkpoint.dir, parsed->config_hash,
+        parsed->training_hash, parsed->yaml);
     if (!point.ok()) return point.status();
     for (const std::string& note : point->notes) {
-      SPDLOG_INFO("'{}' resumes from {}: {}", Printable(spec->name),
+      SPDLOG_INFO("'{}' resumes from {}: {}", Printable(spec.name),
                   point->step_dir, note);
     }
-    if (absl::Status s = checkpoint::AdoptCheckpointCut(*point, *spec); !s.ok())
+    if (absl::Status s = checkpoint::AdoptCheckpointCut(*point, spec); !s.ok())
       return s;
     resume = *std::move(point);
   }
-  absl::StatusOr<JobPlan> plan = PlanJob(*std::move(spec));
+  absl::StatusOr<JobPlan> plan = PlanJob(std::move(spec));
   if (!plan.ok()) return plan.status();
   if (resume.has_value()) {
     if (absl::Status s = checkpoint::CheckResumeFitsPlan(*resume, *plan);
@@ -126,11 +125,8 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
     JobRecord& job = AddJobRecord(number);
     job.number = number;
     job.secret = MakeSecret();
-    job.request = request;
-    job.request.set_file_name(file_name);
+    job.parsed = *std::move(parsed);
     job.plan = *std::move(plan);
-    job.config_hash = config_hash;
-    job.training_hash = training_hash;
     job.file_ranks = job.plan.num_ranks;
     job.resume = std::move(resume);
     v1::Job& info = job.info;
@@ -186,7 +182,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
 }
 
 void JobManager::DescribePlan(JobRecord& job) {
-  const engine::JobSpec& spec = job.plan.job;
+  const job::JobSpec& spec = job.plan.job;
   job.rates.samples_per_step = static_cast<double>(spec.training.batch_size);
   job.rates.tokens_per_sample = 0;
   if (spec.model.token_input) {
@@ -300,9 +296,9 @@ void JobManager::Place(JobRecord& job,
   v1::CoordinatorMessage m;
   v1::ProfileModel* profile = m.mutable_profile();
   profile->set_job_id(job.info.id());
-  profile->set_yaml(job.request.yaml());
-  profile->set_file_name(job.request.file_name());
-  profile->set_base_dir(job.request.base_dir());
+  profile->set_yaml(job.parsed.yaml);
+  profile->set_file_name(job.parsed.file_name);
+  profile->set_base_dir(job.parsed.base_dir);
   profile->set_repetitions(options_.profile_repetitions);
   if (!first.connection->Send(m)) {
     MarkLost(first, "its session closed before the profile request was sent");
@@ -432,9 +428,9 @@ v1::JobProgram JobManager::MakeProgram(const JobRecord& job, int rank) const {
       // tensor of the attempt before it.
       .job_number = (job.number << 16) | static_cast<uint64_t>(job.attempt),
       .secret = job.secret,
-      .yaml = job.request.yaml(),
-      .file_name = job.request.file_name(),
-      .base_dir = job.request.base_dir(),
+      .yaml = job.parsed.yaml,
+      .file_name = job.parsed.file_name,
+      .base_dir = job.parsed.base_dir,
       .recv_timeout_ms = options_.recv_timeout.count()};
   if (job.resume.has_value()) {
     context.resume_step = job.resume->step;

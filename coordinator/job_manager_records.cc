@@ -2,14 +2,15 @@
 // restoring them (coordinator/job_manager.h). One class, one mutex; its files
 // by concern.
 #include <algorithm>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "coordinator/ids.h"
 #include "coordinator/job_manager.h"
-#include "engine/job_spec.h"
-#include "job/config_hash.h"
+#include "job/job_spec.h"
+#include "job/parsed_job.h"
 #include "proto/protocol.h"
 #include "spdlog/spdlog.h"
 
@@ -79,8 +80,11 @@ v1::CoordinatorState JobManager::Snapshot() const {
   for (const auto& [number, job] : jobs_) {
     v1::JobRecordState* saved = state.add_jobs();
     *saved->mutable_info() = job.info;
-    *saved->mutable_request() = job.request;
-    saved->set_config_hash(job.config_hash);
+    v1::SubmitJobRequest* request = saved->mutable_request();
+    request->set_yaml(job.parsed.yaml);
+    request->set_file_name(job.parsed.file_name);
+    request->set_base_dir(job.parsed.base_dir);
+    saved->set_config_hash(job.parsed.config_hash);
     if (job.resume.has_value())
       *saved->mutable_resume() = checkpoint::ToProto(*job.resume);
     if (job.committed.has_value()) {
@@ -94,9 +98,9 @@ v1::CoordinatorState JobManager::Snapshot() const {
 }
 
 absl::Status JobManager::Replan(JobRecord& job) {
-  absl::StatusOr<engine::JobSpec> spec = engine::ParseJobSpec(
-      job.request.yaml(), job.request.file_name(), job.request.base_dir());
-  if (!spec.ok()) return spec.status();
+  // The plan's copy: a relayout and a checkpoint's cut change it, never the
+  // parsed file.
+  absl::StatusOr<job::JobSpec> spec = job.parsed.spec;
   if (job.file_ranks == 0) {
     ASSIGN_OR_RETURN(const JobPlan file_plan, PlanJob(*spec));
     job.file_ranks = file_plan.num_ranks;
@@ -123,6 +127,8 @@ absl::Status JobManager::Restore(const v1::CoordinatorState& state) {
     return absl::FailedPreconditionError(
         "job records can only be restored before any job or worker");
   }
+  // Why a job's saved file no longer parses, by job number.
+  std::map<uint64_t, absl::Status> unparsed;
   // First every record, so that a bad file changes nothing.
   for (const v1::JobRecordState& saved : state.jobs()) {
     const uint64_t number = JobNumber(saved.info().id());
@@ -136,10 +142,21 @@ absl::Status JobManager::Restore(const v1::CoordinatorState& state) {
     JobRecord& job = AddJobRecord(number);
     job.number = number;
     job.info = saved.info();
-    job.request = saved.request();
-    job.config_hash = saved.config_hash();
-    // Not saved: the YAML is kept while the job can still write a manifest.
-    job.training_hash = job::JobTrainingHash(job.request.yaml());
+    job.parsed.yaml = saved.request().yaml();
+    job.parsed.file_name = saved.request().file_name();
+    job.parsed.base_dir = saved.request().base_dir();
+    job.parsed.config_hash = saved.config_hash();
+    if (!proto::IsTerminal(job.info.state())) {
+      // Parsed once, here: Replan plans from it, and a manifest records its
+      // hashes. One the build no longer parses fails below, naming why.
+      absl::StatusOr<job::ParsedJob> parsed = job::ParseJob(
+          job.parsed.yaml, job.parsed.file_name, job.parsed.base_dir);
+      if (parsed.ok()) {
+        job.parsed = *std::move(parsed);
+      } else {
+        unparsed[number] = parsed.status();
+      }
+    }
     job.attempt = saved.attempt();
     job.relayout_ranks = saved.relayout_ranks();
     if (saved.has_resume()) job.resume = checkpoint::FromProto(saved.resume());
@@ -182,7 +199,7 @@ absl::Status JobManager::Restore(const v1::CoordinatorState& state) {
   });
   for (uint64_t number : ended) {
     JobRecord& job = jobs_.at(number);
-    job.request.clear_yaml();
+    job.parsed.yaml.clear();
     AddEvent(job, nullptr);
     finished_jobs_.push_back(number);
   }
@@ -198,13 +215,13 @@ absl::Status JobManager::Restore(const v1::CoordinatorState& state) {
     // just before the coordinator went down may be newer on disk than in
     // the state file. The directory is the job's alone (and the step of its
     // configuration), so its newest complete step is the job's.
-    if (!job.info.checkpoint_dir().empty()) {
-      engine::ResumeSpec latest;
-      latest.kind = engine::ResumeSpec::Kind::kLatest;
+    if (!job.info.checkpoint_dir().empty() && !unparsed.contains(number)) {
+      job::ResumeSpec latest;
+      latest.kind = job::ResumeSpec::Kind::kLatest;
       absl::StatusOr<checkpoint::ResumePoint> on_disk =
-          checkpoint::FindResumePoint(latest, job.info.checkpoint_dir(),
-                                      job.config_hash, job.training_hash,
-                                      job.request.yaml());
+          checkpoint::FindResumePoint(
+              latest, job.info.checkpoint_dir(), job.parsed.config_hash,
+              job.parsed.training_hash, job.parsed.yaml);
       const int64_t known =
           std::max<int64_t>(job.committed.has_value() ? job.committed->step : 0,
                             job.resume.has_value() ? job.resume->step : 0);
@@ -233,7 +250,9 @@ absl::Status JobManager::Restore(const v1::CoordinatorState& state) {
       continue;
     }
     PrepareNextAttempt(job, at);
-    if (absl::Status s = Replan(job); !s.ok()) {
+    if (absl::Status s =
+            unparsed.contains(number) ? unparsed.at(number) : Replan(job);
+        !s.ok()) {
       Finish(job, v1::FAILED,
              absl::StrCat(at, "; planning it again failed: ", s.message()));
       continue;
@@ -247,7 +266,9 @@ absl::Status JobManager::Restore(const v1::CoordinatorState& state) {
   for (uint64_t number : queued) {
     JobRecord& job = jobs_.at(number);
     start(job);
-    if (absl::Status s = Replan(job); !s.ok()) {
+    if (absl::Status s =
+            unparsed.contains(number) ? unparsed.at(number) : Replan(job);
+        !s.ok()) {
       Finish(job, v1::FAILED,
              absl::StrCat("the coordinator restarted and planning the job "
                           "again failed: ",

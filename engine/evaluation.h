@@ -1,7 +1,7 @@
 // Evaluation: what one evaluation pass (the job's `eval:` section,
-// engine/job_spec.h EvalSpec) computes, in one place, so the pipelined
+// job/job_spec.h EvalSpec) computes, in one place, so the pipelined
 // executor (worker/stage_executor.h RunEvaluation) and the in-process
-// reference (engine/trainer.h) arrive at the bitwise-same figure.
+// reference (job/trainer.h) arrive at the bitwise-same figure.
 //
 // An evaluation runs K * M microbatches: microbatch i is microbatch i mod M
 // of the validation data's step i / M (EvalBatchOf). Each gives its mean

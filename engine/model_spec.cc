@@ -578,9 +578,8 @@ double ModelSpec::TrainingFlopsPerSample() const {
   return 3.0 * forward;
 }
 
-absl::Status SetStageBoundaries(ModelSpec* model,
-                                const std::vector<int>& stage_begin) {
-  const int num_layers = static_cast<int>(model->layers.size());
+absl::Status CheckStageBoundaries(const std::vector<int>& stage_begin,
+                                  int num_layers) {
   if (stage_begin.empty()) {
     return absl::InvalidArgumentError("stage boundaries: no stages");
   }
@@ -606,6 +605,13 @@ absl::Status SetStageBoundaries(ModelSpec* model,
           " but the model has ", num_layers, " layers"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status SetStageBoundaries(ModelSpec* model,
+                                const std::vector<int>& stage_begin) {
+  RETURN_IF_ERROR(CheckStageBoundaries(stage_begin,
+                                       static_cast<int>(model->layers.size())));
   model->stage_begin = stage_begin;
   model->num_stages = static_cast<int>(stage_begin.size());
   for (int s = 0; s < model->num_stages; ++s) {

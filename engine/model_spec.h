@@ -142,6 +142,12 @@ absl::Status AssembleModel(std::vector<LayerSpec> layers,
                            const std::vector<int>& stage_begin,
                            ModelSpec* spec);
 
+// OK when `stage_begin` cuts a model of `num_layers` layers into stages:
+// stage_begin[0] == 0, strictly increasing, every entry < num_layers.
+// InvalidArgument "stage boundaries: ..." naming what is wrong otherwise.
+absl::Status CheckStageBoundaries(const std::vector<int>& stage_begin,
+                                  int num_layers);
+
 // Re-cuts `model` into stages beginning at `stage_begin` (stage_begin[0] ==
 // 0, strictly increasing, every entry < model->layers.size()): sets
 // num_stages, stage_begin and every layer's stage. Parameter names do not

@@ -1,4 +1,4 @@
-// Fuzz target for job files (engine/job_spec.h), which anyone who may submit
+// Fuzz target for job files (job/job_spec.h), which anyone who may submit
 // a job hands to the coordinator: the input is the YAML text. A job that
 // parses is planned (job/planner.h), as the coordinator does at
 // submission; the planner is pure, and with `stages: auto` it only makes the
@@ -16,7 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "engine/job_spec.h"
+#include "job/job_spec.h"
 #include "job/planner.h"
 
 namespace {
@@ -34,7 +34,7 @@ constexpr int64_t kMaxFuzzStageMicrobatches = int64_t{1} << 16;
 }
 
 void CheckPlan(const conveyor::job::JobPlan& plan) {
-  const conveyor::engine::JobSpec& job = plan.job;
+  const conveyor::job::JobSpec& job = plan.job;
   if (plan.num_stages != plan.num_ranks * plan.virtual_stages ||
       plan.num_stages != job.model.num_stages ||
       plan.stages.size() != static_cast<size_t>(plan.num_stages)) {
@@ -67,12 +67,12 @@ void CheckPlan(const conveyor::job::JobPlan& plan) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // LoadJobSpec refuses larger files before parsing.
-  if (size > static_cast<size_t>(conveyor::engine::kMaxJobFileBytes)) {
+  if (size > static_cast<size_t>(conveyor::job::kMaxJobFileBytes)) {
     return 0;
   }
   const absl::string_view text(reinterpret_cast<const char*>(data), size);
-  absl::StatusOr<conveyor::engine::JobSpec> job =
-      conveyor::engine::ParseJobSpec(text, "fuzz.yaml");
+  absl::StatusOr<conveyor::job::JobSpec> job =
+      conveyor::job::ParseJobSpec(text, "fuzz.yaml");
   if (!job.ok()) {
     if (job.status().code() != absl::StatusCode::kInvalidArgument) {
       Fail("ParseJobSpec error is not InvalidArgument", job.status().message());

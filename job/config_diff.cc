@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/yaml_reader.h"
+#include "job/config_scope.h"
 #include "yaml-cpp/yaml.h"
 
 namespace conveyor::job {
@@ -23,29 +24,6 @@ using Kind = ConfigDifference::Kind;
 // JobConfigHash bounds its canonical text the same way.
 constexpr int kMaxDepth = 64;
 constexpr int64_t kMaxVisits = int64_t{1} << 20;
-
-// The rules of job/config_hash.cc's Canonicalizer, which this comparison
-// must follow exactly (config_diff_test checks that an empty diff and equal
-// hashes go together).
-bool IsBoundaryItem(const YAML::Node& item) {
-  if (item.IsScalar()) return item.Scalar() == "boundary";
-  return item.IsMap() && item.size() == 1 && item.begin()->first.IsScalar() &&
-         item.begin()->first.Scalar() == "boundary";
-}
-
-bool Ignored(ConfigScope scope, absl::string_view key, bool top_level,
-             bool in_model) {
-  static constexpr absl::string_view kBookkeeping[] = {
-      "name", "checkpoint", "resume", "restart", "eval"};
-  static constexpr absl::string_view kModelLayout[] = {"boundary_every",
-                                                       "boundaries"};
-  const bool layout_free = scope == ConfigScope::kTraining;
-  if (top_level) {
-    return absl::c_linear_search(kBookkeeping, key) ||
-           (layout_free && key == "pipeline");
-  }
-  return layout_free && in_model && absl::c_linear_search(kModelLayout, key);
-}
 
 // The hash writes Null and Undefined alike.
 YAML::NodeType::value TypeOf(const YAML::Node& node) {
@@ -183,8 +161,7 @@ class Differ {
     std::vector<std::pair<YAML::Node, size_t>> items;
     size_t index = 0;
     for (const YAML::Node& item : seq) {
-      if (!(in_model && scope_ == ConfigScope::kTraining &&
-            IsBoundaryItem(item))) {
+      if (!IsIgnoredListItem(scope_, item, in_model)) {
         items.emplace_back(item, index);
       }
       ++index;
@@ -226,7 +203,7 @@ class Differ {
     for (auto it = map.begin(); it != map.end(); ++it) {
       const bool scalar_key = it->first.IsScalar();
       if (scalar_key &&
-          Ignored(scope_, it->first.Scalar(), top_level, in_model)) {
+          IsIgnoredKey(scope_, it->first.Scalar(), top_level, in_model)) {
         continue;
       }
       entries.push_back({.key = KeyText(it->first),

@@ -23,19 +23,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "job/config_scope.h"
 
 namespace conveyor::job {
-
-// What a comparison covers.
-enum class ConfigScope {
-  // What JobConfigHash hashes: everything but the top-level name,
-  // checkpoint, resume, restart and eval sections.
-  kConfig,
-  // What JobTrainingHash hashes: kConfig without the pipeline section and
-  // the model's stage boundaries (`- boundary` items, boundary_every,
-  // boundaries).
-  kTraining,
-};
 
 struct ConfigDifference {
   enum class Kind {

@@ -1,11 +1,14 @@
 #include "job/config_hash.h"
 
 #include <exception>
+#include <optional>
+#include <utility>
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/yaml_reader.h"
+#include "job/config_scope.h"
 #include "yaml-cpp/yaml.h"
 
 namespace conveyor::job {
@@ -35,9 +38,7 @@ class Canonicalizer {
   static constexpr int kMaxDepth = 64;
   static constexpr size_t kMaxBytes = size_t{16} << 20;
 
-  // layout_free: also leave out the pipeline section and, in the model, the
-  // stage boundaries (`- boundary` items, `boundary_every`, `boundaries`).
-  explicit Canonicalizer(bool layout_free) : layout_free_(layout_free) {}
+  explicit Canonicalizer(ConfigScope scope) : scope_(scope) {}
 
   // False if the tree is beyond the bounds. `in_model`: the node is in the
   // top-level model section.
@@ -51,7 +52,7 @@ class Canonicalizer {
       case YAML::NodeType::Sequence: {
         std::vector<YAML::Node> items;
         for (const YAML::Node& item : node) {
-          if (!(in_model && layout_free_ && IsBoundaryItem(item))) {
+          if (!IsIgnoredListItem(scope_, item, in_model)) {
             items.push_back(item);
           }
         }
@@ -75,28 +76,6 @@ class Canonicalizer {
   const std::string& text() const { return out_; }
 
  private:
-  // `- boundary` or `- boundary: {}` in a layer list.
-  static bool IsBoundaryItem(const YAML::Node& item) {
-    if (item.IsScalar()) return item.Scalar() == "boundary";
-    return item.IsMap() && item.size() == 1 && item.begin()->first.IsScalar() &&
-           item.begin()->first.Scalar() == "boundary";
-  }
-
-  bool Ignored(absl::string_view key, bool top_level, bool in_model) const {
-    // Sections that say where the job's files go, how it recovers or what
-    // it measures on the side, not what it trains.
-    static constexpr absl::string_view kBookkeeping[] = {
-        "name", "checkpoint", "resume", "restart", "eval"};
-    // What only says how the model is cut and run.
-    static constexpr absl::string_view kModelLayout[] = {"boundary_every",
-                                                         "boundaries"};
-    if (top_level) {
-      return absl::c_linear_search(kBookkeeping, key) ||
-             (layout_free_ && key == "pipeline");
-    }
-    return layout_free_ && in_model && absl::c_linear_search(kModelLayout, key);
-  }
-
   bool AppendMap(const YAML::Node& node, int depth, bool top_level,
                  bool in_model) {
     // Sorted by index: assigning a YAML::Node (as a sort of the nodes
@@ -106,10 +85,11 @@ class Canonicalizer {
     std::vector<bool> model_values;
     for (auto it = node.begin(); it != node.end(); ++it) {
       const bool scalar_key = it->first.IsScalar();
-      if (scalar_key && Ignored(it->first.Scalar(), top_level, in_model)) {
+      if (scalar_key &&
+          IsIgnoredKey(scope_, it->first.Scalar(), top_level, in_model)) {
         continue;
       }
-      Canonicalizer key(layout_free_);
+      Canonicalizer key(scope_);
       if (!key.Append(it->first, depth + 1, false)) return false;
       keys.emplace_back(key.text(), values.size());
       values.push_back(it->second);
@@ -130,43 +110,62 @@ class Canonicalizer {
     return true;
   }
 
-  const bool layout_free_;
+  const ConfigScope scope_;
   std::string out_;
 };
 
-std::string HashJob(absl::string_view yaml_text, bool layout_free) {
+// `doc`: the text's document, or null when it did not load.
+std::string HashJob(const YAML::Node* doc, absl::string_view yaml_text,
+                    ConfigScope scope) {
+  const bool layout_free = scope == ConfigScope::kTraining;
   const absl::string_view canonical_tag =
       layout_free ? "conveyor-job-training-v1\n" : "conveyor-job-config-v1\n";
   const absl::string_view raw_tag = layout_free
                                         ? "conveyor-job-training-raw-v1\n"
                                         : "conveyor-job-config-raw-v1\n";
-  uint64_t hash = 0;
-  bool hashed = false;
   try {
-    absl::StatusOr<YAML::Node> doc =
-        LoadYaml(yaml_text, "job", YamlDocuments::kExactlyOne);
-    if (doc.ok()) {
-      Canonicalizer canonical(layout_free);
+    if (doc != nullptr) {
+      Canonicalizer canonical(scope);
       if (canonical.Append(*doc, 0, /*top_level=*/true)) {
-        hash = Fnv1a64(canonical_tag, canonical.text());
-        hashed = true;
+        return absl::StrFormat("%016x",
+                               Fnv1a64(canonical_tag, canonical.text()));
       }
     }
   } catch (const std::exception&) {
     // Fall back to the raw text below: a hash must always come out.
   }
-  if (!hashed) hash = Fnv1a64(raw_tag, yaml_text);
-  return absl::StrFormat("%016x", hash);
+  return absl::StrFormat("%016x", Fnv1a64(raw_tag, yaml_text));
+}
+
+// One load for both hashes of a text (null document when it does not load).
+JobHashes HashText(absl::string_view yaml_text) {
+  std::optional<YAML::Node> doc;
+  try {
+    absl::StatusOr<YAML::Node> loaded =
+        LoadYaml(yaml_text, "job", YamlDocuments::kExactlyOne);
+    if (loaded.ok()) doc = *std::move(loaded);
+  } catch (const std::exception&) {
+  }
+  return HashJobDocument(doc.has_value() ? &*doc : nullptr, yaml_text);
 }
 
 }  // namespace
 
+JobHashes HashJobDocument(const YAML::Node* doc, absl::string_view yaml_text) {
+  return {.config = HashJob(doc, yaml_text, ConfigScope::kConfig),
+          .training = HashJob(doc, yaml_text, ConfigScope::kTraining)};
+}
+
 std::string JobConfigHash(absl::string_view yaml_text) {
-  return HashJob(yaml_text, /*layout_free=*/false);
+  return HashText(yaml_text).config;
 }
 
 std::string JobTrainingHash(absl::string_view yaml_text) {
-  return HashJob(yaml_text, /*layout_free=*/true);
+  return HashText(yaml_text).training;
+}
+
+JobHashes HashJobText(absl::string_view yaml_text) {
+  return HashText(yaml_text);
 }
 
 }  // namespace conveyor::job

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "yaml-cpp/yaml.h"
 
 namespace conveyor::job {
 
@@ -22,7 +23,8 @@ namespace conveyor::job {
 // resume, restart and eval sections: comments, layout, key order, renaming the
 // job or moving its checkpoints do not change the hash. Text that does not
 // parse as one YAML document is hashed as is (callers pass job files the
-// job parser accepted).
+// job parser accepted). The rule for what is left out is ConfigScope's
+// (job/config_scope.h).
 std::string JobConfigHash(absl::string_view yaml_text);
 
 // JobConfigHash without what only says how the model is cut and run: the
@@ -32,6 +34,18 @@ std::string JobConfigHash(absl::string_view yaml_text);
 // checkpoint of one resumes the other on any stage layout (checkpoint/
 // resume.h). A different tag keeps it from ever equalling a config hash.
 std::string JobTrainingHash(absl::string_view yaml_text);
+
+struct JobHashes {
+  std::string config;    // JobConfigHash
+  std::string training;  // JobTrainingHash
+};
+
+// Both hashes of `yaml_text` from one YAML load.
+JobHashes HashJobText(absl::string_view yaml_text);
+
+// Both hashes of `yaml_text`, whose document `doc` the caller has already
+// loaded (job::ParseJob; null: the text did not load, and is hashed as is).
+JobHashes HashJobDocument(const YAML::Node* doc, absl::string_view yaml_text);
 
 }  // namespace conveyor::job
 

@@ -15,16 +15,14 @@
 namespace conveyor::job {
 namespace {
 
-absl::Status PipelineError(const engine::JobSpec& job,
-                           absl::string_view message) {
+absl::Status PipelineError(const JobSpec& job, absl::string_view message) {
   const std::string where = job.pipeline.where.ToString();
   return absl::InvalidArgumentError(
       where.empty() ? absl::StrCat("pipeline: ", message)
                     : absl::StrCat(where, ": pipeline: ", message));
 }
 
-absl::Status NumStagesError(const engine::JobSpec& job,
-                            absl::string_view message) {
+absl::Status NumStagesError(const JobSpec& job, absl::string_view message) {
   const std::string where = job.pipeline.num_stages_where.ToString();
   // With schedule: auto the stage count comes from `workers`, where the
   // parser points num_stages_where.
@@ -190,8 +188,7 @@ std::string DescribeAutoSplit(const JobPlan& plan) {
 }
 
 // Plans `job` as cut now (job.model's stages).
-absl::StatusOr<JobPlan> PlanCut(engine::JobSpec job,
-                                std::vector<int> marker_stage_begin) {
+absl::StatusOr<JobPlan> PlanCut(JobSpec job, StageCut marker_cut) {
   absl::StatusOr<scheduler::ScheduleKind> kind =
       scheduler::ParseScheduleKind(job.pipeline.schedule);
   if (!kind.ok()) return PipelineError(job, kind.status().message());
@@ -224,7 +221,7 @@ absl::StatusOr<JobPlan> PlanCut(engine::JobSpec job,
                           scheduler::kMaxMicrobatches));
   }
   JobPlan plan;
-  plan.marker_stage_begin = std::move(marker_stage_begin);
+  plan.marker_cut = std::move(marker_cut);
   plan.virtual_stages = static_cast<int>(v);
   plan.num_stages = stages;
   plan.num_ranks = stages / plan.virtual_stages;
@@ -285,14 +282,14 @@ absl::StatusOr<JobPlan> PlanCut(engine::JobSpec job,
 
 }  // namespace
 
-absl::StatusOr<JobPlan> PlanJob(engine::JobSpec job) {
+absl::StatusOr<JobPlan> PlanJob(JobSpec job) {
   if (job.pipeline.auto_schedule && job.pipeline.schedule == "auto") {
     // Provisional until ChooseStages picks: one 1f1b stage a worker.
     job.pipeline.schedule = "1f1b";
     job.pipeline.virtual_stages = 1;
     job.pipeline.num_stages = job.pipeline.workers;
   }
-  std::vector<int> markers = job.model.stage_begin;
+  StageCut markers = StageCut::Of(job.model);
   if (!job.pipeline.auto_stages) return PlanCut(std::move(job), markers);
   const int num_layers = static_cast<int>(job.model.layers.size());
   const int64_t s = job.pipeline.num_stages;
@@ -307,23 +304,25 @@ absl::StatusOr<JobPlan> PlanJob(engine::JobSpec job) {
                           " stages the model's boundary markers make; remove "
                           "markers or raise num_stages"));
   }
-  RETURN_IF_ERROR(engine::SetStageBoundaries(
-      &job.model, ProvisionalCut(num_layers, static_cast<int>(s), markers)));
+  ASSIGN_OR_RETURN(
+      const StageCut provisional,
+      StageCut::Create(ProvisionalCut(num_layers, static_cast<int>(s),
+                                      markers.first_layers()),
+                       num_layers));
+  RETURN_IF_ERROR(provisional.ApplyTo(&job.model));
   return PlanCut(std::move(job), std::move(markers));
 }
 
-absl::StatusOr<JobPlan> PlanWithCut(engine::JobSpec job,
-                                    const std::vector<int>& stage_begin) {
-  std::vector<int> markers = job.model.stage_begin;
-  if (absl::Status s = engine::SetStageBoundaries(&job.model, stage_begin);
-      !s.ok()) {
+absl::StatusOr<JobPlan> PlanWithCut(JobSpec job, const StageCut& cut) {
+  StageCut markers = StageCut::Of(job.model);
+  if (absl::Status s = cut.ApplyTo(&job.model); !s.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("stage_begin: ", s.message()));
   }
   return PlanCut(std::move(job), std::move(markers));
 }
 
-absl::StatusOr<engine::JobSpec> RelayoutOnto(engine::JobSpec job, int ranks) {
+absl::StatusOr<JobSpec> RelayoutOnto(JobSpec job, int ranks) {
   if (job.pipeline.auto_schedule) {
     job.pipeline.workers = ranks;
     return job;
@@ -342,6 +341,7 @@ absl::StatusOr<engine::JobSpec> RelayoutOnto(engine::JobSpec job, int ranks) {
   }
   const std::vector<int> markers = job.model.stage_begin;
   const int64_t s = static_cast<int64_t>(markers.size());
+  const int num_layers = static_cast<int>(job.model.layers.size());
   if (stages > s) {
     return absl::FailedPreconditionError(
         absl::StrCat(ranks, " workers x ", v, " virtual stages need ", stages,
@@ -353,14 +353,16 @@ absl::StatusOr<engine::JobSpec> RelayoutOnto(engine::JobSpec job, int ranks) {
     const int64_t first = g * (s / stages) + std::min(g, s % stages);
     begin.push_back(markers[first]);
   }
-  RETURN_IF_ERROR(engine::SetStageBoundaries(&job.model, begin));
+  ASSIGN_OR_RETURN(const StageCut merged,
+                   StageCut::Create(std::move(begin), num_layers));
+  RETURN_IF_ERROR(merged.ApplyTo(&job.model));
   return job;
 }
 
 absl::StatusOr<scheduler::StageSearchInput> StageSearchInputFor(
     const JobPlan& plan, const std::vector<engine::LayerProfile>& profile,
     double transfer_seconds) {
-  const engine::JobSpec& job = plan.job;
+  const JobSpec& job = plan.job;
   if (profile.size() != job.model.layers.size()) {
     return PipelineError(
         job, absl::StrCat("the layer profile has ", profile.size(),
@@ -395,8 +397,8 @@ absl::StatusOr<scheduler::StageSearchInput> StageSearchInputFor(
   if (job.pipeline.memory_budget_bytes > 0) {
     input.memory_budget = job.pipeline.memory_budget_bytes;
   }
-  input.fixed_boundaries.assign(plan.marker_stage_begin.begin() + 1,
-                                plan.marker_stage_begin.end());
+  input.fixed_boundaries.assign(plan.marker_cut.first_layers().begin() + 1,
+                                plan.marker_cut.first_layers().end());
   return input;
 }
 
@@ -426,12 +428,12 @@ std::vector<ScheduleCandidate> SearchSchedules(
     ScheduleCandidate& c = candidates.emplace_back();
     c.schedule = std::string(scheduler::ScheduleKindName(kind));
     c.virtual_stages = v;
-    engine::JobSpec job = plan.job;
+    JobSpec job = plan.job;
     job.pipeline.schedule = c.schedule;
     job.pipeline.virtual_stages = v;
     job.pipeline.num_stages = job.pipeline.workers * v;
     absl::StatusOr<JobPlan> provisional =
-        engine::SetStageBoundaries(&job.model, plan.marker_stage_begin).ok()
+        plan.marker_cut.ApplyTo(&job.model).ok()
             ? PlanJob(std::move(job))
             : absl::InternalError("the model's markers do not apply");
     absl::Status refused = provisional.status();
@@ -499,15 +501,16 @@ absl::StatusOr<JobPlan> ChooseSchedule(
                                       "can run this job",
                                       reasons));
   }
-  engine::JobSpec job = plan.job;
+  JobSpec job = plan.job;
   job.pipeline.schedule = best->schedule;
   job.pipeline.virtual_stages = best->virtual_stages;
   job.pipeline.num_stages =
       static_cast<int64_t>(job.pipeline.workers) * best->virtual_stages;
-  RETURN_IF_ERROR(
-      engine::SetStageBoundaries(&job.model, best->search->stage_begin));
-  ASSIGN_OR_RETURN(JobPlan chosen,
-                   PlanCut(std::move(job), plan.marker_stage_begin));
+  ASSIGN_OR_RETURN(const StageCut cut,
+                   StageCut::Create(best->search->stage_begin,
+                                    static_cast<int>(job.model.layers.size())));
+  RETURN_IF_ERROR(cut.ApplyTo(&job.model));
+  ASSIGN_OR_RETURN(JobPlan chosen, PlanCut(std::move(job), plan.marker_cut));
   scheduler::StageSearchResult search = *best->search;
   chosen.auto_split = AutoSplitPlan{.profiled_on = std::move(profiled_on),
                                     .from_cache = from_cache,
@@ -542,10 +545,12 @@ absl::StatusOr<JobPlan> ChooseStages(const JobPlan& plan,
     }
     return PipelineError(plan.job, message);
   }
-  engine::JobSpec job = plan.job;
-  RETURN_IF_ERROR(engine::SetStageBoundaries(&job.model, search->stage_begin));
-  ASSIGN_OR_RETURN(JobPlan chosen,
-                   PlanCut(std::move(job), plan.marker_stage_begin));
+  JobSpec job = plan.job;
+  ASSIGN_OR_RETURN(const StageCut cut,
+                   StageCut::Create(search->stage_begin,
+                                    static_cast<int>(job.model.layers.size())));
+  RETURN_IF_ERROR(cut.ApplyTo(&job.model));
+  ASSIGN_OR_RETURN(JobPlan chosen, PlanCut(std::move(job), plan.marker_cut));
   chosen.auto_split = AutoSplitPlan{.profiled_on = std::move(profiled_on),
                                     .from_cache = from_cache,
                                     .profile = std::move(profile),
@@ -562,7 +567,7 @@ std::vector<const StagePlan*> StagesOfRank(const JobPlan& plan, int rank) {
 }
 
 std::string DescribePlan(const JobPlan& plan) {
-  const engine::JobSpec& job = plan.job;
+  const JobSpec& job = plan.job;
   std::string out = absl::StrFormat(
       "job %s: %s, %d worker(s) x %d virtual stage(s) = %d stage(s); %d "
       "steps of batch %d in %d microbatches of %d\n",

@@ -27,8 +27,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/job_spec.h"
 #include "engine/profiler.h"
+#include "job/job_spec.h"
+#include "job/stage_cut.h"
 #include "scheduler/schedule.h"
 #include "scheduler/stage_search.h"
 
@@ -71,10 +72,10 @@ struct AutoSplitPlan {
 struct JobPlan {
   // The job, its model cut into num_stages stages (the provisional or
   // chosen cut for stages: auto).
-  engine::JobSpec job;
-  // The model's own cut, from its boundary markers: first layer of each
-  // marked stage ({0} without markers).
-  std::vector<int> marker_stage_begin = {0};
+  JobSpec job;
+  // The model's own cut, from its boundary markers (one stage without
+  // markers).
+  StageCut marker_cut;
   // Set by ChooseStages; for stages: auto, nullopt means the cut is still
   // provisional.
   std::optional<AutoSplitPlan> auto_split;
@@ -94,13 +95,12 @@ struct JobPlan {
 // schedule does not take, or microbatches the schedule cannot split; with
 // stages: auto also, at num_stages, for more stages than layers or fewer
 // than the boundary markers make.
-absl::StatusOr<JobPlan> PlanJob(engine::JobSpec job);
+absl::StatusOr<JobPlan> PlanJob(JobSpec job);
 
-// Plans a stages: auto `job` cut where `stage_begin` says (each stage's first
-// layer): the cut the coordinator chose, as a worker plans it again.
-// InvalidArgument when the cut does not fit the model.
-absl::StatusOr<JobPlan> PlanWithCut(engine::JobSpec job,
-                                    const std::vector<int>& stage_begin);
+// Plans a stages: auto (or relaid out) `job` cut at `cut`: the cut the
+// coordinator chose, as a worker plans it again. InvalidArgument
+// "stage_begin: ..." when the cut is of another number of layers.
+absl::StatusOr<JobPlan> PlanWithCut(JobSpec job, const StageCut& cut);
 
 // Elastic restarts: `job` (as parsed from its file) laid out for `ranks`
 // workers instead of the number its pipeline section makes, keeping its
@@ -110,7 +110,7 @@ absl::StatusOr<JobPlan> PlanWithCut(engine::JobSpec job,
 // ranks x V stages; a schedule: auto job chooses for `ranks` workers.
 // FailedPrecondition when the model has fewer stages (markers) or layers
 // (auto) than ranks x V.
-absl::StatusOr<engine::JobSpec> RelayoutOnto(engine::JobSpec job, int ranks);
+absl::StatusOr<JobSpec> RelayoutOnto(JobSpec job, int ranks);
 
 // True for a stages: auto plan whose cut ChooseStages has not chosen yet.
 inline bool NeedsProfile(const JobPlan& plan) {

@@ -140,7 +140,8 @@ ProgramContext ContextOf(const v1::JobProgram& program) {
           .relayout = program.relayout()};
 }
 
-absl::StatusOr<JobPlan> PlanOfProgram(const v1::JobProgram& program) {
+absl::StatusOr<JobPlan> PlanOfProgram(const v1::JobProgram& program,
+                                      const ParsedJob* parsed) {
   const int p = program.num_ranks(), s = program.num_stages();
   if (p < 1 || program.rank() < 0 || program.rank() >= p || s < p ||
       s % p != 0) {
@@ -160,9 +161,15 @@ absl::StatusOr<JobPlan> PlanOfProgram(const v1::JobProgram& program) {
   }
   // The same parser the coordinator validated the job with, so both sides
   // read the same model, data and optimizer from the same text.
-  ASSIGN_OR_RETURN(engine::JobSpec spec,
-                   engine::ParseJobSpec(program.yaml(), program.file_name(),
+  JobSpec spec;
+  if (parsed != nullptr && parsed->yaml == program.yaml() &&
+      parsed->file_name == program.file_name() &&
+      parsed->base_dir == program.base_dir()) {
+    spec = parsed->spec;
+  } else {
+    ASSIGN_OR_RETURN(spec, ParseJobSpec(program.yaml(), program.file_name(),
                                         program.base_dir()));
+  }
   if (program.relayout() && spec.pipeline.auto_schedule) {
     // Elastic: chosen for the workers the job had left.
     spec.pipeline.workers = program.num_ranks();
@@ -188,8 +195,12 @@ absl::StatusOr<JobPlan> PlanOfProgram(const v1::JobProgram& program) {
   if (spec.pipeline.auto_stages || program.relayout()) {
     // The coordinator chose the cut from a profile, or merged the file's
     // stages for fewer workers (elastic); the YAML says otherwise.
-    plan = PlanWithCut(std::move(spec), {program.stage_begin().begin(),
-                                         program.stage_begin().end()});
+    absl::StatusOr<StageCut> cut = StageCut::Create(
+        {program.stage_begin().begin(), program.stage_begin().end()},
+        static_cast<int>(spec.model.layers.size()));
+    plan = cut.ok() ? PlanWithCut(std::move(spec), *cut)
+                    : absl::InvalidArgumentError(absl::StrCat(
+                          "stage_begin: ", cut.status().message()));
   } else {
     plan = PlanJob(std::move(spec));
   }

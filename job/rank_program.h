@@ -17,7 +17,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "conveyor/v1/conveyor.pb.h"
-#include "engine/job_spec.h"
+#include "job/job_spec.h"
+#include "job/parsed_job.h"
 #include "job/planner.h"
 
 namespace conveyor::job {
@@ -59,13 +60,16 @@ v1::JobProgram CompileRankProgram(const JobPlan& plan, int rank,
 ProgramContext ContextOf(const v1::JobProgram& program);
 
 // The worker's side: parses the program's YAML (once; the caller keeps the
-// plan), cuts a `stages: auto` model where the program says, plans it, and
-// checks that compiling the plan for the program's rank gives the program.
+// plan) unless `parsed` is that file already parsed in this process (the
+// same text, file name and base directory: the job's profiling parsed it),
+// cuts a `stages: auto` model where the program says, plans it, and checks
+// that compiling the plan for the program's rank gives the program.
 // InvalidArgument for a program inconsistent in itself or a job that does
 // not parse or plan; FailedPrecondition "program/build mismatch: <first
 // difference>" when the coordinator planned something else (another build
 // or other model code).
-absl::StatusOr<JobPlan> PlanOfProgram(const v1::JobProgram& program);
+absl::StatusOr<JobPlan> PlanOfProgram(const v1::JobProgram& program,
+                                      const ParsedJob* parsed = nullptr);
 
 }  // namespace conveyor::job
 

@@ -1,5 +1,5 @@
 // Forward-only schedules: what an evaluation runs through a training
-// pipeline (engine/job_spec.h EvalSpec). Every (stage, microbatch) has its
+// pipeline (job/job_spec.h EvalSpec). Every (stage, microbatch) has its
 // forward and nothing else, on the ranks the training schedule's placement
 // gives, so the same workers hold the same stages; no activation outlives
 // its forward.

@@ -23,11 +23,11 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/mesh_collective.h"
 #include "engine/mesh_stage.h"
-#include "engine/model_init.h"
 #include "engine/profiler.h"
 #include "engine/safetensors.h"
-#include "engine/trainer.h"
+#include "job/model_init.h"
 #include "job/rank_program.h"
+#include "job/trainer.h"
 #include "spdlog/spdlog.h"
 
 namespace conveyor::worker {
@@ -100,8 +100,9 @@ absl::StatusOr<std::unique_ptr<JobRunner>> JobRunner::Create(
   // cut (job/rank_program.h): the coordinator and this worker then run the
   // same stages, parameters and actions.
   // Its actions are the plan's, already decoded and validated.
-  ASSIGN_OR_RETURN(job::JobPlan plan, job::PlanOfProgram(program));
-  engine::JobSpec job = std::move(plan.job);
+  ASSIGN_OR_RETURN(job::JobPlan plan,
+                   job::PlanOfProgram(program, options.parsed.get()));
+  job::JobSpec job = std::move(plan.job);
   std::vector<scheduler::Action> actions =
       std::move(plan.schedule.actions[program.rank()]);
   engine::Backend* backend = engine::CpuBackend::Get(job.training.precision);
@@ -349,12 +350,12 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
   } else {
     std::vector<engine::PipelineStage*> stages;
     for (auto& stage : stages_) stages.push_back(stage.get());
-    RETURN_IF_ERROR(engine::InitializeStages(model, stages));
+    RETURN_IF_ERROR(job::InitializeStages(model, stages));
   }
   ASSIGN_OR_RETURN(data_, engine::DataSource::Create(
-                              job_.data, engine::ModelSampleShapes(model)));
+                              job_.data, job::ModelSampleShapes(model)));
   if (job_.eval.enabled) {
-    ASSIGN_OR_RETURN(eval_data_, engine::CreateEvalDataSource(job_));
+    ASSIGN_OR_RETURN(eval_data_, job::CreateEvalDataSource(job_));
   }
   // Cosine total_steps defaults to the job's training.steps, exactly as in
   // the reference, or the learning rates would differ.

@@ -66,12 +66,13 @@
 #include "conveyor/v1/conveyor.pb.h"
 #include "engine/backend.h"
 #include "engine/data.h"
-#include "engine/job_spec.h"
 #include "engine/mesh_collective.h"
 #include "engine/optimizer.h"
 #include "engine/pipeline_stage.h"
 #include "engine/safetensors.h"
 #include "engine/stage.h"
+#include "job/job_spec.h"
+#include "job/parsed_job.h"
 #include "scheduler/action.h"
 #include "scheduler/placement.h"
 #include "transport/tcp/tcp_channel.h"
@@ -132,6 +133,10 @@ struct JobRunnerOptions {
   std::optional<bool> check_tied = std::nullopt;
   // The worker's --peak-tflops, per device, in FLOP/s; 0: ask the backend.
   double peak_flops_per_device = 0;
+  // The job file as this worker parsed it to profile the job, if it did:
+  // Create plans from it rather than parsing the program's YAML again
+  // (job::PlanOfProgram).
+  std::shared_ptr<const job::ParsedJob> parsed = nullptr;
 };
 
 // What one finished step reports; the session turns it into a StepReport.
@@ -237,7 +242,7 @@ class JobRunner {
   std::vector<engine::Parameter*> parameters() const;
 
  private:
-  JobRunner(v1::JobProgram program, engine::JobSpec job,
+  JobRunner(v1::JobProgram program, job::JobSpec job,
             std::vector<scheduler::Action> actions, engine::Backend* backend,
             DeviceBackends* backends)
       : program_(std::move(program)),
@@ -292,7 +297,7 @@ class JobRunner {
   absl::Status Fail(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
 
   const v1::JobProgram program_;
-  engine::JobSpec job_;
+  job::JobSpec job_;
   engine::Backend* const backend_;
   DeviceBackends* const backends_;  // Null: the CPU.
   std::chrono::milliseconds recv_timeout_{kDefaultRecvTimeout};

@@ -18,13 +18,12 @@
 #include "common/status_macros.h"
 #include "conveyor/v1/conveyor.grpc.pb.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/job_spec.h"
-#include "engine/profiler.h"
 #include "grpcpp/grpcpp.h"
+#include "job/job_spec.h"
 #include "proto/protocol.h"
 #include "spdlog/spdlog.h"
-#include "transport/tcp/loopback_latency.h"
 #include "worker/job_runner.h"
+#include "worker/model_profile.h"
 #include "worker/step_report.h"
 
 namespace conveyor::worker {
@@ -34,8 +33,6 @@ using Stream =
     grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>;
 
 constexpr std::chrono::milliseconds kDefaultHeartbeatInterval{1000};
-// Transfers timed for a profile's transfer latency: 20 x 4 ms idle.
-constexpr int kTransferSamples = 20;
 constexpr std::chrono::milliseconds kMinHeartbeatInterval{10};
 
 v1::WorkerMessage Ended(const std::string& job_id, v1::JobState state,
@@ -109,6 +106,9 @@ struct WorkerSession::Job {
   // CancelJob must still be answered (`cancel_answered`).
   std::optional<v1::ProfileModel> profile;
   bool profiled = false;
+  // The job file as profiling parsed it; handed from the profiled job to
+  // its PrepareJob's, so the worker parses the file once.
+  std::shared_ptr<const job::ParsedJob> parsed;
   bool cancel_answered = false;
   // Cancelled with `cancel`; installed on the job thread, so the job's
   // preparation and profile stop at its cancel (common/cancellation.h).
@@ -494,6 +494,9 @@ std::optional<v1::WorkerMessage> WorkerSession::StartJobThread(
                    absl::StrCat("worker busy with ", job_->program.job_id()),
                    absl::StatusCode::kFailedPrecondition);
     }
+    if (job_ != nullptr && job_->profiled && job_->program.job_id() == id) {
+      job->parsed = std::move(job_->parsed);
+    }
     previous = std::move(job_);
     job_ = std::move(job);
     job_->thread = std::thread(&WorkerSession::JobMain, this, job_.get());
@@ -611,73 +614,32 @@ void WorkerSession::JoinJob() {
 
 void WorkerSession::ProfileMain(Job* job) {
   const v1::ProfileModel& request = *job->profile;
-  const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<std::vector<engine::LayerProfile>> layers =
-      [&]() -> absl::StatusOr<std::vector<engine::LayerProfile>> {
-    ASSIGN_OR_RETURN(engine::JobSpec spec,
-                     engine::ParseJobSpec(request.yaml(), request.file_name(),
-                                          request.base_dir()));
-    // Profiled where the job will run: on this worker's device.
-    engine::Backend* backend = engine::CpuBackend::Get(spec.training.precision);
-    if (options_.backends != nullptr) {
-      ASSIGN_OR_RETURN(backend,
-                       options_.backends->Get(spec.training.precision));
-    }
-    try {  // As in JobMain: a job too large fails, not the worker.
-      return engine::ProfileLayers(
-          backend, spec.model,
-          {.microbatch_size = spec.training.microbatch_size(),
-           .repetitions = std::clamp(request.repetitions(), 1, 100)});
-    } catch (const std::bad_alloc&) {
-      return absl::ResourceExhaustedError(
-          "out of host memory (std::bad_alloc) while profiling: the job's "
-          "model is too large for this worker");
-    }
-  }();
+  absl::StatusOr<ProfiledJob> profiled =
+      ProfileJobModel(request, options_.backends, options_.devices);
   v1::WorkerMessage answer;
   {
     absl::MutexLock lock(&mu_);
-    if (layers.ok() && !job->cancel.ok()) layers = job->cancel;
+    if (profiled.ok() && !job->cancel.ok()) profiled = job->cancel;
     job->ended = true;
-    job->profiled = layers.ok();
+    job->profiled = profiled.ok();
+    // Kept for the job's PrepareJob (StartJobThread).
+    if (profiled.ok()) job->parsed = profiled->parsed;
     // From here a CancelJob is answered by OnCancel.
   }
-  if (layers.ok()) {
-    v1::ModelProfile* p = answer.mutable_profile();
-    p->set_job_id(request.job_id());
-    p->set_device(absl::StrJoin(options_.devices, ","));
-    // What a transfer costs here; a schedule: auto job's choice depends on
-    // it when its layers are short. Not measured is not fatal: 0.
-    absl::StatusOr<double> transfer = transport::MeasureLoopbackLatency(
-        kTransferSamples, std::chrono::milliseconds(4));
-    if (transfer.ok()) {
-      p->set_transfer_seconds(*transfer);
-    } else {
-      SPDLOG_WARN("{}: no transfer latency for the planner: {}",
-                  request.job_id(), transfer.status().ToString());
-    }
-    for (const engine::LayerProfile& l : *layers) {
-      v1::LayerCost* c = p->add_layers();
-      c->set_forward_seconds(l.forward_seconds);
-      c->set_backward_input_seconds(l.backward_input_seconds);
-      c->set_backward_weight_seconds(l.backward_weight_seconds);
-      c->set_activation_bytes(l.activation_bytes);
-      c->set_parameter_bytes(l.parameter_bytes);
-    }
-    p->set_seconds(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-            .count());
-    SPDLOG_INFO("profiled {} layers of {} in {:.2f} s", layers->size(),
-                request.job_id(), p->seconds());
-  } else if (layers.status().code() == absl::StatusCode::kCancelled) {
-    answer = Ended(request.job_id(), v1::CANCELLED, layers.status().message(),
-                   layers.status().code());
+  if (profiled.ok()) {
+    *answer.mutable_profile() = std::move(profiled->profile);
+    SPDLOG_INFO("profiled {} layers of {} in {:.2f} s",
+                answer.profile().layers_size(), request.job_id(),
+                answer.profile().seconds());
+  } else if (profiled.status().code() == absl::StatusCode::kCancelled) {
+    answer = Ended(request.job_id(), v1::CANCELLED, profiled.status().message(),
+                   profiled.status().code());
   } else {
     const std::string message =
-        absl::StrCat("profiling the layers: ", layers.status().message());
+        absl::StrCat("profiling the layers: ", profiled.status().message());
     SPDLOG_WARN("{} failed: {}", request.job_id(), message);
     answer =
-        Ended(request.job_id(), v1::FAILED, message, layers.status().code());
+        Ended(request.job_id(), v1::FAILED, message, profiled.status().code());
   }
   job->writer->Write(answer);
   absl::MutexLock lock(&mu_);
@@ -760,7 +722,8 @@ absl::Status WorkerSession::RunJob(Job* job) {
       .listen_address = options_.data_address,
       .connect_timeout = options_.data_connect_timeout,
       .auth_token = options_.auth_token,
-      .backends = options_.backends};
+      .backends = options_.backends,
+      .parsed = job->parsed};
   if (options_.metrics != nullptr) {
     std::vector<int> stages;
     for (const v1::StageProgram& s : program.stages()) {

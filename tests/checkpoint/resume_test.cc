@@ -25,14 +25,14 @@ using job::testing::JobYaml;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-engine::ResumeSpec Latest() {
-  engine::ResumeSpec r;
-  r.kind = engine::ResumeSpec::Kind::kLatest;
+job::ResumeSpec Latest() {
+  job::ResumeSpec r;
+  r.kind = job::ResumeSpec::Kind::kLatest;
   return r;
 }
-engine::ResumeSpec AtPath(const std::string& path) {
-  engine::ResumeSpec r;
-  r.kind = engine::ResumeSpec::Kind::kPath;
+job::ResumeSpec AtPath(const std::string& path) {
+  job::ResumeSpec r;
+  r.kind = job::ResumeSpec::Kind::kPath;
   r.path = path;
   return r;
 }
@@ -56,7 +56,7 @@ class CheckpointsTest : public ::testing::Test {
   }
 
   JobPlan Plan(const std::string& yaml) {
-    absl::StatusOr<engine::JobSpec> spec = engine::ParseJobSpec(yaml, "j.yaml");
+    absl::StatusOr<job::JobSpec> spec = job::ParseJobSpec(yaml, "j.yaml");
     EXPECT_TRUE(spec.ok()) << spec.status();
     absl::StatusOr<JobPlan> plan = PlanJob(*std::move(spec));
     EXPECT_TRUE(plan.ok()) << plan.status();
@@ -153,7 +153,7 @@ TEST_F(CheckpointsTest, LatestRefusesADamagedCommittedStepSayingWhatToDo) {
   WriteStep(plan, 2, true);
   WriteStep(plan, 4, true);
   std::filesystem::resize_file(StageFilePath(dir_, 4, 1), 2);
-  for (const engine::ResumeSpec& resume : {Latest(), AtPath(dir_)}) {
+  for (const job::ResumeSpec& resume : {Latest(), AtPath(dir_)}) {
     absl::StatusOr<ResumePoint> point =
         FindResumePoint(resume, dir_, "00000000000000aa", "", "");
     EXPECT_EQ(point.status().code(), absl::StatusCode::kDataLoss);
@@ -208,7 +208,7 @@ TEST_F(CheckpointsTest, AnAutoJobResumesWithItsCheckpointsCut) {
       "training: {steps: 3, batch_size: 8, microbatches: 4}\n"
       "optimizer: {kind: sgd, lr: 0.1}\n"
       "pipeline: {schedule: 1f1b, stages: auto, num_stages: 2}\n";
-  absl::StatusOr<engine::JobSpec> spec = engine::ParseJobSpec(yaml, "j.yaml");
+  absl::StatusOr<job::JobSpec> spec = job::ParseJobSpec(yaml, "j.yaml");
   ASSERT_TRUE(spec.ok()) << spec.status();
   const ResumePoint point = PointAt(1, {0, 2});
   ASSERT_TRUE(AdoptCheckpointCut(point, *spec).ok());
@@ -219,7 +219,7 @@ TEST_F(CheckpointsTest, AnAutoJobResumesWithItsCheckpointsCut) {
   EXPECT_EQ(plan->stages[1].first_layer, 2);
   EXPECT_TRUE(CheckResumeFitsPlan(point, *plan).ok());
 
-  absl::StatusOr<engine::JobSpec> again = engine::ParseJobSpec(yaml, "j.yaml");
+  absl::StatusOr<job::JobSpec> again = job::ParseJobSpec(yaml, "j.yaml");
   const ResumePoint bad = PointAt(1, {0, 7});
   EXPECT_THAT(AdoptCheckpointCut(bad, *again).message(),
               HasSubstr("do not fit this model"));

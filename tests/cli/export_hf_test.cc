@@ -20,14 +20,14 @@
 #include "checkpoint/stage_file.h"
 #include "cli/export_command.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/job_spec.h"
-#include "engine/model_init.h"
 #include "engine/stage.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "hf/checkpoint.h"
 #include "hf/names.h"
 #include "job/config_hash.h"
+#include "job/job_spec.h"
+#include "job/model_init.h"
 #include "tests/cli/committed_checkpoint.h"
 #include "tests/engine/test_util.h"
 #include "tests/testing/test_dir.h"
@@ -76,7 +76,7 @@ class ExportHfTest : public ::testing::Test {
     std::ifstream in(job_path);
     std::stringstream text;
     text << in.rdbuf();
-    auto job = engine::LoadJobSpec(job_path);
+    auto job = job::LoadJobSpec(job_path);
     EXPECT_TRUE(job.ok()) << job.status();
     std::map<std::string, std::vector<float>> values;
     for (int s = 0; s < job->model.num_stages; ++s) {
@@ -84,7 +84,7 @@ class ExportHfTest : public ::testing::Test {
           engine::Stage::Create(engine::CpuBackend::Get(), job->model, s);
       EXPECT_TRUE(stage.ok()) << stage.status();
       engine::PipelineStage* p = stage->get();
-      EXPECT_TRUE(engine::InitializeStages(job->model, {&p, 1}).ok());
+      EXPECT_TRUE(job::InitializeStages(job->model, {&p, 1}).ok());
       for (engine::Parameter* param : (*stage)->parameters()) {
         values[param->name] = engine::testing_util::ToVector(param->value);
       }
@@ -188,7 +188,7 @@ TEST_F(ExportHfTest, ATiedModelExportsTheEmbeddingOnce) {
   const std::string imported = WriteJob(
       "imported.yaml",
       "model:\n  from_hf: tied\n  input_shape: [8]\n  boundaries: [1]\n");
-  auto spec = engine::LoadJobSpec(imported);
+  auto spec = job::LoadJobSpec(imported);
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_TRUE(spec->model.layers.back().tied);
   WriteCheckpoint(imported);

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "engine/job_spec.h"
+#include "job/job_spec.h"
 #include "job/planner.h"
 #include "proto/protocol.h"
 
@@ -55,7 +55,7 @@ grpc::Status FakeCoordinator::SubmitJob(grpc::ServerContext*,
     absl::MutexLock lock(&mutex_);
     submitted_.push_back(*request);
   }
-  absl::StatusOr<engine::JobSpec> spec = engine::ParseJobSpec(
+  absl::StatusOr<job::JobSpec> spec = job::ParseJobSpec(
       request->yaml(), request->file_name(), request->base_dir());
   if (!spec.ok()) return proto::ToGrpcStatus(spec.status());
   absl::StatusOr<job::JobPlan> plan = job::PlanJob(*std::move(spec));

@@ -22,7 +22,6 @@
 #include "checkpoint/stage_file.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/generate.h"
-#include "engine/job_spec.h"
 #include "engine/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -30,6 +29,7 @@
 #include "hf/model.h"
 #include "hf/names.h"
 #include "job/config_hash.h"
+#include "job/job_spec.h"
 #include "tests/cli/committed_checkpoint.h"
 #include "tests/engine/test_util.h"
 #include "tests/testing/test_dir.h"
@@ -275,7 +275,7 @@ class ConveyorCheckpointTest : public GenerateCommandTest {
   // random values; returns them.
   std::map<std::string, std::vector<float>> WriteCheckpoint(
       const std::string& job_path) {
-    auto job = engine::LoadJobSpec(job_path);
+    auto job = job::LoadJobSpec(job_path);
     EXPECT_TRUE(job.ok()) << job.status();
     model_ = job->model;
     std::map<std::string, std::vector<float>> values;

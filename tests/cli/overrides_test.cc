@@ -7,9 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "cli/job_file.h"
-#include "engine/job_spec.h"
+#include "common/yaml_load_count.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "job/job_spec.h"
 
 namespace conveyor::cli {
 namespace {
@@ -207,8 +208,8 @@ TEST(ApplyOverridesTest, TheResultParsesAsTheSameJob) {
   absl::StatusOr<std::string> out =
       ApplyOverrides(kJob, "job.yaml", {"training.steps=3"}, kMax);
   ASSERT_TRUE(out.ok()) << out.status();
-  absl::StatusOr<engine::JobSpec> job =
-      engine::ParseJobSpec(*out, "job.yaml (with --set)");
+  absl::StatusOr<job::JobSpec> job =
+      job::ParseJobSpec(*out, "job.yaml (with --set)");
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->training.steps, 3);
   EXPECT_EQ(job->name, "mlp");
@@ -242,7 +243,7 @@ TEST_F(JobFileTest, NamesTheFileAsOverridden) {
   ASSERT_TRUE(source.ok()) << source.status();
   EXPECT_EQ(source->file_name, path_ + " (with --set)");
   // The error position refers to the emitted text, which says so.
-  absl::StatusOr<engine::JobSpec> job = ParseJobSource(*source);
+  absl::StatusOr<job::ParsedJob> job = ParseJobSource(*source);
   ASSERT_FALSE(job.ok());
   EXPECT_THAT(job.status().message(), HasSubstr(path_ + " (with --set):"));
   EXPECT_THAT(job.status().message(), HasSubstr("training.steps"));
@@ -256,7 +257,7 @@ TEST_F(JobFileTest, ErrorsOfTheFileKeepTheirPosition) {
   absl::StatusOr<JobSource> source =
       ReadJobSource(path_, {"optimizer.lr=0.01"});
   ASSERT_TRUE(source.ok()) << source.status();
-  absl::StatusOr<engine::JobSpec> job = ParseJobSource(*source);
+  absl::StatusOr<job::ParsedJob> job = ParseJobSource(*source);
   ASSERT_FALSE(job.ok());
   EXPECT_THAT(std::string(job.status().message()),
               ::testing::StartsWith(path_ + ":14:10: training.steps: "));
@@ -271,7 +272,7 @@ TEST_F(JobFileTest, MissingFileIsNotFound) {
 
 TEST_F(JobFileTest, TooLargeFileIsInvalid) {
   const std::string big = (dir_ / "big.yaml").string();
-  std::ofstream(big) << std::string(engine::kMaxJobFileBytes + 1, '#');
+  std::ofstream(big) << std::string(job::kMaxJobFileBytes + 1, '#');
   absl::StatusOr<JobSource> source = ReadJobSource(big, {});
   ASSERT_FALSE(source.ok());
   EXPECT_EQ(source.status().code(), absl::StatusCode::kInvalidArgument);
@@ -286,25 +287,51 @@ TEST_F(JobFileTest, StepsBelowACosineWarmupScaleIt) {
                  "optimizer: {kind: adam, lr: 0.01, schedule: {kind: cosine, "
                  "warmup_steps: 40}}");
   std::ofstream(path_) << cosine;
+  // What the job says after `--steps S` (with `overrides`), and the note.
+  auto run = [&](std::vector<std::string> overrides, int64_t steps,
+                 std::string* note) -> job::JobSpec {
+    absl::StatusOr<JobSource> source =
+        ReadJobSource(path_, overrides, steps, note);
+    EXPECT_TRUE(source.ok()) << source.status();
+    if (!source.ok()) return {};
+    absl::StatusOr<job::ParsedJob> job = ParseJobSource(*source);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->spec : job::JobSpec();
+  };
   std::string note;
-  std::vector<std::string> got = StepsOverrides(path_, {}, 5, &note);
-  EXPECT_THAT(got, ::testing::ElementsAre("training.steps=5",
-                                          "optimizer.schedule.warmup_steps=2"));
+  job::JobSpec job = run({}, 5, &note);
+  EXPECT_EQ(job.training.steps, 5);
+  EXPECT_EQ(job.optimizer.schedule.warmup_steps, 2);
   EXPECT_THAT(note, HasSubstr("warmup_steps scaled from 40 (of 100 steps) "
                               "to 2"));
-  absl::StatusOr<JobSource> source = ReadJobSource(path_, got);
-  ASSERT_TRUE(source.ok()) << source.status();
-  EXPECT_TRUE(ParseJobSource(*source).ok());
   // At most S - 1, scaled by S / training.steps otherwise.
-  EXPECT_THAT(StepsOverrides(path_, {"training.steps=50"}, 40, &note),
-              ::testing::Contains("optimizer.schedule.warmup_steps=32"));
-  EXPECT_THAT(StepsOverrides(path_, {}, 3, &note),
-              ::testing::Contains("optimizer.schedule.warmup_steps=1"));
+  EXPECT_EQ(
+      run({"training.steps=50"}, 40, &note).optimizer.schedule.warmup_steps,
+      32);
+  EXPECT_EQ(run({}, 3, &note).optimizer.schedule.warmup_steps, 1);
   // Enough steps for the warmup: untouched, no note.
   note.clear();
-  EXPECT_THAT(StepsOverrides(path_, {}, 41, &note),
-              ::testing::ElementsAre("training.steps=41"));
+  job = run({}, 41, &note);
+  EXPECT_EQ(job.training.steps, 41);
+  EXPECT_EQ(job.optimizer.schedule.warmup_steps, 40);
   EXPECT_EQ(note, "");
+}
+
+// One YAML load of each text: the file (to apply --set and --steps) and
+// what is sent (the job's one parse), however many overrides there are.
+TEST_F(JobFileTest, StepsAndOverridesLoadEachTextOnce) {
+  std::ofstream(path_) << kJob;
+  TEST_CountYamlLoads(true);
+  std::string note;
+  absl::StatusOr<JobSource> source = ReadJobSource(
+      path_, {"optimizer.lr=0.01", "training.steps=50"}, 7, &note);
+  ASSERT_TRUE(source.ok()) << source.status();
+  absl::StatusOr<job::ParsedJob> job = ParseJobSource(*source);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.training.steps, 7);
+  EXPECT_EQ(TEST_YamlLoadsOf(kJob), 1);
+  EXPECT_EQ(TEST_YamlLoadsOf(source->yaml), 1);
+  TEST_CountYamlLoads(false);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "checkpoint/layout.h"
 #include "checkpoint/manifest.h"
 #include "common/crc32c.h"
+#include "common/yaml_load_count.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "job/config_hash.h"
@@ -1947,6 +1948,46 @@ TEST_F(JobManagerCheckpointTest, JobRecordsSurviveACoordinatorRestart) {
   absl::StatusOr<v1::Job> after = restored.SubmitJob(request);
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->id(), "job-5");
+}
+
+// The coordinator loads a job's YAML once (job::ParseJob) and plans every
+// attempt from what it parsed: a restart and an elastic relayout load it no
+// more; a restored coordinator (another process) loads it once again.
+TEST_F(JobManagerCheckpointTest, AJobFileIsLoadedOncePerProcess) {
+  const std::string yaml = CkptYaml(
+      "every: 1", "restart: {max_restarts: 3, elastic: {min_workers: 1}}\n", 4);
+  TEST_CountYamlLoads(true);
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string spare = AddWorker("spare");
+  const std::string job = StartJob(yaml, w1, w2);
+  StepWithCheckpoint(w1, w2, job, 1);
+  ASSERT_TRUE(Committed(1));
+  // A restart on the spare, then an elastic relayout onto w1 alone.
+  manager_.WorkerDisconnected(w2, "control connection closed");
+  ASSERT_EQ(State(job), v1::QUEUED);
+  Ended(w1, job, v1::CANCELLED);
+  ASSERT_EQ(State(job), v1::PLANNING);
+  manager_.WorkerDisconnected(spare, "control connection closed");
+  ASSERT_EQ(State(job), v1::QUEUED);
+  Ended(w1, job, v1::CANCELLED);
+  v1::Job info = *manager_.GetJob(job);
+  ASSERT_EQ(info.state(), v1::PLANNING) << info.message();
+  EXPECT_THAT(info.worker_ids(), ElementsAre(w1));
+  EXPECT_EQ(info.restarts(), 2);
+  EXPECT_EQ(TEST_YamlLoadsOf(yaml), 1);
+
+  manager_.Tick();  // Writes the records.
+  absl::StatusOr<std::optional<v1::CoordinatorState>> saved =
+      state_file_->Load();
+  ASSERT_TRUE(saved.ok() && saved->has_value());
+  TEST_CountYamlLoads(true);  // A new process, as far as counting goes.
+  JobManager restored(Options(nullptr));
+  ASSERT_TRUE(restored.Restore(**saved).ok());
+  info = *restored.GetJob(job);
+  EXPECT_EQ(info.state(), v1::QUEUED) << info.message();
+  EXPECT_EQ(info.resumed_from_step(), 1);
+  EXPECT_EQ(TEST_YamlLoadsOf(yaml), 1);
+  TEST_CountYamlLoads(false);
 }
 
 TEST_F(JobManagerCheckpointTest, RestoreRefusesContradictoryRecords) {

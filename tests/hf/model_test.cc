@@ -18,13 +18,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/job_spec.h"
-#include "engine/model_init.h"
 #include "engine/stage.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "hf/checkpoint.h"
 #include "hf/names.h"
+#include "job/job_spec.h"
+#include "job/model_init.h"
 #include "tests/engine/test_util.h"
 #include "tests/testing/test_dir.h"
 
@@ -98,7 +98,7 @@ class HfModelTest : public ::testing::Test {
 
 TEST_F(HfModelTest, TheConfigGivesTheLayersAndTheBoundariesTheStages) {
   ASSERT_TRUE(WriteCheckpoint(TinyConfig(), HfDType::kF32).ok());
-  auto job = engine::ParseJobSpec(
+  auto job = job::ParseJobSpec(
       Job("  from_hf: hf\n  input_shape: [8]\n  boundaries: [1, 2]\n"),
       "job.yaml", dir_.string());
   ASSERT_TRUE(job.ok()) << job.status();
@@ -134,7 +134,7 @@ TEST_F(HfModelTest, StagesLoadTheCheckpointBitwise) {
     SCOPED_TRACE(TorchDTypeName(dtype));
     fs::remove_all(dir_ / "hf");
     ASSERT_TRUE(WriteCheckpoint(TinyConfig(), dtype).ok());
-    auto job = engine::ParseJobSpec(
+    auto job = job::ParseJobSpec(
         Job("  from_hf: hf\n  input_shape: [8]\n  boundaries: [2]\n"),
         "job.yaml", dir_.string());
     ASSERT_TRUE(job.ok()) << job.status();
@@ -147,7 +147,7 @@ TEST_F(HfModelTest, StagesLoadTheCheckpointBitwise) {
       stages.push_back(stage->get());
       owned.push_back(*std::move(stage));
     }
-    ASSERT_TRUE(engine::InitializeStages(job->model, stages).ok());
+    ASSERT_TRUE(job::InitializeStages(job->model, stages).ok());
     int checked = 0;
     for (auto& stage : owned) {
       for (engine::Parameter* p : stage->parameters()) {
@@ -169,7 +169,7 @@ TEST_F(HfModelTest, ATiedCheckpointTiesTheHeadToTheEmbedding) {
   HfLlamaConfig tied = TinyConfig();
   tied.tie_word_embeddings = true;
   ASSERT_TRUE(WriteCheckpoint(tied, HfDType::kBF16).ok());
-  auto job = engine::ParseJobSpec(
+  auto job = job::ParseJobSpec(
       Job("  from_hf: hf\n  input_shape: [8]\n  boundaries: [2]\n"), "job.yaml",
       dir_.string());
   ASSERT_TRUE(job.ok()) << job.status();
@@ -194,7 +194,7 @@ TEST_F(HfModelTest, ATiedCheckpointTiesTheHeadToTheEmbedding) {
     stages.push_back(stage->get());
     owned.push_back(*std::move(stage));
   }
-  ASSERT_TRUE(engine::InitializeStages(model, stages).ok());
+  ASSERT_TRUE(job::InitializeStages(model, stages).ok());
   engine::Parameter* copy =
       engine::FindParameter(*stages[1], "layers.0.weight", /*copy=*/true);
   ASSERT_NE(copy, nullptr);
@@ -208,7 +208,7 @@ TEST_F(HfModelTest, ATiedCheckpointTiesTheHeadToTheEmbedding) {
 TEST_F(HfModelTest, WhatTheCheckpointCannotGiveIsRefusedAtFromHf) {
   ASSERT_TRUE(WriteCheckpoint(TinyConfig(), HfDType::kF32).ok());
   auto error = [&](absl::string_view model) {
-    auto job = engine::ParseJobSpec(Job(model), "job.yaml", dir_.string());
+    auto job = job::ParseJobSpec(Job(model), "job.yaml", dir_.string());
     EXPECT_FALSE(job.ok());
     return std::string(job.status().message());
   };
@@ -241,8 +241,8 @@ TEST_F(HfModelTest, AConveyorLlamaExportsAndReadsBackBitwise) {
   // Import, export through the model's HF config, import again: the same
   // parameters, bit for bit (fp32).
   ASSERT_TRUE(WriteCheckpoint(TinyConfig(), HfDType::kF32).ok());
-  auto job = engine::ParseJobSpec(Job("  from_hf: hf\n  input_shape: [8]\n"),
-                                  "job.yaml", dir_.string());
+  auto job = job::ParseJobSpec(Job("  from_hf: hf\n  input_shape: [8]\n"),
+                               "job.yaml", dir_.string());
   ASSERT_TRUE(job.ok()) << job.status();
   auto config = HfConfigOfModel(job->model, 32);
   ASSERT_TRUE(config.ok()) << config.status();

@@ -43,11 +43,11 @@
 #include "cli/trace_render.h"
 #include "common/file.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/job_spec.h"
 #include "engine/safetensors.h"
-#include "engine/trainer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "job/job_spec.h"
+#include "job/trainer.h"
 #include "nlohmann/json.hpp"
 #include "proto/protocol.h"
 #include "scheduler/generators.h"
@@ -137,13 +137,12 @@ using Params = std::map<std::string, std::vector<float>>;
 // parameters by name.
 Params InProcessReference(
     const std::string& yaml,
-    const std::function<void(const engine::StepReport&)>& on_step =
-        [](const engine::StepReport&) {}) {
-  absl::StatusOr<engine::JobSpec> job = engine::ParseJobSpec(yaml, "job.yaml");
+    const std::function<void(const job::StepReport&)>& on_step =
+        [](const job::StepReport&) {}) {
+  absl::StatusOr<job::JobSpec> job = job::ParseJobSpec(yaml, "job.yaml");
   EXPECT_TRUE(job.ok()) << job.status();
   job->checkpoint.dir.clear();
-  auto trainer =
-      engine::InProcessTrainer::Create(engine::CpuBackend::Get(), *job);
+  auto trainer = job::InProcessTrainer::Create(engine::CpuBackend::Get(), *job);
   EXPECT_TRUE(trainer.ok()) << trainer.status();
   EXPECT_TRUE((*trainer)->Run(on_step).ok());
   Params out;
@@ -1165,7 +1164,7 @@ TEST_F(DaemonsTest, ScheduleAutoTrainsTheChosenScheduleAndMatchesInProcess) {
 std::vector<std::pair<int64_t, double>> InProcessEvaluations(
     const std::string& yaml) {
   std::vector<std::pair<int64_t, double>> out;
-  InProcessReference(yaml, [&](const engine::StepReport& r) {
+  InProcessReference(yaml, [&](const job::StepReport& r) {
     if (r.eval) out.emplace_back(r.step, r.eval->loss);
   });
   return out;

@@ -15,8 +15,8 @@ using ::testing::HasSubstr;
 
 // A 4-stage MLP job with the given pipeline section.
 // With `marked` false the same 8 layers come without boundary markers.
-engine::JobSpec Job(const std::string& pipeline, int microbatches = 4,
-                    int stages = 4, bool marked = true) {
+JobSpec Job(const std::string& pipeline, int microbatches = 4, int stages = 4,
+            bool marked = true) {
   std::string layers;
   for (int s = 0; s < stages; ++s) {
     if (s > 0 && marked) layers += "    - boundary\n";
@@ -29,7 +29,7 @@ engine::JobSpec Job(const std::string& pipeline, int microbatches = 4,
       "training: {steps: 2, batch_size: 8, microbatches: ",
       microbatches, "}\noptimizer: {kind: sgd, lr: 0.1}\npipeline: ", pipeline,
       "\n");
-  absl::StatusOr<engine::JobSpec> job = engine::ParseJobSpec(yaml, "job.yaml");
+  absl::StatusOr<JobSpec> job = ParseJobSpec(yaml, "job.yaml");
   EXPECT_TRUE(job.ok()) << job.status();
   return *job;
 }
@@ -38,8 +38,8 @@ engine::JobSpec Job(const std::string& pipeline, int microbatches = 4,
 // order (the first groups one stage larger), V kept; auto stages searched
 // anew for the new count; too few stages or layers refused.
 TEST(PlannerTest, RelayoutOntoFewerWorkers) {
-  auto cut = [](const engine::JobSpec& job, int ranks) {
-    absl::StatusOr<engine::JobSpec> spec = RelayoutOnto(job, ranks);
+  auto cut = [](const JobSpec& job, int ranks) {
+    absl::StatusOr<JobSpec> spec = RelayoutOnto(job, ranks);
     EXPECT_TRUE(spec.ok()) << spec.status();
     absl::StatusOr<JobPlan> plan = PlanJob(*std::move(spec));
     EXPECT_TRUE(plan.ok()) << plan.status();
@@ -59,18 +59,18 @@ TEST(PlannerTest, RelayoutOntoFewerWorkers) {
       ElementsAre(0, 4, 8, 12));
   // Onto 3 it cuts (6 stages), but the schedule then cannot plan M = 4 on
   // P = 3: FailOrRestart tries fewer workers.
-  absl::StatusOr<engine::JobSpec> three = RelayoutOnto(
+  absl::StatusOr<JobSpec> three = RelayoutOnto(
       Job("{schedule: interleaved-1f1b, virtual_stages: 2}", 4, 8), 3);
   ASSERT_TRUE(three.ok()) << three.status();
   EXPECT_EQ(three->model.num_stages, 6);
   EXPECT_FALSE(PlanJob(*three).ok());
   // stages: auto searches 2 stages instead of 4.
-  absl::StatusOr<engine::JobSpec> automatic = RelayoutOnto(
+  absl::StatusOr<JobSpec> automatic = RelayoutOnto(
       Job("{schedule: 1f1b, stages: auto, num_stages: 4}", 4, 4, false), 2);
   ASSERT_TRUE(automatic.ok()) << automatic.status();
   EXPECT_EQ(automatic->pipeline.num_stages, 2);
   // Too few stages for the workers.
-  absl::StatusOr<engine::JobSpec> more =
+  absl::StatusOr<JobSpec> more =
       RelayoutOnto(Job("{schedule: interleaved-1f1b, virtual_stages: 2}"), 3);
   EXPECT_EQ(more.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(more.status().message(),
@@ -167,7 +167,7 @@ TEST(PlannerTest, RejectsAnEvaluationTooLargeToScheduleAtItsSection) {
     if (s > 0) layers += "    - boundary\n";
     layers += "    - dense: {features: 2}\n";
   }
-  absl::StatusOr<engine::JobSpec> spec = engine::ParseJobSpec(
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(
       absl::StrCat("model:\n  input_shape: [2]\n  init: {seed: 1}\n"
                    "  layers:\n",
                    layers,
@@ -201,7 +201,7 @@ TEST(PlannerTest, AutoStagesStartWithAProvisionalEvenCut) {
     EXPECT_EQ(plan->stages[s].first_layer, 2 * s);
     EXPECT_EQ(plan->stages[s].num_layers, 2);
   }
-  EXPECT_THAT(plan->marker_stage_begin, ElementsAre(0));
+  EXPECT_THAT(plan->marker_cut.first_layers(), ElementsAre(0));
   EXPECT_THAT(DescribePlan(*plan), HasSubstr("provisional"));
 }
 
@@ -211,7 +211,7 @@ TEST(PlannerTest, AutoStagesKeepTheMarkersInTheProvisionalCut) {
   absl::StatusOr<JobPlan> plan =
       PlanJob(Job("{schedule: 1f1b, stages: auto, num_stages: 6}"));
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_THAT(plan->marker_stage_begin, ElementsAre(0, 2, 4, 6));
+  EXPECT_THAT(plan->marker_cut.first_layers(), ElementsAre(0, 2, 4, 6));
   std::vector<int> begin;
   for (const StagePlan& s : plan->stages) begin.push_back(s.first_layer);
   EXPECT_THAT(begin, ElementsAre(0, 1, 2, 3, 4, 6));

@@ -32,7 +32,7 @@ std::string Yaml(const std::string& pipeline) {
 }
 
 JobPlan Plan(const std::string& yaml) {
-  absl::StatusOr<engine::JobSpec> spec = engine::ParseJobSpec(yaml, "job.yaml");
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(yaml, "job.yaml");
   EXPECT_TRUE(spec.ok()) << spec.status();
   absl::StatusOr<JobPlan> plan = PlanJob(*std::move(spec));
   EXPECT_TRUE(plan.ok()) << plan.status();
@@ -187,11 +187,14 @@ TEST(RankProgramTest, TheWorkerAcceptsWhatTheCoordinatorCompiled) {
 TEST(RankProgramTest, TheWorkerPlansAnAutoJobWithTheChosenCut) {
   const std::string yaml =
       Yaml("{schedule: 1f1b, stages: auto, num_stages: 2}");
-  absl::StatusOr<engine::JobSpec> spec = engine::ParseJobSpec(yaml, "job.yaml");
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(yaml, "job.yaml");
   ASSERT_TRUE(spec.ok()) << spec.status();
   // 8 layers, 4 markers fixed: 2 stages can only be cut at a marker; the
   // test cuts where the search could, after layer 2.
-  absl::StatusOr<JobPlan> chosen = PlanWithCut(*spec, {0, 2});
+  absl::StatusOr<StageCut> cut =
+      StageCut::Create({0, 2}, static_cast<int>(spec->model.layers.size()));
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  absl::StatusOr<JobPlan> chosen = PlanWithCut(*spec, *cut);
   ASSERT_TRUE(chosen.ok()) << chosen.status();
   const v1::JobProgram program = CompileRankProgram(*chosen, 0, Context(yaml));
   absl::StatusOr<JobPlan> again = PlanOfProgram(program);

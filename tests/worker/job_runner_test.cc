@@ -30,11 +30,11 @@
 #include "common/host_memory.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/safetensors.h"
-#include "engine/trainer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "job/planner.h"
 #include "job/rank_program.h"
+#include "job/trainer.h"
 #include "proto/protocol.h"
 #include "tests/engine/test_util.h"
 #include "tests/worker/run_job.h"
@@ -478,7 +478,7 @@ void WriteTokens(const std::string& dir) {
 // picking those that hold its parameters.
 std::vector<v1::JobProgram> CompileWithEveryFile(
     const std::vector<v1::JobProgram>& programs) {
-  auto job = engine::ParseJobSpec(programs[0].yaml(), "job.yaml");
+  auto job = job::ParseJobSpec(programs[0].yaml(), "job.yaml");
   EXPECT_TRUE(job.ok()) << job.status();
   if (!job.ok()) return {};
   auto plan = job::PlanJob(*job);

@@ -41,11 +41,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/job_spec.h"
 #include "engine/safetensors.h"
 #include "engine/stage.h"
-#include "engine/trainer.h"
 #include "gtest/gtest.h"
+#include "job/job_spec.h"
+#include "job/trainer.h"
 #include "tests/engine/test_util.h"
 #include "tests/worker/run_job.h"
 
@@ -108,7 +108,7 @@ std::unique_ptr<Variant> MakeVariant(bool tied) {
 
   // The init file: the unsplit model drawn from a seed (a tied model's
   // embedding once). Its logits on step 0's inputs are compared below.
-  auto job = engine::ParseJobSpec(
+  auto job = job::ParseJobSpec(
       absl::StrCat(
           "name: init\n", ModelYaml("{seed: 11}", {}, tied),
           "data: {source: tokens, path: ", (v->dir / "corpus.txt").string(),
@@ -127,8 +127,8 @@ std::unique_ptr<Variant> MakeVariant(bool tied) {
   }
   absl::Status s = (*stage)->InitializeFromSeed(11);
   if (s.ok()) {
-    s = engine::SaveParameters(cpu, (*stage)->parameters(),
-                               (v->dir / "init.safetensors").string(), {});
+    s = job::SaveParameters(cpu, (*stage)->parameters(),
+                            (v->dir / "init.safetensors").string(), {});
   }
   if (!s.ok()) {
     v->error = s.ToString();

@@ -18,11 +18,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/job_spec.h"
-#include "engine/trainer.h"
 #include "gtest/gtest.h"
+#include "job/job_spec.h"
 #include "job/planner.h"
 #include "job/rank_program.h"
+#include "job/trainer.h"
 #include "proto/protocol.h"
 #include "tests/engine/test_util.h"
 #include "worker/job_runner.h"
@@ -43,7 +43,7 @@ inline std::vector<v1::JobProgram> Programs(
       absl::StrAppend(&text, "checkpoint: {dir: ", checkpoint_dir, "}\n");
     }
   }
-  auto job = engine::ParseJobSpec(text, "job.yaml");
+  auto job = job::ParseJobSpec(text, "job.yaml");
   EXPECT_TRUE(job.ok()) << job.status();
   auto plan = job::PlanJob(*job);
   EXPECT_TRUE(plan.ok()) << plan.status();
@@ -124,13 +124,13 @@ inline Result RunJob(
 }
 
 inline Result Reference(const std::string& yaml) {
-  auto job = engine::ParseJobSpec(yaml, "job.yaml");
+  auto job = job::ParseJobSpec(yaml, "job.yaml");
   EXPECT_TRUE(job.ok()) << job.status();
   auto trainer =
-      *engine::InProcessTrainer::Create(engine::CpuBackend::Get(), *job);
+      *job::InProcessTrainer::Create(engine::CpuBackend::Get(), *job);
   Result out;
   EXPECT_TRUE(trainer
-                  ->Run([&](const engine::StepReport& r) {
+                  ->Run([&](const job::StepReport& r) {
                     out.losses.push_back(r.loss);
                     out.learning_rates.push_back(r.learning_rate);
                   })

@@ -266,7 +266,7 @@ v1::JobProgram Program(const std::string& id, int64_t steps) {
       steps,
       ", batch_size: 4, microbatches: 2}\n"
       "optimizer: {kind: sgd, lr: 0.1}\n");
-  auto job = engine::ParseJobSpec(yaml, "tiny.yaml");
+  auto job = job::ParseJobSpec(yaml, "tiny.yaml");
   EXPECT_TRUE(job.ok()) << job.status();
   auto plan = job::PlanJob(*job);
   EXPECT_TRUE(plan.ok()) << plan.status();

@@ -19,9 +19,9 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/mesh_collective.h"
 #include "engine/mesh_stage.h"
-#include "engine/trainer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "job/trainer.h"
 #include "scheduler/forward_only.h"
 #include "scheduler/generators.h"
 #include "scheduler/simulator.h"
@@ -32,9 +32,9 @@ namespace conveyor::worker {
 namespace {
 
 using engine::CpuBackend;
-using engine::JobSpec;
 using engine::testing_util::AllClose;
 using engine::testing_util::ToVector;
+using job::JobSpec;
 using scheduler::ScheduleKind;
 using ::testing::ElementsAre;
 
@@ -93,10 +93,10 @@ struct Params {
 };
 
 Params Reference(const JobSpec& job) {
-  auto trainer = *engine::InProcessTrainer::Create(CpuBackend::Get(), job);
+  auto trainer = *job::InProcessTrainer::Create(CpuBackend::Get(), job);
   Params p;
   EXPECT_TRUE(trainer
-                  ->Run([&](const engine::StepReport& r) {
+                  ->Run([&](const job::StepReport& r) {
                     p.losses.push_back(r.loss);
                     p.grad_norms.push_back(r.grad_norm);
                     if (r.eval) p.eval_losses.push_back(r.eval->loss);
@@ -192,11 +192,11 @@ Params Pipelined(const JobSpec& job, ScheduleKind kind, int ranks,
         for (auto* p : owned.back()->parameters()) params.push_back(p);
       }
       auto data = *engine::DataSource::Create(
-          job.data, engine::ModelSampleShapes(job.model));
+          job.data, job::ModelSampleShapes(job.model));
       std::unique_ptr<engine::DataSource> eval_data;
       if (job.eval.enabled) {
         eval_data = *engine::DataSource::Create(
-            job.eval.data, engine::ModelSampleShapes(job.model));
+            job.eval.data, job::ModelSampleShapes(job.model));
       }
       auto optimizer = *engine::Optimizer::Create(be, job.optimizer, params);
       auto executor = StageExecutor::Create(

@@ -8,19 +8,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "engine/cpu/cpu_backend.h"
 #include "transport/tcp/tcp_channel.h"
 
 namespace conveyor::transport {
 
-absl::StatusOr<double> MeasureLoopbackLatency(int samples,
+absl::StatusOr<double> MeasureLoopbackLatency(engine::Backend* backend,
+                                              int samples,
                                               std::chrono::milliseconds idle) {
   if (samples < 1 || samples > 1000 || idle.count() < 0 || idle.count() > 100) {
     return absl::InvalidArgumentError(
         absl::StrCat("loopback latency: samples ", samples, " (1..1000), idle ",
                      idle.count(), " ms (0..100)"));
   }
-  engine::Backend* cpu = engine::CpuBackend::Get();
   std::unique_ptr<TcpChannel> ranks[2];
   std::vector<std::string> peers;
   for (int r = 0; r < 2; ++r) {
@@ -30,7 +29,7 @@ absl::StatusOr<double> MeasureLoopbackLatency(int samples,
                                          .listen_address = "127.0.0.1:0",
                                          .job = 1,
                                          .secret = "loopback"},
-                                        cpu));
+                                        backend));
     peers.push_back(absl::StrCat("127.0.0.1:", ranks[r]->port()));
   }
   // Each rank dials the other and accepts it: both at once.
@@ -40,7 +39,8 @@ absl::StatusOr<double> MeasureLoopbackLatency(int samples,
   connect.join();
   RETURN_IF_ERROR(first);
   RETURN_IF_ERROR(second);
-  ASSIGN_OR_RETURN(engine::Tensor probe, cpu->Zeros({1}, engine::DType::kF32));
+  ASSIGN_OR_RETURN(engine::Tensor probe,
+                   backend->Zeros({1}, engine::DType::kF32));
   std::vector<double> seconds;
   seconds.reserve(samples);
   for (int i = 0; i < samples; ++i) {

@@ -13,13 +13,17 @@
 #include <chrono>
 
 #include "absl/status/statusor.h"
+#include "engine/backend.h"
 
 namespace conveyor::transport {
 
-// The median over `samples` (1..1000) transfers, in seconds, each after
-// `idle` (0..100 ms) without traffic. InvalidArgument for options out of
-// range; the channels' errors (Unavailable when loopback cannot be bound).
-absl::StatusOr<double> MeasureLoopbackLatency(int samples,
+// The median over `samples` (1..1000) transfers of a tensor of `backend`
+// (whose memory the channels send from and receive into), in seconds, each
+// after `idle` (0..100 ms) without traffic. InvalidArgument for options out
+// of range; the channels' errors (Unavailable when loopback cannot be
+// bound).
+absl::StatusOr<double> MeasureLoopbackLatency(engine::Backend* backend,
+                                              int samples,
                                               std::chrono::milliseconds idle);
 
 }  // namespace conveyor::transport
