@@ -3,7 +3,7 @@
 // stages bitwise (F32 and BF16 files), the refusals at from_hf's position,
 // and the HF config of a Conveyor Llama, which writes a checkpoint that
 // reads back to the same parameters.
-#include "hf/model.h"
+#include "job/model_init.h"
 
 #include <unistd.h>
 
@@ -22,14 +22,22 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "hf/checkpoint.h"
+#include "hf/model.h"
 #include "hf/names.h"
 #include "job/job_spec.h"
-#include "job/model_init.h"
 #include "tests/engine/test_util.h"
 #include "tests/testing/test_dir.h"
 
-namespace conveyor::hf {
+namespace conveyor::job {
 namespace {
+
+using hf::ExpectedLlamaTensors;
+using hf::HfCheckpoint;
+using hf::HfConfigOfModel;
+using hf::HfDType;
+using hf::HfLlamaConfig;
+using hf::TorchDTypeName;
+using hf::WriteHfCheckpoint;
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
@@ -98,7 +106,7 @@ class HfModelTest : public ::testing::Test {
 
 TEST_F(HfModelTest, TheConfigGivesTheLayersAndTheBoundariesTheStages) {
   ASSERT_TRUE(WriteCheckpoint(TinyConfig(), HfDType::kF32).ok());
-  auto job = job::ParseJobSpec(
+  auto job = ParseJobSpec(
       Job("  from_hf: hf\n  input_shape: [8]\n  boundaries: [1, 2]\n"),
       "job.yaml", dir_.string());
   ASSERT_TRUE(job.ok()) << job.status();
@@ -134,7 +142,7 @@ TEST_F(HfModelTest, StagesLoadTheCheckpointBitwise) {
     SCOPED_TRACE(TorchDTypeName(dtype));
     fs::remove_all(dir_ / "hf");
     ASSERT_TRUE(WriteCheckpoint(TinyConfig(), dtype).ok());
-    auto job = job::ParseJobSpec(
+    auto job = ParseJobSpec(
         Job("  from_hf: hf\n  input_shape: [8]\n  boundaries: [2]\n"),
         "job.yaml", dir_.string());
     ASSERT_TRUE(job.ok()) << job.status();
@@ -147,7 +155,7 @@ TEST_F(HfModelTest, StagesLoadTheCheckpointBitwise) {
       stages.push_back(stage->get());
       owned.push_back(*std::move(stage));
     }
-    ASSERT_TRUE(job::InitializeStages(job->model, stages).ok());
+    ASSERT_TRUE(InitializeStages(job->model, stages).ok());
     int checked = 0;
     for (auto& stage : owned) {
       for (engine::Parameter* p : stage->parameters()) {
@@ -169,7 +177,7 @@ TEST_F(HfModelTest, ATiedCheckpointTiesTheHeadToTheEmbedding) {
   HfLlamaConfig tied = TinyConfig();
   tied.tie_word_embeddings = true;
   ASSERT_TRUE(WriteCheckpoint(tied, HfDType::kBF16).ok());
-  auto job = job::ParseJobSpec(
+  auto job = ParseJobSpec(
       Job("  from_hf: hf\n  input_shape: [8]\n  boundaries: [2]\n"), "job.yaml",
       dir_.string());
   ASSERT_TRUE(job.ok()) << job.status();
@@ -194,7 +202,7 @@ TEST_F(HfModelTest, ATiedCheckpointTiesTheHeadToTheEmbedding) {
     stages.push_back(stage->get());
     owned.push_back(*std::move(stage));
   }
-  ASSERT_TRUE(job::InitializeStages(model, stages).ok());
+  ASSERT_TRUE(InitializeStages(model, stages).ok());
   engine::Parameter* copy =
       engine::FindParameter(*stages[1], "layers.0.weight", /*copy=*/true);
   ASSERT_NE(copy, nullptr);
@@ -208,7 +216,7 @@ TEST_F(HfModelTest, ATiedCheckpointTiesTheHeadToTheEmbedding) {
 TEST_F(HfModelTest, WhatTheCheckpointCannotGiveIsRefusedAtFromHf) {
   ASSERT_TRUE(WriteCheckpoint(TinyConfig(), HfDType::kF32).ok());
   auto error = [&](absl::string_view model) {
-    auto job = job::ParseJobSpec(Job(model), "job.yaml", dir_.string());
+    auto job = ParseJobSpec(Job(model), "job.yaml", dir_.string());
     EXPECT_FALSE(job.ok());
     return std::string(job.status().message());
   };
@@ -241,7 +249,7 @@ TEST_F(HfModelTest, AConveyorLlamaExportsAndReadsBackBitwise) {
   // Import, export through the model's HF config, import again: the same
   // parameters, bit for bit (fp32).
   ASSERT_TRUE(WriteCheckpoint(TinyConfig(), HfDType::kF32).ok());
-  auto job = job::ParseJobSpec(Job("  from_hf: hf\n  input_shape: [8]\n"),
+  auto job = ParseJobSpec(Job("  from_hf: hf\n  input_shape: [8]\n"),
                                "job.yaml", dir_.string());
   ASSERT_TRUE(job.ok()) << job.status();
   auto config = HfConfigOfModel(job->model, 32);
@@ -288,4 +296,4 @@ TEST(HfConfigOfModelTest, NamesTheFirstLayerOutsideTheLlamaLayout) {
 }
 
 }  // namespace
-}  // namespace conveyor::hf
+}  // namespace conveyor::job
