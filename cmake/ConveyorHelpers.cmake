@@ -4,10 +4,17 @@
 
 # .cu files get -Wall -Wextra for their host half but not -Wpedantic: nvcc's
 # generated code uses GCC-style #line directives, which -Wpedantic flags.
+# CONVEYOR_THREAD_SAFETY (clang only, checked in the top-level CMakeLists.txt)
+# makes clang check the ABSL_GUARDED_BY / ABSL_*_LOCKS_* annotations and fail
+# the build on a violation, whatever CONVEYOR_WERROR says: an unchecked
+# annotation is only a comment. The beta checks (ABSL_ACQUIRED_BEFORE order,
+# among others) are clean too, so they are kept that way.
+# scripts/check-thread-safety builds this way.
 function(conveyor_set_warnings target)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic>
     $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${CONVEYOR_WERROR}>>:-Werror>
+    $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${CONVEYOR_THREAD_SAFETY}>>:-Wthread-safety -Wthread-safety-beta -Werror=thread-safety -Werror=thread-safety-beta>
     $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>
     $<$<AND:$<COMPILE_LANGUAGE:CUDA>,$<BOOL:${CONVEYOR_WERROR}>>:-Werror=all-warnings -Xcompiler=-Werror>)
 endfunction()

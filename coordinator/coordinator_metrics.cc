@@ -248,13 +248,13 @@ CoordinatorMetrics::CoordinatorMetrics()
 CoordinatorMetrics::~CoordinatorMetrics() = default;
 
 void CoordinatorMetrics::Attach(const JobManager* manager) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   manager_ = manager;
 }
 
 void CoordinatorMetrics::CountRequest(const std::string& method,
                                       grpc::StatusCode code) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   prometheus::Counter*& counter =
       request_counters_[{method, static_cast<int>(code)}];
   if (counter == nullptr) {
@@ -272,7 +272,7 @@ CoordinatorMetrics::InterceptorFactory() {
 void CoordinatorMetrics::OnSubmitted(const v1::Job& job) {
   submitted_.Increment();
   const prometheus::Labels labels = {{"job_id", job.id()}};
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   jobs_[job.id()] =
       JobSeries{.info = &job_info_.Add({{"job_id", job.id()},
                                         {"name", job.name()},
@@ -292,7 +292,7 @@ void CoordinatorMetrics::OnSubmitted(const v1::Job& job) {
 
 void CoordinatorMetrics::OnStep(const v1::Job& job,
                                 const v1::StepSummary& step) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = jobs_.find(job.id());
   if (it == jobs_.end()) return;
   JobSeries& s = it->second;
@@ -319,7 +319,7 @@ void CoordinatorMetrics::OnStep(const v1::Job& job,
 void CoordinatorMetrics::OnFinished(const v1::Job& job) {
   finished_.Add({{"state", Lower(proto::JobStateName(job.state()))}})
       .Increment();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = jobs_.find(job.id());
   if (it == jobs_.end()) return;
   const JobSeries& s = it->second;
@@ -350,7 +350,7 @@ void CoordinatorMetrics::OnRestarted(const v1::Job& /*job*/,
 std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
   const JobManager* manager;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     manager = manager_;
   }
   if (manager == nullptr) return {};

@@ -12,11 +12,11 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "common/mutex.h"
 #include "coordinator/job_manager.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "prometheus/collectable.h"
@@ -96,7 +96,7 @@ class CoordinatorMetrics final : public JobObserver,
   prometheus::Family<prometheus::Gauge>& eval_loss_;
   prometheus::Family<prometheus::Counter>& requests_;
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   const JobManager* manager_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::map<std::string, JobSeries> jobs_ ABSL_GUARDED_BY(mu_);
   // By method and code: Family::Add takes a lock and hashes the labels, so

@@ -40,8 +40,8 @@ JobManager::~JobManager() { Shutdown(); }
 absl::StatusOr<v1::Registered> JobManager::RegisterWorker(
     const v1::RegisterRequest& request,
     std::shared_ptr<WorkerConnection> connection) {
+  MutexLock lock(mu_);
   RETURN_IF_ERROR(workers_.CheckRequest(request));
-  std::lock_guard<std::mutex> lock(mu_);
   if (shutdown_) return absl::UnavailableError("coordinator shutting down");
   ASSIGN_OR_RETURN(WorkerRecord * added,
                    workers_.Add(request, std::move(connection),
@@ -79,7 +79,7 @@ absl::Status JobManager::HandleWorkerMessage(const std::string& worker_id,
 
 absl::Status JobManager::Dispatch(const std::string& worker_id,
                                   const v1::WorkerMessage& message) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WorkerRecord* w = workers_.Find(worker_id);
   if (w == nullptr) {
     return absl::FailedPreconditionError(
@@ -153,7 +153,7 @@ absl::Status JobManager::Dispatch(const std::string& worker_id,
 
 void JobManager::WorkerDisconnected(const std::string& worker_id,
                                     const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WorkerRecord* w = workers_.Find(worker_id);
   if (w == nullptr) return;
   MarkLost(*w, reason);
@@ -200,7 +200,7 @@ void JobManager::MarkLost(WorkerRecord& w, const std::string& observed) {
 
 absl::StatusOr<v1::Trace> JobManager::GetTrace(const std::string& id,
                                                int64_t step) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = jobs_.find(JobNumber(id));
   if (it == jobs_.end()) {
     return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
@@ -256,7 +256,7 @@ absl::StatusOr<v1::Trace> JobManager::GetTrace(const std::string& id,
 }
 
 absl::StatusOr<v1::Job> JobManager::GetJob(const std::string& id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = jobs_.find(JobNumber(id));
   if (it == jobs_.end()) {
     return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
@@ -265,7 +265,7 @@ absl::StatusOr<v1::Job> JobManager::GetJob(const std::string& id) const {
 }
 
 std::vector<v1::Job> JobManager::ListJobs() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<v1::Job> out;
   for (const auto& [number, job] : jobs_) out.push_back(job.info);
   return out;
@@ -279,7 +279,7 @@ absl::StatusOr<v1::Job> JobManager::CancelJob(const std::string& id,
   // does and what a restarted one would do agree.
   v1::CoordinatorState ahead;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     JobRecord* job = FindJob(id);
     if (job == nullptr) {
       return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
@@ -306,7 +306,7 @@ absl::StatusOr<v1::Job> JobManager::CancelJob(const std::string& id,
   }
   v1::Job cancelled;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     JobRecord* job = FindJob(id);
     if (job == nullptr) {
       return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
@@ -323,7 +323,7 @@ absl::StatusOr<v1::Job> JobManager::CancelJob(const std::string& id,
 }
 
 std::vector<v1::Worker> JobManager::ListWorkers() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const TimePoint now = options_.clock();
   std::vector<v1::Worker> out;
   for (const WorkerRecord* w : workers_.All()) {
@@ -336,10 +336,10 @@ std::vector<v1::Worker> JobManager::ListWorkers() const {
 absl::StatusOr<std::vector<v1::JobEvent>> JobManager::WaitEvents(
     const std::string& id, int64_t* cursor,
     std::chrono::steady_clock::time_point deadline, bool* done) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   *done = false;
   const uint64_t number = JobNumber(id);
-  auto available = [&]() -> JobRecord* {
+  auto available = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> JobRecord* {
     auto it = jobs_.find(number);
     return it == jobs_.end() ? nullptr : &it->second;
   };
@@ -351,7 +351,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobManager::WaitEvents(
   *cursor = job->events.Normalize(*cursor);
   // The job is looked up again on every wake-up: while the lock was free it
   // may have ended and, much later, been forgotten (max_finished_jobs).
-  events_cv_.wait_until(lock, deadline, [&] {
+  events_cv_.WaitUntil(mu_, deadline, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     job = available();
     return shutdown_ || job == nullptr || *cursor < job->events.end();
   });
@@ -366,8 +366,10 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobManager::WaitEvents(
 
 uint64_t JobManager::WaitForAnyEvent(
     uint64_t seen, std::chrono::steady_clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
-  events_cv_.wait_until(lock, deadline, [&] { return event_count_ != seen; });
+  MutexLock lock(mu_);
+  events_cv_.WaitUntil(mu_, deadline, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return event_count_ != seen;
+  });
   return event_count_;
 }
 
@@ -376,7 +378,7 @@ uint64_t JobManager::WaitForAnyEvent(
 
 void JobManager::Tick() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (shutdown_) return;
     TickLocked();
   }
@@ -450,10 +452,10 @@ void JobManager::TickLocked() {
 
 void JobManager::Shutdown() {
   (void)Persist();  // Logged on failure; nothing more can be done now.
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   shutdown_ = true;
   ++event_count_;
-  events_cv_.notify_all();
+  events_cv_.NotifyAll();
 }
 // ---------------------------------------------------------------------------
 // Helpers.

@@ -59,13 +59,11 @@
 #define CONVEYOR_COORDINATOR_JOB_MANAGER_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -74,6 +72,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "checkpoint/resume.h"
+#include "common/mutex.h"
 #include "conveyor/v1/conveyor.pb.h"
 #include "coordinator/attempt_ranks.h"
 #include "coordinator/checkpoint_collector.h"
@@ -495,14 +494,14 @@ class JobManager {
   const JobManagerOptions options_;
   // Taken before mu_, never while holding it: one writer of the state file at
   // a time, each writing a snapshot at least as new as the last one.
-  std::mutex persist_mu_;
+  Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   uint64_t persisted_changes_ ABSL_GUARDED_BY(persist_mu_) = 0;
   // Its own mutex, so that reading it never waits behind a slow write.
-  mutable std::mutex health_mu_;
+  mutable Mutex health_mu_;
   std::string state_file_error_ ABSL_GUARDED_BY(health_mu_);
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
-  std::condition_variable events_cv_;
+  CondVar events_cv_;
   uint64_t event_count_ ABSL_GUARDED_BY(mu_) = 0;  // See WaitForAnyEvent.
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   // When Tick last ran; nullopt before the first.

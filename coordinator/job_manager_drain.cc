@@ -24,7 +24,7 @@ absl::StatusOr<v1::Worker> JobManager::DrainWorker(const std::string& worker,
                                                    const std::string& reason) {
   v1::Worker out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     WorkerRecord* found = workers_.Find(worker);
     if (found == nullptr || found->info.state() == v1::LOST) {
       found = nullptr;

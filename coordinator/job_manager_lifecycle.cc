@@ -617,7 +617,7 @@ void JobManager::AddEvent(JobRecord& job, const v1::StepSummary* step) {
   if (step != nullptr) *event.mutable_step() = *step;
   job.events.Add(std::move(event));
   ++event_count_;
-  events_cv_.notify_all();
+  events_cv_.NotifyAll();
 }
 
 void JobManager::ReleaseWorker(WorkerRecord& w) {

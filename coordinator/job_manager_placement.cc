@@ -85,7 +85,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
   v1::Job submitted;
   uint64_t change = 0;  // changes_ once the job is recorded.
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (shutdown_) return absl::UnavailableError("coordinator shutting down");
     const int64_t devices = plan->job.pipeline.devices_per_stage;
     const int live = workers_.Live(devices);
@@ -160,7 +160,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
   // returned.
   const absl::Status persisted = Persist();
   const bool durable = PersistedThrough(change);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const auto it = jobs_.find(JobNumber(submitted.id()));
   if (it == jobs_.end()) return submitted;  // Already forgotten (cannot be).
   JobRecord& job = it->second;

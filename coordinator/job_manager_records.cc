@@ -24,11 +24,11 @@ using job::PlanJob;
 
 absl::Status JobManager::Persist() {
   if (options_.state_file == nullptr) return absl::OkStatus();
-  std::lock_guard<std::mutex> persist(persist_mu_);
+  MutexLock persist(persist_mu_);
   v1::CoordinatorState state;
   uint64_t changes = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (changes_ == persisted_changes_) return absl::OkStatus();
     changes = changes_;
     state = Snapshot();
@@ -42,13 +42,13 @@ absl::Status JobManager::Persist() {
 
 absl::Status JobManager::SaveState(const v1::CoordinatorState& state) {
   if (options_.state_file == nullptr) return absl::OkStatus();
-  std::lock_guard<std::mutex> persist(persist_mu_);
+  MutexLock persist(persist_mu_);
   return SaveStateLocked(state);
 }
 
 absl::Status JobManager::SaveStateLocked(const v1::CoordinatorState& state) {
   const absl::Status saved = options_.state_file->Save(state);
-  std::lock_guard<std::mutex> health(health_mu_);
+  MutexLock health(health_mu_);
   // Logged once per outage: the first failure and the recovery.
   if (!saved.ok() && state_file_error_.empty()) {
     SPDLOG_ERROR(
@@ -64,12 +64,12 @@ absl::Status JobManager::SaveStateLocked(const v1::CoordinatorState& state) {
 
 bool JobManager::PersistedThrough(uint64_t change) {
   if (options_.state_file == nullptr) return true;
-  std::lock_guard<std::mutex> persist(persist_mu_);
+  MutexLock persist(persist_mu_);
   return persisted_changes_ >= change;
 }
 
 std::string JobManager::StateFileError() const {
-  std::lock_guard<std::mutex> health(health_mu_);
+  MutexLock health(health_mu_);
   return state_file_error_;
 }
 
@@ -122,7 +122,7 @@ absl::Status JobManager::Replan(JobRecord& job) {
 }
 
 absl::Status JobManager::Restore(const v1::CoordinatorState& state) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!jobs_.empty() || !workers_.empty()) {
     return absl::FailedPreconditionError(
         "job records can only be restored before any job or worker");
@@ -194,9 +194,11 @@ absl::Status JobManager::Restore(const v1::CoordinatorState& state) {
       queued.push_back(number);  // Cannot happen with a file we wrote.
     }
   }
-  std::stable_sort(ended.begin(), ended.end(), [&](uint64_t a, uint64_t b) {
+  auto ended_before = [&](uint64_t a,
+                          uint64_t b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return jobs_.at(a).info.ended_unix_ms() < jobs_.at(b).info.ended_unix_ms();
-  });
+  };
+  std::stable_sort(ended.begin(), ended.end(), ended_before);
   for (uint64_t number : ended) {
     JobRecord& job = jobs_.at(number);
     job.parsed.yaml.clear();
@@ -204,7 +206,7 @@ absl::Status JobManager::Restore(const v1::CoordinatorState& state) {
     finished_jobs_.push_back(number);
   }
   // Each kept job's next event: the job as it is now.
-  auto start = [&](JobRecord& job) {
+  auto start = [&](JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     AddEvent(job, nullptr);
     if (options_.observer != nullptr) options_.observer->OnSubmitted(job.info);
   };

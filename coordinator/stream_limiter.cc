@@ -29,7 +29,7 @@ std::string StreamLimiter::ClientOf(absl::string_view peer) {
 std::optional<StreamLimiter::Slot> StreamLimiter::Acquire(
     absl::string_view peer) {
   std::string client = ClientOf(peer);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   int& mine = per_client_[client];
   if (total_ >= max_total_ || mine >= max_per_client_) {
     if (mine == 0) per_client_.erase(client);
@@ -41,7 +41,7 @@ std::optional<StreamLimiter::Slot> StreamLimiter::Acquire(
 }
 
 void StreamLimiter::Release(const std::string& client) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   --total_;
   if (auto it = per_client_.find(client);
       it != per_client_.end() && --it->second == 0) {
@@ -51,7 +51,7 @@ void StreamLimiter::Release(const std::string& client) {
 
 std::string StreamLimiter::Refusal(absl::string_view peer) const {
   const std::string client = ClientOf(peer);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const auto it = per_client_.find(client);
   const int mine = it == per_client_.end() ? 0 : it->second;
   return absl::StrCat("too many open watch streams: ", mine, " from ", client,
@@ -61,7 +61,7 @@ std::string StreamLimiter::Refusal(absl::string_view peer) const {
 }
 
 int StreamLimiter::open() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return total_;
 }
 

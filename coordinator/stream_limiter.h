@@ -15,13 +15,13 @@
 #define CONVEYOR_COORDINATOR_STREAM_LIMITER_H_
 
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
+#include "common/mutex.h"
 
 namespace conveyor::coordinator {
 
@@ -63,7 +63,7 @@ class StreamLimiter {
 
   const int max_total_;
   const int max_per_client_;
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   int total_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, int> per_client_ ABSL_GUARDED_BY(mu_);
 };

@@ -223,7 +223,7 @@ JobMetrics::~JobMetrics() {
   }
   o.step_duration_.Remove(step_duration_);
   o.receive_wait_.Remove(receive_wait_);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& [rank, p] : peers_) {
     if (p.sent != nullptr) o.sent_.Remove(p.sent);
     if (p.received != nullptr) o.received_.Remove(p.received);
@@ -232,7 +232,7 @@ JobMetrics::~JobMetrics() {
 }
 
 void JobMetrics::SetPeerNames(std::vector<std::string> names) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   peer_names_ = std::move(names);
 }
 
@@ -275,14 +275,14 @@ JobMetrics::PeerSeries& JobMetrics::Peer(int rank) {
 
 void JobMetrics::OnSent(int peer, uint64_t bytes,
                         std::chrono::steady_clock::duration took) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   PeerSeries& p = Peer(peer);
   p.sent->Increment(static_cast<double>(bytes));
   p.transfer->Observe(std::chrono::duration<double>(took).count());
 }
 
 void JobMetrics::OnReceived(int peer, uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Peer(peer).received->Increment(static_cast<double>(bytes));
 }
 

@@ -15,11 +15,11 @@
 #include <chrono>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "common/mutex.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -80,7 +80,7 @@ class JobMetrics final : public transport::DataPlaneObserver {
   prometheus::Histogram* step_duration_;
   prometheus::Counter* receive_wait_;
 
-  std::mutex mu_;
+  Mutex mu_;
   std::vector<std::string> peer_names_ ABSL_GUARDED_BY(mu_);
   std::map<int, PeerSeries> peers_ ABSL_GUARDED_BY(mu_);
 };

@@ -267,7 +267,7 @@ absl::StatusOr<std::string> TcpChannel::Impl::TakeMessage(
     return absl::FailedPreconditionError(
         "TakeMessage while a message handler is set");
   }
-  auto find = [&] {
+  auto find = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(handler_mu_) {
     return std::find_if(
         pending_messages_.begin(), pending_messages_.end(),
         [&](const std::pair<int, std::string>& m) { return m.first == from; });
@@ -300,20 +300,25 @@ void TcpChannel::Impl::SetMessageHandler(MessageHandler* handler) {
 absl::StatusOr<engine::Tensor> TcpChannel::Impl::Recv(
     const Tag& tag, std::chrono::milliseconds timeout) {
   engine::Tensor tensor;
+  absl::Status timed_out;
   {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<std::optional<engine::Tensor>> arrived =
         mailbox_.Await(mu_, status_, tag, timeout);
     if (!arrived.ok()) return arrived.status();
-    if (!arrived->has_value()) {
-      const absl::Status timed_out = mailbox_.TimeoutError(tag, timeout);
+    if (arrived->has_value()) {
+      tensor = **std::move(arrived);
+    } else {
+      timed_out = mailbox_.TimeoutError(tag, timeout);
       if (config_.abort_on_recv_timeout) {
         SetAbortStatus(timed_out);
       }
-      Observe(DataPlaneObserver::Error::kTimeout);
-      return timed_out;
     }
-    tensor = **std::move(arrived);
+  }
+  if (!timed_out.ok()) {
+    // Outside mu_ (Observe excludes it): the observer is outside code.
+    Observe(DataPlaneObserver::Error::kTimeout);
+    return timed_out;
   }
   // Host memory serves every CPU backend (fp32 or bf16 GEMMs alike).
   if (IsHost(backend_)) return tensor;

@@ -9,7 +9,7 @@ void TcpChannel::Impl::StartConnect(OutLink* l,
   l->state = OutLink::State::kConnecting;
   l->endpoints = std::move(endpoints);
   l->deadline.expires_at(deadline);
-  l->deadline.async_wait([this, l](const asio::error_code& ec) {
+  l->deadline.async_wait([l](const asio::error_code& ec) {
     if (ec || l->state != OutLink::State::kConnecting) return;
     // Whatever is pending (dial, redial delay, handshake) fails now.
     l->timed_out = true;
