@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "common/yaml_load_count.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/protocol.h"
@@ -138,6 +139,34 @@ TEST(RankProgramTest, SendsTheFilesHoldingARanksParametersWhateverTheCut) {
   // The worker re-plans it to the same program.
   absl::StatusOr<JobPlan> again = PlanOfProgram(program);
   ASSERT_TRUE(again.ok()) << again.status();
+}
+
+// A worker that profiled the job hands PlanOfProgram the file as it parsed
+// it: the program's YAML is not loaded again. A ParsedJob of another text
+// (or file name) is not used.
+TEST(RankProgramTest, TheWorkerPlansFromTheJobItParsedAlready) {
+  const std::string yaml =
+      Yaml("{schedule: 1f1b, stages: auto, num_stages: 2}");
+  absl::StatusOr<ParsedJob> parsed = ParseJob(yaml, "job.yaml");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  absl::StatusOr<StageCut> cut = StageCut::Create(
+      {0, 2}, static_cast<int>(parsed->spec.model.layers.size()));
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  absl::StatusOr<JobPlan> chosen = PlanWithCut(parsed->spec, *cut);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  const v1::JobProgram program = CompileRankProgram(*chosen, 1, Context(yaml));
+  TEST_CountYamlLoads(true);
+  absl::StatusOr<JobPlan> again = PlanOfProgram(program, &*parsed);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->stages[1].first_layer, 2);
+  EXPECT_EQ(TEST_YamlLoadsOf(yaml), 0);
+  // Another file name: parsed again, and still the same plan.
+  ParsedJob other = *parsed;
+  other.file_name = "other.yaml";
+  again = PlanOfProgram(program, &other);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(TEST_YamlLoadsOf(yaml), 1);
+  TEST_CountYamlLoads(false);
 }
 
 // A tied lm_head's weight is its embedding's: the rank holding the head
