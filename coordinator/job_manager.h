@@ -266,7 +266,7 @@ class JobManager {
   const std::unique_ptr<JobRunContext> context_;
   std::map<uint64_t, JobRun> jobs_ ABSL_GUARDED_BY(mu_);
   JobQueue queue_ ABSL_GUARDED_BY(mu_);
-  // Holds references to context_, jobs_ and queue_ (declared before it).
+  // Holds references to *context_ and jobs_ (declared before it).
   Placer placer_ ABSL_GUARDED_BY(mu_);
   // Ended jobs, oldest first (max_finished_jobs).
   std::deque<uint64_t> finished_jobs_ ABSL_GUARDED_BY(mu_);
