@@ -56,7 +56,7 @@ struct Flags {
   std::string state_file;
   conveyor::proto::TlsFiles tls;
   std::string log_level = "info";
-  // Fault injection (hidden): freeze before the manifest of this step.
+  // Test hooks (hidden flags): freeze before the manifest of this step.
   int64_t fault_commit_step = 0;
   int64_t fault_commit_delay_ms = 0;
 };
@@ -147,9 +147,11 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", flags.log_level,
                  absl::StrCat("Log level: ", conveyor::kLogLevels))
       ->capture_default_str();
-  // Fault injection for the test that kills the coordinator between a
-  // step's last stage file and its manifest: pause before writing the
-  // manifest of that step. Hidden (empty group): not for users.
+  // Test hooks (JobManagerOptions::TEST_fault_commit_*): they exist only for
+  // tests/integration/coordinator_restart_test.sh, which kills the
+  // coordinator between a step's last stage file and its manifest: pause
+  // before writing the manifest of that step. Hidden from --help (empty
+  // group): not for users.
   app.add_option("--fault-commit-step", flags.fault_commit_step)
       ->envname("CONVEYOR_FAULT_COMMIT_STEP")
       ->check(CLI::NonNegativeNumber)
@@ -227,8 +229,8 @@ int main(int argc, char** argv) {
   if (flags.fault_commit_step > 0) {
     SPDLOG_WARN("fault injection: pausing {} ms before the manifest of step {}",
                 flags.fault_commit_delay_ms, flags.fault_commit_step);
-    manager_options.fault_commit_step = flags.fault_commit_step;
-    manager_options.fault_commit_delay =
+    manager_options.TEST_fault_commit_step = flags.fault_commit_step;
+    manager_options.TEST_fault_commit_delay =
         std::chrono::milliseconds(flags.fault_commit_delay_ms);
   }
   conveyor::coordinator::JobManager manager(std::move(manager_options));

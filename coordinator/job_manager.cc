@@ -1,7 +1,10 @@
+// JobManager (coordinator/job_manager.h): the workers' side (registration,
+// their messages, loss, drain) and time (Tick). The jobs' side (submission,
+// queries, cancellation, watching, restore and the state file) is in
+// job_manager_jobs.cc.
 #include "coordinator/job_manager.h"
 
 #include <algorithm>
-#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,7 +17,6 @@
 
 namespace conveyor::coordinator {
 
-using job::StagePlan;
 namespace {
 
 // After this many attempts in a row lose a worker before completing a step,
@@ -27,10 +29,39 @@ double Seconds(std::chrono::steady_clock::duration d) {
 
 }  // namespace
 
+// Every method is called by a JobRun or the Placer, with mu_ held.
+class JobManager::RunContext final : public JobRunContext {
+ public:
+  explicit RunContext(JobManager& manager) : m_(manager) {}
+
+  const JobManagerOptions& options() const override { return m_.options_; }
+  WorkerRegistry& workers() override { return m_.workers_; }
+  JobQueue& queue() override { return m_.queue_; }
+  void MarkChanged() override { m_.MarkChanged(); }
+  void EventAdded() override {
+    ++m_.event_count_;
+    m_.events_cv_.NotifyAll();
+  }
+  void UpdateQueuePositions() override { m_.placer_.UpdateQueuePositions(); }
+  void ReleaseWorker(WorkerRecord& w) override { m_.ReleaseWorker(w); }
+  void MarkLost(WorkerRecord& w, const std::string& observed) override {
+    m_.MarkLost(w, observed);
+  }
+  std::string DescribeWorker(const WorkerRecord& w) const override {
+    return m_.DescribeWorker(w);
+  }
+  void OnJobEnded(JobRun& run) override { m_.ForgetOldJobs(run); }
+
+ private:
+  JobManager& m_;
+};
+
 JobManager::JobManager(JobManagerOptions options)
     : options_(std::move(options)),
+      store_(options_.state_file),
       workers_(options_.version),
-      profiles_(options_.max_cached_profiles) {}
+      context_(std::make_unique<RunContext>(*this)),
+      placer_(*context_, jobs_) {}
 
 JobManager::~JobManager() { Shutdown(); }
 
@@ -63,7 +94,7 @@ absl::StatusOr<v1::Registered> JobManager::RegisterWorker(
   v1::CoordinatorMessage m;
   *m.mutable_registered() = reply;
   w.connection->Send(m);
-  Schedule();
+  placer_.Schedule();
   return reply;
 }
 
@@ -91,38 +122,50 @@ absl::Status JobManager::Dispatch(const std::string& worker_id,
                      "); register again"));
   }
   w->last_seen = options_.clock();
+  // A report names its job; one of a job no longer known is late (it
+  // ended and was forgotten): ignored.
   switch (message.kind_case()) {
     case v1::WorkerMessage::kHeartbeat: {
       // A worker that says it is idle while we still count it busy with a
       // finished job has ended that job (its JobEnded was lost or raced the
       // cancel): free it.
       if (w->info.state() == v1::BUSY && message.heartbeat().job_id().empty()) {
-        JobRecord* job = FindJob(w->info.job_id());
-        if (job == nullptr || proto::IsTerminal(job->info.state())) {
+        JobRun* job = FindJob(w->info.job_id());
+        if (job == nullptr || proto::IsTerminal(job->job().info.state())) {
           ReleaseWorker(*w);
-          Schedule();
+          placer_.Schedule();
         }
       }
       return absl::OkStatus();
     }
     case v1::WorkerMessage::kReady:
-      OnReady(*w, message.ready());
+      if (JobRun* job = FindJob(message.ready().job_id())) {
+        job->OnReady(*w, message.ready());
+      }
       return absl::OkStatus();
     case v1::WorkerMessage::kStep:
-      OnStep(*w, message.step());
+      if (JobRun* job = FindJob(message.step().job_id())) {
+        job->OnStep(*w, message.step());
+      }
       return absl::OkStatus();
     case v1::WorkerMessage::kProfile:
-      OnProfile(*w, message.profile());
+      if (JobRun* job = FindJob(message.profile().job_id())) {
+        placer_.OnProfile(*job, *w, message.profile());
+      }
       return absl::OkStatus();
     case v1::WorkerMessage::kEnded:
       OnEnded(*w, message.ended());
-      Schedule();
+      placer_.Schedule();
       return absl::OkStatus();
     case v1::WorkerMessage::kCheckpoint:
-      OnCheckpoint(*w, message.checkpoint());
+      if (JobRun* job = FindJob(message.checkpoint().job_id())) {
+        job->OnCheckpoint(*w, message.checkpoint());
+      }
       return absl::OkStatus();
     case v1::WorkerMessage::kDrainPoint:
-      OnDrainPoint(*w, message.drain_point());
+      if (JobRun* job = FindJob(message.drain_point().job_id())) {
+        job->OnDrainPoint(*w, message.drain_point());
+      }
       return absl::OkStatus();
     case v1::WorkerMessage::kDrain:
       // The worker's SIGTERM: drain it as conveyorctl drain would.
@@ -130,7 +173,7 @@ absl::Status JobManager::Dispatch(const std::string& worker_id,
       StartDrain(*w,
                  absl::StrCat("the worker asked (",
                               message.drain().reason().substr(0, 200), ")"));
-      Schedule();
+      placer_.Schedule();
       return absl::OkStatus();
     case v1::WorkerMessage::kDeregister: {
       // Leaving on purpose: its job (if any) fails or restarts as for a
@@ -140,7 +183,7 @@ absl::Status JobManager::Dispatch(const std::string& worker_id,
       MarkLost(*w, absl::StrCat("deregistered (", message.deregister().reason(),
                                 ")"));
       workers_.Erase(worker_id);
-      Schedule();
+      placer_.Schedule();
       return absl::OkStatus();
     }
     case v1::WorkerMessage::kRegister:
@@ -151,13 +194,23 @@ absl::Status JobManager::Dispatch(const std::string& worker_id,
   }
 }
 
+void JobManager::OnEnded(WorkerRecord& w, const v1::JobEnded& ended) {
+  if (w.info.job_id() != ended.job_id()) return;  // Stale.
+  JobRun* job = FindJob(ended.job_id());
+  if (job == nullptr) {
+    ReleaseWorker(w);
+    return;
+  }
+  job->OnEnded(w, ended);  // Frees `w` first.
+}
+
 void JobManager::WorkerDisconnected(const std::string& worker_id,
                                     const std::string& reason) {
   MutexLock lock(mu_);
   WorkerRecord* w = workers_.Find(worker_id);
   if (w == nullptr) return;
   MarkLost(*w, reason);
-  Schedule();
+  placer_.Schedule();
 }
 
 void JobManager::MarkLost(WorkerRecord& w, const std::string& observed) {
@@ -170,207 +223,137 @@ void JobManager::MarkLost(WorkerRecord& w, const std::string& observed) {
     w.connection->Close(
         absl::UnavailableError(absl::StrCat("declared lost: ", observed)));
   }
-  JobRecord* job = FindJob(w.info.job_id());
+  JobRun* run = FindJob(w.info.job_id());
   w.info.clear_job_id();
   w.info.clear_stages();
   w.info.clear_data_endpoint();
+  if (run == nullptr) return;
+  JobRun::JobRecord& job = run->job();
   // A worker of an earlier attempt, still winding down after a restart,
   // keeps the job's id but is no longer among its workers: its loss ends
   // nothing of the attempt now running.
   const bool in_attempt =
-      job != nullptr &&
-      std::find(job->info.worker_ids().begin(), job->info.worker_ids().end(),
-                w.info.id()) != job->info.worker_ids().end();
-  if (in_attempt && !proto::IsTerminal(job->info.state())) {
+      std::find(job.info.worker_ids().begin(), job.info.worker_ids().end(),
+                w.info.id()) != job.info.worker_ids().end();
+  if (in_attempt && !proto::IsTerminal(job.info.state())) {
     // A job that kills its workers (a size no check caught, a crash in
     // its layers) must not be restarted onto the rest of the cluster, one
     // attempt after another. A loss before any step, twice in a row, is
     // taken as the job's doing; one alone may be the machine's.
-    if (!job->stepped &&
-        ++job->attempts_lost_before_a_step >= kMaxAttemptsLostBeforeAStep) {
-      job->no_restart = absl::StrCat(
-          job->attempts_lost_before_a_step,
+    if (!job.stepped &&
+        ++job.attempts_lost_before_a_step >= kMaxAttemptsLostBeforeAStep) {
+      job.no_restart = absl::StrCat(
+          job.attempts_lost_before_a_step,
           " attempts in a row lost a worker before completing a step, so the "
           "job itself may be what ends them (too large for the machine?); "
           "check the workers' logs, then resubmit");
     }
-    FailOrRestart(*job, absl::StrCat(who, " lost: ", observed), "worker_lost");
+    run->FailOrRestart(absl::StrCat(who, " lost: ", observed), "worker_lost");
   }
 }
 
-absl::StatusOr<v1::Trace> JobManager::GetTrace(const std::string& id,
-                                               int64_t step) const {
-  MutexLock lock(mu_);
-  auto it = jobs_.find(JobNumber(id));
-  if (it == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
-  }
-  const JobRecord& job = it->second;
-  const std::deque<StepAggregator::Timelines>& kept = job.steps.timelines();
-  if (kept.empty() && proto::IsTerminal(job.info.state()) &&
-      job.info.steps_done() > 0) {
-    return absl::NotFoundError(absl::StrCat(
-        id,
-        "'s timelines are no longer kept: the coordinator keeps those of "
-        "the newest ",
-        options_.trace_finished_jobs, " ended jobs"));
-  }
-  if (kept.empty()) {
-    return absl::NotFoundError(
-        absl::StrCat(id, " has no complete step yet (",
-                     proto::JobStateName(job.info.state()), ")"));
-  }
-  const StepAggregator::Timelines* found = job.steps.Find(step);
-  if (found == nullptr) {
-    return absl::NotFoundError(absl::StrCat(
-        id, " step ", step, " is not kept; timelines are kept for steps ",
-        kept.front().first, " to ", kept.back().first));
-  }
-  v1::Trace trace;
-  trace.set_job_id(id);
-  trace.set_job_name(job.info.name());
-  trace.set_step(found->first);
-  trace.set_schedule(job.info.schedule());
-  trace.set_num_ranks(job.plan.num_ranks);
-  trace.set_virtual_stages(job.plan.virtual_stages);
-  trace.set_microbatches(job.info.microbatches());
-  for (const auto& entry : kept) trace.add_available_steps(entry.first);
-  for (int r = 0; r < static_cast<int>(found->second.size()); ++r) {
-    const v1::StepReport& report = found->second[r];
-    v1::RankTrace* rank = trace.add_ranks();
-    rank->set_rank(r);
-    if (r < job.info.worker_ids_size()) {
-      rank->set_worker_id(job.info.worker_ids(r));
-      if (const WorkerRecord* w = workers_.Find(job.info.worker_ids(r))) {
-        rank->set_worker_name(w->info.name());
+// ---------------------------------------------------------------------------
+// Drains (the job's side is coordinator/job_run_drain.cc).
+
+absl::StatusOr<v1::Worker> JobManager::DrainWorker(const std::string& worker,
+                                                   const std::string& reason) {
+  v1::Worker out;
+  {
+    MutexLock lock(mu_);
+    WorkerRecord* found = workers_.Find(worker);
+    if (found == nullptr || found->info.state() == v1::LOST) {
+      found = nullptr;
+      for (const WorkerRecord* w : workers_.All()) {
+        if (w->info.state() != v1::LOST && w->info.name() == worker) {
+          found = workers_.Find(w->info.id());
+        }
       }
     }
-    for (const StagePlan& s : job.plan.stages) {
-      if (s.rank == r) rank->add_stages(s.stage);
+    if (found == nullptr) {
+      std::vector<std::string> live;
+      for (const WorkerRecord* w : workers_.All()) {
+        if (w->info.state() != v1::LOST) {
+          live.push_back(absl::StrCat(w->info.id(), " (", w->info.name(), ")"));
+        }
+      }
+      return absl::NotFoundError(
+          absl::StrCat("no live worker '", worker, "'; live workers: ",
+                       live.empty() ? "none" : absl::StrJoin(live, ", ")));
     }
-    rank->set_start_unix_us(report.start_unix_us());
-    rank->set_seconds(report.seconds());
-    *rank->mutable_spans() = report.spans();
+    StartDrain(*found,
+               reason.empty() ? "drained by conveyorctl drain" : reason);
+    out = found->info;
+    placer_.Schedule();
   }
-  return trace;
-}
-
-absl::StatusOr<v1::Job> JobManager::GetJob(const std::string& id) const {
-  MutexLock lock(mu_);
-  auto it = jobs_.find(JobNumber(id));
-  if (it == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
-  }
-  return it->second.info;
-}
-
-std::vector<v1::Job> JobManager::ListJobs() const {
-  MutexLock lock(mu_);
-  std::vector<v1::Job> out;
-  for (const auto& [number, job] : jobs_) out.push_back(job.info);
-  return out;
-}
-
-absl::StatusOr<v1::Job> JobManager::CancelJob(const std::string& id,
-                                              const std::string& reason) {
-  // Written ahead: the state file first holds the job as cancelled, and
-  // only then is it cancelled here. A cancel the file cannot hold is not
-  // applied at all, so what the caller is told, what this coordinator
-  // does and what a restarted one would do agree.
-  v1::CoordinatorState ahead;
-  {
-    MutexLock lock(mu_);
-    JobRecord* job = FindJob(id);
-    if (job == nullptr) {
-      return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
-    }
-    if (proto::IsTerminal(job->info.state())) return job->info;
-    ahead = Snapshot();
-    for (v1::JobRecordState& saved : *ahead.mutable_jobs()) {
-      if (saved.info().id() != id) continue;
-      saved.mutable_info()->set_state(v1::CANCELLED);
-      saved.mutable_info()->set_message(reason);
-      saved.mutable_info()->set_ended_unix_ms(NowUnixMs());
-      saved.mutable_info()->set_queue_position(0);
-    }
-    auto& queue = *ahead.mutable_queue();
-    queue.erase(std::remove(queue.begin(), queue.end(), job->number),
-                queue.end());
-  }
-  if (absl::Status s = SaveState(ahead); !s.ok()) {
-    return absl::UnavailableError(absl::StrCat(
-        id,
-        " was not cancelled: the coordinator could not make the change "
-        "durable (it cannot write its state file: ",
-        s.message(), "); retry the cancel once it can"));
-  }
-  v1::Job cancelled;
-  {
-    MutexLock lock(mu_);
-    JobRecord* job = FindJob(id);
-    if (job == nullptr) {
-      return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
-    }
-    if (!proto::IsTerminal(job->info.state())) {
-      Finish(*job, v1::CANCELLED, reason);
-      Schedule();
-    }
-    cancelled = job->info;
-  }
-  // What else changed meanwhile; the cancel itself is held already.
   (void)Persist();
-  return cancelled;
-}
-
-std::vector<v1::Worker> JobManager::ListWorkers() const {
-  MutexLock lock(mu_);
-  const TimePoint now = options_.clock();
-  std::vector<v1::Worker> out;
-  for (const WorkerRecord* w : workers_.All()) {
-    out.push_back(w->info);
-    out.back().set_seconds_since_heartbeat(Seconds(now - w->last_seen));
-  }
   return out;
 }
 
-absl::StatusOr<std::vector<v1::JobEvent>> JobManager::WaitEvents(
-    const std::string& id, int64_t* cursor,
-    std::chrono::steady_clock::time_point deadline, bool* done) {
-  MutexLock lock(mu_);
-  *done = false;
-  const uint64_t number = JobNumber(id);
-  auto available = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> JobRecord* {
-    auto it = jobs_.find(number);
-    return it == jobs_.end() ? nullptr : &it->second;
-  };
-  JobRecord* job = available();
-  if (job == nullptr) {
-    return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+void JobManager::StartDrain(WorkerRecord& w, const std::string& reason) {
+  if (w.info.draining()) return;
+  w.info.set_draining(true);
+  w.info.set_drain_reason(reason);
+  JobRun* run = w.info.state() == v1::BUSY ? FindJob(w.info.job_id()) : nullptr;
+  SPDLOG_INFO("draining {}: {}", DescribeWorker(w), reason);
+  if (run == nullptr || proto::IsTerminal(run->job().info.state())) {
+    LeaveIfDrained(w);
+    return;
   }
-  // A new watcher starts at the latest event: the job as it is now.
-  *cursor = job->events.Normalize(*cursor);
-  // The job is looked up again on every wake-up: while the lock was free it
-  // may have ended and, much later, been forgotten (max_finished_jobs).
-  events_cv_.WaitUntil(mu_, deadline, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    job = available();
-    return shutdown_ || job == nullptr || *cursor < job->events.end();
-  });
-  if (shutdown_) return absl::CancelledError("coordinator shutting down");
-  if (job == nullptr) {
-    return absl::NotFoundError(absl::StrCat("job '", id, "' was forgotten"));
+  const JobRun::JobRecord& job = run->job();
+  const auto& ids = job.info.worker_ids();
+  if (std::find(ids.begin(), ids.end(), w.info.id()) == ids.end()) {
+    return;  // An earlier attempt's worker, still winding down.
   }
-  std::vector<v1::JobEvent> out = job->events.Read(cursor);
-  *done = proto::IsTerminal(job->info.state());
-  return out;
+  const std::string why =
+      absl::StrCat(w.info.id(), " (", w.info.name(), ") is drained: ", reason);
+  if (job.info.state() == v1::PLANNING) {
+    // Not a step run yet on this attempt: nothing to checkpoint.
+    run->Requeue(why, "drained", /*drained=*/true);
+    return;
+  }
+  if (job.plan.job.checkpoint.dir.empty()) {
+    // Nothing to resume from elsewhere: the job ends here first.
+    SPDLOG_WARN(
+        "{}: has no checkpoint.dir, so it runs to its end on {} "
+        "before that worker leaves",
+        job.info.id(), w.info.id());
+    return;
+  }
+  if (job.info.state() == v1::RUNNING && !job.failing && !job.draining) {
+    run->DrainJob(why);
+  }
 }
 
-uint64_t JobManager::WaitForAnyEvent(
-    uint64_t seen, std::chrono::steady_clock::time_point deadline) {
-  MutexLock lock(mu_);
-  events_cv_.WaitUntil(mu_, deadline, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return event_count_ != seen;
-  });
-  return event_count_;
+void JobManager::LeaveIfDrained(WorkerRecord& w) {
+  if (!w.info.draining() || w.left || w.info.state() != v1::IDLE) return;
+  w.left = true;
+  v1::CoordinatorMessage m;
+  m.mutable_leave()->set_reason(w.info.drain_reason());
+  w.connection->Send(m);
+  SPDLOG_INFO("{} drained: told to leave", w.info.id());
+}
+
+void JobManager::ReleaseWorker(WorkerRecord& w) {
+  if (w.info.state() != v1::BUSY) return;
+  w.info.set_state(v1::IDLE);
+  w.info.clear_job_id();
+  w.info.clear_stages();
+  w.info.clear_data_endpoint();
+  LeaveIfDrained(w);
+}
+
+std::string JobManager::DescribeWorker(const WorkerRecord& w) const {
+  std::string out = absl::StrCat(w.info.id(), " (", w.info.name());
+  auto it = jobs_.find(JobNumber(w.info.job_id()));
+  if (it != jobs_.end()) {
+    const auto& ids = it->second.job().info.worker_ids();
+    const int rank = static_cast<int>(
+        std::find(ids.begin(), ids.end(), w.info.id()) - ids.begin());
+    absl::StrAppend(&out, ", rank ", rank, ", stages ",
+                    absl::StrJoin(w.info.stages(), ","));
+  }
+  absl::StrAppend(&out, ")");
+  return out;
 }
 
 // ---------------------------------------------------------------------------
@@ -412,42 +395,8 @@ void JobManager::TickLocked() {
                                  Seconds(now - w->last_seen),
                                  Seconds(options_.heartbeat_timeout)));
   }
-  for (auto& [number, job] : jobs_) {
-    if (job.info.state() == v1::PLANNING && now > job.prepare_deadline) {
-      std::vector<std::string> slow;
-      for (int r = 0; r < job.info.worker_ids_size(); ++r) {
-        if (!job.ranks.is_ready(r)) slow.push_back(job.info.worker_ids(r));
-      }
-      FailOrRestart(
-          job,
-          job.profiling
-              ? absl::StrFormat(
-                    "%s did not report its layer profile within %.0f s",
-                    job.info.worker_ids(0), Seconds(options_.prepare_timeout))
-              : absl::StrFormat("%s did not report ready within %.0f s",
-                                absl::StrJoin(slow, ", "),
-                                Seconds(options_.prepare_timeout)),
-          "timeout");
-    }
-    if (job.failing && now >= job.failure_deadline) {
-      FailOrRestart(job, job.failure, "rank_failed");
-    }
-    if (job.draining && job.drain_step == 0 && now > job.drain_deadline &&
-        job.info.state() == v1::RUNNING) {
-      std::vector<std::string> silent;
-      for (int r = 0; r < job.info.worker_ids_size(); ++r) {
-        if (!job.drain_points.contains(r) && !job.ranks.ended(r)) {
-          silent.push_back(job.info.worker_ids(r));
-        }
-      }
-      FailOrRestart(job,
-                    absl::StrFormat("%s did not answer the drain within %.1f s",
-                                    absl::StrJoin(silent, ", "),
-                                    Seconds(options_.heartbeat_timeout)),
-                    "timeout");
-    }
-  }
-  Schedule();
+  for (auto& [number, job] : jobs_) job.CheckDeadlines(now);
+  placer_.Schedule();
 }
 
 void JobManager::Shutdown() {
@@ -456,91 +405,6 @@ void JobManager::Shutdown() {
   shutdown_ = true;
   ++event_count_;
   events_cv_.NotifyAll();
-}
-// ---------------------------------------------------------------------------
-// Helpers.
-
-std::string JobManager::MakeSecret() {
-  std::random_device rd;
-  std::string out;
-  for (int i = 0; i < 4; ++i) {
-    absl::StrAppend(&out, absl::Hex(rd(), absl::kZeroPad8));
-  }
-  return out;
-}
-
-JobManager::JobRecord& JobManager::AddJobRecord(uint64_t number) {
-  return jobs_
-      .try_emplace(number, options_.max_events_per_job, options_.trace_steps)
-      .first->second;
-}
-
-JobManager::JobRecord* JobManager::FindJob(const std::string& id) {
-  auto it = jobs_.find(JobNumber(id));
-  return it == jobs_.end() ? nullptr : &it->second;
-}
-
-std::string JobManager::DescribeWorker(const WorkerRecord& w) const {
-  std::string out = absl::StrCat(w.info.id(), " (", w.info.name());
-  auto it = jobs_.find(JobNumber(w.info.job_id()));
-  if (it != jobs_.end()) {
-    const auto& ids = it->second.info.worker_ids();
-    const int rank = static_cast<int>(
-        std::find(ids.begin(), ids.end(), w.info.id()) - ids.begin());
-    absl::StrAppend(&out, ", rank ", rank, ", stages ",
-                    absl::StrJoin(w.info.stages(), ","));
-  }
-  absl::StrAppend(&out, ")");
-  return out;
-}
-
-void JobManager::UpdateQueuePositions() {
-  // Live workers by devices_per_stage, counted once a pass: this runs at
-  // every Tick, and the queue may be long and the fleet large.
-  std::map<int64_t, int> live;
-  int position = 1;
-  for (uint64_t number : queue_.order()) {
-    JobRecord& job = jobs_.at(number);
-    const int64_t devices = job.plan.job.pipeline.devices_per_stage;
-    auto [it, added] = live.try_emplace(devices, 0);
-    if (added) it->second = workers_.Live(devices);
-    job.info.set_queue_position(position);
-    job.info.set_queue_reason(WhyQueued(job, position, it->second));
-    ++position;
-  }
-}
-
-std::string JobManager::WhyQueued(JobRecord& job, int position, int live) {
-  // A job that waits for workers that are not there says so, whatever its
-  // turn: a queue that never moves must not look like one that will.
-  const int64_t devices = job.plan.job.pipeline.devices_per_stage;
-  const int needed = job.plan.num_ranks;
-  const std::string workers = absl::StrCat(
-      needed, needed == 1 ? " worker" : " workers",
-      devices > 1 ? absl::StrCat(" with ", devices, " devices") : "");
-  if (live < needed) {
-    return absl::StrCat("needs ", workers, "; ", live,
-                        live == 1 ? " is" : " are",
-                        " live: it waits for more to register");
-  }
-  if (position > 1) {
-    return absl::StrCat("behind ", position - 1,
-                        position == 2 ? " job" : " jobs",
-                        " (first come, first served)");
-  }
-  if (const int idle = static_cast<int>(workers_.Idle(devices).size());
-      idle < needed) {
-    return absl::StrCat("needs ", workers, " idle; ", idle,
-                        idle == 1 ? " is" : " are",
-                        " (the others run or finish other jobs)");
-  }
-  return "";
-}
-
-int64_t JobManager::NowUnixMs() const {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 }  // namespace conveyor::coordinator

@@ -53,7 +53,15 @@
 // their newest committed step when their restart policy allows, and are FAILED
 // saying so otherwise. Step counts and events between two writes are not kept.
 //
-// Thread-safe: every method may be called from any thread (one mutex).
+// Its parts: the JobManager keeps the lock, the workers, the queue and the
+// job records, and dispatches the workers' messages; each job's record and
+// the handling of its attempts is a JobRun (coordinator/job_run.h), the
+// queue's placement and the cutting of jobs a Placer (coordinator/placer.h),
+// and the state file a JobStore (coordinator/job_store.h). Its options are
+// in coordinator/job_manager_options.h.
+//
+// Thread-safe: every method may be called from any thread (one mutex, mu_,
+// held by every call into a JobRun or the Placer).
 // WorkerConnection::Send must not block (it queues).
 #ifndef CONVEYOR_COORDINATOR_JOB_MANAGER_H_
 #define CONVEYOR_COORDINATOR_JOB_MANAGER_H_
@@ -61,7 +69,6 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -71,92 +78,16 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "checkpoint/resume.h"
 #include "common/mutex.h"
 #include "conveyor/v1/conveyor.pb.h"
-#include "coordinator/attempt_ranks.h"
-#include "coordinator/checkpoint_collector.h"
-#include "coordinator/event_log.h"
+#include "coordinator/job_manager_options.h"
 #include "coordinator/job_queue.h"
-#include "coordinator/profile_cache.h"
-#include "coordinator/state_file.h"
-#include "coordinator/step_aggregator.h"
+#include "coordinator/job_run.h"
+#include "coordinator/job_store.h"
+#include "coordinator/placer.h"
 #include "coordinator/worker_registry.h"
-#include "job/parsed_job.h"
-#include "job/planner.h"
 
 namespace conveyor::coordinator {
-
-// Told about jobs as they change, for metrics. Called with the manager's
-// lock held: implementations must be quick and must not call the manager.
-class JobObserver {
- public:
-  virtual ~JobObserver() = default;
-  virtual void OnSubmitted(const v1::Job& job) = 0;
-  virtual void OnStep(const v1::Job& job, const v1::StepSummary& step) = 0;
-  // The job reached SUCCEEDED, FAILED or CANCELLED.
-  virtual void OnFinished(const v1::Job& job) = 0;
-  // The job lost a worker and was queued again (restart: {max_restarts}).
-  // `reason`: worker_lost, rank_failed, timeout, bad_report or
-  // coordinator_restarted; `layout_changed`: an elastic restart laid it out
-  // on another number of workers.
-  virtual void OnRestarted(const v1::Job& /*job*/, absl::string_view /*reason*/,
-                           bool /*layout_changed*/) {}
-};
-
-struct JobManagerOptions {
-  // A worker silent for longer than this is lost.
-  std::chrono::milliseconds heartbeat_timeout{10000};
-  // Two Ticks further apart than this (the daemon ticks every 100 ms) mean
-  // the coordinator itself was not running: stopped, descheduled, a paused
-  // VM. That time is not counted against the workers' heartbeats, which
-  // queued up unread meanwhile. Zero: never.
-  std::chrono::milliseconds stall_threshold{2000};
-  // How long workers may take to load a program and report ready.
-  std::chrono::milliseconds prepare_timeout{120000};
-  // How long a job reported failed by a worker waits for a lost worker to
-  // explain the failure (see the header comment).
-  std::chrono::milliseconds failure_grace{500};
-  // The data plane's receive timeout, sent in each program.
-  std::chrono::milliseconds recv_timeout{30000};
-  // Jobs waiting in the queue at most; more is RESOURCE_EXHAUSTED.
-  int max_queued_jobs = 1000;
-  // Events kept per job for WatchJob (older step events are dropped; a
-  // watcher that falls behind skips them).
-  int max_events_per_job = 4096;
-  // Step timelines kept per job for GetTrace: the newest this many steps,
-  // and, once jobs have ended, only for the newest this many ended jobs (a
-  // long-lived coordinator's memory must not grow with its history).
-  int trace_steps = 16;
-  int trace_finished_jobs = 32;
-  // Once a job has ended it keeps only its newest this many events, and only
-  // the newest max_finished_jobs ended jobs are kept at all (older ones are
-  // NOT_FOUND): the coordinator's memory stays bounded however many jobs it
-  // has run.
-  int events_per_finished_job = 16;
-  int max_finished_jobs = 1000;
-  // Timed runs per layer and action when a `stages: auto` job's layers are
-  // profiled.
-  int profile_repetitions = 3;
-  // Profiles kept for later jobs of the same model, microbatch size and
-  // device (the oldest is dropped first).
-  int max_cached_profiles = 64;
-  // Optional; outlives the manager.
-  JobObserver* observer = nullptr;
-  // Optional; where job records are kept (see the header comment). Outlives
-  // the manager.
-  const StateFile* state_file = nullptr;
-  // Fault injection for a test of a coordinator killed between a step's
-  // last stage file and its manifest: CommitCheckpoint of this step (0:
-  // none) stands still this long first, holding the manager. Never set in
-  // production.
-  int64_t fault_commit_step = 0;
-  std::chrono::milliseconds fault_commit_delay{0};
-  // Version a worker must report (besides proto::kProtocolVersion).
-  std::string version;
-  std::function<std::chrono::steady_clock::time_point()> clock =
-      std::chrono::steady_clock::now;
-};
 
 class JobManager {
  public:
@@ -273,232 +204,52 @@ class JobManager {
 
  private:
   using TimePoint = std::chrono::steady_clock::time_point;
-
-  struct JobRecord {
-    JobRecord(int max_events, int trace_steps)
-        : steps(trace_steps), events(max_events) {}
-
-    // Why FailOrRestart must not restart the job, empty when it may: a
-    // worker failed to prepare it for a reason of the job's own
-    // (InvalidArgument, ResourceExhausted, ...), or attempts keep losing
-    // workers before their first step (the job may be what kills them).
-    std::string no_restart;
-    // Attempts in a row that lost a worker before completing a step, and
-    // whether the current attempt has completed one.
-    int attempts_lost_before_a_step = 0;
-    bool stepped = false;
-    // False from SubmitJob until the state file holds the job: Schedule
-    // does not place it, so a submission that cannot be made durable is
-    // withdrawn without a trace.
-    bool durable = true;
-    v1::Job info;
-    job::JobPlan plan;
-    // The job file, parsed once (at submission or restore): every plan of
-    // the job starts from its spec, every manifest records its hashes. An
-    // ended job keeps only its names and hashes.
-    job::ParsedJob parsed;
-    uint64_t number = 0;
-    std::string secret;
-    // Which ranks of the current attempt are ready, and which ended.
-    AttemptRanks ranks;
-    // Step reports until every rank has reported, and the newest
-    // trace_steps steps' timelines for GetTrace.
-    StepAggregator steps;
-    StepRates rates;
-    TimePoint prepare_deadline;
-    // stages: auto: waiting for rank 0's ModelProfile, cached under
-    // profile_key. Until programs_sent only rank 0 may have heard of the
-    // job (when profile_requested).
-    bool profiling = false;
-    bool profile_requested = false;
-    bool programs_sent = false;
-    std::string profile_key;
-    std::string profile_device;
-    // A worker reported failure; the job fails at failure_deadline.
-    bool failing = false;
-    std::string failure;
-    TimePoint failure_deadline;
-    EventLog events;
-    // The workers the job file's layout needs, and (elastic) the workers the
-    // job is laid out for instead; 0: the file's layout.
-    int file_ranks = 0;
-    int relayout_ranks = 0;
-    // Why the next attempt's layout differs from the last one's (elastic),
-    // for Job.layouts; empty: it does not.
-    std::string layout_reason;
-    // Why the job was restarted, while it waits in the queue for that
-    // restart (not for a drain, nor after a coordinator restart); empty
-    // otherwise. See ReexamineRestarts.
-    std::string restart_reason;
-    // Where the current attempt starts; nullopt: from the init.
-    std::optional<checkpoint::ResumePoint> resume;
-    // The newest step this manager committed for the job.
-    std::optional<checkpoint::ResumePoint> committed;
-    // Checkpoint files reported per step, until all are in.
-    CheckpointCollector checkpoints;
-    // Restarts so far; part of the data plane's job number, so a restarted
-    // attempt can never be confused with the one before it.
-    int attempt = 0;
-    // A step could not be appended to metrics.jsonl (logged once).
-    bool metrics_log_failed = false;
-    // A drain of this attempt (DrainWorker): the ranks' DrainPoints until
-    // all are in (by `drain_deadline`), then the step every rank stops after.
-    bool draining = false;
-    std::string drain_reason;
-    std::map<int, int64_t> drain_points;
-    int64_t drain_step = 0;
-    TimePoint drain_deadline;
-  };
+  // The manager as its JobRuns and its Placer see it (job_manager.cc).
+  class RunContext;
 
   // HandleWorkerMessage's work, under mu_ (taken here).
   absl::Status Dispatch(const std::string& worker_id,
-                        const v1::WorkerMessage& message);
-  JobRecord* FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // 16 random bytes, hex: the data plane's per-job handshake secret. Only
-  // the job's workers receive it, so a stray or hostile connection to a
-  // worker's data port cannot join the job.
-  static std::string MakeSecret();
+                        const v1::WorkerMessage& message)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The worker's JobEnded: frees it, and tells its job.
+  void OnEnded(WorkerRecord& w, const v1::JobEnded& ended)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  JobRun* FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new record for job `number`, which must not have one.
-  JobRecord& AddJobRecord(uint64_t number) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  JobRun& AddJobRecord(uint64_t number) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The state file's view of the records (JobStore::Snapshot).
+  v1::CoordinatorState Snapshot() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Restore's work once JobStore::Restore has read the records: ended jobs
+  // listed, interrupted ones restarted or failed, queued ones queued.
+  void RestartRestored(const JobStore::Restored& restored)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void TickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether a write of the state file has held the records as they were at
-  // change number `change` (always, without a state file).
-  bool PersistedThrough(uint64_t change) ABSL_LOCKS_EXCLUDED(persist_mu_, mu_);
-  // Writes `state` (CancelJob's write-ahead, or Persist's snapshot) and
-  // keeps StateFileError current. The Locked form needs persist_mu_.
-  absl::Status SaveState(const v1::CoordinatorState& state)
-      ABSL_LOCKS_EXCLUDED(persist_mu_, mu_);
-  absl::Status SaveStateLocked(const v1::CoordinatorState& state)
-      ABSL_LOCKS_EXCLUDED(mu_);
   // Discounts a stall of the coordinator since the last Tick from every
   // worker's silence (JobManagerOptions::stall_threshold).
   void DiscountStall(TimePoint now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Place(JobRecord& job, const std::vector<WorkerRecord*>& workers)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  v1::JobProgram MakeProgram(const JobRecord& job, int rank) const;
-  // Sends every rank its program (the job is placed and cut).
-  void SendPrograms(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Cuts a stages: auto job from `profile`, then sends the programs; fails
-  // the job when no cut fits.
-  void ApplyProfile(JobRecord& job, std::vector<engine::LayerProfile> profile,
-                    bool from_cache) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnProfile(WorkerRecord& w, const v1::ModelProfile& profile)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  void OnReady(WorkerRecord& w, const v1::JobReady& ready)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnStep(WorkerRecord& w, const v1::StepReport& report)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnEnded(WorkerRecord& w, const v1::JobEnded& ended)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnCheckpoint(WorkerRecord& w, const v1::CheckpointSaved& saved)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes the manifest of `step` from its stages' files.
-  void CommitCheckpoint(JobRecord& job, int64_t step,
-                        const std::map<int, v1::StageFile>& files)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkLost(WorkerRecord& w, const std::string& observed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // Drains (coordinator/job_manager_drain.cc). Marks `w` draining and moves
-  // its job, or tells it to leave when it holds none.
+  // Marks `w` draining and moves its job (JobRun::DrainJob, or a requeue
+  // of a job still planning), or tells it to leave when it holds none.
   void StartDrain(WorkerRecord& w, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Asks the job's ranks for their DrainPoints (the job is RUNNING).
-  void DrainJob(JobRecord& job, const std::string& reason)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnDrainPoint(WorkerRecord& w, const v1::DrainPoint& point)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Once every rank has answered or ended: sends the step to stop after.
-  void MaybeSendDrainStep(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Every rank stopped after the drain step: queue the job to resume there.
-  void FinishDrain(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A draining worker that holds no job leaves (once).
   void LeaveIfDrained(WorkerRecord& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // Moves a job to a final state, tells its workers to stop (unless they
-  // all ended already) and records the event.
-  void Finish(JobRecord& job, v1::JobState state, const std::string& message)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A placed job that failed for `reason`: restarts it when its policy
-  // allows, else Finish(FAILED).
-  // `kind` labels the restart (Observer::OnRestarted).
-  void FailOrRestart(JobRecord& job, const std::string& reason,
-                     absl::string_view kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // FailOrRestart's restart, once its policy allows one: queues the job at
-  // the head for the live workers (elastic) or the file's count. A drained
-  // job (`drained`) does not count a restart and, with too few workers,
-  // waits in the queue instead of failing.
-  // (`reason` by value: callers pass the job's own failure or drain
-  // reason, which the next attempt clears.)
-  void Requeue(JobRecord& job, std::string reason, absl::string_view kind,
-               bool drained) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Elastic: lays `job` out on `ranks` workers, or fewer down to its
-  // restart.elastic.min_workers when its schedule cannot plan on `ranks`.
-  // False when no count works: the job is then FAILED, naming why.
-  bool LayOutOn(JobRecord& job, int ranks, const std::string& reason)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Every restarted job still queued is checked against the live workers
-  // (Schedule, so after every loss, join and drain): one that its rules no
-  // longer let run on them is laid out anew (elastic) or FAILED, naming
-  // why, rather than waiting for workers that are gone.
-  void ReexamineRestarts() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sends `message` to each rank of the job's attempt that has not ended
-  // and whose worker still holds the job.
-  void SendToRunningRanks(JobRecord& job, const v1::CoordinatorMessage& message)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Tells the job's workers that have not ended to cancel, freeing at once
-  // those that never heard of it (see Finish).
-  void StopWorkers(JobRecord& job, const std::string& reason)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Clears a placed job's placement and per-attempt state for its next
-  // attempt, which resumes from the newest committed step (or where the
-  // job started), and counts the restart for `reason`.
-  void PrepareNextAttempt(JobRecord& job, const std::string& reason,
-                          bool counted = true)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Fills the fields of job.info that job.plan decides (stages, schedule,
-  // sizes), and the rates derived from it.
-  void DescribePlan(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Plans the job again from its parsed file (resuming with job.resume's
-  // cut, on relayout_ranks workers when elastic), and describes the plan in
-  // job.info.
-  absl::Status Replan(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Elastic: re-plans `job` onto `ranks` workers (its file's layout when
-  // ranks is the file's count), resuming from its checkpoint on the new
-  // layout. On error the job keeps its plan.
-  absl::Status Relayout(JobRecord& job, int ranks, const std::string& reason)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Appends the plan's layout to Job.layouts when it differs from the last.
-  void RecordLayout(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  v1::CoordinatorState Snapshot() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SetState(JobRecord& job, v1::JobState state)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Job records changed: the state file is due for a write.
-  void MarkChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ++changes_; }
-  // Job.queue_reason of the queued `job` at `position` (1: the head), with
-  // `live` workers that have its devices_per_stage.
-  std::string WhyQueued(JobRecord& job, int position, int live)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AddEvent(JobRecord& job, const v1::StepSummary* step)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseWorker(WorkerRecord& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // "worker-2 (local-1, rank 1, stages 1,3)".
   std::string DescribeWorker(const WorkerRecord& w) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void UpdateQueuePositions() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int64_t NowUnixMs() const;
+  // `ended` has just ended: only the newest max_finished_jobs ended jobs
+  // are kept, and only the newest trace_finished_jobs keep timelines.
+  void ForgetOldJobs(JobRun& ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Job records changed: the state file is due for a write.
+  void MarkChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ++changes_; }
 
   const JobManagerOptions options_;
-  // Taken before mu_, never while holding it: one writer of the state file at
-  // a time, each writing a snapshot at least as new as the last one.
-  Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(mu_);
-  uint64_t persisted_changes_ ABSL_GUARDED_BY(persist_mu_) = 0;
-  // Its own mutex, so that reading it never waits behind a slow write.
-  mutable Mutex health_mu_;
-  std::string state_file_error_ ABSL_GUARDED_BY(health_mu_);
+  // The state file's writer, with its own mutexes (taken before mu_, never
+  // while holding it).
+  JobStore store_;
   mutable Mutex mu_;
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
   CondVar events_cv_;
@@ -510,12 +261,12 @@ class JobManager {
   // Keyed by the number in "worker-<n>" and "job-<n>": registration and
   // submission order.
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
+  // A RunContext: what the JobRuns and the Placer reach the manager by.
+  const std::unique_ptr<JobRunContext> context_;
+  std::map<uint64_t, JobRun> jobs_ ABSL_GUARDED_BY(mu_);
   JobQueue queue_ ABSL_GUARDED_BY(mu_);
-  ProfileCache profiles_ ABSL_GUARDED_BY(mu_);
-  // The newest transfer latency measured on each profiled device
-  // (ModelProfile.transfer_seconds), for ChooseStages.
-  std::map<std::string, double> transfer_seconds_ ABSL_GUARDED_BY(mu_);
+  // Holds references to *context_ and jobs_ (declared before it).
+  Placer placer_ ABSL_GUARDED_BY(mu_);
   // Ended jobs, oldest first (max_finished_jobs).
   std::deque<uint64_t> finished_jobs_ ABSL_GUARDED_BY(mu_);
   // Ended jobs that still hold timelines, oldest first.

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/job_manager.h"
+#include "coordinator/worker_registry.h"
 #include "tests/job/test_jobs.h"
 
 namespace conveyor::coordinator {
