@@ -16,21 +16,17 @@
 #include "common/build_info.h"
 #include "common/cancellation.h"
 #include "common/status_macros.h"
-#include "conveyor/v1/conveyor.grpc.pb.h"
 #include "engine/cpu/cpu_backend.h"
-#include "grpcpp/grpcpp.h"
 #include "job/job_spec.h"
 #include "proto/protocol.h"
 #include "spdlog/spdlog.h"
+#include "worker/grpc_coordinator_stream.h"
 #include "worker/job_runner.h"
 #include "worker/model_profile.h"
 #include "worker/step_report.h"
 
 namespace conveyor::worker {
 namespace {
-
-using Stream =
-    grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>;
 
 constexpr std::chrono::milliseconds kDefaultHeartbeatInterval{1000};
 constexpr std::chrono::milliseconds kMinHeartbeatInterval{10};
@@ -53,7 +49,7 @@ v1::WorkerMessage Ended(const std::string& job_id, v1::JobState state,
 // a job that outlives its stream never touches a dead or newer stream.
 class WorkerSession::StreamWriter {
  public:
-  explicit StreamWriter(Stream* stream) : stream_(stream) {}
+  explicit StreamWriter(CoordinatorStreamInterface* stream) : stream_(stream) {}
 
   // False when the message was not sent (stream closed or broken).
   bool Write(const v1::WorkerMessage& message) ABSL_LOCKS_EXCLUDED(mu_) {
@@ -83,7 +79,7 @@ class WorkerSession::StreamWriter {
 
  private:
   absl::Mutex mu_;
-  Stream* stream_ ABSL_GUARDED_BY(mu_);
+  CoordinatorStreamInterface* stream_ ABSL_GUARDED_BY(mu_);
   bool done_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -129,7 +125,12 @@ absl::StatusOr<std::unique_ptr<WorkerSession>> WorkerSession::Create(
 }
 
 WorkerSession::WorkerSession(SessionOptions options)
-    : options_(std::move(options)) {}
+    : options_(std::move(options)),
+      dialer_(options_.dialer != nullptr
+                  ? options_.dialer
+                  : std::make_shared<GrpcCoordinatorDialer>(
+                        options_.coordinator, options_.credentials,
+                        options_.auth_token)) {}
 
 WorkerSession::~WorkerSession() { JoinJob(); }
 
@@ -211,7 +212,7 @@ void WorkerSession::Shutdown() {
   }
   // Before registration nothing needs a graceful close; a connection
   // attempt to an unresponsive address could otherwise hold Run.
-  if (context_ != nullptr && !registered_) context_->TryCancel();
+  if (stream_ != nullptr && !registered_) stream_->Cancel();
 }
 
 void WorkerSession::Drain(const std::string& reason) {
@@ -234,38 +235,19 @@ void WorkerSession::Drain(const std::string& reason) {
 }
 
 absl::Status WorkerSession::RunStream(bool* refused) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
-  args.SetMaxSendMessageSize(proto::kMaxMessageBytes);
-  // A fresh channel per attempt: no reconnect backoff carried over from the
-  // last outage, so attempts really come every reconnect_interval.
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-      options_.coordinator,
-      options_.credentials != nullptr ? options_.credentials
-                                      : grpc::InsecureChannelCredentials(),
-      args);
-  std::unique_ptr<v1::WorkerSession::Stub> stub =
-      v1::WorkerSession::NewStub(channel);
-  grpc::ClientContext context;
+  std::unique_ptr<CoordinatorStreamInterface> stream = dialer_->Open();
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::OkStatus();
-    context_ = &context;
+    stream_ = stream.get();
     registered_ = false;
     stream_done_ = false;
   }
-  if (!options_.auth_token.empty()) {
-    context.AddMetadata(kAuthMetadataKey,
-                        AuthMetadataValue(options_.auth_token));
-  }
-  std::unique_ptr<Stream> stream = stub->Session(&context);
   auto writer = std::make_shared<StreamWriter>(stream.get());
   {
     absl::MutexLock lock(&mu_);
     writer_ = writer;
   }
-  std::thread heartbeat(
-      [this, &context, writer] { HeartbeatLoop(&context, writer); });
 
   v1::WorkerMessage hello;
   v1::RegisterRequest* reg = hello.mutable_register_();
@@ -276,8 +258,13 @@ absl::Status WorkerSession::RunStream(bool* refused) {
   reg->set_data_address(options_.data_address);
   reg->set_metrics_address(options_.metrics_address);
   reg->set_peak_flops_per_device(options_.peak_flops_per_device);
-  // A failed write shows up as the end of the stream below.
+  // A failed write shows up as the end of the stream below. The first use
+  // of the stream starts the call, which waits for the connection (a
+  // Shutdown meanwhile cancels it); only then does the registration's
+  // timeout start.
   writer->Write(hello);
+  std::thread heartbeat(
+      [this, stream = stream.get(), writer] { HeartbeatLoop(stream, writer); });
 
   bool registered = false;
   v1::CoordinatorMessage message;
@@ -351,10 +338,10 @@ absl::Status WorkerSession::RunStream(bool* refused) {
         absl::UnavailableError("lost the connection to the coordinator"));
   }
   JoinJob();
-  const absl::Status status = proto::FromGrpcStatus(stream->Finish());
+  const absl::Status status = stream->Finish();
   {
     absl::MutexLock lock(&mu_);
-    context_ = nullptr;
+    stream_ = nullptr;
     registered_ = false;
   }
   if (options_.metrics != nullptr) options_.metrics->SetConnected(false);
@@ -377,7 +364,7 @@ absl::Status WorkerSession::RunStream(bool* refused) {
       status.ok() ? "closed by the coordinator" : status.ToString()));
 }
 
-void WorkerSession::HeartbeatLoop(grpc::ClientContext* context,
+void WorkerSession::HeartbeatLoop(CoordinatorStreamInterface* stream,
                                   const std::shared_ptr<StreamWriter>& writer) {
   absl::MutexLock lock(&mu_);
   // A coordinator that accepts the connection but never answers must not
@@ -389,7 +376,7 @@ void WorkerSession::HeartbeatLoop(grpc::ClientContext* context,
                             absl::FromChrono(options_.register_timeout))) {
     SPDLOG_WARN("coordinator {} did not answer the registration within {} ms",
                 options_.coordinator, options_.register_timeout.count());
-    context->TryCancel();
+    stream->Cancel();
     return;
   }
   auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -436,7 +423,7 @@ void WorkerSession::HeartbeatLoop(grpc::ClientContext* context,
   mu_.Lock();
   if (!mu_.AwaitWithTimeout(absl::Condition(&stream_done_),
                             absl::FromChrono(options_.shutdown_grace))) {
-    context->TryCancel();
+    stream->Cancel();
   }
 }
 
