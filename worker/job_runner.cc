@@ -260,7 +260,7 @@ absl::Status JobRunner::CheckActivationsFitHostMemory() const {
 absl::Status JobRunner::Build(const JobRunnerOptions& options) {
   on_checkpoint_ = options.on_checkpoint;
   observer_ = options.observer;
-  checkpoint_delay_ = options.checkpoint_delay;
+  TEST_checkpoint_delay_ = options.TEST_checkpoint_delay;
   check_tied_ = options.check_tied.value_or(kDebugBuild);
   const engine::ModelSpec& model = job_.model;
   const int p = program_.num_ranks(), rank = program_.rank();
@@ -365,7 +365,7 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
   if (program_.resume_step() > 0) RETURN_IF_ERROR(LoadResumeFiles());
   actions_.resize(
       actions_.size() -
-      std::clamp<size_t>(options.drop_last_actions, 0, actions_.size()));
+      std::clamp<size_t>(options.TEST_drop_last_actions, 0, actions_.size()));
   RETURN_IF_ERROR(CheckActivationsFitHostMemory());
   // Fail now, not after the last step, when the results cannot be written.
   if (!program_.checkpoint_dir().empty()) {
@@ -676,12 +676,12 @@ absl::StatusOr<std::vector<v1::StageFile>> JobRunner::WriteSnapshot(
     int64_t step, const std::vector<StageSnapshot>& snapshot) {
   std::vector<v1::StageFile> files;
   for (const StageSnapshot& stage : snapshot) {
-    if (checkpoint_delay_.count() > 0) {
+    if (TEST_checkpoint_delay_.count() > 0) {
       // The step directory first, so a test sees the write begin and can
       // kill the worker in the middle of it.
       RETURN_IF_ERROR(CreateDirectories(
           checkpoint::StepDirPath(program_.checkpoint_dir(), step)));
-      std::this_thread::sleep_for(checkpoint_delay_);
+      std::this_thread::sleep_for(TEST_checkpoint_delay_);
       if (cancellation_.cancelled()) return cancellation_.status();
     }
     ASSIGN_OR_RETURN(const checkpoint::StageFileDigest digest,

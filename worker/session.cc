@@ -719,7 +719,7 @@ absl::Status WorkerSession::RunJob(Job* job) {
     metrics = options_.metrics->StartJob(program.job_id(), stages);
     runner_options.observer = metrics.get();
   }
-  runner_options.checkpoint_delay = options_.checkpoint_delay;
+  runner_options.TEST_checkpoint_delay = options_.TEST_checkpoint_delay;
   runner_options.peak_flops_per_device = options_.peak_flops_per_device;
   // The coordinator commits a step's checkpoint once every rank's files are
   // in; it hears of them on the stream, before the next StepReport.

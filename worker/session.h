@@ -87,8 +87,8 @@ struct SessionOptions {
   // At Shutdown: how long to wait for the job to report its end, and then
   // for the coordinator to close the stream, before cancelling the call.
   std::chrono::milliseconds shutdown_grace{2000};
-  // Fault injection for tests (JobRunnerOptions::checkpoint_delay).
-  std::chrono::milliseconds checkpoint_delay{0};
+  // Fault injection for tests (JobRunnerOptions::TEST_checkpoint_delay).
+  std::chrono::milliseconds TEST_checkpoint_delay{0};
   // Where this worker's /metrics is served (reported at registration), and
   // the metrics to keep; both optional.
   std::string metrics_address;
