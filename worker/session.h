@@ -157,6 +157,9 @@ class WorkerSession {
   Standing standing() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // Defined in worker/internal/session_internal.h. The stream side
+  // (RunStream, HeartbeatLoop) is in session.cc, the job side (the On*
+  // handlers and the job thread) in session_jobs.cc.
   class StreamWriter;
   struct Job;
 
