@@ -123,11 +123,11 @@ struct JobRunnerOptions {
   std::function<void(const CheckpointWrite&)> on_checkpoint = nullptr;
   // Fault injection for tests of a worker killed mid-checkpoint: sleep this
   // long before writing each stage file. Never set in production.
-  std::chrono::milliseconds checkpoint_delay{0};
+  std::chrono::milliseconds TEST_checkpoint_delay{0};
   // Fault injection for tests of a rank that fails mid-step: run each step
   // without its last this many actions (the program itself must match the
   // plan). Never set in production.
-  int drop_last_actions = 0;
+  int TEST_drop_last_actions = 0;
   // Check after every step that each tied parameter's copies are bitwise
   // equal (ExecutorConfig::check_tied); unset: in debug builds only.
   std::optional<bool> check_tied = std::nullopt;
@@ -308,7 +308,7 @@ class JobRunner {
   std::function<void(const CheckpointWrite&)> on_checkpoint_;
   // The data-plane metrics, for the NCCL channel made at Start.
   transport::DataPlaneObserver* observer_ = nullptr;
-  std::chrono::milliseconds checkpoint_delay_{0};
+  std::chrono::milliseconds TEST_checkpoint_delay_{0};
   bool check_tied_ = kDebugBuild;
 
   // With pipeline.devices_per_stage > 1: moves tensors between the devices

@@ -59,12 +59,12 @@
 #include "absl/synchronization/mutex.h"
 #include "conveyor/v1/conveyor.pb.h"
 #include "proto/grpc_diagnostics.h"
+#include "worker/coordinator_stream.h"
 #include "worker/device_backends.h"
 #include "worker/worker_metrics.h"
 
 namespace grpc {
 class ChannelCredentials;
-class ClientContext;
 }  // namespace grpc
 
 namespace conveyor::worker {
@@ -87,8 +87,8 @@ struct SessionOptions {
   // At Shutdown: how long to wait for the job to report its end, and then
   // for the coordinator to close the stream, before cancelling the call.
   std::chrono::milliseconds shutdown_grace{2000};
-  // Fault injection for tests (JobRunnerOptions::checkpoint_delay).
-  std::chrono::milliseconds checkpoint_delay{0};
+  // Fault injection for tests (JobRunnerOptions::TEST_checkpoint_delay).
+  std::chrono::milliseconds TEST_checkpoint_delay{0};
   // Where this worker's /metrics is served (reported at registration), and
   // the metrics to keep; both optional.
   std::string metrics_address;
@@ -108,6 +108,10 @@ struct SessionOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   // Which TLS files it has, to name the likely cause of a refused handshake.
   proto::ClientTls tls;
+  // Opens the stream to the coordinator (worker/coordinator_stream.h); null:
+  // gRPC's (worker/grpc_coordinator_stream.h) to `coordinator`, with
+  // `credentials` and `auth_token`. Tests pass a fake.
+  std::shared_ptr<CoordinatorDialerInterface> dialer;
 };
 
 class WorkerSession {
@@ -153,6 +157,9 @@ class WorkerSession {
   Standing standing() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // Defined in worker/internal/session_internal.h. The stream side
+  // (RunStream, HeartbeatLoop) is in session.cc, the job side (the On*
+  // handlers and the job thread) in session_jobs.cc.
   class StreamWriter;
   struct Job;
 
@@ -162,7 +169,7 @@ class WorkerSession {
   // One stream: connect, register, serve until it ends. Sets *refused when
   // the coordinator refused the registration.
   absl::Status RunStream(bool* refused) ABSL_LOCKS_EXCLUDED(mu_);
-  void HeartbeatLoop(grpc::ClientContext* context,
+  void HeartbeatLoop(CoordinatorStreamInterface* stream,
                      const std::shared_ptr<StreamWriter>& writer)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -198,14 +205,16 @@ class WorkerSession {
   void JoinJob() ABSL_LOCKS_EXCLUDED(mu_);
 
   const SessionOptions options_;
+  // options_.dialer, or gRPC's.
+  const std::shared_ptr<CoordinatorDialerInterface> dialer_;
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Drain asked the coordinator to drain this worker: a broken stream ends
   // Run rather than reconnecting.
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
-  // The current stream's call, so Shutdown can cancel a connection attempt.
-  grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // The current stream, so Shutdown can cancel a connection attempt.
+  CoordinatorStreamInterface* stream_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;  // On the current stream.
   bool stream_done_ ABSL_GUARDED_BY(mu_) = false;
   // The current stream's writer, for Drain; null between streams.

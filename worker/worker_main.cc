@@ -194,8 +194,10 @@ int main(int argc, char** argv) {
          "once")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
-  // Fault injection for the tests that kill a worker mid-checkpoint: pause
-  // before writing each stage file. Hidden (empty group): not for users.
+  // Exists only for tests: fault injection for the integration tests that
+  // kill a worker mid-checkpoint (tests/integration/daemons_test.cc), which
+  // pause it before each stage file (SessionOptions::TEST_checkpoint_delay).
+  // Hidden from --help (empty group): not for users.
   int64_t checkpoint_delay_ms = 0;
   app.add_option("--fault-checkpoint-delay-ms", checkpoint_delay_ms)
       ->envname("CONVEYOR_FAULT_CHECKPOINT_DELAY_MS")
@@ -299,7 +301,8 @@ int main(int argc, char** argv) {
     }
   }
 
-  options.checkpoint_delay = std::chrono::milliseconds(checkpoint_delay_ms);
+  options.TEST_checkpoint_delay =
+      std::chrono::milliseconds(checkpoint_delay_ms);
   if (checkpoint_delay_ms > 0) {
     SPDLOG_WARN("fault injection: pausing {} ms before each checkpoint file",
                 checkpoint_delay_ms);

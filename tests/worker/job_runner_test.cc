@@ -964,7 +964,7 @@ TEST(JobRunnerTest, AFailingRankStopsItsPeerWithItsReason) {
   // Rank 1 (the last stage) loses its final backward: its step ends with a
   // microbatch still in flight, and rank 0 never gets that gradient.
   std::vector<JobRunnerOptions> options(2);
-  options[1].drop_last_actions = 1;
+  options[1].TEST_drop_last_actions = 1;
   programs[0].set_recv_timeout_ms(60000);
   const Clock::time_point start = Clock::now();
   const Result got = RunJob(programs, nullptr, options);
