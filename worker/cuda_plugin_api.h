@@ -34,7 +34,7 @@
 #include "engine/mesh_collective.h"
 #include "engine/precision.h"
 #include "transport/channel.h"
-#include "worker/device_backends.h"
+#include "worker/nccl_join.h"
 
 namespace conveyor::worker {
 

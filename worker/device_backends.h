@@ -39,28 +39,12 @@
 #include "engine/precision.h"
 #include "transport/channel.h"
 #include "transport/nccl/header_link.h"
+#include "worker/nccl_join.h"
 
 namespace conveyor::worker {
 
 // True when this build can run CUDA devices (the plugin was built).
 bool HaveCudaBackend();
-
-// What a rank needs to join its job's NCCL communicator
-// (transport/nccl/nccl_channel.h, NcclChannelOptions).
-struct NcclJoin {
-  int rank = 0;
-  int world_size = 1;
-  std::string unique_id;   // CreateNcclUniqueId() of rank 0.
-  uint64_t job = 0;        // Data-plane job number.
-  std::vector<int> peers;  // Pipeline neighbours; empty: all others.
-  transport::HeaderLink* header_link = nullptr;  // Outlives the channel.
-  engine::Precision precision = engine::Precision::kFp32;  // Which backend.
-  std::chrono::milliseconds init_timeout{60000};
-  std::chrono::milliseconds stall_timeout{60000};
-  bool abort_on_recv_timeout = true;
-  // Optional; the data-plane metrics. Outlives the channel.
-  transport::DataPlaneObserver* observer = nullptr;
-};
 
 class DeviceBackends {
  public:
