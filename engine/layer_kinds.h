@@ -2,9 +2,10 @@
 // that gives its YAML name and keys, how its options are read, its shape
 // inference and parameters, and how the engine builds it. Adding a kind is a
 // LayerKind value (engine/layer_spec.h), the fields its options need in
-// LayerSpec, one row in engine/layer_kinds.cc, and the row's example, which
-// tests/engine/layer_kinds_test.cc parses, builds and checks against the
-// parameters the row declares.
+// LayerSpec, one row in the engine/layer_kinds_*.cc of its model family
+// (listed in the table in engine/layer_kinds.cc), and the row's example,
+// which tests/engine/layer_kinds_test.cc parses, builds and checks against
+// the parameters the row declares.
 //
 // The model spec (engine/model_spec.h) runs the rows while it parses; the
 // stage (engine/stage.h) builds layers through BuildLayer. Thread-safe: the

@@ -1,14 +1,12 @@
-// Host side of the CUDA backend: creation, memory, copies, cuBLAS GEMMs, and
-// the argument checks and scratch memory around the kernel launchers of
-// cuda_kernels.cu and cuda_nn_kernels.cu.
+// Host side of the CUDA backend: creation and teardown, the device and its
+// compute stream (events, host waits, deferred errors), memory (the caching
+// allocator, scratch, page-locked staging) and copies. The cuBLAS GEMMs are
+// in cuda_backend_gemm.cc, the kernel fronts in cuda_backend_kernels.cc.
 #include "engine/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
-#include <climits>
-#include <cmath>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -18,37 +16,14 @@
 #include "common/status_macros.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cuda/cuda_status.h"  // defines: CudaStatus, CONVEYOR_CUDA_CHECK
-#include "engine/cuda/device_info.h"       // defines: ListCudaDevices
-#include "engine/cuda/internal/kernels.h"  // defines: the kernel launchers
-#include "engine/device_peak.h"            // defines: GpuPeakFlops
+#include "engine/cuda/device_info.h"                 // defines: ListCudaDevices
+#include "engine/cuda/internal/cuda_backend_impl.h"  // defines: Scratch, Ptr
+#include "engine/cuda/internal/kernels.h"            // defines: DeviceScalars
+#include "engine/device_peak.h"                      // defines: GpuPeakFlops
 
 namespace conveyor::engine {
 
 namespace ci = cuda_internal;
-
-class CudaBackend::Scratch {
- public:
-  Scratch() = default;
-  Scratch(CachingAllocator* allocator, void* ptr)
-      : allocator_(allocator), ptr_(ptr) {}
-  Scratch(Scratch&& other) noexcept
-      : allocator_(other.allocator_),
-        ptr_(std::exchange(other.ptr_, nullptr)) {}
-  Scratch& operator=(Scratch&&) = delete;
-  ~Scratch() {
-    if (ptr_ != nullptr) allocator_->Free(ptr_);
-  }
-
-  bool ok() const { return ptr_ != nullptr; }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-
- private:
-  CachingAllocator* allocator_ = nullptr;
-  void* ptr_ = nullptr;
-};
 
 namespace {
 
@@ -74,11 +49,6 @@ absl::Status HostAlloc(CudaHostPtr<T>& out, absl::string_view what) {
   }
   out.reset(static_cast<T*>(raw));
   return absl::OkStatus();
-}
-
-int AsInt(int64_t v, const char* what) {
-  CONVEYOR_CHECK(v >= 0 && v <= INT_MAX, what);
-  return static_cast<int>(v);
 }
 
 }  // namespace
@@ -223,13 +193,6 @@ void CudaBackend::Activate() const {
   if (cudaGetDevice(&current) != cudaSuccess || current != device_) {
     CONVEYOR_CUDA_CHECK(cudaSetDevice(device_));
   }
-}
-
-template <typename T>
-T* CudaBackend::Ptr(const Tensor& t) const {
-  CONVEYOR_CHECK(t.backend() == this,
-                 "a tensor of another backend was passed to the CUDA backend");
-  return t.data<T>();
 }
 
 CudaBackend::Scratch CudaBackend::ScratchOrDefer(size_t bytes,
@@ -388,390 +351,6 @@ absl::Status CudaBackend::Synchronize() {
   RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream()),
                              absl::StrCat(name_, ": cudaStreamSynchronize")));
   return std::exchange(deferred_error_, absl::OkStatus());
-}
-
-// --- Linear algebra ----------------------------------------------------------
-
-void CudaBackend::GemmStridedBatched(const GemmBatch& g) {
-  if (g.m == 0 || g.n == 0 || g.batch == 0) return;
-  Activate();
-  if (g.k == 0) {
-    // BLAS semantics (C = beta C, and beta == 0 ignores C); cuBLAS may
-    // return early without touching C.
-    ci::ScaleMatrices(g.batch, g.m, g.n, g.beta, g.c, g.ldc, g.stride_c,
-                      stream());
-    return;
-  }
-  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the
-  // same memory, with the operands swapped and m and n exchanged.
-  const cublasOperation_t op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const int m = AsInt(g.m, "gemm m exceeds int"),
-            n = AsInt(g.n, "gemm n exceeds int"),
-            k = AsInt(g.k, "gemm k exceeds int");
-  const int lda = AsInt(g.lda, "gemm lda exceeds int"),
-            ldb = AsInt(g.ldb, "gemm ldb exceeds int"),
-            ldc = AsInt(g.ldc, "gemm ldc exceeds int");
-  const cublasComputeType_t compute =
-      options_.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  if (options_.precision == Precision::kBf16) {
-    GemmBf16(g, op_a, op_b, m, n, k, lda, ldb, ldc);
-    return;
-  }
-  if (g.batch == 1) {
-    CONVEYOR_CUBLAS_CHECK(
-        cublasGemmEx(cublas_.get(), op_b, op_a, n, m, k, &g.alpha, g.b,
-                     CUDA_R_32F, ldb, g.a, CUDA_R_32F, lda, &g.beta, g.c,
-                     CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
-    return;
-  }
-  CONVEYOR_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      cublas_.get(), op_b, op_a, n, m, k, &g.alpha, g.b, CUDA_R_32F, ldb,
-      g.stride_b, g.a, CUDA_R_32F, lda, g.stride_a, &g.beta, g.c, CUDA_R_32F,
-      ldc, g.stride_c, AsInt(g.batch, "gemm batch exceeds int"), compute,
-      CUBLAS_GEMM_DEFAULT));
-}
-
-void CudaBackend::GemmBf16(const GemmBatch& g, cublasOperation_t op_a,
-                           cublasOperation_t op_b, int m, int n, int k, int lda,
-                           int ldb, int ldc) {
-  // Rounded copies of the spans the operands cover, in scratch memory from
-  // the caching allocator (no cudaMalloc here); freed once the GEMM is
-  // queued, which is safe because every kernel runs on the one stream.
-  const int64_t extent_a = GemmExtentA(g);
-  const int64_t extent_b = GemmExtentB(g);
-  Scratch a16 = ScratchOrDefer(extent_a * sizeof(uint16_t), "bf16 GEMM");
-  Scratch b16 = ScratchOrDefer(extent_b * sizeof(uint16_t), "bf16 GEMM");
-  if (!a16.ok() || !b16.ok()) return;
-  ci::ToBf16(g.a, a16.as<uint16_t>(), extent_a, stream());
-  ci::ToBf16(g.b, b16.as<uint16_t>(), extent_b, stream());
-  if (g.batch == 1) {
-    CONVEYOR_CUBLAS_CHECK(cublasGemmEx(
-        cublas_.get(), op_b, op_a, n, m, k, &g.alpha, b16.as<uint16_t>(),
-        CUDA_R_16BF, ldb, a16.as<uint16_t>(), CUDA_R_16BF, lda, &g.beta, g.c,
-        CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    return;
-  }
-  CONVEYOR_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      cublas_.get(), op_b, op_a, n, m, k, &g.alpha, b16.as<uint16_t>(),
-      CUDA_R_16BF, ldb, g.stride_b, a16.as<uint16_t>(), CUDA_R_16BF, lda,
-      g.stride_a, &g.beta, g.c, CUDA_R_32F, ldc, g.stride_c,
-      AsInt(g.batch, "gemm batch exceeds int"), CUBLAS_COMPUTE_32F,
-      CUBLAS_GEMM_DEFAULT));
-}
-
-// --- Elementwise -------------------------------------------------------------
-
-void CudaBackend::Fill(const Tensor& x, float value) {
-  Activate();
-  ci::Fill(F(x), x.numel(), value, stream());
-}
-
-void CudaBackend::Scale(const Tensor& x, float alpha) {
-  Activate();
-  ci::Scale(F(x), x.numel(), alpha, stream());
-}
-
-void CudaBackend::DoAxpy(float alpha, const Tensor& x, const Tensor& y) {
-  Activate();
-  ci::Axpy(alpha, F(x), F(y), x.numel(), stream());
-}
-
-void CudaBackend::DoAdd(const Tensor& a, const Tensor& b, const Tensor& out) {
-  Activate();
-  ci::Add(F(a), F(b), F(out), a.numel(), stream());
-}
-
-void CudaBackend::DoAddRowBias(const Tensor& x, const Tensor& bias) {
-  const int64_t cols = bias.numel();
-  Activate();
-  ci::AddRowBias(F(x), F(bias), x.numel() / cols, cols, stream());
-}
-
-void CudaBackend::DoSumRows(const Tensor& x, float beta, const Tensor& out) {
-  const int64_t cols = out.numel();
-  const int64_t rows = x.numel() / cols;
-  Activate();
-  const int64_t floats = ci::ColumnSumScratchFloats(rows, cols, 1);
-  Scratch scratch = floats > 0
-                        ? ScratchOrDefer(floats * sizeof(float), "SumRows")
-                        : Scratch();
-  if (floats > 0 && !scratch.ok()) return;
-  ci::SumRows(F(x), rows, cols, beta, F(out), scratch.as<float>(), stream());
-}
-
-void CudaBackend::DoRelu(const Tensor& x, const Tensor& y) {
-  Activate();
-  ci::Relu(F(x), F(y), x.numel(), stream());
-}
-
-void CudaBackend::DoReluBackward(const Tensor& x, const Tensor& dy,
-                                 const Tensor& dx) {
-  Activate();
-  ci::ReluBackward(F(x), F(dy), F(dx), x.numel(), stream());
-}
-
-void CudaBackend::DoGelu(const Tensor& x, bool tanh, const Tensor& y) {
-  Activate();
-  ci::Gelu(F(x), tanh, F(y), x.numel(), stream());
-}
-
-void CudaBackend::DoGeluBackward(const Tensor& x, bool tanh, const Tensor& dy,
-                                 const Tensor& dx) {
-  Activate();
-  ci::GeluBackward(F(x), tanh, F(dy), F(dx), x.numel(), stream());
-}
-
-// --- Layer normalization -----------------------------------------------------
-
-void CudaBackend::DoLayerNorm(const Tensor& x, const Tensor& gamma,
-                              const Tensor& beta, float eps, const Tensor& y,
-                              const Tensor& mean, const Tensor& rstd) {
-  const int64_t cols = x.dim(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
-  Activate();
-  ci::LayerNorm(F(x), gamma.defined() ? F(gamma) : nullptr,
-                beta.defined() ? F(beta) : nullptr, eps, rows, cols, F(y),
-                F(mean), F(rstd), stream());
-}
-
-void CudaBackend::DoLayerNormBackwardInput(const Tensor& x, const Tensor& gamma,
-                                           const Tensor& mean,
-                                           const Tensor& rstd, const Tensor& dy,
-                                           const Tensor& dx) {
-  const int64_t cols = x.dim(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
-  Activate();
-  ci::LayerNormBackwardInput(F(x), gamma.defined() ? F(gamma) : nullptr,
-                             F(mean), F(rstd), F(dy), rows, cols, F(dx),
-                             stream());
-}
-
-void CudaBackend::DoLayerNormBackwardWeight(const Tensor& x, const Tensor& mean,
-                                            const Tensor& rstd,
-                                            const Tensor& dy,
-                                            const Tensor& dgamma,
-                                            const Tensor& dbeta) {
-  const int64_t cols = x.dim(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
-  Activate();
-  const int64_t floats = ci::ColumnSumScratchFloats(rows, cols, 2);
-  Scratch scratch = floats > 0 ? ScratchOrDefer(floats * sizeof(float),
-                                                "LayerNormBackwardWeight")
-                               : Scratch();
-  if (floats > 0 && !scratch.ok()) return;
-  ci::LayerNormBackwardWeight(F(x), F(mean), F(rstd), F(dy), rows, cols,
-                              F(dgamma), F(dbeta), scratch.as<float>(),
-                              stream());
-}
-
-// --- Llama-family pieces -----------------------------------------------------
-
-void CudaBackend::DoRmsNorm(const Tensor& x, const Tensor& weight, float eps,
-                            const Tensor& y, const Tensor& rstd) {
-  const int64_t cols = x.dim(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
-  Activate();
-  ci::RmsNorm(F(x), F(weight), eps, rows, cols, F(y), F(rstd), stream());
-}
-
-void CudaBackend::DoRmsNormBackwardInput(const Tensor& x, const Tensor& weight,
-                                         const Tensor& rstd, const Tensor& dy,
-                                         const Tensor& dx) {
-  const int64_t cols = x.dim(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
-  Activate();
-  ci::RmsNormBackwardInput(F(x), F(weight), F(rstd), F(dy), rows, cols, F(dx),
-                           stream());
-}
-
-void CudaBackend::DoRmsNormBackwardWeight(const Tensor& x, const Tensor& rstd,
-                                          const Tensor& dy,
-                                          const Tensor& dweight) {
-  const int64_t cols = x.dim(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
-  Activate();
-  const int64_t floats = ci::ColumnSumScratchFloats(rows, cols, 1);
-  Scratch scratch = floats > 0 ? ScratchOrDefer(floats * sizeof(float),
-                                                "RmsNormBackwardWeight")
-                               : Scratch();
-  if (floats > 0 && !scratch.ok()) return;
-  ci::RmsNormBackwardWeight(F(x), F(rstd), F(dy), rows, cols, F(dweight),
-                            scratch.as<float>(), stream());
-}
-
-void CudaBackend::DoSiluMul(const Tensor& gate, const Tensor& up,
-                            const Tensor& y) {
-  Activate();
-  ci::SiluMul(F(gate), F(up), F(y), gate.numel(), stream());
-}
-
-void CudaBackend::DoSiluMulBackward(const Tensor& gate, const Tensor& up,
-                                    const Tensor& dy, const Tensor& dgate,
-                                    const Tensor& dup) {
-  Activate();
-  ci::SiluMulBackward(F(gate), F(up), F(dy), F(dgate), F(dup), gate.numel(),
-                      stream());
-}
-
-void CudaBackend::DoRope(const Tensor& x, float theta, bool inverse,
-                         const Tensor& y, int64_t first_position) {
-  const int64_t dim = x.dim(-1), seq = x.dim(-2);
-  const int64_t rows = x.numel() / std::max<int64_t>(dim * seq, 1);
-  Activate();
-  ci::Rope(F(x), rows, seq, dim, first_position, theta, inverse, F(y),
-           stream());
-}
-
-// --- Attention pieces --------------------------------------------------------
-
-void CudaBackend::DoSoftmax(const Tensor& x, float scale, bool causal,
-                            const Tensor& y) {
-  const int64_t cols = x.dim(-1);
-  const int64_t rows_per = x.rank() >= 2 ? x.dim(-2) : 1;
-  const int64_t rows = x.numel() / std::max<int64_t>(cols, 1);
-  Activate();
-  ci::Softmax(F(x), scale, causal, rows, std::max<int64_t>(rows_per, 1), cols,
-              F(y), stream());
-}
-
-void CudaBackend::DoSoftmaxBackward(const Tensor& y, const Tensor& dy,
-                                    float scale, const Tensor& dx) {
-  const int64_t cols = y.dim(-1), rows = y.numel() / std::max<int64_t>(cols, 1);
-  Activate();
-  ci::SoftmaxBackward(F(y), F(dy), scale, rows, cols, F(dx), stream());
-}
-
-void CudaBackend::DoSplitHeads(const Tensor& qkv, int64_t heads,
-                               const Tensor& q, const Tensor& k,
-                               const Tensor& v) {
-  Activate();
-  ci::PermuteQkv(F(qkv), q.dim(0), q.dim(2), heads, q.dim(3), F(q), F(k), F(v),
-                 /*to_heads=*/true, stream());
-}
-
-void CudaBackend::DoSplitHeadsBackward(const Tensor& dq, const Tensor& dk,
-                                       const Tensor& dv, int64_t heads,
-                                       const Tensor& dqkv) {
-  Activate();
-  ci::PermuteQkv(F(dqkv), dq.dim(0), dq.dim(2), heads, dq.dim(3), F(dq), F(dk),
-                 F(dv), /*to_heads=*/false, stream());
-}
-
-void CudaBackend::DoMergeHeads(const Tensor& x, const Tensor& out) {
-  Activate();
-  ci::PermuteMerge(F(x), x.dim(0), x.dim(1), x.dim(2), x.dim(3), F(out),
-                   /*to_merged=*/true, stream());
-}
-
-void CudaBackend::DoMergeHeadsBackward(const Tensor& dout, const Tensor& dx) {
-  Activate();
-  ci::PermuteMerge(F(dx), dx.dim(0), dx.dim(1), dx.dim(2), dx.dim(3), F(dout),
-                   /*to_merged=*/false, stream());
-}
-
-// --- Embedding ---------------------------------------------------------------
-
-absl::Status CudaBackend::DoEmbeddingForward(const Tensor& ids,
-                                             const Tensor& table,
-                                             const Tensor& out) {
-  const int64_t n = ids.numel(), vocab = table.dim(0), d = table.dim(1);
-  if (n == 0) return absl::OkStatus();
-  Activate();
-  ci::ResetScalars(scalars_.get(), stream());
-  ci::EmbeddingForward(Ptr<int64_t>(ids), n, F(table), vocab, d, F(out),
-                       scalars_.get(), stream());
-  // The status depends on the ids, which only the device has read.
-  RETURN_IF_ERROR(FetchScalars("embedding"));
-  if (host_scalars_->first_bad != ci::kNoBadPosition) {
-    const auto i = static_cast<int64_t>(host_scalars_->first_bad);
-    ASSIGN_OR_RETURN(int64_t id, FetchId(ids, i));
-    return absl::InvalidArgumentError(
-        absl::StrCat("token id ", id, " at position ", i,
-                     " is outside the vocabulary [0, ", vocab, ")"));
-  }
-  return absl::OkStatus();
-}
-
-void CudaBackend::DoEmbeddingBackward(const Tensor& ids, const Tensor& dy,
-                                      const Tensor& dtable) {
-  const int64_t n = ids.numel(), vocab = dtable.dim(0), d = dtable.dim(1);
-  if (n == 0 || d == 0) return;
-  Activate();
-  const size_t bytes = ci::EmbeddingBackwardScratchBytes(n, vocab);
-  Scratch scratch = ScratchOrDefer(bytes, "EmbeddingBackward");
-  if (!scratch.ok()) return;
-  ci::EmbeddingBackward(Ptr<int64_t>(ids), n, F(dy), vocab, d, F(dtable),
-                        scratch.as<void>(), bytes, stream());
-}
-
-// --- Losses ------------------------------------------------------------------
-
-absl::StatusOr<float> CudaBackend::DoMseLoss(const Tensor& y,
-                                             const Tensor& target,
-                                             float grad_scale,
-                                             const Tensor& dy) {
-  const int64_t n = y.numel();
-  if (n == 0) return 0.0f;
-  Activate();
-  const float g = grad_scale * 2.0f / static_cast<float>(n);
-  ci::MseLoss(F(y), F(target), n, g, F(dy), partials_.get(), scalars_.get(),
-              stream());
-  RETURN_IF_ERROR(FetchScalars("mse"));
-  return static_cast<float>(host_scalars_->sum / static_cast<double>(n));
-}
-
-absl::StatusOr<float> CudaBackend::DoCrossEntropyLoss(const Tensor& logits,
-                                                      const Tensor& targets,
-                                                      float grad_scale,
-                                                      const Tensor& dlogits) {
-  const int64_t vocab = logits.dim(-1);
-  const int64_t n = logits.numel() / std::max<int64_t>(vocab, 1);
-  if (n == 0) return 0.0f;
-  Activate();
-  ASSIGN_OR_RETURN(void* row_loss, allocator_->Allocate(n * sizeof(double)));
-  const Scratch scratch(allocator_.get(), row_loss);
-  const float g = grad_scale / static_cast<float>(n);
-  ci::ResetScalars(scalars_.get(), stream());
-  ci::CrossEntropyLoss(F(logits), Ptr<int64_t>(targets), n, vocab, g,
-                       F(dlogits), scratch.as<double>(), partials_.get(),
-                       scalars_.get(), stream());
-  RETURN_IF_ERROR(FetchScalars("cross_entropy"));
-  if (host_scalars_->first_bad != ci::kNoBadPosition) {
-    const auto i = static_cast<int64_t>(host_scalars_->first_bad);
-    ASSIGN_OR_RETURN(int64_t target, FetchId(targets, i));
-    return absl::InvalidArgumentError(
-        absl::StrCat("cross_entropy: target ", target, " at position ", i,
-                     " is outside [0, ", vocab, ")"));
-  }
-  return static_cast<float>(host_scalars_->sum / static_cast<double>(n));
-}
-
-// --- Optimizers --------------------------------------------------------------
-
-void CudaBackend::DoSgdUpdate(const SgdParams& p, const Tensor& param,
-                              const Tensor& grad, const Tensor& momentum) {
-  Activate();
-  ci::SgdUpdate(p, F(param), F(grad),
-                p.momentum != 0.0f ? F(momentum) : nullptr, param.numel(),
-                stream());
-}
-
-void CudaBackend::DoAdamUpdate(const AdamParams& p, const Tensor& param,
-                               const Tensor& grad, const Tensor& exp_avg,
-                               const Tensor& exp_avg_sq) {
-  // The bias corrections in double on the host, exactly as the CPU backend.
-  const double bias1 = 1.0 - std::pow(static_cast<double>(p.beta1), p.step);
-  const double bias2 = 1.0 - std::pow(static_cast<double>(p.beta2), p.step);
-  const float step_size = static_cast<float>(p.lr / bias1);
-  const float bias2_sqrt = static_cast<float>(std::sqrt(bias2));
-  Activate();
-  ci::AdamUpdate(p, step_size, bias2_sqrt, F(param), F(grad), F(exp_avg),
-                 F(exp_avg_sq), param.numel(), stream());
-}
-
-absl::StatusOr<double> CudaBackend::SumSquares(const Tensor& x) {
-  const int64_t n = x.numel();
-  const float* p = F(x);
-  if (n == 0) return 0.0;
-  Activate();
-  ci::SumSquares(p, n, partials_.get(), scalars_.get(), stream());
-  RETURN_IF_ERROR(FetchScalars("sum of squares"));
-  return host_scalars_->sum;
 }
 
 }  // namespace conveyor::engine

@@ -1,0 +1,335 @@
+// The CUDA backend's kernel fronts: for each Backend operation, the sizes
+// and scratch memory its launcher (engine/cuda/internal/kernels.h) needs,
+// and for the operations that hand a value to the host (losses, sums, the
+// embedding's id check) the wait for it.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/internal/cuda_backend_impl.h"  // defines: Scratch, Ptr
+#include "engine/cuda/internal/kernels.h"  // defines: the kernel launchers
+
+namespace conveyor::engine {
+
+namespace ci = cuda_internal;
+
+// --- Elementwise -------------------------------------------------------------
+
+void CudaBackend::Fill(const Tensor& x, float value) {
+  Activate();
+  ci::Fill(F(x), x.numel(), value, stream());
+}
+
+void CudaBackend::Scale(const Tensor& x, float alpha) {
+  Activate();
+  ci::Scale(F(x), x.numel(), alpha, stream());
+}
+
+void CudaBackend::DoAxpy(float alpha, const Tensor& x, const Tensor& y) {
+  Activate();
+  ci::Axpy(alpha, F(x), F(y), x.numel(), stream());
+}
+
+void CudaBackend::DoAdd(const Tensor& a, const Tensor& b, const Tensor& out) {
+  Activate();
+  ci::Add(F(a), F(b), F(out), a.numel(), stream());
+}
+
+void CudaBackend::DoAddRowBias(const Tensor& x, const Tensor& bias) {
+  const int64_t cols = bias.numel();
+  Activate();
+  ci::AddRowBias(F(x), F(bias), x.numel() / cols, cols, stream());
+}
+
+void CudaBackend::DoSumRows(const Tensor& x, float beta, const Tensor& out) {
+  const int64_t cols = out.numel();
+  const int64_t rows = x.numel() / cols;
+  Activate();
+  const int64_t floats = ci::ColumnSumScratchFloats(rows, cols, 1);
+  Scratch scratch = floats > 0
+                        ? ScratchOrDefer(floats * sizeof(float), "SumRows")
+                        : Scratch();
+  if (floats > 0 && !scratch.ok()) return;
+  ci::SumRows(F(x), rows, cols, beta, F(out), scratch.as<float>(), stream());
+}
+
+void CudaBackend::DoRelu(const Tensor& x, const Tensor& y) {
+  Activate();
+  ci::Relu(F(x), F(y), x.numel(), stream());
+}
+
+void CudaBackend::DoReluBackward(const Tensor& x, const Tensor& dy,
+                                 const Tensor& dx) {
+  Activate();
+  ci::ReluBackward(F(x), F(dy), F(dx), x.numel(), stream());
+}
+
+void CudaBackend::DoGelu(const Tensor& x, bool tanh, const Tensor& y) {
+  Activate();
+  ci::Gelu(F(x), tanh, F(y), x.numel(), stream());
+}
+
+void CudaBackend::DoGeluBackward(const Tensor& x, bool tanh, const Tensor& dy,
+                                 const Tensor& dx) {
+  Activate();
+  ci::GeluBackward(F(x), tanh, F(dy), F(dx), x.numel(), stream());
+}
+
+// --- Layer normalization -----------------------------------------------------
+
+void CudaBackend::DoLayerNorm(const Tensor& x, const Tensor& gamma,
+                              const Tensor& beta, float eps, const Tensor& y,
+                              const Tensor& mean, const Tensor& rstd) {
+  const int64_t cols = x.dim(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
+  Activate();
+  ci::LayerNorm(F(x), gamma.defined() ? F(gamma) : nullptr,
+                beta.defined() ? F(beta) : nullptr, eps, rows, cols, F(y),
+                F(mean), F(rstd), stream());
+}
+
+void CudaBackend::DoLayerNormBackwardInput(const Tensor& x, const Tensor& gamma,
+                                           const Tensor& mean,
+                                           const Tensor& rstd, const Tensor& dy,
+                                           const Tensor& dx) {
+  const int64_t cols = x.dim(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
+  Activate();
+  ci::LayerNormBackwardInput(F(x), gamma.defined() ? F(gamma) : nullptr,
+                             F(mean), F(rstd), F(dy), rows, cols, F(dx),
+                             stream());
+}
+
+void CudaBackend::DoLayerNormBackwardWeight(const Tensor& x, const Tensor& mean,
+                                            const Tensor& rstd,
+                                            const Tensor& dy,
+                                            const Tensor& dgamma,
+                                            const Tensor& dbeta) {
+  const int64_t cols = x.dim(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
+  Activate();
+  const int64_t floats = ci::ColumnSumScratchFloats(rows, cols, 2);
+  Scratch scratch = floats > 0 ? ScratchOrDefer(floats * sizeof(float),
+                                                "LayerNormBackwardWeight")
+                               : Scratch();
+  if (floats > 0 && !scratch.ok()) return;
+  ci::LayerNormBackwardWeight(F(x), F(mean), F(rstd), F(dy), rows, cols,
+                              F(dgamma), F(dbeta), scratch.as<float>(),
+                              stream());
+}
+
+// --- Llama-family pieces -----------------------------------------------------
+
+void CudaBackend::DoRmsNorm(const Tensor& x, const Tensor& weight, float eps,
+                            const Tensor& y, const Tensor& rstd) {
+  const int64_t cols = x.dim(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
+  Activate();
+  ci::RmsNorm(F(x), F(weight), eps, rows, cols, F(y), F(rstd), stream());
+}
+
+void CudaBackend::DoRmsNormBackwardInput(const Tensor& x, const Tensor& weight,
+                                         const Tensor& rstd, const Tensor& dy,
+                                         const Tensor& dx) {
+  const int64_t cols = x.dim(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
+  Activate();
+  ci::RmsNormBackwardInput(F(x), F(weight), F(rstd), F(dy), rows, cols, F(dx),
+                           stream());
+}
+
+void CudaBackend::DoRmsNormBackwardWeight(const Tensor& x, const Tensor& rstd,
+                                          const Tensor& dy,
+                                          const Tensor& dweight) {
+  const int64_t cols = x.dim(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
+  Activate();
+  const int64_t floats = ci::ColumnSumScratchFloats(rows, cols, 1);
+  Scratch scratch = floats > 0 ? ScratchOrDefer(floats * sizeof(float),
+                                                "RmsNormBackwardWeight")
+                               : Scratch();
+  if (floats > 0 && !scratch.ok()) return;
+  ci::RmsNormBackwardWeight(F(x), F(rstd), F(dy), rows, cols, F(dweight),
+                            scratch.as<float>(), stream());
+}
+
+void CudaBackend::DoSiluMul(const Tensor& gate, const Tensor& up,
+                            const Tensor& y) {
+  Activate();
+  ci::SiluMul(F(gate), F(up), F(y), gate.numel(), stream());
+}
+
+void CudaBackend::DoSiluMulBackward(const Tensor& gate, const Tensor& up,
+                                    const Tensor& dy, const Tensor& dgate,
+                                    const Tensor& dup) {
+  Activate();
+  ci::SiluMulBackward(F(gate), F(up), F(dy), F(dgate), F(dup), gate.numel(),
+                      stream());
+}
+
+void CudaBackend::DoRope(const Tensor& x, float theta, bool inverse,
+                         const Tensor& y, int64_t first_position) {
+  const int64_t dim = x.dim(-1), seq = x.dim(-2);
+  const int64_t rows = x.numel() / std::max<int64_t>(dim * seq, 1);
+  Activate();
+  ci::Rope(F(x), rows, seq, dim, first_position, theta, inverse, F(y),
+           stream());
+}
+
+// --- Attention pieces --------------------------------------------------------
+
+void CudaBackend::DoSoftmax(const Tensor& x, float scale, bool causal,
+                            const Tensor& y) {
+  const int64_t cols = x.dim(-1);
+  const int64_t rows_per = x.rank() >= 2 ? x.dim(-2) : 1;
+  const int64_t rows = x.numel() / std::max<int64_t>(cols, 1);
+  Activate();
+  ci::Softmax(F(x), scale, causal, rows, std::max<int64_t>(rows_per, 1), cols,
+              F(y), stream());
+}
+
+void CudaBackend::DoSoftmaxBackward(const Tensor& y, const Tensor& dy,
+                                    float scale, const Tensor& dx) {
+  const int64_t cols = y.dim(-1), rows = y.numel() / std::max<int64_t>(cols, 1);
+  Activate();
+  ci::SoftmaxBackward(F(y), F(dy), scale, rows, cols, F(dx), stream());
+}
+
+void CudaBackend::DoSplitHeads(const Tensor& qkv, int64_t heads,
+                               const Tensor& q, const Tensor& k,
+                               const Tensor& v) {
+  Activate();
+  ci::PermuteQkv(F(qkv), q.dim(0), q.dim(2), heads, q.dim(3), F(q), F(k), F(v),
+                 /*to_heads=*/true, stream());
+}
+
+void CudaBackend::DoSplitHeadsBackward(const Tensor& dq, const Tensor& dk,
+                                       const Tensor& dv, int64_t heads,
+                                       const Tensor& dqkv) {
+  Activate();
+  ci::PermuteQkv(F(dqkv), dq.dim(0), dq.dim(2), heads, dq.dim(3), F(dq), F(dk),
+                 F(dv), /*to_heads=*/false, stream());
+}
+
+void CudaBackend::DoMergeHeads(const Tensor& x, const Tensor& out) {
+  Activate();
+  ci::PermuteMerge(F(x), x.dim(0), x.dim(1), x.dim(2), x.dim(3), F(out),
+                   /*to_merged=*/true, stream());
+}
+
+void CudaBackend::DoMergeHeadsBackward(const Tensor& dout, const Tensor& dx) {
+  Activate();
+  ci::PermuteMerge(F(dx), dx.dim(0), dx.dim(1), dx.dim(2), dx.dim(3), F(dout),
+                   /*to_merged=*/false, stream());
+}
+
+// --- Embedding ---------------------------------------------------------------
+
+absl::Status CudaBackend::DoEmbeddingForward(const Tensor& ids,
+                                             const Tensor& table,
+                                             const Tensor& out) {
+  const int64_t n = ids.numel(), vocab = table.dim(0), d = table.dim(1);
+  if (n == 0) return absl::OkStatus();
+  Activate();
+  ci::ResetScalars(scalars_.get(), stream());
+  ci::EmbeddingForward(Ptr<int64_t>(ids), n, F(table), vocab, d, F(out),
+                       scalars_.get(), stream());
+  // The status depends on the ids, which only the device has read.
+  RETURN_IF_ERROR(FetchScalars("embedding"));
+  if (host_scalars_->first_bad != ci::kNoBadPosition) {
+    const auto i = static_cast<int64_t>(host_scalars_->first_bad);
+    ASSIGN_OR_RETURN(int64_t id, FetchId(ids, i));
+    return absl::InvalidArgumentError(
+        absl::StrCat("token id ", id, " at position ", i,
+                     " is outside the vocabulary [0, ", vocab, ")"));
+  }
+  return absl::OkStatus();
+}
+
+void CudaBackend::DoEmbeddingBackward(const Tensor& ids, const Tensor& dy,
+                                      const Tensor& dtable) {
+  const int64_t n = ids.numel(), vocab = dtable.dim(0), d = dtable.dim(1);
+  if (n == 0 || d == 0) return;
+  Activate();
+  const size_t bytes = ci::EmbeddingBackwardScratchBytes(n, vocab);
+  Scratch scratch = ScratchOrDefer(bytes, "EmbeddingBackward");
+  if (!scratch.ok()) return;
+  ci::EmbeddingBackward(Ptr<int64_t>(ids), n, F(dy), vocab, d, F(dtable),
+                        scratch.as<void>(), bytes, stream());
+}
+
+// --- Losses ------------------------------------------------------------------
+
+absl::StatusOr<float> CudaBackend::DoMseLoss(const Tensor& y,
+                                             const Tensor& target,
+                                             float grad_scale,
+                                             const Tensor& dy) {
+  const int64_t n = y.numel();
+  if (n == 0) return 0.0f;
+  Activate();
+  const float g = grad_scale * 2.0f / static_cast<float>(n);
+  ci::MseLoss(F(y), F(target), n, g, F(dy), partials_.get(), scalars_.get(),
+              stream());
+  RETURN_IF_ERROR(FetchScalars("mse"));
+  return static_cast<float>(host_scalars_->sum / static_cast<double>(n));
+}
+
+absl::StatusOr<float> CudaBackend::DoCrossEntropyLoss(const Tensor& logits,
+                                                      const Tensor& targets,
+                                                      float grad_scale,
+                                                      const Tensor& dlogits) {
+  const int64_t vocab = logits.dim(-1);
+  const int64_t n = logits.numel() / std::max<int64_t>(vocab, 1);
+  if (n == 0) return 0.0f;
+  Activate();
+  ASSIGN_OR_RETURN(void* row_loss, allocator_->Allocate(n * sizeof(double)));
+  const Scratch scratch(allocator_.get(), row_loss);
+  const float g = grad_scale / static_cast<float>(n);
+  ci::ResetScalars(scalars_.get(), stream());
+  ci::CrossEntropyLoss(F(logits), Ptr<int64_t>(targets), n, vocab, g,
+                       F(dlogits), scratch.as<double>(), partials_.get(),
+                       scalars_.get(), stream());
+  RETURN_IF_ERROR(FetchScalars("cross_entropy"));
+  if (host_scalars_->first_bad != ci::kNoBadPosition) {
+    const auto i = static_cast<int64_t>(host_scalars_->first_bad);
+    ASSIGN_OR_RETURN(int64_t target, FetchId(targets, i));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cross_entropy: target ", target, " at position ", i,
+                     " is outside [0, ", vocab, ")"));
+  }
+  return static_cast<float>(host_scalars_->sum / static_cast<double>(n));
+}
+
+// --- Optimizers --------------------------------------------------------------
+
+void CudaBackend::DoSgdUpdate(const SgdParams& p, const Tensor& param,
+                              const Tensor& grad, const Tensor& momentum) {
+  Activate();
+  ci::SgdUpdate(p, F(param), F(grad),
+                p.momentum != 0.0f ? F(momentum) : nullptr, param.numel(),
+                stream());
+}
+
+void CudaBackend::DoAdamUpdate(const AdamParams& p, const Tensor& param,
+                               const Tensor& grad, const Tensor& exp_avg,
+                               const Tensor& exp_avg_sq) {
+  // The bias corrections in double on the host, exactly as the CPU backend.
+  const double bias1 = 1.0 - std::pow(static_cast<double>(p.beta1), p.step);
+  const double bias2 = 1.0 - std::pow(static_cast<double>(p.beta2), p.step);
+  const float step_size = static_cast<float>(p.lr / bias1);
+  const float bias2_sqrt = static_cast<float>(std::sqrt(bias2));
+  Activate();
+  ci::AdamUpdate(p, step_size, bias2_sqrt, F(param), F(grad), F(exp_avg),
+                 F(exp_avg_sq), param.numel(), stream());
+}
+
+absl::StatusOr<double> CudaBackend::SumSquares(const Tensor& x) {
+  const int64_t n = x.numel();
+  const float* p = F(x);
+  if (n == 0) return 0.0;
+  Activate();
+  ci::SumSquares(p, n, partials_.get(), scalars_.get(), stream());
+  RETURN_IF_ERROR(FetchScalars("sum of squares"));
+  return host_scalars_->sum;
+}
+
+}  // namespace conveyor::engine
