@@ -29,7 +29,7 @@ absl::StatusOr<std::string> MessageInbox::Take(
     return absl::FailedPreconditionError(
         "TakeMessage while a message handler is set");
   }
-  auto find = [&] {
+  auto find = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(handler_mu_) {
     return std::find_if(
         pending_messages_.begin(), pending_messages_.end(),
         [&](const std::pair<int, std::string>& m) { return m.first == from; });
