@@ -1,24 +1,18 @@
 #include "cli/plot_command.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <charconv>
 #include <cmath>
 #include <cstdlib>
-#include <filesystem>
 #include <limits>
-#include <memory>
 #include <optional>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "cli/coordinator_client.h"
+#include "cli/internal/history_source.h"
+#include "cli/internal/plot_ticks.h"
 #include "common/auth_token.h"
 #include "common/file.h"
 #include "common/status_macros.h"
@@ -26,6 +20,16 @@
 
 namespace conveyor::cli {
 namespace {
+
+using plot_internal::ExplainReadError;
+using plot_internal::HistorySource;
+using plot_internal::LinearTicks;
+using plot_internal::LocateHistory;
+using plot_internal::LogTicks;
+using plot_internal::NiceStep;
+using plot_internal::Range;
+using plot_internal::Tick;
+using plot_internal::TickLabel;
 
 // Layout, in pixels; fonts as in scheduler/render_svg.cc.
 constexpr int kMargin = 10;
@@ -56,55 +60,6 @@ std::string Escape(absl::string_view text) {
   return scheduler::SvgEscape(text);
 }
 
-// 1, 2 or 5 times a power of ten, near `raw`.
-double NiceStep(double raw) {
-  if (!(raw > 0) || !std::isfinite(raw)) return 1;
-  const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
-  const double norm = raw / magnitude;
-  return (norm < 1.5 ? 1 : norm < 3 ? 2 : norm < 7 ? 5 : 10) * magnitude;
-}
-
-// A tick value as a person reads it. `resolution` is the difference
-// between neighbouring ticks (the digits needed); `magnitude` the axis's
-// largest absolute value, which picks one unit for all its labels: k, M, G
-// for large numbers ("12.5k" tokens/s), a power of ten for small ones
-// ("3e-4" for a learning rate), plain digits between.
-std::string TickLabel(double v, double resolution, double magnitude) {
-  if (!(resolution > 0)) resolution = std::max(std::abs(v), 1e-300);
-  if (std::abs(v) < resolution * 1e-6) return "0";
-  double scale = 1;
-  std::string suffix;
-  if (magnitude >= 1e9) {
-    scale = 1e9;
-    suffix = "G";
-  } else if (magnitude >= 1e6) {
-    scale = 1e6;
-    suffix = "M";
-  } else if (magnitude >= 1e4) {
-    scale = 1e3;
-    suffix = "k";
-  } else if (magnitude > 0 && magnitude < 1e-3) {
-    const int exponent = static_cast<int>(std::floor(std::log10(magnitude)));
-    scale = std::pow(10.0, exponent);
-    suffix = absl::StrCat("e", exponent);
-  }
-  const int decimals = std::clamp(
-      static_cast<int>(std::ceil(-std::log10(resolution / scale) - 1e-9)), 0,
-      12);
-  char buf[64];
-  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v / scale,
-                                 std::chars_format::fixed, decimals);
-  if (ec != std::errc()) return absl::StrCat(v);
-  std::string out(buf, end);
-  // "2.50" reads as "2.5"; the digits needed are there either way.
-  if (out.find('.') != std::string::npos) {
-    while (out.back() == '0') out.pop_back();
-    if (out.back() == '.') out.pop_back();
-  }
-  if (out == "-0" || out == "0") return "0";
-  return out + suffix;
-}
-
 struct Series {
   std::string id;     // series-<id>
   std::string label;  // In the legend.
@@ -124,72 +79,8 @@ struct Panel {
   std::vector<Series> series;
 };
 
-struct Tick {
-  double value;  // In data units.
-  std::string label;
-};
-
-// The value range of a panel in plot coordinates (log10 for a log panel).
-struct Range {
-  double lo = 0;
-  double hi = 0;
-};
-
 double ToPlot(const Panel& panel, double v) {
   return panel.log ? std::log10(v) : v;
-}
-
-std::vector<Tick> LinearTicks(Range r, int target, bool log_positions) {
-  // For a log panel whose range is too narrow for powers of ten, linear
-  // ticks in data units, placed on the log scale.
-  const double lo = log_positions ? std::pow(10.0, r.lo) : r.lo;
-  const double hi = log_positions ? std::pow(10.0, r.hi) : r.hi;
-  const double step = NiceStep((hi - lo) / std::max(target, 1));
-  const double magnitude = std::max(std::abs(lo), std::abs(hi));
-  std::vector<Tick> ticks;
-  if (!std::isfinite(hi - lo) || (hi - lo) / step > 1000) {
-    // Values near the limits of a double: just the ends.
-    return {{lo, absl::StrCat(lo)}, {hi, absl::StrCat(hi)}};
-  }
-  const double first = std::ceil(lo / step - 1e-9);
-  for (int k = 0; k <= 100; ++k) {
-    const double v = (first + k) * step;
-    if (v > hi + step * 1e-9) break;
-    if (log_positions && !(v > 0)) continue;
-    ticks.push_back({v, TickLabel(v, step, magnitude)});
-  }
-  return ticks;
-}
-
-std::vector<Tick> LogTicks(Range r, int target) {
-  // 1, 2, 5 times powers of ten; over many decades the powers alone (every
-  // k-th of them over very many); within under one decade 3 joins in.
-  auto ticks = [&](std::initializer_list<double> mantissas) {
-    std::vector<Tick> out;
-    for (double e = std::floor(r.lo); e <= std::ceil(r.hi); ++e) {
-      for (double m : mantissas) {
-        const double v = m * std::pow(10.0, e);
-        const double p = std::log10(v);
-        if (p < r.lo - 1e-9 || p > r.hi + 1e-9) continue;
-        // Each label as precise as its own decade needs.
-        out.push_back({v, TickLabel(v, std::pow(10.0, e), v)});
-      }
-    }
-    return out;
-  };
-  if (r.hi - r.lo > 2.0 * target) {
-    std::vector<Tick> decades = ticks({1.0}), thinned;
-    const size_t every = decades.size() / (2 * target) + 1;
-    for (size_t i = 0; i < decades.size(); i += every) {
-      thinned.push_back(decades[i]);
-    }
-    return thinned;
-  }
-  std::vector<Tick> all = ticks({1.0, 2.0, 5.0});
-  if (static_cast<int>(all.size()) > 2 * target) return ticks({1.0});
-  if (all.size() < 3) all = ticks({1.0, 2.0, 3.0, 5.0});
-  if (all.size() >= 2) return all;
-  return LinearTicks(r, target, /*log_positions=*/true);
 }
 
 // The panels the history has values for, over `points`.
@@ -572,100 +463,6 @@ absl::StatusOr<Rendered> Render(const MetricsHistory& history,
   return rendered;
 }
 
-// Where a JOB_OR_DIR's history is, and how to explain a failure to read it.
-struct HistorySource {
-  std::string path;
-  std::string title;
-  // For a job id: the job, for messages.
-  std::optional<v1::Job> job;
-  bool directory = false;  // JOB_OR_DIR was a directory.
-};
-
-absl::StatusOr<HistorySource> Locate(const PlotCommandOptions& o,
-                                     std::ostream& err) {
-  const std::string& arg = o.source;
-  struct stat st;
-  if (::stat(arg.c_str(), &st) == 0) {
-    // A directory named like a file is taken as the file, which then fails
-    // as "not a regular file" rather than reading something unexpected.
-    if (S_ISDIR(st.st_mode) && !absl::EndsWith(arg, ".jsonl")) {
-      return HistorySource{
-          .path =
-              (std::filesystem::path(arg) / kMetricsHistoryFileName).string(),
-          .title = arg,
-          .job = std::nullopt,
-          .directory = true};
-    }
-    return HistorySource{
-        .path = arg, .title = arg, .job = std::nullopt, .directory = false};
-  }
-  if (errno != ENOENT && errno != ENOTDIR)
-    return ErrnoError(errno, arg, "stat");
-  if (arg.find('/') != std::string::npos || absl::EndsWith(arg, ".jsonl")) {
-    return absl::NotFoundError(
-        absl::StrCat(arg, ": no such file or directory"));
-  }
-
-  ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorClient> client,
-                   ConnectToCoordinator(o, err));
-  absl::StatusOr<v1::Job> job = client->GetJob(arg);
-  if (!job.ok()) {
-    // The argument may as well be a mistyped path: say both.
-    return absl::Status(
-        job.status().code(),
-        absl::StrCat(arg,
-                     " is not a file or directory here, nor a job the "
-                     "coordinator at ",
-                     client->address(),
-                     " can tell about: ", job.status().message()));
-  }
-  std::string title = job->id();
-  if (!job->name().empty()) absl::StrAppend(&title, " (", job->name(), ")");
-  if (job->checkpoint_dir().empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(title,
-                     " has no checkpoint.dir, and the coordinator keeps a "
-                     "job's metrics.jsonl only there; set checkpoint.dir in "
-                     "the job to record its history"));
-  }
-  return HistorySource{.path = (std::filesystem::path(job->checkpoint_dir()) /
-                                kMetricsHistoryFileName)
-                                   .string(),
-                       .title = std::move(title),
-                       .job = *std::move(job),
-                       .directory = false};
-}
-
-// A failure to read `source`'s file, said in terms of where it came from.
-absl::Status ExplainReadError(const HistorySource& source,
-                              const absl::Status& status) {
-  if (source.job.has_value()) {
-    const v1::Job& job = *source.job;
-    std::string where = "the coordinator's checkpoint.dir for it";
-    if (std::filesystem::path(job.checkpoint_dir()).is_relative()) {
-      absl::StrAppend(&where,
-                      ", relative to the coordinator's working directory");
-    }
-    std::string hint = job.steps_done() == 0
-                           ? " The job has not completed a step yet."
-                           : " Run plot where that directory is (or on a "
-                             "copy of the file: conveyorctl plot "
-                             "FILE.jsonl).";
-    return absl::Status(
-        status.code(),
-        absl::StrCat(source.title, "'s history is ", source.path, " (", where,
-                     "), which cannot be read on this machine: ",
-                     status.message(), ".", hint));
-  }
-  if (source.directory && absl::IsNotFound(status)) {
-    return absl::NotFoundError(absl::StrCat(
-        status.message(), " (the coordinator writes ", kMetricsHistoryFileName,
-        " in a job's checkpoint.dir as its steps complete; is this a "
-        "checkpoint directory?)"));
-  }
-  return status;
-}
-
 }  // namespace
 
 CLI::App* AddPlotCommand(CLI::App& app, PlotCommandOptions& o) {
@@ -727,7 +524,7 @@ absl::Status RunPlotCommand(const PlotCommandOptions& o, std::ostream& out,
                                                    kMinWidth, ", ", kMaxWidth,
                                                    "]; got ", o.width));
   }
-  ASSIGN_OR_RETURN(HistorySource source, Locate(o, err));
+  ASSIGN_OR_RETURN(HistorySource source, LocateHistory(o, err));
   // Read, then parse: only a failure to read needs explaining in terms of
   // where the file came from; a parse error names file:line already.
   absl::StatusOr<std::string> text =

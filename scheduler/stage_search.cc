@@ -1,13 +1,11 @@
 #include "scheduler/stage_search.h"
 
 #include <algorithm>
-#include <bit>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <map>
-#include <numeric>
 #include <optional>
 #include <string>
 #include <utility>
@@ -21,11 +19,17 @@
 #include "common/check.h"
 #include "common/status_macros.h"
 #include "scheduler/generators.h"
+#include "scheduler/internal/stage_splits.h"
 #include "scheduler/partitioner.h"
 #include "scheduler/simulator.h"
 
 namespace conveyor::scheduler {
 namespace {
+
+using stage_search_internal::PrefixSums;
+using stage_search_internal::SeedSplit;
+using stage_search_internal::SplitEnumerator;
+using stage_search_internal::UniformSplit;
 
 // Makespans within this relative distance of the best count as ties.
 constexpr double kTieTolerance = 1e-12;
@@ -52,24 +56,6 @@ std::string Num(double value) {
 // `value` is no worse than `best` within the tie tolerance.
 bool WithinTolerance(double value, double best) {
   return value <= best + kTieTolerance * std::abs(best);
-}
-
-std::vector<long double> PrefixSums(const std::vector<double>& values) {
-  std::vector<long double> prefix(values.size() + 1, 0.0L);
-  for (size_t i = 0; i < values.size(); ++i) {
-    prefix[i + 1] = prefix[i] + values[i];
-  }
-  return prefix;
-}
-
-// The first L % S stages hold one layer more, as PartitionUniform.
-std::vector<int> UniformSplit(int layers, int stages) {
-  std::vector<int> stage_begin;
-  for (int s = 0, begin = 0; s < stages; ++s) {
-    stage_begin.push_back(begin);
-    begin += layers / stages + (s < layers % stages ? 1 : 0);
-  }
-  return stage_begin;
 }
 
 absl::Status CheckLayers(const std::vector<LayerCosts>& layers) {
@@ -306,169 +292,6 @@ class Evaluator {
   std::vector<long double> forward_, backward_input_, backward_weight_,
       activation_, state_;
 };
-
-// C(n, k), or `cap` when it is at least `cap` (cap >= 1).
-int64_t CappedBinomial(int64_t n, int64_t k, int64_t cap) {
-  if (k < 0 || k > n) return 0;
-  k = std::min(k, n - k);
-  // C(n, i) grows with i up to n / 2, so once a partial value reaches the cap
-  // the answer does too.
-  int64_t c = 1;
-  for (int64_t i = 0; i < k; ++i) {
-    // C(n, i + 1) = C(n, i) * (n - i) / (i + 1), exactly; divide by the common
-    // factor first so the product overflows only when the result would.
-    const int64_t g = std::gcd(c, i + 1);
-    const int64_t a = c / g, b = (n - i) / ((i + 1) / g);
-    if (a > std::numeric_limits<int64_t>::max() / b) return cap;
-    c = a * b;
-    if (c >= cap) return cap;
-  }
-  return c;
-}
-
-// Enumerates, in increasing lexicographic order of stage_begin, the splits
-// into `stages` stages whose boundaries include every fixed one: the free
-// boundaries are any (S-1-F)-subset of the positions 1..L-1 not fixed.
-class SplitEnumerator {
- public:
-  SplitEnumerator(int layers, int stages, const std::vector<int>& fixed)
-      : fixed_(fixed) {
-    for (int p = 1; p < layers; ++p) {
-      if (!std::binary_search(fixed.begin(), fixed.end(), p)) {
-        free_.push_back(p);
-      }
-    }
-    const int k = stages - 1 - static_cast<int>(fixed.size());
-    pick_.resize(k);
-    std::iota(pick_.begin(), pick_.end(), 0);
-  }
-
-  // The number of splits, capped as CappedBinomial.
-  int64_t Count(int64_t cap) const {
-    return CappedBinomial(static_cast<int64_t>(free_.size()),
-                          static_cast<int64_t>(pick_.size()), cap);
-  }
-
-  // Writes the next split to `stage_begin`; false when there is none left.
-  bool Next(std::vector<int>* stage_begin) {
-    if (done_) return false;
-    if (started_ && !Advance()) {
-      done_ = true;
-      return false;
-    }
-    started_ = true;
-    std::vector<int> chosen;
-    chosen.reserve(pick_.size());
-    for (int i : pick_) chosen.push_back(free_[i]);
-    stage_begin->assign(1, 0);
-    std::merge(fixed_.begin(), fixed_.end(), chosen.begin(), chosen.end(),
-               std::back_inserter(*stage_begin));
-    return true;
-  }
-
- private:
-  // The next combination in lexicographic order, which (the fixed positions
-  // being the same in every split) is also the next stage_begin in order.
-  bool Advance() {
-    const int k = static_cast<int>(pick_.size());
-    const int n = static_cast<int>(free_.size());
-    int i = k - 1;
-    while (i >= 0 && pick_[i] == n - k + i) --i;
-    if (i < 0) return false;
-    ++pick_[i];
-    for (int j = i + 1; j < k; ++j) pick_[j] = pick_[j - 1] + 1;
-    return true;
-  }
-
-  const std::vector<int>& fixed_;
-  std::vector<int> free_;
-  std::vector<int> pick_;  // indices into free_, increasing
-  bool started_ = false;
-  bool done_ = false;
-};
-
-// A seed split of `costs` into `stages` stages that begins a stage at every
-// fixed boundary. The fixed boundaries cut the layers into segments; each
-// segment gets the fewest stages that reach the best overall max stage cost
-// (a binary search over that cost, as the partitioner's), the stages left
-// over go one at a time to the segment with the largest cost per stage, and
-// each segment is split by PartitionLayers (uniform = false) or
-// PartitionUniform. Without fixed boundaries this is exactly
-// PartitionLayers(costs, stages) or PartitionUniform.
-absl::StatusOr<std::vector<int>> SeedSplit(const std::vector<double>& costs,
-                                           const std::vector<int>& fixed,
-                                           int stages, bool uniform) {
-  const int layers = static_cast<int>(costs.size());
-  std::vector<int> bounds = {0};
-  bounds.insert(bounds.end(), fixed.begin(), fixed.end());
-  bounds.push_back(layers);
-  const int segments = static_cast<int>(bounds.size()) - 1;
-  const std::vector<long double> prefix = PrefixSums(costs);
-  auto cost = [&](int i, int j) {
-    return static_cast<double>(prefix[j] - prefix[i]);
-  };
-  // The fewest stages covering segment k with every stage cost <= limit, or
-  // stages + 1 when a layer alone is over it.
-  auto min_stages = [&](int k, double limit) {
-    int count = 0;
-    for (int i = bounds[k]; i < bounds[k + 1];) {
-      int j = i;
-      while (j < bounds[k + 1] && cost(i, j + 1) <= limit) ++j;
-      if (j == i) return stages + 1;
-      i = j;
-      ++count;
-    }
-    return count;
-  };
-  auto total_stages = [&](double limit) {
-    int64_t total = 0;
-    for (int k = 0; k < segments; ++k) total += min_stages(k, limit);
-    return total;
-  };
-  // Non-negative doubles order like their bit patterns. At the total cost
-  // every segment needs one stage, and there are at most S segments.
-  uint64_t lo = 0, hi = std::bit_cast<uint64_t>(cost(0, layers));
-  while (lo < hi) {
-    const uint64_t mid = lo + (hi - lo) / 2;
-    if (total_stages(std::bit_cast<double>(mid)) <= stages) {
-      hi = mid;
-    } else {
-      lo = mid + 1;
-    }
-  }
-  const double limit = std::bit_cast<double>(hi);
-  std::vector<int> share(segments);
-  int given = 0;
-  for (int k = 0; k < segments; ++k) {
-    share[k] = min_stages(k, limit);
-    given += share[k];
-  }
-  CONVEYOR_CHECK(given <= stages, "the binary search ends at a feasible cost");
-  for (; given < stages; ++given) {
-    // The segments hold L >= S layers in all, so one has room.
-    int best = -1;
-    for (int k = 0; k < segments; ++k) {
-      if (share[k] >= bounds[k + 1] - bounds[k]) continue;
-      if (best < 0 || cost(bounds[k], bounds[k + 1]) / share[k] >
-                          cost(bounds[best], bounds[best + 1]) / share[best]) {
-        best = k;
-      }
-    }
-    CONVEYOR_CHECK(best >= 0, "some segment has a layer without a stage");
-    ++share[best];
-  }
-
-  std::vector<int> stage_begin;
-  for (int k = 0; k < segments; ++k) {
-    PartitionInput part;
-    part.costs.assign(costs.begin() + bounds[k], costs.begin() + bounds[k + 1]);
-    part.num_stages = share[k];
-    ASSIGN_OR_RETURN(Partition p,
-                     uniform ? PartitionUniform(part) : PartitionLayers(part));
-    for (int b : p.stage_begin) stage_begin.push_back(bounds[k] + b);
-  }
-  return stage_begin;
-}
 
 // A split the local search reached.
 struct Candidate {

@@ -17,25 +17,18 @@
 #include "spdlog/spdlog.h"
 #include "transport/mailbox.h"
 #include "transport/nccl/header.h"
+#include "transport/nccl/internal/peer_rounds.h"
+#include "transport/nccl/internal/poll_pacer.h"
+#include "transport/nccl/internal/round.h"
 
 namespace conveyor::transport {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-// While groups are in flight the progress thread polls the communicator:
-// every kMinPoll right after progress, backing off to kMaxPoll while
-// nothing completes. The back-off bounds the thread's CPU use on long
-// transfers; kMaxPoll bounds the delay it adds to noticing a completion.
-constexpr absl::Duration kMinPoll = absl::Microseconds(10);
-constexpr absl::Duration kMaxPoll = absl::Microseconds(500);
-// How often stalls are checked while waiting for headers or for closing.
-constexpr absl::Duration kStallCheck = absl::Milliseconds(10);
-// How often an idle channel polls the communicator's asynchronous error,
-// so that a peer lost while nothing is in flight is noticed promptly too.
-constexpr absl::Duration kIdleCheck = absl::Milliseconds(100);
-// At most this many operations are named in a stall message.
-constexpr size_t kDescribedOps = 4;
+using p2p_internal::Clock;
+using p2p_internal::InFlight;
+using p2p_internal::OutgoingSend;
+using p2p_internal::ProposedRound;
+using p2p_internal::Received;
 
 int64_t Millis(Clock::duration d) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
@@ -53,10 +46,8 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
         comm_(std::move(comm)),
         link_(link),
         peers_(std::move(peers)),
-        peer_state_(world_size_),
-        mailbox_(rank_) {
-    for (int p : peers_) peer_state_[p].is_peer = true;
-  }
+        peer_rounds_(rank_, world_size_, peers_),
+        mailbox_(rank_) {}
 
   ~Impl() override {
     {
@@ -100,7 +91,7 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
       absl::MutexLock lock(&mu_);
       return FileLocked(tag, tensor, rank_);
     }
-    if (!peer_state_[to].is_peer) {
+    if (!peer_rounds_.is_peer(to)) {
       return absl::InvalidArgumentError(
           absl::StrCat("rank ", rank_, " sends the ", ToString(tag),
                        " to rank ", to, ", which is not among its peers (",
@@ -176,55 +167,12 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
   }
 
  private:
-  // A Send accepted but not yet proposed (outbox_), or proposed in a round
-  // not yet launched, or in flight.
-  struct OutgoingSend {
-    int to;
-    TensorHeader header;
-    PreparedSend payload;
-    Clock::time_point queued_at;  // When Send accepted it.
-  };
+  // A HeaderLink callback, queued for the progress thread.
   struct Incoming {
     int peer;
     std::string message;
     absl::Status link_error;  // Not OK: the link to `peer` broke.
   };
-  // What this rank knows of a peer. Progress thread only.
-  struct PeerState {
-    bool is_peer = false;
-    uint64_t next_proposal = 0;  // The round its next proposal must have.
-    // Its proposals of rounds launch_round_, launch_round_ + 1, ...: the
-    // headers of the tensors it sends us in each.
-    std::deque<std::vector<TensorHeader>> proposals;
-    // After its goodbye: it takes part in rounds below this only.
-    std::optional<uint64_t> rounds_total;
-    bool link_broken = false;
-  };
-  // A round this rank proposed and has not launched yet.
-  struct ProposedRound {
-    uint64_t round;
-    std::vector<OutgoingSend> sends;
-    Clock::time_point proposed_at;
-  };
-  struct Received {
-    Tag tag;
-    int from;
-    engine::Tensor tensor;
-  };
-  // A launched round. Holds every tensor of its group until it completes:
-  // the communication stream still reads the sends and writes the
-  // receives.
-  struct InFlight {
-    uint64_t round = 0;
-    std::optional<uint64_t> group;  // None: nothing to transfer.
-    std::vector<OutgoingSend> sends;
-    std::vector<Received> receives;
-  };
-
-  bool Participates(int peer, uint64_t round) const {
-    const PeerState& p = peer_state_[peer];
-    return p.is_peer && (!p.rounds_total || round < *p.rounds_total);
-  }
 
   void SetStatusLocked(const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -244,7 +192,8 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
 
   void Run() {
     while (true) {
-      const absl::Duration wait = WaitTime();
+      const absl::Duration wait = pacer_.Next(
+          !in_flight_.empty(), launch_round_ < next_round_ || goodbye_sent_);
       std::deque<OutgoingSend> sends;
       std::deque<Incoming> incoming;
       absl::Status status;
@@ -281,16 +230,6 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
     }
   }
 
-  absl::Duration WaitTime() {
-    if (!in_flight_.empty()) {
-      poll_ = progressed_ ? kMinPoll : std::min(poll_ * 2, kMaxPoll);
-      progressed_ = false;
-      return poll_;
-    }
-    if (launch_round_ < next_round_ || goodbye_sent_) return kStallCheck;
-    return kIdleCheck;
-  }
-
   absl::Status Step(std::deque<OutgoingSend> sends,
                     std::deque<Incoming> incoming, bool closing) {
     for (Incoming& in : incoming) RETURN_IF_ERROR(HandleIncoming(in));
@@ -305,12 +244,10 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
   }
 
   absl::Status HandleIncoming(const Incoming& in) {
-    PeerState& peer = peer_state_[in.peer];
     if (!in.link_error.ok()) {
-      peer.link_broken = true;
       // After a goodbye, the link closing is expected; a rank this one
       // exchanges nothing with is its peers' concern.
-      if (peer.rounds_total || !peer.is_peer) return absl::OkStatus();
+      if (!peer_rounds_.LinkBroke(in.peer)) return absl::OkStatus();
       Observe(DataPlaneObserver::Error::kPeerLost);
       // The link's code: Unavailable for a lost peer, the original code
       // when the link broke because a rank aborted (TcpHeaderLink), so
@@ -332,22 +269,9 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
           m.status.code(),
           absl::StrCat("rank ", in.peer, " aborted: ", m.status.message()));
     }
-    if (!peer.is_peer) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", rank_, " got a header message from rank ", in.peer,
-          ", which is not among its peers (peer lists must be symmetric)"));
-    }
-    if (peer.rounds_total) {
-      return absl::InternalError(absl::StrCat(
-          "rank ", rank_, ": rank ", in.peer, " sent a message after goodbye"));
-    }
+    RETURN_IF_ERROR(peer_rounds_.CheckSender(in.peer));
     if (m.kind == LinkMessageKind::kGoodbye) {
-      if (m.round != peer.next_proposal) {
-        return absl::InternalError(absl::StrCat(
-            "rank ", rank_, ": rank ", in.peer, " said goodbye after ", m.round,
-            " rounds but proposed ", peer.next_proposal));
-      }
-      peer.rounds_total = m.round;
+      RETURN_IF_ERROR(peer_rounds_.Goodbye(in.peer, m.round));
       // A send already proposed for a round it will not take part in would
       // never be received.
       for (const ProposedRound& r : my_rounds_) {
@@ -359,13 +283,7 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
       return absl::OkStatus();
     }
     // A round proposal.
-    if (m.round != peer.next_proposal) {
-      return absl::InternalError(
-          absl::StrCat("rank ", rank_, ": rank ", in.peer, " proposed round ",
-                       m.round, ", expected ", peer.next_proposal));
-    }
-    ++peer.next_proposal;
-    highest_seen_ = std::max(highest_seen_, m.round + 1);
+    RETURN_IF_ERROR(peer_rounds_.Proposal(in.peer, m.round));
     // After this rank's goodbye it takes part in no round it did not
     // propose; the peer fails when the goodbye reaches it if it sent us
     // anything there.
@@ -379,7 +297,7 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
       absl::MutexLock lock(&mu_);
       for (const TensorHeader& h : m.tensors) announced_[h.tag] = in.peer;
     }
-    peer.proposals.push_back(std::move(m.tensors));
+    peer_rounds_.AddProposal(in.peer, std::move(m.tensors));
     return absl::OkStatus();
   }
 
@@ -393,7 +311,7 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
   // so that every round gathers a proposal from every rank taking part.
   absl::Status Propose(std::deque<OutgoingSend> sends) {
     if (goodbye_sent_) return absl::OkStatus();
-    while (!sends.empty() || next_round_ < highest_seen_) {
+    while (!sends.empty() || next_round_ < peer_rounds_.highest_seen()) {
       const uint64_t round = next_round_;
       std::vector<LinkMessage> messages(world_size_);
       for (int p : peers_) {
@@ -401,13 +319,13 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
       }
       ProposedRound proposed{round, {}, Clock::now()};
       for (OutgoingSend& s : sends) {
-        if (!Participates(s.to, round)) return ClosedPeer(s);
+        if (!peer_rounds_.Participates(s.to, round)) return ClosedPeer(s);
         messages[s.to].tensors.push_back(s.header);
         proposed.sends.push_back(std::move(s));
       }
       sends.clear();
       for (int p : peers_) {
-        if (!Participates(p, round)) continue;
+        if (!peer_rounds_.Participates(p, round)) continue;
         if (absl::Status s = link_->Send(p, EncodeLinkMessage(messages[p]));
             !s.ok()) {
           return WithContext(
@@ -428,7 +346,7 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
         EncodeLinkMessage(GoodbyeMessage(options_.job, next_round_));
     for (int p : peers_) {
       // A peer that left before us needs no goodbye.
-      if (peer_state_[p].rounds_total || peer_state_[p].link_broken) continue;
+      if (peer_rounds_.Gone(p)) continue;
       (void)link_->Send(p, goodbye);
     }
     return absl::OkStatus();
@@ -438,10 +356,8 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
   absl::Status LaunchReadyRounds() {
     while (launch_round_ < next_round_) {
       const uint64_t round = launch_round_;
-      for (int p : peers_) {
-        if (Participates(p, round) && peer_state_[p].proposals.empty()) {
-          return absl::OkStatus();  // Not every proposal is in yet.
-        }
+      if (!peer_rounds_.Missing(round).empty()) {
+        return absl::OkStatus();  // Not every proposal is in yet.
       }
       ProposedRound mine = std::move(my_rounds_.front());
       my_rounds_.pop_front();
@@ -459,10 +375,8 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
         flight.sends.push_back(std::move(s));
       }
       for (int p : peers_) {
-        if (!Participates(p, round)) continue;
-        std::vector<TensorHeader> headers =
-            std::move(peer_state_[p].proposals.front());
-        peer_state_[p].proposals.pop_front();
+        if (!peer_rounds_.Participates(p, round)) continue;
+        std::vector<TensorHeader> headers = peer_rounds_.TakeProposal(p);
         for (const TensorHeader& h : headers) {
           absl::StatusOr<engine::Tensor> buffer =
               comm_->AllocateRecv(h.shape, h.dtype);
@@ -488,7 +402,7 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
       }
       if (in_flight_.empty()) front_since_ = Clock::now();
       in_flight_.push_back(std::move(flight));
-      progressed_ = true;
+      pacer_.Progressed();
       absl::MutexLock lock(&mu_);
       ++stats_.rounds;
       if (!ops.empty()) ++stats_.groups;
@@ -536,7 +450,7 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
       }
       in_flight_.pop_front();
       front_since_ = Clock::now();
-      progressed_ = true;
+      pacer_.Progressed();
     }
     return absl::OkStatus();
   }
@@ -557,12 +471,7 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
     }
     if (!my_rounds_.empty() && now - my_rounds_.front().proposed_at > stall) {
       const uint64_t round = my_rounds_.front().round;
-      std::vector<int> missing;
-      for (int p : peers_) {
-        if (Participates(p, round) && peer_state_[p].proposals.empty()) {
-          missing.push_back(p);
-        }
-      }
+      const std::vector<int> missing = peer_rounds_.Missing(round);
       return absl::DeadlineExceededError(
           absl::StrCat("rank ", rank_, ": round ", round, " waited ",
                        Millis(now - my_rounds_.front().proposed_at),
@@ -578,35 +487,11 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
     return absl::OkStatus();
   }
 
-  // "send the activation of ... to rank 2, receive the gradient of ... from
-  // rank 2", the first few.
-  static std::string Describe(const InFlight& f) {
-    std::vector<std::string> parts;
-    const size_t total = f.sends.size() + f.receives.size();
-    for (const OutgoingSend& s : f.sends) {
-      if (parts.size() == kDescribedOps) break;
-      parts.push_back(
-          absl::StrCat("send the ", ToString(s.header.tag), " to rank ", s.to));
-    }
-    for (const Received& r : f.receives) {
-      if (parts.size() == kDescribedOps) break;
-      parts.push_back(
-          absl::StrCat("receive the ", ToString(r.tag), " from rank ", r.from));
-    }
-    std::string out = absl::StrJoin(parts, ", ");
-    if (total > parts.size()) {
-      absl::StrAppend(&out, " and ", total - parts.size(), " more");
-    }
-    if (total == 0) out = "nothing";
-    return out;
-  }
-
   // Aborts the communicator, tells the peers, and lets go of the buffers
   // of unfinished groups once the device no longer touches them.
   void Teardown(const absl::Status& status) {
     for (int p : peers_) {
-      const PeerState& peer = peer_state_[p];
-      if (peer.rounds_total || peer.link_broken) continue;
+      if (peer_rounds_.Gone(p)) continue;
       (void)link_->Send(p,
                         EncodeLinkMessage(AbortMessage(options_.job, status)));
     }
@@ -638,17 +523,15 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
   const std::vector<int> peers_;  // Sorted.
 
   // Progress thread only.
-  std::vector<PeerState> peer_state_;    // By rank.
+  p2p_internal::PeerRounds peer_rounds_;
   uint64_t next_round_ = 0;              // Rounds this rank proposed.
   uint64_t launch_round_ = 0;            // Rounds this rank launched.
-  uint64_t highest_seen_ = 0;            // Rounds any peer proposed.
   std::deque<ProposedRound> my_rounds_;  // Rounds [launch_round_, next_round_).
   std::deque<InFlight> in_flight_;
   Clock::time_point front_since_;  // When in_flight_.front() became the front.
   bool goodbye_sent_ = false;
   Clock::time_point close_deadline_;
-  absl::Duration poll_ = kMinPoll;
-  bool progressed_ = false;
+  p2p_internal::PollPacer pacer_;
 
   mutable absl::Mutex mu_;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
@@ -664,27 +547,7 @@ class P2pChannel::Impl final : public HeaderLink::Receiver {
   std::thread thread_;
 };
 
-absl::StatusOr<std::vector<int>> ResolvePeers(int rank, int world_size,
-                                              const std::vector<int>& peers) {
-  std::vector<int> resolved = peers;
-  if (resolved.empty()) {
-    for (int r = 0; r < world_size; ++r) {
-      if (r != rank) resolved.push_back(r);
-    }
-  }
-  std::sort(resolved.begin(), resolved.end());
-  for (size_t i = 0; i < resolved.size(); ++i) {
-    const int p = resolved[i];
-    if (p < 0 || p >= world_size || p == rank ||
-        (i > 0 && resolved[i - 1] == p)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", rank, ": bad peer list [",
-                       absl::StrJoin(peers, ", "), "] in a job of ", world_size,
-                       " ranks (peers must be other ranks, each once)"));
-    }
-  }
-  return resolved;
-}
+// ResolvePeers is in internal/peer_rounds.cc, with the peers it lists.
 
 absl::StatusOr<std::unique_ptr<P2pChannel>> P2pChannel::Create(
     std::unique_ptr<CommunicatorInterface> comm, HeaderLink* link,

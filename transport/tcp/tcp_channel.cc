@@ -1,110 +1,66 @@
-#include <sys/mman.h>  // madvise
-#include <unistd.h>    // sysconf
+#include "transport/tcp/tcp_channel.h"
 
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/status_macros.h"
+#include "spdlog/spdlog.h"
+#include "transport/tcp/frame.h"
+#include "transport/tcp/internal/net.h"
 #include "transport/tcp/tcp_channel_impl.h"
 
 namespace conveyor::transport {
 
-void TcpChannel::Impl::HintHugePages(void* data, uint64_t bytes) {
-#ifdef MADV_HUGEPAGE
-  if (bytes < kHugePageHintBytes) return;
-  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t begin =
-      (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
-  const uintptr_t end =
-      (reinterpret_cast<uintptr_t>(data) + bytes) / page * page;
-  if (end > begin) {
-    madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+using tcp_internal::Resolve;
+
+TcpChannel::Impl::Impl(const TcpChannelConfig& config, engine::Backend* backend)
+    : config_(config),
+      backend_(backend),
+      writer_(io_, config_, this),
+      dialer_(config_, &writer_, this),
+      reader_(io_, config_, backend, this),
+      inbox_(config.rank,
+             [this] { asio::post(io_, [this] { inbox_.Flush(); }); }),
+      linger_timer_(io_),
+      said_goodbye_(config.world_size, false),
+      peer_addresses_(config.world_size),
+      mailbox_(config.rank) {
+  for (int r = 0; r < config.world_size; ++r) {
+    out_.push_back(std::make_unique<OutLink>(io_, r));
   }
-#else
-  (void)data;
-  (void)bytes;
-#endif
 }
 
-absl::Status TcpChannel::Impl::SplitHostPort(absl::string_view address,
-                                             std::string* host,
-                                             std::string* port) {
-  const size_t colon = address.rfind(':');
-  uint32_t port_number = 0;
-  if (colon == absl::string_view::npos || colon == 0 ||
-      !absl::SimpleAtoi(address.substr(colon + 1), &port_number) ||
-      port_number > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("address '", address, "' is not host:port"));
+TcpChannel::Impl::~Impl() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (status_.ok()) {
+      status_ = absl::CancelledError(
+          absl::StrCat("rank ", config_.rank, " closed its channel"));
+    }
   }
-  absl::string_view h = address.substr(0, colon);
-  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') {
-    h = h.substr(1, h.size() - 2);
+  if (thread_.joinable()) {
+    asio::post(io_, [this] { BeginClose(); });
+    thread_.join();
   }
-  *host = std::string(h);
-  *port = std::to_string(port_number);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<asio::ip::tcp::endpoint>> TcpChannel::Impl::Resolve(
-    absl::string_view address, bool passive) {
-  std::string host, port;
-  if (absl::Status s = SplitHostPort(address, &host, &port); !s.ok()) return s;
-  asio::io_context io;
-  tcp::resolver resolver(io);
-  asio::error_code ec;
-  auto flags = tcp::resolver::numeric_service;
-  if (passive) flags |= tcp::resolver::passive;
-  const auto results = resolver.resolve(host, port, flags, ec);
-  if (ec || results.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot resolve '", address, "': ", ec ? ec.message() : "no address"));
-  }
-  std::vector<tcp::endpoint> endpoints;
-  for (const auto& entry : results) endpoints.push_back(entry.endpoint());
-  return endpoints;
-}
-
-std::string TcpChannel::Impl::EndpointString(const tcp::socket& socket) {
-  asio::error_code ec;
-  const tcp::endpoint ep = socket.remote_endpoint(ec);
-  if (ec) return "unknown address";
-  return absl::StrCat(ep.address().to_string(), ":", ep.port());
 }
 
 bool TcpChannel::Impl::IsHost(engine::Backend* backend) {
   return backend->host_resident();
 }
 
-absl::Status TcpChannel::Impl::HelloRejection(HelloResult result,
-                                              std::string message) {
-  switch (result) {
-    case HelloResult::kBadSecret:
-      // With auth tokens the secret is derived from the token
-      // (common/auth_token.h: DataPlaneSecret), so a token mismatch between
-      // workers ends here: say so, since nothing else will.
-      return absl::PermissionDeniedError(absl::StrCat(
-          message,
-          " (not this job's secret, or the workers were started with "
-          "different --auth-token-file tokens)"));
-    default:
-      return absl::FailedPreconditionError(std::move(message));
-  }
-}
-
 absl::Status TcpChannel::Impl::Listen() {
   ASSIGN_OR_RETURN(std::vector<tcp::endpoint> endpoints,
                    Resolve(config_.listen_address, /*passive=*/true));
-  asio::error_code ec;
-  const tcp::endpoint& ep = endpoints.front();
-  acceptor_.open(ep.protocol(), ec);
-  if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) acceptor_.bind(ep, ec);
-  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (!ec) port_ = acceptor_.local_endpoint(ec).port();
+  const asio::error_code ec = reader_.Listen(endpoints.front(), &port_);
   if (ec) {
     return absl::UnavailableError(
         absl::StrCat("rank ", config_.rank, " cannot listen on ",
                      config_.listen_address, ": ", ec.message()));
   }
   work_.emplace(io_.get_executor());
-  StartAccept();
+  reader_.StartAccept();
   thread_ = std::thread([this] { io_.run(); });
   return absl::OkStatus();
 }
@@ -149,7 +105,7 @@ absl::Status TcpChannel::Impl::Connect(const std::vector<std::string>& peers) {
     peer_addresses_ = peers;
     for (int r = 0; r < config_.world_size; ++r) {
       if (r != config_.rank) {
-        StartConnect(out_[r].get(), endpoints[r], deadline);
+        dialer_.Start(out_[r].get(), endpoints[r], deadline);
       }
     }
   });
@@ -220,15 +176,16 @@ absl::Status TcpChannel::Impl::Send(int to, const Tag& tag,
   if (config_.observer != nullptr) {
     frame->queued = std::chrono::steady_clock::now();
   }
+  using Direct = tcp_internal::Writer::Direct;
   OutLink* l = out_[to].get();
   const Direct direct = frame->size() <= config_.direct_write_max_bytes
-                            ? TryDirect(l, frame)
+                            ? writer_.TryDirect(l, frame)
                             : Direct::kBusy;
   if (direct == Direct::kWritten && config_.observer != nullptr) {
     config_.observer->OnSent(to, frame->tensor.bytes(),
                              std::chrono::steady_clock::now() - frame->queued);
   }
-  if (direct == Direct::kBusy) Post(l, std::move(frame));
+  if (direct == Direct::kBusy) writer_.Post(l, std::move(frame));
   return absl::OkStatus();
 }
 
@@ -256,45 +213,17 @@ absl::Status TcpChannel::Impl::SendMessage(int to, std::string message) {
                     &frame->header);
   frame->message = std::move(message);
   frame->droppable = true;
-  Post(out_[to].get(), std::move(frame));
+  writer_.Post(out_[to].get(), std::move(frame));
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> TcpChannel::Impl::TakeMessage(
     int from, std::chrono::milliseconds timeout) {
-  absl::MutexLock lock(&handler_mu_);
-  if (handler_ != nullptr) {
-    return absl::FailedPreconditionError(
-        "TakeMessage while a message handler is set");
-  }
-  auto find = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(handler_mu_) {
-    return std::find_if(
-        pending_messages_.begin(), pending_messages_.end(),
-        [&](const std::pair<int, std::string>& m) { return m.first == from; });
-  };
-  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(handler_mu_) {
-    return !handler_failure_.ok() || find() != pending_messages_.end();
-  };
-  handler_mu_.AwaitWithTimeout(absl::Condition(&ready),
-                               absl::FromChrono(timeout));
-  if (auto it = find(); it != pending_messages_.end()) {
-    std::string message = std::move(it->second);
-    pending_messages_.erase(it);
-    return message;
-  }
-  if (!handler_failure_.ok()) return handler_failure_;
-  return absl::DeadlineExceededError(
-      absl::StrCat("rank ", config_.rank, " waited ", timeout.count(),
-                   " ms for a message from rank ", from));
+  return inbox_.Take(from, timeout);
 }
 
 void TcpChannel::Impl::SetMessageHandler(MessageHandler* handler) {
-  absl::MutexLock lock(&handler_mu_);
-  handler_ = handler;
-  if (handler == nullptr) return;
-  // Deliver on the I/O thread, like everything after, so callbacks never
-  // run concurrently.
-  asio::post(io_, [this] { FlushMessages(); });
+  inbox_.SetHandler(handler);
 }
 
 absl::StatusOr<engine::Tensor> TcpChannel::Impl::Recv(
@@ -350,7 +279,7 @@ void TcpChannel::Impl::Fail(const absl::Status& status) {
 }
 
 int64_t TcpChannel::Impl::rejected_connections() const {
-  return rejected_.load();
+  return reader_.rejected();
 }
 
 absl::Status TcpChannel::Impl::status() const {
@@ -367,28 +296,10 @@ void TcpChannel::Impl::SetAbortStatus(const absl::Status& status) {
   SPDLOG_WARN("transport: rank {} aborts: {}", config_.rank,
               std::string(status_.message()));
   asio::post(io_, [this, s = status_] {
-    {
-      absl::MutexLock lock(&handler_mu_);
-      handler_failure_ = s;
-    }
-    FlushMessages();
+    inbox_.Fail(s);
+    inbox_.Flush();
     OnAbort(s);
   });
-}
-
-// I/O thread: hands what is pending to the message handler, if any.
-void TcpChannel::Impl::FlushMessages() {
-  absl::MutexLock lock(&handler_mu_);
-  if (handler_ == nullptr) return;
-  while (!pending_messages_.empty()) {
-    auto [from, message] = std::move(pending_messages_.front());
-    pending_messages_.pop_front();
-    handler_->OnMessage(from, std::move(message));
-  }
-  if (!handler_failure_.ok() && !failure_delivered_) {
-    failure_delivered_ = true;
-    handler_->OnChannelFailed(handler_failure_);
-  }
 }
 
 absl::Status TcpChannel::Impl::Deliver(const Tag& tag, engine::Tensor tensor,
@@ -404,6 +315,129 @@ std::string TcpChannel::Impl::Peer(int rank,
                                    ? std::string(fallback_address)
                                    : peer_addresses_[rank];
   return absl::StrCat("rank ", rank, " (", address, ")");
+}
+
+void TcpChannel::Impl::OnConnected(OutLink* /*l*/) {
+  absl::MutexLock lock(&mu_);
+  --connects_pending_;
+}
+
+void TcpChannel::Impl::OnLinkLost(OutLink* l, const asio::error_code& ec) {
+  {
+    absl::MutexLock lock(&l->direct_mu);
+    writer_.TakeRest(l);
+  }
+  // Message frames to a peer that closed may go unread (see OutFrame).
+  const bool undelivered = std::any_of(
+      l->queue.begin(), l->queue.end(),
+      [](const std::shared_ptr<OutFrame>& f) { return !f->droppable; });
+  writer_.Close(l);
+  if (closing_) return;
+  std::string reason =
+      absl::StrCat("rank ", config_.rank, " lost the connection to ",
+                   Peer(l->rank, ""), ": ", ec.message());
+  // The peer's abort may sit behind as much as its linger lets it flush.
+  ReportLossAfterGrace(l, undelivered, std::move(reason),
+                       Clock::now() + kPeerLossGrace + config_.linger);
+}
+
+void TcpChannel::Impl::ReportLossAfterGrace(OutLink* l, bool undelivered,
+                                            std::string reason,
+                                            Clock::time_point give_up) {
+  l->timer.expires_after(kPeerLossGrace);
+  l->timer.async_wait([this, l, undelivered, reason = std::move(reason),
+                       give_up](const asio::error_code& timer_ec) mutable {
+    if (timer_ec) return;  // Closing: nothing to report.
+    if (said_goodbye_[l->rank] && !undelivered) return;
+    if (reader_.OpenFrom(l->rank) && Clock::now() < give_up) {
+      ReportLossAfterGrace(l, undelivered, std::move(reason), give_up);
+      return;
+    }
+    Observe(DataPlaneObserver::Error::kPeerLost);
+    Fail(absl::UnavailableError(reason));
+  });
+}
+
+void TcpChannel::Impl::OnMessage(int from, std::string message) {
+  inbox_.Add(from, std::move(message));
+  inbox_.Flush();
+}
+
+void TcpChannel::Impl::OnGoodbye(int rank) {
+  said_goodbye_[rank] = true;
+  writer_.MaybeWrite(out_[rank].get());  // No more direct writes to it.
+}
+
+void TcpChannel::Impl::OnAbort(const absl::Status& status) {
+  if (abort_handled_) return;
+  abort_handled_ = true;
+  ArmLinger();
+  for (auto& l : out_) {
+    if (l->state != OutLink::State::kReady) {
+      writer_.Close(l.get());
+      continue;
+    }
+    if (l->final_queued) continue;  // Closing already says goodbye.
+    {
+      absl::MutexLock lock(&l->direct_mu);
+      writer_.TakeRest(l.get());
+      l->direct = false;
+    }
+    // A frame partly on the wire is finished; the rest are dropped.
+    const bool keep_front =
+        l->writing || (!l->queue.empty() && l->queue.front()->offset > 0);
+    l->queue.erase(keep_front ? l->queue.begin() + 1 : l->queue.begin(),
+                   l->queue.end());
+    auto frame = std::make_shared<OutFrame>();
+    EncodeFrameHeader(AbortFrameHeader(config_.job, status), &frame->header);
+    frame->message = AbortPayload(status);
+    frame->final = true;
+    writer_.Enqueue(l.get(), std::move(frame));
+  }
+  CloseInbound();
+  MaybeFinishClose();
+}
+
+void TcpChannel::Impl::BeginClose() {
+  closing_ = true;
+  ArmLinger();
+  for (auto& l : out_) {
+    if (l->state == OutLink::State::kReady) {
+      if (l->final_queued) continue;
+      auto frame = std::make_shared<OutFrame>();
+      EncodeFrameHeader(GoodbyeFrameHeader(config_.job), &frame->header);
+      frame->final = true;
+      writer_.Enqueue(l.get(), std::move(frame));
+    } else {
+      writer_.Close(l.get());
+    }
+  }
+  MaybeFinishClose();
+}
+
+void TcpChannel::Impl::ArmLinger() {
+  if (linger_armed_) return;
+  linger_armed_ = true;
+  linger_timer_.expires_after(config_.linger);
+  linger_timer_.async_wait([this](const asio::error_code& ec) {
+    if (ec) return;
+    for (auto& l : out_) writer_.Close(l.get());
+    MaybeFinishClose();
+  });
+}
+
+void TcpChannel::Impl::CloseInbound() { reader_.CloseAll(); }
+
+void TcpChannel::Impl::MaybeFinishClose() {
+  if (!closing_ || finished_) return;
+  for (auto& l : out_) {
+    if (l->state != OutLink::State::kClosed) return;
+  }
+  finished_ = true;
+  CloseInbound();
+  linger_timer_.cancel();
+  for (auto& l : out_) l->timer.cancel();
+  work_.reset();
 }
 
 absl::StatusOr<std::unique_ptr<TcpChannel>> TcpChannel::Create(

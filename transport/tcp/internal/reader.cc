@@ -1,8 +1,59 @@
-#include "transport/tcp/tcp_channel_impl.h"
+#include "transport/tcp/internal/reader.h"
 
-namespace conveyor::transport {
+#include <sys/mman.h>  // madvise
+#include <unistd.h>    // sysconf
 
-void TcpChannel::Impl::StartAccept() {
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log_rate_limiter.h"
+#include "spdlog/spdlog.h"
+#include "transport/mailbox.h"  // WithContext
+#include "transport/tcp/internal/net.h"
+
+namespace conveyor::transport::tcp_internal {
+
+using tcp = asio::ip::tcp;
+
+Reader::Reader(asio::io_context& io, const TcpChannelConfig& config,
+               engine::Backend* backend, Owner* owner)
+    : io_(io),
+      config_(config),
+      backend_(backend),
+      owner_(owner),
+      acceptor_(io),
+      accept_retry_(io),
+      in_connected_(config.world_size, false) {}
+
+void Reader::HintHugePages(void* data, uint64_t bytes) {
+#ifdef MADV_HUGEPAGE
+  if (bytes < kHugePageHintBytes) return;
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin =
+      (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
+  const uintptr_t end =
+      (reinterpret_cast<uintptr_t>(data) + bytes) / page * page;
+  if (end > begin) {
+    madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+  }
+#else
+  (void)data;
+  (void)bytes;
+#endif
+}
+
+asio::error_code Reader::Listen(const tcp::endpoint& ep, uint16_t* port) {
+  asio::error_code ec;
+  acceptor_.open(ep.protocol(), ec);
+  if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(ep, ec);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (!ec) *port = acceptor_.local_endpoint(ec).port();
+  return ec;
+}
+
+void Reader::StartAccept() {
   acceptor_.async_accept([this](const asio::error_code& ec,
                                 tcp::socket socket) {
     if (!acceptor_.is_open() || ec == asio::error::operation_aborted) return;
@@ -23,7 +74,22 @@ void TcpChannel::Impl::StartAccept() {
   });
 }
 
-void TcpChannel::Impl::StartHandshake(const std::shared_ptr<InLink>& link) {
+bool Reader::OpenFrom(int rank) const {
+  return std::any_of(in_.begin(), in_.end(), [rank](const auto& entry) {
+    return entry.second->rank == rank && !entry.second->closed;
+  });
+}
+
+void Reader::CloseAll() {
+  asio::error_code ignored;
+  acceptor_.close(ignored);
+  accept_retry_.cancel();
+  auto links = std::move(in_);
+  in_.clear();
+  for (auto& [id, link] : links) CloseInLink(link);
+}
+
+void Reader::StartHandshake(const std::shared_ptr<InLink>& link) {
   link->timer.expires_after(config_.connect_timeout);
   link->timer.async_wait(
       [this, weak = std::weak_ptr<InLink>(link)](const asio::error_code& ec) {
@@ -62,9 +128,7 @@ void TcpChannel::Impl::StartHandshake(const std::shared_ptr<InLink>& link) {
       });
 }
 
-// The secret is checked before anything that would tell a stranger about
-// the job.
-HelloResult TcpChannel::Impl::Judge(const Hello& hello) const {
+HelloResult Reader::Judge(const Hello& hello) const {
   if (hello.version != kWireVersion) return HelloResult::kBadVersion;
   if (!ConstantTimeEquals(hello.secret, config_.secret)) {
     return HelloResult::kBadSecret;
@@ -79,12 +143,10 @@ HelloResult TcpChannel::Impl::Judge(const Hello& hello) const {
   return HelloResult::kOk;
 }
 
-// A connection that failed the handshake: logged and counted, never an
-// abort (strangers must not be able to stop a job).
-void TcpChannel::Impl::Reject(const std::shared_ptr<InLink>& link,
-                              absl::string_view why, bool close /*= true*/) {
+void Reader::Reject(const std::shared_ptr<InLink>& link, absl::string_view why,
+                    bool close /*= true*/) {
   rejected_.fetch_add(1);
-  Observe(DataPlaneObserver::Error::kRejected);
+  owner_->Observe(DataPlaneObserver::Error::kRejected);
   // Strangers choose how often this happens; the counter and the metric
   // see every one, the log a few per period.
   static LogRateLimiter log_limiter(kRejectionLogBurst, kRejectionLogPeriod);
@@ -101,7 +163,7 @@ void TcpChannel::Impl::Reject(const std::shared_ptr<InLink>& link,
   if (close) CloseInLink(link);
 }
 
-void TcpChannel::Impl::ReadHeader(const std::shared_ptr<InLink>& link) {
+void Reader::ReadHeader(const std::shared_ptr<InLink>& link) {
   asio::async_read(link->socket, asio::buffer(link->header_bytes),
                    [this, link](const asio::error_code& ec, size_t) {
                      if (link->closed) return;
@@ -115,7 +177,7 @@ void TcpChannel::Impl::ReadHeader(const std::shared_ptr<InLink>& link) {
                    });
 }
 
-void TcpChannel::Impl::OnHeader(const std::shared_ptr<InLink>& link) {
+void Reader::OnHeader(const std::shared_ptr<InLink>& link) {
   const FrameHeader& h = link->header;
   switch (h.kind) {
     case FrameKind::kActivation:
@@ -130,7 +192,9 @@ void TcpChannel::Impl::OnHeader(const std::shared_ptr<InLink>& link) {
           backend_->EmptyHostStaging(h.shape, h.dtype);
       if (!tensor.ok()) return BadFrame(link, tensor.status());
       link->tensor = *std::move(tensor);
-      if (IsHost(backend_)) HintHugePages(link->tensor.raw(), h.payload_bytes);
+      if (backend_->host_resident()) {
+        HintHugePages(link->tensor.raw(), h.payload_bytes);
+      }
       if (h.payload_bytes == 0) return OnTensor(link);
       asio::async_read(
           link->socket,
@@ -151,9 +215,9 @@ void TcpChannel::Impl::OnHeader(const std::shared_ptr<InLink>& link) {
             if (link->closed) return;
             if (ec) return InLinkEnded(link, ec);
             CloseInLink(link);
-            Fail(absl::Status(
+            owner_->Fail(absl::Status(
                 static_cast<absl::StatusCode>(link->header.status_code),
-                absl::StrCat(Peer(link->rank, link->remote),
+                absl::StrCat(owner_->Peer(link->rank, link->remote),
                              " aborted the job: ", link->message)));
           });
       return;
@@ -163,33 +227,26 @@ void TcpChannel::Impl::OnHeader(const std::shared_ptr<InLink>& link) {
                        [this, link](const asio::error_code& ec, size_t) {
                          if (link->closed) return;
                          if (ec) return InLinkEnded(link, ec);
-                         {
-                           absl::MutexLock lock(&handler_mu_);
-                           if (handler_failure_.ok()) {
-                             pending_messages_.emplace_back(
-                                 link->rank, std::move(link->message));
-                           }
-                         }
+                         owner_->OnMessage(link->rank,
+                                           std::move(link->message));
                          link->message.clear();
-                         FlushMessages();
                          ReadHeader(link);
                        });
       return;
     case FrameKind::kGoodbye:
       link->said_goodbye = true;
-      said_goodbye_[link->rank] = true;
-      MaybeWrite(out_[link->rank].get());  // No more direct writes to it.
-      ReadHeader(link);                    // Expecting end of file.
+      owner_->OnGoodbye(link->rank);  // No more direct writes to it.
+      ReadHeader(link);               // Expecting end of file.
       return;
   }
 }
 
-void TcpChannel::Impl::OnTensor(const std::shared_ptr<InLink>& link) {
+void Reader::OnTensor(const std::shared_ptr<InLink>& link) {
   const Tag tag = TagOf(link->header);
   if (config_.observer != nullptr) {
     config_.observer->OnReceived(link->rank, link->tensor.bytes());
   }
-  absl::Status s = Deliver(tag, std::move(link->tensor), link->rank);
+  absl::Status s = owner_->Deliver(tag, std::move(link->tensor), link->rank);
   link->tensor = engine::Tensor();
   if (!s.ok()) {
     if (s.code() == absl::StatusCode::kInternal) {
@@ -202,26 +259,27 @@ void TcpChannel::Impl::OnTensor(const std::shared_ptr<InLink>& link) {
   ReadHeader(link);
 }
 
-void TcpChannel::Impl::BadFrame(const std::shared_ptr<InLink>& link,
-                                const absl::Status& status) {
+void Reader::BadFrame(const std::shared_ptr<InLink>& link,
+                      const absl::Status& status) {
   CloseInLink(link);
-  Observe(DataPlaneObserver::Error::kBadFrame);
-  Fail(WithContext(status, absl::StrCat("rank ", config_.rank, ": frame from ",
-                                        Peer(link->rank, link->remote))));
+  owner_->Observe(DataPlaneObserver::Error::kBadFrame);
+  owner_->Fail(WithContext(
+      status, absl::StrCat("rank ", config_.rank, ": frame from ",
+                           owner_->Peer(link->rank, link->remote))));
 }
 
-void TcpChannel::Impl::InLinkEnded(const std::shared_ptr<InLink>& link,
-                                   const asio::error_code& ec) {
+void Reader::InLinkEnded(const std::shared_ptr<InLink>& link,
+                         const asio::error_code& ec) {
   CloseInLink(link);
-  if (ec == asio::error::operation_aborted || closing_) return;
+  if (ec == asio::error::operation_aborted || owner_->Closing()) return;
   if (link->said_goodbye && ec == asio::error::eof) return;
-  Observe(DataPlaneObserver::Error::kPeerLost);
-  Fail(absl::UnavailableError(
-      absl::StrCat("rank ", config_.rank, " lost the connection from ",
-                   Peer(link->rank, link->remote), ": ", ec.message())));
+  owner_->Observe(DataPlaneObserver::Error::kPeerLost);
+  owner_->Fail(absl::UnavailableError(absl::StrCat(
+      "rank ", config_.rank, " lost the connection from ",
+      owner_->Peer(link->rank, link->remote), ": ", ec.message())));
 }
 
-void TcpChannel::Impl::CloseInLink(const std::shared_ptr<InLink>& link) {
+void Reader::CloseInLink(const std::shared_ptr<InLink>& link) {
   link->closed = true;
   asio::error_code ignored;
   link->socket.close(ignored);
@@ -229,4 +287,4 @@ void TcpChannel::Impl::CloseInLink(const std::shared_ptr<InLink>& link) {
   in_.erase(link->id);
 }
 
-}  // namespace conveyor::transport
+}  // namespace conveyor::transport::tcp_internal
