@@ -14,6 +14,7 @@
 #include "cli/overrides.h"
 #include "common/file.h"
 #include "common/status_macros.h"
+#include "common/yaml_path.h"
 #include "common/yaml_reader.h"
 
 namespace conveyor::cli {
@@ -32,33 +33,11 @@ absl::string_view WithoutLocation(absl::string_view message,
   return message;
 }
 
-// The scalar at `keys` under `doc`'s maps, if there is one.
-std::optional<std::string> ScalarAt(const YAML::Node& doc,
-                                    std::initializer_list<const char*> keys) {
-  YAML::Node node = doc;
-  for (const char* key : keys) {
-    if (!node.IsMap()) return std::nullopt;
-    YAML::Node next;
-    bool found = false;
-    for (auto it = node.begin(); it != node.end(); ++it) {
-      if (it->first.IsScalar() && it->first.Scalar() == key) {
-        next = it->second;
-        found = true;
-        break;
-      }
-    }
-    if (!found) return std::nullopt;
-    node.reset(next);  // Rebinds `node`; `=` would assign into the tree.
-  }
-  if (!node.IsScalar()) return std::nullopt;
-  return node.Scalar();
-}
-
 // The integer at `keys` into `*value`, left as it is when absent. False
 // when the value there is not an integer.
 bool IntegerAt(const YAML::Node& doc, std::initializer_list<const char*> keys,
                int64_t* value) {
-  const std::optional<std::string> text = ScalarAt(doc, keys);
+  const std::optional<std::string> text = YamlScalarAt(doc, keys);
   return !text.has_value() || absl::SimpleAtoi(*text, value);
 }
 
@@ -124,7 +103,7 @@ std::vector<std::string> StepsOverrides(const YAML::Node& doc, int64_t steps,
                                         std::string* note) {
   std::vector<std::string> out = {absl::StrCat("training.steps=", steps)};
   const std::optional<std::string> kind =
-      ScalarAt(doc, {"optimizer", "schedule", "kind"});
+      YamlScalarAt(doc, {"optimizer", "schedule", "kind"});
   int64_t total = 1;  // training.steps' default.
   int64_t warmup = 0, span = 0;
   if (!kind.has_value() || *kind != "cosine" ||

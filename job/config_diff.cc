@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/yaml_path.h"
 #include "common/yaml_reader.h"
 #include "job/config_scope.h"
 #include "yaml-cpp/yaml.h"
@@ -254,31 +255,9 @@ absl::StatusOr<YAML::Node> Load(absl::string_view yaml,
   return LoadYaml(yaml, which, YamlDocuments::kExactlyOne);
 }
 
-// The scalar at `keys` under `doc`'s maps, if there is one.
-std::optional<std::string> ScalarAt(const YAML::Node& doc,
-                                    std::initializer_list<const char*> keys) {
-  YAML::Node node = doc;
-  for (const char* key : keys) {
-    if (!node.IsMap()) return std::nullopt;
-    YAML::Node next;
-    bool found = false;
-    for (auto it = node.begin(); it != node.end(); ++it) {
-      if (it->first.IsScalar() && it->first.Scalar() == key) {
-        next = it->second;
-        found = true;
-        break;
-      }
-    }
-    if (!found) return std::nullopt;
-    node.reset(next);  // Rebinds `node`; `=` would assign into the tree.
-  }
-  if (!node.IsScalar()) return std::nullopt;
-  return node.Scalar();
-}
-
 std::optional<int64_t> IntAt(const YAML::Node& doc,
                              std::initializer_list<const char*> keys) {
-  std::optional<std::string> text = ScalarAt(doc, keys);
+  std::optional<std::string> text = YamlScalarAt(doc, keys);
   int64_t value = 0;
   if (!text.has_value() || !absl::SimpleAtoi(*text, &value)) {
     return std::nullopt;
@@ -383,8 +362,9 @@ std::optional<StepsChange> FindStepsChange(const ConfigDiff& training_diff,
     change.old_steps = *old_steps;
     change.new_steps = *new_steps;
     // Equal on both sides: only total_steps may differ in the schedule.
-    change.schedule_kind = ScalarAt(*new_doc, {"optimizer", "schedule", "kind"})
-                               .value_or("constant");
+    change.schedule_kind =
+        YamlScalarAt(*new_doc, {"optimizer", "schedule", "kind"})
+            .value_or("constant");
     change.warmup_steps =
         IntAt(*new_doc, {"optimizer", "schedule", "warmup_steps"}).value_or(0);
     if (change.schedule_kind == "cosine") {

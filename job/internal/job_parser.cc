@@ -37,12 +37,10 @@ using engine::DataSource;
 using engine::kMaxModelDimension;
 using engine::kPrecisionNames;
 using engine::LrSchedule;
-using engine::ModelSpec;
 using engine::OptimizerConfig;
 using engine::ParseDataKind;
 using engine::ParseModelSpec;
 using engine::Precision;
-using engine::SampleShapes;
 
 namespace {
 

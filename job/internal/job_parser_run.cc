@@ -30,19 +30,6 @@
 
 namespace conveyor::job::job_internal {
 
-using engine::DataConfig;
-using engine::DataKindName;
-using engine::DataSource;
-using engine::kMaxModelDimension;
-using engine::kPrecisionNames;
-using engine::LrSchedule;
-using engine::ModelSpec;
-using engine::OptimizerConfig;
-using engine::ParseDataKind;
-using engine::ParseModelSpec;
-using engine::Precision;
-using engine::SampleShapes;
-
 namespace {
 
 constexpr int64_t kMaxVirtualStages = 1024;

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "transport/tcp/frame.h"
+#include "transport/tcp/internal/channel_owner.h"
 #include "transport/tcp/internal/out_link.h"
 #include "transport/tcp/internal/writer.h"
 #include "transport/tcp/tcp_channel.h"
@@ -28,14 +29,8 @@ namespace conveyor::transport::tcp_internal {
 class Dialer {
  public:
   // What the dialer needs from the channel that owns it.
-  class Owner {
+  class Owner : public ChannelOwner {
    public:
-    virtual ~Owner() = default;
-    // "rank R (address)", for error messages.
-    virtual std::string Peer(int rank,
-                             absl::string_view fallback_address) const = 0;
-    // Aborts the channel with `status`.
-    virtual void Fail(const absl::Status& status) = 0;
     // `l`'s peer accepted the handshake.
     virtual void OnConnected(OutLink* l) = 0;
     // The connection to `l`'s peer ended with `ec`.

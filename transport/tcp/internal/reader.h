@@ -28,6 +28,7 @@
 #include "engine/backend.h"
 #include "transport/channel.h"
 #include "transport/tcp/frame.h"
+#include "transport/tcp/internal/channel_owner.h"
 #include "transport/tcp/tcp_channel.h"
 
 namespace conveyor::transport::tcp_internal {
@@ -35,14 +36,8 @@ namespace conveyor::transport::tcp_internal {
 class Reader {
  public:
   // What the reader needs from the channel that owns it.
-  class Owner {
+  class Owner : public ChannelOwner {
    public:
-    virtual ~Owner() = default;
-    // "rank R (address)", for error messages.
-    virtual std::string Peer(int rank,
-                             absl::string_view fallback_address) const = 0;
-    // Aborts the channel with `status`.
-    virtual void Fail(const absl::Status& status) = 0;
     // Counts a failure the channel observed itself.
     virtual void Observe(DataPlaneObserver::Error error) = 0;
     // Files a received tensor: the channel's status once it failed, Internal

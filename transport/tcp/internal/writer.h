@@ -19,6 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "transport/tcp/internal/channel_owner.h"
 #include "transport/tcp/internal/out_link.h"
 #include "transport/tcp/tcp_channel.h"
 
@@ -27,14 +28,8 @@ namespace conveyor::transport::tcp_internal {
 class Writer {
  public:
   // What the writer needs from the channel that owns it.
-  class Owner {
+  class Owner : public ChannelOwner {
    public:
-    virtual ~Owner() = default;
-    // "rank R (address)", for error messages.
-    virtual std::string Peer(int rank,
-                             absl::string_view fallback_address) const = 0;
-    // Aborts the channel with `status`.
-    virtual void Fail(const absl::Status& status) = 0;
     // Whether `rank` closed its channel (sent a goodbye).
     virtual bool SaidGoodbye(int rank) const = 0;
     // Whether the channel is aborting or closing.
