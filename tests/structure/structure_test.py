@@ -28,7 +28,7 @@ ALLOWED = {
     "telemetry": {"common", "scheduler", "proto"},
     "hf": {"common", "engine"},
     "job": {"common", "engine", "hf", "scheduler", "proto"},
-    "checkpoint": {"common", "engine", "hf", "job", "scheduler", "proto"},
+    "checkpoint": {"common", "engine", "job", "proto"},
     "coordinator": {"common", "engine", "hf", "job", "scheduler", "proto",
                     "checkpoint", "telemetry", "transport"},
     "worker": {"common", "engine", "hf", "job", "scheduler", "proto",

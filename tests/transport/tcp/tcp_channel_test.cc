@@ -884,6 +884,38 @@ TEST(TcpChannelObserverTest, CountsBytesBothWaysPerPeer) {
   }
 }
 
+// The observer is outside code: it hears of a receive timeout with the
+// channel's lock free, so it may call back into the channel. (Recv used to
+// tell it under the lock, where this call would deadlock.)
+TEST(TcpChannelObserverTest, HearsOfATimeoutWithoutTheChannelsLock) {
+  class CallingBack final : public DataPlaneObserver {
+   public:
+    TcpChannel* channel = nullptr;
+    absl::Status seen = absl::OkStatus();
+    int timeouts = 0;
+    void OnSent(int, uint64_t, std::chrono::steady_clock::duration) override {}
+    void OnReceived(int, uint64_t) override {}
+    void OnError(Error error) override {
+      if (error != Error::kTimeout || channel == nullptr) return;
+      ++timeouts;
+      seen = channel->status();  // Takes the channel's lock.
+    }
+  };
+  CallingBack observer;
+  int next = 0;
+  auto channels = MakeChannels(2, [&](TcpChannelConfig* c) {
+    if (next++ == 1) c->observer = &observer;
+  });
+  ASSERT_EQ(channels.size(), 2u);
+  observer.channel = channels[1].get();
+  EXPECT_EQ(channels[1]->Recv(T(0, 0), 20ms).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(observer.timeouts, 1);
+  // The timeout aborted the channel before the observer heard of it.
+  EXPECT_EQ(observer.seen.code(), absl::StatusCode::kDeadlineExceeded);
+  observer.channel = nullptr;
+}
+
 TEST(TcpChannelObserverTest, CountsTimeoutsOnceAndNotTheAbortsTheyCause) {
   std::vector<CountingObserver> observers(2);
   int next = 0;
