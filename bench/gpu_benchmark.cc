@@ -66,6 +66,11 @@
 namespace conveyor::engine {
 namespace {
 
+using job::InProcessTrainer;
+using job::JobSpec;
+using job::ParseJobSpec;
+using job::StepReport;
+
 // --- The model ---------------------------------------------------------------
 
 // The JaxPP notebook's transformer, as one stage.
