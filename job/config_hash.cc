@@ -4,7 +4,6 @@
 #include <optional>
 #include <utility>
 
-#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/yaml_reader.h"
@@ -145,6 +144,7 @@ JobHashes HashText(absl::string_view yaml_text) {
         LoadYaml(yaml_text, "job", YamlDocuments::kExactlyOne);
     if (loaded.ok()) doc = *std::move(loaded);
   } catch (const std::exception&) {
+    // Hashed as raw text, as a text that does not load is.
   }
   return HashJobDocument(doc.has_value() ? &*doc : nullptr, yaml_text);
 }
