@@ -1,5 +1,6 @@
 #include "job/config_hash.h"
 
+#include <algorithm>
 #include <exception>
 #include <optional>
 #include <utility>
