@@ -29,28 +29,45 @@ double Seconds(std::chrono::steady_clock::duration d) {
 
 }  // namespace
 
-// Every method is called by a JobRun or the Placer, with mu_ held.
+// Every method is called by a JobRun or the Placer, with mu_ held: the
+// interface cannot name the manager's mutex, so the requirement is stated
+// here, where clang checks what each method touches.
 class JobManager::RunContext final : public JobRunContext {
  public:
   explicit RunContext(JobManager& manager) : m_(manager) {}
 
   const JobManagerOptions& options() const override { return m_.options_; }
-  WorkerRegistry& workers() override { return m_.workers_; }
-  JobQueue& queue() override { return m_.queue_; }
-  void MarkChanged() override { m_.MarkChanged(); }
-  void EventAdded() override {
+  WorkerRegistry& workers() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(m_.mu_) {
+    return m_.workers_;
+  }
+  JobQueue& queue() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(m_.mu_) {
+    return m_.queue_;
+  }
+  void MarkChanged() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(m_.mu_) {
+    m_.MarkChanged();
+  }
+  void EventAdded() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(m_.mu_) {
     ++m_.event_count_;
     m_.events_cv_.NotifyAll();
   }
-  void UpdateQueuePositions() override { m_.placer_.UpdateQueuePositions(); }
-  void ReleaseWorker(WorkerRecord& w) override { m_.ReleaseWorker(w); }
-  void MarkLost(WorkerRecord& w, const std::string& observed) override {
+  void UpdateQueuePositions() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(m_.mu_) {
+    m_.placer_.UpdateQueuePositions();
+  }
+  void ReleaseWorker(WorkerRecord& w) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(m_.mu_) {
+    m_.ReleaseWorker(w);
+  }
+  void MarkLost(WorkerRecord& w, const std::string& observed) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(m_.mu_) {
     m_.MarkLost(w, observed);
   }
-  std::string DescribeWorker(const WorkerRecord& w) const override {
+  std::string DescribeWorker(const WorkerRecord& w) const override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(m_.mu_) {
     return m_.DescribeWorker(w);
   }
-  void OnJobEnded(JobRun& run) override { m_.ForgetOldJobs(run); }
+  void OnJobEnded(JobRun& run) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(m_.mu_) {
+    m_.ForgetOldJobs(run);
+  }
 
  private:
   JobManager& m_;
