@@ -276,7 +276,8 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobManager::WaitEvents(
   MutexLock lock(mu_);
   *done = false;
   const uint64_t number = JobNumber(id);
-  auto available = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> JobRun::JobRecord* {
+  auto available =
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> JobRun::JobRecord* {
     auto it = jobs_.find(number);
     return it == jobs_.end() ? nullptr : &it->second.job();
   };
@@ -304,7 +305,9 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobManager::WaitEvents(
 uint64_t JobManager::WaitForAnyEvent(
     uint64_t seen, std::chrono::steady_clock::time_point deadline) {
   MutexLock lock(mu_);
-  events_cv_.WaitUntil(mu_, deadline, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return event_count_ != seen; });
+  events_cv_.WaitUntil(mu_, deadline, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return event_count_ != seen;
+  });
   return event_count_;
 }
 
