@@ -111,7 +111,9 @@ absl::Status CheckJobWroteCheckpoint(const CheckpointParams& params,
                                      const std::string& dir,
                                      const std::string& job_file,
                                      const std::string& job_yaml) {
-  const std::string hash = job::JobConfigHash(job_yaml);
+  // Both hashes from one load of the file.
+  const job::JobHashes hashes = job::HashJobText(job_yaml);
+  const std::string& hash = hashes.config;
   if (params.manifest.config_hash.empty() ||
       params.manifest.config_hash == hash) {
     return absl::OkStatus();
@@ -119,7 +121,7 @@ absl::Status CheckJobWroteCheckpoint(const CheckpointParams& params,
   // The same training on another pipeline layout: parameters are found by
   // their global names whatever the cut.
   if (!params.manifest.training_hash.empty() &&
-      params.manifest.training_hash == job::JobTrainingHash(job_yaml)) {
+      params.manifest.training_hash == hashes.training) {
     return absl::OkStatus();
   }
   return absl::FailedPreconditionError(absl::StrCat(

@@ -190,32 +190,33 @@ absl::Status CheckUtf8Text(absl::string_view text, absl::string_view file) {
 
 namespace {
 
-// TEST_CountYamlLoads's counts, by the text's hash; null while off.
+// TEST_CountYamlLoads's counts, by the text's hash; kept only while on.
 std::mutex load_count_mu;
-std::map<size_t, int64_t>* load_counts = nullptr;
+bool counting_loads = false;
+std::map<size_t, int64_t> load_counts;
+
+size_t TextKey(absl::string_view text) {
+  return std::hash<std::string_view>()(
+      std::string_view(text.data(), text.size()));
+}
 
 void CountLoad(absl::string_view text) {
   std::lock_guard<std::mutex> lock(load_count_mu);
-  if (load_counts != nullptr) {
-    ++(*load_counts)[std::hash<std::string_view>()(
-        std::string_view(text.data(), text.size()))];
-  }
+  if (counting_loads) ++load_counts[TextKey(text)];
 }
 
 }  // namespace
 
 void TEST_CountYamlLoads(bool on) {
   std::lock_guard<std::mutex> lock(load_count_mu);
-  delete load_counts;
-  load_counts = on ? new std::map<size_t, int64_t>() : nullptr;
+  counting_loads = on;
+  load_counts.clear();
 }
 
 int64_t TEST_YamlLoadsOf(absl::string_view text) {
   std::lock_guard<std::mutex> lock(load_count_mu);
-  if (load_counts == nullptr) return 0;
-  auto it = load_counts->find(std::hash<std::string_view>()(
-      std::string_view(text.data(), text.size())));
-  return it == load_counts->end() ? 0 : it->second;
+  auto it = load_counts.find(TextKey(text));
+  return it == load_counts.end() ? 0 : it->second;
 }
 
 absl::StatusOr<YAML::Node> LoadYaml(absl::string_view text,
