@@ -117,15 +117,20 @@ TEST(DelayTest, ACancelledJobLeavesALongWaitAtOnce) {
   Delay delay(60000, 60000, 60000);
   Stash stash;
   const Tensor x = FromVector({1}, {1.0f});
+  // The clock starts before the canceller does: its sleep begins after
+  // `start`, so the cancel, and the return it causes, come at least 100 ms
+  // after `start` however the threads are scheduled. (Timing from after the
+  // thread's creation could read 99.9 ms when the thread started sleeping
+  // first: CI saw that.)
+  const Clock::time_point start = Clock::now();
   std::thread canceller([&] {
     std::this_thread::sleep_for(milliseconds(100));
     cancellation.Cancel(absl::CancelledError("cancelled by a test"));
   });
-  const Clock::duration took = Timed([&] {
-    absl::StatusOr<Tensor> y = delay.Forward(x, stash);
-    EXPECT_EQ(y.status().code(), absl::StatusCode::kCancelled);
-    EXPECT_EQ(y.status().message(), "cancelled by a test");
-  });
+  absl::StatusOr<Tensor> y = delay.Forward(x, stash);
+  const Clock::duration took = Clock::now() - start;
+  EXPECT_EQ(y.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(y.status().message(), "cancelled by a test");
   canceller.join();
   EXPECT_GE(took, milliseconds(100));
   // A liveness bound, two orders of magnitude below the wait.
