@@ -250,6 +250,20 @@ void Backend::Softmax(const Tensor& x, float scale, bool causal,
   DoSoftmax(x, scale, causal, y);
 }
 
+void Backend::SoftmaxInSpans(const Tensor& x, float scale, bool causal,
+                             const Tensor& spans, const Tensor& y) {
+  CheckSameNumel(x, y, "softmax output differs in size");
+  CONVEYOR_CHECK(x.rank() >= 2 && x.dim(-1) == x.dim(-2),
+                 "softmax in spans takes square [..., seq, seq] scores");
+  CONVEYOR_CHECK(spans.dtype() == DType::kI64 && spans.rank() == 3 &&
+                     spans.dim(1) == x.dim(-1) && spans.dim(2) == 2,
+                 "softmax spans must be i64 [samples, seq, 2]");
+  const int64_t matrices = x.numel() / (x.dim(-1) * x.dim(-2));
+  CONVEYOR_CHECK(spans.dim(0) > 0 && matrices % spans.dim(0) == 0,
+                 "softmax spans' samples must divide the score matrices");
+  DoSoftmaxInSpans(x, scale, causal, spans, y);
+}
+
 void Backend::SoftmaxBackward(const Tensor& y, const Tensor& dy, float scale,
                               const Tensor& dx) {
   CONVEYOR_CHECK(dy.numel() == y.numel() && dx.numel() == y.numel(),

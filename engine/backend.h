@@ -196,6 +196,14 @@ class Backend {
   // dx = scale * y * (dy - sum(dy * y)) per row.
   void SoftmaxBackward(const Tensor& y, const Tensor& dy, float scale,
                        const Tensor& dx);
+  // Softmax within documents: x viewed as [batch, seq, seq] (query, key)
+  // with batch = samples * heads, and spans I64 [samples, seq, 2]
+  // (engine/documents.h) giving each query's document as a key range
+  // [first, end): query q of sample b sees keys in its range only and, with
+  // `causal`, none after q. Masked entries are exactly 0, so
+  // SoftmaxBackward needs no mask.
+  void SoftmaxInSpans(const Tensor& x, float scale, bool causal,
+                      const Tensor& spans, const Tensor& y);
   // qkv [B, S, 3, H, D] -> q, k, v each [B, H, S, D] (torch's in_proj order).
   void SplitHeads(const Tensor& qkv, int64_t heads, const Tensor& q,
                   const Tensor& k, const Tensor& v);
@@ -220,8 +228,10 @@ class Backend {
   absl::StatusOr<float> MseLoss(const Tensor& y, const Tensor& target,
                                 float grad_scale, const Tensor& dy);
   // Mean over rows of -log softmax(logits)[target]; logits [n, V], targets
-  // I64 [n]. InvalidArgument for a target outside [0, V) or a count of
-  // targets other than n.
+  // I64 [n]. A target of kIgnoredTarget (engine/loss_kind.h) leaves its row
+  // out: a zero gradient row, and the mean and grad_scale / count run over
+  // the other rows (loss 0 when none is left). InvalidArgument for another
+  // target outside [0, V) or a count of targets other than n.
   absl::StatusOr<float> CrossEntropyLoss(const Tensor& logits,
                                          const Tensor& targets,
                                          float grad_scale,
@@ -278,6 +288,8 @@ class Backend {
                          const Tensor& y) = 0;
   virtual void DoSoftmaxBackward(const Tensor& y, const Tensor& dy, float scale,
                                  const Tensor& dx) = 0;
+  virtual void DoSoftmaxInSpans(const Tensor& x, float scale, bool causal,
+                                const Tensor& spans, const Tensor& y) = 0;
   virtual void DoSplitHeads(const Tensor& qkv, int64_t heads, const Tensor& q,
                             const Tensor& k, const Tensor& v) = 0;
   virtual void DoSplitHeadsBackward(const Tensor& dq, const Tensor& dk,

@@ -5,6 +5,8 @@
 #ifndef CONVEYOR_ENGINE_LOSS_KIND_H_
 #define CONVEYOR_ENGINE_LOSS_KIND_H_
 
+#include <cstdint>
+
 #include "absl/strings/string_view.h"
 
 namespace conveyor::engine {
@@ -13,6 +15,11 @@ enum class LossKind {
   kMse,
   kCrossEntropy,
 };
+
+// A cross_entropy target that takes no part in the loss: its row's gradient
+// is 0 and the mean runs over the other rows (torch's ignore_index). Data
+// sources write it where a target is masked (data.documents.eod_mask_loss).
+inline constexpr int64_t kIgnoredTarget = -1;
 
 // "mse", "cross_entropy".
 inline absl::string_view LossKindName(LossKind loss) {

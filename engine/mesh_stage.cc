@@ -96,6 +96,26 @@ absl::StatusOr<Tensor> MeshStage::Gather(const std::vector<Tensor>& parts) {
   return out;
 }
 
+absl::Status MeshStage::SetDocuments(int microbatch,
+                                     MicrobatchDocuments documents) {
+  const int n = size();
+  if (documents.rows % n != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage ", index_, ": the documents of microbatch ",
+                     microbatch, " cover ", documents.rows,
+                     " rows, which do not split evenly over a "
+                     "mesh of ",
+                     n, " devices"));
+  }
+  const int64_t per = documents.rows / n;
+  for (int d = 0; d < n; ++d) {
+    RETURN_IF_ERROR(replicas_[d]->SetDocuments(
+        microbatch, n == 1 ? std::move(documents)
+                           : documents.Rows(d * per, (d + 1) * per)));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Tensor> MeshStage::Forward(int microbatch, const Tensor& x) {
   ASSIGN_OR_RETURN(std::vector<Tensor> parts, Scatter(x, microbatch, "input"));
   std::vector<Tensor> outputs;

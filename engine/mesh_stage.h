@@ -69,6 +69,9 @@ class MeshStage final : public PipelineStage {
   // `x` is on device 0's backend or the host CPU backend; its dim(0) must be
   // a multiple of size() (InvalidArgument otherwise). The output is on
   // device 0.
+  // Each replica gets the rows of its share of the microbatch.
+  absl::Status SetDocuments(int microbatch,
+                            MicrobatchDocuments documents) override;
   absl::StatusOr<Tensor> Forward(int microbatch, const Tensor& x) override;
   // `dy` as x; dx on device 0 (undefined on the first stage).
   absl::StatusOr<Tensor> BackwardInput(int microbatch,

@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/documents.h"
 #include "engine/layer.h"
 #include "engine/tensor.h"
 
@@ -44,6 +45,14 @@ class PipelineStage {
   // norm covers; their gradients are complete only after
   // BeforeOptimizerStep().
   virtual std::vector<Parameter*> parameters() = 0;
+
+  // The documents packed into microbatch `microbatch` (engine/documents.h),
+  // given before its Forward (or its Evaluate, under the label) and kept
+  // with it until its weight backward. Without a call the microbatch has
+  // none: positions run 0..seq-1 and attention spans the whole row.
+  // InvalidArgument for a malformed layout.
+  virtual absl::Status SetDocuments(int microbatch,
+                                    MicrobatchDocuments documents) = 0;
 
   virtual absl::StatusOr<Tensor> Forward(int microbatch, const Tensor& x) = 0;
   // dx for the previous stage (undefined on the first stage).

@@ -116,6 +116,26 @@ absl::StatusOr<Stage::MicrobatchState*> Stage::State(int microbatch,
   return &it->second;
 }
 
+absl::Status Stage::SetDocuments(int microbatch,
+                                 MicrobatchDocuments documents) {
+  if (documents.empty()) {
+    pending_documents_.erase(microbatch);
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(DeviceDocuments uploaded,
+                   UploadDocuments(backend_, documents));
+  pending_documents_[microbatch] = std::move(uploaded);
+  return absl::OkStatus();
+}
+
+DeviceDocuments Stage::TakeDocuments(int microbatch) {
+  auto it = pending_documents_.find(microbatch);
+  if (it == pending_documents_.end()) return DeviceDocuments();
+  DeviceDocuments documents = std::move(it->second);
+  pending_documents_.erase(it);
+  return documents;
+}
+
 absl::StatusOr<Tensor> Stage::Forward(int microbatch, const Tensor& x) {
   if (states_.count(microbatch)) {
     return absl::FailedPreconditionError(
@@ -123,6 +143,8 @@ absl::StatusOr<Tensor> Stage::Forward(int microbatch, const Tensor& x) {
                      " is already in flight"));
   }
   MicrobatchState& state = states_[microbatch];
+  state.documents = TakeDocuments(microbatch);
+  const DocumentsScope documents(&state.documents);
   absl::StatusOr<Tensor> y;
   if (remat_) {
     // Run forward into a scratch stash that dies here; keep only the input.
@@ -141,7 +163,9 @@ absl::StatusOr<Tensor> Stage::Forward(int microbatch, const Tensor& x) {
   return y;
 }
 
-absl::StatusOr<Tensor> Stage::Evaluate(int /*label*/, const Tensor& x) {
+absl::StatusOr<Tensor> Stage::Evaluate(int label, const Tensor& x) {
+  const DeviceDocuments taken = TakeDocuments(label);
+  const DocumentsScope documents(&taken);
   // The layers' stash dies here, and with it every activation but y.
   Stash scratch;
   return chain_.Forward(x, scratch);
@@ -154,6 +178,9 @@ absl::StatusOr<Tensor> Stage::BackwardInput(int microbatch, const Tensor& dy) {
         absl::StrCat("stage ", index_, ": second input backward of microbatch ",
                      microbatch));
   }
+  // Layers read the documents in Forward (remat's below included) and keep
+  // what their backward needs in the stash.
+  const DocumentsScope documents(&state->documents);
   if (!state->stash_ready) {
     // Remat: rebuild the activations from the kept input.
     RETURN_IF_ERROR(chain_.Forward(state->input, state->stash).status());

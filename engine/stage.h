@@ -49,6 +49,8 @@ class Stage : public PipelineStage {
   int index() const override { return index_; }
   bool is_first() const { return index_ == 0; }
 
+  absl::Status SetDocuments(int microbatch,
+                            MicrobatchDocuments documents) override;
   absl::StatusOr<Tensor> Forward(int microbatch, const Tensor& x) override;
   // dx for the previous stage (undefined on the first stage).
   absl::StatusOr<Tensor> BackwardInput(int microbatch,
@@ -60,7 +62,10 @@ class Stage : public PipelineStage {
 
   // Forgets every microbatch in flight (after a failed step, so the next
   // step starts clean).
-  void DropInFlight() override { states_.clear(); }
+  void DropInFlight() override {
+    states_.clear();
+    pending_documents_.clear();
+  }
 
   // Microbatches forwarded but not yet through BW.
   int in_flight() const override { return static_cast<int>(states_.size()); }
@@ -76,6 +81,8 @@ class Stage : public PipelineStage {
     Stash stash;   // After BI, only what BW reads.
     bool stash_ready = false;
     bool input_backward_done = false;  // BI ran; BW is due.
+    // Current for the layers during each action (engine/documents.h).
+    DeviceDocuments documents;
   };
 
   Stage(Backend* backend, int index, bool remat,
@@ -88,6 +95,8 @@ class Stage : public PipelineStage {
         specs_(std::move(specs)) {}
 
   absl::StatusOr<MicrobatchState*> State(int microbatch, const char* action);
+  // The documents SetDocuments gave `microbatch`, or none.
+  DeviceDocuments TakeDocuments(int microbatch);
   void NotePeak();
 
   Backend* backend_;
@@ -96,6 +105,8 @@ class Stage : public PipelineStage {
   Chain chain_;
   std::map<std::string, const ParamSpec*> specs_;  // By parameter name.
   std::map<int, MicrobatchState> states_;
+  // Given by SetDocuments, taken by the microbatch's Forward or Evaluate.
+  std::map<int, DeviceDocuments> pending_documents_;
   size_t peak_bytes_ = 0;
 };
 

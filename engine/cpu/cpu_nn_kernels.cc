@@ -10,6 +10,7 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/internal/vector_math.h"
 #include "engine/cpu/parallel.h"
+#include "engine/loss_kind.h"
 
 namespace conveyor::engine {
 namespace {
@@ -155,6 +156,38 @@ void CpuBackend::DoLayerNormBackwardWeight(const Tensor& x, const Tensor& mean,
   });
 }
 
+namespace {
+
+// Softmax of scale * in over columns [lo, hi) into out, the other columns
+// 0: the masked rows of causal and document attention.
+void SoftmaxRow(const float* in, float* out, int64_t lo, int64_t hi,
+                int64_t cols, float scale) {
+  const int64_t visible = hi - lo;
+  const int64_t body = visible / kLanes * kLanes;
+  const float max = ScaledMax(in + lo, visible, scale);
+  // exp(scale * x - max) into out, summed in double; the tail's padding
+  // lanes are not stored and not summed.
+  DoubleSum sum;
+  for (int64_t c = 0; c < body; c += kLanes) {
+    const Vf e = Exp(scale * Load(in + lo + c) - max);
+    Store(out + lo + c, e);
+    sum.Add(e);
+  }
+  if (body < visible) {
+    const int64_t n = visible - body;
+    Vf e = Exp(scale * LoadPartial(in + lo + body, n) - max);
+    for (int64_t i = n; i < kLanes; ++i) e[i] = 0.0f;
+    StorePartial(out + lo + body, e, n);
+    sum.Add(e);
+  }
+  const float inv = static_cast<float>(1.0 / sum.Total());
+  for (int64_t c = 0; c < lo; ++c) out[c] = 0.0f;
+  for (int64_t c = lo; c < hi; ++c) out[c] *= inv;
+  for (int64_t c = hi; c < cols; ++c) out[c] = 0.0f;
+}
+
+}  // namespace
+
 void CpuBackend::DoSoftmax(const Tensor& x, float scale, bool causal,
                            const Tensor& y) {
   const int64_t cols = x.dim(-1);
@@ -163,30 +196,27 @@ void CpuBackend::DoSoftmax(const Tensor& x, float scale, bool causal,
   const float* px = F(x);
   float* py = F(y);
   ParallelForRows(rows, cols, [=](int64_t r) {
-    const float* in = px + r * cols;
-    float* out = py + r * cols;
     // With a causal mask, query row q sees keys 0..q.
     const int64_t visible = causal ? std::min(cols, r % rows_per + 1) : cols;
-    const int64_t body = visible / kLanes * kLanes;
-    const float max = ScaledMax(in, visible, scale);
-    // exp(scale * x - max) into out, summed in double; the tail's padding
-    // lanes are not stored and not summed.
-    DoubleSum sum;
-    for (int64_t c = 0; c < body; c += kLanes) {
-      const Vf e = Exp(scale * Load(in + c) - max);
-      Store(out + c, e);
-      sum.Add(e);
-    }
-    if (body < visible) {
-      const int64_t n = visible - body;
-      Vf e = Exp(scale * LoadPartial(in + body, n) - max);
-      for (int64_t i = n; i < kLanes; ++i) e[i] = 0.0f;
-      StorePartial(out + body, e, n);
-      sum.Add(e);
-    }
-    const float inv = static_cast<float>(1.0 / sum.Total());
-    for (int64_t c = 0; c < visible; ++c) out[c] *= inv;
-    for (int64_t c = visible; c < cols; ++c) out[c] = 0.0f;
+    SoftmaxRow(px + r * cols, py + r * cols, 0, visible, cols, scale);
+  });
+}
+
+void CpuBackend::DoSoftmaxInSpans(const Tensor& x, float scale, bool causal,
+                                  const Tensor& spans, const Tensor& y) {
+  const int64_t seq = x.dim(-1);
+  const int64_t rows = x.numel() / std::max<int64_t>(seq, 1);
+  const int64_t samples = spans.dim(0);
+  // Score matrices per sample: the heads.
+  const int64_t heads = rows / seq / samples;
+  const float* px = F(x);
+  float* py = F(y);
+  const int64_t* ps = spans.data<int64_t>();
+  ParallelForRows(rows, seq, [=](int64_t r) {
+    const int64_t q = r % seq, sample = r / seq / heads;
+    const int64_t* span = ps + (sample * seq + q) * 2;
+    const int64_t hi = causal ? q + 1 : span[1];
+    SoftmaxRow(px + r * seq, py + r * seq, span[0], hi, seq, scale);
   });
 }
 
@@ -341,19 +371,32 @@ absl::StatusOr<float> CpuBackend::DoCrossEntropyLoss(const Tensor& logits,
   const int64_t vocab = logits.dim(-1);
   const int64_t n = logits.numel() / std::max<int64_t>(vocab, 1);
   const int64_t* pt = targets.data<int64_t>();
-  if (const int64_t i = FirstOutOfRange(pt, n, vocab); i >= 0) {
+  int64_t counted = 0;
+  int64_t bad = -1;
+  for (int64_t i = 0; i < n && bad < 0; ++i) {
+    if (pt[i] == kIgnoredTarget) continue;
+    if (pt[i] < 0 || pt[i] >= vocab) bad = i;
+    ++counted;
+  }
+  if (const int64_t i = bad; i >= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("cross_entropy: target ", pt[i], " at position ", i,
                      " is outside [0, ", vocab, ")"));
   }
   const float* pl = F(logits);
   float* pd = F(dlogits);
-  const float g = n > 0 ? grad_scale / static_cast<float>(n) : 0.0f;
+  // The mean runs over the counted rows; ignored rows get a zero gradient.
+  const float g = counted > 0 ? grad_scale / static_cast<float>(counted) : 0.0f;
   const int64_t body = vocab / kLanes * kLanes;
   double* row_loss = Scratch(n);
   ParallelForRows(n, vocab, [=](int64_t r) {
     const float* in = pl + r * vocab;
     float* out = pd + r * vocab;
+    if (pt[r] == kIgnoredTarget) {
+      row_loss[r] = 0.0;
+      for (int64_t c = 0; c < vocab; ++c) out[c] = 0.0f;
+      return;
+    }
     const float max = ScaledMax(in, vocab, 1.0f);
     // One pass stores exp(x - max) and sums it; the second scales it into
     // the softmax. Exp's 1e-7 relative error is below fp32 logits' own.
@@ -376,7 +419,7 @@ absl::StatusOr<float> CpuBackend::DoCrossEntropyLoss(const Tensor& logits,
   });
   double total = 0;
   for (int64_t r = 0; r < n; ++r) total += row_loss[r];
-  return n > 0 ? static_cast<float>(total / n) : 0.0f;
+  return counted > 0 ? static_cast<float>(total / counted) : 0.0f;
 }
 
 void CpuBackend::DoSgdUpdate(const SgdParams& p, const Tensor& param,

@@ -175,6 +175,8 @@ class CudaBackend final : public Backend {
               int64_t first_position) override;
   void DoSoftmax(const Tensor& x, float scale, bool causal,
                  const Tensor& y) override;
+  void DoSoftmaxInSpans(const Tensor& x, float scale, bool causal,
+                        const Tensor& spans, const Tensor& y) override;
   void DoSoftmaxBackward(const Tensor& y, const Tensor& dy, float scale,
                          const Tensor& dx) override;
   void DoSplitHeads(const Tensor& qkv, int64_t heads, const Tensor& q,

@@ -187,6 +187,15 @@ void CudaBackend::DoSoftmax(const Tensor& x, float scale, bool causal,
               F(y), stream());
 }
 
+void CudaBackend::DoSoftmaxInSpans(const Tensor& x, float scale, bool causal,
+                                   const Tensor& spans, const Tensor& y) {
+  const int64_t seq = x.dim(-1);
+  const int64_t rows = x.numel() / std::max<int64_t>(seq, 1);
+  Activate();
+  ci::SoftmaxInSpans(F(x), scale, causal, rows, seq, Ptr<int64_t>(spans),
+                     rows / seq / spans.dim(0), F(y), stream());
+}
+
 void CudaBackend::DoSoftmaxBackward(const Tensor& y, const Tensor& dy,
                                     float scale, const Tensor& dx) {
   const int64_t cols = y.dim(-1), rows = y.numel() / std::max<int64_t>(cols, 1);
@@ -283,9 +292,8 @@ absl::StatusOr<float> CudaBackend::DoCrossEntropyLoss(const Tensor& logits,
   Activate();
   ASSIGN_OR_RETURN(void* row_loss, allocator_->Allocate(n * sizeof(double)));
   const Scratch scratch(allocator_.get(), row_loss);
-  const float g = grad_scale / static_cast<float>(n);
   ci::ResetScalars(scalars_.get(), stream());
-  ci::CrossEntropyLoss(F(logits), Ptr<int64_t>(targets), n, vocab, g,
+  ci::CrossEntropyLoss(F(logits), Ptr<int64_t>(targets), n, vocab, grad_scale,
                        F(dlogits), scratch.as<double>(), partials_.get(),
                        scalars_.get(), stream());
   RETURN_IF_ERROR(FetchScalars("cross_entropy"));
@@ -296,7 +304,9 @@ absl::StatusOr<float> CudaBackend::DoCrossEntropyLoss(const Tensor& logits,
         absl::StrCat("cross_entropy: target ", target, " at position ", i,
                      " is outside [0, ", vocab, ")"));
   }
-  return static_cast<float>(host_scalars_->sum / static_cast<double>(n));
+  // The mean over the rows not ignored (engine/loss_kind.h); 0 for none.
+  const auto counted = static_cast<double>(host_scalars_->counted);
+  return counted > 0 ? static_cast<float>(host_scalars_->sum / counted) : 0.0f;
 }
 
 // --- Optimizers --------------------------------------------------------------

@@ -207,6 +207,7 @@ struct MseLoad {
 __global__ void ResetScalarsKernel(DeviceScalars* scalars) {
   scalars->first_bad = kNoBadPosition;
   scalars->sum = 0.0;
+  scalars->counted = 0;
 }
 
 }  // namespace

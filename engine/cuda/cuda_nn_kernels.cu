@@ -12,6 +12,7 @@
 
 #include "engine/cuda/internal/kernel_util.cuh"  // defines: BlockSum, ColumnSum, ReduceSum
 #include "engine/cuda/internal/kernels.h"
+#include "engine/loss_kind.h"
 
 namespace conveyor::engine::cuda_internal {
 namespace {
@@ -87,21 +88,32 @@ struct LayerNormWeightLoad {
 
 // --- Softmax -----------------------------------------------------------------
 
+// With `spans` (I64 [samples, seq, 2], `heads` score matrices per sample),
+// query q sees the keys of its document's [first, end) only.
 __global__ void SoftmaxKernel(const float* x, float scale, bool causal,
-                              int64_t rows_per_matrix, int64_t cols, float* y) {
+                              int64_t rows_per_matrix, int64_t cols,
+                              const int64_t* spans, int64_t heads, float* y) {
   __shared__ float shared[32];
   const int64_t r = blockIdx.x;
   const float* in = x + r * cols;
   float* out = y + r * cols;
-  // With a causal mask, query row q sees keys 0..q.
-  const int64_t visible = causal ? min(cols, r % rows_per_matrix + 1) : cols;
+  const int64_t q = r % rows_per_matrix;
+  int64_t lo = 0, hi = cols;
+  if (spans != nullptr) {
+    const int64_t* span =
+        spans + ((r / rows_per_matrix / heads) * cols + q) * 2;
+    lo = span[0];
+    hi = span[1];
+  }
+  // With a causal mask, query row q sees keys up to q.
+  if (causal) hi = min(hi, q + 1);
   float max = -INFINITY;
-  for (int64_t c = threadIdx.x; c < visible; c += blockDim.x) {
+  for (int64_t c = lo + threadIdx.x; c < hi; c += blockDim.x) {
     max = fmaxf(max, scale * in[c]);
   }
   max = BlockMax(max, shared);
   float sum = 0.0f;
-  for (int64_t c = threadIdx.x; c < visible; c += blockDim.x) {
+  for (int64_t c = lo + threadIdx.x; c < hi; c += blockDim.x) {
     const float e = expf(scale * in[c] - max);
     out[c] = e;
     sum += e;
@@ -109,7 +121,7 @@ __global__ void SoftmaxKernel(const float* x, float scale, bool causal,
   const float inv = 1.0f / BlockSum(sum, shared);
   // Each thread rescales the entries it wrote itself: no barrier needed.
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    out[c] = c < visible ? out[c] * inv : 0.0f;
+    out[c] = c >= lo && c < hi ? out[c] * inv : 0.0f;
   }
 }
 
@@ -276,12 +288,32 @@ EmbeddingScratch PlanEmbeddingScratch(int64_t n, int64_t vocab) {
 
 // --- Cross-entropy -----------------------------------------------------------
 
+// Counts the targets that are not kIgnoredTarget into scalars->counted, so
+// that the loss kernel can scale by the mean over them without a round trip
+// to the host.
+__global__ void CountTargetsKernel(const int64_t* targets, int64_t n,
+                                   DeviceScalars* scalars) {
+  unsigned long long mine = 0;
+  for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    mine += targets[i] != kIgnoredTarget;
+  }
+  if (mine != 0) atomicAdd(&scalars->counted, mine);
+}
+
 __global__ void CrossEntropyKernel(const float* logits, const int64_t* targets,
-                                   int64_t vocab, float grad, float* dlogits,
-                                   double* row_loss, DeviceScalars* scalars) {
+                                   int64_t vocab, float grad_scale,
+                                   float* dlogits, double* row_loss,
+                                   DeviceScalars* scalars) {
   __shared__ float shared[32];
   const int64_t r = blockIdx.x;
   const int64_t target = targets[r];
+  float* out = dlogits + r * vocab;
+  if (target == kIgnoredTarget) {
+    if (threadIdx.x == 0) row_loss[r] = 0.0;
+    for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) out[c] = 0.0f;
+    return;
+  }
   if (target < 0 || target >= vocab) {
     // The whole block sees the same target, so it leaves together.
     if (threadIdx.x == 0) {
@@ -291,7 +323,9 @@ __global__ void CrossEntropyKernel(const float* logits, const int64_t* targets,
     return;
   }
   const float* in = logits + r * vocab;
-  float* out = dlogits + r * vocab;
+  // The mean over the counted rows (at least this one).
+  const unsigned long long counted = scalars->counted;
+  const float grad = grad_scale / static_cast<float>(counted > 0 ? counted : 1);
   float max = -INFINITY;
   for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) {
     max = fmaxf(max, in[c]);
@@ -350,7 +384,16 @@ void Softmax(const float* x, float scale, bool causal, int64_t rows,
              cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
   SoftmaxKernel<<<RowBlocks(rows), RowThreads(cols), 0, stream>>>(
-      x, scale, causal, rows_per_matrix, cols, y);
+      x, scale, causal, rows_per_matrix, cols, nullptr, 1, y);
+  CheckLaunch();
+}
+
+void SoftmaxInSpans(const float* x, float scale, bool causal, int64_t rows,
+                    int64_t seq, const int64_t* spans, int64_t heads, float* y,
+                    cudaStream_t stream) {
+  if (rows <= 0 || seq <= 0) return;
+  SoftmaxKernel<<<RowBlocks(rows), RowThreads(seq), 0, stream>>>(
+      x, scale, causal, seq, seq, spans, heads, y);
   CheckLaunch();
 }
 
@@ -414,12 +457,16 @@ void EmbeddingBackward(const int64_t* ids, int64_t n, const float* dy,
 }
 
 void CrossEntropyLoss(const float* logits, const int64_t* targets, int64_t n,
-                      int64_t vocab, float grad, float* dlogits,
+                      int64_t vocab, float grad_scale, float* dlogits,
                       double* row_loss, double* partial, DeviceScalars* scalars,
                       cudaStream_t stream) {
   if (n <= 0) return;
+  CountTargetsKernel<<<static_cast<unsigned>(
+                           std::min<int64_t>((n + 255) / 256, 1024)),
+                       256, 0, stream>>>(targets, n, scalars);
+  CheckLaunch();
   CrossEntropyKernel<<<RowBlocks(n), RowThreads(vocab), 0, stream>>>(
-      logits, targets, vocab, grad, dlogits, row_loss, scalars);
+      logits, targets, vocab, grad_scale, dlogits, row_loss, scalars);
   CheckLaunch();
   ReduceSum(n, RowLossLoad{row_loss}, partial, scalars, stream);
 }

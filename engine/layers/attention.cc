@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/documents.h"
 #include "engine/layers/dense.h"
 #include "engine/layers/head_gemm.h"
 
@@ -60,7 +61,8 @@ absl::StatusOr<Tensor> SelfAttention::Forward(const Tensor& x, Stash& stash) {
       HeadGemm(b * h, false, true, s, s, d, q, d, k, d, 0.0f, scores));
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   ASSIGN_OR_RETURN(Tensor probs, be.Empty({b, h, s, s}, DType::kF32));
-  be.Softmax(scores, scale, causal_, probs);
+  RETURN_IF_ERROR(
+      AttentionSoftmax(be, scores, scale, causal_, probs, "attention"));
   ASSIGN_OR_RETURN(Tensor context, be.Empty({b, h, s, d}, DType::kF32));
   be.GemmStridedBatched(
       HeadGemm(b * h, false, false, s, d, s, probs, s, v, d, 0.0f, context));

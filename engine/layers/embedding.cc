@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/documents.h"
 #include "engine/layers/dense.h"
 
 namespace conveyor::engine {
@@ -36,6 +37,19 @@ absl::StatusOr<Tensor> Embedding::Forward(const Tensor& ids, Stash& stash) {
   ASSIGN_OR_RETURN(Tensor y,
                    backend_->Empty({batch, seq, features_}, DType::kF32));
   RETURN_IF_ERROR(backend_->EmbeddingForward(ids, weight_.value, y));
+  const DeviceDocuments* documents = CurrentDocuments();
+  if (max_positions_ > 0 && documents != nullptr &&
+      documents->positions.defined()) {
+    // Positions restart at each document: look each token's up.
+    RETURN_IF_ERROR(CheckDocumentsFit(*documents, batch, seq, "embedding"));
+    ASSIGN_OR_RETURN(Tensor pos,
+                     backend_->Empty({batch, seq, features_}, DType::kF32));
+    RETURN_IF_ERROR(
+        backend_->EmbeddingForward(documents->positions, position_.value, pos));
+    backend_->Add(y, pos, y);
+    stash.saved = {ids, documents->positions};
+    return y;
+  }
   if (max_positions_ > 0) {
     // Positions broadcast over the batch: a row bias of length seq*features.
     backend_->AddRowBias(
@@ -55,7 +69,10 @@ absl::StatusOr<Tensor> Embedding::BackwardInput(const Tensor& /*dy*/,
 absl::Status Embedding::BackwardWeight(const Tensor& dy, Stash& stash) {
   const Tensor& ids = stash.saved[0];
   backend_->EmbeddingBackward(ids, dy, weight_.grad);
-  if (max_positions_ > 0) {
+  if (stash.saved.size() > 1) {
+    // Per-token positions (documents): scatter-add as for the tokens.
+    backend_->EmbeddingBackward(stash.saved[1], dy, position_.grad);
+  } else if (max_positions_ > 0) {
     const int64_t batch = ids.dim(0), seq = ids.dim(1);
     backend_->SumRows(dy.Reshape({batch, seq * features_}), 1.0f,
                       position_.grad.Rows(0, seq).Reshape({seq * features_}));

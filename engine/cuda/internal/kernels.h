@@ -33,6 +33,8 @@ struct DeviceScalars {
   // kNoBadPosition when all ids are in range. Reset with ResetScalars.
   unsigned long long first_bad;
   double sum;  // The reduced sum (loss, sum of squares).
+  // Cross-entropy: the rows whose target is not kIgnoredTarget.
+  unsigned long long counted;
 };
 inline constexpr unsigned long long kNoBadPosition = ~0ull;
 
@@ -124,6 +126,11 @@ void Rope(const float* x, int64_t rows, int64_t seq, int64_t dim,
 void Softmax(const float* x, float scale, bool causal, int64_t rows,
              int64_t rows_per_matrix, int64_t cols, float* y,
              cudaStream_t stream);
+// Softmax of [rows / seq, seq, seq] scores within documents: spans I64
+// [samples, seq, 2], `heads` score matrices per sample.
+void SoftmaxInSpans(const float* x, float scale, bool causal, int64_t rows,
+                    int64_t seq, const int64_t* spans, int64_t heads, float* y,
+                    cudaStream_t stream);
 void SoftmaxBackward(const float* y, const float* dy, float scale, int64_t rows,
                      int64_t cols, float* dx, cudaStream_t stream);
 // Between qkv [B, S, 3, H, D] and q, k, v [B, H, S, D]; `to_heads` picks the
@@ -151,12 +158,14 @@ void EmbeddingBackward(const int64_t* ids, int64_t n, const float* dy,
                        int64_t vocab, int64_t dim, float* dtable, void* scratch,
                        size_t scratch_bytes, cudaStream_t stream);
 
-// dlogits = grad * (softmax(logits) - onehot(target)); scalars->sum = sum of
+// dlogits = grad_scale / counted * (softmax(logits) - onehot(target)) with
+// `counted` the rows whose target is not kIgnoredTarget (engine/loss_kind.h;
+// left in scalars->counted), and 0 on the ignored rows; scalars->sum = sum of
 // the row losses in double; a row whose target is outside [0, vocab) adds 0
 // and its lowest index goes to scalars->first_bad (reset it first).
 // `row_loss` holds n doubles, `partial` kMaxReduceBlocks.
 void CrossEntropyLoss(const float* logits, const int64_t* targets, int64_t n,
-                      int64_t vocab, float grad, float* dlogits,
+                      int64_t vocab, float grad_scale, float* dlogits,
                       double* row_loss, double* partial, DeviceScalars* scalars,
                       cudaStream_t stream);
 

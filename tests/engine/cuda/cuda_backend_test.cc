@@ -510,6 +510,23 @@ TEST_F(CudaBackendTest, SoftmaxWithAndWithoutCausalMaskMatchesCpu) {
   }
 }
 
+// Document masks: two samples of 3 heads over 7 tokens, the first packing
+// documents [0, 3), [3, 4), [4, 7), the second one document.
+TEST_F(CudaBackendTest, SoftmaxInSpansMatchesCpu) {
+  const std::vector<int64_t> spans = {0, 3, 0, 3, 0, 3, 3, 4, 4, 7, 4, 7, 4, 7,
+                                      0, 7, 0, 7, 0, 7, 0, 7, 0, 7, 0, 7, 0, 7};
+  const Both s = IdTensor({2, 7, 2}, spans);
+  const Shape shape = {2, 3, 7, 7};
+  for (bool causal : {false, true}) {
+    const Both x = Random(shape, 3, 4.0f);
+    Both y = Output(shape);
+    cpu()->SoftmaxInSpans(x.cpu, 0.3f, causal, s.cpu, y.cpu);
+    cuda()->SoftmaxInSpans(x.cuda, 0.3f, causal, s.cuda, y.cuda);
+    ExpectClose(y, absl::StrCat("softmax in spans, causal=", causal), 1e-5,
+                1e-7);
+  }
+}
+
 TEST_F(CudaBackendTest, SplitAndMergeHeadsMatchCpuExactly) {
   const int64_t b = 2, s = 5, h = 3, d = 4;
   const Both qkv = Random({b, s, 3 * h * d}, 1);
@@ -617,6 +634,20 @@ TEST_F(CudaBackendTest, CrossEntropyLossAndGradientMatchCpu) {
         << "vocab " << vocab;
     ExpectClose(d, absl::StrCat("cross-entropy gradient, vocab ", vocab), 1e-4,
                 1e-7);
+  }
+
+  // Ignored targets (kIgnoredTarget) leave their rows out of the mean.
+  {
+    const Both logits = Random({6, 50}, 4, 3.0f);
+    const Both t = IdTensor({6}, {3, -1, 7, -1, -1, 49});
+    Both d = Output({6, 50});
+    const absl::StatusOr<float> cpu_loss =
+        cpu()->CrossEntropyLoss(logits.cpu, t.cpu, 0.5f, d.cpu);
+    const absl::StatusOr<float> cuda_loss =
+        cuda()->CrossEntropyLoss(logits.cuda, t.cuda, 0.5f, d.cuda);
+    ASSERT_TRUE(cuda_loss.ok()) << cuda_loss.status();
+    EXPECT_NEAR(*cuda_loss, *cpu_loss, 1e-5 * std::abs(*cpu_loss));
+    ExpectClose(d, "cross-entropy gradient with ignored targets", 1e-4, 1e-7);
   }
 
   // Bad targets: the lowest position, with the CPU's message.
