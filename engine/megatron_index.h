@@ -53,6 +53,9 @@ class MegatronIndex {
   // Entry j of the document index, j in [0, document_count()].
   int64_t document_index(int64_t j) const;
 
+  // MappedFile::CheckNotShrunk of the .idx.
+  absl::Status CheckNotShrunk() const { return file_->CheckNotShrunk(); }
+
   // The stream offset of document d's first token, d in [0,
   // document_count()]; document_count() gives num_tokens().
   int64_t DocumentStart(int64_t d) const;
