@@ -31,15 +31,28 @@ absl::Status CheckUnusedFields(const DataConfig& config) {
     }
     if (config.noise != defaults.noise) return unused("noise");
   }
-  if (config.kind != DataConfig::Kind::kTokens) {
+  if (!IsTokenKind(config.kind)) {
     if (config.seq_len != defaults.seq_len) return unused("seq_len");
-    if (config.uint16_tokens) return unused("uint16");
     if (config.vocab_size != defaults.vocab_size) return unused("vocab_size");
+    const DocumentsConfig& d = config.documents;
+    if (d.enabled() || d.eod_token != -1) return unused("documents");
+  }
+  if (config.kind != DataConfig::Kind::kTokens &&
+      config.token_dtype != defaults.token_dtype) {
+    return unused("dtype");
+  }
+  if (config.kind != DataConfig::Kind::kMegatron && !config.blend.empty()) {
+    return unused("blend");
   }
   return absl::OkStatus();
 }
 
 }  // namespace
+
+bool IsTokenKind(DataConfig::Kind kind) {
+  return kind == DataConfig::Kind::kTokens || kind == DataConfig::Kind::kLlmc ||
+         kind == DataConfig::Kind::kMegatron;
+}
 
 absl::StatusOr<DataConfig::Kind> ParseDataKind(absl::string_view name) {
   if (name == "synthetic-regression") {
@@ -47,9 +60,11 @@ absl::StatusOr<DataConfig::Kind> ParseDataKind(absl::string_view name) {
   }
   if (name == "tensors") return DataConfig::Kind::kTensors;
   if (name == "tokens") return DataConfig::Kind::kTokens;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown data source '", name,
-                   "'; allowed: synthetic-regression, tensors, tokens"));
+  if (name == "llmc") return DataConfig::Kind::kLlmc;
+  if (name == "megatron") return DataConfig::Kind::kMegatron;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown data source '", name,
+      "'; allowed: synthetic-regression, tensors, tokens, llmc, megatron"));
 }
 
 absl::string_view DataKindName(DataConfig::Kind kind) {
@@ -60,6 +75,34 @@ absl::string_view DataKindName(DataConfig::Kind kind) {
       return "tensors";
     case DataConfig::Kind::kTokens:
       return "tokens";
+    case DataConfig::Kind::kLlmc:
+      return "llmc";
+    case DataConfig::Kind::kMegatron:
+      return "megatron";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<TokenDType> ParseTokenDType(absl::string_view name) {
+  for (TokenDType dtype : {TokenDType::kUint8, TokenDType::kUint16,
+                           TokenDType::kUint32, TokenDType::kInt32}) {
+    if (TokenDTypeName(dtype) == name) return dtype;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown token dtype '", name,
+                   "'; allowed: uint8, uint16, uint32, int32"));
+}
+
+absl::string_view TokenDTypeName(TokenDType dtype) {
+  switch (dtype) {
+    case TokenDType::kUint8:
+      return "uint8";
+    case TokenDType::kUint16:
+      return "uint16";
+    case TokenDType::kUint32:
+      return "uint32";
+    case TokenDType::kInt32:
+      return "int32";
   }
   return "unknown";
 }
@@ -97,14 +140,17 @@ absl::Status CheckDataShapes(const DataConfig& config,
     case DataConfig::Kind::kTensors:
       // x and y are checked against the model when the file is read.
       return absl::OkStatus();
-    case DataConfig::Kind::kTokens: {
+    case DataConfig::Kind::kTokens:
+    case DataConfig::Kind::kLlmc:
+    case DataConfig::Kind::kMegatron: {
+      const absl::string_view kind = DataKindName(config.kind);
       if (!shapes.token_input || shapes.input.size() != 1) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("data.source tokens needs a model with token-id input "
-                         "[seq_len] (an "
-                         "embedding first), but the model's input is ",
-                         shapes.token_input ? "token ids " : "floats ",
-                         ShapeString(shapes.input)));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "data.source ", kind,
+            " needs a model with token-id input [seq_len] (an embedding "
+            "first), but the model's input is ",
+            shapes.token_input ? "token ids " : "floats ",
+            ShapeString(shapes.input)));
       }
       if (config.seq_len < 0) {
         return absl::InvalidArgumentError(
@@ -125,11 +171,11 @@ absl::Status CheckDataShapes(const DataConfig& config,
             absl::StrCat("data.seq_len must be positive, got ", seq_len));
       }
       if (!shapes.integer_targets || shapes.target != std::vector{seq_len}) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("data.source tokens gives integer targets [", seq_len,
-                         "] (loss: cross_entropy), but the model's target is ",
-                         shapes.integer_targets ? "integer ids " : "floats ",
-                         ShapeString(shapes.target)));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "data.source ", kind, " gives integer targets [", seq_len,
+            "] (loss: cross_entropy), but the model's target is ",
+            shapes.integer_targets ? "integer ids " : "floats ",
+            ShapeString(shapes.target)));
       }
       // Checked now: an id the model has no row for would otherwise fail
       // the job at its first use, hours in.
@@ -147,6 +193,46 @@ absl::Status CheckDataShapes(const DataConfig& config,
   return absl::InvalidArgumentError("data.source: unknown source");
 }
 
+absl::Status CheckDocuments(const DataConfig& config,
+                            const SampleShapes& shapes) {
+  const DocumentsConfig& d = config.documents;
+  const absl::string_view kind = DataKindName(config.kind);
+  if (!IsTokenKind(config.kind)) {
+    if (d.enabled() || d.eod_token != -1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.documents does not apply to data.source ", kind,
+                       ": it has no token stream to find documents in"));
+    }
+    return absl::OkStatus();
+  }
+  if (d.eod_token < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.documents.eod_token must be a token id, got ", d.eod_token));
+  }
+  // The bound a file-free check knows: data.vocab_size, else the model's.
+  const bool from_config = config.vocab_size > 0;
+  const int64_t vocab = from_config ? config.vocab_size : shapes.vocab;
+  if (d.eod_token >= 0 && vocab > 0 && d.eod_token >= vocab) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.documents.eod_token ", d.eod_token, " is outside ",
+        from_config ? "data.vocab_size " : "the model's vocabulary ", vocab));
+  }
+  if (d.enabled() && d.eod_token == -1 &&
+      config.kind != DataConfig::Kind::kMegatron) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.documents.eod_token is required for data.source ", kind,
+        ": its file has no document index, so documents end at EOD tokens"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DocumentLayout> DataSource::Documents(int64_t /*step*/,
+                                                     int /*microbatch*/,
+                                                     int /*num_microbatches*/,
+                                                     int64_t /*batch_size*/) {
+  return DocumentLayout{};
+}
+
 absl::Status DataSource::Check(const DataConfig& config,
                                const SampleShapes& shapes) {
   if (config.kind == DataConfig::Kind::kSyntheticRegression) {
@@ -162,6 +248,7 @@ absl::StatusOr<std::unique_ptr<DataSource>> DataSource::Create(
     const DataConfig& config, const SampleShapes& shapes) {
   RETURN_IF_ERROR(CheckUnusedFields(config));
   RETURN_IF_ERROR(CheckDataShapes(config, shapes));
+  RETURN_IF_ERROR(CheckDocuments(config, shapes));
   switch (config.kind) {
     case DataConfig::Kind::kSyntheticRegression:
       return data_internal::CreateSyntheticRegression(config, shapes);
@@ -169,6 +256,10 @@ absl::StatusOr<std::unique_ptr<DataSource>> DataSource::Create(
       return data_internal::CreateTensors(config, shapes);
     case DataConfig::Kind::kTokens:
       return data_internal::CreateTokens(config, shapes);
+    case DataConfig::Kind::kLlmc:
+      return data_internal::CreateLlmc(config, shapes);
+    case DataConfig::Kind::kMegatron:
+      return data_internal::CreateMegatron(config, shapes);
   }
   return absl::InvalidArgumentError("data.source: unknown source");
 }

@@ -1,6 +1,6 @@
-// IndexedDataSource (engine/internal/data_sources.h): the checks and the
-// position -> sample map every data source kind shares, with its cache of
-// shuffle permutations.
+// SampleOrder and IndexedDataSource (engine/internal/data_sources.h): the
+// checks and the position -> sample map every data source kind shares, with
+// the cache of shuffle permutations.
 #include <algorithm>
 #include <limits>
 #include <mutex>
@@ -25,11 +25,13 @@ absl::Status OutOfMemory(absl::string_view what, size_t samples) {
 }
 
 // The Fisher-Yates permutation of [0, n) for `epoch`. Each swap index is a
-// counter-based draw, so the permutation depends only on (seed, epoch, n).
-std::vector<int64_t> EpochPermutation(uint64_t seed, int64_t epoch, int64_t n) {
+// counter-based draw, so the permutation depends only on (seed, stream
+// prefix, epoch, n).
+std::vector<int64_t> EpochPermutation(uint64_t seed, absl::string_view prefix,
+                                      int64_t epoch, int64_t n) {
   std::vector<int64_t> perm(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) perm[i] = i;
-  const std::string stream = absl::StrCat("data.shuffle.", epoch);
+  const std::string stream = absl::StrCat(prefix, epoch);
   for (int64_t i = n - 1; i > 0; --i) {
     const double u = UniformDraw(seed, stream, static_cast<uint64_t>(i));
     // u < 1, but u * (i + 1) may round up to i + 1 for huge i.
@@ -101,28 +103,48 @@ absl::StatusOr<std::vector<int64_t>> IndexedDataSource::Samples(
   const int64_t rows = batch_size / num_microbatches;
   const int64_t first = step * batch_size + microbatch * rows;
   std::vector<int64_t> samples(static_cast<size_t>(rows));
-  const int64_t n = num_samples_;
+  order_.Samples(first, rows, samples.data());
+  return samples;
+}
+
+absl::StatusOr<DocumentLayout> IndexedDataSource::Documents(
+    int64_t step, int microbatch, int num_microbatches, int64_t batch_size) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> samples,
+                   Samples(step, microbatch, num_microbatches, batch_size));
+  try {
+    return GatherDocuments(samples);
+  } catch (const std::bad_alloc&) {
+    return OutOfMemory("document layout", samples.size());
+  }
+}
+
+absl::StatusOr<DocumentLayout> IndexedDataSource::GatherDocuments(
+    const std::vector<int64_t>& /*samples*/) const {
+  return DocumentLayout{};
+}
+
+void SampleOrder::Samples(int64_t first, int64_t count, int64_t* out) {
+  const int64_t n = n_;
   std::shared_ptr<const std::vector<int64_t>> perm;
   int64_t perm_epoch = -1;
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = 0; r < count; ++r) {
     const int64_t p = first + r;
     if (n == 0) {
-      samples[r] = p;
+      out[r] = p;
     } else if (!shuffle_) {
-      samples[r] = p % n;
+      out[r] = p % n;
     } else {
       const int64_t epoch = p / n;
       if (epoch != perm_epoch) {
         perm = Permutation(epoch);
         perm_epoch = epoch;
       }
-      samples[r] = (*perm)[p % n];
+      out[r] = (*perm)[p % n];
     }
   }
-  return samples;
 }
 
-std::shared_ptr<const std::vector<int64_t>> IndexedDataSource::Permutation(
+std::shared_ptr<const std::vector<int64_t>> SampleOrder::Permutation(
     int64_t epoch) {
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [e, perm] : cache_) {
@@ -131,7 +153,7 @@ std::shared_ptr<const std::vector<int64_t>> IndexedDataSource::Permutation(
   // Computed under the lock: concurrent callers almost always want the
   // same epoch, and computing it twice would waste more than the wait.
   auto perm = std::make_shared<const std::vector<int64_t>>(
-      EpochPermutation(seed_, epoch, num_samples_));
+      EpochPermutation(seed_, stream_prefix_, epoch, n_));
   if (cache_.size() == kCachedEpochs) cache_.erase(cache_.begin());
   cache_.emplace_back(epoch, perm);
   return perm;

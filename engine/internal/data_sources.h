@@ -1,12 +1,12 @@
 // What the data source kinds (engine/data_synthetic.cc, data_tensors.cc,
-// data_tokens.cc) share, and the factories DataSource::Create
-// (engine/data.cc) dispatches to.
+// data_tokens.cc, data_llmc.cc, data_megatron.cc) share, and the factories
+// DataSource::Create (engine/data.cc) dispatches to.
 //
-// IndexedDataSource holds what every kind has in common: the argument checks
-// of Inputs and Targets and the map from a batch position to a sample index
-// (engine/data.h), with the shuffle permutations cached; a kind only gathers
-// given samples. Thread-safety: as DataSource's; the permutation cache is
-// locked.
+// SampleOrder maps a position to a sample index of a data set (engine/
+// data.h), with the shuffle permutations cached. IndexedDataSource holds
+// what every kind has in common: the argument checks of Inputs, Targets and
+// Documents and one SampleOrder; a kind only gathers given samples.
+// Thread-safety: as DataSource's; the permutation caches are locked.
 //
 // Not API: only engine/data*.cc include this.
 #ifndef CONVEYOR_ENGINE_INTERNAL_DATA_SOURCES_H_
@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -38,45 +39,76 @@ absl::StatusOr<Tensor> Upload(Backend* backend, Shape shape,
   return t;
 }
 
-// What every kind shares: argument checks and the position -> sample map.
-// Subclasses only gather given samples.
-class IndexedDataSource : public DataSource {
+// Position p -> sample index of a data set of n samples: p when n is 0
+// (unlimited), p mod n without shuffle, else perm_e[p mod n] with e = p / n
+// and perm_e the Fisher-Yates permutation drawn from stream
+// "<stream_prefix><e>" (engine/data.h).
+class SampleOrder {
  public:
-  IndexedDataSource(int64_t num_samples, bool shuffle, uint64_t seed)
-      : num_samples_(num_samples), shuffle_(shuffle), seed_(seed) {}
+  SampleOrder(int64_t n, bool shuffle, uint64_t seed, std::string stream_prefix)
+      : n_(n),
+        shuffle_(shuffle && n > 0),
+        seed_(seed),
+        stream_prefix_(std::move(stream_prefix)) {}
 
-  absl::StatusOr<Tensor> Inputs(Backend* backend, int64_t step, int microbatch,
-                                int num_microbatches, int64_t batch_size) final;
-  absl::StatusOr<Tensor> Targets(Backend* backend, int64_t step, int microbatch,
-                                 int num_microbatches,
-                                 int64_t batch_size) final;
+  int64_t n() const { return n_; }
 
-  int64_t num_samples() const final { return num_samples_; }
-
- protected:
-  virtual absl::StatusOr<Tensor> GatherInputs(
-      Backend* backend, const std::vector<int64_t>& samples) const = 0;
-  virtual absl::StatusOr<Tensor> GatherTargets(
-      Backend* backend, const std::vector<int64_t>& samples) const = 0;
+  // The samples at positions [first, first + count) (first >= 0, and
+  // first + count must not overflow) into out[0, count).
+  void Samples(int64_t first, int64_t count, int64_t* out);
 
  private:
   // Enough for one batch that straddles an epoch boundary, the common case;
   // a batch larger than an epoch just recomputes.
   static constexpr size_t kCachedEpochs = 2;
 
-  absl::StatusOr<std::vector<int64_t>> Samples(int64_t step, int microbatch,
-                                               int num_microbatches,
-                                               int64_t batch_size);
   std::shared_ptr<const std::vector<int64_t>> Permutation(int64_t epoch);
 
-  const int64_t num_samples_;
+  const int64_t n_;
   const bool shuffle_;
   const uint64_t seed_;
+  const std::string stream_prefix_;
 
   std::mutex mu_;
   // (epoch, permutation), oldest first. Guarded by mu_.
   std::vector<std::pair<int64_t, std::shared_ptr<const std::vector<int64_t>>>>
       cache_;
+};
+
+// What every kind shares: argument checks and the position -> sample map.
+// Subclasses only gather given samples.
+class IndexedDataSource : public DataSource {
+ public:
+  IndexedDataSource(int64_t num_samples, bool shuffle, uint64_t seed)
+      : order_(num_samples, shuffle, seed, "data.shuffle.") {}
+
+  absl::StatusOr<Tensor> Inputs(Backend* backend, int64_t step, int microbatch,
+                                int num_microbatches, int64_t batch_size) final;
+  absl::StatusOr<Tensor> Targets(Backend* backend, int64_t step, int microbatch,
+                                 int num_microbatches,
+                                 int64_t batch_size) final;
+  absl::StatusOr<DocumentLayout> Documents(int64_t step, int microbatch,
+                                           int num_microbatches,
+                                           int64_t batch_size) final;
+
+  int64_t num_samples() const final { return order_.n(); }
+
+ protected:
+  virtual absl::StatusOr<Tensor> GatherInputs(
+      Backend* backend, const std::vector<int64_t>& samples) const = 0;
+  virtual absl::StatusOr<Tensor> GatherTargets(
+      Backend* backend, const std::vector<int64_t>& samples) const = 0;
+  // The layout of the samples' inputs; by default the empty layout (a kind
+  // without documents).
+  virtual absl::StatusOr<DocumentLayout> GatherDocuments(
+      const std::vector<int64_t>& samples) const;
+
+ private:
+  absl::StatusOr<std::vector<int64_t>> Samples(int64_t step, int microbatch,
+                                               int num_microbatches,
+                                               int64_t batch_size);
+
+  SampleOrder order_;
 };
 
 // The kinds' factories, each behind DataSource::Create's common checks
@@ -93,6 +125,12 @@ absl::StatusOr<std::unique_ptr<DataSource>> CreateTensors(
     const DataConfig& config, const SampleShapes& shapes);
 // engine/data_tokens.cc
 absl::StatusOr<std::unique_ptr<DataSource>> CreateTokens(
+    const DataConfig& config, const SampleShapes& shapes);
+// engine/data_llmc.cc
+absl::StatusOr<std::unique_ptr<DataSource>> CreateLlmc(
+    const DataConfig& config, const SampleShapes& shapes);
+// engine/data_megatron.cc
+absl::StatusOr<std::unique_ptr<DataSource>> CreateMegatron(
     const DataConfig& config, const SampleShapes& shapes);
 
 }  // namespace conveyor::engine::data_internal

@@ -31,41 +31,21 @@
 
 namespace conveyor::job::job_internal {
 
-using engine::DataConfig;
-using engine::DataKindName;
 using engine::DataSource;
 using engine::kMaxModelDimension;
 using engine::kPrecisionNames;
 using engine::LrSchedule;
 using engine::OptimizerConfig;
-using engine::ParseDataKind;
 using engine::ParseModelSpec;
 using engine::Precision;
 
 namespace {
-
-constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
-// Token ids a file can hold: one byte or a little-endian uint16.
-constexpr int64_t kByteVocab = 256;
-constexpr int64_t kUint16Vocab = 65536;
 
 constexpr absl::string_view kTopKeys[] = {
     "name",     "model",      "data",   "training", "optimizer",
     "pipeline", "checkpoint", "resume", "restart",  "eval"};
 constexpr absl::string_view kTrainingKeys[] = {"steps", "batch_size",
                                                "microbatches", "precision"};
-
-// data: every key any source takes, then the keys of each source, so that a
-// key of another source is reported as misplaced rather than unknown.
-constexpr absl::string_view kDataKeys[] = {
-    "source", "seed",       "shuffle", "path",       "seq_len",
-    "uint16", "vocab_size", "noise",   "num_samples"};
-constexpr absl::string_view kSyntheticKeys[] = {"source", "seed", "shuffle",
-                                                "noise", "num_samples"};
-constexpr absl::string_view kTensorsKeys[] = {"source", "seed", "shuffle",
-                                              "path"};
-constexpr absl::string_view kTokensKeys[] = {
-    "source", "seed", "shuffle", "path", "seq_len", "uint16", "vocab_size"};
 
 // optimizer: likewise, all keys and then those of each kind.
 constexpr absl::string_view kOptimizerKinds[] = {"sgd", "adam", "adamw"};
@@ -166,14 +146,8 @@ absl::StatusOr<JobSpec> JobParser::Parse(const YAML::Node& doc) const {
 
   ASSIGN_OR_RETURN(const YamlMapEntry* data, reader_.Require(top, "data"));
   RETURN_IF_ERROR(ParseData(data->value, job.data));
-  // The data must fit the model. The checks that need no file run here, so a
-  // mismatch is reported at the data section rather than when training
-  // starts.
-  if (absl::Status fits =
-          CheckDataShapes(job.data, ModelSampleShapes(job.model));
-      !fits.ok()) {
-    return reader_.Error(data->value, fits.message());
-  }
+  RETURN_IF_ERROR(
+      CheckDataFits(data->value, job.data, ModelSampleShapes(job.model)));
 
   ASSIGN_OR_RETURN(const YamlMapEntry* training,
                    reader_.Require(top, "training"));
@@ -204,82 +178,6 @@ absl::StatusOr<JobSpec> JobParser::Parse(const YAML::Node& doc) const {
     RETURN_IF_ERROR(ParseEval(eval->value, job, job.eval));
   }
   return job;
-}
-
-absl::Status JobParser::ParseData(const YamlValue& value,
-                                  DataConfig& data) const {
-  ASSIGN_OR_RETURN(const YamlMap map, reader_.ReadMap(value, kDataKeys));
-  ASSIGN_OR_RETURN(const YamlMapEntry* source, reader_.Require(map, "source"));
-  ASSIGN_OR_RETURN(const std::string source_name,
-                   reader_.ParseString(source->value));
-  absl::StatusOr<DataConfig::Kind> kind = ParseDataKind(source_name);
-  if (!kind.ok()) return reader_.Error(source->value, kind.status().message());
-  data.kind = *kind;
-
-  YamlNames keys;
-  switch (data.kind) {
-    case DataConfig::Kind::kSyntheticRegression:
-      keys = kSyntheticKeys;
-      break;
-    case DataConfig::Kind::kTensors:
-      keys = kTensorsKeys;
-      break;
-    case DataConfig::Kind::kTokens:
-      keys = kTokensKeys;
-      break;
-  }
-  RETURN_IF_ERROR(CheckKindKeys(
-      map, keys, absl::StrCat("source ", DataKindName(data.kind))));
-
-  if (const YamlMapEntry* e = map.Find("seed"); e != nullptr) {
-    ASSIGN_OR_RETURN(data.seed, reader_.ParseUint64(e->value));
-  }
-  if (const YamlMapEntry* e = map.Find("shuffle"); e != nullptr) {
-    ASSIGN_OR_RETURN(data.shuffle, reader_.ParseBool(e->value));
-  }
-  if (data.kind != DataConfig::Kind::kSyntheticRegression) {
-    ASSIGN_OR_RETURN(const YamlMapEntry* path, reader_.Require(map, "path"));
-    ASSIGN_OR_RETURN(const std::string p, reader_.ParseString(path->value));
-    data.path = Resolve(base_dir_, p);
-  }
-  if (data.kind == DataConfig::Kind::kTokens) {
-    // Required although DataConfig would take it from the model (0): the
-    // window length is the one thing a tokens file does not say by itself,
-    // so the job states it and DataSource::Create checks it against the
-    // model's input_shape.
-    ASSIGN_OR_RETURN(const YamlMapEntry* seq_len,
-                     reader_.Require(map, "seq_len"));
-    ASSIGN_OR_RETURN(data.seq_len,
-                     reader_.ParseInt(seq_len->value, 1, kMaxModelDimension));
-    if (const YamlMapEntry* e = map.Find("uint16"); e != nullptr) {
-      ASSIGN_OR_RETURN(data.uint16_tokens, reader_.ParseBool(e->value));
-    }
-    if (const YamlMapEntry* e = map.Find("vocab_size"); e != nullptr) {
-      const int64_t max = data.uint16_tokens ? kUint16Vocab : kByteVocab;
-      absl::StatusOr<int64_t> vocab = reader_.ParseInt(e->value, 1, kInt64Max);
-      if (vocab.ok() && *vocab > max) {
-        return reader_.Error(
-            e->value,
-            absl::StrCat("must be at most ", max, " for ",
-                         data.uint16_tokens ? "uint16" : "byte",
-                         " tokens; got ", *vocab,
-                         data.uint16_tokens ? ""
-                                            : " (set uint16: true for "
-                                              "vocabularies above 256)"));
-      }
-      ASSIGN_OR_RETURN(data.vocab_size, std::move(vocab));
-    }
-  }
-  if (data.kind == DataConfig::Kind::kSyntheticRegression) {
-    if (const YamlMapEntry* e = map.Find("noise"); e != nullptr) {
-      ASSIGN_OR_RETURN(data.noise, reader_.ParseNonNegativeDouble(e->value));
-    }
-    if (const YamlMapEntry* e = map.Find("num_samples"); e != nullptr) {
-      ASSIGN_OR_RETURN(data.num_samples,
-                       reader_.ParseInt(e->value, 0, kInt64Max));
-    }
-  }
-  return absl::OkStatus();
 }
 
 absl::Status JobParser::ParseTraining(const YamlValue& value,

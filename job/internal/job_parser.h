@@ -1,8 +1,9 @@
 // JobParser: the parser of one job document (job/job_spec.h ParseJobSpec,
-// job/parsed_job.h ParseJob), its sections split over two files:
-// job_parser.cc reads the top level, the data, the training loop and the
-// optimizer; job_parser_run.cc how the job runs: the pipeline, checkpoint,
-// resume, restart and eval sections. Not API: job_spec.cc is its one user.
+// job/parsed_job.h ParseJob), its sections split over three files:
+// job_parser.cc reads the top level, the training loop and the optimizer;
+// job_parser_data.cc the data; job_parser_run.cc how the job runs: the
+// pipeline, checkpoint, resume, restart and eval sections. Not API:
+// job_spec.cc is its one user.
 //
 // Thread-compatible (one parser per document).
 #ifndef CONVEYOR_JOB_INTERNAL_JOB_PARSER_H_
@@ -61,8 +62,18 @@ class JobParser {
   absl::Status CheckKindKeys(const YamlMap& map, YamlNames allowed,
                              absl::string_view what) const;
 
+  // job_parser_data.cc: a `data:` section (of the job or of eval), and the
+  // checks of it against the model that need no file, each reported at the
+  // position of the field it concerns.
   absl::Status ParseData(const YamlValue& value,
                          engine::DataConfig& data) const;
+  absl::Status ParseDocuments(const YamlValue& value,
+                              engine::DataConfig& data) const;
+  absl::Status ParseBlend(const YamlValue& value,
+                          engine::DataConfig& data) const;
+  absl::Status CheckDataFits(const YamlValue& value,
+                             const engine::DataConfig& data,
+                             const engine::SampleShapes& shapes) const;
   absl::Status ParseTraining(const YamlValue& value,
                              TrainingSpec& training) const;
   absl::Status ParseOptimizer(const YamlValue& value,

@@ -265,11 +265,8 @@ absl::Status JobParser::ParseEval(const YamlValue& value, const JobSpec& job,
   // know, so the validation data is never implied.
   ASSIGN_OR_RETURN(const YamlMapEntry* data, reader_.Require(map, "data"));
   RETURN_IF_ERROR(ParseData(data->value, eval.data));
-  if (absl::Status fits =
-          CheckDataShapes(eval.data, ModelSampleShapes(job.model));
-      !fits.ok()) {
-    return reader_.Error(data->value, fits.message());
-  }
+  RETURN_IF_ERROR(
+      CheckDataFits(data->value, eval.data, ModelSampleShapes(job.model)));
   if (const YamlMapEntry* e = map.Find("every"); e != nullptr) {
     ASSIGN_OR_RETURN(eval.every, reader_.ParseInt(e->value, 0, kMaxSteps));
   }

@@ -510,7 +510,7 @@ DataConfig TokensConfig(const std::string& path, int64_t seq_len,
   config.kind = DataConfig::Kind::kTokens;
   config.path = path;
   config.seq_len = seq_len;
-  config.uint16_tokens = uint16;
+  config.token_dtype = uint16 ? TokenDType::kUint16 : TokenDType::kUint8;
   return config;
 }
 
@@ -763,8 +763,8 @@ TEST(DataSourceErrorsTest, TokensFileProblems) {
   config.vocab_size = 'z';
   s = CreateError(config, LanguageModel(2));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("token 4 is 122, not below "
-                                     "data.vocab_size 122"));
+  EXPECT_THAT(s.message(), HasSubstr("vocab.txt: the token at byte offset 4 "
+                                     "is 122, not below data.vocab_size 122"));
   config.vocab_size = 'z' + 1;
   EXPECT_TRUE(DataSource::Create(config, LanguageModel(2)).ok());
   // The model's vocabulary bounds both: data.vocab_size above it is
@@ -775,8 +775,8 @@ TEST(DataSourceErrorsTest, TokensFileProblems) {
               HasSubstr("data.vocab_size is 123 but the model's vocabulary "
                         "is 122"));
   EXPECT_THAT(CreateError(TokensConfig(text, 2), small_vocab).message(),
-              HasSubstr("token 4 is 122, not below the model's vocabulary "
-                        "122"));
+              HasSubstr("byte offset 4 is 122, not below the model's "
+                        "vocabulary 122"));
   small_vocab.vocab = 'z' + 1;
   EXPECT_TRUE(DataSource::Create(TokensConfig(text, 2), small_vocab).ok());
 
@@ -784,7 +784,7 @@ TEST(DataSourceErrorsTest, TokensFileProblems) {
   WriteBytes(odd, "abcde");
   EXPECT_THAT(
       CreateError(TokensConfig(odd, 1, true), LanguageModel(1)).message(),
-      HasSubstr("5 bytes is an odd size"));
+      HasSubstr("5 bytes is not a whole number of uint16 tokens"));
 
   EXPECT_THAT(CreateError(TokensConfig(text, 3), LanguageModel(2)).message(),
               HasSubstr("data.seq_len is 3 but the model's input_shape[0] "

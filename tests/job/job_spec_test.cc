@@ -126,7 +126,7 @@ checkpoint: {dir: out/gpt, every: 25, keep_latest: 3}
   EXPECT_EQ(job.data.path, "data/train.bin");
   EXPECT_TRUE(job.data.shuffle);
   EXPECT_EQ(job.data.seq_len, 16);
-  EXPECT_TRUE(job.data.uint16_tokens);
+  EXPECT_EQ(job.data.token_dtype, engine::TokenDType::kUint16);
   EXPECT_EQ(job.data.vocab_size, 200);
 
   EXPECT_EQ(job.training.steps, 100);
@@ -501,12 +501,13 @@ TEST(JobSpecErrorTest, Name) {
 TEST(JobSpecErrorTest, DataSource) {
   EXPECT_EQ(ParseError(Job({.data = "{source: csv}"})),
             "job.yaml:6:16: data.source: unknown data source 'csv'; allowed: "
-            "synthetic-regression, tensors, tokens");
+            "synthetic-regression, tensors, tokens, llmc, megatron");
   EXPECT_EQ(ParseError(Job({.data = "{seed: 1}"})),
             "job.yaml:6:7: data: missing required key 'source'");
   EXPECT_EQ(ParseError(Job({.data = "{source: tensors, sead: 1}"})),
             "job.yaml:6:25: data: unknown key 'sead'; allowed: source, seed, "
-            "shuffle, path, seq_len, uint16, vocab_size, noise, num_samples");
+            "shuffle, path, blend, seq_len, dtype, uint16, vocab_size, "
+            "documents, noise, num_samples");
 }
 
 TEST(JobSpecErrorTest, DataKeysOfAnotherSource) {
@@ -521,8 +522,8 @@ TEST(JobSpecErrorTest, DataKeysOfAnotherSource) {
   EXPECT_EQ(ParseError(Job({.data = "{source: tokens, path: x, seq_len: 4, "
                                     "noise: 0.1}"})),
             "job.yaml:6:45: data: 'noise' does not apply to source tokens; "
-            "it takes: source, seed, shuffle, path, seq_len, uint16, "
-            "vocab_size");
+            "it takes: source, seed, shuffle, path, seq_len, dtype, uint16, "
+            "vocab_size, documents");
 }
 
 TEST(JobSpecErrorTest, DataRequiredPerSource) {
@@ -547,12 +548,13 @@ TEST(JobSpecErrorTest, DataValues) {
   EXPECT_EQ(
       ParseError(Job(
           {.data = "{source: tokens, path: t, seq_len: 4, vocab_size: 300}"})),
-      "job.yaml:6:57: data.vocab_size: must be at most 256 for byte tokens; "
-      "got 300 (set uint16: true for vocabularies above 256)");
+      "job.yaml:6:57: data.vocab_size: must be at most 256 for dtype uint8 "
+      "tokens; got 300 (set dtype: uint16 or wider for vocabularies above "
+      "256)");
   EXPECT_EQ(ParseError(Job({.data = "{source: tokens, path: t, seq_len: 4, "
                                     "uint16: true, vocab_size: 65537}"})),
-            "job.yaml:6:71: data.vocab_size: must be at most 65536 for uint16 "
-            "tokens; got 65537");
+            "job.yaml:6:71: data.vocab_size: must be at most 65536 for dtype "
+            "uint16 tokens; got 65537");
   EXPECT_EQ(ParseError(Job({.data = "{source: tensors, path: ''}"})),
             "job.yaml:6:31: data.path: must be a non-empty string; got the "
             "quoted string \"\"");

@@ -1,0 +1,88 @@
+#include "common/mapped_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace conveyor {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TempPath(const std::string& name) {
+  return ::testing::TempDir() + "/mapped_file_test_" + name;
+}
+
+void WriteBytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(out.good());
+}
+
+TEST(MappedFileTest, MapsTheWholeFile) {
+  const std::string path = TempPath("hello");
+  WriteBytes(path, "hello, world");
+  auto file = MappedFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->size(), 12u);
+  EXPECT_EQ((*file)->path(), path);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>((*file)->data()), 12),
+            "hello, world");
+  // Hints change nothing that can be read.
+  (*file)->Advise(MappedFile::Access::kRandom);
+  (*file)->Advise(MappedFile::Access::kSequential);
+  (*file)->Release(0, 12);
+  EXPECT_EQ((*file)->data()[7], 'w');
+  EXPECT_TRUE((*file)->CheckNotShrunk().ok());
+}
+
+TEST(MappedFileTest, RefusesWhatCannotBeMapped) {
+  absl::Status missing = MappedFile::Open(TempPath("missing")).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.message(), HasSubstr("missing"));
+
+  const std::string empty = TempPath("empty");
+  WriteBytes(empty, "");
+  absl::Status s = MappedFile::Open(empty).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("empty file"));
+
+  const std::string dir = TempPath("dir");
+  std::filesystem::create_directories(dir);
+  s = MappedFile::Open(dir).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("not a regular file"));
+
+  // A FIFO with no writer: Open must neither block nor map it.
+  const std::string fifo = TempPath("fifo");
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  s = MappedFile::Open(fifo).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("not a regular file"));
+}
+
+TEST(MappedFileTest, ReportsAFileThatShrank) {
+  const std::string path = TempPath("shrinks");
+  WriteBytes(path, std::string(10000, 'x'));
+  auto file = MappedFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ(::truncate(path.c_str(), 100), 0);
+  absl::Status s = (*file)->CheckNotShrunk();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("shrank from 10000 to 100 bytes"));
+  // Growing back is fine: everything mapped is there again.
+  ASSERT_EQ(::truncate(path.c_str(), 20000), 0);
+  EXPECT_TRUE((*file)->CheckNotShrunk().ok());
+}
+
+}  // namespace
+}  // namespace conveyor
