@@ -92,13 +92,11 @@
 #include "absl/strings/string_view.h"
 #include "common/uninitialized_vector.h"
 #include "engine/backend.h"
+#include "engine/documents.h"
+#include "engine/loss_kind.h"
 #include "engine/tensor.h"
 
 namespace conveyor::engine {
-
-// Targets of a prediction that must not count in the loss (eod_mask_loss);
-// the cross-entropy kernels skip them.
-inline constexpr int64_t kIgnoredTarget = -1;
 
 // Files at most this large are checked id by id at Create, so that a small
 // bad file is refused before training starts; larger ones are checked
@@ -166,19 +164,15 @@ struct DataConfig {
 // The kinds cut from a token stream: tokens, llmc, megatron.
 bool IsTokenKind(DataConfig::Kind kind);
 
-// The document structure of one microbatch's input windows, host side.
-struct DocumentLayout {
-  int64_t rows = 0, seq_len = 0;
-  // Per (row, t), row-major [rows, seq_len]: the token's position id. With
-  // reset_position_ids its position within its document (0 at a document's
-  // first token in the window; a window that starts mid-document counts
-  // from the window start, as Megatron does); without, t.
-  std::vector<int64_t> positions;
-  // Per (row, t): with document_mask, the index of the token's document
-  // within its row, starting at 0 and non-decreasing along t; without, 0.
-  // Two tokens may attend iff same row and same segment.
-  std::vector<int32_t> segments;
-};
+// The document structure of one microbatch's input windows, host side
+// (engine/documents.h). Documents() fills it as the config asks: positions
+// (row-major [rows, seq_len]) are each token's position within its
+// document with reset_position_ids (0 at a document's first token in the
+// window; a window that starts mid-document counts from the window start,
+// as Megatron does), else t; segments are each token's document within its
+// row with document_mask (from 0, non-decreasing), else 0. Two tokens may
+// attend iff same row and same segment.
+using DocumentLayout = MicrobatchDocuments;
 
 // "synthetic-regression", "tensors", "tokens", "llmc" or "megatron".
 // InvalidArgument lists the allowed names.

@@ -8,6 +8,7 @@
 #include "common/check.h"
 #include "common/status_macros.h"
 #include "engine/loss.h"
+#include "job/microbatch_documents.h"
 #include "job/model_init.h"
 
 namespace conveyor::job {
@@ -93,6 +94,8 @@ absl::StatusOr<StepReport> InProcessTrainer::RunStep() {
     ASSIGN_OR_RETURN(Tensor x,
                      data_->Inputs(backend_, step_, mb, m, t.batch_size));
     for (auto& stage : stages_) {
+      RETURN_IF_ERROR(SetStageDocuments(*stage, mb, *data_, job_.data.documents,
+                                        step_, mb, m, t.batch_size));
       ASSIGN_OR_RETURN(x, stage->Forward(mb, x));
     }
     ASSIGN_OR_RETURN(Tensor target,
@@ -149,6 +152,9 @@ absl::StatusOr<EvalResult> InProcessTrainer::Evaluate() {
         Tensor x,
         eval_data_->Inputs(backend_, b.step, b.microbatch, m, t.batch_size));
     for (auto& stage : stages_) {
+      RETURN_IF_ERROR(SetStageDocuments(*stage, static_cast<int>(i),
+                                        *eval_data_, job_.eval.data.documents,
+                                        b.step, b.microbatch, m, t.batch_size));
       ASSIGN_OR_RETURN(x, stage->Evaluate(static_cast<int>(i), x));
     }
     ASSIGN_OR_RETURN(

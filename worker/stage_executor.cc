@@ -9,6 +9,7 @@
 #include "common/crc32c.h"
 #include "common/status_macros.h"
 #include "engine/loss.h"
+#include "job/microbatch_documents.h"
 
 namespace conveyor::worker {
 
@@ -129,6 +130,15 @@ absl::Status StageExecutor::Forward(int64_t step, const Action& a) {
                                         TensorKind::kActivation),
                                 a.stage));
   }
+  // Every stage computes the microbatch's documents from the data itself
+  // (job/microbatch_documents.h): nothing about them crosses the network.
+  if (job::StagesNeedDocuments(config_.documents)) {
+    const absl::Status documents =
+        job::SetStageDocuments(*stage, a.microbatch, *data_, config_.documents,
+                               step, a.microbatch, m, config_.batch_size);
+    spans_.Record(SpanKind::kData, a.stage, a.microbatch);
+    RETURN_IF_ERROR(documents);
+  }
   absl::StatusOr<Tensor> forward = stage->Forward(a.microbatch, x);
   spans_.Record(SpanKind::kForward, a.stage, a.microbatch);
   ASSIGN_OR_RETURN(Tensor y, std::move(forward));
@@ -168,6 +178,9 @@ absl::Status StageExecutor::EvaluateForward(int64_t steps_done, const Action& a,
                                   TensorKind::kEvalActivation),
                           config_.recv_timeout));
   }
+  RETURN_IF_ERROR(job::SetStageDocuments(
+      *stage, a.microbatch, *data, config_.eval_documents, batch.step,
+      batch.microbatch, m, config_.batch_size));
   ASSIGN_OR_RETURN(Tensor y, stage->Evaluate(a.microbatch, x));
   if (a.stage + 1 < config_.num_stages) {
     return channel_->Send(
@@ -506,6 +519,9 @@ void StageExecutor::SummarizeSpans(RankStepResult& result) const {
         ++t.microbatches;
         [[fallthrough]];
       case SpanKind::kData:
+        t.data_seconds += seconds;
+        t.forward_seconds += seconds;
+        break;
       case SpanKind::kLoss:
         t.forward_seconds += seconds;
         break;

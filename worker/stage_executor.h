@@ -73,6 +73,10 @@ struct ExecutorConfig {
   int64_t batch_size = 1;
   int microbatches = 1;
   engine::LossKind loss = engine::LossKind::kMse;
+  // data.documents and eval.data.documents: what each stage is told of the
+  // documents packed into its microbatches (job/microbatch_documents.h).
+  engine::DocumentsConfig documents = {};
+  engine::DocumentsConfig eval_documents = {};
   std::chrono::milliseconds recv_timeout{30000};
   // Record the step's timeline (RankStepResult::spans and the per-stage
   // times derived from it). Off only to measure what recording costs: the
@@ -91,7 +95,10 @@ struct ExecutorConfig {
 // rank-wide optimizer and gradient-norm reduction are split over the rank's
 // stages by parameter count.
 struct StageStepTimes {
-  double forward_seconds = 0;   // Forward, its data reads and the loss.
+  double forward_seconds = 0;  // Forward, its data reads and the loss.
+  // Of forward_seconds: waiting for the data loader (inputs, targets and
+  // the microbatch's documents).
+  double data_seconds = 0;
   double backward_seconds = 0;  // B, BI and BW.
   double optimizer_seconds = 0;
   double communication_seconds = 0;  // Sends and the norm reduction.

@@ -50,6 +50,12 @@ WorkerMetrics::WorkerMetrics(std::string worker_name)
                    .Name("conveyor_stage_forward_seconds_total")
                    .Help("Time in the stage's forward, its data reads and loss")
                    .Register(*registry_)),
+      dataloader_wait_(
+          BuildCounter()
+              .Name("conveyor_dataloader_wait_seconds_total")
+              .Help("Of the stage's forward time, the time it waited for the "
+                    "data loader: inputs, targets and document layouts")
+              .Register(*registry_)),
       backward_(BuildCounter()
                     .Name("conveyor_stage_backward_seconds_total")
                     .Help("Time in the stage's backward (B, BI and BW)")
@@ -196,6 +202,7 @@ JobMetrics::JobMetrics(WorkerMetrics* owner, std::string job_id,
     labels["stage"] = absl::StrCat(stage);
     stages_[stage] = StageSeries{
         .forward = &owner_->forward_.Add(labels),
+        .dataloader_wait = &owner_->dataloader_wait_.Add(labels),
         .backward = &owner_->backward_.Add(labels),
         .optimizer = &owner_->optimizer_.Add(labels),
         .communication = &owner_->communication_.Add(labels),
@@ -213,6 +220,7 @@ JobMetrics::~JobMetrics() {
   WorkerMetrics& o = *owner_;
   for (const auto& [stage, s] : stages_) {
     o.forward_.Remove(s.forward);
+    o.dataloader_wait_.Remove(s.dataloader_wait);
     o.backward_.Remove(s.backward);
     o.optimizer_.Remove(s.optimizer);
     o.communication_.Remove(s.communication);
@@ -244,6 +252,7 @@ void JobMetrics::RecordStep(const RankStepResult& step) {
     if (it == stages_.end()) continue;
     StageSeries& s = it->second;
     s.forward->Increment(t.forward_seconds);
+    s.dataloader_wait->Increment(t.data_seconds);
     s.backward->Increment(t.backward_seconds);
     s.optimizer->Increment(t.optimizer_seconds);
     s.communication->Increment(t.communication_seconds);

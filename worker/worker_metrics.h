@@ -56,6 +56,7 @@ class JobMetrics final : public transport::DataPlaneObserver {
   friend class WorkerMetrics;
   struct StageSeries {
     prometheus::Counter* forward;
+    prometheus::Counter* dataloader_wait;
     prometheus::Counter* backward;
     prometheus::Counter* optimizer;
     prometheus::Counter* communication;
@@ -116,6 +117,7 @@ class WorkerMetrics {
   prometheus::Gauge& busy_;
   prometheus::Family<prometheus::Counter>& jobs_;
   prometheus::Family<prometheus::Counter>& forward_;
+  prometheus::Family<prometheus::Counter>& dataloader_wait_;
   prometheus::Family<prometheus::Counter>& backward_;
   prometheus::Family<prometheus::Counter>& optimizer_;
   prometheus::Family<prometheus::Counter>& communication_;

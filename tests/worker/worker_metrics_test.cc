@@ -21,6 +21,7 @@ RankStepResult Step(double seconds) {
   r.seconds = seconds;
   r.wait_seconds = 0.25 * seconds;
   r.stages[1] = {.forward_seconds = 0.25 * seconds,
+                 .data_seconds = 0.125 * seconds,
                  .backward_seconds = 0.5 * seconds,
                  .optimizer_seconds = 0,
                  .communication_seconds = 0,
@@ -45,6 +46,8 @@ TEST(WorkerMetricsTest, StepsAccumulatePerStageAndSeriesGoWithTheJob) {
     const std::string labels = "job_id=\"job-3\",stage=\"1\",worker=\"w1\"";
     EXPECT_THAT(text, HasSubstr("conveyor_stage_forward_seconds_total{" +
                                 labels + "} 1\n"));
+    EXPECT_THAT(text, HasSubstr("conveyor_dataloader_wait_seconds_total{" +
+                                labels + "} 0.5\n"));
     EXPECT_THAT(text, HasSubstr("conveyor_stage_backward_seconds_total{" +
                                 labels + "} 2\n"));
     EXPECT_THAT(text, HasSubstr("conveyor_stage_idle_seconds_total{" + labels +
