@@ -45,12 +45,13 @@
 //   L (a tail shorter than a window is never used). Inputs are window[:-1],
 //   targets window[1:], both i64. Files are memory-mapped (common/
 //   mapped_file.h): a data set larger than RAM costs page cache, not process
-//   memory. Every id is checked against the vocabulary (the smallest of
-//   data.vocab_size, the model's vocabulary and what the dtype can hold)
-//   when a window is gathered, and the whole file at Create when it is at
-//   most kFullCheckBytes; a bad id fails Inputs/Targets with InvalidArgument
-//   naming the file and the id's byte offset, before it reaches an
-//   embedding.
+//   memory (after every 64 MiB read from a file, its pages are unmapped from
+//   the process again, so even the mapped pages it counts stay bounded). Every
+//   id is checked against the vocabulary (the smallest of data.vocab_size, the
+//   model's vocabulary and what the dtype can hold) when a window is gathered,
+//   and the whole file at Create when it is at most kFullCheckBytes; a bad id
+//   fails Inputs/Targets with InvalidArgument naming the file and the id's byte
+//   offset, before it reaches an embedding.
 //
 // Blends (megatron with `blend`): data set k of K has weight w_k > 0. The
 // weights are made exact integers a_k (decimals scaled by the smallest power

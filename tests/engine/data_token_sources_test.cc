@@ -438,11 +438,16 @@ int64_t ResidentKiB() {
   return -1;
 }
 
+// A sparse file of `bytes` zeros; false if the filesystem refuses one.
+bool MakeSparseFile(const std::string& path, int64_t bytes) {
+  { std::ofstream create(path, std::ios::binary | std::ios::trunc); }
+  return ::truncate(path.c_str(), bytes) == 0;
+}
+
 TEST(LargeTokenFileTest, GathersAcrossAFewGigabytesWithFlatMemory) {
   const std::string path = TempPath("sparse.u16");
   constexpr int64_t kBytes = int64_t{3} << 30;  // 3 GiB of uint16 zeros.
-  { std::ofstream create(path, std::ios::binary | std::ios::trunc); }
-  if (::truncate(path.c_str(), kBytes) != 0) {
+  if (!MakeSparseFile(path, kBytes)) {
     GTEST_SKIP() << "the filesystem refuses a sparse 3 GiB file";
   }
   // One bad id near the end: larger files are checked window by window, so
@@ -484,6 +489,37 @@ TEST(LargeTokenFileTest, GathersAcrossAFewGigabytesWithFlatMemory) {
                                      bad_offset,
                                      " is 60000, not below the model's "
                                      "vocabulary 50257")));
+  std::filesystem::remove(path);
+}
+
+TEST(LargeTokenFileTest, ReadingFarMoreThanTheReleasePeriodStaysBounded) {
+  const std::string path = TempPath("sparse_long.u16");
+  constexpr int64_t kBytes = int64_t{3} << 30;
+  if (!MakeSparseFile(path, kBytes)) {
+    GTEST_SKIP() << "the filesystem refuses a sparse 3 GiB file";
+  }
+  // Windows of 128 KiB; 2048 of them spread over the file are 256 MiB of
+  // pages, which would all stay mapped without the periodic release (every
+  // 64 MiB read).
+  constexpr int64_t kSeqLen = 65536;
+  DataConfig config = TokenConfig(Kind::kTokens, path, kSeqLen);
+  config.token_dtype = TokenDType::kUint16;
+  auto source = MustCreate(config, LanguageModel(kSeqLen));
+  ASSERT_TRUE(source);
+  const int64_t windows = source->num_samples();
+  constexpr int64_t kBatch = 16;
+  const int64_t steps = 128;
+  const int64_t stride = windows / kBatch / steps;
+  ASSERT_GE(stride, 1);
+  const int64_t before = ResidentKiB();
+  for (int64_t j = 0; j < steps; ++j) {
+    absl::StatusOr<Tensor> t =
+        source->Inputs(CpuBackend::Get(), j * stride, 0, 1, kBatch);
+    ASSERT_TRUE(t.ok()) << t.status();
+  }
+  const int64_t after = ResidentKiB();
+  EXPECT_LT(after - before, 128 * 1024)
+      << "RSS grew by " << after - before << " KiB after reading 256 MiB";
   std::filesystem::remove(path);
 }
 
