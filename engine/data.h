@@ -74,12 +74,17 @@
 // takes its boundaries from the .idx document index instead (the first
 // token of every document starts one); with eod_token, the EOD tokens win
 // and the index is not consulted. A window that starts inside a document
-// counts that document's positions from the window's start.
+// counts that document's positions from the window's start. Documents
+// returns each window's layout (DocumentLayout: what reset_position_ids and
+// document_mask ask of the model); eod_mask_loss makes Targets drop every
+// prediction from a document's last token (the EOD) of the next document's
+// first, as Megatron's --eod-mask-loss does.
 //
 // Thread-safety: a DataSource is immutable after Create except for a cache of
-// shuffle permutations, which is locked, so Inputs and Targets may be called
-// from several threads at once (each thread with a backend it alone drives,
-// since backends are thread-compatible).
+// shuffle permutations, which is locked, and a count of bytes read per file
+// (atomic), so Inputs, Targets and Documents may be called from several
+// threads at once (each thread with a backend it alone drives, since backends
+// are thread-compatible).
 #ifndef CONVEYOR_ENGINE_DATA_H_
 #define CONVEYOR_ENGINE_DATA_H_
 
