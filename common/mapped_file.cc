@@ -78,6 +78,17 @@ void MappedFile::Release(uint64_t offset, uint64_t length) const {
             static_cast<size_t>(end - begin), MADV_DONTNEED);
 }
 
+void MappedFile::ReleaseEvery(uint64_t bytes, uint64_t period) const {
+  const uint64_t total = unreleased_.fetch_add(bytes) + bytes;
+  if (total < period) return;
+  // One caller wins the reset and releases; the others go on reading.
+  uint64_t expected = total;
+  while (expected >= period &&
+         !unreleased_.compare_exchange_weak(expected, 0)) {
+  }
+  if (expected >= period) Release(0, size_);
+}
+
 absl::Status MappedFile::CheckNotShrunk() const {
   struct stat st;
   if (::fstat(fd_.get(), &st) != 0) return ErrnoError(errno, path_, "fstat");

@@ -14,11 +14,12 @@
 // close the race with a concurrent truncation, but it turns the common case
 // (a file rewritten in place while a job runs) into a clear error.
 //
-// Thread-safe: immutable after Open; Advise and Release only give the kernel
-// hints.
+// Thread-safe: immutable after Open but for an atomic counter; Advise and
+// Release only give the kernel hints.
 #ifndef CONVEYOR_COMMON_MAPPED_FILE_H_
 #define CONVEYOR_COMMON_MAPPED_FILE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -62,6 +63,13 @@ class MappedFile {
   // keeps them, and a later read maps them again. Best effort.
   void Release(uint64_t offset, uint64_t length) const;
 
+  // Counts `bytes` read through the mapping and, each time the count passes
+  // `period`, releases the whole mapping (Release(0, size())). A reader
+  // that visits a file far larger than RAM thus keeps its resident set near
+  // `period` instead of growing towards the file's size: the pages stay in
+  // the page cache, and a concurrent reader only faults them in again.
+  void ReleaseEvery(uint64_t bytes, uint64_t period) const;
+
   // OK while the file still holds at least size() bytes; FailedPrecondition
   // "<path>: the file shrank from X to Y bytes while in use" otherwise, or the
   // errno-derived code if fstat fails.
@@ -77,6 +85,8 @@ class MappedFile {
   const ScopedFd fd_;
   const uint8_t* const data_;
   const uint64_t size_;
+  // Bytes read since the last release (ReleaseEvery).
+  mutable std::atomic<uint64_t> unreleased_{0};
 };
 
 }  // namespace conveyor

@@ -45,12 +45,13 @@
 //   L (a tail shorter than a window is never used). Inputs are window[:-1],
 //   targets window[1:], both i64. Files are memory-mapped (common/
 //   mapped_file.h): a data set larger than RAM costs page cache, not process
-//   memory. Every id is checked against the vocabulary (the smallest of
-//   data.vocab_size, the model's vocabulary and what the dtype can hold)
-//   when a window is gathered, and the whole file at Create when it is at
-//   most kFullCheckBytes; a bad id fails Inputs/Targets with InvalidArgument
-//   naming the file and the id's byte offset, before it reaches an
-//   embedding.
+//   memory (after every 64 MiB read from a file, its pages are unmapped from
+//   the process again, so even the mapped pages it counts stay bounded). Every
+//   id is checked against the vocabulary (the smallest of data.vocab_size, the
+//   model's vocabulary and what the dtype can hold) when a window is gathered,
+//   and the whole file at Create when it is at most kFullCheckBytes; a bad id
+//   fails Inputs/Targets with InvalidArgument naming the file and the id's byte
+//   offset, before it reaches an embedding.
 //
 // Blends (megatron with `blend`): data set k of K has weight w_k > 0. The
 // weights are made exact integers a_k (decimals scaled by the smallest power
@@ -73,12 +74,17 @@
 // takes its boundaries from the .idx document index instead (the first
 // token of every document starts one); with eod_token, the EOD tokens win
 // and the index is not consulted. A window that starts inside a document
-// counts that document's positions from the window's start.
+// counts that document's positions from the window's start. Documents
+// returns each window's layout (DocumentLayout: what reset_position_ids and
+// document_mask ask of the model); eod_mask_loss makes Targets drop every
+// prediction from a document's last token (the EOD) of the next document's
+// first, as Megatron's --eod-mask-loss does.
 //
 // Thread-safety: a DataSource is immutable after Create except for a cache of
-// shuffle permutations, which is locked, so Inputs and Targets may be called
-// from several threads at once (each thread with a backend it alone drives,
-// since backends are thread-compatible).
+// shuffle permutations, which is locked, and a count of bytes read per file
+// (atomic), so Inputs, Targets and Documents may be called from several
+// threads at once (each thread with a backend it alone drives, since backends
+// are thread-compatible).
 #ifndef CONVEYOR_ENGINE_DATA_H_
 #define CONVEYOR_ENGINE_DATA_H_
 

@@ -86,6 +86,8 @@ absl::Status TokenStream::Read(int64_t begin, int64_t n, int64_t* out) const {
       return absl::InternalError(absl::StrCat(
           file_->path(), ": no decoder for ", encoding_.name, " ids"));
   }
+  file_->ReleaseEvery(static_cast<uint64_t>(n) * encoding_.bytes,
+                      kReleasePeriodBytes);
   const int64_t limit = vocab_.limit;
   for (int64_t i = 0; i < n; ++i) {
     if (out[i] < 0 || out[i] >= limit) [[unlikely]] {

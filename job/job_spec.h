@@ -6,13 +6,21 @@
 // name: mlp                       # optional; default: the file's stem
 // model: {...}                    # see engine/model_spec.h
 // data:
-//   source: synthetic-regression  # or tensors, tokens
+//   source: synthetic-regression  # or tensors, tokens, llmc, megatron
 //   seed: 0
-//   path: data/train.safetensors  # tensors, tokens; relative to the job file
+//   path: data/train.safetensors  # tensors, tokens, llmc; megatron: the
+//                                 # prefix of .bin/.idx; relative to the
+//                                 # job file
+//   blend: [{path: a, weight: 0.3}, {path: b, weight: 0.7}]  # megatron,
+//                                 # instead of path
 //   shuffle: false
-//   seq_len: 64                   # tokens
-//   uint16: false                 # tokens: 2-byte little-endian ids
-//   vocab_size: 256               # tokens
+//   seq_len: 64                   # tokens, llmc, megatron
+//   dtype: uint8                  # tokens: uint8, uint16, uint32, int32
+//                                 # (uint16: true is dtype: uint16)
+//   vocab_size: 256               # tokens, llmc, megatron
+//   documents: {eod_token: 0, reset_position_ids: true,
+//               document_mask: true, eod_mask_loss: true}
+//                                 # tokens, llmc, megatron
 //   noise: 0.1                    # synthetic-regression
 // training: {steps: 100, batch_size: 64, microbatches: 4}
 // optimizer:

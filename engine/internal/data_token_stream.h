@@ -19,6 +19,11 @@
 
 namespace conveyor::engine::data_internal {
 
+// After this many bytes read from a file, its pages are handed back to the
+// page cache (MappedFile::ReleaseEvery), which bounds what a long run keeps
+// resident per file.
+inline constexpr uint64_t kReleasePeriodBytes = uint64_t{64} << 20;
+
 // How ids are stored: little-endian integers of `bytes` bytes.
 struct TokenEncoding {
   int bytes = 1;

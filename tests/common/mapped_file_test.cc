@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -82,6 +83,34 @@ TEST(MappedFileTest, ReportsAFileThatShrank) {
   // Growing back is fine: everything mapped is there again.
   ASSERT_EQ(::truncate(path.c_str(), 20000), 0);
   EXPECT_TRUE((*file)->CheckNotShrunk().ok());
+}
+
+int64_t ResidentKiB() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  }
+  return -1;
+}
+
+TEST(MappedFileTest, ReleaseEveryBoundsWhatAScanKeepsResident) {
+  const std::string path = TempPath("scan");
+  constexpr uint64_t kBytes = uint64_t{128} << 20;
+  { std::ofstream create(path, std::ios::binary | std::ios::trunc); }
+  ASSERT_EQ(::truncate(path.c_str(), kBytes), 0);
+  auto file = MappedFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const int64_t before = ResidentKiB();
+  unsigned sum = 0;
+  for (uint64_t offset = 0; offset < kBytes; offset += 4096) {
+    sum += (*file)->data()[offset];
+    (*file)->ReleaseEvery(4096, uint64_t{4} << 20);
+  }
+  EXPECT_EQ(sum, 0u);  // A sparse file reads as zeros.
+  // At most the 4 MiB since the last release stay mapped, not 128 MiB.
+  EXPECT_LT(ResidentKiB() - before, 32 * 1024);
+  std::filesystem::remove(path);
 }
 
 }  // namespace
