@@ -79,7 +79,10 @@ bool SameImport(const std::optional<std::string>& recorded,
 }
 
 struct ModelComparison {
-  // In what makes the model.
+  // In what makes the model: the imports, when they are other models (a
+  // clause of its own, since the diff would shorten long paths), and the
+  // model sections' keys.
+  std::string import;
   job::ConfigDiff model;
   // Everywhere, for the note on what was let through.
   std::vector<std::string> elsewhere;
@@ -98,6 +101,7 @@ absl::StatusOr<ModelComparison> CompareModels(
       const YAML::Node new_doc,
       LoadYaml(given.yaml, given.file_name, YamlDocuments::kExactlyOne));
   try {
+    ModelComparison out;
     YAML::Node old_model = ModelOf(old_doc);
     YAML::Node new_model = ModelOf(new_doc);
     for (const char* key : kTrainingOnlyModelKeys) {
@@ -118,21 +122,21 @@ absl::StatusOr<ModelComparison> CompareModels(
     if (old_hf.has_value() && !new_hf.empty()) {
       const std::optional<std::string> resolved =
           ResolveRecordedPath(recorded_dir, *old_hf);
-      if (SameImport(resolved, new_hf)) {
-        RemoveKey(old_model, "from_hf");
-        RemoveKey(new_model, "from_hf");
-      } else {
-        // Shown as the directories they are, which two relative paths
+      if (!SameImport(resolved, new_hf)) {
+        // Named as the directories they are, which two relative paths
         // written in different files are not.
-        old_model["from_hf"] = resolved.value_or(*old_hf);
-        new_model["from_hf"] = Normal(new_hf);
+        out.import = absl::StrCat(
+            "model.from_hf names another model (", resolved.value_or(*old_hf),
+            " in the checkpoint, ", Normal(new_hf),
+            " in this job: their config.json files differ)");
       }
+      RemoveKey(old_model, "from_hf");
+      RemoveKey(new_model, "from_hf");
     }
     YAML::Node old_cut(YAML::NodeType::Map);
     YAML::Node new_cut(YAML::NodeType::Map);
     old_cut["model"] = old_model;
     new_cut["model"] = new_model;
-    ModelComparison out;
     ASSIGN_OR_RETURN(
         out.model,
         job::DiffJobDocuments(old_cut, new_cut, job::ConfigScope::kTraining));
@@ -147,6 +151,17 @@ absl::StatusOr<ModelComparison> CompareModels(
     return absl::InternalError(
         absl::StrCat("comparing the models of two jobs: ", e.what()));
   }
+}
+
+bool SameModel(const ModelComparison& c) {
+  return c.import.empty() && c.model.empty();
+}
+
+std::string DescribeModelDifference(const ModelComparison& c) {
+  std::vector<std::string> parts;
+  if (!c.import.empty()) parts.push_back(c.import);
+  if (!c.model.empty()) parts.push_back(job::DescribeConfigDiff(c.model));
+  return absl::StrJoin(parts, "; ");
 }
 
 // The recorded job's text, if it is the one the manifest's hashes were
@@ -233,10 +248,10 @@ absl::StatusOr<CheckpointJob> RecordedJob(const CheckpointParams& params,
   if (!o.overrides.empty()) {
     ASSIGN_OR_RETURN(const ModelComparison cmp,
                      CompareModels(recorded, job_dir, out.parsed));
-    if (!cmp.model.empty()) {
+    if (!SameModel(cmp)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "--set changes the model of ", out.name, ", which wrote ", dir,
-          " step-", m.step, ": ", job::DescribeConfigDiff(cmp.model)));
+          " step-", m.step, ": ", DescribeModelDifference(cmp)));
     }
   }
   return out;
@@ -279,9 +294,9 @@ absl::StatusOr<CheckpointJob> GivenJob(
   ASSIGN_OR_RETURN(
       const ModelComparison cmp,
       CompareModels(*recorded, InferRecordedJobDir(doc, dir), out.parsed));
-  if (!cmp.model.empty()) {
+  if (!SameModel(cmp)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        written, ": its model differs: ", job::DescribeConfigDiff(cmp.model),
+        written, ": its model differs: ", DescribeModelDifference(cmp),
         "; leave out --job to use the job the checkpoint "
         "records"));
   }
