@@ -215,11 +215,11 @@ absl::StatusOr<CheckpointJob> RecordedJob(const CheckpointParams& params,
     if (!resolved.has_value()) {
       unresolved = absl::FailedPreconditionError(absl::StrCat(
           out.name, " imports model.from_hf '", *from_hf,
-          "', a path relative to its job file's directory, which the "
-          "checkpoint does not tell (its checkpoint.dir does not lead to ",
+          "', a path relative to its job file's directory, which cannot be "
+          "told from where the checkpoint is (",
           dir,
-          "): give the job file with --job JOB.yaml, or the directory with "
-          "--set model.from_hf=DIR"));
+          ", by checkpoint.dir): give the job file with --job JOB.yaml, or "
+          "the directory's absolute path with --set model.from_hf=DIR"));
       return specs;
     }
     specs.push_back(FromHfOverride(*resolved));
@@ -232,7 +232,12 @@ absl::StatusOr<CheckpointJob> RecordedJob(const CheckpointParams& params,
       JobSourceFromText(
           recorded, absl::StrCat(manifest, " job_yaml"),
           job_dir.known && job_dir.depth == 0 ? job_dir.ancestor : "",
-          o.overrides, derive));
+          o.overrides,
+          // Without an import and overrides the text parses as recorded.
+          o.overrides.empty() &&
+                  !YamlScalarAt(doc, {"model", "from_hf"}).has_value()
+              ? DeriveOverrides()
+              : derive));
   RETURN_IF_ERROR(unresolved);
   absl::StatusOr<job::ParsedJob> parsed = ParseJobSource(source);
   if (!parsed.ok()) {

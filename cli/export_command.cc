@@ -98,8 +98,17 @@ absl::StatusOr<ExportResult> ExportCheckpoint(const std::string& dir,
 absl::StatusOr<ExportResult> ExportCheckpointToHf(
     const std::string& dir, std::optional<int64_t> step,
     const std::string& output_dir, const HfExportOptions& options) {
-  // The paths the user named are checked before hours of conversion.
+  // What the user named is checked before the checkpoint is read (and its
+  // checksums verified, which takes a while for a large model).
   RETURN_IF_ERROR(CheckTokenizerPaths(options.tokenizer));
+  ASSIGN_OR_RETURN(
+      StagedDirectory out,
+      StagedDirectory::Create(
+          output_dir,
+          {.overwrite = options.overwrite,
+           .markers = {hf::kHfConfigFile, hf::kHfWeightsFile, hf::kHfIndexFile},
+           .keep = {{dir, "the checkpoint being exported"}},
+           .what = "an HF checkpoint"}));
   ASSIGN_OR_RETURN(const CheckpointParams params,
                    LoadCheckpointParams(dir, step));
   ASSIGN_OR_RETURN(const CheckpointJob job,
@@ -109,6 +118,9 @@ absl::StatusOr<ExportResult> ExportCheckpointToHf(
   const engine::ModelSpec& model = job.parsed.spec.model;
   ASSIGN_OR_RETURN(hf::HfLlamaConfig config, hf::HfConfigOfModel(model));
   if (!model.from_hf.empty()) {
+    // The original is never replaced by its own export.
+    RETURN_IF_ERROR(
+        out.Keep(model.from_hf, "the checkpoint the model was imported from"));
     // Imported: give back what came in where the model does not say.
     absl::StatusOr<hf::HfLlamaConfig> original =
         hf::ReadHfLlamaConfig(model.from_hf);
@@ -118,27 +130,14 @@ absl::StatusOr<ExportResult> ExportCheckpointToHf(
       config.max_position_embeddings = original->max_position_embeddings;
     }
   }
-  StagedDirectoryOptions staging{
-      .overwrite = options.overwrite,
-      .markers = {hf::kHfConfigFile, hf::kHfWeightsFile, hf::kHfIndexFile},
-      .keep = {{dir, "the checkpoint being exported"}},
-      .what = "an HF checkpoint"};
-  if (!model.from_hf.empty()) {
-    staging.keep.emplace_back(model.from_hf,
-                              "the checkpoint the model was imported from");
-  }
-  for (const std::string& path : options.tokenizer) {
-    staging.keep.emplace_back(path, "a --tokenizer path");
-  }
-  ASSIGN_OR_RETURN(StagedDirectory out,
-                   StagedDirectory::Create(output_dir, std::move(staging)));
   std::map<std::string, engine::Shape> shapes;
   for (const engine::ParamSpec* p : model.Params()) {
     shapes[p->name] = p->shape;
   }
   const CheckpointParamsSource tensors(params);
+  ASSIGN_OR_RETURN(const std::string staging, out.Stage());
   RETURN_IF_ERROR(hf::WriteHfCheckpoint(
-      out.path(), config,
+      staging, config,
       [&](const std::string& name) -> absl::StatusOr<std::vector<float>> {
         auto it = shapes.find(name);
         if (it == shapes.end()) {
@@ -151,10 +150,10 @@ absl::StatusOr<ExportResult> ExportCheckpointToHf(
   ExportResult result;
   if (!options.tokenizer.empty()) {
     ASSIGN_OR_RETURN(result.tokenizer_files,
-                     CopyTokenizerPaths(options.tokenizer, out.path()));
+                     CopyTokenizerPaths(options.tokenizer, staging));
     result.tokenizer_source = absl::StrJoin(options.tokenizer, ", ");
   } else if (!model.from_hf.empty()) {
-    CopiedFiles copied = CopyImportedTokenizerFiles(model.from_hf, out.path());
+    CopiedFiles copied = CopyImportedTokenizerFiles(model.from_hf, staging);
     result.tokenizer_files = std::move(copied.names);
     result.warnings = std::move(copied.warnings);
     result.tokenizer_source = model.from_hf;

@@ -143,6 +143,12 @@ absl::StatusOr<StagedDirectory> StagedDirectory::Create(
     const std::string& target, StagedDirectoryOptions options) {
   ASSIGN_OR_RETURN(const fs::path path, TargetPath(target));
   RETURN_IF_ERROR(Classify(path, target, options).status());
+  return StagedDirectory(path.string(), target, std::move(options));
+}
+
+absl::StatusOr<std::string> StagedDirectory::Stage() {
+  if (!staging_.empty()) return staging_;
+  const fs::path path(target_);
   std::error_code ec;
   fs::create_directories(path.parent_path(), ec);
   if (ec) {
@@ -158,13 +164,13 @@ absl::StatusOr<StagedDirectory> StagedDirectory::Create(
                                              path.filename().string(), getpid(),
                                              random());
     if (fs::create_directory(staging, ec)) {
-      return StagedDirectory(path.string(), target, staging.string(),
-                             std::move(options));
+      staging_ = staging.string();
+      return staging_;
     }
     if (ec) return ErrnoError(ec.value(), staging.string(), "mkdir");
   }
-  return absl::AlreadyExistsError(absl::StrCat(
-      "no free name for a staging directory beside ", path.string()));
+  return absl::AlreadyExistsError(
+      absl::StrCat("no free name for a staging directory beside ", shown_));
 }
 
 StagedDirectory::StagedDirectory(StagedDirectory&& other) noexcept
@@ -173,6 +179,12 @@ StagedDirectory::StagedDirectory(StagedDirectory&& other) noexcept
       staging_(std::exchange(other.staging_, std::string())),
       options_(std::move(other.options_)) {}
 
+absl::Status StagedDirectory::Keep(const std::string& path,
+                                   const std::string& what) {
+  options_.keep.emplace_back(path, what);
+  return Classify(target_, shown_, options_).status();
+}
+
 StagedDirectory::~StagedDirectory() {
   if (staging_.empty()) return;
   std::error_code ec;
@@ -180,6 +192,10 @@ StagedDirectory::~StagedDirectory() {
 }
 
 absl::StatusOr<StagedDirectory::Committed> StagedDirectory::Commit() {
+  if (staging_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(shown_, ": nothing was staged to commit"));
+  }
   ASSIGN_OR_RETURN(const Target target, Classify(target_, shown_, options_));
   RETURN_IF_ERROR(SyncDirectory(staging_));
   const std::string parent = fs::path(target_).parent_path().string();

@@ -6,9 +6,11 @@
 // RENAME_EXCHANGE; on a filesystem without it, two renames with the old
 // one kept aside until the new one is in place) and then deletes the old.
 //
-//   ASSIGN_OR_RETURN(StagedDirectory out,
+//   ASSIGN_OR_RETURN(StagedDirectory out,     // Checks; creates nothing.
 //                    StagedDirectory::Create(path, {.overwrite = true, ...}));
-//   ... write files into out.path() ...
+//   ... the slow work that may still fail ...
+//   ASSIGN_OR_RETURN(const std::string staging, out.Stage());
+//   ... write files into `staging` ...
 //   ASSIGN_OR_RETURN(StagedDirectory::Committed done, out.Commit());
 //
 // What may be at the target, checked by Create and again by Commit:
@@ -62,36 +64,47 @@ class StagedDirectory {
     std::string leftover;
   };
 
-  // Checks the target as above and creates the staging directory (and the
-  // target's missing parents). Errors as listed above, or the
-  // errno-derived code when a directory cannot be read or created.
+  // Checks the target as above; creates nothing, so a command that fails
+  // later leaves no trace. Errors as listed above, InvalidArgument for a
+  // target that names no directory ("/"), or the errno-derived code when
+  // the target cannot be examined.
   static absl::StatusOr<StagedDirectory> Create(const std::string& target,
                                                 StagedDirectoryOptions options);
+
+  // Creates the staging directory (and the target's missing parents) and
+  // returns it, where the output is to be written; again, the same one.
+  // The errno-derived code when a directory cannot be created.
+  absl::StatusOr<std::string> Stage();
 
   StagedDirectory(StagedDirectory&& other) noexcept;
   StagedDirectory& operator=(StagedDirectory&&) = delete;
   ~StagedDirectory();
 
-  // Where to write the output.
+  // The staging directory; empty before Stage.
   const std::string& path() const { return staging_; }
+
+  // Adds `path` to the options' `keep` once it is known (the model a job
+  // imports is known after the output was checked): FailedPrecondition now
+  // if the target is or holds it, and Commit checks it again.
+  absl::Status Keep(const std::string& path, const std::string& what);
 
   // Makes the staged directory durable and moves it to the target, checked
   // again first (something may have appeared there). Errors as Create's,
-  // or the errno-derived code of a failed fsync or rename (the target is
-  // then as it was). Call once.
+  // FailedPrecondition before Stage, or the errno-derived code of a failed
+  // fsync or rename (the target is then as it was). Call once.
   absl::StatusOr<Committed> Commit();
 
  private:
-  StagedDirectory(std::string target, std::string shown, std::string staging,
+  StagedDirectory(std::string target, std::string shown,
                   StagedDirectoryOptions options)
       : target_(std::move(target)),
         shown_(std::move(shown)),
-        staging_(std::move(staging)),
         options_(std::move(options)) {}
 
-  std::string target_;   // Absolute.
-  std::string shown_;    // As given, for messages.
-  std::string staging_;  // Empty once committed or moved from.
+  std::string target_;  // Absolute.
+  std::string shown_;   // As given, for messages.
+  // Empty before Stage, and once committed or moved from.
+  std::string staging_;
   StagedDirectoryOptions options_;
 };
 

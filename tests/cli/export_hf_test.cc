@@ -384,6 +384,15 @@ TEST_F(ExportHfTest, OverwriteReplacesOnlyAnEarlierExport) {
   EXPECT_EQ(run(dir_, true, "bf16").code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(fs::exists(dir_ / "ckpt" / "step-3"));
+  // A failed export leaves nothing, not even the output's parents.
+  std::ostringstream out;
+  EXPECT_EQ(RunExportCommand({.checkpoint_dir = (dir_ / "absent").string(),
+                              .output = (dir_ / "new" / "hf").string(),
+                              .format = "hf"},
+                             out)
+                .code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_FALSE(fs::exists(dir_ / "new"));
 }
 
 // A model imported from an HF directory exports with the tokenizer files

@@ -46,8 +46,10 @@ class StagedDirectoryTest : public ::testing::Test {
       const std::vector<std::pair<std::string, std::string>>& files) {
     auto staged = StagedDirectory::Create(target.string(), Options(overwrite));
     if (!staged.ok()) return staged.status();
+    auto staging = staged->Stage();
+    if (!staging.ok()) return staging.status();
     for (const auto& [name, text] : files) {
-      std::ofstream(fs::path(staged->path()) / name) << text;
+      std::ofstream(fs::path(*staging) / name) << text;
     }
     return staged->Commit();
   }
@@ -77,6 +79,9 @@ TEST_F(StagedDirectoryTest, ANewOutputAppearsWhole) {
   const fs::path out = dir_ / "a" / "b" / "hf";  // Parents created.
   auto staged = StagedDirectory::Create(out.string(), Options(false));
   ASSERT_TRUE(staged.ok()) << staged.status();
+  // Nothing is made until the output is staged.
+  EXPECT_FALSE(fs::exists(dir_ / "a"));
+  ASSERT_TRUE(staged->Stage().ok());
   std::ofstream(fs::path(staged->path()) / "config.json") << "{}";
   // Nothing at the target until the commit.
   EXPECT_FALSE(fs::exists(out));
@@ -160,6 +165,7 @@ TEST_F(StagedDirectoryTest, AnUncommittedOutputLeavesNothing) {
   {
     auto staged = StagedDirectory::Create(out.string(), Options(true));
     ASSERT_TRUE(staged.ok());
+    ASSERT_TRUE(staged->Stage().ok());
     std::ofstream(fs::path(staged->path()) / "config.json") << "half";
     // A failed export returns before Commit.
   }
@@ -171,6 +177,7 @@ TEST_F(StagedDirectoryTest, CommitChecksTheTargetAgain) {
   const fs::path out = dir_ / "hf";
   auto staged = StagedDirectory::Create(out.string(), Options(false));
   ASSERT_TRUE(staged.ok());
+  ASSERT_TRUE(staged->Stage().ok());
   // Someone else's output appeared meanwhile.
   fs::create_directory(out);
   std::ofstream(out / "model.safetensors") << "theirs";
