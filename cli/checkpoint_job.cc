@@ -1,10 +1,14 @@
 #include "cli/checkpoint_job.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <exception>
 #include <filesystem>
+#include <optional>
+#include <string>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -144,7 +148,9 @@ absl::StatusOr<ModelComparison> CompareModels(
         const job::ConfigDiff all,
         job::DiffJobDocuments(old_doc, new_doc, job::ConfigScope::kConfig));
     for (const job::ConfigDifference& d : all.differences) {
-      if (!d.path.starts_with("model")) out.elsewhere.push_back(d.path);
+      if (d.path != "model" && !d.path.starts_with("model.")) {
+        out.elsewhere.push_back(d.path);
+      }
     }
     return out;
   } catch (const std::exception& e) {
