@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <set>
 #include <system_error>
 #include <utility>
 
@@ -10,7 +11,6 @@
 #include "checkpoint/directory.h"
 #include "checkpoint/layout.h"
 #include "common/status_macros.h"
-#include "job/config_hash.h"
 
 namespace conveyor::cli {
 
@@ -107,27 +107,41 @@ absl::StatusOr<std::vector<float>> CheckpointParamsSource::Read(
   return file.ReadF32(name);
 }
 
-absl::Status CheckJobWroteCheckpoint(const CheckpointParams& params,
-                                     const std::string& dir,
-                                     const std::string& job_file,
-                                     const std::string& job_yaml) {
-  // Both hashes from one load of the file.
-  const job::JobHashes hashes = job::HashJobText(job_yaml);
-  const std::string& hash = hashes.config;
-  if (params.manifest.config_hash.empty() ||
-      params.manifest.config_hash == hash) {
-    return absl::OkStatus();
+absl::Status CheckParamsMatchModel(const CheckpointParams& params,
+                                   const std::string& dir,
+                                   const engine::ModelSpec& model,
+                                   const std::string& job_name) {
+  constexpr size_t kMaxListed = 4;
+  std::vector<std::string> problems;
+  size_t total = 0;
+  auto add = [&](std::string problem) {
+    if (++total <= kMaxListed) problems.push_back(std::move(problem));
+  };
+  std::set<std::string> wanted;
+  for (const engine::ParamSpec* p : model.Params()) {
+    wanted.insert(p->name);
+    const engine::SafetensorsReader* file = nullptr;
+    const engine::TensorInfo* info = params.Find(p->name, &file);
+    if (info == nullptr) {
+      add(absl::StrCat(p->name, " ", engine::ShapeString(p->shape),
+                       " is missing"));
+    } else if (info->shape != p->shape) {
+      add(absl::StrCat(p->name, " is ", engine::ShapeString(info->shape),
+                       ", the model's ", engine::ShapeString(p->shape)));
+    }
   }
-  // The same training on another pipeline layout: parameters are found by
-  // their global names whatever the cut.
-  if (!params.manifest.training_hash.empty() &&
-      params.manifest.training_hash == hashes.training) {
-    return absl::OkStatus();
+  for (const auto& [name, stage] : params.owner) {
+    if (!wanted.contains(name)) {
+      add(absl::StrCat(name, " (stage ", stage, ") is not in the model"));
+    }
+  }
+  if (total == 0) return absl::OkStatus();
+  if (total > kMaxListed) {
+    problems.push_back(absl::StrCat("and ", total - kMaxListed, " more"));
   }
   return absl::FailedPreconditionError(absl::StrCat(
-      job_file, " is not the job that wrote this checkpoint (", dir, " step-",
-      params.manifest.step, "): its configuration hash is ", hash,
-      ", the checkpoint's ", params.manifest.config_hash));
+      dir, " step-", params.manifest.step, " does not hold the parameters of ",
+      job_name, "'s model: ", absl::StrJoin(problems, "; ")));
 }
 
 }  // namespace conveyor::cli

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/stage_file.h"
+#include "engine/model_spec.h"
 #include "engine/parameter_source.h"
 #include "engine/safetensors.h"
 
@@ -55,16 +56,16 @@ struct CheckpointParams {
 absl::StatusOr<CheckpointParams> LoadCheckpointParams(
     const std::string& dir, std::optional<int64_t> step);
 
-// FailedPrecondition naming `job_file` unless the checkpoint in `dir`
-// (loaded as `params`) was written by the job `job_yaml` describes: its
-// manifest records that configuration hash, or none (older checkpoints), or
-// that training hash (the same training on another pipeline layout). Another
-// job's file would name the same tensors and mean something else (another
-// model, or the same one trained differently).
-absl::Status CheckJobWroteCheckpoint(const CheckpointParams& params,
-                                     const std::string& dir,
-                                     const std::string& job_file,
-                                     const std::string& job_yaml);
+// FailedPrecondition unless the model parameters of `params` (the
+// checkpoint in `dir`) are exactly those of `model`, by name and shape:
+// names the first few missing, extra or reshaped ones, calling the model
+// `job_name`'s. What a job comparison cannot see (an import whose
+// directory is gone or was changed) is still caught here, before any
+// tensor is converted.
+absl::Status CheckParamsMatchModel(const CheckpointParams& params,
+                                   const std::string& dir,
+                                   const engine::ModelSpec& model,
+                                   const std::string& job_name);
 
 // The parameters of `params` by name, for Stage::LoadFrom. `params` must
 // outlive the source.

@@ -15,8 +15,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "cli/checkpoint_job.h"
 #include "cli/checkpoint_params.h"
-#include "cli/job_file.h"
 #include "common/check.h"
 #include "common/status_macros.h"
 #include "engine/cpu/cpu_backend.h"
@@ -129,9 +129,9 @@ absl::Status Generate(const engine::ModelSpec& model,
 absl::Status GenerateFromHf(const GenerateCommandOptions& o,
                             const std::vector<int64_t>& prompt,
                             std::ostream& out) {
-  if (!o.job.empty() || o.step != -1) {
+  if (!o.job.empty() || !o.overrides.empty() || o.step != -1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--job and --step are for a Conveyor checkpoint; ", o.source,
+        "--job, --set and --step are for a Conveyor checkpoint; ", o.source,
         " is a HuggingFace checkpoint (it holds ", hf::kHfConfigFile, ")"));
   }
   ASSIGN_OR_RETURN(const hf::HfLlamaConfig config,
@@ -163,16 +163,6 @@ absl::Status GenerateFromHf(const GenerateCommandOptions& o,
 absl::Status GenerateFromCheckpoint(const GenerateCommandOptions& o,
                                     const std::vector<int64_t>& prompt,
                                     std::ostream& out, std::ostream& err) {
-  if (o.job.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        o.source, " holds no ", hf::kHfConfigFile,
-        ", so it is read as a Conveyor checkpoint, which does not record its "
-        "model: give the job file that wrote it with --job JOB.yaml"));
-  }
-  ASSIGN_OR_RETURN(const JobSource source, ReadJobSource(o.job, {}));
-  ASSIGN_OR_RETURN(const job::ParsedJob parsed, ParseJobSource(source));
-  const job::JobSpec& job = parsed.spec;
-  RETURN_IF_ERROR(CheckPromptFitsModel(o, job.model, prompt));
   std::optional<int64_t> step;
   if (o.step >= 0) step = o.step;
   ASSIGN_OR_RETURN(const CheckpointParams params,
@@ -180,10 +170,15 @@ absl::Status GenerateFromCheckpoint(const GenerateCommandOptions& o,
   for (const std::string& reason : params.skipped) {
     err << "note: skipped " << reason << "\n";
   }
-  RETURN_IF_ERROR(
-      CheckJobWroteCheckpoint(params, o.source, o.job, source.yaml));
+  ASSIGN_OR_RETURN(
+      const CheckpointJob job,
+      ResolveCheckpointJob(params, o.source,
+                           {.job_file = o.job, .overrides = o.overrides}));
+  for (const std::string& note : job.notes) err << note << "\n";
+  const engine::ModelSpec& model = job.parsed.spec.model;
+  RETURN_IF_ERROR(CheckPromptFitsModel(o, model, prompt));
   const CheckpointParamsSource weights(params);
-  return Generate(job.model, weights, prompt, o, out);
+  return Generate(model, weights, prompt, o, out);
 }
 
 }  // namespace
@@ -192,13 +187,17 @@ CLI::App* AddGenerateCommand(CLI::App& app, GenerateCommandOptions& o) {
   CLI::App* cmd = app.add_subcommand(
       "generate",
       "Continue a prompt with a Llama-layout model (a HuggingFace checkpoint "
-      "or a Conveyor checkpoint with its job file), in process on the CPU");
+      "or a Conveyor checkpoint), in process on the CPU");
   cmd->add_option("source", o.source,
                   "A HuggingFace checkpoint directory (with config.json) or "
                   "a job's checkpoint.dir (with step-<N>/ directories)")
       ->required();
   cmd->add_option("--job", o.job,
-                  "The job file that wrote a Conveyor checkpoint");
+                  "The job file of a Conveyor checkpoint (default: the job "
+                  "its manifest records; only its model must match)");
+  cmd->add_option("--set", o.overrides,
+                  "Override a value of a Conveyor checkpoint's job: "
+                  "key.path=value (the value is YAML; repeatable)");
   cmd->add_option("--step", o.step,
                   "Step of a Conveyor checkpoint (default: the latest "
                   "complete one)");

@@ -1,4 +1,4 @@
-// `conveyorctl generate SOURCE [--job JOB.yaml] [--step N]
+// `conveyorctl generate SOURCE [--job JOB.yaml] [--set K=V] [--step N]
 //      (--prompt TEXT | --prompt-ids 5,17,42) --tokens N
 //      [--temperature T] [--top-k K] [--seed S]`:
 // continues a prompt with a Llama-layout model, in process on the CPU, with
@@ -8,10 +8,11 @@
 //   - a HuggingFace checkpoint directory (it holds config.json; hf/model.h):
 //     the model and the weights are the checkpoint's; or
 //   - a Conveyor checkpoint directory (step-<N>/ directories;
-//     cli/checkpoint_params.h): the checkpoint does not record its model, so
-//     --job names the job file that wrote it, which must hash to the
-//     manifest's config_hash; --step picks a step (default: the newest
-//     complete one).
+//     cli/checkpoint_params.h): the model is that of the job its manifest
+//     records, or of --job, which must describe the same model (keys
+//     outside the model, such as training.steps, never block;
+//     cli/checkpoint_job.h), either with --set overrides; --step picks a
+//     step (default: the newest complete one).
 //
 // --prompt TEXT is for byte-level models (vocab_size 256): the prompt's
 // bytes are the ids, and the new bytes are printed as text, with "\\" for a
@@ -41,8 +42,11 @@ namespace conveyor::cli {
 
 struct GenerateCommandOptions {
   std::string source = {};
-  std::string job = {};  // Required for a Conveyor checkpoint only.
-  int64_t step = -1;     // -1: the newest complete step.
+  // A Conveyor checkpoint only: the job file (empty: the job the manifest
+  // records) and --set overrides of it.
+  std::string job = {};
+  std::vector<std::string> overrides = {};
+  int64_t step = -1;  // -1: the newest complete step.
   std::optional<std::string> prompt = std::nullopt;
   std::optional<std::string> prompt_ids = std::nullopt;
   int64_t tokens = 0;
@@ -67,15 +71,14 @@ std::string BytesAsText(std::span<const int64_t> bytes);
 //                       --prompt-ids, malformed or out-of-vocabulary ids,
 //                       --prompt for a vocabulary other than 256, negative
 //                       --tokens or --top-k, a negative or non-finite
-//                       --temperature, --step < 0, --job or --step with an
-//                       HF checkpoint, no --job for a Conveyor checkpoint),
-//                       a bad job file, a model not of the Llama layout, or
-//                       more positions than an HF checkpoint's
-//                       max_position_embeddings;
-//   FailedPrecondition  the job file is not the one that wrote the
-//                       checkpoint (configuration hash);
+//                       --temperature, --step < 0, --job, --set or --step
+//                       with an HF checkpoint), a bad job file, a model not
+//                       of the Llama layout, or more positions than an HF
+//                       checkpoint's max_position_embeddings;
 //   the errors of reading the checkpoint (cli/checkpoint_params.h,
-//   hf/checkpoint.h) and of the generator (engine/generate.h).
+//   hf/checkpoint.h), of finding its job (ResolveCheckpointJob,
+//   cli/checkpoint_job.h: FailedPrecondition for a job of another model)
+//   and of the generator (engine/generate.h).
 absl::Status RunGenerateCommand(const GenerateCommandOptions& options,
                                 std::ostream& out, std::ostream& err);
 

@@ -83,6 +83,30 @@ absl::StatusOr<JobSource> ReadJobSource(const std::string& path,
   return source;
 }
 
+absl::StatusOr<JobSource> JobSourceFromText(
+    std::string text, const std::string& name, const std::string& base_dir,
+    absl::Span<const std::string> overrides, const DeriveOverrides& derive) {
+  if (text.size() > static_cast<size_t>(job::kMaxJobFileBytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": ", text.size(), " bytes, over the ",
+                     job::kMaxJobFileBytes, "-byte limit of a job file"));
+  }
+  RETURN_IF_ERROR(CheckUtf8Text(text, name));
+  JobSource source;
+  source.file_name = name;
+  source.base_dir = base_dir;
+  if (overrides.empty() && derive == nullptr) {
+    source.yaml = std::move(text);
+    return source;
+  }
+  ASSIGN_OR_RETURN(source.yaml, ApplyOverrides(text, name, overrides,
+                                               job::kMaxJobFileBytes, derive));
+  if (!overrides.empty()) absl::StrAppend(&source.file_name, " (with --set)");
+  source.original_yaml = std::move(text);
+  source.original_file_name = name;
+  return source;
+}
+
 absl::StatusOr<job::ParsedJob> ParseJobSource(const JobSource& source) {
   absl::StatusOr<job::ParsedJob> job =
       job::ParseJob(source.yaml, source.file_name, source.base_dir);

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "cli/overrides.h"
 #include "job/job_spec.h"
 #include "job/parsed_job.h"
 #include "yaml-cpp/yaml.h"
@@ -38,6 +39,18 @@ absl::StatusOr<JobSource> ReadJobSource(const std::string& path,
                                         absl::Span<const std::string> overrides,
                                         int64_t steps = 0,
                                         std::string* note = nullptr);
+
+// A job given as text rather than a file (the job a checkpoint's manifest
+// records), as ReadJobSource makes one of a file: `name` stands for the file
+// in errors, `base_dir` is what its relative paths resolve against (empty:
+// they stay relative), and `overrides` and `derive` apply as in
+// ApplyOverrides (cli/overrides.h). InvalidArgument for text over
+// job::kMaxJobFileBytes or not UTF-8, bad override syntax, or YAML the
+// overrides cannot walk.
+absl::StatusOr<JobSource> JobSourceFromText(
+    std::string text, const std::string& name, const std::string& base_dir,
+    absl::Span<const std::string> overrides,
+    const DeriveOverrides& derive = {});
 
 // job::ParseJob over the source: the one parse of the job in this process.
 // InvalidArgument "file:line:col: ..." for a bad job. When overrides were

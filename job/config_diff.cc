@@ -275,12 +275,23 @@ absl::StatusOr<ConfigDiff> DiffJobConfigs(absl::string_view old_yaml,
     if (!old_doc.ok()) return old_doc.status();
     absl::StatusOr<YAML::Node> new_doc = Load(new_yaml, "this job");
     if (!new_doc.ok()) return new_doc.status();
+    return DiffJobDocuments(*old_doc, *new_doc, scope);
+  } catch (const std::exception& e) {
+    // yaml-cpp throws on what it cannot represent; the boundary must not.
+    return absl::InternalError(
+        absl::StrCat("comparing job configurations: ", e.what()));
+  }
+}
+
+absl::StatusOr<ConfigDiff> DiffJobDocuments(const YAML::Node& old_doc,
+                                            const YAML::Node& new_doc,
+                                            ConfigScope scope) {
+  try {
     Differ differ(scope);
-    differ.Compare(*old_doc, *new_doc, "", 0, /*top_level=*/true,
+    differ.Compare(old_doc, new_doc, "", 0, /*top_level=*/true,
                    /*in_model=*/false, /*list_item=*/false);
     return std::move(differ).Take();
   } catch (const std::exception& e) {
-    // yaml-cpp throws on what it cannot represent; the boundary must not.
     return absl::InternalError(
         absl::StrCat("comparing job configurations: ", e.what()));
   }

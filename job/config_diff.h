@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "job/config_scope.h"
+#include "yaml-cpp/yaml.h"
 
 namespace conveyor::job {
 
@@ -76,6 +77,13 @@ struct ConfigDiff {
 absl::StatusOr<ConfigDiff> DiffJobConfigs(absl::string_view old_yaml,
                                           absl::string_view new_yaml,
                                           ConfigScope scope);
+
+// DiffJobConfigs over documents the caller has loaded, and may have cut
+// down to what it compares (conveyorctl export and generate compare only
+// what makes the model). InternalError if yaml-cpp throws.
+absl::StatusOr<ConfigDiff> DiffJobDocuments(const YAML::Node& old_doc,
+                                            const YAML::Node& new_doc,
+                                            ConfigScope scope);
 
 // The first `max_listed` differences joined by "; ", then "and N more"
 // when there are others, e.g.

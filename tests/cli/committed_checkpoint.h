@@ -14,6 +14,7 @@
 #include "engine/model_spec.h"
 #include "engine/safetensors.h"
 #include "gtest/gtest.h"
+#include "job/config_hash.h"
 
 namespace conveyor::cli::testing_util {
 
@@ -34,16 +35,23 @@ inline constexpr char kLlamaModel[] = R"(model:
 
 // Step `step` of `model`'s checkpoint in `dir`: stage s holds its
 // parameters with `values` (by name; every parameter must be there), job id
-// "job-1"; the manifest records `config_hash`.
+// "job-1"; the manifest records `config_hash`, and `job_yaml` with its
+// training hash when given (as the coordinator records the job file; empty:
+// as manifests written before it did).
 inline void WriteCommittedStep(
     const std::string& dir, const engine::ModelSpec& model, int64_t step,
     const std::string& config_hash,
-    const std::map<std::string, std::vector<float>>& values) {
+    const std::map<std::string, std::vector<float>>& values,
+    const std::string& job_yaml = "") {
   checkpoint::CheckpointManifest m;
   m.job = "llama";
   m.job_id = "job-1";
   m.step = step;
   m.config_hash = config_hash;
+  if (!job_yaml.empty()) {
+    m.job_yaml = job_yaml;
+    m.training_hash = job::JobTrainingHash(job_yaml);
+  }
   m.num_stages = model.num_stages;
   m.stage_begin = model.stage_begin;
   m.created_unix_ms = 1;

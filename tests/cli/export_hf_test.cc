@@ -59,20 +59,22 @@ class ExportHfTest : public ::testing::Test {
 
   // Writes a job file and returns its path.
   std::string WriteJob(const std::string& name, const std::string& model,
-                       const std::string& lr = "0.1") {
+                       const std::string& lr = "0.1",
+                       const std::string& steps = "1") {
     const std::string yaml = absl::StrCat(
         "name: llama\n", model, "data: {source: tokens, path: tokens.bin, ",
-        "seq_len: 8}\ntraining: {steps: 1, batch_size: 2}\n",
-        "optimizer: {kind: sgd, lr: ", lr, "}\n");
+        "seq_len: 8}\ntraining: {steps: ", steps, ", batch_size: 2}\n",
+        "optimizer: {kind: sgd, lr: ", lr, "}\ncheckpoint: {dir: ckpt}\n");
     const fs::path path = dir_ / name;
     std::ofstream(path) << yaml;
     return path.string();
   }
 
   // The job's initial parameters written as a committed checkpoint step, as
-  // workers and the coordinator write one; returns every parameter.
+  // workers and the coordinator write one (recording the job file when
+  // `record_job`, as the coordinator does now); returns every parameter.
   std::map<std::string, std::vector<float>> WriteCheckpoint(
-      const std::string& job_path) {
+      const std::string& job_path, bool record_job = false) {
     std::ifstream in(job_path);
     std::stringstream text;
     text << in.rdbuf();
@@ -90,7 +92,8 @@ class ExportHfTest : public ::testing::Test {
       }
     }
     testing_util::WriteCommittedStep((dir_ / "ckpt").string(), job->model, 3,
-                                     job::JobConfigHash(text.str()), values);
+                                     job::JobConfigHash(text.str()), values,
+                                     record_job ? text.str() : "");
     return values;
   }
 
@@ -104,8 +107,8 @@ TEST_F(ExportHfTest, StageFilesBecomeAnHfCheckpoint) {
        {std::pair{hf::HfDType::kF32, "fp32"}, {hf::HfDType::kBF16, "bf16"}}) {
     SCOPED_TRACE(name);
     const std::string out = (dir_ / name).string();
-    auto r = ExportCheckpointToHf((dir_ / "ckpt").string(), std::nullopt, job,
-                                  out, dtype);
+    auto r = ExportCheckpointToHf((dir_ / "ckpt").string(), std::nullopt, out,
+                                  {.job_file = job, .dtype = dtype});
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->step, 3);
     EXPECT_EQ(r->num_tensors, 3 + 9 * 2);
@@ -137,19 +140,20 @@ TEST_F(ExportHfTest, AnImportedModelExportsBackBitwise) {
   // the same tensors, bit for bit, under the same architecture.
   const std::string first = WriteJob("seed.yaml", testing_util::kLlamaModel);
   WriteCheckpoint(first);
-  ASSERT_TRUE(ExportCheckpointToHf((dir_ / "ckpt").string(), std::nullopt,
-                                   first, (dir_ / "original").string(),
-                                   hf::HfDType::kF32)
-                  .ok());
+  ASSERT_TRUE(
+      ExportCheckpointToHf((dir_ / "ckpt").string(), std::nullopt,
+                           (dir_ / "original").string(),
+                           {.job_file = first, .dtype = hf::HfDType::kF32})
+          .ok());
   fs::remove_all(dir_ / "ckpt");
   const std::string imported =
       WriteJob("imported.yaml",
                "model:\n  from_hf: original\n  input_shape: [8]\n"
                "  boundaries: [1]\n");
   WriteCheckpoint(imported);
-  auto r =
-      ExportCheckpointToHf((dir_ / "ckpt").string(), std::nullopt, imported,
-                           (dir_ / "again").string(), hf::HfDType::kF32);
+  auto r = ExportCheckpointToHf(
+      (dir_ / "ckpt").string(), std::nullopt, (dir_ / "again").string(),
+      {.job_file = imported, .dtype = hf::HfDType::kF32});
   ASSERT_TRUE(r.ok()) << r.status();
   auto original = hf::HfCheckpoint::Open((dir_ / "original").string());
   auto again = hf::HfCheckpoint::Open((dir_ / "again").string());
@@ -172,8 +176,9 @@ TEST_F(ExportHfTest, ATiedModelExportsTheEmbeddingOnce) {
                 "lm_head: {vocab_size: 40, tied: true}");
   const std::string job = WriteJob("tied.yaml", model);
   const auto values = WriteCheckpoint(job);
-  auto r = ExportCheckpointToHf((dir_ / "ckpt").string(), std::nullopt, job,
-                                (dir_ / "tied").string(), hf::HfDType::kF32);
+  auto r = ExportCheckpointToHf((dir_ / "ckpt").string(), std::nullopt,
+                                (dir_ / "tied").string(),
+                                {.job_file = job, .dtype = hf::HfDType::kF32});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->num_tensors, 2 + 9 * 2);
   auto hf = hf::HfCheckpoint::Open((dir_ / "tied").string());
@@ -192,10 +197,11 @@ TEST_F(ExportHfTest, ATiedModelExportsTheEmbeddingOnce) {
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_TRUE(spec->model.layers.back().tied);
   WriteCheckpoint(imported);
-  ASSERT_TRUE(ExportCheckpointToHf((dir_ / "ckpt").string(), std::nullopt,
-                                   imported, (dir_ / "again").string(),
-                                   hf::HfDType::kF32)
-                  .ok());
+  ASSERT_TRUE(
+      ExportCheckpointToHf((dir_ / "ckpt").string(), std::nullopt,
+                           (dir_ / "again").string(),
+                           {.job_file = imported, .dtype = hf::HfDType::kF32})
+          .ok());
   auto again = hf::HfCheckpoint::Open((dir_ / "again").string());
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->config(), hf->config());
@@ -211,8 +217,9 @@ TEST_F(ExportHfTest, RefusesAnotherJobAnotherLayoutAndBadFlags) {
   const std::string ckpt = (dir_ / "ckpt").string();
   const std::string other =
       WriteJob("other.yaml", testing_util::kLlamaModel, "0.2");
-  auto r = ExportCheckpointToHf(ckpt, std::nullopt, other,
-                                (dir_ / "out").string(), hf::HfDType::kBF16);
+  auto r =
+      ExportCheckpointToHf(ckpt, std::nullopt, (dir_ / "out").string(),
+                           {.job_file = other, .dtype = hf::HfDType::kBF16});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(r.status().message(),
               HasSubstr("other.yaml is not the job that wrote"));
@@ -223,7 +230,7 @@ TEST_F(ExportHfTest, RefusesAnotherJobAnotherLayoutAndBadFlags) {
                                 .format = "hf"},
                                out)
                   .message(),
-              HasSubstr("--format hf needs --job JOB.yaml"));
+              HasSubstr("does not record the job that wrote it"));
   EXPECT_THAT(RunExportCommand({.checkpoint_dir = ckpt,
                                 .output = (dir_ / "x").string(),
                                 .format = "onnx"},
@@ -267,13 +274,196 @@ TEST_F(ExportHfTest, AModelOfAnotherLayoutIsRefusedNamingTheLayer) {
     - lm_head: {vocab_size: 40}
 )");
   WriteCheckpoint(job);
-  auto r = ExportCheckpointToHf((dir_ / "ckpt").string(), std::nullopt, job,
-                                (dir_ / "out").string(), hf::HfDType::kBF16);
+  auto r = ExportCheckpointToHf((dir_ / "ckpt").string(), std::nullopt,
+                                (dir_ / "out").string(),
+                                {.job_file = job, .dtype = hf::HfDType::kBF16});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(r.status().message(),
               HasSubstr("transformer_block (layer 1): the model does not "
                         "have the Llama layout"));
   EXPECT_FALSE(fs::exists(dir_ / "out" / "config.json"));
+}
+
+// The README's path: `export --format hf` with no --job reads the job the
+// manifest records; a --job that differs only outside the model (a longer
+// run) is accepted with a note; one of another width is refused naming the
+// key.
+TEST_F(ExportHfTest, TheRecordedJobOrAJobOfTheSameModelExports) {
+  const std::string job = WriteJob("job.yaml", testing_util::kLlamaModel);
+  const auto values = WriteCheckpoint(job, /*record_job=*/true);
+  const std::string ckpt = (dir_ / "ckpt").string();
+  std::ostringstream out;
+  ASSERT_TRUE(RunExportCommand({.checkpoint_dir = ckpt,
+                                .output = (dir_ / "recorded").string(),
+                                .format = "hf",
+                                .dtype = "fp32"},
+                               out)
+                  .ok());
+  auto hf = hf::HfCheckpoint::Open((dir_ / "recorded").string());
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  for (const auto& [param, want] : values) {
+    EXPECT_EQ(*hf->ReadConveyorTensor(param), want) << param;
+  }
+
+  const std::string longer =
+      WriteJob("longer.yaml", testing_util::kLlamaModel, "0.1", /*steps=*/"60");
+  out.str("");
+  const absl::Status s = RunExportCommand({.checkpoint_dir = ckpt,
+                                           .output = (dir_ / "longer").string(),
+                                           .format = "hf",
+                                           .job = longer},
+                                          out);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_THAT(out.str(), HasSubstr("only outside its model (training.steps)"));
+
+  std::string wide_model = testing_util::kLlamaModel;
+  wide_model.replace(wide_model.find("features: 16"), 12, "features: 32");
+  const std::string wide = WriteJob("wide.yaml", wide_model);
+  auto r = ExportCheckpointToHf(ckpt, std::nullopt, (dir_ / "wide").string(),
+                                {.job_file = wide});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("model.layers[0].embedding.features differs (16 in "
+                        "the checkpoint, 32 in this job)"));
+  EXPECT_FALSE(fs::exists(dir_ / "wide"));
+  // --set applies to the recorded job, and may not change the model.
+  r = ExportCheckpointToHf(
+      ckpt, std::nullopt, (dir_ / "heads").string(),
+      {.overrides = {"model.layers.1.llama_block.heads=2"}});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("model.layers[1].llama_block.heads differs (4 in "
+                        "the checkpoint, 2 in this job)"));
+}
+
+// --overwrite replaces an earlier export whole; without it the earlier one
+// is refused untouched, and what is not an export is never replaced.
+TEST_F(ExportHfTest, OverwriteReplacesOnlyAnEarlierExport) {
+  const std::string job = WriteJob("job.yaml", testing_util::kLlamaModel);
+  WriteCheckpoint(job, /*record_job=*/true);
+  const std::string ckpt = (dir_ / "ckpt").string();
+  const fs::path y = dir_ / "y";
+  auto run = [&](const fs::path& output, bool overwrite,
+                 const std::string& dtype) {
+    std::ostringstream out;
+    return RunExportCommand({.checkpoint_dir = ckpt,
+                             .output = output.string(),
+                             .format = "hf",
+                             .dtype = dtype,
+                             .overwrite = overwrite},
+                            out);
+  };
+  ASSERT_TRUE(run(y, false, "bf16").ok());
+  const auto bf16_size = fs::file_size(y / hf::kHfWeightsFile);
+  const absl::Status again = run(y, false, "fp32");
+  EXPECT_EQ(again.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(again.message(), HasSubstr("--overwrite replaces it"));
+  EXPECT_EQ(fs::file_size(y / hf::kHfWeightsFile), bf16_size);
+  std::ofstream(y / "stale.txt") << "from before";
+  ASSERT_TRUE(run(y, true, "fp32").ok());
+  // fp32 stores twice the bytes of each tensor; the old directory is gone
+  // whole, its stray file with it, and no staging directory is left.
+  EXPECT_GT(fs::file_size(y / hf::kHfWeightsFile), bf16_size);
+  EXPECT_FALSE(fs::exists(y / "stale.txt"));
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    EXPECT_NE(entry.path().filename().string()[0], '.') << entry.path();
+  }
+
+  std::ofstream(dir_ / "file") << "not a directory";
+  EXPECT_EQ(run(dir_ / "file", true, "bf16").code(),
+            absl::StatusCode::kFailedPrecondition);
+  fs::create_directory(dir_ / "notes");
+  std::ofstream(dir_ / "notes" / "todo.txt") << "mine";
+  const absl::Status unrelated = run(dir_ / "notes", true, "bf16");
+  EXPECT_EQ(unrelated.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(unrelated.message(),
+              HasSubstr("is not empty and is not an HF checkpoint"));
+  EXPECT_TRUE(fs::exists(dir_ / "notes" / "todo.txt"));
+  EXPECT_EQ(run(dir_ / "ckpt", true, "bf16").code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(run(dir_, true, "bf16").code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(fs::exists(dir_ / "ckpt" / "step-3"));
+  // A failed export leaves nothing, not even the output's parents.
+  std::ostringstream out;
+  EXPECT_EQ(RunExportCommand({.checkpoint_dir = (dir_ / "absent").string(),
+                              .output = (dir_ / "new" / "hf").string(),
+                              .format = "hf"},
+                             out)
+                .code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_FALSE(fs::exists(dir_ / "new"));
+}
+
+// A model imported from an HF directory exports with the tokenizer files
+// that directory holds, byte for byte; without a tokenizer there, the
+// export still succeeds and warns; --tokenizer names the files instead.
+TEST_F(ExportHfTest, AnImportedModelCarriesItsTokenizerFiles) {
+  WriteCheckpoint(WriteJob("seed.yaml", testing_util::kLlamaModel));
+  const fs::path original = dir_ / "original";
+  ASSERT_TRUE(ExportCheckpointToHf((dir_ / "ckpt").string(), std::nullopt,
+                                   original.string(),
+                                   {.job_file = (dir_ / "seed.yaml").string(),
+                                    .dtype = hf::HfDType::kF32})
+                  .ok());
+  fs::remove_all(dir_ / "ckpt");
+  const std::map<std::string, std::string> files = {
+      {"tokenizer.json", R"({"model": {"type": "BPE"}})"},
+      {"tokenizer_config.json", R"({"bos_token": "<s>"})"},
+      {"special_tokens_map.json", R"({"eos_token": "</s>"})"},
+      {"generation_config.json", R"({"bos_token_id": 1})"}};
+  for (const auto& [name, text] : files) std::ofstream(original / name) << text;
+  const std::string imported = WriteJob(
+      "imported.yaml",
+      "model:\n  from_hf: original\n  input_shape: [8]\n  boundaries: [1]\n");
+  WriteCheckpoint(imported, /*record_job=*/true);
+  const std::string ckpt = (dir_ / "ckpt").string();
+
+  auto r =
+      ExportCheckpointToHf(ckpt, std::nullopt, (dir_ / "out").string(), {});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->warnings.empty());
+  EXPECT_EQ(r->tokenizer_source, original.string());
+  EXPECT_EQ(r->tokenizer_files.size(), files.size());
+  for (const auto& [name, text] : files) {
+    std::ifstream in(dir_ / "out" / name);
+    std::stringstream got;
+    got << in.rdbuf();
+    EXPECT_EQ(got.str(), text) << name;
+  }
+
+  fs::remove(original / "tokenizer.json");
+  std::ostringstream out;
+  ASSERT_TRUE(RunExportCommand({.checkpoint_dir = ckpt,
+                                .output = (dir_ / "out").string(),
+                                .format = "hf",
+                                .overwrite = true},
+                               out)
+                  .ok());
+  EXPECT_THAT(out.str(), HasSubstr("warning: " + original.string() +
+                                   ", which the model was imported from, "
+                                   "holds neither tokenizer.json nor "
+                                   "tokenizer.model"));
+  EXPECT_FALSE(fs::exists(dir_ / "out" / "tokenizer.json"));
+  EXPECT_TRUE(fs::exists(dir_ / "out" / "tokenizer_config.json"));
+
+  const fs::path elsewhere = dir_ / "tokenizer.model";
+  std::ofstream(elsewhere) << "sentencepiece";
+  r = ExportCheckpointToHf(
+      ckpt, std::nullopt, (dir_ / "out").string(),
+      {.overwrite = true, .tokenizer = {elsewhere.string()}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tokenizer_files, std::vector<std::string>{"tokenizer.model"});
+  EXPECT_TRUE(fs::exists(dir_ / "out" / "tokenizer.model"));
+  // Only what --tokenizer names: not the import's files.
+  EXPECT_FALSE(fs::exists(dir_ / "out" / "tokenizer_config.json"));
+  // The import itself is never the output.
+  r = ExportCheckpointToHf(ckpt, std::nullopt, original.string(),
+                           {.overwrite = true});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("the checkpoint the model was imported from"));
+  EXPECT_TRUE(fs::exists(original / "tokenizer_config.json"));
 }
 
 }  // namespace

@@ -243,7 +243,11 @@ TEST_F(GenerateCommandTest, RefusesBadFlags) {
   expect_refused(Options(hf, "-1"), "id -1 is outside");
   GenerateCommandOptions with_job = Options(hf, "1");
   with_job.job = "job.yaml";
-  expect_refused(with_job, "--job and --step are for a Conveyor checkpoint");
+  expect_refused(with_job,
+                 "--job, --set and --step are for a Conveyor checkpoint");
+  GenerateCommandOptions with_set = Options(hf, "1");
+  with_set.overrides = {"training.steps=2"};
+  expect_refused(with_set, "--job, --set and --step are for a Conveyor");
   expect_refused(Options(hf, "1", -1), "--tokens must be >= 0");
   GenerateCommandOptions cold = Options(hf, "1");
   cold.temperature = -1;
@@ -258,12 +262,16 @@ TEST_F(GenerateCommandTest, RefusesBadFlags) {
 
 class ConveyorCheckpointTest : public GenerateCommandTest {
  protected:
-  std::string WriteJob(const std::string& name, const std::string& lr) {
+  std::string WriteJob(const std::string& name, const std::string& lr,
+                       const std::string& steps = "1",
+                       const std::string& model = testing_util::kLlamaModel) {
     std::ofstream(dir_ / "tokens.bin") << std::string(100, 'a');
     const std::string yaml =
-        absl::StrCat("name: llama\n", testing_util::kLlamaModel,
+        absl::StrCat("name: llama\n", model,
                      "data: {source: tokens, path: tokens.bin, seq_len: 8}\n"
-                     "training: {steps: 1, batch_size: 2}\n"
+                     "training: {steps: ",
+                     steps,
+                     ", batch_size: 2}\n"
                      "optimizer: {kind: sgd, lr: ",
                      lr, "}\n");
     std::ofstream(dir_ / name) << yaml;
@@ -274,7 +282,7 @@ class ConveyorCheckpointTest : public GenerateCommandTest {
   // Step 3 of a two-stage job's checkpoint, committed by its manifest, with
   // random values; returns them.
   std::map<std::string, std::vector<float>> WriteCheckpoint(
-      const std::string& job_path) {
+      const std::string& job_path, bool record_job = false) {
     auto job = job::LoadJobSpec(job_path);
     EXPECT_TRUE(job.ok()) << job.status();
     model_ = job->model;
@@ -283,7 +291,8 @@ class ConveyorCheckpointTest : public GenerateCommandTest {
       values[p->name] = Values(p->name, p->NumElements());
     }
     testing_util::WriteCommittedStep(ckpt(), model_, 3,
-                                     job::JobConfigHash(job_yaml_), values);
+                                     job::JobConfigHash(job_yaml_), values,
+                                     record_job ? job_yaml_ : "");
     return values;
   }
 
@@ -322,6 +331,53 @@ TEST_F(ConveyorCheckpointTest, RefusesAMissingOrAnotherJob) {
   EXPECT_THAT(s.message(), HasSubstr("is not the job that wrote this "
                                      "checkpoint"));
   EXPECT_EQ(out_.str(), "");
+}
+
+// The README's path after `run --steps`: the checkpoint's manifest records
+// its job, so generate needs no --job; the job file itself, whose
+// training.steps differs, gives the same tokens with a note; a job of
+// another model is refused naming the key; --set applies, within the model
+// it may not change.
+TEST_F(ConveyorCheckpointTest, UsesTheRecordedJobOrOneOfTheSameModel) {
+  const std::string job = WriteJob("job.yaml", "0.1");
+  const MapSource source(WriteCheckpoint(job, /*record_job=*/true));
+  const std::vector<int64_t> want =
+      Expected(model_, source, {7, 8}, 5, {.temperature = 0.7, .seed = 11});
+  const std::string printed = absl::StrCat(absl::StrJoin(want, ","), "\n");
+  GenerateCommandOptions o = Options(ckpt(), "7,8", 5);
+  o.temperature = 0.7;
+  o.seed = 11;
+  ASSERT_TRUE(Run(o).ok()) << Run(o);
+  EXPECT_EQ(out_.str(), printed);
+
+  o.job = WriteJob("longer.yaml", "0.1", /*steps=*/"60");
+  ASSERT_TRUE(Run(o).ok()) << Run(o);
+  EXPECT_EQ(out_.str(), printed);
+  EXPECT_THAT(err_.str(),
+              HasSubstr("longer.yaml differs from the job that wrote the "
+                        "checkpoint only outside its model (training.steps)"));
+
+  std::string wide_model = testing_util::kLlamaModel;
+  wide_model.replace(wide_model.find("mlp_features: 24"), 16,
+                     "mlp_features: 32");
+  o.job = WriteJob("wide.yaml", "0.1", "1", wide_model);
+  absl::Status s = Run(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(),
+              HasSubstr("model.layers[1].llama_block.mlp_features differs "
+                        "(24 in the checkpoint, 32 in this job)"));
+  EXPECT_EQ(out_.str(), "");
+
+  o.job.clear();
+  o.overrides = {"training.steps=9", "optimizer.lr=0.5"};
+  ASSERT_TRUE(Run(o).ok()) << Run(o);
+  EXPECT_EQ(out_.str(), printed);
+  o.overrides = {"model.layers.0.embedding.vocab_size=41"};
+  s = Run(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("--set changes the model of the job "
+                                     "recorded in"));
+  EXPECT_THAT(s.message(), HasSubstr("model.layers[0].embedding.vocab_size"));
 }
 
 }  // namespace
