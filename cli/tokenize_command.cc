@@ -66,19 +66,20 @@ class MegatronWriter {
       return absl::InvalidArgumentError(absl::StrCat(
           "a document of ", ids.size(), " tokens: at most 2^31 - 1"));
     }
+    const size_t item = dtype_ == MegatronDType::kUInt16 ? 2 : 4;
+    size_t at = buffer_.size();
+    buffer_.resize(at + ids.size() * item);
     for (int64_t id : ids) {
       if (id < 0 || id > max_id) {
         return absl::InvalidArgumentError(
             absl::StrCat("id ", id, " does not fit the dataset's dtype"));
       }
-      char bytes[4];
-      if (dtype_ == MegatronDType::kUInt16) {
-        PutU16(bytes, static_cast<uint16_t>(id));
-        buffer_.append(bytes, 2);
+      if (item == 2) {
+        PutU16(buffer_.data() + at, static_cast<uint16_t>(id));
       } else {
-        PutU32(bytes, static_cast<uint32_t>(id));
-        buffer_.append(bytes, 4);
+        PutU32(buffer_.data() + at, static_cast<uint32_t>(id));
       }
+      at += item;
     }
     sizes_.push_back(static_cast<int32_t>(ids.size()));
     if (buffer_.size() >= kBufferBytes) return Flush();
