@@ -82,6 +82,29 @@ TEST_F(SentencePieceTokenizerTest, LayoutAndSpecialTokens) {
   EXPECT_EQ((*from_dir)->kind(), "sentencepiece");
 }
 
+TEST_F(SentencePieceTokenizerTest, DirectoryFallsBackFromAnUnsupportedJson) {
+  // As in a Llama-2 directory: a tokenizer.json this reader does not take
+  // (SentencePiece-style) beside the tokenizer.model it was made from.
+  const std::string dir = *dir_ + "/llama2";
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(*dir_ + "/tokenizer.model",
+                             dir + "/tokenizer.model");
+  testing::WriteText(dir + "/tokenizer.json",
+                     R"({"model": {"type": "BPE", "byte_fallback": true,
+                         "vocab": {}, "merges": []}})");
+  absl::StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::Load(dir);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->kind(), "sentencepiece");
+  // Named directly, the JSON's own error.
+  const absl::Status status = Tokenizer::Load(dir + "/tokenizer.json").status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(status.message(), HasSubstr("byte_fallback"));
+  // A broken tokenizer.json is not passed over: its error stands.
+  testing::WriteText(dir + "/tokenizer.json", "{");
+  EXPECT_EQ(Tokenizer::Load(dir).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(SentencePieceTokenizerTest, UnseenCharactersFallBackToBytes) {
   const auto t = Load();
   ASSERT_NE(t, nullptr);

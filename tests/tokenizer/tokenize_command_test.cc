@@ -152,6 +152,10 @@ TEST_F(TokenizeCommandTest, TheSameFilesOnAnyNumberOfThreads) {
 TEST_F(TokenizeCommandTest, Int32ForVocabulariesPast65536) {
   TokenizerJsonBuilder b;
   b.split_pattern = tokenizer::testing::kLlama3Pattern;
+  // A vocabulary of 70001 ids: tokens nothing merges into fill 256..69999.
+  for (int64_t id = 256; id < 70000; ++id) {
+    b.extra_tokens.push_back({"\x01" + std::to_string(id), id});
+  }
   b.added_tokens = {{"<|end_of_text|>", 70000}};
   WriteText(dir_ + "/tokenizer.json", b.Json().dump());
   options_.inputs = {dir_ + "/a.txt"};

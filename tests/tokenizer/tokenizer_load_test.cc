@@ -229,6 +229,9 @@ TEST_F(TokenizerLoadTest, RefusesInconsistentVocabulariesAndMerges) {
           "not an integer id");
   refused([](Json& j) { j["model"]["vocab"]["zz"] = 7; },
           "id 7 is given to both");
+  // Ids so sparse that tables indexed by id would be huge.
+  refused([](Json& j) { j["model"]["vocab"]["zz"] = 16000000; },
+          "far sparser than a vocabulary");
   // A byte without a token.
   refused([](Json& j) { j["model"]["vocab"].erase("a"); },
           "no token for the byte 0x61");

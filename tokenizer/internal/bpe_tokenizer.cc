@@ -91,6 +91,15 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Create(
   for (const AddedToken& token : json.added_tokens) {
     max_id = std::max(max_id, token.id);
   }
+  // Tables are indexed by id: ids far sparser than any real vocabulary
+  // (whose ids run 0..n-1, added tokens after) would make a small file cost
+  // gigabytes.
+  const size_t tokens = json.vocab.size() + json.added_tokens.size();
+  if (max_id >= static_cast<int64_t>(2 * tokens + 1024)) {
+    return Invalid("model.vocab",
+                   absl::StrCat("ids run to ", max_id, " for ", tokens,
+                                " tokens: far sparser than a vocabulary"));
+  }
   // Each id's token as the file writes it, to find two with one id.
   std::vector<const std::string*> token_of_id(max_id + 1, nullptr);
   absl::flat_hash_map<std::string, int64_t> ids;  // In the file's alphabet.

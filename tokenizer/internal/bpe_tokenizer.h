@@ -34,7 +34,8 @@ class BpeTokenizer final : public Tokenizer {
   // not: two tokens with one id; a vocabulary without a token for each of
   // the 256 bytes; a merge whose parts or result are not in the
   // vocabulary, that repeats an earlier merge, or that is cyclic (an empty
-  // part: its result is its other part); an added token whose id or
+  // part: its result is its other part); ids far sparser than the tokens
+  // (the largest past twice their number plus 1024); an added token whose id or
   // content the vocabulary gives to another, or two added tokens with one
   // id or one content.
   static absl::StatusOr<std::unique_ptr<BpeTokenizer>> Create(
