@@ -38,11 +38,14 @@ absl::StatusOr<std::vector<BpeModel::Merge>> CheckMerges(
   seen.reserve(json.merges.size());
   for (size_t rank = 0; rank < json.merges.size(); ++rank) {
     const auto& [left, right] = json.merges[rank];
-    const std::string path = absl::StrCat(
-        "model.merges[", rank, "] (", Quoted(left), " ", Quoted(right), ")");
+    // Built only for an error: a vocabulary has some 300 K merges.
+    const auto path = [&, &left = left, &right = right] {
+      return absl::StrCat("model.merges[", rank, "] (", Quoted(left), " ",
+                          Quoted(right), ")");
+    };
     if (left.empty() || right.empty()) {
       // Its result would be its other part: the merge feeds itself.
-      return Invalid(path,
+      return Invalid(path(),
                      "is cyclic: with an empty part its result is "
                      "one of its parts");
     }
@@ -52,20 +55,20 @@ absl::StatusOr<std::vector<BpeModel::Merge>> CheckMerges(
          {std::make_pair(&left, left_id), std::make_pair(&right, right_id)}) {
       if (it == ids.end()) {
         return Invalid(
-            path, absl::StrCat(Quoted(*part), " is not in the vocabulary"));
+            path(), absl::StrCat(Quoted(*part), " is not in the vocabulary"));
       }
     }
     const std::string joined = left + right;
     const auto result = ids.find(joined);
     if (result == ids.end()) {
-      return Invalid(path, absl::StrCat("its result ", Quoted(joined),
-                                        " is not in the vocabulary"));
+      return Invalid(path(), absl::StrCat("its result ", Quoted(joined),
+                                          " is not in the vocabulary"));
     }
     const auto [previous, inserted] =
         seen.emplace(std::make_pair(left_id->second, right_id->second), rank);
     if (!inserted) {
       return Invalid(
-          path, absl::StrCat("repeats model.merges[", previous->second, "]"));
+          path(), absl::StrCat("repeats model.merges[", previous->second, "]"));
     }
     // A merge of tokens outside the byte-level alphabet can never apply to
     // bytes; it stays checked but unused.
