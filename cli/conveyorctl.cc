@@ -22,6 +22,7 @@
 #include "cli/plot_command.h"        // defines: AddPlotCommand, RunPlot...
 #include "cli/run_command.h"         // defines: AddRunCommand, RunRunCommand
 #include "cli/schedule_command.h"    // defines: AddScheduleCommand, Run...
+#include "cli/tokenize_command.h"    // defines: AddTokenizeCommand, Run...
 #include "cli/validate_command.h"    // defines: AddValidateCommand, Run...
 #include "common/build_info.h"       // defines: kVersion, kGitRevision, ...
 #include "common/command_line.h"
@@ -75,6 +76,8 @@ int main(int argc, char** argv) {
   CLI::App* schedule = cli::AddScheduleCommand(app, schedule_options);
   cli::PlotCommandOptions plot_options;
   CLI::App* plot = cli::AddPlotCommand(app, plot_options);
+  cli::TokenizeCommandOptions tokenize_options;
+  CLI::App* tokenize = cli::AddTokenizeCommand(app, tokenize_options);
   cli::CompletionCommandOptions completion_options;
   CLI::App* completion = cli::AddCompletionCommand(app, completion_options);
 
@@ -97,9 +100,12 @@ int main(int argc, char** argv) {
   // and for TERM=dumb (Emacs shells, some CI logs).
   const char* no_color = std::getenv("NO_COLOR");
   const char* term = std::getenv("TERM");
-  const bool tty = isatty(STDOUT_FILENO) == 1 &&
-                   (no_color == nullptr || no_color[0] == '\0') &&
-                   (term == nullptr || std::string_view(term) != "dumb");
+  const bool plain = (no_color != nullptr && no_color[0] != '\0') ||
+                     (term != nullptr && std::string_view(term) == "dumb");
+  const bool tty = isatty(STDOUT_FILENO) == 1 && !plain;
+  // tokenize draws its bar on the error stream, leaving standard output to
+  // its summary.
+  const bool err_tty = isatty(STDERR_FILENO) == 1 && !plain;
   absl::Status status = absl::OkStatus();
   // Commands return Status; this catch is the last resort for what a library
   // may still throw (std::bad_alloc), so the user gets a message, not abort().
@@ -117,6 +123,9 @@ int main(int argc, char** argv) {
       status = cli::RunExportCommand(export_options, std::cout);
     } else if (generate->parsed()) {
       status = cli::RunGenerateCommand(generate_options, std::cout, std::cerr);
+    } else if (tokenize->parsed()) {
+      status = cli::RunTokenizeCommand(tokenize_options, err_tty, std::cout,
+                                       std::cerr);
     } else if (plot->parsed()) {
       status = cli::RunPlotCommand(plot_options, std::cout, std::cerr);
     } else if (job_commands.AnyParsed()) {
