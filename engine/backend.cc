@@ -1,6 +1,7 @@
 #include "engine/backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -234,14 +235,33 @@ void Backend::SiluMulBackward(const Tensor& gate, const Tensor& up,
   DoSiluMulBackward(gate, up, dy, dgate, dup);
 }
 
-void Backend::Rope(const Tensor& x, float theta, bool inverse, const Tensor& y,
+void Backend::Rope(const Tensor& x, const RopeFrequencies& freqs, bool inverse,
+                   const Tensor& y, const Tensor& positions,
                    int64_t first_position) {
   CONVEYOR_CHECK(x.rank() >= 2 && x.dim(-1) % 2 == 0,
                  "rope takes [..., seq, head_dim] with an even head_dim");
   CheckSameNumel(x, y, "rope output differs in size");
-  CONVEYOR_CHECK(theta > 0.0f, "rope theta must be positive");
-  CONVEYOR_CHECK(first_position >= 0, "rope positions start at 0");
-  DoRope(x, theta, inverse, y, first_position);
+  const Tensor& f = freqs.inv_freq;
+  CONVEYOR_CHECK(
+      f.defined() && f.dtype() == DType::kF32 && f.numel() == x.dim(-1) / 2,
+      "rope takes head_dim / 2 f32 inverse frequencies");
+  CONVEYOR_CHECK(host_resident() || f.backend() == this,
+                 "rope frequencies of another backend");
+  CONVEYOR_CHECK(std::isfinite(freqs.attention_factor),
+                 "rope attention factor must be finite");
+  if (positions.defined()) {
+    const int64_t batch = x.rank() >= 3 ? x.dim(0) : 1;
+    CONVEYOR_CHECK(positions.dtype() == DType::kI64 &&
+                       positions.numel() == batch * x.dim(-2),
+                   "rope positions must be i64 [batch, seq]");
+    CONVEYOR_CHECK(host_resident() || positions.backend() == this,
+                   "rope positions of another backend");
+    CONVEYOR_CHECK(first_position == 0,
+                   "rope takes positions or a first position, not both");
+  } else {
+    CONVEYOR_CHECK(first_position >= 0, "rope positions start at 0");
+  }
+  DoRope(x, freqs, inverse, y, positions, first_position);
 }
 
 void Backend::Softmax(const Tensor& x, float scale, bool causal,

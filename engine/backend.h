@@ -58,6 +58,15 @@ struct AdamParams {
   int64_t step = 1;                     // 1-based, for bias correction
 };
 
+// What Rope turns pairs by, held on the backend (engine/rope.h computes it
+// on the host for each of HF's rope_scaling types).
+struct RopeFrequencies {
+  // F32 [head_dim / 2]: HF's inv_freq.
+  Tensor inv_freq;
+  // Scales cos and sin: HF's attention_scaling (1 except for yarn).
+  float attention_factor = 1.0f;
+};
+
 struct SgdParams {
   float lr = 1e-2f, momentum = 0.0f, dampening = 0.0f, weight_decay = 0.0f;
   bool nesterov = false;
@@ -180,13 +189,19 @@ class Backend {
   void SiluMulBackward(const Tensor& gate, const Tensor& up, const Tensor& dy,
                        const Tensor& dgate, const Tensor& dup);
   // Rotary position embedding with HF's rotate_half convention on x viewed as
-  // [rows, seq, head_dim] (x's last two dimensions; head_dim even): the
-  // position of a row is first_position plus its index along seq (a
-  // decoder's KV cache feeds one new position at a time), and for
-  // i < head_dim / 2 the pair (x[i], x[i + head_dim/2]) turns by
-  // pos * theta^(-2i / head_dim). `inverse` turns the other way: the
-  // backward, since a rotation's transpose is its inverse. y may alias x.
-  void Rope(const Tensor& x, float theta, bool inverse, const Tensor& y,
+  // [batch, ..., seq, head_dim] (head_dim even; rank 2 is one batch of
+  // [seq, head_dim]): for i < head_dim / 2 the pair (x[i], x[i + head_dim/2])
+  // at position p turns by the angle p * freqs.inv_freq[i] (float(p) times
+  // the float, as HF's float32 matmul), with cos and sin both scaled by
+  // freqs.attention_factor. The position of (b, s) is positions[b, s] when
+  // `positions` is defined (I64 [batch, seq], shared by the dimensions
+  // between, such as heads: positions restart in packed documents), else
+  // first_position + s (a decoder's KV cache feeds one new position at a
+  // time); first_position must be 0 with positions. `inverse` applies the
+  // transpose, the backward (the inverse when attention_factor is 1). y may
+  // alias x.
+  void Rope(const Tensor& x, const RopeFrequencies& freqs, bool inverse,
+            const Tensor& y, const Tensor& positions = Tensor(),
             int64_t first_position = 0);
 
   // --- Attention pieces ------------------------------------------------------
@@ -282,8 +297,9 @@ class Backend {
   virtual void DoSiluMulBackward(const Tensor& gate, const Tensor& up,
                                  const Tensor& dy, const Tensor& dgate,
                                  const Tensor& dup) = 0;
-  virtual void DoRope(const Tensor& x, float theta, bool inverse,
-                      const Tensor& y, int64_t first_position) = 0;
+  virtual void DoRope(const Tensor& x, const RopeFrequencies& freqs,
+                      bool inverse, const Tensor& y, const Tensor& positions,
+                      int64_t first_position) = 0;
   virtual void DoSoftmax(const Tensor& x, float scale, bool causal,
                          const Tensor& y) = 0;
   virtual void DoSoftmaxBackward(const Tensor& y, const Tensor& dy, float scale,

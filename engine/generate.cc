@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
 #include "common/status_macros.h"
 #include "engine/layer_kinds.h"
+#include "engine/rope.h"
 
 namespace conveyor::engine {
 namespace {
@@ -70,7 +72,11 @@ double UnitDouble(std::mt19937_64& rng) {
 
 struct Generator::Block {
   int64_t heads = 0, kv_heads = 0, head_dim = 0, mlp = 0;
-  float eps = 1e-6f, rope_theta = 10000.0f;
+  float eps = 1e-6f;
+  // The rotary frequencies; for dynamic scaling they follow the length fed
+  // so far, as HF's dynamic update does (the cached keys keep the rotation
+  // they were stored with, as in HF).
+  std::optional<RopeFrequencyCache> rope;
   bool bias = false;
   Tensor input_norm, q, q_bias, k, k_bias, v, v_bias, o, post_norm, gate, up,
       down;
@@ -179,22 +185,23 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Create(
     Block& b = g->blocks_[i - 1];
     b.heads = l.heads;
     b.kv_heads = l.kv_heads;
-    b.head_dim = d / l.heads;
+    b.head_dim = l.head_dim;
     b.mlp = l.mlp_features;
     b.eps = static_cast<float>(l.eps);
-    b.rope_theta = static_cast<float>(l.rope_theta);
+    b.rope.emplace(l.rope_scaling, l.rope_theta, l.head_dim);
     b.bias = l.bias;
-    const int64_t kv = b.kv_heads * b.head_dim, m = b.mlp;
+    const int64_t q = b.heads * b.head_dim, kv = b.kv_heads * b.head_dim,
+                  m = b.mlp;
     ASSIGN_OR_RETURN(b.input_norm, load(l, "input_layernorm.weight", {d}));
-    ASSIGN_OR_RETURN(b.q, load(l, "self_attn.q_proj.weight", {d, d}));
+    ASSIGN_OR_RETURN(b.q, load(l, "self_attn.q_proj.weight", {q, d}));
     ASSIGN_OR_RETURN(b.k, load(l, "self_attn.k_proj.weight", {kv, d}));
     ASSIGN_OR_RETURN(b.v, load(l, "self_attn.v_proj.weight", {kv, d}));
     if (b.bias) {
-      ASSIGN_OR_RETURN(b.q_bias, load(l, "self_attn.q_proj.bias", {d}));
+      ASSIGN_OR_RETURN(b.q_bias, load(l, "self_attn.q_proj.bias", {q}));
       ASSIGN_OR_RETURN(b.k_bias, load(l, "self_attn.k_proj.bias", {kv}));
       ASSIGN_OR_RETURN(b.v_bias, load(l, "self_attn.v_proj.bias", {kv}));
     }
-    ASSIGN_OR_RETURN(b.o, load(l, "self_attn.o_proj.weight", {d, d}));
+    ASSIGN_OR_RETURN(b.o, load(l, "self_attn.o_proj.weight", {d, q}));
     ASSIGN_OR_RETURN(b.post_norm,
                      load(l, "post_attention_layernorm.weight", {d}));
     ASSIGN_OR_RETURN(b.gate, load(l, "mlp.gate_proj.weight", {m, d}));
@@ -306,8 +313,9 @@ absl::Status Generator::Attend(Block& b, const Tensor& x) {
   ASSIGN_OR_RETURN(Tensor q, project(b.q, b.q_bias, h));
   ASSIGN_OR_RETURN(Tensor k, project(b.k, b.k_bias, g));
   ASSIGN_OR_RETURN(Tensor v, project(b.v, b.v_bias, g));
-  be.Rope(q, b.rope_theta, /*inverse=*/false, q, /*first_position=*/p);
-  be.Rope(k, b.rope_theta, /*inverse=*/false, k, /*first_position=*/p);
+  ASSIGN_OR_RETURN(const RopeFrequencies freqs, b.rope->Get(be, t));
+  be.Rope(q, freqs, /*inverse=*/false, q, Tensor(), /*first_position=*/p);
+  be.Rope(k, freqs, /*inverse=*/false, k, Tensor(), /*first_position=*/p);
   // Append the new rows to each kv head's cache.
   const Tensor k_heads = k.Reshape({g, s, hd}), v_heads = v.Reshape({g, s, hd});
   for (int64_t j = 0; j < g; ++j) {
@@ -358,7 +366,7 @@ absl::Status Generator::Attend(Block& b, const Tensor& x) {
                          .c = context.data<float>(),
                          .ldc = hd,
                          .stride_c = r * s * hd});
-  ASSIGN_OR_RETURN(Tensor merged, be.Empty({1, s, d}, DType::kF32));
+  ASSIGN_OR_RETURN(Tensor merged, be.Empty({1, s, h * hd}, DType::kF32));
   be.MergeHeads(context, merged);
   ASSIGN_OR_RETURN(Tensor out, be.Empty({s, d}, DType::kF32));
   be.Gemm(false, true, 1.0f, merged, b.o, 0.0f, out);

@@ -13,6 +13,7 @@
 
 #include "absl/strings/string_view.h"
 #include "common/yaml_reader.h"
+#include "engine/rope.h"
 
 namespace conveyor::engine {
 
@@ -106,13 +107,19 @@ struct LayerSpec {
   int64_t vocab_size = 0;  // embedding, lm_head
   // lm_head: its weight is the first layer's (an embedding's), as a tied copy.
   bool tied = false;
-  int64_t max_positions = 0;    // embedding; 0 = no learned positions
-  int64_t heads = 0;            // attention, transformer_block, llama_block
-  int64_t kv_heads = 0;         // llama_block: resolved (heads when not given)
+  int64_t max_positions = 0;  // embedding; 0 = no learned positions
+  int64_t heads = 0;          // attention, transformer_block, llama_block
+  int64_t kv_heads = 0;       // llama_block: resolved (heads when not given)
+  // llama_block: the size of one head, resolved (features / heads when not
+  // given).
+  int64_t head_dim = 0;
   double rope_theta = 10000.0;  // llama_block
+  RopeScaling rope_scaling;     // llama_block (engine/rope.h)
   bool causal = false;          // attention, transformer_block
   // attention, transformer_block: resolved width of q, k and v (the input
-  // features when the YAML leaves it 0 or, for transformer_block, always).
+  // features when the YAML leaves it 0 or, for transformer_block, always);
+  // llama_block: the width of q, heads * head_dim (what attention's FLOPs
+  // count).
   int64_t qkv_features = 0;
   int64_t mlp_features = 0;  // transformer_block, llama_block
   bool pre_norm = false;     // transformer_block: norm: pre

@@ -67,6 +67,33 @@ struct TiedParameter {
   friend bool operator==(const TiedParameter&, const TiedParameter&) = default;
 };
 
+// The special token ids of a vocabulary as an HF config.json states them
+// (bos_token_id, eos_token_id, pad_token_id). eos may be one id or a list:
+// Llama 3's instruct models list their end-of-turn ids.
+struct SpecialTokenIds {
+  std::optional<int64_t> bos = std::nullopt;
+  std::vector<int64_t> eos = {};  // empty: none stated
+  bool eos_is_list = false;       // stated as a list, even of one id
+  std::optional<int64_t> pad = std::nullopt;
+
+  bool operator==(const SpecialTokenIds&) const = default;
+};
+
+// What a model imported from HF (model.from_hf) keeps of its config.json
+// beyond its layers, so that an export writes it back and a round trip
+// gives the same config (hf::HfConfigOfModel, docs/jobs.md).
+struct HfImportedKeys {
+  // "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM".
+  std::string architecture;
+  int64_t max_position_embeddings = 0;
+  SpecialTokenIds token_ids;
+  // As stated ("bfloat16", "float16", ...); "" when the config has none.
+  // An export states the dtype it writes.
+  std::string torch_dtype;
+
+  bool operator==(const HfImportedKeys&) const = default;
+};
+
 struct ModelSpec {
   // Per sample. Integer token ids when token_input, else float.
   std::vector<int64_t> input_shape;
@@ -87,6 +114,9 @@ struct ModelSpec {
   // (model.boundaries), and where from_hf was written, for errors.
   std::vector<int64_t> hf_boundaries;
   SourceLocation from_hf_where;
+  // With from_hf: its config.json's keys an export writes back (empty
+  // otherwise; hf::ExpandHfModel fills it).
+  HfImportedKeys hf_keys;
 
   bool remat = false;
   LossKind loss = LossKind::kMse;

@@ -1,21 +1,27 @@
 #include "hf/config.h"
 
 #include <cmath>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "common/strict_json.h"
+#include "hf/internal/config_json.h"
 #include "nlohmann/json.hpp"
 
 namespace conveyor::hf {
 namespace {
 
-using Json = nlohmann::json;
-// Keeps keys in insertion order, so the written config.json reads like the
-// ones on the Hub (architectures first).
-using OrderedJson = nlohmann::ordered_json;
+using config_internal::ConfigReader;
+using config_internal::Describe;
+using config_internal::Json;
+using config_internal::KeyError;
+using config_internal::OrderedJson;
+using config_internal::RangeMessage;
 
 // HF configs nest a few levels (rope_scaling, quantization_config,
 // id2label); the cap only keeps a hostile "[[[[..." away from recursion.
@@ -24,119 +30,6 @@ constexpr int kMaxJsonDepth = 16;
 // MistralConfig's default window: a Mistral config.json without the key
 // uses sliding-window attention.
 constexpr int64_t kMistralDefaultSlidingWindow = 4096;
-
-absl::Status KeyError(absl::string_view source, absl::string_view key,
-                      absl::string_view message) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(source, ": ", key, ": ", message));
-}
-
-// A short, printable rendition of a JSON value for error messages.
-std::string Describe(const Json& value) {
-  std::string text = value.dump(-1, ' ', /*ensure_ascii=*/true,
-                                Json::error_handler_t::replace);
-  if (text.size() > 64) text = absl::StrCat(text.substr(0, 61), "...");
-  return text;
-}
-
-std::string RangeMessage(int64_t min, int64_t max) {
-  return absl::StrCat("must be an integer in [", min, ", ", max, "]");
-}
-
-// Reads the keys of config.json's top-level object. Keys it is not asked
-// for are ignored: HF configs carry many that do not concern the weights.
-class ConfigReader {
- public:
-  ConfigReader(const Json& object, absl::string_view source)
-      : object_(object), source_(source) {}
-
-  absl::Status Error(absl::string_view key, absl::string_view message) const {
-    return KeyError(source_, key, message);
-  }
-
-  // nullptr when the key is absent or null: transformers treats both the
-  // same (the parameter's default, or None).
-  const Json* Find(absl::string_view key) const {
-    auto it = object_.find(std::string(key));
-    if (it == object_.end() || it->is_null()) return nullptr;
-    return &*it;
-  }
-
-  absl::StatusOr<int64_t> Int(absl::string_view key, int64_t min,
-                              int64_t max) const {
-    const Json* value = Find(key);
-    if (value == nullptr) {
-      // Distinguish an explicit null from a missing key in the message.
-      if (object_.contains(std::string(key))) {
-        return Error(key, absl::StrCat(RangeMessage(min, max), "; got null"));
-      }
-      return Error(key, "missing");
-    }
-    return IntValue(key, *value, min, max);
-  }
-
-  absl::StatusOr<int64_t> OptionalInt(absl::string_view key, int64_t min,
-                                      int64_t max, int64_t fallback) const {
-    const Json* value = Find(key);
-    if (value == nullptr) return fallback;
-    return IntValue(key, *value, min, max);
-  }
-
-  absl::StatusOr<double> OptionalNumber(absl::string_view key,
-                                        double fallback) const {
-    const Json* value = Find(key);
-    if (value == nullptr) return fallback;
-    if (!value->is_number()) {
-      return Error(key,
-                   absl::StrCat("must be a number; got ", Describe(*value)));
-    }
-    return value->get<double>();
-  }
-
-  absl::StatusOr<bool> OptionalBool(absl::string_view key,
-                                    bool fallback) const {
-    const Json* value = Find(key);
-    if (value == nullptr) return fallback;
-    if (!value->is_boolean()) {
-      return Error(
-          key, absl::StrCat("must be true or false; got ", Describe(*value)));
-    }
-    return value->get<bool>();
-  }
-
-  absl::StatusOr<std::string> OptionalString(absl::string_view key,
-                                             absl::string_view fallback) const {
-    const Json* value = Find(key);
-    if (value == nullptr) return std::string(fallback);
-    if (!value->is_string()) {
-      return Error(key,
-                   absl::StrCat("must be a string; got ", Describe(*value)));
-    }
-    return value->get<std::string>();
-  }
-
- private:
-  absl::StatusOr<int64_t> IntValue(absl::string_view key, const Json& value,
-                                   int64_t min, int64_t max) const {
-    // 2048.0 is not an integer to transformers either (it would build
-    // tensors with a float size and fail).
-    bool in_range = false;
-    if (value.is_number_unsigned()) {
-      in_range = value.get<uint64_t>() <= static_cast<uint64_t>(max) &&
-                 static_cast<int64_t>(value.get<uint64_t>()) >= min;
-    } else if (value.is_number_integer()) {
-      in_range = value.get<int64_t>() >= min && value.get<int64_t>() <= max;
-    }
-    if (!in_range) {
-      return Error(
-          key, absl::StrCat(RangeMessage(min, max), "; got ", Describe(value)));
-    }
-    return value.get<int64_t>();
-  }
-
-  const Json& object_;
-  absl::string_view source_;
-};
 
 std::string SupportedArchitectures() {
   return absl::StrCat(kLlamaArchitecture, ", ", kMistralArchitecture, ", ",
@@ -173,6 +66,18 @@ absl::StatusOr<std::string> ParseArchitecture(const ConfigReader& reader,
 }
 
 }  // namespace
+
+bool HfLlamaConfig::operator==(const HfLlamaConfig& other) const {
+  auto model = [](const HfLlamaConfig& c) {
+    return std::tie(
+        c.architecture, c.model_type, c.hidden_size, c.intermediate_size,
+        c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
+        c.rms_norm_eps, c.rope_theta, c.rope_scaling, c.explicit_head_dim,
+        c.vocab_size, c.max_position_embeddings, c.tie_word_embeddings,
+        c.attention_bias, c.hidden_act, c.token_ids);
+  };
+  return model(*this) == model(other);
+}
 
 absl::string_view TorchDTypeName(HfDType dtype) {
   return dtype == HfDType::kBF16 ? "bfloat16" : "float32";
@@ -214,14 +119,24 @@ absl::Status ValidateHfLlamaConfig(const HfLlamaConfig& config,
           absl::StrCat(RangeMessage(1, kMaxHfDimension), "; got ", size));
     }
   }
-  if (config.hidden_size % config.num_attention_heads != 0) {
+  if (config.explicit_head_dim != 0) {
+    // Rotary embedding rotates pairs of a head's features.
+    if (config.explicit_head_dim < 0 || config.explicit_head_dim % 2 != 0 ||
+        config.explicit_head_dim * config.num_attention_heads >
+            kMaxHfDimension) {
+      return KeyError(
+          source, "head_dim",
+          absl::StrCat("must be even, positive, and at most ", kMaxHfDimension,
+                       " times num_attention_heads; got ",
+                       config.explicit_head_dim));
+    }
+  } else if (config.hidden_size % config.num_attention_heads != 0) {
     return KeyError(
         source, "num_attention_heads",
-        absl::StrCat("must divide hidden_size = ", config.hidden_size, "; got ",
+        absl::StrCat("must divide hidden_size = ", config.hidden_size,
+                     " (or head_dim must be given); got ",
                      config.num_attention_heads));
-  }
-  // Rotary embedding rotates pairs of a head's features.
-  if (config.head_dim() % 2 != 0) {
+  } else if (config.head_dim() % 2 != 0) {
     return KeyError(
         source, "num_attention_heads",
         absl::StrCat("gives an odd head size ", config.head_dim(),
@@ -244,6 +159,27 @@ absl::Status ValidateHfLlamaConfig(const HfLlamaConfig& config,
     return KeyError(
         source, "rope_theta",
         absl::StrCat("must be positive and finite; got ", config.rope_theta));
+  }
+  if (const std::optional<engine::RopeScalingProblem> problem =
+          engine::CheckRopeScaling(config.rope_scaling, config.rope_theta,
+                                   config.head_dim())) {
+    const bool top_level =
+        problem->key == "rope_theta" || problem->key == "head_dim";
+    return KeyError(
+        source,
+        top_level ? problem->key : absl::StrCat("rope_scaling.", problem->key),
+        problem->message);
+  }
+  if (config.rope_scaling.type == engine::RopeType::kDynamic &&
+      config.rope_scaling.original_max_position_embeddings !=
+          config.max_position_embeddings) {
+    return KeyError(
+        source, "rope_scaling.original_max_position_embeddings",
+        absl::StrCat("must equal max_position_embeddings (",
+                     config.max_position_embeddings,
+                     ") for rope_type dynamic, whose theta HF grows past "
+                     "max_position_embeddings; got ",
+                     config.rope_scaling.original_max_position_embeddings));
   }
   if (config.hidden_act != "silu") {
     return KeyError(
@@ -302,13 +238,17 @@ absl::StatusOr<HfLlamaConfig> ParseHfLlamaConfig(absl::string_view json_text,
   const bool qwen2 = c.architecture == kQwen2Architecture;
   ASSIGN_OR_RETURN(c.attention_bias, r.OptionalBool("attention_bias", qwen2));
 
-  // Keys the struct does not keep, because only one value is supported.
-  if (const Json* v = r.Find("rope_scaling"); v != nullptr) {
-    return r.Error("rope_scaling",
-                   absl::StrCat("must be null (RoPE scaling is not "
-                                "supported); got ",
-                                Describe(*v)));
+  ASSIGN_OR_RETURN(c.explicit_head_dim, r.OptionalInt("head_dim", 1, kMax, 0));
+  // Kept only where it says something hidden_size / heads does not.
+  if (c.hidden_size % c.num_attention_heads == 0 &&
+      c.explicit_head_dim == c.hidden_size / c.num_attention_heads) {
+    c.explicit_head_dim = 0;
   }
+  RETURN_IF_ERROR(config_internal::ParseRope(r, file_name, c));
+  RETURN_IF_ERROR(config_internal::ParseTokenIds(r, c.token_ids));
+  ASSIGN_OR_RETURN(c.torch_dtype, r.OptionalString("torch_dtype", ""));
+
+  // Keys the struct does not keep, because only one value is supported.
   ASSIGN_OR_RETURN(const bool mlp_bias, r.OptionalBool("mlp_bias", false));
   if (mlp_bias) {
     return r.Error("mlp_bias",
@@ -341,15 +281,6 @@ absl::StatusOr<HfLlamaConfig> ParseHfLlamaConfig(absl::string_view json_text,
     }
   }
   RETURN_IF_ERROR(ValidateHfLlamaConfig(c, file_name));
-  // After validation: the head size is only meaningful once the heads
-  // divide hidden_size.
-  ASSIGN_OR_RETURN(const int64_t head_dim,
-                   r.OptionalInt("head_dim", 1, kMax, c.head_dim()));
-  if (head_dim != c.head_dim()) {
-    return r.Error("head_dim",
-                   absl::StrCat("must be hidden_size / num_attention_heads = ",
-                                c.head_dim(), "; got ", head_dim));
-  }
   return c;
 }
 
@@ -366,10 +297,18 @@ std::string HfLlamaConfigJson(const HfLlamaConfig& config, HfDType dtype) {
   j["hidden_act"] = config.hidden_act;
   j["rms_norm_eps"] = config.rms_norm_eps;
   j["rope_theta"] = config.rope_theta;
-  j["rope_scaling"] = nullptr;
+  j["rope_scaling"] = config_internal::RopeScalingJson(config);
   j["vocab_size"] = config.vocab_size;
   j["max_position_embeddings"] = config.max_position_embeddings;
   j["tie_word_embeddings"] = config.tie_word_embeddings;
+  const engine::SpecialTokenIds& ids = config.token_ids;
+  if (ids.bos.has_value()) j["bos_token_id"] = *ids.bos;
+  if (ids.eos_is_list) {
+    j["eos_token_id"] = ids.eos;
+  } else if (!ids.eos.empty()) {
+    j["eos_token_id"] = ids.eos.front();
+  }
+  if (ids.pad.has_value()) j["pad_token_id"] = *ids.pad;
   if (config.architecture == kLlamaArchitecture) {
     j["attention_bias"] = false;
     j["mlp_bias"] = false;

@@ -5,8 +5,11 @@
 //
 // Anything the layout cannot represent is refused rather than approximated:
 // a checkpoint loaded with the wrong RoPE scaling, window or head size would
-// run and quietly compute something else. Keys that do not change the
-// parameters or the forward pass (token ids, dropout, use_cache, ...) are
+// run and quietly compute something else. RoPE scaling of HF's default,
+// linear, dynamic, yarn and llama3 types and an explicit head_dim are
+// represented (engine/rope.h). Of the keys that do not change the
+// parameters or the forward pass, the special token ids and torch_dtype
+// are kept for a round trip; the others (dropout, use_cache, ...) are
 // ignored, as transformers ignores keys it does not know.
 //
 // Thread-safety: plain data and pure functions.
@@ -19,6 +22,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "engine/model_spec.h"
+#include "engine/rope.h"
 
 namespace conveyor::hf {
 
@@ -50,6 +55,14 @@ struct HfLlamaConfig {
   int64_t num_key_value_heads = 0;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
+  // rope_scaling (or transformers 5's rope_parameters); kDefault for null.
+  // For dynamic, original_max_position_embeddings is max_position_embeddings
+  // (the length HF grows theta past); for yarn it defaults to it.
+  engine::RopeScaling rope_scaling;
+  // The head size when config.json states one other than hidden_size /
+  // num_attention_heads (Qwen3, Gemma, Mistral-Nemo), or heads that do not
+  // divide hidden_size; 0 otherwise. head_dim() resolves it.
+  int64_t explicit_head_dim = 0;
   int64_t vocab_size = 0;
   int64_t max_position_embeddings = 0;
   // lm_head shares model.embed_tokens.weight and is not stored.
@@ -61,10 +74,22 @@ struct HfLlamaConfig {
   bool attention_bias = false;
   // Always "silu" (SwiGLU).
   std::string hidden_act = "silu";
+  // bos_token_id, eos_token_id (one or a list), pad_token_id: kept, used by
+  // nothing here.
+  engine::SpecialTokenIds token_ids;
+  // torch_dtype as read ("" when absent). A written config states the dtype
+  // it is written with instead (HfLlamaConfigJson).
+  std::string torch_dtype;
 
-  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  int64_t head_dim() const {
+    return explicit_head_dim > 0 ? explicit_head_dim
+                                 : hidden_size / num_attention_heads;
+  }
 
-  bool operator==(const HfLlamaConfig&) const = default;
+  // Equal configs describe the same model: every field but torch_dtype,
+  // which says how the tensors happened to be stored. (A new field must
+  // join the comparison in config.cc.)
+  bool operator==(const HfLlamaConfig& other) const;
 };
 
 // The model_type transformers expects for `architecture`, or "" if the
@@ -84,18 +109,22 @@ absl::Status ValidateHfLlamaConfig(const HfLlamaConfig& config,
 // architectures agree on one (num_key_value_heads, rms_norm_eps 1e-6,
 // rope_theta 10000, tie_word_embeddings false, hidden_act silu, the
 // attention biases); the sizes, vocab_size and max_position_embeddings are
-// required. Refused: another architecture, rope_scaling other than null,
-// a sliding window in use, a head_dim other than hidden_size /
-// num_attention_heads, hidden_act other than silu, mlp_bias true, Llama's
-// attention_bias true, sizes outside [1, kMaxHfDimension], heads that do not
-// divide hidden_size into an even head size, kv heads that do not divide the
-// heads, and values of the wrong JSON type.
+// required. Refused: another architecture, a rope_type other than default,
+// linear, dynamic, yarn and llama3 (or one missing the keys HF requires, or
+// with values engine::CheckRopeScaling refuses), partial_rotary_factor other
+// than 1, a sliding window in use, an odd head_dim, hidden_act other than
+// silu, mlp_bias true, Llama's attention_bias true, sizes outside [1,
+// kMaxHfDimension], heads that do not divide hidden_size into an even head
+// size when head_dim is not given, kv heads that do not divide the heads,
+// token ids that are not integers, and values of the wrong JSON type.
 absl::StatusOr<HfLlamaConfig> ParseHfLlamaConfig(absl::string_view json_text,
                                                  absl::string_view file_name);
 
 // A config.json for `config` that transformers' from_pretrained accepts
 // (for the config's architecture) and ParseHfLlamaConfig parses back to
-// `config`. `config` should satisfy ValidateHfLlamaConfig.
+// `config` (but for torch_dtype, which states `dtype`): rope_scaling and
+// head_dim included, and the special token ids when stated. `config`
+// should satisfy ValidateHfLlamaConfig.
 std::string HfLlamaConfigJson(const HfLlamaConfig& config, HfDType dtype);
 
 }  // namespace conveyor::hf

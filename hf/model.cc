@@ -51,7 +51,9 @@ absl::Status ExpandHfModel(const HfLlamaConfig& config,
   auto error = [&](absl::string_view message) {
     return YamlError(spec->from_hf_where, "model.from_hf", message);
   };
-  if (seq > config.max_position_embeddings) {
+  // Dynamic scaling is for sequences past max_position_embeddings.
+  if (seq > config.max_position_embeddings &&
+      config.rope_scaling.type != engine::RopeType::kDynamic) {
     return error(absl::StrCat("input_shape has ", seq,
                               " tokens, more than the checkpoint's "
                               "max_position_embeddings (",
@@ -79,9 +81,11 @@ absl::Status ExpandHfModel(const HfLlamaConfig& config,
                                     absl::StrCat("layers.", i));
     block.heads = config.num_attention_heads;
     block.kv_heads = config.num_key_value_heads;
+    block.head_dim = config.head_dim();
     block.mlp_features = config.intermediate_size;
     block.eps = config.rms_norm_eps;
     block.rope_theta = config.rope_theta;
+    block.rope_scaling = config.rope_scaling;
     block.bias = config.attention_bias;
     layers.push_back(std::move(block));
   }
@@ -96,6 +100,10 @@ absl::Status ExpandHfModel(const HfLlamaConfig& config,
   layers.push_back(std::move(head));
 
   RETURN_IF_ERROR(engine::AssembleModel(std::move(layers), stage_begin, spec));
+  spec->hf_keys = {.architecture = config.architecture,
+                   .max_position_embeddings = config.max_position_embeddings,
+                   .token_ids = config.token_ids,
+                   .torch_dtype = config.torch_dtype};
   spec->loss = engine::LossKind::kCrossEntropy;
   spec->target_shape = {seq};
   spec->integer_targets = true;
@@ -124,15 +132,36 @@ absl::StatusOr<HfLlamaConfig> HfConfigOfModel(const engine::ModelSpec& model,
   config.num_hidden_layers = static_cast<int64_t>(layers.size()) - 3;
   config.num_attention_heads = first.heads;
   config.num_key_value_heads = first.kv_heads;
+  // Stated only where features / heads does not give it.
+  config.explicit_head_dim =
+      embed.features % first.heads == 0 &&
+              first.head_dim == embed.features / first.heads
+          ? 0
+          : first.head_dim;
   config.intermediate_size = first.mlp_features;
   config.rms_norm_eps = first.eps;
   config.rope_theta = first.rope_theta;
+  config.rope_scaling = first.rope_scaling;
   config.attention_bias = first.bias;
   config.architecture =
       std::string(first.bias ? kQwen2Architecture : kLlamaArchitecture);
-  config.model_type = std::string(ModelTypeFor(config.architecture));
   config.max_position_embeddings =
       std::max(max_positions, model.input_shape.at(0));
+  // Dynamic scaling grows theta past max_position_embeddings: it must be
+  // the length the model's scaling starts at.
+  if (first.rope_scaling.type == engine::RopeType::kDynamic) {
+    config.max_position_embeddings =
+        first.rope_scaling.original_max_position_embeddings;
+  }
+  // Imported: what its config.json said beyond the layers.
+  const engine::HfImportedKeys& imported = model.hf_keys;
+  if (!imported.architecture.empty()) {
+    config.architecture = imported.architecture;
+    config.max_position_embeddings = imported.max_position_embeddings;
+    config.token_ids = imported.token_ids;
+    config.torch_dtype = imported.torch_dtype;
+  }
+  config.model_type = std::string(ModelTypeFor(config.architecture));
   for (size_t i = 1; i + 2 < layers.size(); ++i) {
     const engine::LayerSpec& b = layers[i];
     if (b.kind != engine::LayerKind::kLlamaBlock) {
@@ -141,8 +170,9 @@ absl::StatusOr<HfLlamaConfig> HfConfigOfModel(const engine::ModelSpec& model,
                       "rmsnorm must be a llama_block");
     }
     if (b.heads != first.heads || b.kv_heads != first.kv_heads ||
-        b.mlp_features != first.mlp_features || b.eps != first.eps ||
-        b.rope_theta != first.rope_theta || b.bias != first.bias) {
+        b.head_dim != first.head_dim || b.mlp_features != first.mlp_features ||
+        b.eps != first.eps || b.rope_theta != first.rope_theta ||
+        b.rope_scaling != first.rope_scaling || b.bias != first.bias) {
       return NotLlama(b, absl::StrCat("its options differ from the first "
                                       "llama_block's (layer 1); an HF config "
                                       "has one set for all blocks"));

@@ -134,6 +134,7 @@ bool IsIgnorableHfTensor(absl::string_view hf_name) {
 TensorShapes ExpectedLlamaTensors(const HfLlamaConfig& config) {
   const int64_t n = config.num_hidden_layers;
   const int64_t h = config.hidden_size;
+  const int64_t q = config.num_attention_heads * config.head_dim();
   const int64_t kv = config.num_key_value_heads * config.head_dim();
   const int64_t inter = config.intermediate_size;
   TensorShapes tensors;
@@ -146,13 +147,13 @@ TensorShapes ExpectedLlamaTensors(const HfLlamaConfig& config) {
       tensors.emplace_back(absl::StrCat(prefix, suffix), std::move(shape));
     };
     add("input_layernorm.weight", {h});
-    add("self_attn.q_proj.weight", {h, h});
-    if (config.attention_bias) add("self_attn.q_proj.bias", {h});
+    add("self_attn.q_proj.weight", {q, h});
+    if (config.attention_bias) add("self_attn.q_proj.bias", {q});
     add("self_attn.k_proj.weight", {kv, h});
     if (config.attention_bias) add("self_attn.k_proj.bias", {kv});
     add("self_attn.v_proj.weight", {kv, h});
     if (config.attention_bias) add("self_attn.v_proj.bias", {kv});
-    add("self_attn.o_proj.weight", {h, h});
+    add("self_attn.o_proj.weight", {h, q});
     add("post_attention_layernorm.weight", {h});
     add("mlp.gate_proj.weight", {inter, h});
     add("mlp.up_proj.weight", {inter, h});

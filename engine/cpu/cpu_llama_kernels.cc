@@ -1,7 +1,8 @@
 // The Llama-family kernels of the CPU backend: RMS normalization, the SwiGLU
 // gate and rotary position embedding. Reductions accumulate in double, as in
 // cpu_nn_kernels.cc; the rotary angles are computed in float the way HF's
-// LlamaRotaryEmbedding computes them, so that both see the same rotation.
+// LlamaRotaryEmbedding computes them (from the inverse frequencies of
+// engine/rope.h), so that both see the same rotation.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -101,30 +102,44 @@ void CpuBackend::DoSiluMulBackward(const Tensor& gate, const Tensor& up,
   });
 }
 
-void CpuBackend::DoRope(const Tensor& x, float theta, bool inverse,
-                        const Tensor& y, int64_t first_position) {
+void CpuBackend::DoRope(const Tensor& x, const RopeFrequencies& freqs,
+                        bool inverse, const Tensor& y, const Tensor& positions,
+                        int64_t first_position) {
   const int64_t dim = x.dim(-1), half = dim / 2, seq = x.dim(-2);
   const int64_t rows = x.numel() / std::max<int64_t>(dim, 1);
-  // cos and sin per (position, frequency), as HF builds them: inv_freq =
-  // 1 / theta^(2i / dim) and the angle pos * inv_freq, all in float.
-  std::vector<float> cos(seq * half), sin(seq * half);
-  for (int64_t i = 0; i < half; ++i) {
-    const float inv_freq = 1.0f / std::pow(theta, static_cast<float>(2 * i) /
-                                                      static_cast<float>(dim));
-    for (int64_t p = 0; p < seq; ++p) {
-      const float angle = static_cast<float>(first_position + p) * inv_freq;
-      cos[p * half + i] = std::cos(angle);
-      sin[p * half + i] = inverse ? -std::sin(angle) : std::sin(angle);
+  const int64_t batch = x.rank() >= 3 ? x.dim(0) : 1;
+  if (rows == 0 || batch == 0) return;
+  const int64_t rows_per_batch = rows / batch;
+  // cos and sin per (position, frequency), as HF builds them: the angle is
+  // float(pos) * inv_freq, and both are scaled by the attention factor.
+  // One table row per sequence index, or per (batch, index) with explicit
+  // positions: heads share them either way.
+  const int64_t* pos =
+      positions.defined() ? positions.data<int64_t>() : nullptr;
+  const int64_t table_rows = pos != nullptr ? batch * seq : seq;
+  const float* inv_freq = freqs.inv_freq.data<float>();
+  const float scale = freqs.attention_factor;
+  std::vector<float> cos(table_rows * half), sin(table_rows * half);
+  float *pc = cos.data(), *ps = sin.data();
+  // A cos and a sin cost tens of element operations each.
+  ParallelForRows(table_rows, 32 * half, [=](int64_t t) {
+    const int64_t p = pos != nullptr ? pos[t] : first_position + t;
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(p) * inv_freq[i];
+      const float c = std::cos(angle) * scale, s = std::sin(angle) * scale;
+      pc[t * half + i] = c;
+      ps[t * half + i] = inverse ? -s : s;
     }
-  }
+  });
   const float* px = F(x);
   float* py = F(y);
-  const float *pc = cos.data(), *ps = sin.data();
   ParallelForRows(rows, dim, [=](int64_t r) {
     const float* in = px + r * dim;
     float* out = py + r * dim;
-    const float* c = pc + (r % seq) * half;
-    const float* s = ps + (r % seq) * half;
+    const int64_t t =
+        (pos != nullptr ? (r / rows_per_batch) * seq : 0) + r % seq;
+    const float* c = pc + t * half;
+    const float* s = ps + t * half;
     for (int64_t i = 0; i < half; ++i) {
       // Read both halves before writing: y may alias x.
       const float a = in[i], b = in[i + half];

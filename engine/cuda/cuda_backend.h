@@ -171,7 +171,8 @@ class CudaBackend final : public Backend {
                  const Tensor& y) override;
   void DoSiluMulBackward(const Tensor& gate, const Tensor& up, const Tensor& dy,
                          const Tensor& dgate, const Tensor& dup) override;
-  void DoRope(const Tensor& x, float theta, bool inverse, const Tensor& y,
+  void DoRope(const Tensor& x, const RopeFrequencies& freqs, bool inverse,
+              const Tensor& y, const Tensor& positions,
               int64_t first_position) override;
   void DoSoftmax(const Tensor& x, float scale, bool causal,
                  const Tensor& y) override;

@@ -166,13 +166,27 @@ void CudaBackend::DoSiluMulBackward(const Tensor& gate, const Tensor& up,
                       stream());
 }
 
-void CudaBackend::DoRope(const Tensor& x, float theta, bool inverse,
-                         const Tensor& y, int64_t first_position) {
-  const int64_t dim = x.dim(-1), seq = x.dim(-2);
-  const int64_t rows = x.numel() / std::max<int64_t>(dim * seq, 1);
+void CudaBackend::DoRope(const Tensor& x, const RopeFrequencies& freqs,
+                         bool inverse, const Tensor& y, const Tensor& positions,
+                         int64_t first_position) {
+  const int64_t dim = x.dim(-1);
+  const int64_t rows = x.numel() / std::max<int64_t>(dim, 1);
+  const int64_t batch = x.rank() >= 3 ? x.dim(0) : 1;
+  if (rows == 0 || batch == 0) return;
   Activate();
-  ci::Rope(F(x), rows, seq, dim, first_position, theta, inverse, F(y),
-           stream());
+  ci::Rope(
+      {.x = F(x),
+       .y = F(y),
+       .rows = rows,
+       .seq = x.dim(-2),
+       .dim = dim,
+       .rows_per_batch = rows / batch,
+       .inv_freq = F(freqs.inv_freq),
+       .attention_factor = freqs.attention_factor,
+       .positions = positions.defined() ? Ptr<int64_t>(positions) : nullptr,
+       .first_position = first_position,
+       .inverse = inverse},
+      stream());
 }
 
 // --- Attention pieces --------------------------------------------------------

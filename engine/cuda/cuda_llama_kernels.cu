@@ -2,9 +2,9 @@
 // engine/cpu/cpu_llama_kernels.cc. RMS norm runs one block per row and
 // reduces with BlockSum (a fixed tree, bitwise repeatable); its weight
 // gradient is a deterministic ColumnSum. Rotary angles follow HF's float
-// computation (inv_freq = 1 / theta^(2i / dim), angle = pos * inv_freq) with
-// full-precision sincosf, not the fast intrinsics: angles reach the sequence
-// length in radians.
+// computation (angle = float(pos) * inv_freq, the frequencies computed on
+// the host by engine/rope.h) with full-precision sincosf, not the fast
+// intrinsics: angles reach the sequence length in radians.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -82,28 +82,35 @@ struct SiluMulBackwardOp {
   }
 };
 
-// One thread per (row, position, pair): reads both halves before writing,
-// so y may alias x.
+// One thread per (row, pair), a row being one position of one [seq, dim]
+// matrix: reads both halves before writing, so y may alias x. The rotation
+// is rounded as the CPU's (no fused multiply-add), so that both backends
+// agree to the accuracy of their sines and cosines.
 struct RopeOp {
   const float* x;
   float* y;
-  int64_t seq, dim, first_position;
-  float theta;
+  const float* inv_freq;
+  const int64_t* positions;  // [batch, seq], or nullptr
+  int64_t seq, dim, rows_per_batch, first_position;
+  float attention_factor;
   bool inverse;
   __device__ void operator()(int64_t i) const {
     const int64_t half = dim / 2;
-    const int64_t pair = i % half, row = i / half;  // row of [rows * seq]
-    const int64_t pos = first_position + row % seq;
-    const float inv_freq = 1.0f / powf(theta, static_cast<float>(2 * pair) /
-                                                  static_cast<float>(dim));
+    const int64_t pair = i % half, row = i / half;
+    const int64_t s_index = row % seq;
+    const int64_t pos = positions != nullptr
+                            ? positions[(row / rows_per_batch) * seq + s_index]
+                            : first_position + s_index;
     float s, c;
-    sincosf(static_cast<float>(pos) * inv_freq, &s, &c);
+    sincosf(__fmul_rn(static_cast<float>(pos), inv_freq[pair]), &s, &c);
+    c = __fmul_rn(c, attention_factor);
+    s = __fmul_rn(s, attention_factor);
     if (inverse) s = -s;
     const float* in = x + row * dim;
     float* out = y + row * dim;
     const float a = in[pair], b = in[pair + half];
-    out[pair] = a * c - b * s;
-    out[pair + half] = b * c + a * s;
+    out[pair] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    out[pair + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
   }
 };
 
@@ -143,11 +150,13 @@ void SiluMulBackward(const float* gate, const float* up, const float* dy,
   ForEach(n, SiluMulBackwardOp{gate, up, dy, dgate, dup}, stream);
 }
 
-void Rope(const float* x, int64_t rows, int64_t seq, int64_t dim,
-          int64_t first_position, float theta, bool inverse, float* y,
-          cudaStream_t stream) {
-  ForEach(rows * seq * (dim / 2),
-          RopeOp{x, y, seq, dim, first_position, theta, inverse}, stream);
+void Rope(const RopeArgs& a, cudaStream_t stream) {
+  if (a.rows <= 0 || a.dim <= 0) return;
+  ForEach(
+      a.rows * (a.dim / 2),
+      RopeOp{a.x, a.y, a.inv_freq, a.positions, a.seq, a.dim, a.rows_per_batch,
+             a.first_position, a.attention_factor, a.inverse},
+      stream);
 }
 
 }  // namespace conveyor::engine::cuda_internal

@@ -17,20 +17,29 @@ namespace conveyor::engine {
 absl::StatusOr<std::unique_ptr<LlamaAttention>> LlamaAttention::Create(
     Backend* backend, const std::string& prefix,
     const LlamaAttentionOptions& o) {
-  if (o.heads < 1 || o.features % o.heads != 0 ||
-      (o.features / o.heads) % 2 != 0) {
+  if (o.heads < 1 ||
+      (o.head_dim == 0 &&
+       (o.features % o.heads != 0 || (o.features / o.heads) % 2 != 0)) ||
+      o.head_dim < 0 || o.head_dim % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "llama attention: features (", o.features, ") must split into heads (",
-        o.heads, ") of an even head_dim"));
+        "llama attention: features (", o.features, "), heads (", o.heads,
+        ") and head_dim (", o.head_dim,
+        ") must give an even head size (head_dim 0: features / heads)"));
   }
   if (o.kv_heads < 1 || o.heads % o.kv_heads != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("llama attention: kv_heads (", o.kv_heads,
                      ") must divide heads (", o.heads, ")"));
   }
-  std::unique_ptr<LlamaAttention> a(new LlamaAttention(backend, o));
-  const int64_t d = o.features, q_width = d,
-                kv_width = o.kv_heads * a->head_dim_;
+  const int64_t head_dim = o.head_dim > 0 ? o.head_dim : o.features / o.heads;
+  if (const auto problem =
+          CheckRopeScaling(o.rope_scaling, o.rope_theta, head_dim)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llama attention: rope ", problem->key, ": ", problem->message));
+  }
+  std::unique_ptr<LlamaAttention> a(new LlamaAttention(backend, o, head_dim));
+  const int64_t d = o.features, q_width = o.heads * head_dim,
+                kv_width = o.kv_heads * head_dim;
   ASSIGN_OR_RETURN(
       a->q_, MakeParameter(backend, prefix + "q_proj.weight", {q_width, d}));
   ASSIGN_OR_RETURN(
@@ -79,8 +88,9 @@ absl::StatusOr<Tensor> LlamaAttention::Forward(const Tensor& x, Stash& stash) {
   ASSIGN_OR_RETURN(Tensor q, project(q_, q_bias_, h));
   ASSIGN_OR_RETURN(Tensor k, project(k_, k_bias_, g));
   ASSIGN_OR_RETURN(Tensor v, project(v_, v_bias_, g));
-  be.Rope(q, o_.rope_theta, /*inverse=*/false, q);
-  be.Rope(k, o_.rope_theta, /*inverse=*/false, k);
+  ASSIGN_OR_RETURN(const RopeFrequencies freqs, rope_.Get(be, s));
+  be.Rope(q, freqs, /*inverse=*/false, q);
+  be.Rope(k, freqs, /*inverse=*/false, k);
 
   ASSIGN_OR_RETURN(Tensor scores, be.Empty({b, h, s, s}, DType::kF32));
   be.GemmStridedBatched(
@@ -128,9 +138,10 @@ absl::StatusOr<Tensor> LlamaAttention::BackwardInput(const Tensor& dy,
   ASSIGN_OR_RETURN(Tensor dk, be.Empty({b, g, s, d}, DType::kF32));
   be.GemmStridedBatched(
       HeadGemm(b * g, true, false, s, d, r * s, d_scores, s, q, d, 0.0f, dk));
-  // Undo the rotation (its transpose), then back to [B, S, heads * D].
-  be.Rope(dq, o_.rope_theta, /*inverse=*/true, dq);
-  be.Rope(dk, o_.rope_theta, /*inverse=*/true, dk);
+  // The rotation's transpose, then back to [B, S, heads * D].
+  ASSIGN_OR_RETURN(const RopeFrequencies freqs, rope_.Get(be, s));
+  be.Rope(dq, freqs, /*inverse=*/true, dq);
+  be.Rope(dk, freqs, /*inverse=*/true, dk);
   ASSIGN_OR_RETURN(Tensor dq_flat, be.Empty({b, s, h * d}, DType::kF32));
   ASSIGN_OR_RETURN(Tensor dk_flat, be.Empty({b, s, g * d}, DType::kF32));
   ASSIGN_OR_RETURN(Tensor dv_flat, be.Empty({b, s, g * d}, DType::kF32));

@@ -2,7 +2,9 @@
 // q, k, v and o projections, grouped-query attention (kv_heads dividing
 // heads; each group of heads / kv_heads query heads shares one key and value
 // head), rotary position embedding with HF's rotate_half convention on q and
-// k, and a causal mask. Input and output [B, S, d]; head_dim = d / heads.
+// k (frequencies as HF's rope_scaling types compute them, engine/rope.h),
+// and a causal mask. Input and output [B, S, d]; head_dim is d / heads
+// unless given (Qwen3 and Gemma-style heads wider or narrower than that).
 //
 // Parameters, in HF's registration order: q_proj.weight [heads * head_dim, d],
 // q_proj.bias, k_proj.weight [kv_heads * head_dim, d], k_proj.bias,
@@ -15,6 +17,7 @@
 #include <string>
 
 #include "engine/layer.h"
+#include "engine/rope.h"
 
 namespace conveyor::engine {
 
@@ -22,14 +25,18 @@ struct LlamaAttentionOptions {
   int64_t features = 0;
   int64_t heads = 1;
   int64_t kv_heads = 1;
-  float rope_theta = 10000.0f;
+  // 0: features / heads.
+  int64_t head_dim = 0;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling = {};
   bool bias = false;  // on q, k and v
 };
 
 class LlamaAttention final : public Layer {
  public:
-  // InvalidArgument unless heads divides features into an even head_dim and
-  // kv_heads divides heads.
+  // InvalidArgument unless the head size is even (heads divides features
+  // into one when head_dim is 0), kv_heads divides heads and the rope
+  // scaling passes CheckRopeScaling.
   static absl::StatusOr<std::unique_ptr<LlamaAttention>> Create(
       Backend* backend, const std::string& prefix,
       const LlamaAttentionOptions& options);
@@ -42,12 +49,17 @@ class LlamaAttention final : public Layer {
   void ReleaseForWeightBackward(Stash& stash) override;
 
  private:
-  LlamaAttention(Backend* backend, const LlamaAttentionOptions& o)
-      : backend_(backend), o_(o), head_dim_(o.features / o.heads) {}
+  LlamaAttention(Backend* backend, const LlamaAttentionOptions& o,
+                 int64_t head_dim)
+      : backend_(backend),
+        o_(o),
+        head_dim_(head_dim),
+        rope_(o.rope_scaling, o.rope_theta, head_dim) {}
 
   Backend* backend_;
   LlamaAttentionOptions o_;
   int64_t head_dim_;
+  RopeFrequencyCache rope_;
   Parameter q_, q_bias_, k_, k_bias_, v_, v_bias_, out_;
 };
 

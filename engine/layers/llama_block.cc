@@ -21,7 +21,9 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeLlamaBlock(
                                           {.features = d,
                                            .heads = o.heads,
                                            .kv_heads = o.kv_heads,
+                                           .head_dim = o.head_dim,
                                            .rope_theta = o.rope_theta,
+                                           .rope_scaling = o.rope_scaling,
                                            .bias = o.attention_bias}));
   ASSIGN_OR_RETURN(
       std::unique_ptr<Layer> norm2,

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "engine/layer.h"
+#include "engine/rope.h"
 
 namespace conveyor::engine {
 
@@ -22,9 +23,12 @@ struct LlamaBlockOptions {
   int64_t features = 0;
   int64_t heads = 1;
   int64_t kv_heads = 1;
+  // 0: features / heads (LlamaAttentionOptions).
+  int64_t head_dim = 0;
   int64_t mlp_features = 0;
   float eps = 1e-6f;
-  float rope_theta = 10000.0f;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling = {};
   bool attention_bias = false;
 };
 

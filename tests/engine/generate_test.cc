@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/model_spec.h"
@@ -269,6 +270,54 @@ INSTANTIATE_TEST_SUITE_P(Bias, GeneratorTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "WithQkvBias" : "NoBias";
                          });
+
+// Heads of 6 on 16 features and HF's RoPE scalings, past an original
+// length of 4 within the 12 positions: token by token, the generator's
+// logits are the training forward's. Dynamic scaling follows the length fed
+// so far, as HF's does (a forward of 12 grows theta for every position), so
+// it equals the whole-sequence forward where the prompt is the whole
+// sequence.
+TEST(GeneratorRopeTest, HeadDimAndRopeScalingMatchTheFullForward) {
+  const std::string scalings[] = {
+      "{rope_type: llama3, factor: 8, low_freq_factor: 1, high_freq_factor: "
+      "4, original_max_position_embeddings: 4}",
+      "{rope_type: yarn, factor: 4, original_max_position_embeddings: 4}",
+      "{rope_type: dynamic, factor: 2, original_max_position_embeddings: 4}"};
+  for (const std::string& scaling : scalings) {
+    SCOPED_TRACE(scaling);
+    std::string yaml = LlamaYaml(/*bias=*/false);
+    const std::string block =
+        "{heads: 4, kv_heads: 2, mlp_features: 24, rope_theta: 1000, "
+        "attention_bias: false}";
+    for (size_t at = yaml.find(block); at != std::string::npos;
+         at = yaml.find(block, at + 1)) {
+      yaml.replace(at, block.size(),
+                   absl::StrCat("{heads: 4, kv_heads: 2, head_dim: 6, "
+                                "mlp_features: 24, rope_theta: 1000, "
+                                "rope_scaling: ",
+                                scaling, "}"));
+    }
+    const ModelSpec spec = Parse(yaml);
+    ASSERT_EQ(spec.layers[1].head_dim, 6);
+    const MapSource source = RandomWeights(spec);
+    const std::vector<int64_t> ids = RandomIds(kSeq, 7);
+    const auto reference = ReferenceLogits(spec, source, ids);
+    absl::StatusOr<std::unique_ptr<Generator>> g =
+        Generator::Create(CpuBackend::Get(), spec, source, kSeq);
+    ASSERT_TRUE(g.ok()) << g.status();
+    const bool dynamic = absl::StrContains(scaling, "dynamic");
+    for (int64_t i = 0; i < (dynamic ? 0 : kSeq); ++i) {
+      absl::StatusOr<std::vector<float>> logits =
+          (*g)->Feed(std::span<const int64_t>(ids).subspan(i, 1));
+      ASSERT_TRUE(logits.ok()) << logits.status();
+      EXPECT_TRUE(LogitsMatch(*logits, reference[i])) << "position " << i;
+    }
+    (*g)->Reset();
+    absl::StatusOr<std::vector<float>> whole = (*g)->Feed(ids);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    EXPECT_TRUE(LogitsMatch(*whole, reference[kSeq - 1]));
+  }
+}
 
 // A tied lm_head is the embedding: the source holds it once, and the
 // generator's logits, token by token, are the training forward's.

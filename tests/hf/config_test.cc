@@ -94,6 +94,43 @@ constexpr char kQwen2[] = R"({
   "vocab_size": 151936
 })";
 
+// Modeled on meta-llama/Llama-3.2-1B-Instruct's config.json: llama3 RoPE
+// scaling, tied embeddings, grouped-query attention, a stated head_dim and
+// a list of end-of-turn ids.
+constexpr char kLlama32[] = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 128000,
+  "eos_token_id": [128001, 128008, 128009],
+  "head_dim": 64,
+  "hidden_act": "silu",
+  "hidden_size": 2048,
+  "initializer_range": 0.02,
+  "intermediate_size": 8192,
+  "max_position_embeddings": 131072,
+  "mlp_bias": false,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 16,
+  "num_key_value_heads": 8,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {
+    "factor": 32.0,
+    "high_freq_factor": 4.0,
+    "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3"
+  },
+  "rope_theta": 500000.0,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.45.0.dev0",
+  "use_cache": true,
+  "vocab_size": 128256
+})";
+
 std::string Msg(const absl::Status& status) {
   return std::string(status.message());
 }
@@ -171,6 +208,116 @@ TEST(HfConfigTest, AbsentKeysTakeTransformersDefaults) {
   EXPECT_FALSE(c->attention_bias);
 }
 
+TEST(HfConfigTest, ParsesLlama32WithRopeScalingAndTokenIds) {
+  absl::StatusOr<HfLlamaConfig> c = ParseHfLlamaConfig(kLlama32, "x");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling,
+            (engine::RopeScaling{.type = engine::RopeType::kLlama3,
+                                 .factor = 32,
+                                 .original_max_position_embeddings = 8192,
+                                 .low_freq_factor = 1,
+                                 .high_freq_factor = 4}));
+  EXPECT_EQ(c->rope_theta, 500000.0);
+  EXPECT_EQ(c->head_dim(), 64);
+  EXPECT_EQ(c->explicit_head_dim, 0);  // 64 is hidden_size / heads
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_EQ(c->token_ids.bos, 128000);
+  EXPECT_EQ(c->token_ids.eos, (std::vector<int64_t>{128001, 128008, 128009}));
+  EXPECT_TRUE(c->token_ids.eos_is_list);
+  EXPECT_EQ(c->token_ids.pad, std::nullopt);
+  EXPECT_EQ(c->torch_dtype, "bfloat16");
+  // TinyLlama states one eos id.
+  c = ParseHfLlamaConfig(kTinyLlama, "x");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->token_ids.eos, (std::vector<int64_t>{2}));
+  EXPECT_FALSE(c->token_ids.eos_is_list);
+}
+
+TEST(HfConfigTest, HeadDimOtherThanHiddenOverHeads) {
+  // Mistral-Nemo: 32 heads of 128 on 5120 features; and heads that do not
+  // divide hidden_size at all, which a stated head_dim makes fine.
+  absl::StatusOr<HfLlamaConfig> c =
+      ParseHfLlamaConfig(Edited(kMistral,
+                                [](Json& j) {
+                                  j["hidden_size"] = 5120;
+                                  j["head_dim"] = 128;
+                                }),
+                         "x");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim(), 128);
+  EXPECT_EQ(c->explicit_head_dim, 128);
+  c = ParseHfLlamaConfig(Edited(kTinyLlama,
+                                [](Json& j) {
+                                  j["num_attention_heads"] = 30;
+                                  j["num_key_value_heads"] = 5;
+                                  j["head_dim"] = 64;
+                                }),
+                         "x");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim(), 64);
+}
+
+TEST(HfConfigTest, ParsesEveryRopeTypeWithHfDefaults) {
+  auto parse = [](const Json& rope) {
+    absl::StatusOr<HfLlamaConfig> c = ParseHfLlamaConfig(
+        Edited(kTinyLlama, [&](Json& j) { j["rope_scaling"] = rope; }), "x");
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? c->rope_scaling : engine::RopeScaling{};
+  };
+  using engine::RopeScaling;
+  using engine::RopeType;
+  // "type" is the older name of rope_type.
+  EXPECT_EQ(parse({{"type", "linear"}, {"factor", 2.0}}),
+            (RopeScaling{.type = RopeType::kLinear, .factor = 2}));
+  // Dynamic grows theta past max_position_embeddings (2048), whatever the
+  // object says.
+  EXPECT_EQ(parse({{"rope_type", "dynamic"},
+                   {"factor", 4},
+                   {"original_max_position_embeddings", 1024}}),
+            (RopeScaling{.type = RopeType::kDynamic,
+                         .factor = 4,
+                         .original_max_position_embeddings = 2048}));
+  // yarn: the original length defaults to max_position_embeddings, a beta
+  // of 0 or null to HF's 32 and 1.
+  EXPECT_EQ(parse({{"rope_type", "yarn"},
+                   {"factor", 4.0},
+                   {"beta_fast", 0},
+                   {"beta_slow", nullptr}}),
+            (RopeScaling{.type = RopeType::kYarn,
+                         .factor = 4,
+                         .original_max_position_embeddings = 2048}));
+  EXPECT_EQ(parse({{"rope_type", "yarn"},
+                   {"factor", 40},
+                   {"original_max_position_embeddings", 512},
+                   {"mscale", 1.0},
+                   {"mscale_all_dim", 0.5},
+                   {"truncate", false}}),
+            (RopeScaling{.type = RopeType::kYarn,
+                         .factor = 40,
+                         .original_max_position_embeddings = 512,
+                         .mscale = 1.0,
+                         .mscale_all_dim = 0.5,
+                         .truncate = false}));
+  EXPECT_EQ(parse({{"rope_type", "default"}}), RopeScaling{});
+  EXPECT_EQ(parse(nullptr), RopeScaling{});
+}
+
+TEST(HfConfigTest, ReadsTransformers5RopeParameters) {
+  absl::StatusOr<HfLlamaConfig> c =
+      ParseHfLlamaConfig(Edited(kLlama32,
+                                [](Json& j) {
+                                  j["rope_parameters"] = j["rope_scaling"];
+                                  j["rope_parameters"]["rope_theta"] = 250000.0;
+                                  j.erase("rope_scaling");
+                                  j.erase("rope_theta");
+                                }),
+                         "x");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_theta, 250000.0);
+  EXPECT_EQ(c->rope_scaling.type, engine::RopeType::kLlama3);
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 8192);
+}
+
 TEST(HfConfigTest, NullKvHeadsAndMatchingHeadDimAreAccepted) {
   const std::string text = Edited(kTinyLlama, [](Json& j) {
     j["num_key_value_heads"] = nullptr;
@@ -209,21 +356,76 @@ TEST(HfConfigTest, RefusesWhatConveyorCannotRepresentWithExactMessages) {
        "config.json: architectures: missing; " + kSupported},
       {kTinyLlama,
        [](Json& j) {
-         j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+         j["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 2.0}};
        },
-       "config.json: rope_scaling: must be null (RoPE scaling is not "
-       "supported); got {\"factor\":2.0,\"type\":\"linear\"}"},
-      {kTinyLlama, [](Json& j) { j["head_dim"] = 128; },
-       "config.json: head_dim: must be hidden_size / num_attention_heads = "
-       "64; got 128"},
+       "config.json: rope_scaling.rope_type: must be one of default, linear, "
+       "dynamic, yarn, llama3 (the types Conveyor computes); got "
+       "\"longrope\""},
+      {kTinyLlama,
+       [](Json& j) {
+         j["rope_scaling"] = {{"type", "su"}, {"factor", 2.0}};
+       },
+       "config.json: rope_scaling.type: must be one of default, linear, "
+       "dynamic, yarn, llama3 (the types Conveyor computes); got \"su\""},
+      {kTinyLlama, [](Json& j) { j["rope_scaling"] = "linear"; },
+       "config.json: rope_scaling: must be an object or null; got "
+       "\"linear\""},
+      {kTinyLlama,
+       [](Json& j) {
+         j["rope_scaling"] = {{"rope_type", "linear"}};
+       },
+       "config.json: rope_scaling.factor: missing"},
+      {kLlama32, [](Json& j) { j["rope_scaling"].erase("low_freq_factor"); },
+       "config.json: rope_scaling.low_freq_factor: missing"},
+      {kLlama32,
+       [](Json& j) {
+         j["rope_scaling"]["original_max_position_embeddings"] = 0;
+       },
+       "config.json: rope_scaling.original_max_position_embeddings: must be "
+       "an integer in [1, 16777216]; got 0"},
+      {kLlama32, [](Json& j) { j["rope_scaling"]["factor"] = 0.5; },
+       "config.json: rope_scaling.factor: must be a finite number >= 1 for "
+       "rope_type llama3; got 0.5"},
+      {kLlama32, [](Json& j) { j["rope_scaling"]["high_freq_factor"] = 1.0; },
+       "config.json: rope_scaling.high_freq_factor: must be finite and more "
+       "than low_freq_factor (1); got 1"},
+      {kLlama32, [](Json& j) { j["rope_scaling"]["factor"] = "32"; },
+       "config.json: rope_scaling.factor: must be a number; got \"32\""},
+      {kTinyLlama,
+       [](Json& j) {
+         j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+         j["rope_theta"] = 1.0;
+       },
+       "config.json: rope_theta: must be more than 1 for rope_type yarn; got "
+       "1"},
+      {kTinyLlama, [](Json& j) { j["partial_rotary_factor"] = 0.5; },
+       "config.json: partial_rotary_factor: must be 1 (every feature of a "
+       "head turns); got 0.5"},
+      {kTinyLlama, [](Json& j) { j["head_dim"] = 63; },
+       "config.json: head_dim: must be even, positive, and at most 16777216 "
+       "times num_attention_heads; got 63"},
+      {kTinyLlama, [](Json& j) { j["head_dim"] = 0; },
+       "config.json: head_dim: must be an integer in [1, 16777216]; got 0"},
+      {kTinyLlama, [](Json& j) { j["eos_token_id"] = "2"; },
+       "config.json: eos_token_id: must be an integer in [-2147483648, "
+       "2147483647] or a list of at most 1024 of them; got \"2\""},
+      {kTinyLlama,
+       [](Json& j) {
+         j["eos_token_id"] = {2, 2.5};
+       },
+       "config.json: eos_token_id: must be an integer in [-2147483648, "
+       "2147483647] or a list of at most 1024 of them; got [2,2.5]"},
+      {kTinyLlama, [](Json& j) { j["bos_token_id"] = 4294967296; },
+       "config.json: bos_token_id: must be an integer in [-2147483648, "
+       "2147483647]; got 4294967296"},
       {kTinyLlama, [](Json& j) { j["hidden_act"] = "gelu"; },
        "config.json: hidden_act: must be \"silu\"; got \"gelu\""},
       {kTinyLlama, [](Json& j) { j["mlp_bias"] = true; },
        "config.json: mlp_bias: must be false (MLP biases are not "
        "supported); got true"},
       {kTinyLlama, [](Json& j) { j["num_attention_heads"] = 30; },
-       "config.json: num_attention_heads: must divide hidden_size = 2048; "
-       "got 30"},
+       "config.json: num_attention_heads: must divide hidden_size = 2048 "
+       "(or head_dim must be given); got 30"},
       {kTinyLlama, [](Json& j) { j["num_attention_heads"] = 2048; },
        "config.json: num_attention_heads: gives an odd head size 1 "
        "(hidden_size 2048 / 2048 heads); rotary embedding needs an even "
@@ -329,7 +531,7 @@ TEST(HfConfigTest, ValidateRefusesBadStructs) {
 }
 
 TEST(HfConfigTest, WrittenJsonParsesBackToTheSameConfig) {
-  for (const char* text : {kTinyLlama, kMistral, kQwen2}) {
+  for (const char* text : {kTinyLlama, kMistral, kQwen2, kLlama32}) {
     const HfLlamaConfig original = *ParseHfLlamaConfig(text, "x");
     for (HfDType dtype : {HfDType::kBF16, HfDType::kF32}) {
       const std::string written = HfLlamaConfigJson(original, dtype);
@@ -338,13 +540,96 @@ TEST(HfConfigTest, WrittenJsonParsesBackToTheSameConfig) {
           ParseHfLlamaConfig(written, "written");
       ASSERT_TRUE(parsed.ok()) << parsed.status();
       EXPECT_EQ(*parsed, original);
+      // The written config states the dtype written (not compared by ==).
+      EXPECT_EQ(parsed->torch_dtype, TorchDTypeName(dtype));
       const Json json = Json::parse(written);
       EXPECT_EQ(json["torch_dtype"],
                 dtype == HfDType::kBF16 ? "bfloat16" : "float32");
       EXPECT_EQ(json["architectures"], Json::array({original.architecture}));
-      EXPECT_TRUE(json["rope_scaling"].is_null());
+      EXPECT_EQ(json["rope_scaling"].is_null(), text != kLlama32);
     }
   }
+}
+
+TEST(HfConfigTest, RoundTripKeepsRopeScalingHeadDimAndTokenIds) {
+  // Llama 3.2's llama3 scaling with a head_dim of its own and a pad id:
+  // every value HF reads comes back, in HF's form.
+  HfLlamaConfig original = *ParseHfLlamaConfig(Edited(kLlama32,
+                                                      [](Json& j) {
+                                                        j["head_dim"] = 96;
+                                                        j["pad_token_id"] =
+                                                            128004;
+                                                      }),
+                                               "x");
+  ASSERT_EQ(original.explicit_head_dim, 96);
+  const Json written = Json::parse(HfLlamaConfigJson(original, HfDType::kBF16));
+  EXPECT_EQ(written["head_dim"], 96);
+  EXPECT_EQ(written["rope_scaling"],
+            Json({{"rope_type", "llama3"},
+                  {"factor", 32.0},
+                  {"low_freq_factor", 1.0},
+                  {"high_freq_factor", 4.0},
+                  {"original_max_position_embeddings", 8192}}));
+  EXPECT_EQ(written["bos_token_id"], 128000);
+  EXPECT_EQ(written["eos_token_id"], Json({128001, 128008, 128009}));
+  EXPECT_EQ(written["pad_token_id"], 128004);
+  EXPECT_EQ(written["tie_word_embeddings"], true);
+  EXPECT_EQ(written["max_position_embeddings"], 131072);
+  absl::StatusOr<HfLlamaConfig> parsed =
+      ParseHfLlamaConfig(written.dump(), "written");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(*parsed, original);
+
+  // A single eos id stays an integer; absent ids stay absent.
+  const Json tiny = Json::parse(
+      HfLlamaConfigJson(*ParseHfLlamaConfig(kTinyLlama, "x"), HfDType::kF32));
+  EXPECT_EQ(tiny["eos_token_id"], 2);
+  EXPECT_FALSE(tiny.contains("pad_token_id"));
+
+  // yarn writes its original length only where it is not
+  // max_position_embeddings, and the betas it used.
+  for (const int original_length : {2048, 512}) {
+    const HfLlamaConfig yarn = *ParseHfLlamaConfig(
+        Edited(kTinyLlama,
+               [&](Json& j) {
+                 j["rope_scaling"] = {
+                     {"rope_type", "yarn"},
+                     {"factor", 4.0},
+                     {"original_max_position_embeddings", original_length}};
+               }),
+        "x");
+    const Json w = Json::parse(HfLlamaConfigJson(yarn, HfDType::kF32));
+    EXPECT_EQ(w["rope_scaling"].contains("original_max_position_embeddings"),
+              original_length != 2048);
+    EXPECT_EQ(w["rope_scaling"]["beta_fast"], 32.0);
+    EXPECT_EQ(*ParseHfLlamaConfig(w.dump(), "w"), yarn);
+  }
+}
+
+TEST(HfConfigTest, EqualityComparesTheModelNotTheStoredDtype) {
+  const HfLlamaConfig a = *ParseHfLlamaConfig(kLlama32, "x");
+  HfLlamaConfig b = a;
+  b.torch_dtype = "float32";
+  EXPECT_EQ(a, b);
+  b.token_ids.eos.pop_back();
+  EXPECT_FALSE(a == b);
+  b = a;
+  b.rope_scaling.factor = 8;
+  EXPECT_FALSE(a == b);
+  b = a;
+  b.explicit_head_dim = 96;
+  EXPECT_FALSE(a == b);
+}
+
+TEST(HfConfigTest, ValidateRefusesADynamicLengthOtherThanMaxPositions) {
+  HfLlamaConfig c = *ParseHfLlamaConfig(kTinyLlama, "x");
+  c.rope_scaling = {.type = engine::RopeType::kDynamic,
+                    .factor = 2,
+                    .original_max_position_embeddings = 1024};
+  EXPECT_EQ(Msg(ValidateHfLlamaConfig(c, "src")),
+            "src: rope_scaling.original_max_position_embeddings: must equal "
+            "max_position_embeddings (2048) for rope_type dynamic, whose "
+            "theta HF grows past max_position_embeddings; got 1024");
 }
 
 TEST(HfConfigTest, WrittenJsonCarriesEachArchitecturesKeys) {

@@ -1,6 +1,10 @@
 // A tiny Llama (4 blocks, grouped-query attention with 4 query and 2
 // key/value heads, rotary embedding, RMS norms, SwiGLU), with its lm_head
-// tied to the embedding and with one of its own, must equal the same
+// tied to the embedding and with one of its own, and shaped as Llama 3.2
+// (tied, GQA, RoPE scaling of rope_type llama3 with factor 32, low 1, high
+// 4 and an original length of 8, so that the scaling changes the
+// frequencies at the test's 16 positions; here also heads of 12 on 32
+// features, a head_dim other than hidden / heads), must equal the same
 // model written in plain PyTorch from HF's LlamaForCausalLM semantics
 // (tests/worker/llama_reference.py, run in float64 from the same float32
 // init file): the initial model's logits, and the loss of every step and the
@@ -27,6 +31,7 @@
 // nonzero in every step.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -38,6 +43,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/cpu/cpu_backend.h"
@@ -68,13 +74,34 @@ constexpr char kCorpus[] =
     "lazy zebra packs five jugs of liquor into my brown box, and the sphinx "
     "judges how quick the dog jumps. ";
 
+// The models compared: the lm_head separate or tied, and Llama 3.2's shape.
+enum class Model { kSeparateLmHead, kTiedEmbeddings, kLlama32 };
+
+bool Tied(Model m) { return m != Model::kSeparateLmHead; }
+
+// Llama 3.2's rope scaling with an original length of 8 (its is 8192).
+constexpr char kLlama3Scaling[] =
+    "{rope_type: llama3, factor: 32, low_freq_factor: 1, high_freq_factor: "
+    "4, original_max_position_embeddings: 8}";
+constexpr char kLlama3ScalingJson[] =
+    R"({"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,)"
+    R"( "high_freq_factor": 4.0, "original_max_position_embeddings": 8})";
+constexpr int kLlama32HeadDim = 12;
+
 std::string ModelYaml(const std::string& init, const std::vector<int>& cuts,
-                      bool tied) {
+                      Model model) {
+  const bool tied = Tied(model);
   std::string layers = "    - embedding: {vocab_size: 256, features: 32}\n";
+  const std::string block_options =
+      model == Model::kLlama32
+          ? absl::StrCat(", head_dim: ", kLlama32HeadDim,
+                         ", rope_scaling: ", kLlama3Scaling)
+          : "";
   for (int b = 1; b <= kBlocks; ++b) {
-    layers +=
+    layers += absl::StrCat(
         "    - llama_block: {heads: 4, kv_heads: 2, mlp_features: 64, "
-        "rope_theta: 1000}\n";
+        "rope_theta: 1000",
+        block_options, "}\n");
     for (int cut : cuts) {
       if (cut == b) layers += "    - boundary\n";
     }
@@ -88,6 +115,7 @@ std::string ModelYaml(const std::string& init, const std::vector<int>& cuts,
 // One model (tied or not): its init file, its initial logits, and the
 // PyTorch reference's results, computed once per test process.
 struct Variant {
+  Model model = Model::kSeparateLmHead;
   bool tied = false;
   std::filesystem::path dir;
   std::vector<float> logits;
@@ -97,11 +125,13 @@ struct Variant {
   ~Variant() { std::filesystem::remove_all(dir); }
 };
 
-std::unique_ptr<Variant> MakeVariant(bool tied) {
+std::unique_ptr<Variant> MakeVariant(Model model) {
   auto v = std::make_unique<Variant>();
-  v->tied = tied;
+  v->model = model;
+  v->tied = Tied(model);
   v->dir = std::filesystem::path(::testing::TempDir()) /
-           absl::StrCat("llama_pytorch_test_", getpid(), tied ? "_tied" : "");
+           absl::StrCat("llama_pytorch_test_", getpid(), "_",
+                        static_cast<int>(model));
   std::filesystem::remove_all(v->dir);
   std::filesystem::create_directories(v->dir);
   std::ofstream(v->dir / "corpus.txt", std::ios::binary) << kCorpus;
@@ -110,7 +140,7 @@ std::unique_ptr<Variant> MakeVariant(bool tied) {
   // embedding once). Its logits on step 0's inputs are compared below.
   auto job = job::ParseJobSpec(
       absl::StrCat(
-          "name: init\n", ModelYaml("{seed: 11}", {}, tied),
+          "name: init\n", ModelYaml("{seed: 11}", {}, model),
           "data: {source: tokens, path: ", (v->dir / "corpus.txt").string(),
           ", seq_len: ", kSeq, "}\n", "training: {steps: 1, batch_size: 8}\n",
           "optimizer: {kind: sgd, lr: 0.1}\n"),
@@ -126,6 +156,17 @@ std::unique_ptr<Variant> MakeVariant(bool tied) {
     return v;
   }
   absl::Status s = (*stage)->InitializeFromSeed(11);
+  if (s.ok() && model == Model::kLlama32) {
+    // HF's init (std 0.02) leaves attention nearly uniform, where positions
+    // hardly matter: q and k 8 times larger make the scores 64 times so,
+    // and the rotation (and its scaling) visible in every logit.
+    for (engine::Parameter* p : (*stage)->parameters()) {
+      if (absl::StrContains(p->name, "self_attn.q_proj.weight") ||
+          absl::StrContains(p->name, "self_attn.k_proj.weight")) {
+        cpu->Scale(p->value, 8.0f);
+      }
+    }
+  }
   if (s.ok()) {
     s = job::SaveParameters(cpu, (*stage)->parameters(),
                             (v->dir / "init.safetensors").string(), {});
@@ -155,7 +196,12 @@ std::unique_ptr<Variant> MakeVariant(bool tied) {
       R"( "rms_eps": 1e-6, "seq": )", kSeq, R"(, "batch": )", kBatch,
       R"(, "steps": )", kSteps, R"(, "lr": )", kLr,
       R"(, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1,)",
-      R"( "clip": 0.5, "tied": )", tied ? "true" : "false", "}");
+      R"( "clip": 0.5, "tied": )", v->tied ? "true" : "false",
+      model == Model::kLlama32
+          ? absl::StrCat(R"(, "head_dim": )", kLlama32HeadDim,
+                         R"(, "rope_scaling": )", kLlama3ScalingJson)
+          : "",
+      "}");
   const std::string command =
       absl::StrCat("/usr/bin/python3 ", CONVEYOR_LLAMA_REFERENCE, " ",
                    (v->dir / "init.safetensors").string(), " ",
@@ -180,8 +226,7 @@ std::unique_ptr<Variant> MakeVariant(bool tied) {
   return v;
 }
 
-// The parameter is whether the lm_head is tied to the embedding.
-class LlamaPyTorchTest : public ::testing::TestWithParam<bool> {
+class LlamaPyTorchTest : public ::testing::TestWithParam<Model> {
  protected:
   static void TearDownTestSuite() { variants_.clear(); }
 
@@ -205,7 +250,7 @@ class LlamaPyTorchTest : public ::testing::TestWithParam<bool> {
         "name: llama\n",
         ModelYaml(absl::StrCat(
                       "{from: ", (v_->dir / "init.safetensors").string(), "}"),
-                  cuts, v_->tied),
+                  cuts, v_->model),
         "data: {source: tokens, path: ", (v_->dir / "corpus.txt").string(),
         ", seq_len: ", kSeq, "}\n", "training: {steps: ", kSteps,
         ", batch_size: ", kBatch, ", microbatches: 4}\n",
@@ -267,11 +312,11 @@ class LlamaPyTorchTest : public ::testing::TestWithParam<bool> {
     }
   }
 
-  static std::map<bool, std::unique_ptr<Variant>> variants_;
+  static std::map<Model, std::unique_ptr<Variant>> variants_;
   const Variant* v_ = nullptr;
 };
 
-std::map<bool, std::unique_ptr<Variant>> LlamaPyTorchTest::variants_;
+std::map<Model, std::unique_ptr<Variant>> LlamaPyTorchTest::variants_;
 
 TEST_P(LlamaPyTorchTest, InitialLogitsEqualPyTorch) {
   const std::vector<float> want = *v_->reference->ReadF32("logits");
@@ -282,6 +327,25 @@ TEST_P(LlamaPyTorchTest, InitialLogitsEqualPyTorch) {
   for (size_t i = 0; i < want.size(); ++i) {
     ASSERT_NEAR(v_->logits[i], want[i], 1e-5 * largest) << i;
   }
+}
+
+TEST_P(LlamaPyTorchTest, RopeScalingChangesTheLogitsFarBeyondTheTolerance) {
+  // Guards InitialLogitsEqualPyTorch against a scaling that does nothing at
+  // 16 positions: without it the reference's logits move by far more than
+  // the comparison's tolerance.
+  if (v_->model != Model::kLlama32) GTEST_SKIP() << "no rope scaling";
+  const std::vector<float> want = *v_->reference->ReadF32("logits");
+  const std::vector<float> unscaled =
+      *v_->reference->ReadF32("logits_unscaled");
+  ASSERT_EQ(unscaled.size(), want.size());
+  double largest = 0, moved = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    largest = std::max(largest, std::abs(double{want[i]}));
+    moved = std::max(moved, std::abs(double{want[i]} - unscaled[i]));
+  }
+  RecordProperty("moved_over_tolerance",
+                 absl::StrCat(moved / (1e-5 * largest)));
+  EXPECT_GT(moved, 100 * 1e-5 * largest);
 }
 
 TEST_P(LlamaPyTorchTest, LossFallsInPyTorchToo) {
@@ -316,10 +380,20 @@ TEST_P(LlamaPyTorchTest, InterleavedOverTwoRanksEqualsPyTorch) {
       "interleaved 1f1b, 2 ranks of 2 stages");
 }
 
-INSTANTIATE_TEST_SUITE_P(Heads, LlamaPyTorchTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "TiedEmbeddings"
-                                             : "SeparateLmHead";
+INSTANTIATE_TEST_SUITE_P(Models, LlamaPyTorchTest,
+                         ::testing::Values(Model::kSeparateLmHead,
+                                           Model::kTiedEmbeddings,
+                                           Model::kLlama32),
+                         [](const ::testing::TestParamInfo<Model>& info) {
+                           switch (info.param) {
+                             case Model::kSeparateLmHead:
+                               return "SeparateLmHead";
+                             case Model::kTiedEmbeddings:
+                               return "TiedEmbeddings";
+                             case Model::kLlama32:
+                               return "Llama32RopeScalingAndHeadDim";
+                           }
+                           return "";
                          });
 
 }  // namespace

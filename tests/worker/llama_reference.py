@@ -3,9 +3,11 @@
 
 Written from the semantics of HuggingFace's LlamaForCausalLM (RMSNorm in float,
 rotate_half rotary embedding with inv_freq = 1 / theta^(2i/dim) computed in
-float32 as HF does, repeat_kv for grouped-query attention, SwiGLU MLP, causal
-softmax attention), with Conveyor's parameter names (layers.<i>.<hf name>). No
-transformers package ships in Debian, so the model is spelled out here.
+float32 as HF does, and rescaled as HF's rope_scaling type "llama3" says when
+the config has one, repeat_kv for grouped-query attention, a head_dim that
+need not be hidden / heads, SwiGLU MLP, causal softmax attention), with
+Conveyor's parameter names (layers.<i>.<hf name>). No transformers package
+ships in Debian, so the model is spelled out here.
 
 Runs in float64 from the float32 init file Conveyor wrote, so that it is the
 exact answer Conveyor's float32 run is compared with. Reads the byte corpus
@@ -13,7 +15,8 @@ the way Conveyor's `tokens` data source does (window w = tokens[w*L, w*L+L+1),
 position p -> window p mod N, step s -> positions [s*B, (s+1)*B)), trains with
 torch.nn.utils.clip_grad_norm_ and torch.optim.AdamW, and writes a safetensors
 file with `logits` (the initial model on step 0's inputs), `losses` (one per
-step) and every parameter after the last step.
+step) and every parameter after the last step; with rope_scaling also
+`logits_unscaled`, the initial logits without it.
 
 Usage: llama_reference.py INIT.safetensors CORPUS OUT.safetensors CONFIG_JSON
 """
@@ -71,19 +74,43 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def rotary_cos_sin(seq, head_dim, theta, dtype):
+def llama3_inv_freq(inv_freq, scaling):
+    # HF's "llama3" rope type (Llama 3.1 and later): wavelengths shorter than
+    # original / high_freq_factor keep their frequency, longer than
+    # original / low_freq_factor are divided by factor, and those between are
+    # blended by how far they lie between the two, all in float32.
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    original = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < original / high) * ~(wavelen > original / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rotary_cos_sin(seq, head_dim, theta, scaling, dtype):
     # As HF's LlamaRotaryEmbedding: float32 frequencies and angles.
     inv_freq = 1.0 / (theta ** (
         torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if scaling is not None:
+        if scaling["rope_type"] != "llama3":
+            raise ValueError(f"unsupported rope_type {scaling['rope_type']}")
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
     angles = torch.outer(torch.arange(seq).float(), inv_freq)
     emb = torch.cat((angles, angles), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+def head_dim(cfg):
+    return cfg.get("head_dim") or cfg["features"] // cfg["heads"]
+
+
 def attention(x, p, prefix, cfg, cos, sin):
     b, s, d = x.shape
     h, g = cfg["heads"], cfg["kv_heads"]
-    hd = d // h
+    hd = head_dim(cfg)
 
     def project(name, heads):
         y = F.linear(x, p[prefix + name + ".weight"],
@@ -112,8 +139,8 @@ def mlp(x, p, prefix):
 def forward(p, ids, cfg):
     blocks, eps = cfg["blocks"], cfg["rms_eps"]
     x = p["layers.0.weight"][ids]
-    cos, sin = rotary_cos_sin(ids.shape[1], cfg["features"] // cfg["heads"],
-                              cfg["rope_theta"], x.dtype)
+    cos, sin = rotary_cos_sin(ids.shape[1], head_dim(cfg), cfg["rope_theta"],
+                              cfg.get("rope_scaling"), x.dtype)
     for i in range(1, blocks + 1):
         pre = f"layers.{i}."
         x = x + attention(rms_norm(x, p[pre + "input_layernorm.weight"], eps),
@@ -149,6 +176,13 @@ def main():
     out = {}
     with torch.no_grad():
         out["logits"] = forward(params, batch(corpus, 0, cfg)[0], cfg)
+        if cfg.get("rope_scaling") is not None:
+            # The same model without its RoPE scaling: what the test checks
+            # differs from the logits by far more than its tolerance, so
+            # that the scaling is seen at this sequence length.
+            plain = dict(cfg, rope_scaling=None)
+            out["logits_unscaled"] = forward(
+                params, batch(corpus, 0, cfg)[0], plain)
     optimizer = torch.optim.AdamW(
         params.values(), lr=cfg["lr"], betas=tuple(cfg["betas"]),
         eps=cfg["eps"], weight_decay=cfg["weight_decay"])

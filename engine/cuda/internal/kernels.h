@@ -115,11 +115,20 @@ void SiluMul(const float* gate, const float* up, float* y, int64_t n,
              cudaStream_t stream);
 void SiluMulBackward(const float* gate, const float* up, const float* dy,
                      float* dgate, float* dup, int64_t n, cudaStream_t stream);
-// x and y [rows, seq, dim], positions first_position + [0, seq); y may
-// alias x.
-void Rope(const float* x, int64_t rows, int64_t seq, int64_t dim,
-          int64_t first_position, float theta, bool inverse, float* y,
-          cudaStream_t stream);
+// Backend::Rope on x and y viewed as [rows, dim], row r at sequence index
+// r % seq of batch r / rows_per_batch; y may alias x.
+struct RopeArgs {
+  const float* x = nullptr;
+  float* y = nullptr;
+  int64_t rows = 0, seq = 1, dim = 0, rows_per_batch = 1;
+  const float* inv_freq = nullptr;  // [dim / 2]
+  float attention_factor = 1.0f;
+  // [batch, seq]; nullptr: first_position + the sequence index.
+  const int64_t* positions = nullptr;
+  int64_t first_position = 0;
+  bool inverse = false;
+};
+void Rope(const RopeArgs& args, cudaStream_t stream);
 
 // rows_per_matrix: the rows of one [rows, cols] matrix (for the causal
 // mask); rows: all rows.

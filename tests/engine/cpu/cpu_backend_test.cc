@@ -81,6 +81,109 @@ TEST(CpuBackendDeathTest, TheFrontsRefuseMismatchedShapes) {
                "embedding takes i64 ids");
 }
 
+// Rope against its closed form in double: y = m (a cos - b sin, b cos +
+// a sin) for the pair (a, b) = (x[i], x[i + half]) at angle pos * f[i].
+std::vector<double> RopeReference(const std::vector<float>& x, int64_t batch,
+                                  int64_t middle, int64_t seq, int64_t dim,
+                                  const std::vector<float>& inv_freq,
+                                  double scale,
+                                  const std::vector<int64_t>& positions,
+                                  bool transpose) {
+  const int64_t half = dim / 2;
+  std::vector<double> y(x.size());
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t m = 0; m < middle; ++m) {
+      for (int64_t s = 0; s < seq; ++s) {
+        const int64_t row = (b * middle + m) * seq + s;
+        const double pos = static_cast<double>(positions[b * seq + s]);
+        for (int64_t i = 0; i < half; ++i) {
+          const double angle = pos * inv_freq[i];
+          const double c = scale * std::cos(angle);
+          const double sn = (transpose ? -scale : scale) * std::sin(angle);
+          const double a = x[row * dim + i], bb = x[row * dim + i + half];
+          y[row * dim + i] = a * c - bb * sn;
+          y[row * dim + i + half] = bb * c + a * sn;
+        }
+      }
+    }
+  }
+  return y;
+}
+
+TEST(CpuBackendTest, RopeTurnsEachPairByItsPositionAndFrequency) {
+  // [batch 2, heads 3, seq 4, head_dim 6]; per-batch positions restart
+  // (packed documents) and run out of order; heads share them.
+  const int64_t batch = 2, heads = 3, seq = 4, dim = 6;
+  const std::vector<float> inv_freq = {1.0f, 0.3f, 0.05f};
+  const std::vector<int64_t> positions = {0, 1, 0, 1, 5, 2, 7, 3};
+  const RopeFrequencies freqs{.inv_freq = FromVector({3}, inv_freq),
+                              .attention_factor = 0.8f};
+  const Tensor x = RandomTensor({batch, heads, seq, dim}, 41);
+  const std::vector<float> xv = ToVector(x);
+  for (const bool transpose : {false, true}) {
+    Tensor y = ZerosLike(x);
+    B()->Rope(x, freqs, transpose, y, Ids({batch, seq}, positions));
+    const std::vector<double> want = RopeReference(
+        xv, batch, heads, seq, dim, inv_freq, 0.8, positions, transpose);
+    const std::vector<float> got = ToVector(y);
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_NEAR(got[i], want[i], 1e-6) << i << " transpose " << transpose;
+    }
+  }
+  // Without positions: first_position + the index along seq, the same as
+  // positions that say so.
+  Tensor from_first = ZerosLike(x), explicit_positions = ZerosLike(x);
+  B()->Rope(x, freqs, false, from_first, Tensor(), /*first_position=*/3);
+  B()->Rope(x, freqs, false, explicit_positions,
+            Ids({batch, seq}, {3, 4, 5, 6, 3, 4, 5, 6}));
+  EXPECT_EQ(ToVector(from_first), ToVector(explicit_positions));
+  // Rank 2 is one batch; in place.
+  Tensor rows =
+      FromVector({seq, dim}, std::vector<float>(xv.begin(), xv.begin() + 24));
+  const std::vector<double> want = RopeReference(
+      ToVector(rows), 1, 1, seq, dim, inv_freq, 0.8, {5, 2, 7, 3}, false);
+  B()->Rope(rows, freqs, false, rows, Ids({1, seq}, {5, 2, 7, 3}));
+  const std::vector<float> got = ToVector(rows);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6);
+}
+
+TEST(CpuBackendTest, RopeTransposeIsTheAdjoint) {
+  // <R x, y> = <x, R^T y> with the attention factor (R is m times a
+  // rotation): what the backward relies on.
+  const Tensor x = RandomTensor({2, 2, 5, 8}, 42);
+  const Tensor y = RandomTensor({2, 2, 5, 8}, 43);
+  const RopeFrequencies freqs{
+      .inv_freq = FromVector({4}, {0.9f, 0.2f, 0.04f, 0.01f}),
+      .attention_factor = 1.3f};
+  const Tensor positions = Ids({2, 5}, {0, 1, 2, 0, 1, 9, 8, 0, 1, 2});
+  Tensor rx = ZerosLike(x), rty = ZerosLike(y);
+  B()->Rope(x, freqs, false, rx, positions);
+  B()->Rope(y, freqs, true, rty, positions);
+  double lhs = 0, rhs = 0;
+  const std::vector<float> xv = ToVector(x), yv = ToVector(y),
+                           rxv = ToVector(rx), rtyv = ToVector(rty);
+  for (size_t i = 0; i < xv.size(); ++i) {
+    lhs += double{rxv[i]} * yv[i];
+    rhs += double{xv[i]} * rtyv[i];
+  }
+  EXPECT_NEAR(lhs, rhs, 1e-5 * std::abs(lhs));
+}
+
+TEST(CpuBackendDeathTest, RopeRefusesBadFrequenciesAndPositions) {
+  CpuBackend* cpu = CpuBackend::Get();
+  const Tensor x = *cpu->Zeros({2, 3, 4});
+  const RopeFrequencies freqs{.inv_freq = *cpu->Zeros({2})};
+  EXPECT_DEATH(cpu->Rope(x, {.inv_freq = *cpu->Zeros({3})}, false, x),
+               "head_dim / 2 f32 inverse frequencies");
+  EXPECT_DEATH(cpu->Rope(x, freqs, false, x, Ids({2, 2}, {0, 1, 2, 3})),
+               "rope positions must be i64 \\[batch, seq\\]");
+  EXPECT_DEATH(cpu->Rope(x, freqs, false, x, *cpu->Zeros({2, 3})),
+               "rope positions must be i64");
+  EXPECT_DEATH(
+      cpu->Rope(x, freqs, false, x, Ids({2, 3}, {0, 1, 2, 0, 1, 2}), 1),
+      "rope takes positions or a first position, not both");
+}
+
 TEST(CpuBackendTest, GemmMatchesNaiveForEveryTransposeAndBeta) {
   const int m = 5, n = 7, k = 3;
   for (bool ta : {false, true}) {

@@ -554,6 +554,48 @@ TEST_F(CudaBackendTest, SplitAndMergeHeadsMatchCpuExactly) {
   ExpectEqual(back, "merge-heads backward");
 }
 
+TEST_F(CudaBackendTest, RopeMatchesCpuWithAndWithoutPositions) {
+  // [batch 3, heads 4, seq 50, head_dim 64] with yarn-like frequencies and
+  // an attention factor; positions restart per batch (packed documents)
+  // and reach 4000, where the angle of pair 0 is thousands of radians:
+  // sincosf must be the accurate one. The angles are the same float
+  // products on both sides, so only the sines and cosines may differ.
+  const int64_t b = 3, h = 4, s = 50, d = 64;
+  std::vector<float> inv_freq(d / 2);
+  for (int64_t i = 0; i < d / 2; ++i) {
+    inv_freq[i] = 1.0f / std::pow(10000.0f, static_cast<float>(2 * i) / d);
+  }
+  const Tensor f = FromVector({d / 2}, inv_freq);
+  const RopeFrequencies cpu_freqs{.inv_freq = f, .attention_factor = 1.25f};
+  const RopeFrequencies cuda_freqs{.inv_freq = ToCuda(f),
+                                   .attention_factor = 1.25f};
+  std::vector<int64_t> positions;
+  for (int64_t batch = 0; batch < b; ++batch) {
+    for (int64_t i = 0; i < s; ++i) {
+      positions.push_back(batch == 2 ? 3950 + i : i % (17 + batch));
+    }
+  }
+  const Both pos = IdTensor({b, s}, positions);
+  const Both x = Random({b, h, s, d}, 1);
+  for (const bool transpose : {false, true}) {
+    Both y = Output({b, h, s, d});
+    cpu()->Rope(x.cpu, cpu_freqs, transpose, y.cpu, pos.cpu);
+    cuda()->Rope(x.cuda, cuda_freqs, transpose, y.cuda, pos.cuda);
+    ExpectClose(y, absl::StrCat("rope with positions, transpose ", transpose),
+                1e-5, 1e-5);
+    Both z = Output({b, h, s, d});
+    cpu()->Rope(x.cpu, cpu_freqs, transpose, z.cpu, Tensor(), 7);
+    cuda()->Rope(x.cuda, cuda_freqs, transpose, z.cuda, Tensor(), 7);
+    ExpectClose(z, absl::StrCat("rope from 7, transpose ", transpose), 1e-5,
+                1e-5);
+  }
+  // In place.
+  Both inplace{FromVector(x.cpu.shape(), Values(x.cpu)), ToCuda(x.cpu)};
+  cpu()->Rope(inplace.cpu, cpu_freqs, false, inplace.cpu, pos.cpu);
+  cuda()->Rope(inplace.cuda, cuda_freqs, false, inplace.cuda, pos.cuda);
+  ExpectClose(inplace, "rope in place", 1e-5, 1e-5);
+}
+
 // --- Embedding ---------------------------------------------------------------
 
 TEST_F(CudaBackendTest, EmbeddingMatchesCpuBitwiseAndRejectsBadIds) {

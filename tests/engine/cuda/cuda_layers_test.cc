@@ -27,6 +27,7 @@
 #include "engine/layers/transformer_block.h"
 #include "engine/loss.h"
 #include "engine/optimizer.h"
+#include "engine/rope.h"
 #include "gtest/gtest.h"
 #include "tests/engine/cuda/cuda_test_util.h"
 #include "tests/engine/test_util.h"
@@ -262,7 +263,7 @@ TEST_F(CudaLayersTest, LlamaAttentionWithGroupedHeadsAndRope) {
       const LlamaAttentionOptions o = {.features = 32,
                                        .heads = 4,
                                        .kv_heads = kv_heads,
-                                       .rope_theta = 10000.0f,
+                                       .rope_theta = 10000.0,
                                        .bias = bias};
       CheckLayer(
           [o](Backend* b) {
@@ -272,6 +273,39 @@ TEST_F(CudaLayersTest, LlamaAttentionWithGroupedHeadsAndRope) {
           absl::StrCat("llama attention kv_heads=", kv_heads, " bias=", bias),
           {.rtol = 1e-3, .atol = 1e-4});
     }
+  }
+}
+
+TEST_F(CudaLayersTest, LlamaAttentionWithItsOwnHeadDimAndScaledRope) {
+  // Heads of 12 on 32 features; llama3 scaling past an original length of
+  // 8 and yarn's attention factor, on a sequence of 40.
+  const RopeScaling scalings[] = {
+      {.type = RopeType::kLlama3,
+       .factor = 32.0,
+       .original_max_position_embeddings = 8,
+       .low_freq_factor = 1.0,
+       .high_freq_factor = 4.0},
+      {.type = RopeType::kYarn,
+       .factor = 4.0,
+       .original_max_position_embeddings = 8},
+      {.type = RopeType::kDynamic,
+       .factor = 2.0,
+       .original_max_position_embeddings = 8},
+  };
+  for (const RopeScaling& s : scalings) {
+    const LlamaAttentionOptions o = {.features = 32,
+                                     .heads = 4,
+                                     .kv_heads = 2,
+                                     .head_dim = 12,
+                                     .rope_theta = 10000.0,
+                                     .rope_scaling = s};
+    CheckLayer(
+        [o](Backend* b) {
+          return Upcast(LlamaAttention::Create(b, "self_attn.", o));
+        },
+        RandomBoth({2, 40, 32}, 11),
+        absl::StrCat("llama attention head_dim 12 ", RopeTypeName(s.type)),
+        {.rtol = 1e-3, .atol = 1e-4});
   }
 }
 

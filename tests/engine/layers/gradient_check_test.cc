@@ -18,6 +18,7 @@
 #include "engine/layers/rms_norm.h"
 #include "engine/layers/swiglu.h"
 #include "engine/layers/transformer_block.h"
+#include "engine/rope.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/engine/test_util.h"
@@ -32,6 +33,13 @@ using testing_util::RandomTensor;
 using testing_util::ToVector;
 
 Backend* B() { return CpuBackend::Get(); }
+
+// The unscaled rope frequencies of a head of `head_dim`, on the CPU.
+RopeFrequencies Freqs(double theta, int64_t head_dim) {
+  const RopeTable t = ComputeRopeTable({}, theta, head_dim, 0);
+  return {.inv_freq = FromVector({head_dim / 2}, t.inv_freq),
+          .attention_factor = t.attention_factor};
+}
 
 // Fills every parameter with small random values (not the real init: the
 // check needs non-trivial values everywhere, e.g. layernorm weights != 1).
@@ -233,7 +241,7 @@ TEST(GradientCheckTest, RopeIsARotationAtEachPosition) {
   // keeps each pair's norm, and the inverse undoes it.
   Tensor x = RandomTensor({1, 3, 4}, 23);
   Tensor y = testing_util::ZerosLike(x);
-  B()->Rope(x, 10000.0f, /*inverse=*/false, y);
+  B()->Rope(x, Freqs(10000.0, 4), /*inverse=*/false, y);
   std::vector<float> xv = ToVector(x), yv = ToVector(y);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(yv[i], xv[i]);
   for (int p = 0; p < 3; ++p) {
@@ -248,7 +256,7 @@ TEST(GradientCheckTest, RopeIsARotationAtEachPosition) {
   EXPECT_NEAR(yv[6], xv[6] * std::cos(1.0) + xv[4] * std::sin(1.0), 1e-6);
   // Pair 1 by 1 / 10000^(2/4) = 0.01 radian.
   EXPECT_NEAR(yv[5], xv[5] * std::cos(0.01) - xv[7] * std::sin(0.01), 1e-6);
-  B()->Rope(y, 10000.0f, /*inverse=*/true, y);  // in place
+  B()->Rope(y, Freqs(10000.0, 4), /*inverse=*/true, y);  // in place
   EXPECT_TRUE(testing_util::AllClose(ToVector(y), xv, 1e-6, 1e-6));
 }
 
@@ -257,7 +265,7 @@ TEST(GradientCheckTest, RopeFromAFirstPositionContinuesTheSequence) {
   // as rows 2 and 3 of the whole sequence do.
   Tensor whole = RandomTensor({2, 4, 8}, 24);
   Tensor rotated = testing_util::ZerosLike(whole);
-  B()->Rope(whole, 500.0f, /*inverse=*/false, rotated);
+  B()->Rope(whole, Freqs(500.0, 8), /*inverse=*/false, rotated);
   std::vector<float> w = ToVector(whole), r = ToVector(rotated);
   std::vector<float> tail_in, tail_want;
   for (int row = 0; row < 2; ++row) {
@@ -269,7 +277,8 @@ TEST(GradientCheckTest, RopeFromAFirstPositionContinuesTheSequence) {
     }
   }
   Tensor tail = FromVector({2, 2, 8}, tail_in);
-  B()->Rope(tail, 500.0f, /*inverse=*/false, tail, /*first_position=*/2);
+  B()->Rope(tail, Freqs(500.0, 8), /*inverse=*/false, tail, Tensor(),
+            /*first_position=*/2);
   EXPECT_EQ(ToVector(tail), tail_want);
 }
 
@@ -295,6 +304,92 @@ TEST(GradientCheckTest, LlamaAttention) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);  // 2 does not divide 3
+}
+
+TEST(GradientCheckTest, LlamaAttentionWithItsOwnHeadDim) {
+  // Heads wider than features / heads (Qwen3, Gemma): q and o span
+  // heads * head_dim = 12 on 8 features, k and v kv_heads * head_dim.
+  for (const int64_t kv_heads : {2, 1}) {
+    auto attn = *LlamaAttention::Create(B(), "attn.",
+                                        {.features = 8,
+                                         .heads = 2,
+                                         .kv_heads = kv_heads,
+                                         .head_dim = 6,
+                                         .rope_theta = 100.0,
+                                         .bias = true});
+    CheckGradients(*attn, RandomTensor({2, 3, 8}, 34), 34);
+    const auto p = attn->parameters();
+    EXPECT_EQ(p[0]->value.shape(), (Shape{12, 8}));            // q_proj
+    EXPECT_EQ(p[1]->value.shape(), (Shape{12}));               // q bias
+    EXPECT_EQ(p[2]->value.shape(), (Shape{kv_heads * 6, 8}));  // k_proj
+    EXPECT_EQ(p[6]->value.shape(), (Shape{8, 12}));            // o_proj
+  }
+  // Narrower: 2 heads of 2 on 8 features.
+  auto narrow = *LlamaAttention::Create(
+      B(), "a.", {.features = 8, .heads = 2, .kv_heads = 2, .head_dim = 2});
+  CheckGradients(*narrow, RandomTensor({1, 4, 8}, 35), 35);
+  EXPECT_EQ(
+      LlamaAttention::Create(
+          B(), "a.", {.features = 8, .heads = 2, .kv_heads = 2, .head_dim = 5})
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);  // odd head_dim
+}
+
+TEST(GradientCheckTest, LlamaAttentionWithEveryRopeScaling) {
+  // Sequence 5 past an original length of 4, so dynamic grows theta; yarn
+  // scales cos and sin by its attention factor, which the backward's
+  // transpose must carry.
+  const RopeScaling scalings[] = {
+      {.type = RopeType::kLinear, .factor = 3.0},
+      {.type = RopeType::kDynamic,
+       .factor = 2.0,
+       .original_max_position_embeddings = 4},
+      {.type = RopeType::kYarn,
+       .factor = 8.0,
+       .original_max_position_embeddings = 4},
+      {.type = RopeType::kLlama3,
+       .factor = 8.0,
+       .original_max_position_embeddings = 4,
+       .low_freq_factor = 1.0,
+       .high_freq_factor = 4.0},
+  };
+  for (const RopeScaling& s : scalings) {
+    SCOPED_TRACE(std::string(RopeTypeName(s.type)));
+    auto attn = *LlamaAttention::Create(B(), "attn.",
+                                        {.features = 8,
+                                         .heads = 2,
+                                         .kv_heads = 1,
+                                         .head_dim = 6,
+                                         .rope_theta = 100.0,
+                                         .rope_scaling = s});
+    CheckGradients(*attn, RandomTensor({2, 5, 8}, 36), 36);
+  }
+  // A scaling out of range is refused when the layer is made.
+  EXPECT_EQ(LlamaAttention::Create(
+                B(), "a.",
+                {.features = 8,
+                 .heads = 2,
+                 .rope_scaling = {.type = RopeType::kLinear, .factor = 0.5}})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GradientCheckTest, ScaledRopeChangesTheOutputAsItsTableSays) {
+  // With every pair's frequency divided by 4 (linear), position p turns as
+  // position p / 4 does without scaling: a layer fed positions 0, 4, 8 of a
+  // linear-4 rope equals one fed 0, 1, 2 unscaled, row for row.
+  const Tensor x = RandomTensor({1, 2, 9, 8}, 37);
+  const RopeTable linear =
+      ComputeRopeTable({.type = RopeType::kLinear, .factor = 4.0}, 100.0, 8, 0);
+  Tensor scaled = testing_util::ZerosLike(x),
+         plain = testing_util::ZerosLike(x);
+  B()->Rope(x, {.inv_freq = FromVector({4}, linear.inv_freq)}, false, scaled,
+            Ids({1, 9}, {0, 4, 8, 12, 16, 20, 24, 28, 32}));
+  B()->Rope(x, Freqs(100.0, 8), false, plain);
+  EXPECT_TRUE(
+      testing_util::AllClose(ToVector(scaled), ToVector(plain), 1e-5, 1e-5));
 }
 
 TEST(GradientCheckTest, GroupedQueryAttentionEqualsRepeatedKeyValueHeads) {
@@ -386,6 +481,25 @@ TEST(GradientCheckTest, LlamaBlock) {
                                      "layers.1.mlp.gate_proj.weight",
                                      "layers.1.mlp.up_proj.weight",
                                      "layers.1.mlp.down_proj.weight"));
+}
+
+TEST(GradientCheckTest, LlamaBlockWithItsOwnHeadDimAndLlama3Rope) {
+  auto block =
+      *MakeLlamaBlock(B(), "layers.1.",
+                      {.features = 8,
+                       .heads = 4,
+                       .kv_heads = 2,
+                       .head_dim = 4,
+                       .mlp_features = 12,
+                       .rope_theta = 500.0,
+                       .rope_scaling = {.type = RopeType::kLlama3,
+                                        .factor = 32.0,
+                                        .original_max_position_embeddings = 2,
+                                        .low_freq_factor = 1.0,
+                                        .high_freq_factor = 4.0}});
+  CheckGradients(*block, RandomTensor({2, 3, 8}, 38), 38);
+  EXPECT_EQ(block->parameters()[1]->value.shape(), (Shape{16, 8}));  // q
+  EXPECT_EQ(block->parameters()[4]->value.shape(), (Shape{8, 16}));  // o
 }
 
 TEST(GradientCheckTest, LlamaLayersKeepWhatWeightBackwardNeeds) {
