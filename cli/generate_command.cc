@@ -24,6 +24,7 @@
 #include "engine/model_spec.h"
 #include "hf/checkpoint.h"
 #include "hf/model.h"
+#include "tokenizer/tokenizer.h"
 
 namespace conveyor::cli {
 namespace {
@@ -63,11 +64,40 @@ absl::Status CheckFlags(const GenerateCommandOptions& o) {
   return absl::OkStatus();
 }
 
-// The prompt's ids as given; whether the model takes them is checked once
-// the model is known (CheckPromptFitsModel).
+// Whether `dir` holds a tokenizer Tokenizer::Load reads.
+bool HasTokenizer(const std::string& dir) {
+  std::error_code ec;
+  return !dir.empty() &&
+         (fs::is_regular_file(fs::path(dir) / "tokenizer.json", ec) ||
+          fs::is_regular_file(fs::path(dir) / "tokenizer.model", ec));
+}
+
+// The tokenizer --prompt and the printed tokens go through: --tokenizer,
+// else the one beside the model's HF weights (`hf_dir`: the HF source, or
+// the model.from_hf of a checkpoint's job), else none (a byte-level model:
+// bytes are the ids).
+absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> FindTokenizer(
+    const GenerateCommandOptions& o, const std::string& hf_dir,
+    std::ostream& err) {
+  if (!o.tokenizer.empty()) return tokenizer::Tokenizer::Load(o.tokenizer);
+  if (o.prompt_ids.has_value() || !HasTokenizer(hf_dir)) {
+    return std::unique_ptr<tokenizer::Tokenizer>();
+  }
+  err << "note: tokenizer from " << hf_dir << "\n";
+  return tokenizer::Tokenizer::Load(hf_dir);
+}
+
+// The prompt's ids: --prompt-ids as given, --prompt through the tokenizer
+// (with its BOS first when it has one, as HF's Llama tokenizers add it), or
+// as bytes without one. Whether the model takes them is checked once the
+// model is known (CheckPromptFitsModel).
 absl::StatusOr<std::vector<int64_t>> PromptIds(
-    const GenerateCommandOptions& o) {
+    const GenerateCommandOptions& o, const tokenizer::Tokenizer* tokenizer) {
   if (o.prompt_ids.has_value()) return ParsePromptIds(*o.prompt_ids);
+  if (tokenizer != nullptr) {
+    return tokenizer->Encode(*o.prompt,
+                             /*add_bos=*/tokenizer->bos_id().has_value());
+  }
   std::vector<int64_t> ids;
   ids.reserve(o.prompt->size());
   for (unsigned char byte : *o.prompt) ids.push_back(byte);
@@ -78,23 +108,31 @@ absl::StatusOr<std::vector<int64_t>> PromptIds(
 // model without an embedding first is left to the generator to refuse.
 absl::Status CheckPromptFitsModel(const GenerateCommandOptions& o,
                                   const engine::ModelSpec& model,
+                                  const tokenizer::Tokenizer* tokenizer,
                                   const std::vector<int64_t>& ids) {
   if (model.layers.empty() ||
       model.layers.front().kind != engine::LayerKind::kEmbedding) {
     return absl::OkStatus();
   }
   const int64_t vocab = model.layers.front().vocab_size;
-  if (o.prompt.has_value() && vocab != kByteVocab) {
+  if (o.prompt.has_value() && tokenizer == nullptr && vocab != kByteVocab) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--prompt TEXT needs a tokenizer for a vocabulary of ", vocab,
+        " tokens (only a byte-level model, vocab_size ", kByteVocab,
+        ", takes text without one): give --tokenizer tokenizer.json or "
+        "tokenizer.model, or token ids with --prompt-ids"));
+  }
+  if (tokenizer != nullptr && tokenizer->vocab_size() > vocab) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--prompt TEXT is for byte-level models (vocab_size ",
-                     kByteVocab, "); this model's vocabulary has ", vocab,
-                     " tokens: give token ids with --prompt-ids"));
+        absl::StrCat("the tokenizer has ", tokenizer->vocab_size(),
+                     " tokens, more than the model's vocabulary of ", vocab,
+                     ": it is not this model's tokenizer"));
   }
   for (int64_t id : ids) {
     if (id < 0 || id >= vocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--prompt-ids: id ", id,
-                       " is outside the model's vocabulary [0, ", vocab, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          o.prompt_ids.has_value() ? "--prompt-ids" : "--prompt", ": id ", id,
+          " is outside the model's vocabulary [0, ", vocab, ")"));
     }
   }
   return absl::OkStatus();
@@ -107,6 +145,7 @@ int64_t PositionsNeeded(const std::vector<int64_t>& prompt, int64_t tokens) {
 
 absl::Status Generate(const engine::ModelSpec& model,
                       const engine::ParameterSource& weights,
+                      const tokenizer::Tokenizer* tokenizer,
                       const std::vector<int64_t>& prompt,
                       const GenerateCommandOptions& o, std::ostream& out) {
   ASSIGN_OR_RETURN(
@@ -118,7 +157,17 @@ absl::Status Generate(const engine::ModelSpec& model,
       generator->Generate(
           prompt, o.tokens,
           {.temperature = o.temperature, .top_k = o.top_k, .seed = o.seed}));
-  if (o.prompt.has_value()) {
+  if (o.prompt.has_value() && tokenizer != nullptr) {
+    // A model's vocabulary may be padded past its tokenizer's.
+    absl::StatusOr<std::string> text = tokenizer->Decode(ids);
+    if (!text.ok()) {
+      return absl::Status(text.status().code(),
+                          absl::StrCat("the generated tokens do not decode (",
+                                       absl::StrJoin(ids, ","),
+                                       "): ", text.status().message()));
+    }
+    out << *text << "\n";
+  } else if (o.prompt.has_value()) {
     out << BytesAsText(ids) << "\n";
   } else {
     out << absl::StrJoin(ids, ",") << "\n";
@@ -126,14 +175,17 @@ absl::Status Generate(const engine::ModelSpec& model,
   return absl::OkStatus();
 }
 
-absl::Status GenerateFromHf(const GenerateCommandOptions& o,
-                            const std::vector<int64_t>& prompt,
-                            std::ostream& out) {
+absl::Status GenerateFromHf(const GenerateCommandOptions& o, std::ostream& out,
+                            std::ostream& err) {
   if (!o.job.empty() || !o.overrides.empty() || o.step != -1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--job, --set and --step are for a Conveyor checkpoint; ", o.source,
         " is a HuggingFace checkpoint (it holds ", hf::kHfConfigFile, ")"));
   }
+  ASSIGN_OR_RETURN(const std::unique_ptr<tokenizer::Tokenizer> tokenizer,
+                   FindTokenizer(o, o.source, err));
+  ASSIGN_OR_RETURN(const std::vector<int64_t> prompt,
+                   PromptIds(o, tokenizer.get()));
   ASSIGN_OR_RETURN(const hf::HfLlamaConfig config,
                    hf::ReadHfLlamaConfig(o.source));
   const int64_t needed = PositionsNeeded(prompt, o.tokens);
@@ -150,18 +202,17 @@ absl::Status GenerateFromHf(const GenerateCommandOptions& o,
   model.from_hf_where.file = (fs::path(o.source) / hf::kHfConfigFile).string();
   model.input_shape = {std::max<int64_t>(needed, 1)};
   RETURN_IF_ERROR(hf::ExpandHfModel(config, &model));
-  RETURN_IF_ERROR(CheckPromptFitsModel(o, model, prompt));
+  RETURN_IF_ERROR(CheckPromptFitsModel(o, model, tokenizer.get(), prompt));
   ASSIGN_OR_RETURN(const hf::HfCheckpoint checkpoint,
                    hf::HfCheckpoint::Open(o.source));
   // What validate and the workers refuse (a tensor the config does not
   // explain: another model's file, or a half-converted one), so is this.
   RETURN_IF_ERROR(checkpoint.CheckComplete());
   const hf::HfParameterSource weights(checkpoint);
-  return Generate(model, weights, prompt, o, out);
+  return Generate(model, weights, tokenizer.get(), prompt, o, out);
 }
 
 absl::Status GenerateFromCheckpoint(const GenerateCommandOptions& o,
-                                    const std::vector<int64_t>& prompt,
                                     std::ostream& out, std::ostream& err) {
   std::optional<int64_t> step;
   if (o.step >= 0) step = o.step;
@@ -176,9 +227,13 @@ absl::Status GenerateFromCheckpoint(const GenerateCommandOptions& o,
                            {.job_file = o.job, .overrides = o.overrides}));
   for (const std::string& note : job.notes) err << note << "\n";
   const engine::ModelSpec& model = job.parsed.spec.model;
-  RETURN_IF_ERROR(CheckPromptFitsModel(o, model, prompt));
+  ASSIGN_OR_RETURN(const std::unique_ptr<tokenizer::Tokenizer> tokenizer,
+                   FindTokenizer(o, model.from_hf, err));
+  ASSIGN_OR_RETURN(const std::vector<int64_t> prompt,
+                   PromptIds(o, tokenizer.get()));
+  RETURN_IF_ERROR(CheckPromptFitsModel(o, model, tokenizer.get(), prompt));
   const CheckpointParamsSource weights(params);
-  return Generate(model, weights, prompt, o, out);
+  return Generate(model, weights, tokenizer.get(), prompt, o, out);
 }
 
 }  // namespace
@@ -203,7 +258,11 @@ CLI::App* AddGenerateCommand(CLI::App& app, GenerateCommandOptions& o) {
                   "complete one)");
   cmd->add_option_function<std::string>(
       "--prompt", [&o](const std::string& v) { o.prompt = v; },
-      "Prompt text, for byte-level models (vocab_size 256)");
+      "Prompt text: through the tokenizer (--tokenizer, or the one beside "
+      "the model's HF weights), or as bytes for a byte-level model");
+  cmd->add_option("--tokenizer", o.tokenizer,
+                  "A tokenizer.json, tokenizer.model or a directory holding "
+                  "one (default: the one beside the model's HF weights)");
   cmd->add_option_function<std::string>(
       "--prompt-ids", [&o](const std::string& v) { o.prompt_ids = v; },
       "Prompt token ids, comma-separated: 5,17,42");
@@ -260,16 +319,19 @@ std::string BytesAsText(std::span<const int64_t> bytes) {
 absl::Status RunGenerateCommand(const GenerateCommandOptions& o,
                                 std::ostream& out, std::ostream& err) {
   RETURN_IF_ERROR(CheckFlags(o));
-  ASSIGN_OR_RETURN(const std::vector<int64_t> prompt, PromptIds(o));
+  // --prompt-ids are checked before anything is read.
+  if (o.prompt_ids.has_value()) {
+    RETURN_IF_ERROR(ParsePromptIds(*o.prompt_ids).status());
+  }
   std::error_code ec;
   if (!fs::is_directory(o.source, ec)) {
     return absl::NotFoundError(
         absl::StrCat(o.source, ": no such checkpoint directory"));
   }
   if (fs::exists(fs::path(o.source) / hf::kHfConfigFile, ec)) {
-    return GenerateFromHf(o, prompt, out);
+    return GenerateFromHf(o, out, err);
   }
-  return GenerateFromCheckpoint(o, prompt, out, err);
+  return GenerateFromCheckpoint(o, out, err);
 }
 
 }  // namespace conveyor::cli

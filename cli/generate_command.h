@@ -1,5 +1,5 @@
 // `conveyorctl generate SOURCE [--job JOB.yaml] [--set K=V] [--step N]
-//      (--prompt TEXT | --prompt-ids 5,17,42) --tokens N
+//      (--prompt TEXT [--tokenizer PATH] | --prompt-ids 5,17,42) --tokens N
 //      [--temperature T] [--top-k K] [--seed S]`:
 // continues a prompt with a Llama-layout model, in process on the CPU, with
 // a KV cache (engine/generate.h).
@@ -14,13 +14,17 @@
 //     cli/checkpoint_job.h), either with --set overrides; --step picks a
 //     step (default: the newest complete one).
 //
-// --prompt TEXT is for byte-level models (vocab_size 256): the prompt's
-// bytes are the ids, and the new bytes are printed as text, with "\\" for a
-// backslash and "\xNN" for every byte outside printable ASCII but newline
-// and tab. --prompt-ids takes comma-separated ids and prints the new ids the
-// same way. Only the new tokens are printed, then a newline; notes go to the
-// error stream. Sampling: softmax(logits / temperature) over the top_k most
-// likely tokens, from a seeded, portable random stream; --temperature 0 or
+// --prompt TEXT goes through a tokenizer (--tokenizer FILE|DIR, else the
+// tokenizer.json or tokenizer.model beside the model's HF weights: the HF
+// source, or the job's model.from_hf), its BOS first when it has one, and
+// the new tokens are decoded to text. Without a tokenizer, --prompt is for
+// byte-level models (vocab_size 256): the prompt's bytes are the ids, and
+// the new bytes are printed as text, with "\\" for a backslash and "\xNN"
+// for every byte outside printable ASCII but newline and tab. --prompt-ids
+// takes comma-separated ids and prints the new ids the same way. Only the new
+// tokens are printed, then a newline; notes go to the error stream. Sampling:
+// softmax(logits / temperature) over the top_k most likely tokens, from a
+// seeded, portable random stream; --temperature 0 or
 // --top-k 1 is greedy.
 // Thread-compatible: the options are the caller's.
 #ifndef CONVEYOR_CLI_GENERATE_COMMAND_H_
@@ -49,6 +53,9 @@ struct GenerateCommandOptions {
   int64_t step = -1;  // -1: the newest complete step.
   std::optional<std::string> prompt = std::nullopt;
   std::optional<std::string> prompt_ids = std::nullopt;
+  // The tokenizer of --prompt and of the printed text (tokenizer/tokenizer.h);
+  // empty: the one beside the model's HF weights, if any.
+  std::string tokenizer = {};
   int64_t tokens = 0;
   double temperature = 1.0;
   int64_t top_k = 0;

@@ -19,6 +19,7 @@
 #include "common/file.h"
 #include "common/little_endian.h"
 #include "common/status_macros.h"
+#include "engine/megatron_writer.h"
 #include "tokenizer/document_files.h"
 #include "tokenizer/parallel_encoder.h"
 #include "tokenizer/tokenizer.h"
@@ -28,127 +29,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// --- A Megatron indexed dataset writer. -------------------------------
-// A stand-in with the interface of engine/megatron_writer.h (another
-// branch), which replaces it at merge. The format, as Megatron-LM's
-// megatron/core/datasets/indexed_dataset.py writes it: PREFIX.bin holds
-// the ids, little-endian; PREFIX.idx holds "MMIDIDX\0\0", uint64 version 1,
-// uint8 dtype code, uint64 sequence count, uint64 document-index count
-// (documents + 1), int32 sizes[], int64 byte pointers[], int64 document
-// indices [0, 1, ..., n] (one sequence per document).
-enum class MegatronDType : uint8_t { kUInt16 = 8, kInt32 = 4 };
-
-class MegatronWriter {
- public:
-  static absl::StatusOr<std::unique_ptr<MegatronWriter>> Create(
-      const std::string& prefix, MegatronDType dtype) {
-    const std::string partial = prefix + ".bin.partial";
-    const int fd =
-        ::open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return ErrnoError(errno, partial, "open");
-    return std::unique_ptr<MegatronWriter>(
-        new MegatronWriter(prefix, dtype, fd));
-  }
-
-  // Unfinished: the partial file goes.
-  ~MegatronWriter() {
-    if (fd_ >= 0) {
-      ::close(fd_);
-      ::unlink((prefix_ + ".bin.partial").c_str());
-    }
-  }
-
-  absl::Status AddDocument(absl::Span<const int64_t> ids) {
-    const int64_t max_id = dtype_ == MegatronDType::kUInt16
-                               ? std::numeric_limits<uint16_t>::max()
-                               : std::numeric_limits<int32_t>::max();
-    if (ids.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a document of ", ids.size(), " tokens: at most 2^31 - 1"));
-    }
-    const size_t item = dtype_ == MegatronDType::kUInt16 ? 2 : 4;
-    size_t at = buffer_.size();
-    buffer_.resize(at + ids.size() * item);
-    for (int64_t id : ids) {
-      if (id < 0 || id > max_id) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("id ", id, " does not fit the dataset's dtype"));
-      }
-      if (item == 2) {
-        PutU16(buffer_.data() + at, static_cast<uint16_t>(id));
-      } else {
-        PutU32(buffer_.data() + at, static_cast<uint32_t>(id));
-      }
-      at += item;
-    }
-    sizes_.push_back(static_cast<int32_t>(ids.size()));
-    if (buffer_.size() >= kBufferBytes) return Flush();
-    return absl::OkStatus();
-  }
-
-  absl::Status Finish() {
-    RETURN_IF_ERROR(Flush());
-    const std::string partial = prefix_ + ".bin.partial";
-    if (::fsync(fd_) != 0) return ErrnoError(errno, partial, "fsync");
-    ::close(fd_);
-    fd_ = -1;
-    if (::rename(partial.c_str(), (prefix_ + ".bin").c_str()) != 0) {
-      return ErrnoError(errno, partial, "rename");
-    }
-    const size_t item = dtype_ == MegatronDType::kUInt16 ? 2 : 4;
-    const uint64_t n = sizes_.size();
-    std::string index = std::string("MMIDIDX\0\0", 9);
-    index.resize(9 + 8 + 1 + 8 + 8 + n * 4 + n * 8 + (n + 1) * 8);
-    char* p = index.data() + 9;
-    PutU64(p, 1);
-    p[8] = static_cast<char>(dtype_);
-    PutU64(p + 9, n);
-    PutU64(p + 17, n + 1);
-    p += 25;
-    for (int32_t size : sizes_) {
-      PutU32(p, static_cast<uint32_t>(size));
-      p += 4;
-    }
-    uint64_t pointer = 0;
-    for (int32_t size : sizes_) {
-      PutU64(p, pointer);
-      pointer += static_cast<uint64_t>(size) * item;
-      p += 8;
-    }
-    for (uint64_t i = 0; i <= n; ++i) {
-      PutU64(p, i);
-      p += 8;
-    }
-    // The index last: with it in place, the data is whole.
-    return WriteFileAtomically(prefix_ + ".idx", index);
-  }
-
- private:
-  static constexpr size_t kBufferBytes = size_t{4} << 20;
-
-  MegatronWriter(std::string prefix, MegatronDType dtype, int fd)
-      : prefix_(std::move(prefix)), dtype_(dtype), fd_(fd) {}
-
-  absl::Status Flush() {
-    size_t done = 0;
-    while (done < buffer_.size()) {
-      const ssize_t n =
-          ::write(fd_, buffer_.data() + done, buffer_.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return ErrnoError(errno, prefix_ + ".bin.partial", "write");
-      done += static_cast<size_t>(n);
-    }
-    buffer_.clear();
-    return absl::OkStatus();
-  }
-
-  const std::string prefix_;
-  const MegatronDType dtype_;
-  int fd_;
-  std::string buffer_;
-  std::vector<int32_t> sizes_;
-};
-// --- End of the stand-in. ----------------------------------------------
+using engine::MegatronDType;
+using engine::MegatronWriter;
 
 std::string Megabytes(uint64_t bytes) {
   return absl::StrFormat("%.1f MB", static_cast<double>(bytes) / 1e6);
@@ -299,7 +181,7 @@ absl::Status RunTokenizeCommand(const TokenizeCommandOptions& o, bool progress,
   ASSIGN_OR_RETURN(const std::unique_ptr<tokenizer::Tokenizer> tokenizer,
                    tokenizer::Tokenizer::Load(o.tokenizer));
   const MegatronDType dtype = tokenizer->vocab_size() <= 65536
-                                  ? MegatronDType::kUInt16
+                                  ? MegatronDType::kUint16
                                   : MegatronDType::kInt32;
   ASSIGN_OR_RETURN(std::unique_ptr<MegatronWriter> writer,
                    MegatronWriter::Create(o.output, dtype));
@@ -368,7 +250,7 @@ absl::Status RunTokenizeCommand(const TokenizeCommandOptions& o, bool progress,
       documents, Megabytes(bytes),
       empty > 0 ? absl::StrCat(", ", empty, " empty left out") : "", tokens,
       seconds, bytes / seconds / 1e6, tokens / seconds / 1e6, options.threads,
-      o.output, o.output, dtype == MegatronDType::kUInt16 ? "uint16" : "int32",
+      o.output, o.output, dtype == MegatronDType::kUint16 ? "uint16" : "int32",
       *tokenizer->eos_id());
   return absl::OkStatus();
 }

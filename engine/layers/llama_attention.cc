@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/documents.h"
 #include "engine/layers/dense.h"
 #include "engine/layers/head_gemm.h"
 
@@ -88,16 +89,25 @@ absl::StatusOr<Tensor> LlamaAttention::Forward(const Tensor& x, Stash& stash) {
   ASSIGN_OR_RETURN(Tensor q, project(q_, q_bias_, h));
   ASSIGN_OR_RETURN(Tensor k, project(k_, k_bias_, g));
   ASSIGN_OR_RETURN(Tensor v, project(v_, v_bias_, g));
+  // Packed documents (engine/documents.h): positions restart at each one,
+  // and attention stays within it.
+  const DeviceDocuments* documents = CurrentDocuments();
+  Tensor positions;
+  if (documents != nullptr) {
+    RETURN_IF_ERROR(CheckDocumentsFit(*documents, b, s, "llama_attention"));
+    positions = documents->positions;
+  }
   ASSIGN_OR_RETURN(const RopeFrequencies freqs, rope_.Get(be, s));
-  be.Rope(q, freqs, /*inverse=*/false, q);
-  be.Rope(k, freqs, /*inverse=*/false, k);
+  be.Rope(q, freqs, /*inverse=*/false, q, positions);
+  be.Rope(k, freqs, /*inverse=*/false, k, positions);
 
   ASSIGN_OR_RETURN(Tensor scores, be.Empty({b, h, s, s}, DType::kF32));
   be.GemmStridedBatched(
       HeadGemm(b * g, false, true, r * s, s, d, q, d, k, d, 0.0f, scores));
   ASSIGN_OR_RETURN(Tensor probs, be.Empty({b, h, s, s}, DType::kF32));
-  be.Softmax(scores, 1.0f / std::sqrt(static_cast<float>(d)), /*causal=*/true,
-             probs);
+  RETURN_IF_ERROR(AttentionSoftmax(be, scores,
+                                   1.0f / std::sqrt(static_cast<float>(d)),
+                                   /*causal=*/true, probs, "llama_attention"));
   ASSIGN_OR_RETURN(Tensor context, be.Empty({b, h, s, d}, DType::kF32));
   be.GemmStridedBatched(HeadGemm(b * g, false, false, r * s, d, s, probs, s, v,
                                  d, 0.0f, context));
@@ -105,7 +115,9 @@ absl::StatusOr<Tensor> LlamaAttention::Forward(const Tensor& x, Stash& stash) {
   be.MergeHeads(context, merged);
   ASSIGN_OR_RETURN(Tensor y, be.Empty(x.shape(), DType::kF32));
   be.Gemm(false, true, 1.0f, merged, out_.value, 0.0f, y);
-  stash.saved = {x, q, k, v, probs, merged};
+  // positions last: undefined without documents; BI turns the gradients
+  // back by the same positions.
+  stash.saved = {x, q, k, v, probs, merged, positions};
   return y;
 }
 
@@ -140,8 +152,9 @@ absl::StatusOr<Tensor> LlamaAttention::BackwardInput(const Tensor& dy,
       HeadGemm(b * g, true, false, s, d, r * s, d_scores, s, q, d, 0.0f, dk));
   // The rotation's transpose, then back to [B, S, heads * D].
   ASSIGN_OR_RETURN(const RopeFrequencies freqs, rope_.Get(be, s));
-  be.Rope(dq, freqs, /*inverse=*/true, dq);
-  be.Rope(dk, freqs, /*inverse=*/true, dk);
+  const Tensor& positions = stash.saved[6];
+  be.Rope(dq, freqs, /*inverse=*/true, dq, positions);
+  be.Rope(dk, freqs, /*inverse=*/true, dk, positions);
   ASSIGN_OR_RETURN(Tensor dq_flat, be.Empty({b, s, h * d}, DType::kF32));
   ASSIGN_OR_RETURN(Tensor dk_flat, be.Empty({b, s, g * d}, DType::kF32));
   ASSIGN_OR_RETURN(Tensor dv_flat, be.Empty({b, s, g * d}, DType::kF32));

@@ -33,6 +33,8 @@
 #include "tests/cli/committed_checkpoint.h"
 #include "tests/engine/test_util.h"
 #include "tests/testing/test_dir.h"
+#include "tests/tokenizer/tokenizer_json_builder.h"
+#include "tokenizer/tokenizer.h"
 
 namespace conveyor::cli {
 namespace {
@@ -168,6 +170,58 @@ TEST_F(GenerateCommandTest, PrintsTheGeneratorsIdsForAnHfCheckpoint) {
   }
 }
 
+// --prompt TEXT through the tokenizer.json beside the HF weights (its BOS
+// first), the new ids decoded; --tokenizer names one elsewhere; a tokenizer
+// larger than the model's vocabulary is not the model's.
+TEST_F(GenerateCommandTest, PromptTextGoesThroughTheTokenizer) {
+  // The model's vocabulary is the tokenizer's 261 ids.
+  const std::string hf = WriteHf(261);
+  tokenizer::testing::TokenizerJsonBuilder builder;
+  builder.merges = {{"h", "e"}, {"l", "l"}, {"he", "ll"}, {" ", "w"}};
+  builder.added_tokens = {{.content = "<|begin_of_text|>", .id = 260}};
+  const std::string json = builder.Json().dump();
+  tokenizer::testing::WriteText(hf + "/tokenizer.json", json);
+  absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> tok =
+      tokenizer::Tokenizer::Load(hf);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  ASSERT_EQ((*tok)->bos_id(), 260);
+  absl::StatusOr<std::vector<int64_t>> ids = (*tok)->Encode("hello w", true);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  // <|begin_of_text|>, "hell", "o", " w": the merges, by hand.
+  ASSERT_EQ(*ids, (std::vector<int64_t>{260, 258, 'o', 259}));
+  const engine::SamplingOptions greedy{.temperature = 0.0};
+  const std::vector<int64_t> want = ExpectedFromHf(hf, *ids, 4, greedy);
+  absl::StatusOr<std::string> text = (*tok)->Decode(want);
+  ASSERT_TRUE(text.ok()) << text.status();
+
+  GenerateCommandOptions o = Options(hf, "hello w", 4, /*text=*/true);
+  o.temperature = 0.0;
+  ASSERT_TRUE(Run(o).ok()) << Run(o);
+  EXPECT_EQ(out_.str(), *text + "\n");
+  EXPECT_THAT(err_.str(), HasSubstr("tokenizer from " + hf));
+
+  // The same tokenizer named explicitly, from another directory.
+  const std::string elsewhere = (dir_ / "tok.json").string();
+  tokenizer::testing::WriteText(elsewhere, json);
+  fs::remove(hf + "/tokenizer.json");
+  o.tokenizer = elsewhere;
+  ASSERT_TRUE(Run(o).ok()) << Run(o);
+  EXPECT_EQ(out_.str(), *text + "\n");
+
+  // Without one, text is refused for a vocabulary of 261.
+  o.tokenizer.clear();
+  absl::Status s = Run(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("needs a tokenizer"));
+
+  // A tokenizer of 261 tokens is not a 40-token model's.
+  o.source = WriteHf(40, "small");
+  o.tokenizer = elsewhere;
+  s = Run(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("not this model's tokenizer"));
+}
+
 // validate and the workers refuse a checkpoint holding a tensor its config
 // does not explain; generate once read it all the same.
 TEST_F(GenerateCommandTest, RefusesACheckpointWithAnUnexplainedTensor) {
@@ -236,7 +290,7 @@ TEST_F(GenerateCommandTest, RefusesBadFlags) {
   neither.prompt_ids.reset();
   expect_refused(neither, "exactly one of --prompt");
   expect_refused(Options(hf, "ab", 2, /*text=*/true),
-                 "give token ids with --prompt-ids");
+                 "or token ids with --prompt-ids");
   expect_refused(Options(hf, "3,x"), "'x') is not an integer");
   expect_refused(Options(hf, "3,40"),
                  "id 40 is outside the model's vocabulary [0, 40)");

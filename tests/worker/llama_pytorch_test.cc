@@ -51,6 +51,7 @@
 #include "engine/stage.h"
 #include "gtest/gtest.h"
 #include "job/job_spec.h"
+#include "job/microbatch_documents.h"
 #include "job/trainer.h"
 #include "tests/engine/test_util.h"
 #include "tests/worker/run_job.h"
@@ -74,10 +75,36 @@ constexpr char kCorpus[] =
     "lazy zebra packs five jugs of liquor into my brown box, and the sphinx "
     "judges how quick the dog jumps. ";
 
-// The models compared: the lm_head separate or tied, and Llama 3.2's shape.
-enum class Model { kSeparateLmHead, kTiedEmbeddings, kLlama32 };
+// The models compared: the lm_head separate or tied, Llama 3.2's shape, and
+// Llama 3.2's shape trained on packed documents (every space ends one, so
+// each 16-token window packs several: positions restart at each, attention
+// stays within each, and no loss is taken across a boundary).
+enum class Model {
+  kSeparateLmHead,
+  kTiedEmbeddings,
+  kLlama32,
+  kPackedDocuments
+};
 
 bool Tied(Model m) { return m != Model::kSeparateLmHead; }
+bool Llama32(Model m) {
+  return m == Model::kLlama32 || m == Model::kPackedDocuments;
+}
+
+constexpr int kEod = ' ';
+constexpr int kMicrobatches = 4;
+
+// The data section of `model`'s jobs.
+std::string DataYaml(const std::filesystem::path& corpus, Model model) {
+  return absl::StrCat(
+      "data: {source: tokens, path: ", corpus.string(), ", seq_len: ", kSeq,
+      model == Model::kPackedDocuments
+          ? absl::StrCat(", documents: {eod_token: ", kEod,
+                         ", reset_position_ids: true, document_mask: true, "
+                         "eod_mask_loss: true}")
+          : "",
+      "}\n");
+}
 
 // Llama 3.2's rope scaling with an original length of 8 (its is 8192).
 constexpr char kLlama3Scaling[] =
@@ -93,10 +120,9 @@ std::string ModelYaml(const std::string& init, const std::vector<int>& cuts,
   const bool tied = Tied(model);
   std::string layers = "    - embedding: {vocab_size: 256, features: 32}\n";
   const std::string block_options =
-      model == Model::kLlama32
-          ? absl::StrCat(", head_dim: ", kLlama32HeadDim,
-                         ", rope_scaling: ", kLlama3Scaling)
-          : "";
+      Llama32(model) ? absl::StrCat(", head_dim: ", kLlama32HeadDim,
+                                    ", rope_scaling: ", kLlama3Scaling)
+                     : "";
   for (int b = 1; b <= kBlocks; ++b) {
     layers += absl::StrCat(
         "    - llama_block: {heads: 4, kv_heads: 2, mlp_features: 64, "
@@ -139,11 +165,10 @@ std::unique_ptr<Variant> MakeVariant(Model model) {
   // The init file: the unsplit model drawn from a seed (a tied model's
   // embedding once). Its logits on step 0's inputs are compared below.
   auto job = job::ParseJobSpec(
-      absl::StrCat(
-          "name: init\n", ModelYaml("{seed: 11}", {}, model),
-          "data: {source: tokens, path: ", (v->dir / "corpus.txt").string(),
-          ", seq_len: ", kSeq, "}\n", "training: {steps: 1, batch_size: 8}\n",
-          "optimizer: {kind: sgd, lr: 0.1}\n"),
+      absl::StrCat("name: init\n", ModelYaml("{seed: 11}", {}, model),
+                   DataYaml(v->dir / "corpus.txt", model),
+                   "training: {steps: 1, batch_size: 8}\n",
+                   "optimizer: {kind: sgd, lr: 0.1}\n"),
       "init.yaml");
   if (!job.ok()) {
     v->error = job.status().ToString();
@@ -156,7 +181,7 @@ std::unique_ptr<Variant> MakeVariant(Model model) {
     return v;
   }
   absl::Status s = (*stage)->InitializeFromSeed(11);
-  if (s.ok() && model == Model::kLlama32) {
+  if (s.ok() && Llama32(model)) {
     // HF's init (std 0.02) leaves attention nearly uniform, where positions
     // hardly matter: q and k 8 times larger make the scores 64 times so,
     // and the rotation (and its scaling) visible in every logit.
@@ -182,6 +207,26 @@ std::unique_ptr<Variant> MakeVariant(Model model) {
       ids.push_back(static_cast<unsigned char>(corpus[w * kSeq + i]));
     }
   }
+  if (model == Model::kPackedDocuments) {
+    // Step 0's documents, as the trainer hands them to its stages.
+    auto data = engine::DataSource::Create(job->data,
+                                           job::ModelSampleShapes(job->model));
+    if (!data.ok()) {
+      v->error = data.status().ToString();
+      return v;
+    }
+    auto documents =
+        job::DocumentsFor(**data, job->data.documents, 0, 0, 1, kBatch);
+    if (documents.ok()) {
+      s = (*stage)->SetDocuments(0, *std::move(documents));
+    } else {
+      s = documents.status();
+    }
+    if (!s.ok()) {
+      v->error = s.ToString();
+      return v;
+    }
+  }
   auto logits =
       (*stage)->Forward(0, engine::testing_util::Ids({kBatch, kSeq}, ids));
   if (!logits.ok()) {
@@ -197,9 +242,14 @@ std::unique_ptr<Variant> MakeVariant(Model model) {
       R"(, "steps": )", kSteps, R"(, "lr": )", kLr,
       R"(, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1,)",
       R"( "clip": 0.5, "tied": )", v->tied ? "true" : "false",
-      model == Model::kLlama32
-          ? absl::StrCat(R"(, "head_dim": )", kLlama32HeadDim,
-                         R"(, "rope_scaling": )", kLlama3ScalingJson)
+      Llama32(model) ? absl::StrCat(R"(, "head_dim": )", kLlama32HeadDim,
+                                    R"(, "rope_scaling": )", kLlama3ScalingJson)
+                     : "",
+      model == Model::kPackedDocuments
+          ? absl::StrCat(R"(, "eod": )", kEod,
+                         R"(, "reset_position_ids": true,)",
+                         R"( "document_mask": true, "eod_mask_loss": true,)",
+                         R"( "microbatches": )", kMicrobatches)
           : "",
       "}");
   const std::string command =
@@ -251,9 +301,9 @@ class LlamaPyTorchTest : public ::testing::TestWithParam<Model> {
         ModelYaml(absl::StrCat(
                       "{from: ", (v_->dir / "init.safetensors").string(), "}"),
                   cuts, v_->model),
-        "data: {source: tokens, path: ", (v_->dir / "corpus.txt").string(),
-        ", seq_len: ", kSeq, "}\n", "training: {steps: ", kSteps,
-        ", batch_size: ", kBatch, ", microbatches: 4}\n",
+        DataYaml(v_->dir / "corpus.txt", v_->model),
+        "training: {steps: ", kSteps, ", batch_size: ", kBatch,
+        ", microbatches: ", kMicrobatches, "}\n",
         "optimizer: {kind: adamw, lr: ", kLr,
         ", betas: [0.9, 0.95], eps: 1e-8, weight_decay: 0.1, "
         "clip_grad_norm: 0.5}\n",
@@ -333,7 +383,7 @@ TEST_P(LlamaPyTorchTest, RopeScalingChangesTheLogitsFarBeyondTheTolerance) {
   // Guards InitialLogitsEqualPyTorch against a scaling that does nothing at
   // 16 positions: without it the reference's logits move by far more than
   // the comparison's tolerance.
-  if (v_->model != Model::kLlama32) GTEST_SKIP() << "no rope scaling";
+  if (!Llama32(v_->model)) GTEST_SKIP() << "no rope scaling";
   const std::vector<float> want = *v_->reference->ReadF32("logits");
   const std::vector<float> unscaled =
       *v_->reference->ReadF32("logits_unscaled");
@@ -345,6 +395,23 @@ TEST_P(LlamaPyTorchTest, RopeScalingChangesTheLogitsFarBeyondTheTolerance) {
   }
   RecordProperty("moved_over_tolerance",
                  absl::StrCat(moved / (1e-5 * largest)));
+  EXPECT_GT(moved, 100 * 1e-5 * largest);
+}
+
+TEST_P(LlamaPyTorchTest, DocumentsChangeTheLogitsFarBeyondTheTolerance) {
+  // Guards the packed-documents comparisons against documents that change
+  // nothing: the reference's logits with every row one sequence differ by
+  // far more than the tolerance.
+  if (v_->model != Model::kPackedDocuments) GTEST_SKIP() << "no documents";
+  const std::vector<float> want = *v_->reference->ReadF32("logits");
+  const std::vector<float> plain =
+      *v_->reference->ReadF32("logits_undocumented");
+  ASSERT_EQ(plain.size(), want.size());
+  double largest = 0, moved = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    largest = std::max(largest, std::abs(double{want[i]}));
+    moved = std::max(moved, std::abs(double{want[i]} - plain[i]));
+  }
   EXPECT_GT(moved, 100 * 1e-5 * largest);
 }
 
@@ -383,7 +450,8 @@ TEST_P(LlamaPyTorchTest, InterleavedOverTwoRanksEqualsPyTorch) {
 INSTANTIATE_TEST_SUITE_P(Models, LlamaPyTorchTest,
                          ::testing::Values(Model::kSeparateLmHead,
                                            Model::kTiedEmbeddings,
-                                           Model::kLlama32),
+                                           Model::kLlama32,
+                                           Model::kPackedDocuments),
                          [](const ::testing::TestParamInfo<Model>& info) {
                            switch (info.param) {
                              case Model::kSeparateLmHead:
@@ -392,6 +460,8 @@ INSTANTIATE_TEST_SUITE_P(Models, LlamaPyTorchTest,
                                return "TiedEmbeddings";
                              case Model::kLlama32:
                                return "Llama32RopeScalingAndHeadDim";
+                             case Model::kPackedDocuments:
+                               return "Llama32OnPackedDocuments";
                            }
                            return "";
                          });

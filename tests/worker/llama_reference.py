@@ -90,24 +90,42 @@ def llama3_inv_freq(inv_freq, scaling):
     return torch.where(medium, smoothed, scaled)
 
 
-def rotary_cos_sin(seq, head_dim, theta, scaling, dtype):
-    # As HF's LlamaRotaryEmbedding: float32 frequencies and angles.
+def rotary_cos_sin(seq, head_dim, theta, scaling, dtype, positions=None):
+    # As HF's LlamaRotaryEmbedding: float32 frequencies and angles. With
+    # `positions` [batch, seq] (HF's position_ids, restarting at each packed
+    # document), cos and sin are [batch, 1, seq, head_dim].
     inv_freq = 1.0 / (theta ** (
         torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if scaling is not None:
         if scaling["rope_type"] != "llama3":
             raise ValueError(f"unsupported rope_type {scaling['rope_type']}")
         inv_freq = llama3_inv_freq(inv_freq, scaling)
-    angles = torch.outer(torch.arange(seq).float(), inv_freq)
+    if positions is None:
+        angles = torch.outer(torch.arange(seq).float(), inv_freq)
+    else:
+        angles = (positions.float()[..., None] * inv_freq).unsqueeze(1)
     emb = torch.cat((angles, angles), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def documents(ids, eod):
+    # Megatron's --reset-position-ids / --reset-attention-mask: the token
+    # after an EOD starts a new document. Returns each token's document
+    # (segment) within its row and its position within that document.
+    b, s = ids.shape
+    starts = torch.zeros(b, s, dtype=torch.bool)
+    starts[:, 1:] = ids[:, :-1] == eod
+    segments = starts.long().cumsum(dim=1)
+    t = torch.arange(s).expand(b, s)
+    first = torch.where(starts, t, torch.zeros_like(t)).cummax(dim=1).values
+    return segments, t - first
 
 
 def head_dim(cfg):
     return cfg.get("head_dim") or cfg["features"] // cfg["heads"]
 
 
-def attention(x, p, prefix, cfg, cos, sin):
+def attention(x, p, prefix, cfg, cos, sin, segments=None):
     b, s, d = x.shape
     h, g = cfg["heads"], cfg["kv_heads"]
     hd = head_dim(cfg)
@@ -124,8 +142,12 @@ def attention(x, p, prefix, cfg, cos, sin):
     k = k.repeat_interleave(h // g, dim=1)
     v = v.repeat_interleave(h // g, dim=1)
     scores = q @ k.transpose(-1, -2) / math.sqrt(hd)
-    future = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1)
-    probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+    masked = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1)
+    if segments is not None:
+        # Block-diagonal causal: a query sees its own document's keys only.
+        masked = masked | (segments[:, None, :, None] !=
+                           segments[:, None, None, :])
+    probs = torch.softmax(scores.masked_fill(masked, float("-inf")), dim=-1)
     context = (probs @ v).transpose(1, 2).reshape(b, s, h * hd)
     return F.linear(context, p[prefix + "o_proj.weight"])
 
@@ -139,12 +161,19 @@ def mlp(x, p, prefix):
 def forward(p, ids, cfg):
     blocks, eps = cfg["blocks"], cfg["rms_eps"]
     x = p["layers.0.weight"][ids]
+    segments = positions = None
+    if cfg.get("eod") is not None:
+        segments, positions = documents(ids, cfg["eod"])
     cos, sin = rotary_cos_sin(ids.shape[1], head_dim(cfg), cfg["rope_theta"],
-                              cfg.get("rope_scaling"), x.dtype)
+                              cfg.get("rope_scaling"), x.dtype,
+                              positions if cfg.get("reset_position_ids") else
+                              None)
+    if not cfg.get("document_mask"):
+        segments = None
     for i in range(1, blocks + 1):
         pre = f"layers.{i}."
         x = x + attention(rms_norm(x, p[pre + "input_layernorm.weight"], eps),
-                          p, pre + "self_attn.", cfg, cos, sin)
+                          p, pre + "self_attn.", cfg, cos, sin, segments)
         x = x + mlp(rms_norm(x, p[pre + "post_attention_layernorm.weight"],
                              eps), p, pre + "mlp.")
     x = rms_norm(x, p[f"layers.{blocks + 1}.weight"], eps)
@@ -183,6 +212,10 @@ def main():
             plain = dict(cfg, rope_scaling=None)
             out["logits_unscaled"] = forward(
                 params, batch(corpus, 0, cfg)[0], plain)
+        if cfg.get("eod") is not None:
+            # The same rows as one sequence each: what the documents change.
+            out["logits_undocumented"] = forward(
+                params, batch(corpus, 0, cfg)[0], dict(cfg, eod=None))
     optimizer = torch.optim.AdamW(
         params.values(), lr=cfg["lr"], betas=tuple(cfg["betas"]),
         eps=cfg["eps"], weight_decay=cfg["weight_decay"])
@@ -191,8 +224,21 @@ def main():
         inputs, targets = batch(corpus, step, cfg)
         optimizer.zero_grad()
         logits = forward(params, inputs, cfg)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                               targets.reshape(-1))
+        if cfg.get("eod_mask_loss"):
+            # Megatron's --eod-mask-loss: no loss where the input is the EOD
+            # (the prediction across documents); each microbatch's loss is
+            # the mean over its other targets, and the step's the mean of
+            # the microbatches' (Conveyor's gradient accumulation).
+            targets = targets.masked_fill(inputs == cfg["eod"], -100)
+            m = cfg["microbatches"]
+            rows = inputs.shape[0] // m
+            loss = sum(F.cross_entropy(
+                logits[j * rows:(j + 1) * rows].reshape(-1, logits.shape[-1]),
+                targets[j * rows:(j + 1) * rows].reshape(-1),
+                ignore_index=-100) for j in range(m)) / m
+        else:
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                   targets.reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params.values(), cfg["clip"])
         optimizer.step()
