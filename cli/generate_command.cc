@@ -73,14 +73,15 @@ bool HasTokenizer(const std::string& dir) {
 }
 
 // The tokenizer --prompt and the printed tokens go through: --tokenizer,
-// else the one beside the model's HF weights (`hf_dir`: the HF source, or
-// the model.from_hf of a checkpoint's job), else none (a byte-level model:
-// bytes are the ids).
+// else, for a model of `vocab` tokens other than a byte-level one (whose
+// bytes are its ids), the one beside the model's HF weights (`hf_dir`: the
+// HF source, or the model.from_hf of a checkpoint's job), else none.
 absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> FindTokenizer(
-    const GenerateCommandOptions& o, const std::string& hf_dir,
+    const GenerateCommandOptions& o, const std::string& hf_dir, int64_t vocab,
     std::ostream& err) {
   if (!o.tokenizer.empty()) return tokenizer::Tokenizer::Load(o.tokenizer);
-  if (o.prompt_ids.has_value() || !HasTokenizer(hf_dir)) {
+  if (o.prompt_ids.has_value() || vocab == kByteVocab ||
+      !HasTokenizer(hf_dir)) {
     return std::unique_ptr<tokenizer::Tokenizer>();
   }
   err << "note: tokenizer from " << hf_dir << "\n";
@@ -182,12 +183,12 @@ absl::Status GenerateFromHf(const GenerateCommandOptions& o, std::ostream& out,
         "--job, --set and --step are for a Conveyor checkpoint; ", o.source,
         " is a HuggingFace checkpoint (it holds ", hf::kHfConfigFile, ")"));
   }
-  ASSIGN_OR_RETURN(const std::unique_ptr<tokenizer::Tokenizer> tokenizer,
-                   FindTokenizer(o, o.source, err));
-  ASSIGN_OR_RETURN(const std::vector<int64_t> prompt,
-                   PromptIds(o, tokenizer.get()));
   ASSIGN_OR_RETURN(const hf::HfLlamaConfig config,
                    hf::ReadHfLlamaConfig(o.source));
+  ASSIGN_OR_RETURN(const std::unique_ptr<tokenizer::Tokenizer> tokenizer,
+                   FindTokenizer(o, o.source, config.vocab_size, err));
+  ASSIGN_OR_RETURN(const std::vector<int64_t> prompt,
+                   PromptIds(o, tokenizer.get()));
   const int64_t needed = PositionsNeeded(prompt, o.tokens);
   if (needed > config.max_position_embeddings) {
     return absl::InvalidArgumentError(
@@ -227,8 +228,13 @@ absl::Status GenerateFromCheckpoint(const GenerateCommandOptions& o,
                            {.job_file = o.job, .overrides = o.overrides}));
   for (const std::string& note : job.notes) err << note << "\n";
   const engine::ModelSpec& model = job.parsed.spec.model;
+  const int64_t vocab =
+      !model.layers.empty() &&
+              model.layers.front().kind == engine::LayerKind::kEmbedding
+          ? model.layers.front().vocab_size
+          : 0;
   ASSIGN_OR_RETURN(const std::unique_ptr<tokenizer::Tokenizer> tokenizer,
-                   FindTokenizer(o, model.from_hf, err));
+                   FindTokenizer(o, model.from_hf, vocab, err));
   ASSIGN_OR_RETURN(const std::vector<int64_t> prompt,
                    PromptIds(o, tokenizer.get()));
   RETURN_IF_ERROR(CheckPromptFitsModel(o, model, tokenizer.get(), prompt));

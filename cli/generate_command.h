@@ -14,9 +14,10 @@
 //     cli/checkpoint_job.h), either with --set overrides; --step picks a
 //     step (default: the newest complete one).
 //
-// --prompt TEXT goes through a tokenizer (--tokenizer FILE|DIR, else the
-// tokenizer.json or tokenizer.model beside the model's HF weights: the HF
-// source, or the job's model.from_hf), its BOS first when it has one, and
+// --prompt TEXT goes through a tokenizer (--tokenizer FILE|DIR, else, for a
+// model whose vocabulary is not the 256 bytes, the tokenizer.json or
+// tokenizer.model beside its HF weights: the HF source, or the job's
+// model.from_hf), its BOS first when it has one, and
 // the new tokens are decoded to text. Without a tokenizer, --prompt is for
 // byte-level models (vocab_size 256): the prompt's bytes are the ids, and
 // the new bytes are printed as text, with "\\" for a backslash and "\xNN"

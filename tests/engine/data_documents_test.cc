@@ -22,14 +22,6 @@ using Kind = DataConfig::Kind;
 constexpr int64_t kEod = 9;
 constexpr int64_t kIg = kIgnoredTarget;
 
-std::unique_ptr<DataSource> MustCreate(const DataConfig& config,
-                                       const SampleShapes& shapes) {
-  absl::StatusOr<std::unique_ptr<DataSource>> source =
-      DataSource::Create(config, shapes);
-  EXPECT_TRUE(source.ok()) << source.status();
-  return source.ok() ? *std::move(source) : nullptr;
-}
-
 std::string CreateError(const DataConfig& config, const SampleShapes& shapes) {
   absl::StatusOr<std::unique_ptr<DataSource>> source =
       DataSource::Create(config, shapes);

@@ -6,10 +6,12 @@
 
 #include <cstdint>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/little_endian.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/data.h"
@@ -76,6 +78,16 @@ inline DataConfig TokenConfig(DataConfig::Kind kind, const std::string& path,
   config.path = path;
   config.seq_len = seq_len;
   return config;
+}
+
+// The source `config` makes for `shapes`, failing the test (and returning
+// null) when Create refuses.
+inline std::unique_ptr<DataSource> MustCreate(const DataConfig& config,
+                                              const SampleShapes& shapes) {
+  absl::StatusOr<std::unique_ptr<DataSource>> source =
+      DataSource::Create(config, shapes);
+  EXPECT_TRUE(source.ok()) << source.status();
+  return source.ok() ? *std::move(source) : nullptr;
 }
 
 inline std::vector<int64_t> ToI64(const Tensor& t) {

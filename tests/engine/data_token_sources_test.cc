@@ -29,14 +29,6 @@ using ::testing::HasSubstr;
 using namespace data_testing;  // NOLINT: the helpers of this test family.
 using Kind = DataConfig::Kind;
 
-std::unique_ptr<DataSource> MustCreate(const DataConfig& config,
-                                       const SampleShapes& shapes) {
-  absl::StatusOr<std::unique_ptr<DataSource>> source =
-      DataSource::Create(config, shapes);
-  EXPECT_TRUE(source.ok()) << source.status();
-  return source.ok() ? *std::move(source) : nullptr;
-}
-
 absl::Status CreateError(const DataConfig& config, const SampleShapes& shapes) {
   absl::StatusOr<std::unique_ptr<DataSource>> source =
       DataSource::Create(config, shapes);

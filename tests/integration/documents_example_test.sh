@@ -41,7 +41,7 @@ check "... printing text" test -s "$dir/generate.out"
 # A corrupt data set is refused before training, naming the file.
 head -c 100 "$dir/licenses.bin" >"$dir/short.bin"
 cp "$dir/licenses.idx" "$dir/short.idx"
-"$ctl" run "$example/llama.yaml" --workers 2 --steps 1 --in-process \
+"$ctl" run "$example/llama.yaml" --steps 1 --in-process \
   --set "data.path=$dir/short" --set "checkpoint.dir=$dir/ckpt2" \
   >"$dir/short.out" 2>&1
 check "a truncated .bin is refused" test $? -ne 0
