@@ -517,7 +517,8 @@ void StageExecutor::SummarizeSpans(RankStepResult& result) const {
     switch (span.kind) {
       case SpanKind::kForward:
         ++t.microbatches;
-        [[fallthrough]];
+        t.forward_seconds += seconds;
+        break;
       case SpanKind::kData:
         t.data_seconds += seconds;
         t.forward_seconds += seconds;

@@ -453,6 +453,16 @@ TEST(StageExecutorTest, SpansAccountForTheStep) {
         EXPECT_EQ((counts[{SpanKind::kLoss, stage}]),
                   stage + 1 == num_stages ? m : 0);
         EXPECT_GT(t.forward_seconds, 0);
+        // The data loader's time is exactly the stage's data spans (it once
+        // took in the forwards too), and part of its forward time.
+        int64_t data_us = 0;
+        for (const telemetry::Span& span : result.spans) {
+          if (span.kind == SpanKind::kData && span.stage == stage) {
+            data_us += span.duration_us;
+          }
+        }
+        EXPECT_NEAR(t.data_seconds, data_us * 1e-6, 1e-9);
+        EXPECT_LE(t.data_seconds, t.forward_seconds);
         EXPECT_GT(t.backward_seconds, 0);
         EXPECT_GE(t.optimizer_seconds, 0);
         EXPECT_GT(t.peak_activation_bytes, 0u);
