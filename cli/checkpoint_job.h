@@ -46,8 +46,8 @@
 namespace conveyor::cli {
 
 struct CheckpointJobOptions {
-  std::string job_file;                // --job; empty: the recorded job.
-  std::vector<std::string> overrides;  // --set key.path=value, in order.
+  std::string job_file = {};                // --job; empty: the recorded job.
+  std::vector<std::string> overrides = {};  // --set key.path=value, in order.
 };
 
 struct CheckpointJob {
