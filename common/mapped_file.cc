@@ -1,12 +1,17 @@
 #include "common/mapped_file.h"
 
+#include <setjmp.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <limits>
+#include <mutex>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +19,43 @@
 
 namespace conveyor {
 namespace {
+
+// The SIGBUS guard of CopyOut: while a thread copies from a mapping, a SIGBUS
+// on it (a page the file lost) jumps back into CopyOut. Any other SIGBUS goes
+// to the disposition that was there before, as if the guard did not exist.
+// Volatile, with signal fences around the copy: otherwise the compiler may
+// drop the store before the memcpy as dead, since nothing it sees reads it.
+thread_local sigjmp_buf* volatile copy_jump = nullptr;
+struct sigaction previous_sigbus;
+
+void OnSigbus(int signal_number, siginfo_t* info, void* context) {
+  if (copy_jump != nullptr) siglongjmp(*copy_jump, 1);
+  if ((previous_sigbus.sa_flags & SA_SIGINFO) != 0 &&
+      previous_sigbus.sa_sigaction != nullptr) {
+    previous_sigbus.sa_sigaction(signal_number, info, context);
+    return;
+  }
+  if (previous_sigbus.sa_handler == SIG_IGN) return;
+  if (previous_sigbus.sa_handler != SIG_DFL &&
+      previous_sigbus.sa_handler != nullptr) {
+    previous_sigbus.sa_handler(signal_number);
+    return;
+  }
+  // The default: die of the signal, with its core dump.
+  signal(SIGBUS, SIG_DFL);
+  raise(SIGBUS);
+}
+
+void InstallSigbusGuard() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction action = {};
+    action.sa_sigaction = OnSigbus;
+    action.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGBUS, &action, &previous_sigbus);
+  });
+}
 
 uint64_t PageSize() {
   static const uint64_t page = [] {
@@ -87,6 +129,30 @@ void MappedFile::ReleaseEvery(uint64_t bytes, uint64_t period) const {
          !unreleased_.compare_exchange_weak(expected, 0)) {
   }
   if (expected >= period) Release(0, size_);
+}
+
+absl::Status MappedFile::CopyOut(uint64_t offset, uint64_t size,
+                                 void* out) const {
+  if (offset > size_ || size > size_ - offset) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path_, ": bytes [", offset, ", ", offset + size,
+                     ") are outside its ", size_, " mapped bytes"));
+  }
+  InstallSigbusGuard();
+  sigjmp_buf jump;
+  // savemask 1: the jump restores the signal mask the handler ran under.
+  if (sigsetjmp(jump, 1) != 0) {
+    copy_jump = nullptr;
+    return absl::DataLossError(
+        absl::StrCat(path_, ": bytes [", offset, ", ", offset + size,
+                     ") were lost while being read (the file shrank)"));
+  }
+  copy_jump = &jump;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  std::memcpy(out, data_ + offset, size);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  copy_jump = nullptr;
+  return absl::OkStatus();
 }
 
 absl::Status MappedFile::CheckNotShrunk() const {

@@ -9,10 +9,11 @@
 // errno-derived code with the path and the call for anything the system
 // refuses.
 //
-// A mapped file that shrinks turns a read of its lost tail into SIGBUS.
-// Readers therefore call CheckNotShrunk before they gather bytes: it cannot
-// close the race with a concurrent truncation, but it turns the common case
-// (a file rewritten in place while a job runs) into a clear error.
+// A mapped file that shrinks turns a read of its lost tail into SIGBUS, which
+// would take the daemon down. Readers therefore copy bytes out with CopyOut,
+// which catches that SIGBUS and returns DataLoss instead; CheckNotShrunk
+// before a gather turns the common case (a file rewritten in place while a
+// job runs) into a clear error first.
 //
 // Thread-safe: immutable after Open but for an atomic counter; Advise and
 // Release only give the kernel hints.
@@ -53,6 +54,13 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   // The size when mapped; never 0.
   uint64_t size() const { return size_; }
+
+  // Copies [offset, offset + size) of the mapping into `out`. DataLoss
+  // "<path>: ... lost while being read" when the file shrank under the copy
+  // (the SIGBUS of a lost page is caught, on this thread, for the copy's
+  // duration; any other SIGBUS keeps its previous disposition).
+  // InvalidArgument for a range outside size().
+  absl::Status CopyOut(uint64_t offset, uint64_t size, void* out) const;
 
   // Best effort: a failed madvise only costs speed.
   void Advise(Access access) const;

@@ -59,7 +59,12 @@ absl::Status TokenStream::Read(int64_t begin, int64_t n, int64_t* out) const {
         absl::StrCat(file_->path(), ": tokens [", begin, ", ", begin + n,
                      ") are outside the stream of ", count_));
   }
-  const uint8_t* p = file_->data() + offset_ + begin * encoding_.bytes;
+  // Copied out under MappedFile's SIGBUS guard: a file truncated under the
+  // read fails this gather with DataLoss instead of killing the process.
+  std::vector<uint8_t> raw(static_cast<size_t>(n) * encoding_.bytes);
+  RETURN_IF_ERROR(file_->CopyOut(offset_ + begin * encoding_.bytes, raw.size(),
+                                 raw.data()));
+  const uint8_t* p = raw.data();
   switch (encoding_.bytes * (encoding_.is_signed ? -1 : 1)) {
     case 1:
       Decode<uint8_t>(p, n, out);

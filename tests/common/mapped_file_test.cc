@@ -85,6 +85,36 @@ TEST(MappedFileTest, ReportsAFileThatShrank) {
   EXPECT_TRUE((*file)->CheckNotShrunk().ok());
 }
 
+// A read of pages the file lost under the mapping is SIGBUS; CopyOut turns
+// it into DataLoss and the process lives on (a worker reading a data set
+// that someone truncates mid-job). Reads of what is still there keep
+// working, and out-of-range ranges are refused without touching memory.
+TEST(MappedFileTest, CopyOutOfALostPageIsDataLossNotSigbus) {
+  const std::string path = TempPath("lost");
+  const long page = sysconf(_SC_PAGESIZE);
+  std::string bytes(4 * page, 'a');
+  bytes[3 * page] = 'z';
+  WriteBytes(path, bytes);
+  auto file = MappedFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  char c = 0;
+  ASSERT_TRUE((*file)->CopyOut(3 * page, 1, &c).ok());
+  EXPECT_EQ(c, 'z');
+  ASSERT_EQ(::truncate(path.c_str(), page), 0);
+  std::string out(page, '\0');
+  for (int attempt = 0; attempt < 3; ++attempt) {  // The guard is reusable.
+    absl::Status s = (*file)->CopyOut(2 * page, page, out.data());
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_THAT(s.message(), HasSubstr("lost while being read"));
+  }
+  ASSERT_TRUE((*file)->CopyOut(0, page, out.data()).ok());
+  EXPECT_EQ(out, std::string(page, 'a'));
+  EXPECT_EQ((*file)->CopyOut(4 * page, 1, &c).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*file)->CopyOut(1, ~uint64_t{0}, &c).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 int64_t ResidentKiB() {
   std::ifstream status("/proc/self/status");
   std::string line;
