@@ -1,6 +1,9 @@
 #include "engine/documents.h"
 
+#include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
