@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "engine/cpu/parallel.h"
 #include "engine/data.h"
+#include "engine/host_upload.h"
 #include "engine/init.h"
 #include "engine/internal/data_sources.h"
 
@@ -28,7 +29,6 @@ constexpr absl::string_view kXStream = "data.synthetic.x";
 constexpr absl::string_view kNoiseStream = "data.synthetic.noise";
 
 using data_internal::IndexedDataSource;
-using data_internal::Upload;
 
 class SyntheticRegressionSource final : public IndexedDataSource {
  public:
@@ -54,8 +54,8 @@ class SyntheticRegressionSource final : public IndexedDataSource {
     std::vector<float> x(samples.size() * per_sample);
     ParallelForRows(static_cast<int64_t>(samples.size()), per_sample * 32,
                     [&](int64_t r) { X(samples[r], &x[r * per_sample]); });
-    return Upload(backend,
-                  Shape(static_cast<int64_t>(samples.size()), input_shape_), x);
+    return UploadVector(
+        backend, Shape(static_cast<int64_t>(samples.size()), input_shape_), x);
   }
 
   absl::StatusOr<Tensor> GatherTargets(
@@ -92,7 +92,7 @@ class SyntheticRegressionSource final : public IndexedDataSource {
             }
           }
         });
-    return Upload(
+    return UploadVector(
         backend, Shape(static_cast<int64_t>(samples.size()), target_shape_), y);
   }
 

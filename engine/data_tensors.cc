@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/data.h"
+#include "engine/host_upload.h"
 #include "engine/internal/data_sources.h"
 #include "engine/safetensors.h"
 
@@ -45,8 +46,8 @@ struct SampleTable {
       std::copy_n(table.begin() + samples[r] * row_size, row_size,
                   out.begin() + r * row_size);
     }
-    return Upload(backend,
-                  WithBatch(static_cast<int64_t>(samples.size()), shape), out);
+    return UploadVector(
+        backend, WithBatch(static_cast<int64_t>(samples.size()), shape), out);
   }
 
   absl::StatusOr<Tensor> Gather(Backend* backend,

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/host_upload.h"
 #include "engine/internal/data_blend.h"
 #include "engine/internal/data_sources.h"
 
@@ -53,7 +54,7 @@ class TokenWindowsSource final : public IndexedDataSource {
       RETURN_IF_ERROR(ReadWindow(Locate(samples[r]), window.data()));
       std::copy(window.begin(), window.end() - 1, out.begin() + r * seq_len_);
     }
-    return Upload(backend, {rows, seq_len_}, out);
+    return UploadVector(backend, {rows, seq_len_}, out);
   }
 
   absl::StatusOr<Tensor> GatherTargets(
@@ -77,7 +78,7 @@ class TokenWindowsSource final : public IndexedDataSource {
         }
       }
     }
-    return Upload(backend, {rows, seq_len_}, out);
+    return UploadVector(backend, {rows, seq_len_}, out);
   }
 
   absl::StatusOr<DocumentLayout> GatherDocuments(

@@ -7,19 +7,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/host_upload.h"
 
 namespace conveyor::engine {
 namespace {
 
 thread_local const DeviceDocuments* current_documents = nullptr;
-
-absl::StatusOr<Tensor> UploadI64(Backend* backend, std::vector<int64_t> shape,
-                                 const std::vector<int64_t>& values) {
-  ASSIGN_OR_RETURN(Tensor t, backend->Empty(std::move(shape), DType::kI64));
-  RETURN_IF_ERROR(
-      backend->CopyFromHost(values.data(), values.size() * sizeof(int64_t), t));
-  return t;
-}
 
 }  // namespace
 
@@ -85,7 +78,7 @@ absl::StatusOr<DeviceDocuments> UploadDocuments(
   const int64_t rows = documents.rows, seq = documents.seq_len;
   if (!documents.positions.empty()) {
     ASSIGN_OR_RETURN(out.positions,
-                     UploadI64(backend, {rows, seq}, documents.positions));
+                     UploadVector(backend, {rows, seq}, documents.positions));
   }
   if (!documents.segments.empty()) {
     // Segments are contiguous, so a document is one range per row: find
@@ -105,7 +98,7 @@ absl::StatusOr<DeviceDocuments> UploadDocuments(
         span[2 * t + 1] = end;
       }
     }
-    ASSIGN_OR_RETURN(out.spans, UploadI64(backend, {rows, seq, 2}, spans));
+    ASSIGN_OR_RETURN(out.spans, UploadVector(backend, {rows, seq, 2}, spans));
   }
   return out;
 }

@@ -13,6 +13,7 @@
 #include "common/cancellation.h"
 #include "common/median.h"
 #include "common/status_macros.h"
+#include "engine/host_upload.h"
 #include "engine/stage.h"
 
 namespace conveyor::engine {
@@ -31,24 +32,19 @@ Shape WithBatch(int64_t rows, const std::vector<int64_t>& per_sample) {
 // A fixed pattern of small floats in [-0.08, 0.08]: nonzero, so no kernel
 // takes a shortcut on zeros, and small, so nothing overflows.
 absl::StatusOr<Tensor> PatternTensor(Backend* backend, const Shape& shape) {
-  ASSIGN_OR_RETURN(Tensor t, backend->Empty(shape, DType::kF32));
-  std::vector<float> host(static_cast<size_t>(t.numel()));
+  std::vector<float> host(static_cast<size_t>(NumElements(shape)));
   for (size_t k = 0; k < host.size(); ++k) {
     host[k] = static_cast<float>(static_cast<int>(k % 17) - 8) * 0.01f;
   }
-  RETURN_IF_ERROR(
-      backend->CopyFromHost(host.data(), host.size() * sizeof(float), t));
-  return t;
+  return UploadVector(backend, shape, host);
 }
 
 // Token ids 0: valid for every vocabulary. The engine's ids are I64
 // (Backend::EmbeddingForward).
 absl::StatusOr<Tensor> ZeroIds(Backend* backend, const Shape& shape) {
-  ASSIGN_OR_RETURN(Tensor t, backend->Empty(shape, DType::kI64));
-  std::vector<int64_t> host(static_cast<size_t>(t.numel()), 0);
-  RETURN_IF_ERROR(
-      backend->CopyFromHost(host.data(), host.size() * sizeof(int64_t), t));
-  return t;
+  return UploadVector(
+      backend, shape,
+      std::vector<int64_t>(static_cast<size_t>(NumElements(shape)), 0));
 }
 
 // Seconds `f` takes, including the backend finishing the work it enqueued.

@@ -3,9 +3,9 @@
 // kept as far as `data.documents` asks: per-token positions only with
 // reset_position_ids, the document mask only with document_mask.
 // (eod_mask_loss needs neither: the data source writes kIgnoredTarget into
-// the targets.) The pipelined executor and the in-process reference both
-// call it for every stage and every microbatch, so their stages see the
-// same documents.
+// the targets.) The pipelined executor calls it for each of its stages and
+// the in-process reference once per microbatch for all of its stages, so
+// their stages see the same documents.
 #ifndef CONVEYOR_JOB_MICROBATCH_DOCUMENTS_H_
 #define CONVEYOR_JOB_MICROBATCH_DOCUMENTS_H_
 

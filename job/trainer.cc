@@ -93,9 +93,14 @@ absl::StatusOr<StepReport> InProcessTrainer::RunStep() {
   for (int mb = 0; mb < m; ++mb) {
     ASSIGN_OR_RETURN(Tensor x,
                      data_->Inputs(backend_, step_, mb, m, t.batch_size));
+    // One layout per microbatch, handed to every stage (each keeps a copy).
+    ASSIGN_OR_RETURN(
+        const engine::MicrobatchDocuments documents,
+        DocumentsFor(*data_, job_.data.documents, step_, mb, m, t.batch_size));
     for (auto& stage : stages_) {
-      RETURN_IF_ERROR(SetStageDocuments(*stage, mb, *data_, job_.data.documents,
-                                        step_, mb, m, t.batch_size));
+      if (!documents.empty()) {
+        RETURN_IF_ERROR(stage->SetDocuments(mb, documents));
+      }
       ASSIGN_OR_RETURN(x, stage->Forward(mb, x));
     }
     ASSIGN_OR_RETURN(Tensor target,
@@ -151,10 +156,13 @@ absl::StatusOr<EvalResult> InProcessTrainer::Evaluate() {
     ASSIGN_OR_RETURN(
         Tensor x,
         eval_data_->Inputs(backend_, b.step, b.microbatch, m, t.batch_size));
+    ASSIGN_OR_RETURN(const engine::MicrobatchDocuments documents,
+                     DocumentsFor(*eval_data_, job_.eval.data.documents, b.step,
+                                  b.microbatch, m, t.batch_size));
     for (auto& stage : stages_) {
-      RETURN_IF_ERROR(SetStageDocuments(*stage, static_cast<int>(i),
-                                        *eval_data_, job_.eval.data.documents,
-                                        b.step, b.microbatch, m, t.batch_size));
+      if (!documents.empty()) {
+        RETURN_IF_ERROR(stage->SetDocuments(static_cast<int>(i), documents));
+      }
       ASSIGN_OR_RETURN(x, stage->Evaluate(static_cast<int>(i), x));
     }
     ASSIGN_OR_RETURN(

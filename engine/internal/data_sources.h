@@ -29,16 +29,6 @@
 
 namespace conveyor::engine::data_internal {
 
-// A tensor of `shape` on `backend` holding `host`.
-template <typename T>
-absl::StatusOr<Tensor> Upload(Backend* backend, Shape shape,
-                              const std::vector<T>& host) {
-  ASSIGN_OR_RETURN(Tensor t, backend->Empty(shape, DTypeOf<T>()));
-  RETURN_IF_ERROR(
-      backend->CopyFromHost(host.data(), host.size() * sizeof(T), t));
-  return t;
-}
-
 // Position p -> sample index of a data set of n samples: p when n is 0
 // (unlimited), p mod n without shuffle, else perm_e[p mod n] with e = p / n
 // and perm_e the Fisher-Yates permutation drawn from stream

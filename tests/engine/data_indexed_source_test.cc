@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/cpu/cpu_backend.h"
+#include "engine/host_upload.h"
 #include "engine/internal/data_sources.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -33,7 +34,8 @@ class IndexSource final : public IndexedDataSource {
  protected:
   absl::StatusOr<Tensor> GatherInputs(
       Backend* backend, const std::vector<int64_t>& samples) const override {
-    return Upload(backend, {static_cast<int64_t>(samples.size())}, samples);
+    return UploadVector(backend, {static_cast<int64_t>(samples.size())},
+                        samples);
   }
   absl::StatusOr<Tensor> GatherTargets(
       Backend* backend, const std::vector<int64_t>& samples) const override {

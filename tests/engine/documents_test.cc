@@ -199,7 +199,8 @@ struct StageRun {
 
 // Forward and backward of `ids` [1, n] with output gradient `dy`.
 StageRun RunStage(const ModelSpec& spec, const std::vector<int64_t>& ids,
-             const std::vector<float>& dy, const MicrobatchDocuments* docs) {
+                  const std::vector<float>& dy,
+                  const MicrobatchDocuments* docs) {
   absl::StatusOr<std::unique_ptr<Stage>> stage =
       Stage::Create(CpuBackend::Get(), spec, 0);
   CONVEYOR_CHECK(stage.ok(), stage.status().ToString());
