@@ -142,9 +142,13 @@ absl::Status TieToEmbedding(const LayerSpec* first, LayerSpec& head) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Layer>> BuildLayer(Backend* backend,
-                                                  const LayerSpec& layer) {
-  return LayerKindRowOf(layer.kind).build(backend, layer);
+absl::StatusOr<std::unique_ptr<Layer>> BuildLayer(
+    Backend* backend, const LayerSpec& layer, const TensorParallelRank& rank) {
+  const LayerKindRow& row = LayerKindRowOf(layer.kind);
+  if (rank.size() > 1 && row.build_shard != nullptr) {
+    return row.build_shard(backend, layer, rank);
+  }
+  return row.build(backend, layer);
 }
 
 }  // namespace conveyor::engine

@@ -24,6 +24,7 @@
 #include "engine/backend.h"
 #include "engine/layer.h"
 #include "engine/layer_spec.h"
+#include "engine/tensor_parallel.h"
 
 namespace conveyor::engine {
 
@@ -78,6 +79,16 @@ struct LayerKindRow {
   // table's own test: "- dense: {features: 8}" on "[4, 6]".
   absl::string_view example;
   absl::string_view example_input;
+  // For kinds that split over a tensor-parallel group (engine/
+  // tensor_parallel.h): the layer's shard on one rank (its parameters
+  // under their global names, each the spec's shape or that shape with one
+  // dimension divided by the group's size), and why `layer` cannot split
+  // over `ranks` (InvalidArgument at the layer) or OK. Null for kinds that
+  // run whole on every rank.
+  absl::StatusOr<std::unique_ptr<Layer>> (*build_shard)(
+      Backend* backend, const LayerSpec& layer,
+      const TensorParallelRank& rank) = nullptr;
+  absl::Status (*check_shard)(const LayerSpec& layer, int64_t ranks) = nullptr;
 };
 
 // Every kind, in the order an unknown kind's error lists them.
@@ -96,9 +107,11 @@ absl::string_view LayerKindName(LayerKind kind);
 // vocabulary and width. InvalidArgument at the head otherwise.
 absl::Status TieToEmbedding(const LayerSpec* first, LayerSpec& head);
 
-// Builds `layer` on `backend` (its row's build).
-absl::StatusOr<std::unique_ptr<Layer>> BuildLayer(Backend* backend,
-                                                  const LayerSpec& layer);
+// Builds `layer` on `backend` (its row's build), or its shard on `rank` of a
+// tensor-parallel group (build_shard) for a kind that splits.
+absl::StatusOr<std::unique_ptr<Layer>> BuildLayer(
+    Backend* backend, const LayerSpec& layer,
+    const TensorParallelRank& rank = {});
 
 }  // namespace conveyor::engine
 

@@ -203,17 +203,45 @@ absl::Status InferLlamaBlock(LayerSpec& l) {
   return absl::OkStatus();
 }
 
+LlamaBlockOptions LlamaOptions(const LayerSpec& l) {
+  return {.features = Features(l),
+          .heads = l.heads,
+          .kv_heads = l.kv_heads,
+          .head_dim = l.head_dim,
+          .mlp_features = l.mlp_features,
+          .eps = static_cast<float>(l.eps),
+          .rope_theta = l.rope_theta,
+          .rope_scaling = l.rope_scaling,
+          .attention_bias = l.bias};
+}
+
 Built BuildLlamaBlock(Backend* b, const LayerSpec& l) {
-  return MakeLlamaBlock(b, Prefix(l),
-                        {.features = Features(l),
-                         .heads = l.heads,
-                         .kv_heads = l.kv_heads,
-                         .head_dim = l.head_dim,
-                         .mlp_features = l.mlp_features,
-                         .eps = static_cast<float>(l.eps),
-                         .rope_theta = l.rope_theta,
-                         .rope_scaling = l.rope_scaling,
-                         .attention_bias = l.bias});
+  return MakeLlamaBlock(b, Prefix(l), LlamaOptions(l));
+}
+
+Built BuildLlamaBlockShard(Backend* b, const LayerSpec& l,
+                           const TensorParallelRank& rank) {
+  LlamaBlockOptions options = LlamaOptions(l);
+  options.tensor_parallel = rank;
+  return MakeLlamaBlock(b, Prefix(l), options);
+}
+
+// Each rank takes whole query heads, whole key/value heads (so GQA groups
+// stay on one rank) and whole hidden units.
+absl::Status CheckLlamaBlockShard(const LayerSpec& l, int64_t ranks) {
+  for (const auto& [name, count] :
+       {std::pair<const char*, int64_t>{"heads", l.heads},
+        {"kv_heads", l.kv_heads},
+        {"mlp_features", l.mlp_features}}) {
+    if (count % ranks != 0) {
+      return LayerError(
+          l, absl::StrCat(name, " (", count, ") does not split over ", ranks,
+                          " tensor-parallel ranks; pipeline."
+                          "tensor_parallel must divide heads, "
+                          "kv_heads and mlp_features"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -241,7 +269,9 @@ LayerKindRow LlamaBlockRow() {
               "mlp_features: 24, attention_bias: true, rope_scaling: "
               "{rope_type: llama3, factor: 8, low_freq_factor: 1, "
               "high_freq_factor: 4, original_max_position_embeddings: 4}}",
-          .example_input = "[5, 16]"};
+          .example_input = "[5, 16]",
+          .build_shard = BuildLlamaBlockShard,
+          .check_shard = CheckLlamaBlockShard};
 }
 
 }  // namespace conveyor::engine::layer_kinds_internal

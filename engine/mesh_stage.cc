@@ -1,10 +1,10 @@
 #include "engine/mesh_stage.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/internal/mesh_rows.h"
 
 namespace conveyor::engine {
 
@@ -36,64 +36,13 @@ absl::Status MeshStage::LoadFrom(const ParameterSource& source) {
 absl::StatusOr<std::vector<Tensor>> MeshStage::Scatter(const Tensor& x,
                                                        int microbatch,
                                                        const char* what) {
-  const int n = size();
-  if (!x.defined() || x.rank() < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("stage ", index_, ": the ", what, " of microbatch ",
-                     microbatch, " has no rows to split over the mesh"));
-  }
-  const int64_t rows = x.dim(0);
-  if (rows % n != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "stage ", index_, ": the ", what, " of microbatch ", microbatch,
-        " has ", rows, " rows, which do not split evenly over a mesh of ", n,
-        " devices (make the microbatch size a multiple of ", n, ")"));
-  }
-  const int64_t per = rows / n;
-  std::vector<Tensor> parts;
-  parts.reserve(n);
-  for (int d = 0; d < n; ++d) {
-    Tensor part = x.Rows(d * per, (d + 1) * per);
-    Backend* backend = collective_->backend(d);
-    if (part.backend() != backend) {
-      // On another device (or the host): the replica computes on its own.
-      ASSIGN_OR_RETURN(Tensor local, backend->Empty(part.shape(), x.dtype()));
-      RETURN_IF_ERROR(collective_->Copy(part, local));
-      part = std::move(local);
-    }
-    parts.push_back(std::move(part));
-  }
-  return parts;
+  std::vector<int> devices(size());
+  for (int d = 0; d < size(); ++d) devices[d] = d;
+  return SplitRows(*collective_, devices, x, index_, microbatch, what);
 }
 
 absl::StatusOr<Tensor> MeshStage::Gather(const std::vector<Tensor>& parts) {
-  const Tensor& first = parts[0];
-  if (parts.size() == 1) return first;  // One device: nothing to copy.
-  Shape shape = first.shape();
-  int64_t rows = 0;
-  for (size_t d = 0; d < parts.size(); ++d) {
-    const Tensor& p = parts[d];
-    // Replicas of one stage on equal shards give equal shapes; anything else
-    // is a bug in a layer.
-    if (p.rank() != first.rank() || p.rank() < 1 ||
-        p.dtype() != first.dtype() ||
-        !std::equal(p.shape().begin() + 1, p.shape().end(),
-                    first.shape().begin() + 1)) {
-      return absl::InternalError(absl::StrCat(
-          "stage ", index_, ": replica ", d, " gave ", ShapeString(p.shape()),
-          " but replica 0 ", ShapeString(first.shape())));
-    }
-    rows += p.dim(0);
-  }
-  shape[0] = rows;
-  ASSIGN_OR_RETURN(Tensor out,
-                   collective_->backend(0)->Empty(shape, first.dtype()));
-  int64_t begin = 0;
-  for (const Tensor& p : parts) {
-    RETURN_IF_ERROR(collective_->Copy(p, out.Rows(begin, begin + p.dim(0))));
-    begin += p.dim(0);
-  }
-  return out;
+  return ConcatRows(*collective_, parts, index_);
 }
 
 absl::Status MeshStage::SetDocuments(int microbatch,

@@ -26,11 +26,25 @@ InitRule RuleFor(const ParamSpec& p) {
   return {};
 }
 
+// Whether `built` is `whole`, or `whole` with one dimension divided by
+// `ranks` (a tensor-parallel shard).
+bool IsShardOf(const Shape& built, const Shape& whole, int ranks) {
+  if (built == whole) return true;
+  if (ranks <= 1 || built.size() != whole.size()) return false;
+  int split = 0;
+  for (size_t i = 0; i < whole.size(); ++i) {
+    if (built[i] == whole[i]) continue;
+    if (built[i] * ranks != whole[i]) return false;
+    ++split;
+  }
+  return split == 1;
+}
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(Backend* backend,
-                                                     const ModelSpec& spec,
-                                                     int stage) {
+absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
+    Backend* backend, const ModelSpec& spec, int stage,
+    const TensorParallelRank& rank) {
   if (stage < 0 || stage >= spec.num_stages) {
     return absl::InvalidArgumentError(
         absl::StrCat("stage ", stage, " is out of range: the model has ",
@@ -40,7 +54,7 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(Backend* backend,
   std::map<std::string, const ParamSpec*> specs;
   for (int i = spec.stage_begin[stage]; i < spec.StageEnd(stage); ++i) {
     ASSIGN_OR_RETURN(std::unique_ptr<Layer> layer,
-                     BuildLayer(backend, spec.layers[i]));
+                     BuildLayer(backend, spec.layers[i], rank));
     layers.push_back(std::move(layer));
     // A stage holding a tied parameter and its copy (a one-stage model
     // with a tied lm_head) has two parameters of one name and spec.
@@ -53,7 +67,8 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(Backend* backend,
   std::set<std::string> built;
   for (Parameter* p : s->parameters()) {
     auto it = s->specs_.find(p->name);
-    if (it == s->specs_.end() || it->second->shape != p->value.shape()) {
+    if (it == s->specs_.end() ||
+        !IsShardOf(p->value.shape(), it->second->shape, rank.size())) {
       return absl::InternalError(absl::StrCat(
           "layer parameter ", p->name, " ", ShapeString(p->value.shape()),
           " does not match the model spec"));

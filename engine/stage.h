@@ -26,16 +26,20 @@
 #include "engine/parameter_source.h"
 #include "engine/pipeline_stage.h"
 #include "engine/safetensors.h"
+#include "engine/tensor_parallel.h"
 
 namespace conveyor::engine {
 
 class Stage : public PipelineStage {
  public:
   // Builds layers [spec.stage_begin[stage], spec.StageEnd(stage)) with zeroed
-  // parameters. InvalidArgument for an out-of-range stage.
-  static absl::StatusOr<std::unique_ptr<Stage>> Create(Backend* backend,
-                                                       const ModelSpec& spec,
-                                                       int stage);
+  // parameters; with a tensor-parallel `rank`, its shard of each layer that
+  // splits (engine/tensor_parallel_stage.h drives such stages, and fills
+  // their parameters: InitializeFromSeed and LoadFrom expect whole ones).
+  // InvalidArgument for an out-of-range stage.
+  static absl::StatusOr<std::unique_ptr<Stage>> Create(
+      Backend* backend, const ModelSpec& spec, int stage,
+      const TensorParallelRank& rank = {});
 
   // Fills every parameter from the spec's seed: a function of the seed and
   // the parameter's global name only, so any split gives the same values.

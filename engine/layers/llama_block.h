@@ -8,6 +8,12 @@
 // input_layernorm.weight, self_attn.{q,k,v,o}_proj.weight (and q, k, v
 // biases with attention_bias), post_attention_layernorm.weight,
 // mlp.{gate,up,down}_proj.weight, in that order.
+//
+// With a tensor-parallel rank (engine/tensor_parallel.h), the block is that
+// rank's shard, Megatron style: q, k, v (and their biases) and gate, up are
+// split by rows (column-parallel: the rank's query heads, key/value heads and
+// hidden units), o and down by columns (row-parallel), each attention and
+// MLP wrapped in a TensorParallelRegion; the norms are whole on every rank.
 #ifndef CONVEYOR_ENGINE_LAYERS_LLAMA_BLOCK_H_
 #define CONVEYOR_ENGINE_LAYERS_LLAMA_BLOCK_H_
 
@@ -16,6 +22,7 @@
 
 #include "engine/layer.h"
 #include "engine/rope.h"
+#include "engine/tensor_parallel.h"
 
 namespace conveyor::engine {
 
@@ -30,6 +37,9 @@ struct LlamaBlockOptions {
   double rope_theta = 10000.0;
   RopeScaling rope_scaling = {};
   bool attention_bias = false;
+  // Whole block without a group; otherwise heads, kv_heads and
+  // mlp_features must be multiples of its size (InvalidArgument).
+  TensorParallelRank tensor_parallel = {};
 };
 
 absl::StatusOr<std::unique_ptr<Layer>> MakeLlamaBlock(

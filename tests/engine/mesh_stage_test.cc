@@ -303,7 +303,7 @@ TEST(MeshStageTest, RejectsAMicrobatchThatDoesNotSplit) {
   absl::StatusOr<Tensor> y = mesh->Forward(0, RandomTensor({4, 6}, 1));
   EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(y.status().message(), HasSubstr("4 rows"));
-  EXPECT_THAT(y.status().message(), HasSubstr("mesh of 3 devices"));
+  EXPECT_THAT(y.status().message(), HasSubstr("over 3 replicas"));
   EXPECT_EQ(mesh->in_flight(), 0);  // Refused before any replica ran.
 
   // The output gradient is checked the same way.

@@ -1,0 +1,314 @@
+// A stage split over tensor-parallel ranks (and replicated over the rest of
+// its mesh) must compute what one Stage computes on the whole microbatch:
+// outputs, input gradients, the whole weight gradients gathered from the
+// shards, and the updated parameters sliced back to every rank.
+//
+// Tolerance: the ranks split each row-parallel projection's inner sum
+// (o_proj over heads x head_dim, down_proj over mlp_features) into T partial
+// sums added afterwards, and the replicas split the gradients' sums over
+// rows; both only reorder f32 additions. A reordered sum of n terms moves by
+// at most about n u sum|terms| (u = 2^-24); with n <= 24 here and terms of
+// the output's own size, that is ~1e-6 of the largest magnitude per
+// projection, compounded over two blocks and their backward. 1e-4 of the
+// largest magnitude leaves an order of magnitude to spare, while a wrong
+// slice, a missing or doubled reduction, or a rank on another rank's heads
+// is off by O(1).
+#include "engine/tensor_parallel_stage.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cpu/cpu_backend.h"
+#include "engine/model_spec.h"
+#include "engine/optimizer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/engine/test_util.h"
+
+namespace conveyor::engine {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_util::AllClose;
+using testing_util::Ids;
+using testing_util::RandomTensor;
+
+// Grouped-query attention (4 query heads sharing 2 key/value heads) splits
+// over 2 ranks; T = 4 needs as many key/value heads.
+constexpr char kGqa[] =
+    "model:\n  input_shape: [4]\n  init: {seed: 5}\n  loss: cross_entropy\n"
+    "  layers:\n"
+    "    - embedding: {vocab_size: 11, features: 16}\n"
+    "    - llama_block: {heads: 4, kv_heads: 2, mlp_features: 24}\n"
+    "    - boundary\n"
+    "    - llama_block: {heads: 4, kv_heads: 2, mlp_features: 24, "
+    "attention_bias: true}\n"
+    "    - rmsnorm\n"
+    "    - lm_head: {vocab_size: 11}\n";
+constexpr char kWide[] =
+    "model:\n  input_shape: [4]\n  init: {seed: 7}\n  loss: cross_entropy\n"
+    "  layers:\n"
+    "    - embedding: {vocab_size: 11, features: 16}\n"
+    "    - llama_block: {heads: 4, kv_heads: 4, mlp_features: 24}\n"
+    "    - boundary\n"
+    "    - llama_block: {heads: 4, kv_heads: 4, mlp_features: 24}\n"
+    "    - rmsnorm\n"
+    "    - lm_head: {vocab_size: 11}\n";
+// One stage: the head shares the embedding's weight.
+constexpr char kTied[] =
+    "model:\n  input_shape: [4]\n  init: {seed: 9}\n  loss: cross_entropy\n"
+    "  layers:\n"
+    "    - embedding: {vocab_size: 11, features: 16}\n"
+    "    - llama_block: {heads: 4, kv_heads: 2, mlp_features: 24}\n"
+    "    - rmsnorm\n"
+    "    - lm_head: {vocab_size: 11, tied: true}\n";
+
+constexpr int kVocab = 11, kSeq = 4, kFeatures = 16;
+constexpr int64_t kRows = 4;  // Splits over 1, 2 and 4 replicas.
+constexpr double kTolerance = 1e-4;
+
+ModelSpec Parse(const char* yaml) {
+  absl::StatusOr<ModelSpec> spec = ParseModelSpecYaml(yaml, "tp.yaml");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+std::vector<float> Read(const Tensor& t) {
+  std::vector<float> v(t.numel());
+  EXPECT_TRUE(t.backend()->CopyToHost(t, v.data(), v.size() * 4).ok());
+  return v;
+}
+
+::testing::AssertionResult Close(const Tensor& got, const Tensor& want) {
+  if (got.shape() != want.shape()) {
+    return ::testing::AssertionFailure()
+           << ShapeString(got.shape()) << " vs " << ShapeString(want.shape());
+  }
+  const std::vector<float> a = Read(got), b = Read(want);
+  float scale = 0;
+  for (float x : b) scale = std::max(scale, std::abs(x));
+  return AllClose(a, b, kTolerance, kTolerance * scale + 1e-12);
+}
+
+struct Case {
+  const char* name;
+  const char* yaml;
+  int stage;
+  int devices;
+  int tensor_parallel;
+};
+
+std::string Describe(const Case& c) {
+  return absl::StrCat(c.name, "_stage", c.stage, "_", c.devices, "dev_tp",
+                      c.tensor_parallel);
+}
+
+void PrintTo(const Case& c, std::ostream* os) { *os << Describe(c); }
+
+Tensor Input(const Case& c, int mb) {
+  if (c.stage == 0) {
+    std::vector<int64_t> ids(kRows * kSeq);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ids[i] = static_cast<int64_t>((i * 7 + mb * 3 + i / 5) % kVocab);
+    }
+    return Ids({kRows, kSeq}, ids);
+  }
+  return RandomTensor({kRows, kSeq, kFeatures}, 10 + mb);
+}
+
+Shape OutputShape(const Case& c, const ModelSpec& spec) {
+  const bool last = c.stage == spec.num_stages - 1;
+  return {kRows, kSeq, last ? kVocab : kFeatures};
+}
+
+class TensorParallelStageTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TensorParallelStageTest, EqualsOneStageOnTheWholeMicrobatch) {
+  const Case& c = GetParam();
+  const ModelSpec spec = Parse(c.yaml);
+  Backend* backend = CpuBackend::Get();
+  auto single = *Stage::Create(backend, spec, c.stage);
+  ASSERT_TRUE(single->InitializeFromSeed(*spec.seed).ok());
+  auto collective =
+      *CreateHostMeshCollective(std::vector<Backend*>(c.devices, backend));
+  absl::StatusOr<std::unique_ptr<TensorParallelStage>> created =
+      TensorParallelStage::Create(collective.get(), spec, c.stage,
+                                  c.tensor_parallel);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<TensorParallelStage> tp = *std::move(created);
+  ASSERT_TRUE(tp->InitializeFromSeed(*spec.seed).ok());
+
+  // The master is the whole stage; each rank holds 1/T of the split
+  // parameters (q_proj by rows, o_proj by columns) and all of the rest.
+  const std::vector<Parameter*> want = single->parameters();
+  const std::vector<Parameter*> params = tp->parameters();
+  ASSERT_EQ(params.size(), want.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(Read(params[i]->value), Read(want[i]->value)) << want[i]->name;
+  }
+  for (int d = 0; d < c.devices; ++d) {
+    const int r = d % c.tensor_parallel;
+    for (Parameter* p : tp->rank(d)->parameters()) {
+      const Parameter* whole = nullptr;
+      for (Parameter* w : want) {
+        if (w->name == p->name) whole = w;
+      }
+      ASSERT_NE(whole, nullptr) << p->name;
+      const std::vector<float> got = Read(p->value), all = Read(whole->value);
+      if (p->name.ends_with("q_proj.weight")) {
+        // Rows [r, r + 1) / T of the whole: this rank's query heads.
+        const size_t n = got.size();
+        EXPECT_EQ(got, std::vector<float>(all.begin() + r * n,
+                                          all.begin() + (r + 1) * n))
+            << p->name << " on device " << d;
+      } else if (p->name.ends_with("o_proj.weight")) {
+        const int64_t cols = p->value.dim(1), whole_cols = whole->value.dim(1);
+        ASSERT_EQ(cols * c.tensor_parallel, whole_cols) << p->name;
+        for (int64_t row = 0; row < p->value.dim(0); ++row) {
+          for (int64_t col = 0; col < cols; ++col) {
+            ASSERT_EQ(got[row * cols + col],
+                      all[row * whole_cols + r * cols + col])
+                << p->name << " on device " << d;
+          }
+        }
+      } else if (p->name.ends_with("layernorm.weight")) {
+        EXPECT_EQ(got, all) << p->name << " is whole on every rank";
+      }
+    }
+  }
+
+  constexpr int kMicrobatches = 2;
+  for (int mb = 0; mb < kMicrobatches; ++mb) {
+    const Tensor x = Input(c, mb);
+    absl::StatusOr<Tensor> y_tp = tp->Forward(mb, x);
+    ASSERT_TRUE(y_tp.ok()) << y_tp.status();
+    absl::StatusOr<Tensor> y_single = single->Forward(mb, x);
+    ASSERT_TRUE(y_single.ok()) << y_single.status();
+    EXPECT_EQ(y_tp->backend(), collective->backend(0));
+    EXPECT_TRUE(Close(*y_tp, *y_single)) << "output of microbatch " << mb;
+  }
+  EXPECT_EQ(tp->in_flight(), kMicrobatches);
+  for (int mb = kMicrobatches - 1; mb >= 0; --mb) {
+    const Tensor dy = RandomTensor(OutputShape(c, spec), 20 + mb, 0.1f);
+    absl::StatusOr<Tensor> dx_tp = tp->BackwardInput(mb, dy);
+    ASSERT_TRUE(dx_tp.ok()) << dx_tp.status();
+    absl::StatusOr<Tensor> dx_single = single->BackwardInput(mb, dy);
+    ASSERT_TRUE(dx_single.ok()) << dx_single.status();
+    ASSERT_EQ(dx_tp->defined(), dx_single->defined());
+    if (dx_tp->defined()) {
+      EXPECT_TRUE(Close(*dx_tp, *dx_single))
+          << "input gradient of microbatch " << mb;
+    }
+  }
+  for (int mb = 0; mb < kMicrobatches; ++mb) {
+    ASSERT_TRUE(tp->BackwardWeight(mb).ok());
+    ASSERT_TRUE(single->BackwardWeight(mb).ok());
+  }
+  EXPECT_EQ(tp->in_flight(), 0);
+  EXPECT_EQ(tp->live_activation_bytes(), 0u);
+
+  ASSERT_TRUE(tp->BeforeOptimizerStep().ok());
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(Close(params[i]->grad, want[i]->grad))
+        << "gradient of " << params[i]->name;
+  }
+  for (int d = 0; d < c.devices; ++d) {
+    for (Parameter* p : tp->rank(d)->parameters()) {
+      const std::vector<float> g = Read(p->grad);
+      ASSERT_EQ(g, std::vector<float>(g.size(), 0.0f))
+          << "device " << d << " keeps its gradient of " << p->name;
+    }
+  }
+
+  // The reference steps on the gathered gradients (as mesh_stage_test does:
+  // Adam would turn the summation-order noise of a near-zero gradient into
+  // a step of about lr), so the updates must agree bitwise, and the ranks
+  // must then compute on the updated slices.
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::vector<float> g = Read(params[i]->grad);
+    ASSERT_TRUE(
+        backend->CopyFromHost(g.data(), g.size() * sizeof(float), want[i]->grad)
+            .ok());
+  }
+  OptimizerConfig config;
+  config.kind = OptimizerConfig::Kind::kAdam;
+  config.lr = 0.05;
+  auto opt_tp = *Optimizer::Create(backend, config, params);
+  auto opt_single = *Optimizer::Create(backend, config, want);
+  ASSERT_TRUE(opt_tp->Step().ok());
+  ASSERT_TRUE(opt_single->Step().ok());
+  ASSERT_TRUE(tp->AfterOptimizerStep().ok());
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(Read(params[i]->value), Read(want[i]->value))
+        << "updated " << params[i]->name;
+  }
+  const Tensor x = Input(c, 0);
+  absl::StatusOr<Tensor> y_tp = tp->Forward(0, x);
+  absl::StatusOr<Tensor> y_single = single->Forward(0, x);
+  ASSERT_TRUE(y_tp.ok() && y_single.ok());
+  EXPECT_TRUE(Close(*y_tp, *y_single)) << "output after the update";
+  tp->DropInFlight();
+  EXPECT_EQ(tp->in_flight(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Meshes, TensorParallelStageTest,
+    ::testing::Values(Case{"gqa", kGqa, 0, 2, 2}, Case{"gqa", kGqa, 1, 2, 2},
+                      Case{"gqa", kGqa, 1, 4, 2}, Case{"gqa", kGqa, 0, 4, 2},
+                      Case{"gqa", kGqa, 1, 2, 1}, Case{"wide", kWide, 0, 4, 4},
+                      Case{"wide", kWide, 1, 4, 4},
+                      Case{"tied", kTied, 0, 2, 2}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      return Describe(info.param);
+    });
+
+TEST(TensorParallelStageTest, RefusesASplitThatDoesNotDivide) {
+  const ModelSpec spec = Parse(kGqa);
+  Backend* cpu = CpuBackend::Get();
+  auto four = *CreateHostMeshCollective({cpu, cpu, cpu, cpu});
+  // kv_heads 2 does not split over 4 ranks; the error points at the layer.
+  absl::Status status =
+      TensorParallelStage::Create(four.get(), spec, 0, 4).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("tp.yaml:"));
+  EXPECT_THAT(status.message(), HasSubstr("kv_heads (2)"));
+  EXPECT_THAT(CheckTensorParallel(spec, 3).message(), HasSubstr("heads (4)"));
+  EXPECT_TRUE(CheckTensorParallel(spec, 2).ok());
+  // T must divide the mesh.
+  auto three = *CreateHostMeshCollective({cpu, cpu, cpu});
+  EXPECT_THAT(
+      TensorParallelStage::Create(three.get(), spec, 0, 2).status().message(),
+      HasSubstr("must divide the mesh"));
+  EXPECT_TRUE(StageSplits(spec, 0));
+}
+
+TEST(TensorParallelStageTest, AFailedActionLeavesNoRankWaiting) {
+  const ModelSpec spec = Parse(kGqa);
+  Backend* cpu = CpuBackend::Get();
+  auto mesh = *CreateHostMeshCollective({cpu, cpu});
+  auto tp = *TensorParallelStage::Create(mesh.get(), spec, 1, 2);
+  ASSERT_TRUE(tp->InitializeFromSeed(5).ok());
+  // Microbatch 0 twice: every rank refuses the second forward, and the
+  // stage stays usable.
+  const Tensor x = RandomTensor({kRows, kSeq, kFeatures}, 3);
+  ASSERT_TRUE(tp->Forward(0, x).ok());
+  EXPECT_FALSE(tp->Forward(0, x).ok());
+  tp->DropInFlight();
+  EXPECT_TRUE(tp->Forward(0, x).ok());
+  // Rows that do not split over the replicas are refused before any rank
+  // runs.
+  auto four = *CreateHostMeshCollective({cpu, cpu, cpu, cpu});
+  auto two_replicas = *TensorParallelStage::Create(four.get(), spec, 1, 2);
+  EXPECT_THAT(two_replicas->Forward(0, RandomTensor({3, kSeq, kFeatures}, 1))
+                  .status()
+                  .message(),
+              HasSubstr("do not split evenly"));
+}
+
+}  // namespace
+}  // namespace conveyor::engine
