@@ -98,6 +98,7 @@ nlohmann::json PlanJson(const std::string& file, const job::JobPlan& plan) {
       {"schedule",
        std::string(scheduler::ScheduleKindName(plan.schedule.kind))},
       {"devices_per_stage", job.pipeline.devices_per_stage},
+      {"tensor_parallel", job.pipeline.tensor_parallel},
       {"batch_size", job.training.batch_size},
       {"microbatches", job.training.microbatches},
       {"steps", job.training.steps},

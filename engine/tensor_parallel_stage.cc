@@ -6,7 +6,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/internal/mesh_rows.h"
-#include "engine/layer_kinds.h"
 
 namespace conveyor::engine {
 namespace {
@@ -53,26 +52,6 @@ absl::Status FromHost(const std::vector<float>& host, const Tensor& t) {
 }
 
 }  // namespace
-
-absl::Status CheckTensorParallel(const ModelSpec& spec, int64_t ranks) {
-  if (ranks <= 1) return absl::OkStatus();
-  for (const LayerSpec& layer : spec.layers) {
-    const LayerKindRow& row = LayerKindRowOf(layer.kind);
-    if (row.check_shard != nullptr) {
-      RETURN_IF_ERROR(row.check_shard(layer, ranks));
-    }
-  }
-  return absl::OkStatus();
-}
-
-bool StageSplits(const ModelSpec& spec, int stage) {
-  for (int i = spec.stage_begin[stage]; i < spec.StageEnd(stage); ++i) {
-    if (LayerKindRowOf(spec.layers[i].kind).build_shard != nullptr) {
-      return true;
-    }
-  }
-  return false;
-}
 
 absl::StatusOr<std::unique_ptr<TensorParallelStage>>
 TensorParallelStage::Create(MeshCollective* collective, const ModelSpec& spec,

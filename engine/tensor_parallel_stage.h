@@ -42,16 +42,9 @@
 #include "engine/pipeline_stage.h"
 #include "engine/stage.h"
 #include "engine/tensor_parallel.h"
+#include "engine/tensor_parallel_layout.h"
 
 namespace conveyor::engine {
-
-// Why `spec` cannot split over `ranks` tensor-parallel ranks (the first
-// layer whose counts `ranks` does not divide, at its YAML position), or OK.
-absl::Status CheckTensorParallel(const ModelSpec& spec, int64_t ranks);
-
-// Whether any layer of stage `stage` splits over tensor-parallel ranks
-// (the others run whole on every rank).
-bool StageSplits(const ModelSpec& spec, int stage);
 
 class TensorParallelStage final : public PipelineStage {
  public:

@@ -118,6 +118,13 @@ struct PipelineSpec {
   // devices_per_stage_where otherwise.
   int64_t devices_per_stage = 1;
   engine::SourceLocation devices_per_stage_where;
+  // Each stage's mesh runs as devices_per_stage / tensor_parallel replicas
+  // of tensor_parallel ranks that split every layer that can split
+  // (engine/tensor_parallel_stage.h; llama_block). The parser checks that
+  // it divides devices_per_stage and every split layer's head and width
+  // counts, and that some layer splits.
+  int64_t tensor_parallel = 1;
+  engine::SourceLocation tensor_parallel_where;
 };
 
 struct CheckpointSpec {

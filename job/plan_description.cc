@@ -122,6 +122,15 @@ std::string DescribePlan(const JobPlan& plan) {
       plan.virtual_stages, plan.num_stages, job.training.steps,
       job.training.batch_size, job.training.microbatches,
       job.training.microbatch_size());
+  if (const int64_t d = job.pipeline.devices_per_stage; d > 1) {
+    const int64_t t = job.pipeline.tensor_parallel;
+    absl::StrAppendFormat(
+        &out,
+        "each stage on a mesh of %d device(s): %d replica(s) (data parallel, "
+        "each microbatch's rows split over them) x %d tensor-parallel "
+        "rank(s); %d stage(s) x %d x %d = %d devices\n",
+        d, d / t, t, plan.num_stages, d / t, t, plan.num_stages * d);
+  }
   absl::StrAppendFormat(&out, "%-6s %-6s %-12s %-40s %12s\n", "stage", "rank",
                         "layers", "kinds", "parameters");
   for (const StagePlan& s : plan.stages) {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "common/cancellation.h"
 #include "common/status_macros.h"
+#include "engine/cpu/parallel.h"
 #include "spdlog/spdlog.h"
 
 namespace conveyor::worker {
@@ -91,7 +92,9 @@ absl::Status JobRunner::JoinNccl() {
   return CreateExecutor(channel);
 }
 
-JobRunner::~JobRunner() = default;
+JobRunner::~JobRunner() {
+  if (cpu_threads_before_ > 0) engine::SetCpuThreads(cpu_threads_before_);
+}
 
 std::vector<engine::Parameter*> JobRunner::parameters() const {
   std::vector<engine::Parameter*> all;

@@ -314,6 +314,9 @@ class JobRunner {
   // With pipeline.devices_per_stage > 1: moves tensors between the devices
   // the stages are replicated on. Outlives the stages.
   std::unique_ptr<engine::MeshCollective> mesh_;
+  // The CPU kernels' thread count before a tensor-parallel job lowered it
+  // to one device's share (Build); 0 when untouched.
+  int cpu_threads_before_ = 0;
   // Stages (MeshStages on a mesh), ascending index.
   std::vector<std::unique_ptr<engine::PipelineStage>> stages_;
   std::unique_ptr<engine::DataSource> data_;

@@ -18,8 +18,10 @@
 #include "common/host_memory.h"
 #include "common/status_macros.h"
 #include "engine/cpu/cpu_backend.h"
+#include "engine/cpu/parallel.h"
 #include "engine/mesh_collective.h"
 #include "engine/mesh_stage.h"
+#include "engine/tensor_parallel_stage.h"
 #include "job/model_init.h"
 #include "job/rank_program.h"
 #include "job/trainer.h"
@@ -248,6 +250,14 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
     }
   }
 
+  // Tensor-parallel ranks run at once, one thread each: on a CPU mesh each
+  // rank's kernels get its device's share of the cores, not all of them
+  // (restored when the job ends).
+  if (job_.pipeline.tensor_parallel > 1 && backend_->host_resident()) {
+    cpu_threads_before_ = engine::CpuThreads();
+    engine::SetCpuThreads(std::max(1, cpu_threads_before_ / devices));
+  }
+
   // JobReady's peak, the MFU's denominator: the operator's figure where
   // given, else what each device's backend knows; unknown (0) if any is.
   peak_flops_ = 0;
@@ -275,7 +285,11 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
   for (const v1::StageProgram& sp : program_.stages()) {
     const int st = sp.stage();
     std::unique_ptr<engine::PipelineStage> stage;
-    if (mesh_ != nullptr) {
+    if (mesh_ != nullptr && job_.pipeline.tensor_parallel > 1) {
+      ASSIGN_OR_RETURN(stage, engine::TensorParallelStage::Create(
+                                  mesh_.get(), model, st,
+                                  job_.pipeline.tensor_parallel));
+    } else if (mesh_ != nullptr) {
       ASSIGN_OR_RETURN(stage,
                        engine::MeshStage::Create(mesh_.get(), model, st));
     } else {

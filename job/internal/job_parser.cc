@@ -24,6 +24,7 @@
 #include "common/yaml_reader.h"
 #include "engine/data.h"
 #include "engine/model_spec.h"
+#include "engine/tensor_parallel_layout.h"
 #include "engine/optimizer.h"
 #include "hf/model.h"
 #include "scheduler/schedule.h"
@@ -161,6 +162,7 @@ absl::StatusOr<JobSpec> JobParser::Parse(const YAML::Node& doc) const {
   if (const YamlMapEntry* pipeline = top.Find("pipeline");
       pipeline != nullptr) {
     RETURN_IF_ERROR(ParsePipeline(*pipeline, job.training, job.pipeline));
+    RETURN_IF_ERROR(CheckTensorParallelFits(job));
   } else {
     job.pipeline.where = SourceLocation{reader_.file(), 0, 0};
   }
@@ -178,6 +180,20 @@ absl::StatusOr<JobSpec> JobParser::Parse(const YAML::Node& doc) const {
     RETURN_IF_ERROR(ParseEval(eval->value, job, job.eval));
   }
   return job;
+}
+
+absl::Status JobParser::CheckTensorParallelFits(const JobSpec& job) const {
+  const int64_t ranks = job.pipeline.tensor_parallel;
+  if (ranks <= 1) return absl::OkStatus();
+  if (!engine::StageSplits(job.model, -1)) {
+    return YamlError(job.pipeline.tensor_parallel_where,
+                     "pipeline.tensor_parallel",
+                     absl::StrCat("no layer of this model splits over ", ranks,
+                                  " ranks (llama_block does; the other kinds "
+                                  "run whole on every rank), so every rank "
+                                  "would compute the whole model"));
+  }
+  return engine::CheckTensorParallel(job.model, ranks);
 }
 
 absl::Status JobParser::ParseTraining(const YamlValue& value,

@@ -85,6 +85,9 @@ class JobParser {
                              engine::LrSchedule& schedule) const;
   absl::Status ParseBetas(const YamlValue& value,
                           engine::OptimizerConfig& optimizer) const;
+  // pipeline.tensor_parallel against the model: some layer splits, and
+  // every split layer's counts divide (errors at the layer or the key).
+  absl::Status CheckTensorParallelFits(const JobSpec& job) const;
   absl::Status ParsePipeline(const YamlMapEntry& entry,
                              const TrainingSpec& training,
                              PipelineSpec& pipeline) const;

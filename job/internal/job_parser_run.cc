@@ -37,7 +37,7 @@ constexpr int64_t kMaxDevicesPerStage = 64;
 constexpr int64_t kMaxKeepLatest = int64_t{1} << 20;
 constexpr absl::string_view kPipelineKeys[] = {
     "schedule",      "virtual_stages",    "stages", "num_stages",
-    "memory_budget", "devices_per_stage", "workers"};
+    "memory_budget", "devices_per_stage", "tensor_parallel", "workers"};
 constexpr absl::string_view kStagesModes[] = {"markers", "auto"};
 // Largest memory budget accepted (1 EiB): anything above is a typo.
 constexpr double kMaxMemoryBudget = 1152921504606846976.0;
@@ -83,16 +83,37 @@ absl::Status JobParser::ParsePipeline(const YamlMapEntry& entry,
     ASSIGN_OR_RETURN(pipeline.devices_per_stage,
                      reader_.ParseInt(e->value, 1, kMaxDevicesPerStage));
     pipeline.devices_per_stage_where = e->value.where;
-    // Each device takes an equal share of every microbatch's samples.
-    if (training.microbatch_size() % pipeline.devices_per_stage != 0) {
+  }
+  const YamlMapEntry* tensor_parallel = map.Find("tensor_parallel");
+  if (tensor_parallel != nullptr) {
+    ASSIGN_OR_RETURN(
+        pipeline.tensor_parallel,
+        reader_.ParseInt(tensor_parallel->value, 1, kMaxDevicesPerStage));
+    pipeline.tensor_parallel_where = tensor_parallel->value.where;
+    if (pipeline.devices_per_stage % pipeline.tensor_parallel != 0) {
       return reader_.Error(
-          e->value,
-          absl::StrCat("each device of a stage takes an equal share of a "
-                       "microbatch, so devices_per_stage must divide the "
-                       "microbatch size (batch_size / microbatches = ",
-                       training.microbatch_size(), "); got ",
-                       pipeline.devices_per_stage));
+          tensor_parallel->value,
+          absl::StrCat("a stage's mesh of devices_per_stage (",
+                       pipeline.devices_per_stage,
+                       ") devices splits into replicas of tensor_parallel "
+                       "devices each, so tensor_parallel must divide it; got ",
+                       pipeline.tensor_parallel));
     }
+  }
+  // Each replica of a stage takes an equal share of every microbatch's
+  // samples (its tensor-parallel ranks share theirs).
+  if (const int64_t replicas =
+          pipeline.devices_per_stage / pipeline.tensor_parallel;
+      training.microbatch_size() % replicas != 0) {
+    const YamlMapEntry* e = map.Find("devices_per_stage");
+    return reader_.Error(
+        e->value,
+        absl::StrCat("each replica of a stage (devices_per_stage / "
+                     "tensor_parallel = ",
+                     replicas,
+                     ") takes an equal share of a microbatch, so it must "
+                     "divide the microbatch size (batch_size / microbatches = ",
+                     training.microbatch_size(), ")"));
   }
   if (const YamlMapEntry* e = map.Find("stages"); e != nullptr) {
     ASSIGN_OR_RETURN(const int mode, reader_.ParseEnum(e->value, kStagesModes));

@@ -748,7 +748,7 @@ TEST(JobSpecErrorTest, Pipeline) {
                                      "2}\n"})),
             "job.yaml:9:29: pipeline: unknown key 'stage'; allowed: "
             "schedule, virtual_stages, stages, num_stages, memory_budget, "
-            "devices_per_stage, workers");
+            "devices_per_stage, tensor_parallel, workers");
   EXPECT_EQ(ParseError(Job({.extra = "pipeline: {schedule: gpipe, stages: "
                                      "2}\n"})),
             "job.yaml:9:37: pipeline.stages: must be one of: markers, auto; "
@@ -769,15 +769,66 @@ TEST(JobSpecTest, DevicesPerStage) {
 
 TEST(JobSpecErrorTest, DevicesPerStage) {
   EXPECT_EQ(ParseError(Job({.extra = "pipeline: {devices_per_stage: 3}\n"})),
-            "job.yaml:9:31: pipeline.devices_per_stage: each device of a "
-            "stage takes an equal share of a microbatch, so "
-            "devices_per_stage must divide the microbatch size (batch_size / "
-            "microbatches = 4); got 3");
+            "job.yaml:9:31: pipeline.devices_per_stage: each replica of a "
+            "stage (devices_per_stage / tensor_parallel = 3) takes an equal "
+            "share of a microbatch, so it must divide the microbatch size "
+            "(batch_size / microbatches = 4)");
   EXPECT_EQ(ParseError(Job({.extra = "pipeline: {devices_per_stage: 0}\n"})),
             "job.yaml:9:31: pipeline.devices_per_stage: must be a positive "
             "integer; got '0'");
   EXPECT_THAT(ParseError(Job({.extra = "pipeline: {devices_per_stage: 65}\n"})),
               HasSubstr("pipeline.devices_per_stage"));
+}
+
+// A Llama job (4 query heads sharing 2 key/value heads, 8 hidden units)
+// with `pipeline` as given.
+std::string LlamaJob(const std::string& pipeline) {
+  return absl::StrCat(
+      "model:\n"
+      "  input_shape: [4]\n"
+      "  init: {seed: 0}\n"
+      "  loss: cross_entropy\n"
+      "  layers:\n"
+      "    - embedding: {vocab_size: 16, features: 8}\n"
+      "    - llama_block: {heads: 4, kv_heads: 2, mlp_features: 8}\n"
+      "    - lm_head: {vocab_size: 16}\n"
+      "data: {source: tokens, path: t.bin, seq_len: 4, vocab_size: 16}\n"
+      "training: {steps: 1, batch_size: 8, microbatches: 2}\n"
+      "optimizer: {kind: sgd, lr: 0.1}\n"
+      "pipeline: ",
+      pipeline, "\n");
+}
+
+TEST(JobSpecTest, TensorParallel) {
+  EXPECT_EQ(ParseOk(Job({})).pipeline.tensor_parallel, 1);
+  const JobSpec job =
+      ParseOk(LlamaJob("{devices_per_stage: 4, tensor_parallel: 2}"));
+  EXPECT_EQ(job.pipeline.tensor_parallel, 2);
+  EXPECT_EQ(job.pipeline.tensor_parallel_where.ToString(), "job.yaml:12:51");
+  // Two replicas of 2 ranks share microbatches of 4 rows.
+  EXPECT_EQ(ParseOk(LlamaJob("{devices_per_stage: 8, tensor_parallel: 2}"))
+                .pipeline.devices_per_stage,
+            8);
+}
+
+TEST(JobSpecErrorTest, TensorParallel) {
+  EXPECT_EQ(ParseError(LlamaJob("{devices_per_stage: 4, tensor_parallel: 3}")),
+            "job.yaml:12:51: pipeline.tensor_parallel: a stage's mesh of "
+            "devices_per_stage (4) devices splits into replicas of "
+            "tensor_parallel devices each, so tensor_parallel must divide "
+            "it; got 3");
+  // kv_heads 2 does not split over 4 ranks: the error is at the layer.
+  EXPECT_THAT(
+      ParseError(LlamaJob("{devices_per_stage: 4, tensor_parallel: 4}")),
+      ::testing::AllOf(HasSubstr("job.yaml:7:7:"), HasSubstr("llama_block"),
+                       HasSubstr("kv_heads (2) does not split over 4")));
+  EXPECT_THAT(ParseError(Job({.extra = "pipeline: {devices_per_stage: 2, "
+                                       "tensor_parallel: 2}\n"})),
+              HasSubstr("pipeline.tensor_parallel: no layer of this model "
+                        "splits"));
+  EXPECT_THAT(
+      ParseError(LlamaJob("{devices_per_stage: 2, tensor_parallel: 0}")),
+      HasSubstr("pipeline.tensor_parallel: must be a positive integer"));
 }
 
 TEST(JobSpecTest, AutoScheduleTakesWorkers) {

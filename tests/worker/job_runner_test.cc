@@ -19,6 +19,7 @@
 #include <ostream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -594,6 +595,99 @@ TEST(JobRunnerTest, ResumesOnAnotherMeshSizeAllcloseToTheRunThatNeverMoved) {
     std::filesystem::remove_all(part);
   }
   std::filesystem::remove_all(tokens);
+}
+
+// The tied Llama job with every stage on a mesh of `devices` devices split
+// into tensor-parallel groups of `tp` (the llama_block's 4 heads, 4
+// key/value heads and 16 hidden units split over 1, 2 or 4 ranks).
+std::string TiedLlamaJobYaml(const std::string& tokens, int devices, int tp,
+                             const std::string& schedule, int steps) {
+  return absl::StrCat(
+      "name: tied-llama\n"
+      "model:\n  input_shape: [6]\n  init: {seed: 4}\n  layers:\n"
+      "    - embedding: {vocab_size: 128, features: 8}\n"
+      "    - boundary\n"
+      "    - llama_block: {heads: 4, kv_heads: 4, mlp_features: 16}\n"
+      "    - llama_block: {heads: 4, kv_heads: 4, mlp_features: 16}\n"
+      "    - boundary\n"
+      "    - rmsnorm\n"
+      "    - lm_head: {vocab_size: 128, tied: true}\n"
+      "  loss: cross_entropy\n"
+      "data: {source: tokens, path: ",
+      tokens,
+      ", seq_len: 6, vocab_size: 128}\n"
+      "training: {steps: ",
+      steps,
+      ", batch_size: 8, microbatches: 2}\n"
+      "optimizer: {kind: sgd, lr: 0.1, momentum: 0.9, clip_grad_norm: 0.5}\n"
+      "pipeline: {schedule: ",
+      schedule, ", devices_per_stage: ", devices, ", tensor_parallel: ", tp,
+      "}\ncheckpoint: {dir: unused, every: 2}\n");
+}
+
+// Tensor parallelism reorders f32 sums only (each row-parallel projection's
+// inner sum in T parts, and with replicas the gradients' sums over rows), a
+// few ulps of the terms per step; over 6 SGD steps with momentum that stays
+// far below 1e-4 of each tensor's largest magnitude, while a wrong shard or
+// reduction is off by O(1).
+::testing::AssertionResult CloseToReference(const std::vector<float>& got,
+                                            const std::vector<float>& want) {
+  float scale = 0;
+  for (float x : want) scale = std::max(scale, std::abs(x));
+  return engine::testing_util::AllClose(got, want, 1e-4, 1e-4 * scale);
+}
+
+TEST(JobRunnerTest, TensorParallelStagesTrainAsTheInProcessRun) {
+  const std::string tokens = TempDir("tp_tokens");
+  WriteTokens(tokens);
+  const Result want = Reference(
+      TiedLlamaJobYaml(tokens + "/tokens.bin", 1, 1, "1f1b", 6));
+  for (const auto& [devices, tp, schedule] :
+       {std::tuple{2, 2, "1f1b"}, std::tuple{4, 4, "zb-h1"},
+        std::tuple{4, 2, "1f1b"}}) {
+    SCOPED_TRACE(absl::StrCat(devices, " devices, tensor_parallel ", tp, ", ",
+                              schedule));
+    const std::string dir = TempDir("tp_run");
+    const Result run = RunJob(Programs(
+        TiedLlamaJobYaml(tokens + "/tokens.bin", devices, tp, schedule, 6),
+        dir));
+    for (const absl::Status& s : run.statuses) ASSERT_TRUE(s.ok()) << s;
+    ASSERT_EQ(run.params.size(), want.params.size());
+    for (const auto& [name, values] : want.params) {
+      EXPECT_TRUE(CloseToReference(run.params.at(name), values)) << name;
+    }
+    std::filesystem::remove_all(dir);
+  }
+  std::filesystem::remove_all(tokens);
+}
+
+// Checkpoints hold whole tensors under their global names, so a job moves
+// between tensor-parallel layouts: T = 2 for steps 1-2, T = 1 for 3-4,
+// T = 4 for 5-6 ends as the in-process run does.
+TEST(JobRunnerTest, ResumesAcrossTensorParallelLayouts) {
+  const std::string tokens = TempDir("tp_move_tokens");
+  WriteTokens(tokens);
+  const std::string data = tokens + "/tokens.bin";
+  const std::string first = TempDir("tp_move_1"), second = TempDir("tp_move_2"),
+                    third = TempDir("tp_move_3");
+  const Result a = RunJob(Programs(TiedLlamaJobYaml(data, 2, 2, "1f1b", 6),
+                                   first));
+  for (const absl::Status& s : a.statuses) ASSERT_TRUE(s.ok()) << s;
+  const Result b = RunJob(CompileWithEveryFile(ResumePrograms(
+      TiedLlamaJobYaml(data, 1, 1, "1f1b", 6), second, first, 2)));
+  for (const absl::Status& s : b.statuses) ASSERT_TRUE(s.ok()) << s;
+  const Result c = RunJob(CompileWithEveryFile(ResumePrograms(
+      TiedLlamaJobYaml(data, 4, 4, "1f1b", 6), third, second, 4)));
+  for (const absl::Status& s : c.statuses) ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(c.learning_rates.size(), 2u);  // Steps 5 and 6 only.
+  const Result want = Reference(TiedLlamaJobYaml(data, 1, 1, "1f1b", 6));
+  ASSERT_EQ(c.params.size(), want.params.size());
+  for (const auto& [name, values] : want.params) {
+    EXPECT_TRUE(CloseToReference(c.params.at(name), values)) << name;
+  }
+  for (const std::string& dir : {first, second, third, tokens}) {
+    std::filesystem::remove_all(dir);
+  }
 }
 
 // zb-v puts the first and the last of its 2P stages on rank 0, so a tied
