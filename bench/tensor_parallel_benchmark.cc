@@ -59,17 +59,17 @@ void Step(benchmark::State& state, int tensor_parallel, int threads) {
     if (!made.ok()) return fail(made.status());
     stage = *std::move(made);
   } else {
-    mesh = *CreateHostMeshCollective(
-        std::vector<Backend*>(tensor_parallel, cpu));
+    mesh =
+        *CreateHostMeshCollective(std::vector<Backend*>(tensor_parallel, cpu));
     auto made =
         TensorParallelStage::Create(mesh.get(), *spec, 0, tensor_parallel);
     if (!made.ok()) return fail(made.status());
     stage = *std::move(made);
   }
   if (absl::Status s = stage->InitializeFromSeed(1); !s.ok()) return fail(s);
-  auto optimizer =
-      Optimizer::Create(cpu, {.kind = OptimizerConfig::Kind::kAdamW, .lr = 1e-4},
-                        stage->parameters());
+  auto optimizer = Optimizer::Create(
+      cpu, {.kind = OptimizerConfig::Kind::kAdamW, .lr = 1e-4},
+      stage->parameters());
   if (!optimizer.ok()) return fail(optimizer.status());
   std::vector<Tensor> x, dy;
   for (int mb = 0; mb < kMicrobatches; ++mb) {
@@ -94,9 +94,9 @@ void Step(benchmark::State& state, int tensor_parallel, int threads) {
     if (absl::Status s = stage->AfterOptimizerStep(); !s.ok()) return fail(s);
   }
   SetCpuThreads(before);
-  state.counters["tokens_per_s"] = benchmark::Counter(
-      static_cast<double>(kMicrobatches * kRows * 128),
-      benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens_per_s"] =
+      benchmark::Counter(static_cast<double>(kMicrobatches * kRows * 128),
+                         benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_AllCores(benchmark::State& state) { Step(state, 0, CpuThreads()); }

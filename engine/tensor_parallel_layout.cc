@@ -11,8 +11,8 @@ bool LayerSplits(const LayerSpec& layer) {
 
 bool StageSplits(const ModelSpec& spec, int stage) {
   const int begin = stage < 0 ? 0 : spec.stage_begin[stage];
-  const int end = stage < 0 ? static_cast<int>(spec.layers.size())
-                            : spec.StageEnd(stage);
+  const int end =
+      stage < 0 ? static_cast<int>(spec.layers.size()) : spec.StageEnd(stage);
   for (int i = begin; i < end; ++i) {
     if (LayerSplits(spec.layers[i])) return true;
   }

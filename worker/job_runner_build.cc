@@ -286,9 +286,9 @@ absl::Status JobRunner::Build(const JobRunnerOptions& options) {
     const int st = sp.stage();
     std::unique_ptr<engine::PipelineStage> stage;
     if (mesh_ != nullptr && job_.pipeline.tensor_parallel > 1) {
-      ASSIGN_OR_RETURN(stage, engine::TensorParallelStage::Create(
-                                  mesh_.get(), model, st,
-                                  job_.pipeline.tensor_parallel));
+      ASSIGN_OR_RETURN(
+          stage, engine::TensorParallelStage::Create(
+                     mesh_.get(), model, st, job_.pipeline.tensor_parallel));
     } else if (mesh_ != nullptr) {
       ASSIGN_OR_RETURN(stage,
                        engine::MeshStage::Create(mesh_.get(), model, st));

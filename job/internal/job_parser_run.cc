@@ -36,7 +36,7 @@ constexpr int64_t kMaxVirtualStages = 1024;
 constexpr int64_t kMaxDevicesPerStage = 64;
 constexpr int64_t kMaxKeepLatest = int64_t{1} << 20;
 constexpr absl::string_view kPipelineKeys[] = {
-    "schedule",      "virtual_stages",    "stages", "num_stages",
+    "schedule",      "virtual_stages",    "stages",          "num_stages",
     "memory_budget", "devices_per_stage", "tensor_parallel", "workers"};
 constexpr absl::string_view kStagesModes[] = {"markers", "auto"};
 // Largest memory budget accepted (1 EiB): anything above is a typo.

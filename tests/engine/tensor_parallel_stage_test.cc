@@ -16,13 +16,16 @@
 #include "engine/tensor_parallel_stage.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <ostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/cancellation.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/model_spec.h"
 #include "engine/optimizer.h"
@@ -308,6 +311,40 @@ TEST(TensorParallelStageTest, AFailedActionLeavesNoRankWaiting) {
                   .status()
                   .message(),
               HasSubstr("do not split evenly"));
+}
+
+// A job cancelled while its ranks run stops every rank: each rank's thread
+// carries the job's cancellation, so a minute-long delay on every rank ends
+// at once, and no rank is left behind in a collective.
+TEST(TensorParallelStageTest, CancellingTheJobStopsEveryRank) {
+  const ModelSpec spec = Parse(
+      "model:\n  input_shape: [4, 16]\n  init: {seed: 1}\n  loss: mse\n"
+      "  layers:\n"
+      "    - llama_block: {heads: 4, kv_heads: 2, mlp_features: 24}\n"
+      "    - delay: {forward_ms: 60000, backward_ms: 0}\n"
+      "    - llama_block: {heads: 4, kv_heads: 2, mlp_features: 24}\n");
+  Backend* cpu = CpuBackend::Get();
+  auto mesh = *CreateHostMeshCollective({cpu, cpu});
+  auto tp = *TensorParallelStage::Create(mesh.get(), spec, 0, 2);
+  ASSERT_TRUE(tp->InitializeFromSeed(1).ok());
+  Cancellation cancellation;
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    cancellation.Cancel(absl::CancelledError("job cancelled"));
+  });
+  absl::Status status;
+  const auto start = std::chrono::steady_clock::now();
+  {
+    const CancellationScope scope(&cancellation);
+    status = tp->Forward(0, RandomTensor({2, 4, 16}, 1)).status();
+  }
+  const auto waited = std::chrono::steady_clock::now() - start;
+  canceller.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+  // Not a timing: a rank that missed the cancellation sleeps the whole
+  // minute, so half of it separates the two outcomes on any machine.
+  EXPECT_LT(waited, std::chrono::seconds(30));
+  tp->DropInFlight();
 }
 
 }  // namespace

@@ -640,8 +640,8 @@ std::string TiedLlamaJobYaml(const std::string& tokens, int devices, int tp,
 TEST(JobRunnerTest, TensorParallelStagesTrainAsTheInProcessRun) {
   const std::string tokens = TempDir("tp_tokens");
   WriteTokens(tokens);
-  const Result want = Reference(
-      TiedLlamaJobYaml(tokens + "/tokens.bin", 1, 1, "1f1b", 6));
+  const Result want =
+      Reference(TiedLlamaJobYaml(tokens + "/tokens.bin", 1, 1, "1f1b", 6));
   for (const auto& [devices, tp, schedule] :
        {std::tuple{2, 2, "1f1b"}, std::tuple{4, 4, "zb-h1"},
         std::tuple{4, 2, "1f1b"}}) {
@@ -670,8 +670,8 @@ TEST(JobRunnerTest, ResumesAcrossTensorParallelLayouts) {
   const std::string data = tokens + "/tokens.bin";
   const std::string first = TempDir("tp_move_1"), second = TempDir("tp_move_2"),
                     third = TempDir("tp_move_3");
-  const Result a = RunJob(Programs(TiedLlamaJobYaml(data, 2, 2, "1f1b", 6),
-                                   first));
+  const Result a =
+      RunJob(Programs(TiedLlamaJobYaml(data, 2, 2, "1f1b", 6), first));
   for (const absl::Status& s : a.statuses) ASSERT_TRUE(s.ok()) << s;
   const Result b = RunJob(CompileWithEveryFile(ResumePrograms(
       TiedLlamaJobYaml(data, 1, 1, "1f1b", 6), second, first, 2)));
