@@ -24,7 +24,8 @@ namespace {
 constexpr absl::string_view kAllowed =
     "allowed: cpu:N (N >= 1 cores; cpu: all the cores this process may use; "
     "several cpu entries make a CPU mesh) or "
-    "cuda:K (GPU ordinal K >= 0; several make a CUDA mesh), not mixed; a "
+    "cuda:K (GPU ordinal K >= 0; several make a CUDA mesh, and one listed "
+    "twice is two devices of the mesh on that GPU), not mixed; a "
     "bare number repeats the kind of the entry before it (cuda:0,1)";
 
 // `text` as a number of at least `min`; -1 otherwise.
@@ -151,7 +152,6 @@ absl::StatusOr<std::unique_ptr<DeviceBackends>> DeviceBackends::Create(
   auto impl = std::make_unique<Impl>();
   absl::string_view kind;      // "cpu" or "cuda", from the first entry.
   absl::string_view previous;  // The kind of the entry before.
-  std::set<int> ordinals;
   for (const std::string& entry : devices) {
     const absl::string_view d = absl::StripAsciiWhitespace(entry);
     absl::string_view this_kind;
@@ -186,11 +186,6 @@ absl::StatusOr<std::unique_ptr<DeviceBackends>> DeviceBackends::Create(
       return absl::InvalidArgumentError(absl::StrCat(
           "--devices: '", entry, "' mixes ", this_kind, " with ", kind,
           " devices; a worker's mesh is all CPU or all CUDA; ", kAllowed));
-    }
-    if (kind == "cuda" && !ordinals.insert(n).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--devices: cuda:", n,
-                       " is listed twice (one backend per GPU); ", kAllowed));
     }
     previous = this_kind;
     impl->numbers.push_back(n);
@@ -293,8 +288,13 @@ DeviceBackends::CreateMeshCollective(int devices, engine::Precision precision) {
     ASSIGN_OR_RETURN(engine::Backend * backend, Get(d, precision));
     backends.push_back(backend);
   }
-  // A plugin without NCCL still gets a working (host-staged) collective.
-  if (!impl_->cuda || !impl_->plugin->has_nccl) {
+  // A plugin without NCCL still gets a working (host-staged) collective,
+  // and so does a mesh that lists a GPU more than once (`cuda:0,cuda:0`,
+  // to run tensor-parallel ranks on one GPU): NCCL takes one rank a device.
+  std::set<int> ordinals;
+  for (int d = 0; d < devices; ++d) ordinals.insert(impl_->numbers[d]);
+  const bool repeats = static_cast<int>(ordinals.size()) != devices;
+  if (!impl_->cuda || !impl_->plugin->has_nccl || repeats) {
     return engine::CreateHostMeshCollective(std::move(backends));
   }
   std::unique_ptr<engine::MeshCollective> collective;
