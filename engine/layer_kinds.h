@@ -89,6 +89,10 @@ struct LayerKindRow {
       Backend* backend, const LayerSpec& layer,
       const TensorParallelRank& rank) = nullptr;
   absl::Status (*check_shard)(const LayerSpec& layer, int64_t ranks) = nullptr;
+  // For a split parameter of this kind (by global name): how many equal
+  // blocks its split dimension stacks, each split alike (q, k and v in one
+  // in_proj: 3). Null: 1.
+  int64_t (*shard_blocks)(absl::string_view name) = nullptr;
 };
 
 // Every kind, in the order an unknown kind's error lists them.

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/internal/layer_kind_rows.h"
@@ -131,15 +132,47 @@ absl::Status InferTransformerBlock(LayerSpec& l) {
   return absl::OkStatus();
 }
 
+TransformerBlockOptions BlockOptions(const LayerSpec& l) {
+  return {.features = Features(l),
+          .heads = l.heads,
+          .mlp_features = l.mlp_features,
+          .causal = l.causal,
+          .pre_norm = l.pre_norm,
+          .eps = static_cast<float>(l.eps),
+          .gelu_tanh = l.approximate_tanh};
+}
+
 Built BuildTransformerBlock(Backend* b, const LayerSpec& l) {
-  return MakeTransformerBlock(b, Prefix(l),
-                              {.features = Features(l),
-                               .heads = l.heads,
-                               .mlp_features = l.mlp_features,
-                               .causal = l.causal,
-                               .pre_norm = l.pre_norm,
-                               .eps = static_cast<float>(l.eps),
-                               .gelu_tanh = l.approximate_tanh});
+  return MakeTransformerBlock(b, Prefix(l), BlockOptions(l));
+}
+
+Built BuildTransformerBlockShard(Backend* b, const LayerSpec& l,
+                                 const TensorParallelRank& rank) {
+  TransformerBlockOptions options = BlockOptions(l);
+  options.tensor_parallel = rank;
+  return MakeTransformerBlock(b, Prefix(l), options);
+}
+
+absl::Status CheckTransformerBlockShard(const LayerSpec& l, int64_t ranks) {
+  for (const auto& [name, count] :
+       {std::pair<const char*, int64_t>{"heads", l.heads},
+        {"mlp_features", l.mlp_features}}) {
+    if (count % ranks != 0) {
+      return LayerError(
+          l, absl::StrCat(name, " (", count, ") does not split over ", ranks,
+                          " tensor-parallel ranks; pipeline.tensor_parallel "
+                          "must divide heads and mlp_features"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// in_proj stacks q, k and v: each rank takes its heads' rows of all three.
+int64_t TransformerBlockShardBlocks(absl::string_view name) {
+  return absl::EndsWith(name, "attn.in_proj_weight") ||
+                 absl::EndsWith(name, "attn.in_proj_bias")
+             ? 3
+             : 1;
 }
 
 // --- lm_head: a Linear to the vocabulary, without bias by default -----------
@@ -212,7 +245,10 @@ LayerKindRow TransformerBlockRow() {
       .infer = InferTransformerBlock,
       .build = BuildTransformerBlock,
       .example = "- transformer_block: {heads: 2, mlp_features: 16, norm: pre}",
-      .example_input = "[5, 8]"};
+      .example_input = "[5, 8]",
+      .build_shard = BuildTransformerBlockShard,
+      .check_shard = CheckTransformerBlockShard,
+      .shard_blocks = TransformerBlockShardBlocks};
 }
 
 LayerKindRow LmHeadRow() {

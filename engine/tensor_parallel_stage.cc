@@ -1,40 +1,46 @@
 #include "engine/tensor_parallel_stage.h"
 
 #include <cstring>
+#include <map>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/internal/mesh_rows.h"
+#include "engine/layer_kinds.h"
 
 namespace conveyor::engine {
 namespace {
 
-// A tensor viewed as [outer, dims[dim], inner]: the slice r of `ranks` along
-// `dim` is `length` = dims[dim] / ranks rows of `inner` floats in each of
-// `outer` blocks.
+// A tensor viewed as [outer, blocks, dims[dim] / blocks, inner]: slice r of
+// `ranks` along `dim` is, in each of `outer` x `blocks` blocks, `length` =
+// dims[dim] / (blocks x ranks) rows of `inner` floats.
 struct SliceLayout {
-  int64_t outer = 1, length = 0, inner = 1, whole = 0;
+  int64_t outer = 1, blocks = 1, block = 0, length = 0, inner = 1;
 
-  SliceLayout(const Shape& whole_shape, int dim, int ranks) {
+  SliceLayout(const Shape& whole_shape, int dim, int64_t stacked, int ranks)
+      : blocks(stacked) {
     for (int i = 0; i < dim; ++i) outer *= whole_shape[i];
     for (size_t i = dim + 1; i < whole_shape.size(); ++i) {
       inner *= whole_shape[i];
     }
-    whole = whole_shape[dim];
-    length = whole / ranks;
+    block = whole_shape[dim] / blocks;
+    length = block / ranks;
   }
 
   // Copies slice `r` of `whole_data` into `shard` (to_shard) or back.
   void Copy(float* whole_data, float* shard, int r, bool to_shard) const {
-    const int64_t block = length * inner;
+    const int64_t run = length * inner;
     for (int64_t o = 0; o < outer; ++o) {
-      float* w = whole_data + (o * whole + r * length) * inner;
-      float* s = shard + o * block;
-      if (to_shard) {
-        std::memcpy(s, w, block * sizeof(float));
-      } else {
-        std::memcpy(w, s, block * sizeof(float));
+      for (int64_t b = 0; b < blocks; ++b) {
+        float* w = whole_data + ((o * blocks + b) * block + r * length) * inner;
+        float* s = shard + (o * blocks + b) * run;
+        if (to_shard) {
+          std::memcpy(s, w, run * sizeof(float));
+        } else {
+          std::memcpy(w, s, run * sizeof(float));
+        }
       }
     }
   }
@@ -91,7 +97,14 @@ TensorParallelStage::Create(MeshCollective* collective, const ModelSpec& spec,
         absl::StrCat("stage ", stage, ": a rank's shard has ", shard.size(),
                      " parameters but the whole stage ", whole.size()));
   }
-  std::vector<int> shard_dims(whole.size(), -1);
+  // Each parameter's layer, whose kind says how its split dimension stacks.
+  std::map<std::string, const LayerSpec*> layer_of;
+  for (int l = spec.stage_begin[stage]; l < spec.StageEnd(stage); ++l) {
+    for (const ParamSpec& p : spec.layers[l].params) {
+      layer_of[p.name] = &spec.layers[l];
+    }
+  }
+  std::vector<Split> splits(whole.size());
   for (size_t i = 0; i < whole.size(); ++i) {
     const Shape& w = whole[i]->value.shape();
     const Shape& s = shard[i]->value.shape();
@@ -105,26 +118,39 @@ TensorParallelStage::Create(MeshCollective* collective, const ModelSpec& spec,
                                               whole[i]->name, " is not f32"));
     }
     for (size_t k = 0; k < w.size(); ++k) {
-      if (w[k] != s[k]) shard_dims[i] = static_cast<int>(k);
+      if (w[k] != s[k]) splits[i].dim = static_cast<int>(k);
+    }
+    const auto layer = layer_of.find(whole[i]->name);
+    const LayerKindRow* row = layer == layer_of.end()
+                                  ? nullptr
+                                  : &LayerKindRowOf(layer->second->kind);
+    if (splits[i].dim >= 0 && row != nullptr && row->shard_blocks != nullptr) {
+      splits[i].blocks = row->shard_blocks(whole[i]->name);
+      if (w[splits[i].dim] % (splits[i].blocks * tensor_parallel) != 0) {
+        return absl::InternalError(
+            absl::StrCat("stage ", stage, ": parameter ", whole[i]->name,
+                         " does not split into ", splits[i].blocks,
+                         " blocks of ", tensor_parallel, " slices"));
+      }
     }
   }
   return std::unique_ptr<TensorParallelStage>(new TensorParallelStage(
       collective, stage, tensor_parallel, std::move(master), std::move(groups),
-      std::move(ranks), std::move(shard_dims)));
+      std::move(ranks), std::move(splits)));
 }
 
 TensorParallelStage::TensorParallelStage(
     MeshCollective* collective, int index, int tensor_parallel,
     std::unique_ptr<Stage> master,
     std::vector<std::unique_ptr<TensorParallelGroup>> groups,
-    std::vector<std::unique_ptr<Stage>> ranks, std::vector<int> shard_dims)
+    std::vector<std::unique_ptr<Stage>> ranks, std::vector<Split> splits)
     : collective_(collective),
       index_(index),
       tensor_parallel_(tensor_parallel),
       master_(std::move(master)),
       groups_(std::move(groups)),
       ranks_(std::move(ranks)),
-      shard_dims_(std::move(shard_dims)),
+      splits_(std::move(splits)),
       threads_(static_cast<int>(ranks_.size())) {}
 
 absl::Status TensorParallelStage::InitializeFromSeed(uint64_t seed) {
@@ -265,7 +291,7 @@ absl::Status TensorParallelStage::BeforeOptimizerStep() {
   for (auto& rank : ranks_) by_rank.push_back(rank->parameters());
   std::vector<float> sum, part, shard_sum;
   for (size_t i = 0; i < whole.size(); ++i) {
-    const int dim = shard_dims_[i];
+    const Split& split = splits_[i];
     sum.assign(static_cast<size_t>(whole[i]->grad.numel()), 0.0f);
     // Rank r's gradient summed over the replicas, in replica order.
     auto over_replicas = [&](int r, std::vector<float>& out) -> absl::Status {
@@ -280,10 +306,11 @@ absl::Status TensorParallelStage::BeforeOptimizerStep() {
       }
       return absl::OkStatus();
     };
-    if (dim < 0) {
+    if (split.dim < 0) {
       RETURN_IF_ERROR(over_replicas(0, sum));
     } else {
-      const SliceLayout layout(whole[i]->grad.shape(), dim, tensor_parallel_);
+      const SliceLayout layout(whole[i]->grad.shape(), split.dim, split.blocks,
+                               tensor_parallel_);
       for (int r = 0; r < tensor_parallel_; ++r) {
         RETURN_IF_ERROR(over_replicas(r, shard_sum));
         layout.Copy(sum.data(), shard_sum.data(), r, /*to_shard=*/false);
@@ -306,15 +333,16 @@ absl::Status TensorParallelStage::SliceParametersToRanks() {
   std::vector<float> host, shard;
   for (size_t i = 0; i < whole.size(); ++i) {
     RETURN_IF_ERROR(ToHost(whole[i]->value, host));
-    const int dim = shard_dims_[i];
+    const Split& split = splits_[i];
     for (int d = 0; d < size(); ++d) {
       const Tensor& target = by_rank[d][i]->value;
-      if (dim < 0) {
+      if (split.dim < 0) {
         RETURN_IF_ERROR(FromHost(host, target));
         continue;
       }
       shard.resize(static_cast<size_t>(target.numel()));
-      const SliceLayout layout(whole[i]->value.shape(), dim, tensor_parallel_);
+      const SliceLayout layout(whole[i]->value.shape(), split.dim, split.blocks,
+                               tensor_parallel_);
       layout.Copy(host.data(), shard.data(), d % tensor_parallel_,
                   /*to_shard=*/true);
       RETURN_IF_ERROR(FromHost(shard, target));

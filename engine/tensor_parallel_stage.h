@@ -91,11 +91,18 @@ class TensorParallelStage final : public PipelineStage {
   absl::Status AfterOptimizerStep() override;
 
  private:
+  // How the ranks split a parameter: along `dim` (-1: every rank holds it
+  // whole), which stacks `blocks` equal blocks each split alike.
+  struct Split {
+    int dim = -1;
+    int64_t blocks = 1;
+  };
+
   TensorParallelStage(MeshCollective* collective, int index,
                       int tensor_parallel, std::unique_ptr<Stage> master,
                       std::vector<std::unique_ptr<TensorParallelGroup>> groups,
                       std::vector<std::unique_ptr<Stage>> ranks,
-                      std::vector<int> shard_dims);
+                      std::vector<Split> splits);
 
   int replicas() const { return size() / tensor_parallel_; }
   // `x`'s rows split over the replicas, each replica's part on each of its
@@ -116,9 +123,8 @@ class TensorParallelStage final : public PipelineStage {
   std::unique_ptr<Stage> master_;
   std::vector<std::unique_ptr<TensorParallelGroup>> groups_;  // By replica.
   std::vector<std::unique_ptr<Stage>> ranks_;                 // By device.
-  // By parameter (master_->parameters() order): the dimension the ranks
-  // split, or -1 for a parameter every rank holds whole.
-  std::vector<int> shard_dims_;
+  // By parameter (master_->parameters() order).
+  std::vector<Split> splits_;
   RankThreads threads_;
 };
 

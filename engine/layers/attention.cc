@@ -12,14 +12,15 @@ namespace conveyor::engine {
 
 absl::StatusOr<std::unique_ptr<SelfAttention>> SelfAttention::Create(
     Backend* backend, const std::string& prefix, int64_t features,
-    int64_t heads, int64_t qkv_features, bool causal, bool bias) {
+    int64_t heads, int64_t qkv_features, bool causal, bool bias,
+    bool out_bias) {
   if (heads < 1 || qkv_features % heads != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("attention: qkv features (", qkv_features,
                      ") must be a multiple of heads (", heads, ")"));
   }
-  std::unique_ptr<SelfAttention> a(
-      new SelfAttention(backend, features, heads, qkv_features, causal, bias));
+  std::unique_ptr<SelfAttention> a(new SelfAttention(
+      backend, features, heads, qkv_features, causal, bias, out_bias));
   ASSIGN_OR_RETURN(a->in_weight_,
                    MakeParameter(backend, prefix + "in_proj_weight",
                                  {3 * qkv_features, features}));
@@ -30,6 +31,8 @@ absl::StatusOr<std::unique_ptr<SelfAttention>> SelfAttention::Create(
     ASSIGN_OR_RETURN(
         a->in_bias_,
         MakeParameter(backend, prefix + "in_proj_bias", {3 * qkv_features}));
+  }
+  if (a->out_bias_on_) {
     ASSIGN_OR_RETURN(
         a->out_bias_,
         MakeParameter(backend, prefix + "out_proj.bias", {features}));
@@ -38,7 +41,8 @@ absl::StatusOr<std::unique_ptr<SelfAttention>> SelfAttention::Create(
 }
 
 std::vector<Parameter*> SelfAttention::parameters() {
-  if (bias_) return {&in_weight_, &in_bias_, &out_weight_, &out_bias_};
+  if (out_bias_on_) return {&in_weight_, &in_bias_, &out_weight_, &out_bias_};
+  if (bias_) return {&in_weight_, &in_bias_, &out_weight_};
   return {&in_weight_, &out_weight_};
 }
 
@@ -70,7 +74,7 @@ absl::StatusOr<Tensor> SelfAttention::Forward(const Tensor& x, Stash& stash) {
   be.MergeHeads(context, merged);
   ASSIGN_OR_RETURN(Tensor y, be.Empty({b, s, features_}, DType::kF32));
   be.Gemm(false, true, 1.0f, merged, out_weight_.value, 0.0f, y);
-  if (bias_) be.AddRowBias(y, out_bias_.value);
+  if (out_bias_on_) be.AddRowBias(y, out_bias_.value);
   stash.saved = {x, q, k, v, probs, merged};
   return y;
 }
@@ -127,10 +131,8 @@ absl::Status SelfAttention::BackwardWeight(const Tensor& dy, Stash& stash) {
   const Tensor& d_qkv = stash.output_grads[0];
   backend_->Gemm(true, false, 1.0f, dy, merged, 1.0f, out_weight_.grad);
   backend_->Gemm(true, false, 1.0f, d_qkv, x, 1.0f, in_weight_.grad);
-  if (bias_) {
-    backend_->SumRows(dy, 1.0f, out_bias_.grad);
-    backend_->SumRows(d_qkv, 1.0f, in_bias_.grad);
-  }
+  if (out_bias_on_) backend_->SumRows(dy, 1.0f, out_bias_.grad);
+  if (bias_) backend_->SumRows(d_qkv, 1.0f, in_bias_.grad);
   return absl::OkStatus();
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "engine/layer.h"
+#include "engine/tensor_parallel.h"
 
 namespace conveyor::engine {
 
@@ -23,6 +24,12 @@ struct TransformerBlockOptions {
   bool pre_norm = false;
   float eps = 1e-5f;
   bool gelu_tanh = false;
+  // Whole block without a group; otherwise its shard on the rank, Megatron
+  // style: in_proj's q, k and v rows and mlp.0 split by rows (the rank's
+  // heads and hidden units), out_proj and mlp.2 by columns, each attention
+  // and MLP in a TensorParallelRegion followed by its bias (added once);
+  // heads and mlp_features must be multiples of the group's size.
+  TensorParallelRank tensor_parallel = {};
 };
 
 absl::StatusOr<std::unique_ptr<Layer>> MakeTransformerBlock(

@@ -189,8 +189,9 @@ absl::Status JobParser::CheckTensorParallelFits(const JobSpec& job) const {
     return YamlError(job.pipeline.tensor_parallel_where,
                      "pipeline.tensor_parallel",
                      absl::StrCat("no layer of this model splits over ", ranks,
-                                  " ranks (llama_block does; the other kinds "
-                                  "run whole on every rank), so every rank "
+                                  " ranks (llama_block and transformer_block "
+                                  "do; the other kinds run whole on every "
+                                  "rank), so every rank "
                                   "would compute the whole model"));
   }
   return engine::CheckTensorParallel(job.model, ranks);

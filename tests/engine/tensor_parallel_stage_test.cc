@@ -71,6 +71,29 @@ constexpr char kTied[] =
     "    - rmsnorm\n"
     "    - lm_head: {vocab_size: 11, tied: true}\n";
 
+// The JaxPP transformer block, post-norm and pre-norm (in_proj stacks q, k
+// and v; out_proj and mlp.2 have biases, added once after the all-reduce).
+constexpr char kPostNorm[] =
+    "model:\n  input_shape: [4]\n  init: {seed: 11}\n  loss: cross_entropy\n"
+    "  layers:\n"
+    "    - embedding: {vocab_size: 11, features: 16, max_positions: 4}\n"
+    "    - transformer_block: {heads: 4, mlp_features: 24, causal: true}\n"
+    "    - boundary\n"
+    "    - transformer_block: {heads: 4, mlp_features: 24}\n"
+    "    - layernorm\n"
+    "    - lm_head: {vocab_size: 11}\n";
+constexpr char kPreNorm[] =
+    "model:\n  input_shape: [4]\n  init: {seed: 12}\n  loss: cross_entropy\n"
+    "  layers:\n"
+    "    - embedding: {vocab_size: 11, features: 16, max_positions: 4}\n"
+    "    - transformer_block: {heads: 4, mlp_features: 24, causal: true, "
+    "norm: pre}\n"
+    "    - boundary\n"
+    "    - transformer_block: {heads: 4, mlp_features: 24, causal: true, "
+    "norm: pre}\n"
+    "    - layernorm\n"
+    "    - lm_head: {vocab_size: 11}\n";
+
 constexpr int kVocab = 11, kSeq = 4, kFeatures = 16;
 constexpr int64_t kRows = 4;  // Splits over 1, 2 and 4 replicas.
 constexpr double kTolerance = 1e-4;
@@ -179,7 +202,18 @@ TEST_P(TensorParallelStageTest, EqualsOneStageOnTheWholeMicrobatch) {
                 << p->name << " on device " << d;
           }
         }
-      } else if (p->name.ends_with("layernorm.weight")) {
+      } else if (p->name.ends_with("in_proj_weight")) {
+        // The rank's rows of each of q, k and v.
+        const size_t block = all.size() / 3, n = got.size() / 3;
+        for (size_t b = 0; b < 3; ++b) {
+          EXPECT_EQ(std::vector<float>(got.begin() + b * n,
+                                       got.begin() + (b + 1) * n),
+                    std::vector<float>(all.begin() + b * block + r * n,
+                                       all.begin() + b * block + (r + 1) * n))
+              << p->name << " block " << b << " on device " << d;
+        }
+      } else if (p->name.ends_with("layernorm.weight") ||
+                 p->name.ends_with("out_proj.bias")) {
         EXPECT_EQ(got, all) << p->name << " is whole on every rank";
       }
     }
@@ -265,7 +299,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gqa", kGqa, 1, 4, 2}, Case{"gqa", kGqa, 0, 4, 2},
                       Case{"gqa", kGqa, 1, 2, 1}, Case{"wide", kWide, 0, 4, 4},
                       Case{"wide", kWide, 1, 4, 4},
-                      Case{"tied", kTied, 0, 2, 2}),
+                      Case{"tied", kTied, 0, 2, 2},
+                      Case{"postnorm", kPostNorm, 0, 2, 2},
+                      Case{"postnorm", kPostNorm, 1, 4, 4},
+                      Case{"prenorm", kPreNorm, 0, 4, 2},
+                      Case{"prenorm", kPreNorm, 1, 2, 2}),
     [](const ::testing::TestParamInfo<Case>& info) {
       return Describe(info.param);
     });
