@@ -352,13 +352,19 @@ TEST(FormatJobsTableTest, OneRowPerJob) {
   queued.set_schedule("interleaved-1f1b");
   queued.set_virtual_stages(2);
   queued.set_num_workers(4);
+  queued.set_priority(0);
+  queued.set_effective_priority(35);
+  queued.set_owner("team-a");
+  queued.set_queue_reason("needs 4 workers, 2 free; behind job-6 (high)");
+  job.set_priority(300);
   EXPECT_EQ(FormatJobsTable({job, queued}, absl::FromUnixMillis(1'005'000)),
             "ID     NAME  STATE    STEPS   LOSS  SCHEDULE              "
-            "WORKERS  AGE\n"
+            "WORKERS  AGE    PRIORITY  OWNER   WAITS FOR\n"
             "job-7  mlp   RUNNING  40/200  -     1f1b                  2"
-            "        5.0 s\n"
+            "        5.0 s  urgent    -       -\n"
             "job-8  -     QUEUED   0/10    -     interleaved-1f1b V=2  4"
-            "        -\n");
+            "        -      low+35    team-a  needs 4 workers, 2 free; behind "
+            "job-6 (high)\n");
 }
 
 TEST(FormatWorkersTableTest, OneRowPerWorker) {
