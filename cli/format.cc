@@ -318,7 +318,10 @@ std::string FormatJobDetails(const v1::Job& job, absl::Time now) {
                                job.queue_reason().empty() ? "" : "; ",
                                job.queue_reason())});
   }
-  {
+  // Shown unless the default: normal, no owner, not aged.
+  if (job.priority() != job::kPriorityNormal || !job.owner().empty() ||
+      (job.state() == v1::QUEUED &&
+       job.effective_priority() > job.priority())) {
     std::string priority = job::PriorityName(job.priority());
     if (job.state() == v1::QUEUED &&
         job.effective_priority() > job.priority()) {

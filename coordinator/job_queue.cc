@@ -14,32 +14,32 @@ constexpr double kMaxAging = 1 << 20;
 
 }  // namespace
 
-JobQueue::TimePoint JobQueue::Now(std::optional<TimePoint> now) {
-  if (now.has_value()) now_ = std::max(now_, *now);
+std::optional<JobQueue::TimePoint> JobQueue::Now(std::optional<TimePoint> now) {
+  if (now.has_value()) now_ = std::max(now_.value_or(*now), *now);
   return now_;
 }
 
 void JobQueue::Add(uint64_t number, int priority, std::optional<TimePoint> now,
                    Duration waited) {
-  const TimePoint t = Now(now);
+  const std::optional<TimePoint> t = Now(now);
   if (!entries_.contains(number)) {
     entries_[number] = Entry{.priority = priority,
                              .waited_before = waited,
                              .since = t,
                              .seq = next_seq_++};
   }
-  Reorder(t);
+  Sort();
 }
 
 void JobQueue::AddFirst(uint64_t number, int priority,
                         std::optional<TimePoint> now, Duration waited) {
-  const TimePoint t = Now(now);
+  const std::optional<TimePoint> t = Now(now);
   entries_[number] = Entry{.priority = priority,
                            .waited_before = waited,
                            .since = t,
                            .restarted = true,
                            .seq = next_restart_seq_--};
-  Reorder(t);
+  Sort();
 }
 
 void JobQueue::Remove(uint64_t number) {
@@ -53,17 +53,23 @@ int JobQueue::Aging(Duration waited) const {
 }
 
 void JobQueue::Reorder(TimePoint now) {
-  now = Now(now);
+  Now(now);
+  for (auto& [number, e] : entries_) {
+    if (!e.since.has_value()) e.since = now_;
+  }
+  Sort();
+}
+
+void JobQueue::Sort() {
   // The longest wait at each priority, which restarted jobs age by.
   std::map<int, Duration> longest;
   for (const auto& [number, e] : entries_) {
     Duration& l = longest[e.priority];
-    l = std::max(l, Waited(number, now));
+    l = std::max(l, Waited(number));
   }
   order_.clear();
   for (auto& [number, e] : entries_) {
-    const Duration waited =
-        e.restarted ? longest[e.priority] : Waited(number, now);
+    const Duration waited = e.restarted ? longest[e.priority] : Waited(number);
     e.effective = e.priority + Aging(waited);
     order_.push_back(number);
   }
@@ -98,8 +104,10 @@ JobQueue::Duration JobQueue::Waited(uint64_t number,
                                     std::optional<TimePoint> now) const {
   const auto it = entries_.find(number);
   if (it == entries_.end()) return {};
-  const TimePoint t = now.value_or(now_);
-  return it->second.waited_before + std::max(Duration{}, t - it->second.since);
+  const Entry& e = it->second;
+  if (!now.has_value()) now = now_;
+  if (!now.has_value() || !e.since.has_value()) return e.waited_before;
+  return e.waited_before + std::max(Duration{}, *now - *e.since);
 }
 
 }  // namespace conveyor::coordinator

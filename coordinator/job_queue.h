@@ -47,7 +47,8 @@ class JobQueue {
 
   // Queues `number` at `priority`, having already waited `waited` in
   // earlier queued spells (a restored job). `now` defaults to the newest
-  // time the queue was given. A number already queued stays where it is.
+  // time the queue was given (or, before any, the next Reorder's). A
+  // number already queued stays where it is.
   void Add(uint64_t number, int priority = kDefaultPriority,
            std::optional<TimePoint> now = std::nullopt, Duration waited = {});
   // A restarted job: first among its priority (see above). A number
@@ -82,7 +83,9 @@ class JobQueue {
   struct Entry {
     int priority = kDefaultPriority;
     Duration waited_before{};  // Earlier spells.
-    TimePoint since;           // This spell.
+    // This spell; nullopt for a job added before the queue was given any
+    // time, whose spell starts at the first Reorder.
+    std::optional<TimePoint> since;
     bool restarted = false;
     // Submission order; restarted jobs count down from -1, so the newest
     // restart goes first among restarted equals.
@@ -92,10 +95,13 @@ class JobQueue {
 
   // floor(aging_per_minute_ x minutes), bounded.
   int Aging(Duration waited) const;
-  TimePoint Now(std::optional<TimePoint> now);
+  // Recomputes effective priorities and the order at now_.
+  void Sort();
+  std::optional<TimePoint> Now(std::optional<TimePoint> now);
 
   double aging_per_minute_;
-  TimePoint now_{};
+  // The newest time given; nullopt before the first.
+  std::optional<TimePoint> now_;
   int64_t next_seq_ = 0;
   int64_t next_restart_seq_ = -1;
   std::map<uint64_t, Entry> entries_;

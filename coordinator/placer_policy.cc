@@ -181,7 +181,7 @@ std::string Placer::WhyQueued(const JobRun& run, int live, int idle,
   }
   if (!preempted.empty()) {
     return absl::StrCat(free, "; preempting ", absl::StrJoin(preempted, ", "),
-                        " (draining at their next step boundary)");
+                        ", draining at the next step boundary");
   }
   if (const int coming = WorkersComing(devices); coming > 0) {
     return absl::StrCat(free, "; ", coming, " more finishing");

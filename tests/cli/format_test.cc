@@ -30,6 +30,7 @@ v1::Job RunningJob() {
   job.set_id("job-7");
   job.set_name("mlp");
   job.set_state(v1::RUNNING);
+  job.set_priority(100);  // normal
   job.set_steps_total(200);
   job.set_schedule("1f1b");
   job.set_num_stages(2);
@@ -339,6 +340,25 @@ TEST(FormatJobDetailsTest, ShowsFieldsAndTheStageTable) {
             "STAGE  RANK  LAYERS  PARAMETERS  WORKER\n"
             "0      0     0-3     1000        worker-1\n"
             "1      1     4-7     1001        worker-2\n");
+}
+
+TEST(FormatJobDetailsTest, ShowsPriorityOwnerAgingAndPreemptions) {
+  v1::Job job = RunningJob();
+  EXPECT_THAT(FormatJobDetails(job, absl::FromUnixMillis(0)),
+              testing::Not(HasSubstr("priority")));
+  job.set_priority(0);
+  job.set_owner("team-a");
+  job.set_preemptions(2);
+  job.set_preempted_by("job-9");
+  std::string text = FormatJobDetails(job, absl::FromUnixMillis(0));
+  EXPECT_THAT(text, HasSubstr("  priority   low; owner team-a\n"));
+  EXPECT_THAT(text, HasSubstr("  preempted  2 times, last by job-9\n"));
+  job.set_state(v1::QUEUED);
+  job.set_effective_priority(90);
+  job.set_queued_wait_ms(90 * 60 * 1000);
+  EXPECT_THAT(FormatJobDetails(job, absl::FromUnixMillis(0)),
+              HasSubstr("  priority   low (90 with aging after 1h30m "
+                        "queued); owner team-a\n"));
 }
 
 TEST(FormatJobsTableTest, OneRowPerJob) {

@@ -150,5 +150,16 @@ TEST(JobQueueTest, AddWithoutATimeTakesTheNewestTimeGiven) {
   EXPECT_EQ(q.EffectivePriority(1), JobQueue::kDefaultPriority + 5);
 }
 
+TEST(JobQueueTest, AJobAddedBeforeAnyTimeStartsWaitingAtTheFirstReorder) {
+  JobQueue q(/*aging_per_minute=*/1);
+  q.Add(1);
+  EXPECT_EQ(q.Waited(1), JobQueue::Duration{});
+  const TimePoint t0 = TimePoint{} + minutes(1000);
+  q.Reorder(t0);
+  EXPECT_EQ(q.EffectivePriority(1), JobQueue::kDefaultPriority);
+  q.Reorder(t0 + minutes(3));
+  EXPECT_EQ(q.Waited(1), minutes(3));
+}
+
 }  // namespace
 }  // namespace conveyor::coordinator
