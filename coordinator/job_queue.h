@@ -67,6 +67,7 @@ class JobQueue {
 
   // 1 for the head, 0 for a number not queued.
   int PositionOf(uint64_t number) const;
+  bool contains(uint64_t number) const { return entries_.contains(number); }
   int size() const { return static_cast<int>(order_.size()); }
   bool empty() const { return order_.empty(); }
   // Head first, as of the last Reorder or Add.

@@ -34,7 +34,7 @@ void Placer::Schedule() {
   const std::vector<uint64_t> order(queue.order().begin(), queue.order().end());
   JobRun* blocked = nullptr;
   for (const uint64_t number : order) {
-    if (queue.PositionOf(number) == 0) continue;  // Ended meanwhile.
+    if (!queue.contains(number)) continue;  // Ended meanwhile.
     JobRun& run = jobs_.at(number);
     // Placed once SubmitJob has persisted it; until then it keeps its
     // turn.

@@ -1980,6 +1980,35 @@ TEST_F(JobManagerDrainTest, TheFewestLowestJobsArePreempted) {
   EXPECT_EQ(manager_.GetJob(normal)->preemptions(), 0);
 }
 
+TEST_F(JobManagerTest, RestoredJobsKeepTheirPriorityOwnerAndOrder) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  StartTwoStageJob(w1, w2);
+  absl::StatusOr<v1::Job> normal = Submit(JobYaml(2, "normal"));
+  absl::StatusOr<v1::Job> high =
+      Submit(JobYaml(2, "high") + "priority: high\nowner: team-a\n");
+  ASSERT_TRUE(normal.ok() && high.ok());
+  EXPECT_EQ(manager_.GetJob(high->id())->queue_position(), 1);
+  manager_.Tick();
+  absl::StatusOr<std::optional<v1::CoordinatorState>> saved =
+      state_file_->Load();
+  ASSERT_TRUE(saved.ok() && saved->has_value());
+  // As a record written before the fields existed: they come back from
+  // the job file, not as priority 0 (low).
+  for (v1::JobRecordState& job : *(*saved)->mutable_jobs()) {
+    job.mutable_info()->clear_priority();
+    job.mutable_info()->clear_owner();
+  }
+  RecordingObserver observer;
+  JobManager restored(Options(&observer));
+  ASSERT_TRUE(restored.Restore(**saved).ok());
+  const v1::Job h = *restored.GetJob(high->id());
+  EXPECT_EQ(h.priority(), 200);
+  EXPECT_EQ(h.owner(), "team-a");
+  EXPECT_EQ(h.queue_position(), 1);
+  EXPECT_EQ(restored.GetJob(normal->id())->priority(), 100);
+  EXPECT_EQ(restored.GetJob(normal->id())->queue_position(), 2);
+}
+
 TEST_F(JobManagerCheckpointTest, ADeregisteredWorkerIsForgottenAndItsJobFails) {
   const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
   const std::string job = StartJob(JobYaml(2), w1, w2);

@@ -97,7 +97,7 @@ check "low job succeeds" state_is "$low" SUCCEEDED
 check "low job resumed from the drained step" bash -c \
   "[[ '$(field "$low" resumed)' =~ ^from\ step\ [1-9] ]]"
 check "a preemption is not a restart" bash -c \
-  "[[ '$(field "$low" restarts)' == '0 of at most 2' ]]"
+  "[[ '$(field "$low" restarts)' == '0 of at most 2; last after: preempted by $urgent (urgent)'* ]]"
 "$ctl" export "$dir/low" -o "$dir/low.safetensors" >/dev/null 2>&1
 check "preempted job's parameters equal the uninterrupted run's, bitwise" \
   same_tensors "$dir/full.safetensors" "$dir/low.safetensors"
