@@ -83,6 +83,18 @@ job_yaml urgent "$dir/urgent" 24 "priority: urgent" >"$dir/urgent.yaml"
 urgent=$(submit "$dir/urgent.yaml")
 check "urgent job becomes RUNNING" wait_for 60 state_is "$urgent" RUNNING
 check "low job was queued again, not failed" state_is "$low" QUEUED
+# Reported, not asserted (no timing assertions): how long the urgent job
+# waited, against the low job's step time.
+"$ctl" status "$urgent" -o json --coordinator "$address" >"$dir/urgent.json" 2>/dev/null
+"$ctl" status "$low" -o json --coordinator "$address" >"$dir/low.json" 2>/dev/null
+python3 - "$dir/urgent.json" "$dir/low.json" <<'PY' || true
+import json, sys
+u, l = (json.load(open(p)) for p in sys.argv[1:3])
+wait = int(u["started_unix_ms"]) - int(u["created_unix_ms"])
+print(f"urgent job: submitted to RUNNING in {wait} ms; the preempted job's "
+      f"step takes {l['last_step_seconds'] * 1e3:.0f} ms and it drained after "
+      f"step {l['last_checkpoint_step']}")
+PY
 check "low job says it was preempted by the urgent one" bash -c \
   "[[ '$(field "$low" preempted)' == '1 time, last by $urgent' ]]"
 check "low job's priority and owner are shown" bash -c \
