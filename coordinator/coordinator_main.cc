@@ -78,9 +78,10 @@ absl::Status ApplyConfigFile(const std::string& path, const CLI::App& app,
   conveyor::YamlReader reader(path);
   ASSIGN_OR_RETURN(
       conveyor::YamlMap map,
-      reader.ReadMap(reader.Root(doc),
-                     {"listen", "heartbeat_timeout", "recv_timeout",
-                      "metrics_address", "state_file"}));
+      reader.ReadMap(
+          reader.Root(doc),
+          {"listen", "heartbeat_timeout", "recv_timeout", "metrics_address",
+           "state_file", "owner_quota", "aging_per_minute", "preemption"}));
   auto given = [&](const char* flag) { return app.count(flag) > 0; };
   for (const conveyor::YamlMapEntry& e : map.entries) {
     if (e.key == "listen" && !given("--listen")) {
@@ -94,6 +95,14 @@ absl::Status ApplyConfigFile(const std::string& path, const CLI::App& app,
       ASSIGN_OR_RETURN(flags.metrics_address, reader.ParseString(e.value));
     } else if (e.key == "state_file" && !given("--state-file")) {
       ASSIGN_OR_RETURN(flags.state_file, reader.ParseString(e.value));
+    } else if (e.key == "owner_quota" && !given("--owner-quota")) {
+      ASSIGN_OR_RETURN(flags.owner_quota, reader.ParseString(e.value));
+    } else if (e.key == "aging_per_minute" && !given("--aging-per-minute")) {
+      ASSIGN_OR_RETURN(flags.aging_per_minute,
+                       reader.ParseNonNegativeDouble(e.value));
+    } else if (e.key == "preemption" && !given("--no-preemption")) {
+      ASSIGN_OR_RETURN(const bool preemption, reader.ParseBool(e.value));
+      flags.no_preemption = !preemption;
     }
   }
   return absl::OkStatus();
@@ -135,7 +144,8 @@ int main(int argc, char** argv) {
       "written to the ready file); empty: not served");
   app.add_option("--config", flags.config,
                  "YAML file with listen, heartbeat_timeout, recv_timeout, "
-                 "metrics_address, state_file (flags win)");
+                 "metrics_address, state_file, owner_quota, "
+                 "aging_per_minute, preemption (flags win)");
   app.add_option("--state-file", flags.state_file,
                  "Keep job records in this file so that they survive a "
                  "restart; empty: in memory only");

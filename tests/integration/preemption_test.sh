@@ -53,6 +53,10 @@ steps_at_least() {  # steps_at_least JOB N
 "$coordinator" --listen 127.0.0.1:0 --owner-quota team-a >"$dir/bad.out" 2>&1
 check "bad --owner-quota exits 2" test $? -eq 2
 check "bad --owner-quota names the entry" grep -q "'team-a' has no '='" "$dir/bad.out"
+printf 'owner_quota: "team-a=2"\npreemption: maybe\n' >"$dir/bad.yaml"
+"$coordinator" --listen 127.0.0.1:0 --config "$dir/bad.yaml" >"$dir/bad-config.out" 2>&1
+check "a bad preemption key in --config exits 2" test $? -eq 2
+check "the bad key is named at its position" grep -q "bad.yaml:2:13: preemption" "$dir/bad-config.out"
 
 "$coordinator" --listen 127.0.0.1:0 --heartbeat-timeout 5 \
   --owner-quota research=2 --ready-file "$dir/ready" >"$dir/coordinator.log" 2>&1 &
