@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/printable.h"
+#include "job/job_policy.h"
 #include "proto/protocol.h"
 
 namespace conveyor::cli {
@@ -317,6 +318,28 @@ std::string FormatJobDetails(const v1::Job& job, absl::Time now) {
                                job.queue_reason().empty() ? "" : "; ",
                                job.queue_reason())});
   }
+  // Shown unless the default: normal, no owner, not aged.
+  if (job.priority() != job::kPriorityNormal || !job.owner().empty() ||
+      (job.state() == v1::QUEUED &&
+       job.effective_priority() > job.priority())) {
+    std::string priority = job::PriorityName(job.priority());
+    if (job.state() == v1::QUEUED &&
+        job.effective_priority() > job.priority()) {
+      absl::StrAppend(&priority, " (", job.effective_priority(),
+                      " with aging after ",
+                      FormatDuration(job.queued_wait_ms() / 1e3), " queued)");
+    }
+    if (!job.owner().empty()) {
+      absl::StrAppend(&priority, "; owner ", Printable(job.owner()));
+    }
+    fields.push_back({"priority", priority});
+  }
+  if (job.preemptions() > 0) {
+    fields.push_back(
+        {"preempted", absl::StrCat(job.preemptions(), " time",
+                                   job.preemptions() == 1 ? "" : "s",
+                                   ", last by ", job.preempted_by())});
+  }
   if (job.created_unix_ms() > 0) {
     fields.push_back({"created", absl::StrCat(FormatDuration(SecondsSince(
                                                   job.created_unix_ms(), now)),
@@ -445,6 +468,20 @@ std::string FormatJobsTable(const std::vector<v1::Job>& jobs, absl::Time now) {
     if (job.virtual_stages() > 1) {
       absl::StrAppend(&schedule, " V=", job.virtual_stages());
     }
+    // The priority as the job file gave it; while queued, with the points
+    // aging has added ("low+35": it ranks as 35 now).
+    std::string priority = job::PriorityName(job.priority());
+    const bool queued = job.state() == v1::QUEUED;
+    if (queued && job.effective_priority() > job.priority()) {
+      absl::StrAppend(&priority, "+",
+                      job.effective_priority() - job.priority());
+    }
+    // Why a queued job waits; a preempted job says by whom until it runs
+    // again.
+    std::string why = "-";
+    if (queued && !job.queue_reason().empty()) {
+      why = Printable(job.queue_reason());
+    }
     rows.push_back(
         {job.id(), job.name().empty() ? "-" : Printable(job.name()),
          std::string(proto::JobStateName(job.state())),
@@ -453,11 +490,12 @@ std::string FormatJobsTable(const std::vector<v1::Job>& jobs, absl::Time now) {
          schedule, absl::StrCat(job.num_workers()),
          job.created_unix_ms() > 0
              ? FormatDuration(SecondsSince(job.created_unix_ms(), now))
-             : "-"});
+             : "-",
+         priority, job.owner().empty() ? "-" : Printable(job.owner()), why});
   }
-  return FormatTable(
-      {"ID", "NAME", "STATE", "STEPS", "LOSS", "SCHEDULE", "WORKERS", "AGE"},
-      rows);
+  return FormatTable({"ID", "NAME", "STATE", "STEPS", "LOSS", "SCHEDULE",
+                      "WORKERS", "AGE", "PRIORITY", "OWNER", "WAITS FOR"},
+                     rows);
 }
 
 namespace {

@@ -30,6 +30,7 @@
 #include "coordinator/coordinator_metrics.h"  // /metrics
 #include "coordinator/fleet_summary.h"        // /readyz
 #include "coordinator/job_manager.h"          // the state machine
+#include "coordinator/scheduling_policy.h"    // ParseOwnerQuotas
 #include "coordinator/service.h"              // the gRPC services
 #include "coordinator/state_file.h"           // StateFile
 #include "grpcpp/grpcpp.h"                    // ServerBuilder
@@ -56,6 +57,11 @@ struct Flags {
   std::string state_file;
   conveyor::proto::TlsFiles tls;
   std::string log_level = "info";
+  // Scheduling policy (docs/jobs.md "Priority and owner").
+  std::string owner_quota;
+  double aging_per_minute =
+      conveyor::coordinator::JobQueue::kDefaultAgingPerMinute;
+  bool no_preemption = false;
   // Test hooks (hidden flags): freeze before the manifest of this step.
   int64_t fault_commit_step = 0;
   int64_t fault_commit_delay_ms = 0;
@@ -72,9 +78,10 @@ absl::Status ApplyConfigFile(const std::string& path, const CLI::App& app,
   conveyor::YamlReader reader(path);
   ASSIGN_OR_RETURN(
       conveyor::YamlMap map,
-      reader.ReadMap(reader.Root(doc),
-                     {"listen", "heartbeat_timeout", "recv_timeout",
-                      "metrics_address", "state_file"}));
+      reader.ReadMap(
+          reader.Root(doc),
+          {"listen", "heartbeat_timeout", "recv_timeout", "metrics_address",
+           "state_file", "owner_quota", "aging_per_minute", "preemption"}));
   auto given = [&](const char* flag) { return app.count(flag) > 0; };
   for (const conveyor::YamlMapEntry& e : map.entries) {
     if (e.key == "listen" && !given("--listen")) {
@@ -88,6 +95,14 @@ absl::Status ApplyConfigFile(const std::string& path, const CLI::App& app,
       ASSIGN_OR_RETURN(flags.metrics_address, reader.ParseString(e.value));
     } else if (e.key == "state_file" && !given("--state-file")) {
       ASSIGN_OR_RETURN(flags.state_file, reader.ParseString(e.value));
+    } else if (e.key == "owner_quota" && !given("--owner-quota")) {
+      ASSIGN_OR_RETURN(flags.owner_quota, reader.ParseString(e.value));
+    } else if (e.key == "aging_per_minute" && !given("--aging-per-minute")) {
+      ASSIGN_OR_RETURN(flags.aging_per_minute,
+                       reader.ParseNonNegativeDouble(e.value));
+    } else if (e.key == "preemption" && !given("--no-preemption")) {
+      ASSIGN_OR_RETURN(const bool preemption, reader.ParseBool(e.value));
+      flags.no_preemption = !preemption;
     }
   }
   return absl::OkStatus();
@@ -129,7 +144,8 @@ int main(int argc, char** argv) {
       "written to the ready file); empty: not served");
   app.add_option("--config", flags.config,
                  "YAML file with listen, heartbeat_timeout, recv_timeout, "
-                 "metrics_address, state_file (flags win)");
+                 "metrics_address, state_file, owner_quota, "
+                 "aging_per_minute, preemption (flags win)");
   app.add_option("--state-file", flags.state_file,
                  "Keep job records in this file so that they survive a "
                  "restart; empty: in memory only");
@@ -144,6 +160,19 @@ int main(int argc, char** argv) {
   app.add_option("--tls-ca", flags.tls.ca,
                  "PEM CA: require client certificates it signed (mutual "
                  "TLS)");
+  app.add_option("--owner-quota", flags.owner_quota,
+                 "Workers each owner's jobs may hold at once, "
+                 "OWNER=WORKERS[,OWNER=WORKERS...] (e.g. team-a=16,team-b=8); "
+                 "owners not listed have no limit");
+  app.add_option("--aging-per-minute", flags.aging_per_minute,
+                 "Priority points a queued job gains per minute waited, so "
+                 "low-priority jobs are not starved (classes are 100 apart; "
+                 "0: no aging)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
+  app.add_flag("--no-preemption", flags.no_preemption,
+               "Never drain running jobs for a queued job of higher "
+               "priority");
   app.add_option("--log-level", flags.log_level,
                  absl::StrCat("Log level: ", conveyor::kLogLevels))
       ->capture_default_str();
@@ -177,6 +206,13 @@ int main(int argc, char** argv) {
                  ? conveyor::kExitUsage
                  : kExitFailure;
     }
+  }
+
+  absl::StatusOr<conveyor::coordinator::OwnerQuotas> quotas =
+      conveyor::coordinator::ParseOwnerQuotas(flags.owner_quota);
+  if (!quotas.ok()) {
+    std::cerr << "conveyor-coordinator: " << quotas.status().message() << "\n";
+    return conveyor::kExitUsage;
   }
 
   // Signals are taken by one thread with sigwait; every other thread
@@ -226,6 +262,9 @@ int main(int argc, char** argv) {
   manager_options.observer = metrics.get();
   manager_options.state_file = state_file.get();
   manager_options.version = conveyor::kVersion;
+  manager_options.owner_quotas = *std::move(quotas);
+  manager_options.aging_per_minute = flags.aging_per_minute;
+  manager_options.preemption = !flags.no_preemption;
   if (flags.fault_commit_step > 0) {
     SPDLOG_WARN("fault injection: pausing {} ms before the manifest of step {}",
                 flags.fault_commit_delay_ms, flags.fault_commit_step);

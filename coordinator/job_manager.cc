@@ -78,6 +78,7 @@ JobManager::JobManager(JobManagerOptions options)
       store_(options_.state_file),
       workers_(options_.version),
       context_(std::make_unique<RunContext>(*this)),
+      queue_(options_.aging_per_minute),
       placer_(*context_, jobs_) {}
 
 JobManager::~JobManager() { Shutdown(); }

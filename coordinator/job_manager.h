@@ -1,6 +1,8 @@
 // JobManager: the coordinator's state and every decision it makes: the
 // worker registry (registration with version checks, heartbeats, loss), the
-// FIFO job queue, the job state machine
+// job queue (by priority with aging, then first come, first served; owner
+// quotas and preemption by drain: coordinator/job_queue.h, placer.h), the
+// job state machine
 //
 //   QUEUED -> PLANNING -> RUNNING -> SUCCEEDED | FAILED (reason) | CANCELLED
 //
@@ -223,6 +225,8 @@ class JobManager {
   // listed, interrupted ones restarted or failed, queued ones queued.
   void RestartRestored(const JobStore::Restored& restored)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A restored job's priority and owner, from its parsed file.
+  static void TakePolicy(JobRun::JobRecord& job);
 
   void TickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Discounts a stall of the coordinator since the last Tick from every

@@ -2,6 +2,7 @@
 // Coordinator service's submission, queries, cancellation and watching),
 // the state file (Persist) and Restore.
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -117,6 +118,17 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
             " ('", other.name(), "'); give this job another checkpoint.dir"));
       }
     }
+    // A job its owner's quota can never hold would wait forever.
+    if (const std::string& owner = plan->job.owner; !owner.empty()) {
+      const auto quota = options_.owner_quotas.find(owner);
+      if (quota != options_.owner_quotas.end() &&
+          plan->num_ranks > quota->second) {
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "job '%s' needs %d workers but owner '%s' has a quota of %d "
+            "(--owner-quota); use fewer stages or ask for a larger quota",
+            plan->job.name, plan->num_ranks, owner, quota->second));
+      }
+    }
     if (queue_.size() >= options_.max_queued_jobs) {
       return absl::ResourceExhaustedError(
           absl::StrCat("the job queue is full (", options_.max_queued_jobs,
@@ -134,6 +146,8 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
     info.set_id(JobId(number));
     info.set_name(job.plan.job.name);
     info.set_created_unix_ms(NowUnixMs());
+    info.set_priority(job.plan.job.priority);
+    info.set_owner(job.plan.job.owner);
     run.DescribePlan();
     if (job.resume.has_value()) {
       info.set_steps_done(job.resume->step);
@@ -147,7 +161,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
     SPDLOG_INFO("{} '{}' queued: {} over {} worker(s)", info.id(),
                 Printable(info.name()), info.schedule(), info.num_workers());
     job.durable = false;
-    queue_.Add(number);
+    queue_.Add(number, info.priority(), options_.clock());
     placer_.UpdateQueuePositions();
     run.AddEvent(nullptr);
     MarkChanged();
@@ -408,6 +422,7 @@ void JobManager::RestartRestored(const JobStore::Restored& restored) {
                  absl::StrCat(at, "; planning it again failed: ", s.message()));
       continue;
     }
+    TakePolicy(job);
     restarted.push_back(number);
     if (options_.observer != nullptr) {
       options_.observer->OnRestarted(job.info, "coordinator_restarted",
@@ -427,11 +442,16 @@ void JobManager::RestartRestored(const JobStore::Restored& restored) {
                               s.message()));
       continue;
     }
-    queue_.Add(number);
+    TakePolicy(run.job());
+    queue_.Add(number, run.job().info.priority(), options_.clock(),
+               std::chrono::milliseconds(run.job().info.queued_wait_ms()));
   }
-  // Restarted jobs first, as a restart after a lost worker would be.
+  // Restarted jobs first among their priority, as a restart after a lost
+  // worker would be.
   for (auto it = restarted.rbegin(); it != restarted.rend(); ++it) {
-    queue_.AddFirst(*it);
+    const v1::Job& info = jobs_.at(*it).job().info;
+    queue_.AddFirst(*it, info.priority(), options_.clock(),
+                    std::chrono::milliseconds(info.queued_wait_ms()));
   }
   for (uint64_t number : restarted) jobs_.at(number).SetState(v1::QUEUED);
   placer_.UpdateQueuePositions();
@@ -446,6 +466,14 @@ void JobManager::RestartRestored(const JobStore::Restored& restored) {
 
 // ---------------------------------------------------------------------------
 // Records.
+
+void JobManager::TakePolicy(JobRun::JobRecord& job) {
+  // From the job file as parsed again: a record written before these
+  // fields existed reads as priority 0 (low) and no owner, which is not
+  // what its file says.
+  job.info.set_priority(job.parsed.spec.priority);
+  job.info.set_owner(job.parsed.spec.owner);
+}
 
 JobRun* JobManager::FindJob(const std::string& id) {
   auto it = jobs_.find(JobNumber(id));

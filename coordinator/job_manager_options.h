@@ -14,6 +14,8 @@
 
 #include "absl/strings/string_view.h"
 #include "conveyor/v1/conveyor.pb.h"
+#include "coordinator/job_queue.h"
+#include "coordinator/scheduling_policy.h"
 #include "coordinator/state_file.h"
 
 namespace conveyor::coordinator {
@@ -28,9 +30,9 @@ class JobObserver {
   // The job reached SUCCEEDED, FAILED or CANCELLED.
   virtual void OnFinished(const v1::Job& job) = 0;
   // The job lost a worker and was queued again (restart: {max_restarts}).
-  // `reason`: worker_lost, rank_failed, timeout, bad_report or
-  // coordinator_restarted; `layout_changed`: an elastic restart laid it out
-  // on another number of workers.
+  // `reason`: worker_lost, rank_failed, timeout, bad_report,
+  // coordinator_restarted, drained or preempted; `layout_changed`: an elastic
+  // restart laid it out on another number of workers.
   virtual void OnRestarted(const v1::Job& /*job*/, absl::string_view /*reason*/,
                            bool /*layout_changed*/) {}
 };
@@ -88,6 +90,16 @@ struct JobManagerOptions {
   std::string version;
   std::function<std::chrono::steady_clock::time_point()> clock =
       std::chrono::steady_clock::now;
+
+  // Scheduling policy (docs/jobs.md "Priority and owner";
+  // coordinator/job_queue.h, scheduling_policy.h). Priority points a
+  // queued job gains per minute waited (--aging-per-minute; 0: none).
+  double aging_per_minute = JobQueue::kDefaultAgingPerMinute;
+  // Workers each owner's placed jobs may hold at once (--owner-quota).
+  OwnerQuotas owner_quotas;
+  // Whether a job that cannot be placed drains running jobs of strictly
+  // lower priority for their workers (--no-preemption turns it off).
+  bool preemption = true;
 };
 
 }  // namespace conveyor::coordinator

@@ -147,6 +147,11 @@ class JobRun {
     std::map<int, int64_t> drain_points;
     int64_t drain_step = 0;
     TimePoint drain_deadline;
+    // The drain (or, while PLANNING, the requeue) is a preemption for a job
+    // of higher priority (Placer::Preempt): its workers are on their way to
+    // that job, and its requeue is labelled "preempted". Cleared by the
+    // next attempt.
+    bool preempting = false;
   };
 
   // Job `number`'s record, empty but for the number; sized by the

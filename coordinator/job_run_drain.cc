@@ -7,7 +7,9 @@
 // to checkpoint D and stop there. The ranks report D's files as for any
 // checkpoint and end with JobEnded{drained_after_step: D}; once all have,
 // D is committed and the job is queued again to resume from it, so no
-// completed step is lost or run twice.
+// completed step is lost or run twice. A preemption (coordinator/placer.h
+// Preempt) is the same drain, started by the Placer for a job of higher
+// priority rather than by a worker's drain.
 #include <algorithm>
 #include <utility>
 
@@ -83,7 +85,8 @@ void JobRun::FinishDrain() {
   }
   SPDLOG_INFO("{}: drained after step {}; queued to resume there",
               job_.info.id(), step);
-  Requeue(job_.drain_reason, "drained", /*drained=*/true);
+  Requeue(job_.drain_reason, job_.preempting ? "preempted" : "drained",
+          /*drained=*/true);
 }
 
 }  // namespace conveyor::coordinator

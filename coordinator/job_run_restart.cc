@@ -3,6 +3,7 @@
 // the next attempt (Replan, Relayout, LayOutOn), with the description of a
 // plan in Job (DescribePlan, RecordLayout).
 #include <algorithm>
+#include <chrono>
 #include <string>
 #include <utility>
 
@@ -102,7 +103,9 @@ void JobRun::Requeue(std::string reason, absl::string_view kind, bool drained) {
   if (!drained) job_.restart_reason = reason;
   // At the head: the job was running, and a restart must not wait behind
   // work submitted after it.
-  ctx_.queue().AddFirst(job_.number);
+  ctx_.queue().AddFirst(job_.number, job_.info.priority(),
+                        ctx_.options().clock(),
+                        std::chrono::milliseconds(job_.info.queued_wait_ms()));
   ctx_.UpdateQueuePositions();
   SetState(v1::QUEUED);
   if (JobObserver* observer = ctx_.options().observer; observer != nullptr) {
@@ -122,6 +125,7 @@ void JobRun::PrepareNextAttempt(const std::string& reason, bool counted) {
   job_.ranks.Clear();
   job_.failing = false;
   job_.failure.clear();
+  job_.preempting = false;
   job_.no_restart.clear();
   job_.stepped = false;
   job_.programs_sent = false;

@@ -1,5 +1,6 @@
 #include "coordinator/placer.h"
 
+#include <chrono>
 #include <cmath>
 #include <utility>
 
@@ -26,21 +27,44 @@ Placer::Placer(JobRunContext& context, std::map<uint64_t, JobRun>& jobs)
 void Placer::Schedule() {
   ReexamineRestarts();
   JobQueue& queue = ctx_.queue();
-  while (!queue.empty()) {
-    JobRun& job = jobs_.at(*queue.head());
-    if (!job.job().durable) break;  // Placed once SubmitJob has persisted it.
+  queue.Reorder(ctx_.options().clock());
+  std::map<std::string, int> held = HeldByOwner();
+  // A copy: placing a job takes it out of the queue, and a failed
+  // placement may end others.
+  const std::vector<uint64_t> order(queue.order().begin(), queue.order().end());
+  JobRun* blocked = nullptr;
+  for (const uint64_t number : order) {
+    if (!queue.contains(number)) continue;  // Ended meanwhile.
+    JobRun& run = jobs_.at(number);
+    // Placed once SubmitJob has persisted it; until then it keeps its
+    // turn.
+    if (!run.job().durable) break;
+    // Waits for its owner's own jobs, not the cluster's: others pass.
+    if (OverQuota(run, held).has_value()) continue;
     // A stage runs data parallel over pipeline.devices_per_stage devices of
     // its worker (engine/mesh_stage.h): only workers with that many serve.
-    const JobPlan& plan = job.job().plan;
+    const JobPlan& plan = run.job().plan;
     const int64_t devices = plan.job.pipeline.devices_per_stage;
     std::vector<WorkerRecord*> idle = ctx_.workers().Idle(devices);
-    // Strict FIFO: a later, smaller job does not overtake the head, so a
-    // large job cannot starve behind a stream of small ones.
-    if (static_cast<int>(idle.size()) < plan.num_ranks) break;
-    queue.PopHead();
+    // All or nothing, and no backfill: a later, smaller job does not
+    // overtake this one, so a large job cannot starve behind a stream of
+    // small ones.
+    if (static_cast<int>(idle.size()) < plan.num_ranks) {
+      blocked = &run;
+      break;
+    }
+    run.job().info.set_queued_wait_ms(
+        std::chrono::duration_cast<std::chrono::milliseconds>(
+            queue.Waited(number))
+            .count());
+    queue.Remove(number);
     idle.resize(plan.num_ranks);
-    Place(job, idle);
+    if (!run.job().info.owner().empty()) {
+      held[run.job().info.owner()] += plan.num_ranks;
+    }
+    Place(run, idle);
   }
+  if (blocked != nullptr && ctx_.options().preemption) Preempt(*blocked);
   UpdateQueuePositions();
 }
 
@@ -252,47 +276,38 @@ v1::JobProgram Placer::MakeProgram(const JobRun& run, int rank) const {
 }
 
 void Placer::UpdateQueuePositions() {
-  // Live workers by devices_per_stage, counted once a pass: this runs at
-  // every Tick, and the queue may be long and the fleet large.
-  std::map<int64_t, int> live;
+  // Live and idle workers by devices_per_stage, counted once a pass: this
+  // runs at every Tick, and the queue may be long and the fleet large.
+  std::map<int64_t, std::pair<int, int>> counts;
+  const std::map<std::string, int> held = HeldByOwner();
+  const JobQueue& queue = ctx_.queue();
+  const JobRun* blocked = nullptr;
   int position = 1;
-  for (uint64_t number : ctx_.queue().order()) {
+  for (uint64_t number : queue.order()) {
     JobRun& run = jobs_.at(number);
     v1::Job& info = run.job().info;
     const int64_t devices = run.job().plan.job.pipeline.devices_per_stage;
-    auto [it, added] = live.try_emplace(devices, 0);
-    if (added) it->second = ctx_.workers().Live(devices);
+    auto [it, added] = counts.try_emplace(devices, 0, 0);
+    if (added) {
+      it->second = {ctx_.workers().Live(devices),
+                    static_cast<int>(ctx_.workers().Idle(devices).size())};
+    }
     info.set_queue_position(position);
-    info.set_queue_reason(WhyQueued(run, position, it->second));
+    info.set_effective_priority(queue.EffectivePriority(number));
+    info.set_queued_wait_ms(
+        std::chrono::duration_cast<std::chrono::milliseconds>(
+            queue.Waited(number))
+            .count());
+    info.set_queue_reason(
+        WhyQueued(run, it->second.first, it->second.second, blocked, held));
+    // The first job that waits for workers holds up those behind it (see
+    // Schedule); one over its owner's quota does not.
+    if (blocked == nullptr && !OverQuota(run, held).has_value() &&
+        it->second.second < run.job().plan.num_ranks) {
+      blocked = &run;
+    }
     ++position;
   }
-}
-
-std::string Placer::WhyQueued(const JobRun& run, int position, int live) {
-  // A job that waits for workers that are not there says so, whatever its
-  // turn: a queue that never moves must not look like one that will.
-  const int64_t devices = run.job().plan.job.pipeline.devices_per_stage;
-  const int needed = run.job().plan.num_ranks;
-  const std::string workers = absl::StrCat(
-      needed, needed == 1 ? " worker" : " workers",
-      devices > 1 ? absl::StrCat(" with ", devices, " devices") : "");
-  if (live < needed) {
-    return absl::StrCat("needs ", workers, "; ", live,
-                        live == 1 ? " is" : " are",
-                        " live: it waits for more to register");
-  }
-  if (position > 1) {
-    return absl::StrCat("behind ", position - 1,
-                        position == 2 ? " job" : " jobs",
-                        " (first come, first served)");
-  }
-  if (const int idle = static_cast<int>(ctx_.workers().Idle(devices).size());
-      idle < needed) {
-    return absl::StrCat("needs ", workers, " idle; ", idle,
-                        idle == 1 ? " is" : " are",
-                        " (the others run or finish other jobs)");
-  }
-  return "";
 }
 
 }  // namespace conveyor::coordinator

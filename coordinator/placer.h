@@ -1,10 +1,28 @@
 // Placer: which queued job runs on which workers, and how it is cut. It
-// walks the queue strictly first come, first served (Schedule), places the
-// head job on the first idle workers with its devices_per_stage (stage s
-// on the job's rank s mod P), has a `stages: auto` job's layers profiled on
-// its first worker (or takes a cached profile) and cuts it, sends every
-// rank its program, and says for each queued job why it waits
-// (Job.queue_position and queue_reason).
+// walks the queue in its order (coordinator/job_queue.h: priority, aging,
+// then first come, first served), places each job all or nothing on the
+// first idle workers with its devices_per_stage (stage s on the job's rank
+// s mod P), has a `stages: auto` job's layers profiled on its first worker
+// (or takes a cached profile) and cuts it, sends every rank its program,
+// and says for each queued job why it waits (Job.queue_position and
+// queue_reason).
+//
+// Policy (placer_policy.cc; docs/jobs.md "Priority and owner"). A job whose
+// owner's placed jobs would hold more workers than the owner's quota
+// (--owner-quota) waits, and is passed over: it waits for its owner's jobs,
+// not for the cluster, so it does not hold up other owners' jobs behind it.
+// The first job that waits for workers holds up every job behind it (no
+// backfill: a large job is never starved by small ones slipping past). When
+// that job cannot be placed and draining running jobs of strictly lower
+// priority would free enough workers of its kind (counting those already on
+// their way), the fewest, lowest of them are preempted
+// (coordinator/scheduling_policy.h ChooseVictims): drained at their next
+// step boundary with a checkpoint and queued again to resume there with
+// nothing redone (coordinator/job_run_drain.cc), never killed. Priority,
+// not aging, decides preemption, so a job is never preempted for one of
+// equal priority and aging cannot make jobs preempt each other in turn.
+// A running job without checkpoint.dir has nothing to resume from and is
+// never preempted.
 //
 // Its boundary: the Placer decides placement and sends what it takes to
 // start an attempt (ProfileModel, PrepareJob). What happens to the attempt
@@ -20,6 +38,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,9 +92,29 @@ class Placer {
   // the job when no cut fits.
   void ApplyProfile(JobRun& job, std::vector<engine::LayerProfile> profile,
                     bool from_cache);
-  // Job.queue_reason of the queued `job` at `position` (1: the head), with
-  // `live` workers that have its devices_per_stage.
-  std::string WhyQueued(const JobRun& job, int position, int live);
+  // ---- Policy (placer_policy.cc) ----
+
+  // Workers held by each owner's placed (PLANNING or RUNNING) jobs.
+  std::map<std::string, int> HeldByOwner() const;
+  // The owner's quota when `job` would take its owner past it; nullopt when
+  // it fits (or has no owner, or the owner no quota).
+  std::optional<int> OverQuota(const JobRun& job,
+                               const std::map<std::string, int>& held) const;
+  // Workers with at least `devices` devices that are BUSY but will soon be
+  // free for the queue: winding down from an attempt that ended or was
+  // requeued, or held by a job being preempted. Draining workers leave
+  // instead and are not counted.
+  int WorkersComing(int64_t devices);
+  // `blocked` (the first queued job that waits for workers) preempts
+  // lower-priority jobs when that frees enough workers (see above).
+  void Preempt(JobRun& blocked);
+  // Why the queued `job` waits (Job.queue_reason); empty when it is
+  // placed at the next pass. `live` and `idle`: workers with its
+  // devices_per_stage; `blocked`: the first job ahead of it that waits for
+  // workers, if any.
+  std::string WhyQueued(const JobRun& job, int live, int idle,
+                        const JobRun* blocked,
+                        const std::map<std::string, int>& held);
 
   JobRunContext& ctx_;
   std::map<uint64_t, JobRun>& jobs_;

@@ -20,8 +20,9 @@ namespace conveyor::job {
 // training or pipeline configuration. The YAML is hashed in a canonical
 // form (maps by sorted key, sequences in order, scalars by their text,
 // every item length-prefixed) without the top-level name, checkpoint,
-// resume, restart and eval sections: comments, layout, key order, renaming the
-// job or moving its checkpoints do not change the hash. Text that does not
+// resume, restart, eval, priority and owner keys: comments, layout, key
+// order, renaming the job, moving its checkpoints or scheduling it
+// otherwise do not change the hash. Text that does not
 // parse as one YAML document is hashed as is (callers pass job files the
 // job parser accepted). The rule for what is left out is ConfigScope's
 // (job/config_scope.h).

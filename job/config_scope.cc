@@ -7,7 +7,7 @@ namespace conveyor::job {
 bool IsIgnoredKey(ConfigScope scope, absl::string_view key, bool top_level,
                   bool in_model) {
   static constexpr absl::string_view kBookkeeping[] = {
-      "name", "checkpoint", "resume", "restart", "eval"};
+      "name", "checkpoint", "resume", "restart", "eval", "priority", "owner"};
   static constexpr absl::string_view kModelLayout[] = {"boundary_every",
                                                        "boundaries"};
   const bool layout_free = scope == ConfigScope::kTraining;

@@ -15,8 +15,9 @@ namespace conveyor::job {
 
 enum class ConfigScope {
   // What JobConfigHash covers: everything but the top-level name,
-  // checkpoint, resume, restart and eval sections (where the job's files
-  // go, how it recovers, what it measures on the side).
+  // checkpoint, resume, restart, eval, priority and owner keys (where the
+  // job's files go, how it recovers, what it measures on the side, how it
+  // is scheduled).
   kConfig,
   // What JobTrainingHash covers: kConfig without what only says how the
   // model is cut and run: the pipeline section and the model's stage

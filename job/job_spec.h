@@ -66,6 +66,7 @@
 #include "engine/model_spec.h"
 #include "engine/optimizer.h"
 #include "engine/precision.h"
+#include "job/job_policy.h"
 
 namespace conveyor::job {
 
@@ -192,6 +193,11 @@ struct JobSpec {
   ResumeSpec resume;
   RestartSpec restart;
   EvalSpec eval;
+  // Scheduling policy (job/job_policy.h): priority: a class or an integer
+  // (default normal), owner: whose quota the job counts against (empty:
+  // none).
+  int priority = kPriorityNormal;
+  std::string owner;
 };
 
 // What one sample of `model` looks like, for the data source.

@@ -43,8 +43,8 @@ using engine::Precision;
 namespace {
 
 constexpr absl::string_view kTopKeys[] = {
-    "name",     "model",      "data",   "training", "optimizer",
-    "pipeline", "checkpoint", "resume", "restart",  "eval"};
+    "name",       "model",  "data",    "training", "optimizer", "pipeline",
+    "checkpoint", "resume", "restart", "eval",     "priority",  "owner"};
 constexpr absl::string_view kTrainingKeys[] = {"steps", "batch_size",
                                                "microbatches", "precision"};
 
@@ -178,6 +178,13 @@ absl::StatusOr<JobSpec> JobParser::Parse(const YAML::Node& doc) const {
   }
   if (const YamlMapEntry* eval = top.Find("eval"); eval != nullptr) {
     RETURN_IF_ERROR(ParseEval(eval->value, job, job.eval));
+  }
+  if (const YamlMapEntry* priority = top.Find("priority");
+      priority != nullptr) {
+    ASSIGN_OR_RETURN(job.priority, ParsePriority(priority->value));
+  }
+  if (const YamlMapEntry* owner = top.Find("owner"); owner != nullptr) {
+    ASSIGN_OR_RETURN(job.owner, ParseOwner(owner->value));
   }
   return job;
 }

@@ -2,7 +2,8 @@
 // job/parsed_job.h ParseJob), its sections split over three files:
 // job_parser.cc reads the top level, the training loop and the optimizer;
 // job_parser_data.cc the data; job_parser_run.cc how the job runs: the
-// pipeline, checkpoint, resume, restart and eval sections. Not API:
+// pipeline, checkpoint, resume, restart and eval sections, and the
+// scheduling policy (priority, owner). Not API:
 // job_spec.cc is its one user.
 //
 // Thread-compatible (one parser per document).
@@ -100,6 +101,10 @@ class JobParser {
   absl::Status ParseRestart(const YamlValue& value, RestartSpec& restart) const;
   absl::Status ParseEval(const YamlValue& value, const JobSpec& job,
                          EvalSpec& eval) const;
+  // priority: a class name or an integer in [kMinPriority, kMaxPriority];
+  // owner: a name IsValidOwner takes (job/job_policy.h).
+  absl::StatusOr<int> ParsePriority(const YamlValue& value) const;
+  absl::StatusOr<std::string> ParseOwner(const YamlValue& value) const;
 
   YamlReader reader_;
   std::string default_name_;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -25,6 +26,7 @@
 #include "engine/optimizer.h"
 #include "hf/model.h"
 #include "job/internal/job_parser.h"
+#include "job/job_policy.h"
 #include "scheduler/schedule.h"
 #include "yaml-cpp/yaml.h"
 
@@ -277,6 +279,45 @@ absl::Status JobParser::ParseRestart(const YamlValue& value,
                      reader_.ParseInt(min->value, 1, kMaxElasticWorkers));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> JobParser::ParsePriority(const YamlValue& value) const {
+  const std::string allowed = absl::StrCat(
+      "one of ", absl::StrJoin(kPriorityClasses, ", "), " (", kPriorityLow,
+      ", ", kPriorityNormal, ", ", kPriorityHigh, ", ", kPriorityUrgent,
+      ") or an integer in [", kMinPriority, ", ", kMaxPriority, "]");
+  if (!value.node.IsScalar()) {
+    return reader_.Error(value, absl::StrCat("must be ", allowed, "; got ",
+                                             DescribeYaml(value.node)));
+  }
+  const std::string& text = value.node.Scalar();
+  if (const std::optional<int> named = PriorityOfClass(text)) return *named;
+  int64_t number = 0;
+  if (!text.empty() &&
+      text.find_first_not_of("0123456789") == std::string::npos &&
+      absl::SimpleAtoi(text, &number) && number >= kMinPriority &&
+      number <= kMaxPriority) {
+    return static_cast<int>(number);
+  }
+  return reader_.Error(value,
+                       absl::StrCat("must be ", allowed, "; got \"",
+                                    Printable(text.substr(0, 64)), "\""));
+}
+
+absl::StatusOr<std::string> JobParser::ParseOwner(
+    const YamlValue& value) const {
+  if (value.node.IsScalar() && IsValidOwner(value.node.Scalar())) {
+    return value.node.Scalar();
+  }
+  return reader_.Error(
+      value,
+      absl::StrCat(
+          "must be 1 to ", kMaxOwnerBytes, " characters of ", kOwnerCharacters,
+          "; got ",
+          value.node.IsScalar()
+              ? absl::StrCat("\"", Printable(value.node.Scalar().substr(0, 64)),
+                             "\"")
+              : DescribeYaml(value.node)));
 }
 
 absl::Status JobParser::ParseEval(const YamlValue& value, const JobSpec& job,

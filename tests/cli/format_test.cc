@@ -30,6 +30,7 @@ v1::Job RunningJob() {
   job.set_id("job-7");
   job.set_name("mlp");
   job.set_state(v1::RUNNING);
+  job.set_priority(100);  // normal
   job.set_steps_total(200);
   job.set_schedule("1f1b");
   job.set_num_stages(2);
@@ -341,6 +342,25 @@ TEST(FormatJobDetailsTest, ShowsFieldsAndTheStageTable) {
             "1      1     4-7     1001        worker-2\n");
 }
 
+TEST(FormatJobDetailsTest, ShowsPriorityOwnerAgingAndPreemptions) {
+  v1::Job job = RunningJob();
+  EXPECT_THAT(FormatJobDetails(job, absl::FromUnixMillis(0)),
+              testing::Not(HasSubstr("priority")));
+  job.set_priority(0);
+  job.set_owner("team-a");
+  job.set_preemptions(2);
+  job.set_preempted_by("job-9");
+  std::string text = FormatJobDetails(job, absl::FromUnixMillis(0));
+  EXPECT_THAT(text, HasSubstr("  priority   low; owner team-a\n"));
+  EXPECT_THAT(text, HasSubstr("  preempted  2 times, last by job-9\n"));
+  job.set_state(v1::QUEUED);
+  job.set_effective_priority(90);
+  job.set_queued_wait_ms(90 * 60 * 1000);
+  EXPECT_THAT(FormatJobDetails(job, absl::FromUnixMillis(0)),
+              HasSubstr("  priority   low (90 with aging after 1h30m "
+                        "queued); owner team-a\n"));
+}
+
 TEST(FormatJobsTableTest, OneRowPerJob) {
   v1::Job job = RunningJob();
   job.set_steps_done(40);
@@ -352,13 +372,19 @@ TEST(FormatJobsTableTest, OneRowPerJob) {
   queued.set_schedule("interleaved-1f1b");
   queued.set_virtual_stages(2);
   queued.set_num_workers(4);
+  queued.set_priority(0);
+  queued.set_effective_priority(35);
+  queued.set_owner("team-a");
+  queued.set_queue_reason("needs 4 workers, 2 free; behind job-6 (high)");
+  job.set_priority(300);
   EXPECT_EQ(FormatJobsTable({job, queued}, absl::FromUnixMillis(1'005'000)),
             "ID     NAME  STATE    STEPS   LOSS  SCHEDULE              "
-            "WORKERS  AGE\n"
+            "WORKERS  AGE    PRIORITY  OWNER   WAITS FOR\n"
             "job-7  mlp   RUNNING  40/200  -     1f1b                  2"
-            "        5.0 s\n"
+            "        5.0 s  urgent    -       -\n"
             "job-8  -     QUEUED   0/10    -     interleaved-1f1b V=2  4"
-            "        -\n");
+            "        -      low+35    team-a  needs 4 workers, 2 free; behind "
+            "job-6 (high)\n");
 }
 
 TEST(FormatWorkersTableTest, OneRowPerWorker) {

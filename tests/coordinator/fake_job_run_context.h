@@ -26,7 +26,9 @@ namespace conveyor::coordinator {
 class FakeJobRunContext final : public JobRunContext {
  public:
   explicit FakeJobRunContext(JobManagerOptions options = JobManagerOptions())
-      : options_(std::move(options)), workers_(kVersion) {
+      : options_(std::move(options)),
+        workers_(kVersion),
+        queue_(options_.aging_per_minute) {
     options_.version = kVersion;
   }
 
@@ -89,6 +91,8 @@ class FakeJobRunContext final : public JobRunContext {
     job.secret = JobRun::MakeSecret();
     job.info.set_id(absl::StrCat("job-", number));
     job.info.set_name(job.plan.job.name);
+    job.info.set_priority(job.plan.job.priority);
+    job.info.set_owner(job.plan.job.owner);
     run.DescribePlan();
     job.info.set_state(v1::QUEUED);
     return run;

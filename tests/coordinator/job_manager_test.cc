@@ -1448,13 +1448,14 @@ TEST_F(JobManagerTest, AQueuedJobSaysWhatItWaitsFor) {
   ASSERT_TRUE(second.ok()) << second.status();
   v1::Job info = *manager_.GetJob(second->id());
   EXPECT_EQ(info.state(), v1::QUEUED);
-  EXPECT_EQ(info.queue_reason(),
-            "needs 2 workers idle; 0 are (the others run or finish other "
-            "jobs)");
+  const std::string cannot_preempt =
+      "needs 2 workers, 0 free; the others run jobs it cannot preempt (of "
+      "equal or higher priority, or without checkpoint.dir)";
+  EXPECT_EQ(info.queue_reason(), cannot_preempt);
   absl::StatusOr<v1::Job> third = Submit(JobYaml(2));
   ASSERT_TRUE(third.ok()) << third.status();
   EXPECT_EQ(manager_.GetJob(third->id())->queue_reason(),
-            "behind 1 job (first come, first served)");
+            "needs 2 workers, 0 free; behind job-2 (normal)");
   // A worker is lost: the queue now waits for one to register.
   manager_.WorkerDisconnected(w2, "control connection closed");
   EXPECT_EQ(manager_.GetJob(second->id())->queue_reason(),
@@ -1470,9 +1471,7 @@ TEST_F(JobManagerTest, AQueuedJobSaysWhatItWaitsFor) {
   AddWorker("c");
   EXPECT_EQ(State(second->id()), v1::PLANNING);
   EXPECT_EQ(manager_.GetJob(second->id())->queue_reason(), "");
-  EXPECT_EQ(manager_.GetJob(third->id())->queue_reason(),
-            "needs 2 workers idle; 0 are (the others run or finish other "
-            "jobs)");
+  EXPECT_EQ(manager_.GetJob(third->id())->queue_reason(), cannot_preempt);
 }
 
 // Two workers lost at once, the job's and a spare's, in either order: the
@@ -1836,6 +1835,178 @@ TEST_F(JobManagerDrainTest, APlanningJobIsQueuedAgainAtOnce) {
   EXPECT_EQ(info.state(), v1::PLANNING);
   EXPECT_THAT(info.worker_ids(), testing::Not(testing::Contains(w1)));
   EXPECT_THAT(info.worker_ids(), testing::Contains(w2));
+}
+
+// Preemption (coordinator/placer.h): a full cluster running a low job, an
+// urgent one submitted. The low job is drained at the step every rank
+// agrees on, its checkpoint committed, and it is queued again (not a
+// restart); the urgent job gets its workers, and once it ends the low job
+// resumes from the drained step with nothing redone.
+TEST_F(JobManagerDrainTest, AnUrgentJobPreemptsALowOneByDrainingIt) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string low =
+      StartJob(CkptYaml("every: 4", "priority: low\n", 8), w1, w2);
+  Step(w1, low, 1, false);
+  Step(w2, low, 1, true);
+  absl::StatusOr<v1::Job> urgent =
+      Submit(JobYaml(2, "urgent") + "priority: urgent\n");
+  ASSERT_TRUE(urgent.ok()) << urgent.status();
+  EXPECT_EQ(urgent->priority(), 300);
+  EXPECT_EQ(State(urgent->id()), v1::QUEUED);
+  // Asked for their next step boundary, as a drain does; never cancelled.
+  EXPECT_THAT(DrainSteps(w1), ElementsAre(0));
+  EXPECT_THAT(DrainSteps(w2), ElementsAre(0));
+  EXPECT_TRUE(Conn(w1).Of(v1::CoordinatorMessage::kCancel).empty());
+  v1::Job info = *manager_.GetJob(low);
+  EXPECT_EQ(info.preemptions(), 1);
+  EXPECT_EQ(info.preempted_by(), urgent->id());
+  EXPECT_EQ(manager_.GetJob(urgent->id())->queue_reason(),
+            absl::StrCat("needs 2 workers, 0 free; preempting ", low,
+                         " (low), draining at the next step boundary"));
+  // Ticks meanwhile drain nothing more (and nothing else is there).
+  manager_.Tick();
+  EXPECT_EQ(DrainSteps(w1).size(), 1u);
+
+  DrainPoint(w1, low, 2);
+  DrainPoint(w2, low, 2);
+  EXPECT_THAT(DrainSteps(w1), ElementsAre(0, 2));
+  Step(w1, low, 2, false);
+  Step(w2, low, 2, true);
+  Saved(w1, low, 2, {WriteStage(2, 0)});
+  Saved(w2, low, 2, {WriteStage(2, 1)});
+  EXPECT_TRUE(Committed(2));
+  Drained(w1, low, 2);
+  EXPECT_EQ(State(urgent->id()), v1::QUEUED);  // w2 still holds its rank.
+  Drained(w2, low, 2);
+  // The urgent job is placed at once on the freed workers.
+  EXPECT_EQ(State(urgent->id()), v1::PLANNING);
+  info = *manager_.GetJob(low);
+  EXPECT_EQ(info.state(), v1::QUEUED);
+  EXPECT_EQ(info.restarts(), 0);
+  EXPECT_EQ(info.steps_done(), 2);
+  EXPECT_THAT(observer_.log,
+              testing::Contains("restarted " + low + " preempted"));
+  // Still low: it preempts nothing back.
+  EXPECT_EQ(info.queue_reason(),
+            "needs 2 workers, 0 free; the others run jobs it cannot preempt "
+            "(of equal or higher priority, or without checkpoint.dir)");
+  EXPECT_EQ(Conn(w1).Of(v1::CoordinatorMessage::kLeave).size(), 0u);
+
+  Ready(w1, urgent->id(), 5101);
+  Ready(w2, urgent->id(), 5102);
+  EXPECT_EQ(State(urgent->id()), v1::RUNNING);
+  Ended(w1, urgent->id(), v1::SUCCEEDED);
+  Ended(w2, urgent->id(), v1::SUCCEEDED);
+  EXPECT_EQ(State(urgent->id()), v1::SUCCEEDED);
+  // The low job resumes from the drained step on the freed workers.
+  EXPECT_EQ(State(low), v1::PLANNING);
+  EXPECT_EQ(LastProgram(w1).resume_step(), 2);
+  EXPECT_EQ(LastProgram(w2).resume_step(), 2);
+}
+
+TEST_F(JobManagerDrainTest, OnlyStrictlyLowerJobsWithCheckpointsArePreempted) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  // A low job without checkpoint.dir: nothing to resume from, so it is
+  // never preempted (that would lose its steps).
+  const std::string low =
+      StartJob(JobYaml(2, "mlp", 8) + "priority: low\n", w1, w2);
+  absl::StatusOr<v1::Job> urgent =
+      Submit(JobYaml(2, "urgent") + "priority: urgent\n");
+  ASSERT_TRUE(urgent.ok()) << urgent.status();
+  EXPECT_TRUE(DrainSteps(w1).empty());
+  EXPECT_EQ(manager_.GetJob(low)->preemptions(), 0);
+  ASSERT_TRUE(manager_.CancelJob(urgent->id(), "").ok());
+  ASSERT_TRUE(manager_.CancelJob(low, "").ok());
+  Ended(w1, low, v1::CANCELLED);
+  Ended(w2, low, v1::CANCELLED);
+
+  // A normal job with checkpoints, and another normal job: equal priority
+  // never preempts.
+  const std::string normal = StartJob(CkptYaml("every: 4", "", 8), w1, w2);
+  absl::StatusOr<v1::Job> other = Submit(JobYaml(2, "other"));
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_TRUE(DrainSteps(w1).empty());
+  // Aging raises the waiting job's rank in the queue, never its right to
+  // preempt: ten hours later nothing is drained.
+  // (A first Tick, so that the second one's gap is the coordinator's
+  // stall, not ten hours of silence from the workers.)
+  manager_.Tick();
+  now_ += std::chrono::hours(10);
+  manager_.Tick();
+  EXPECT_GT(manager_.GetJob(other->id())->effective_priority(), 600);
+  EXPECT_TRUE(DrainSteps(w1).empty());
+  EXPECT_EQ(manager_.GetJob(normal)->preemptions(), 0);
+  EXPECT_EQ(State(normal), v1::RUNNING);
+}
+
+TEST_F(JobManagerDrainTest, APlanningJobIsPreemptedByRequeueingItAtOnce) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  absl::StatusOr<v1::Job> low = Submit(JobYaml(2) + "priority: low\n");
+  ASSERT_TRUE(low.ok()) << low.status();
+  ASSERT_EQ(State(low->id()), v1::PLANNING);
+  absl::StatusOr<v1::Job> high = Submit(JobYaml(2, "h") + "priority: high\n");
+  ASSERT_TRUE(high.ok()) << high.status();
+  // Nothing of this attempt ran: its workers are told to stop, and it is
+  // queued again behind the high job.
+  EXPECT_FALSE(Conn(w1).Of(v1::CoordinatorMessage::kCancel).empty());
+  EXPECT_EQ(State(low->id()), v1::QUEUED);
+  EXPECT_EQ(State(high->id()), v1::QUEUED);
+  EXPECT_EQ(manager_.GetJob(high->id())->queue_reason(),
+            "needs 2 workers, 0 free; 2 more finishing");
+  Ended(w1, low->id(), v1::CANCELLED);
+  Ended(w2, low->id(), v1::CANCELLED);
+  EXPECT_EQ(State(high->id()), v1::PLANNING);
+  EXPECT_EQ(manager_.GetJob(low->id())->queue_position(), 1);
+  EXPECT_EQ(manager_.GetJob(low->id())->restarts(), 0);
+}
+
+TEST_F(JobManagerDrainTest, TheFewestLowestJobsArePreempted) {
+  const std::string a1 = AddWorker("a1"), a2 = AddWorker("a2");
+  const std::string b1 = AddWorker("b1"), b2 = AddWorker("b2");
+  auto with_dir = [&](const std::string& sub, const std::string& extra) {
+    return absl::StrCat(JobYaml(2, sub, 8), "checkpoint: {dir: ", dir_, "/",
+                        sub, ", every: 4}\n", extra);
+  };
+  const std::string normal =
+      StartJob(with_dir("n", "priority: normal\n"), a1, a2);
+  const std::string low = StartJob(with_dir("l", "priority: low\n"), b1, b2);
+  absl::StatusOr<v1::Job> urgent =
+      Submit(JobYaml(2, "urgent") + "priority: urgent\n");
+  ASSERT_TRUE(urgent.ok()) << urgent.status();
+  // Two workers are enough: the low job's, not the normal one's.
+  EXPECT_EQ(DrainSteps(b1).size(), 1u);
+  EXPECT_TRUE(DrainSteps(a1).empty());
+  EXPECT_EQ(manager_.GetJob(low)->preemptions(), 1);
+  EXPECT_EQ(manager_.GetJob(normal)->preemptions(), 0);
+}
+
+TEST_F(JobManagerTest, RestoredJobsKeepTheirPriorityOwnerAndOrder) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  StartTwoStageJob(w1, w2);
+  absl::StatusOr<v1::Job> normal = Submit(JobYaml(2, "normal"));
+  absl::StatusOr<v1::Job> high =
+      Submit(JobYaml(2, "high") + "priority: high\nowner: team-a\n");
+  ASSERT_TRUE(normal.ok() && high.ok());
+  EXPECT_EQ(manager_.GetJob(high->id())->queue_position(), 1);
+  manager_.Tick();
+  absl::StatusOr<std::optional<v1::CoordinatorState>> saved =
+      state_file_->Load();
+  ASSERT_TRUE(saved.ok() && saved->has_value());
+  // As a record written before the fields existed: they come back from
+  // the job file, not as priority 0 (low).
+  for (v1::JobRecordState& job : *(*saved)->mutable_jobs()) {
+    job.mutable_info()->clear_priority();
+    job.mutable_info()->clear_owner();
+  }
+  RecordingObserver observer;
+  JobManager restored(Options(&observer));
+  ASSERT_TRUE(restored.Restore(**saved).ok());
+  const v1::Job h = *restored.GetJob(high->id());
+  EXPECT_EQ(h.priority(), 200);
+  EXPECT_EQ(h.owner(), "team-a");
+  EXPECT_EQ(h.queue_position(), 1);
+  EXPECT_EQ(restored.GetJob(normal->id())->priority(), 100);
+  EXPECT_EQ(restored.GetJob(normal->id())->queue_position(), 2);
 }
 
 TEST_F(JobManagerCheckpointTest, ADeregisteredWorkerIsForgottenAndItsJobFails) {

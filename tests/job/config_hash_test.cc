@@ -48,7 +48,8 @@ model:
     - dense: {in: 8, out: 1}
 name: mlp
 )",
-      // Another name, checkpoint policy, resume, restart and evaluation.
+      // Another name, checkpoint policy, resume, restart, evaluation,
+      // priority and owner.
       R"(name: renamed
 model:
   layers:
@@ -62,6 +63,8 @@ checkpoint: {dir: /elsewhere, every: 5, keep_latest: 2}
 resume: latest
 restart: {max_restarts: 3}
 eval: {every: 2, data: {source: synthetic-regression, seed: 1}}
+priority: urgent
+owner: team-a
 )",
   };
   for (const std::string& text : same) {

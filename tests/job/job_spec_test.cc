@@ -396,7 +396,60 @@ TEST(JobSpecErrorTest, UnknownTopLevelKeyListsAllowed) {
   EXPECT_EQ(ParseError(Job({.extra = "optimiser: {}\n"})),
             "job.yaml:9:1: (top level): unknown key 'optimiser'; allowed: "
             "name, model, data, training, optimizer, pipeline, checkpoint, "
-            "resume, restart, eval");
+            "resume, restart, eval, priority, owner");
+}
+
+TEST(JobSpecTest, PriorityAndOwnerDefaultToNormalAndNone) {
+  const JobSpec job = ParseOk(Job({}));
+  EXPECT_EQ(job.priority, kPriorityNormal);
+  EXPECT_EQ(job.owner, "");
+}
+
+TEST(JobSpecTest, PriorityTakesClassesAndIntegers) {
+  const std::pair<const char*, int> cases[] = {
+      {"low", 0}, {"normal", 100}, {"high", 200}, {"urgent", 300},
+      {"0", 0},   {"150", 150},    {"1000", 1000}};
+  for (const auto& [text, number] : cases) {
+    const JobSpec job = ParseOk(
+        Job({.extra = absl::StrCat("priority: ", text, "\nowner: team-a\n")}));
+    EXPECT_EQ(job.priority, number) << text;
+    EXPECT_EQ(job.owner, "team-a");
+  }
+  EXPECT_EQ(PriorityName(200), "high");
+  EXPECT_EQ(PriorityName(150), "150");
+  EXPECT_EQ(PriorityName(1000), "1000");
+}
+
+TEST(JobSpecErrorTest, BadPriorityListsTheAllowedValues) {
+  const std::string allowed =
+      "must be one of low, normal, high, urgent (0, 100, 200, 300) or an "
+      "integer in [0, 1000]";
+  EXPECT_EQ(
+      ParseError(Job({.extra = "priority: critical\n"})),
+      absl::StrCat("job.yaml:9:11: priority: ", allowed, "; got \"critical\""));
+  EXPECT_EQ(ParseError(Job({.extra = "priority: -5\n"})),
+            absl::StrCat("job.yaml:9:11: priority: ", allowed, "; got \"-5\""));
+  EXPECT_EQ(
+      ParseError(Job({.extra = "priority: 1001\n"})),
+      absl::StrCat("job.yaml:9:11: priority: ", allowed, "; got \"1001\""));
+  EXPECT_EQ(
+      ParseError(Job({.extra = "priority: High\n"})),
+      absl::StrCat("job.yaml:9:11: priority: ", allowed, "; got \"High\""));
+  EXPECT_EQ(ParseError(Job({.extra = "priority: [1]\n"})),
+            absl::StrCat("job.yaml:9:11: priority: ", allowed, "; got a list"));
+}
+
+TEST(JobSpecErrorTest, BadOwnerSaysWhatAnOwnerHolds) {
+  const std::string allowed = "must be 1 to 64 characters of A-Z a-z 0-9 . _ -";
+  EXPECT_EQ(ParseError(Job({.extra = "owner: team=a\n"})),
+            absl::StrCat("job.yaml:9:8: owner: ", allowed, "; got \"team=a\""));
+  EXPECT_EQ(ParseError(Job({.extra = "owner: \"a,b\"\n"})),
+            absl::StrCat("job.yaml:9:8: owner: ", allowed, "; got \"a,b\""));
+  EXPECT_EQ(ParseError(Job({.extra = "owner: {team: a}\n"})),
+            absl::StrCat("job.yaml:9:8: owner: ", allowed, "; got a map"));
+  EXPECT_THAT(ParseError(Job({.extra = absl::StrCat(
+                                  "owner: ", std::string(65, 'a'), "\n")})),
+              HasSubstr(allowed));
 }
 
 TEST(JobSpecTest, EvalSectionParses) {
