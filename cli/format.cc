@@ -45,6 +45,13 @@ double SecondsSince(int64_t unix_ms, absl::Time now) {
   return absl::ToDoubleSeconds(now - absl::FromUnixMillis(unix_ms));
 }
 
+// "2 replica(s) x 2 tensor-parallel ranks": how a stage's mesh is split.
+std::string TensorParallelText(const v1::Job& job) {
+  const int t = job.tensor_parallel();
+  return absl::StrCat(job.devices_per_stage() / t, " replica(s) x ", t,
+                      " tensor-parallel ranks");
+}
+
 std::string PipelineText(const v1::Job& job) {
   std::string out = absl::StrFormat(
       "%s: %d worker(s) x %d virtual stage(s) = %d stage(s)",
@@ -227,6 +234,9 @@ std::string FormatStateLine(const v1::Job& job) {
       if (job.devices_per_stage() > 1) {
         absl::StrAppend(&out, ", ", job.devices_per_stage(),
                         " devices per stage");
+        if (job.tensor_parallel() > 1) {
+          absl::StrAppend(&out, " (", TensorParallelText(job), ")");
+        }
       }
       if (!job.data_plane().empty()) {
         absl::StrAppend(&out, "; data plane: ", job.data_plane());
@@ -361,7 +371,11 @@ std::string FormatJobDetails(const v1::Job& job, absl::Time now) {
                                                job.started_unix_ms(), now)))});
     }
   }
-  if (job.devices_per_stage() > 1) {
+  if (job.devices_per_stage() > 1 && job.tensor_parallel() > 1) {
+    fields.push_back(
+        {"devices", absl::StrCat(job.devices_per_stage(),
+                                 " per stage: ", TensorParallelText(job))});
+  } else if (job.devices_per_stage() > 1) {
     fields.push_back(
         {"devices",
          absl::StrCat(job.devices_per_stage(),

@@ -276,6 +276,7 @@ void JobRun::DescribePlan() {
   info.set_microbatches(static_cast<int32_t>(spec.training.microbatches));
   info.set_devices_per_stage(
       static_cast<int32_t>(spec.pipeline.devices_per_stage));
+  info.set_tensor_parallel(static_cast<int32_t>(spec.pipeline.tensor_parallel));
   info.set_checkpoint_dir(spec.checkpoint.dir);
   info.set_max_restarts(static_cast<int32_t>(spec.restart.max_restarts));
   info.clear_stages();

@@ -286,6 +286,15 @@ TEST(FormatJobDetailsTest, ShowsDevicesPerStageAndTheDataPlane) {
                         "over them)\n"));
   EXPECT_THAT(text,
               HasSubstr("  data plane  tcp (ranks 0 and 1 share GPU GPU-a)\n"));
+  // Tensor parallel: the mesh's replicas and ranks, on both views.
+  job.set_devices_per_stage(4);
+  job.set_tensor_parallel(2);
+  text = FormatJobDetails(job, absl::FromUnixMillis(0));
+  EXPECT_THAT(text, HasSubstr("  devices     4 per stage: 2 replica(s) x 2 "
+                              "tensor-parallel ranks\n"));
+  EXPECT_THAT(FormatStateLine(job),
+              HasSubstr(", 4 devices per stage (2 replica(s) x 2 "
+                        "tensor-parallel ranks);"));
 }
 
 TEST(FormatJobDetailsTest, ShowsTheAutoSplitOnceChosen) {
