@@ -46,6 +46,10 @@ class JobManager::RunContext final : public JobRunContext {
   void MarkChanged() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(m_.mu_) {
     m_.MarkChanged();
   }
+  void MarkJobChanged(uint64_t job) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(m_.mu_) {
+    m_.MarkJobChanged(job);
+  }
   void EventAdded() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(m_.mu_) {
     ++m_.event_count_;
     m_.events_cv_.NotifyAll();

@@ -72,6 +72,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -243,8 +244,18 @@ class JobManager {
   // `ended` has just ended: only the newest max_finished_jobs ended jobs
   // are kept, and only the newest trace_finished_jobs keep timelines.
   void ForgetOldJobs(JobRun& ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Job records changed: the state file is due for a write.
-  void MarkChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ++changes_; }
+  // Job records changed: the state file is due for a write of every record
+  // (a new snapshot, as after Restore).
+  void MarkChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++changes_;
+    all_changed_ = true;
+  }
+  // Job `number`'s record changed (or it was forgotten): the state file is
+  // due for a write of that record alone.
+  void MarkJobChanged(uint64_t number) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++changes_;
+    changed_jobs_.insert(number);
+  }
 
   const JobManagerOptions options_;
   // The state file's writer, with its own mutexes (taken before mu_, never
@@ -252,6 +263,10 @@ class JobManager {
   JobStore store_;
   mutable Mutex mu_;
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
+  // What changed since Persist last took the changes: every record, or the
+  // jobs numbered here (so that a write costs only those).
+  bool all_changed_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<uint64_t> changed_jobs_ ABSL_GUARDED_BY(mu_);
   CondVar events_cv_;
   uint64_t event_count_ ABSL_GUARDED_BY(mu_) = 0;  // See WaitForAnyEvent.
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
