@@ -167,6 +167,7 @@ absl::Status JobManager::Dispatch(const std::string& worker_id,
     case v1::WorkerMessage::kStep:
       if (JobRun* job = FindJob(message.step().job_id())) {
         job->OnStep(*w, message.step());
+        NoteProgress(job->job().number);
       }
       return absl::OkStatus();
     case v1::WorkerMessage::kProfile:

@@ -39,7 +39,10 @@
 //
 // Durability. With a StateFile (--state-file) the job records (each job's
 // Job, its submission, checkpoint and restart state, and the queue) are
-// written to disk whenever a job changes state or commits a checkpoint:
+// written to disk whenever a job changes state or commits a checkpoint (only
+// the records of the jobs that changed since the last write, and of those
+// that stepped, MarkJobChanged and NoteProgress; appended to the state
+// file's journal, so that a write costs the same with 16 jobs or 512):
 // synchronously before SubmitJob, CancelJob and HandleWorkerMessage return
 // (so an acknowledged submission or cancellation survives a crash: one that
 // cannot be written is refused, UNAVAILABLE; and a commit is recorded
@@ -254,6 +257,12 @@ class JobManager {
   // due for a write of that record alone.
   void MarkJobChanged(uint64_t number) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ++changes_;
+    changed_jobs_.insert(number);
+  }
+  // Job `number`'s step count moved: its record goes with the next write
+  // (as a full snapshot once carried every job's), which this does not
+  // force: a step alone is not worth a write.
+  void NoteProgress(uint64_t number) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     changed_jobs_.insert(number);
   }
 

@@ -45,9 +45,9 @@ class JobStore {
   // `removed` (JobStore::Changes).
   struct Snapshotted {
     uint64_t change = 0;
-    v1::CoordinatorState state;
+    v1::CoordinatorState state{};
     bool full = true;
-    std::vector<uint64_t> removed;
+    std::vector<uint64_t> removed{};
   };
 
   // What Restore read, for the manager to act on.

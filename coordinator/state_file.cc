@@ -161,9 +161,11 @@ void StateFile::CloseJournalLocked() {
   journal_id_.reset();
 }
 
-std::optional<StateFile::FileId> StateFile::IdOf(const std::string& path) {
+std::optional<StateFile::FileId> StateFile::IdOf(const std::string& path,
+                                                 int fd) {
   struct stat st;
-  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+  if ((fd >= 0 ? ::fstat(fd, &st) : ::stat(path.c_str(), &st)) != 0 ||
+      !S_ISREG(st.st_mode)) {
     return std::nullopt;
   }
   return FileId{
@@ -185,7 +187,7 @@ StateFile::Stats StateFile::stats() const {
 absl::StatusOr<std::optional<v1::CoordinatorState>> StateFile::Load() {
   MutexLock lock(mu_);
   RETURN_IF_ERROR(LoadLocked());
-  if (!snapshot_id_.has_value()) return std::optional<v1::CoordinatorState>();
+  if (!has_snapshot_) return std::optional<v1::CoordinatorState>();
   return std::optional<v1::CoordinatorState>(records_.ToState());
 }
 
@@ -194,6 +196,7 @@ absl::Status StateFile::LoadLocked() {
   broken_ = false;
   CloseJournalLocked();
   records_ = Records();
+  has_snapshot_ = false;
   snapshot_id_.reset();
   snapshot_bytes_ = 0;
   generation_ = 0;
@@ -228,6 +231,7 @@ absl::Status StateFile::LoadLocked() {
     }
   }
   records_.queue.assign(state.queue().begin(), state.queue().end());
+  has_snapshot_ = true;
   snapshot_id_ = IdOf(path_);
   snapshot_bytes_ = bytes->size();
   generation_ = decoded->generation;
@@ -292,7 +296,7 @@ absl::Status StateFile::LoadJournalLocked(uint64_t snapshot_generation) {
     }
   }
   journal_fd_ = fd;
-  journal_id_ = IdOf(journal_path_);
+  journal_id_ = IdOf(journal_path_, journal_fd_);
   journal_bytes_ = parsed->valid_bytes;
   next_sequence_ = parsed->records.size() + 1;
   return absl::OkStatus();
@@ -390,7 +394,7 @@ absl::Status StateFile::Append(const v1::CoordinatorState& changed,
   }
   broken_ = false;
   journal_bytes_ += record.size();
-  journal_id_ = IdOf(journal_path_);
+  journal_id_ = IdOf(journal_path_, journal_fd_);
   ++next_sequence_;
   ++stats_.appends;
   stats_.bytes += record.size();
@@ -440,7 +444,7 @@ absl::Status StateFile::CompactLocked() {
   const int fd = ::open(journal_path_.c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError(errno, journal_path_, "open");
   journal_fd_ = fd;
-  journal_id_ = IdOf(journal_path_);
+  journal_id_ = IdOf(journal_path_, journal_fd_);
   journal_bytes_ = header.size();
   next_sequence_ = 1;
   broken_ = false;

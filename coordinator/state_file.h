@@ -90,7 +90,7 @@ struct StateFileOptions {
   // new, empty journal, after the snapshot's rename) and "compact-reopen"
   // (after both). An error stops the write there, leaving the files as a
   // crash at that point would.
-  std::function<absl::Status(absl::string_view step)> TEST_fault;
+  std::function<absl::Status(absl::string_view step)> TEST_fault{};
 };
 
 class StateFile {
@@ -154,8 +154,9 @@ class StateFile {
     int64_t mtime_ns = 0;
     bool operator==(const FileId&) const = default;
   };
-  // `path`'s FileId; nullopt for anything but a regular file, or nothing.
-  static std::optional<FileId> IdOf(const std::string& path);
+  // `path`'s FileId (or, given `fd`, that of the file it has open); nullopt
+  // for anything but a regular file, or nothing.
+  static std::optional<FileId> IdOf(const std::string& path, int fd = -1);
 
   StateFile(std::string path, int lock_fd, StateFileOptions options);
 
@@ -183,6 +184,8 @@ class StateFile {
   // A write failed: the files may lag records_ or end torn.
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   Records records_ ABSL_GUARDED_BY(mu_);
+  // Whether Load found a snapshot (false: a first start).
+  bool has_snapshot_ ABSL_GUARDED_BY(mu_) = false;
   // The newest generation written or read (0: none, or format 1).
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t snapshot_bytes_ ABSL_GUARDED_BY(mu_) = 0;
