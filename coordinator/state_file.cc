@@ -206,7 +206,8 @@ absl::Status StateFile::LoadLocked() {
     if (::lstat(journal_path_.c_str(), &st) == 0) {
       return absl::DataLossError(absl::StrCat(
           journal_path_, ": a state journal without its snapshot ", path_,
-          " (its records alone are not the coordinator's state)"));
+          " (its records alone are not the coordinator's state; move it "
+          "aside too to start without its jobs)"));
     }
     loaded_ = true;  // A first start: nothing saved yet.
     return absl::OkStatus();
