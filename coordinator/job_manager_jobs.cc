@@ -171,8 +171,8 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
       queue_.Remove(number);
       jobs_.erase(it);
       placer_.UpdateQueuePositions();
-      // The failed write may have left its record in the journal, or in
-      // the state file's memory for its next write: its removal goes too.
+      // The failed write may still have landed its record: the next write
+      // (a full one, JobStore::Persist) holds the job as withdrawn.
       MarkJobChanged(number);
     }
     return absl::UnavailableError(absl::StrCat(
