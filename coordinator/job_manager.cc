@@ -46,6 +46,10 @@ class JobManager::RunContext final : public JobRunContext {
   void MarkChanged() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(m_.mu_) {
     m_.MarkChanged();
   }
+  void MarkJobChanged(uint64_t job) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(m_.mu_) {
+    m_.MarkJobChanged(job);
+  }
   void EventAdded() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(m_.mu_) {
     ++m_.event_count_;
     m_.events_cv_.NotifyAll();
@@ -164,6 +168,7 @@ absl::Status JobManager::Dispatch(const std::string& worker_id,
     case v1::WorkerMessage::kStep:
       if (JobRun* job = FindJob(message.step().job_id())) {
         job->OnStep(*w, message.step());
+        NoteProgress(job->job().number);
       }
       return absl::OkStatus();
     case v1::WorkerMessage::kProfile:

@@ -41,7 +41,10 @@
 //
 // Durability. With a StateFile (--state-file) the job records (each job's
 // Job, its submission, checkpoint and restart state, and the queue) are
-// written to disk whenever a job changes state or commits a checkpoint:
+// written to disk whenever a job changes state or commits a checkpoint (only
+// the records of the jobs that changed since the last write, and of those
+// that stepped, MarkJobChanged and NoteProgress; appended to the state
+// file's journal, so that a write costs the same with 16 jobs or 512):
 // synchronously before SubmitJob, CancelJob and HandleWorkerMessage return
 // (so an acknowledged submission or cancellation survives a crash: one that
 // cannot be written is refused, UNAVAILABLE; and a commit is recorded
@@ -74,6 +77,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -247,8 +251,24 @@ class JobManager {
   // `ended` has just ended: only the newest max_finished_jobs ended jobs
   // are kept, and only the newest trace_finished_jobs keep timelines.
   void ForgetOldJobs(JobRun& ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Job records changed: the state file is due for a write.
-  void MarkChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ++changes_; }
+  // Job records changed: the state file is due for a write of every record
+  // (a new snapshot, as after Restore).
+  void MarkChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++changes_;
+    all_changed_ = true;
+  }
+  // Job `number`'s record changed (or it was forgotten): the state file is
+  // due for a write of that record alone.
+  void MarkJobChanged(uint64_t number) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++changes_;
+    changed_jobs_.insert(number);
+  }
+  // Job `number`'s step count moved: its record goes with the next write
+  // (as a full snapshot once carried every job's), which this does not
+  // force: a step alone is not worth a write.
+  void NoteProgress(uint64_t number) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    changed_jobs_.insert(number);
+  }
 
   const JobManagerOptions options_;
   // The state file's writer, with its own mutexes (taken before mu_, never
@@ -256,6 +276,10 @@ class JobManager {
   JobStore store_;
   mutable Mutex mu_;
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
+  // What changed since Persist last took the changes: every record, or the
+  // jobs numbered here (so that a write costs only those).
+  bool all_changed_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<uint64_t> changed_jobs_ ABSL_GUARDED_BY(mu_);
   CondVar events_cv_;
   uint64_t event_count_ ABSL_GUARDED_BY(mu_) = 0;  // See WaitForAnyEvent.
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;

@@ -164,7 +164,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
     queue_.Add(number, info.priority(), options_.clock());
     placer_.UpdateQueuePositions();
     run.AddEvent(nullptr);
-    MarkChanged();
+    MarkJobChanged(number);
     change = changes_;
     submitted = job.info;
   }
@@ -181,9 +181,13 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(
   JobRun::JobRecord& job = it->second.job();
   if (!durable) {
     if (job.info.state() == v1::QUEUED) {
-      queue_.Remove(job.number);
+      const uint64_t number = job.number;
+      queue_.Remove(number);
       jobs_.erase(it);
       placer_.UpdateQueuePositions();
+      // The failed write may still have landed its record: the next write
+      // (a full one, JobStore::Persist) holds the job as withdrawn.
+      MarkJobChanged(number);
     }
     return absl::UnavailableError(absl::StrCat(
         "the job was not accepted: the coordinator cannot write its state "
@@ -218,7 +222,9 @@ absl::StatusOr<v1::Job> JobManager::CancelJob(const std::string& id,
   // only then is it cancelled here. A cancel the file cannot hold is not
   // applied at all, so what the caller is told, what this coordinator
   // does and what a restarted one would do agree.
+  // Only the job's record is written ahead (and the queue without it).
   v1::CoordinatorState ahead;
+  uint64_t number = 0;
   {
     MutexLock lock(mu_);
     JobRun* job = FindJob(id);
@@ -226,19 +232,26 @@ absl::StatusOr<v1::Job> JobManager::CancelJob(const std::string& id,
       return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
     }
     if (proto::IsTerminal(job->job().info.state())) return job->job().info;
-    ahead = Snapshot();
+    number = job->job().number;
+    std::vector<uint64_t> removed;
+    ahead = JobStore::Changes(options_.version, next_job_, jobs_, queue_,
+                              {number}, &removed);
     for (v1::JobRecordState& saved : *ahead.mutable_jobs()) {
-      if (saved.info().id() != id) continue;
       saved.mutable_info()->set_state(v1::CANCELLED);
       saved.mutable_info()->set_message(reason);
       saved.mutable_info()->set_ended_unix_ms(NowUnixMs());
       saved.mutable_info()->set_queue_position(0);
     }
     auto& queue = *ahead.mutable_queue();
-    queue.erase(std::remove(queue.begin(), queue.end(), job->job().number),
-                queue.end());
+    queue.erase(std::remove(queue.begin(), queue.end(), number), queue.end());
   }
-  if (absl::Status s = store_.Save(ahead); !s.ok()) {
+  if (absl::Status s = store_.SaveAhead(ahead); !s.ok()) {
+    {
+      // Due for a write (a full one, JobStore::SaveAhead): the state file
+      // must end up holding the job as it really is, not cancelled.
+      MutexLock lock(mu_);
+      MarkJobChanged(number);
+    }
     return absl::UnavailableError(absl::StrCat(
         id,
         " was not cancelled: the coordinator could not make the change "
@@ -329,12 +342,22 @@ uint64_t JobManager::WaitForAnyEvent(
 // The state file.
 
 absl::Status JobManager::Persist() {
-  return store_.Persist(
-      [&](uint64_t persisted) -> std::optional<JobStore::Snapshotted> {
-        MutexLock lock(mu_);
-        if (changes_ == persisted) return std::nullopt;
-        return JobStore::Snapshotted{.change = changes_, .state = Snapshot()};
-      });
+  return store_.Persist([&](uint64_t persisted,
+                            bool full) -> std::optional<JobStore::Snapshotted> {
+    MutexLock lock(mu_);
+    if (changes_ == persisted && !full) return std::nullopt;
+    JobStore::Snapshotted out{.change = changes_, .full = full || all_changed_};
+    // Cleared now: a failed write makes the next one full (`full`).
+    if (out.full) {
+      out.state = Snapshot();
+    } else {
+      out.state = JobStore::Changes(options_.version, next_job_, jobs_, queue_,
+                                    changed_jobs_, &out.removed);
+    }
+    all_changed_ = false;
+    changed_jobs_.clear();
+    return out;
+  });
 }
 
 std::string JobManager::StateFileError() const {
@@ -504,6 +527,7 @@ void JobManager::ForgetOldJobs(JobRun& ended) {
         std::remove(finished_traces_.begin(), finished_traces_.end(), oldest),
         finished_traces_.end());
     jobs_.erase(oldest);
+    MarkJobChanged(oldest);  // Its removal.
   }
 }
 

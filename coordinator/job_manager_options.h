@@ -78,7 +78,7 @@ struct JobManagerOptions {
   JobObserver* observer = nullptr;
   // Optional; where job records are kept (see coordinator/job_manager.h).
   // Outlives the manager.
-  const StateFile* state_file = nullptr;
+  StateFile* state_file = nullptr;
   // Test hook, for a test of a coordinator killed between a step's last
   // stage file and its manifest: CommitCheckpoint of this step (0: none)
   // stands still this long first, holding the manager. Set only by tests,

@@ -283,7 +283,7 @@ void JobRun::CommitCheckpoint(int64_t step,
   job_.committed = checkpoint::ResumePointOf(manifest, dir);
   job_.info.set_last_checkpoint_step(step);
   job_.info.set_last_checkpoint_unix_ms(NowUnixMs());
-  ctx_.MarkChanged();
+  ctx_.MarkJobChanged(job_.number);
   SPDLOG_INFO("{}: checkpoint of step {} complete in {}", job_.info.id(), step,
               checkpoint::StepDirPath(dir, step));
   if (const int64_t keep = job_.plan.job.checkpoint.keep_latest; keep > 0) {
@@ -475,7 +475,7 @@ void JobRun::SetState(v1::JobState state) {
                               proto::JobStateName(state)));
   job_.info.set_state(state);
   AddEvent(nullptr);
-  ctx_.MarkChanged();
+  ctx_.MarkJobChanged(job_.number);
 }
 
 void JobRun::AddEvent(const v1::StepSummary* step) {

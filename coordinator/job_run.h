@@ -49,8 +49,14 @@ class JobRunContext {
   virtual const JobManagerOptions& options() const = 0;
   virtual WorkerRegistry& workers() = 0;
   virtual JobQueue& queue() = 0;
-  // Job records changed: the state file is due for a write.
+  // Job records changed: the state file is due for a write of every
+  // record (prefer MarkJobChanged(job), which writes only that job's).
   virtual void MarkChanged() = 0;
+  // Job `job`'s record changed: the state file is due for a write of it.
+  virtual void MarkJobChanged(uint64_t job) {
+    (void)job;
+    MarkChanged();
+  }
   // An event was added to some job's log: wakes the manager's watchers.
   virtual void EventAdded() = 0;
   // Sets every queued job's queue position and reason (Placer).

@@ -170,7 +170,7 @@ void JobRun::ReexamineRestart() {
   }
   SPDLOG_WARN("{}: {} of the {} workers it was to restart on are live",
               job_.info.id(), live, ranks);
-  if (LayOutOn(live, reason)) ctx_.MarkChanged();
+  if (LayOutOn(live, reason)) ctx_.MarkJobChanged(job_.number);
 }
 
 // ---------------------------------------------------------------------------

@@ -12,6 +12,28 @@
 
 namespace conveyor::coordinator {
 
+namespace {
+
+void AddRecord(const JobRun& run, v1::CoordinatorState& state) {
+  const JobRun::JobRecord& job = run.job();
+  v1::JobRecordState* saved = state.add_jobs();
+  *saved->mutable_info() = job.info;
+  v1::SubmitJobRequest* request = saved->mutable_request();
+  request->set_yaml(job.parsed.yaml);
+  request->set_file_name(job.parsed.file_name);
+  request->set_base_dir(job.parsed.base_dir);
+  saved->set_config_hash(job.parsed.config_hash);
+  if (job.resume.has_value())
+    *saved->mutable_resume() = checkpoint::ToProto(*job.resume);
+  if (job.committed.has_value()) {
+    *saved->mutable_committed() = checkpoint::ToProto(*job.committed);
+  }
+  saved->set_attempt(job.attempt);
+  saved->set_relayout_ranks(job.relayout_ranks);
+}
+
+}  // namespace
+
 v1::CoordinatorState JobStore::Snapshot(const std::string& version,
                                         uint64_t next_job,
                                         const std::map<uint64_t, JobRun>& jobs,
@@ -19,22 +41,27 @@ v1::CoordinatorState JobStore::Snapshot(const std::string& version,
   v1::CoordinatorState state;
   state.set_version(version);
   state.set_next_job(next_job);
-  for (const auto& [number, run] : jobs) {
-    const JobRun::JobRecord& job = run.job();
-    v1::JobRecordState* saved = state.add_jobs();
-    *saved->mutable_info() = job.info;
-    v1::SubmitJobRequest* request = saved->mutable_request();
-    request->set_yaml(job.parsed.yaml);
-    request->set_file_name(job.parsed.file_name);
-    request->set_base_dir(job.parsed.base_dir);
-    saved->set_config_hash(job.parsed.config_hash);
-    if (job.resume.has_value())
-      *saved->mutable_resume() = checkpoint::ToProto(*job.resume);
-    if (job.committed.has_value()) {
-      *saved->mutable_committed() = checkpoint::ToProto(*job.committed);
+  for (const auto& [number, run] : jobs) AddRecord(run, state);
+  for (uint64_t number : queue.order()) state.add_queue(number);
+  return state;
+}
+
+v1::CoordinatorState JobStore::Changes(const std::string& version,
+                                       uint64_t next_job,
+                                       const std::map<uint64_t, JobRun>& jobs,
+                                       const JobQueue& queue,
+                                       const std::set<uint64_t>& changed,
+                                       std::vector<uint64_t>* removed) {
+  v1::CoordinatorState state;
+  state.set_version(version);
+  state.set_next_job(next_job);
+  for (uint64_t number : changed) {
+    auto it = jobs.find(number);
+    if (it != jobs.end()) {
+      AddRecord(it->second, state);
+    } else {
+      removed->push_back(number);
     }
-    saved->set_attempt(job.attempt);
-    saved->set_relayout_ranks(job.relayout_ranks);
   }
   for (uint64_t number : queue.order()) state.add_queue(number);
   return state;
@@ -115,14 +142,18 @@ absl::StatusOr<JobStore::Restored> JobStore::Restore(
 }
 
 absl::Status JobStore::Persist(
-    absl::FunctionRef<std::optional<Snapshotted>(uint64_t persisted)> take) {
+    absl::FunctionRef<std::optional<Snapshotted>(uint64_t persisted, bool full)>
+        take) {
   if (file_ == nullptr) return absl::OkStatus();
   MutexLock persist(persist_mu_);
-  std::optional<Snapshotted> snapshot = take(persisted_changes_);
+  std::optional<Snapshotted> snapshot = take(persisted_changes_, want_full_);
   if (!snapshot.has_value()) return absl::OkStatus();
   // Outside the manager's lock: a slow disk delays only the next write, not
   // the workers' reports or the clients' calls.
-  const absl::Status saved = SaveLocked(snapshot->state);
+  const absl::Status saved = Written(
+      snapshot->full ? file_->Save(snapshot->state)
+                     : file_->Append(snapshot->state, snapshot->removed),
+      snapshot->full);
   if (saved.ok()) persisted_changes_ = snapshot->change;
   return saved;
 }
@@ -130,11 +161,23 @@ absl::Status JobStore::Persist(
 absl::Status JobStore::Save(const v1::CoordinatorState& state) {
   if (file_ == nullptr) return absl::OkStatus();
   MutexLock persist(persist_mu_);
-  return SaveLocked(state);
+  return Written(file_->Save(state), /*full=*/true);
 }
 
-absl::Status JobStore::SaveLocked(const v1::CoordinatorState& state) {
-  const absl::Status saved = file_->Save(state);
+absl::Status JobStore::SaveAhead(const v1::CoordinatorState& changed) {
+  if (file_ == nullptr) return absl::OkStatus();
+  MutexLock persist(persist_mu_);
+  return Written(file_->Append(changed, {}), /*full=*/false);
+}
+
+absl::Status JobStore::Written(absl::Status saved, bool full) {
+  // Only a full write clears it: a delta written after a failed one would
+  // not hold the failed one's changes.
+  if (!saved.ok()) {
+    want_full_ = true;
+  } else if (full) {
+    want_full_ = false;
+  }
   MutexLock health(health_mu_);
   // Logged once per outage: the first failure and the recovery.
   if (!saved.ok() && state_file_error_.empty()) {

@@ -74,6 +74,7 @@ class JobManagerTest : public ::testing::Test {
             "job_manager_state_", getpid(), "_",
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::remove(path);
+    std::filesystem::remove(path.string() + ".journal");
     absl::StatusOr<std::unique_ptr<StateFile>> file =
         StateFile::Open(path.string());
     EXPECT_TRUE(file.ok()) << file.status();
@@ -2177,6 +2178,52 @@ TEST_F(JobManagerCheckpointTest, RestoreRefusesContradictoryRecords) {
   AddWorker("a");
   EXPECT_EQ(manager_.Restore(v1::CoordinatorState()).code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace conveyor::coordinator
+
+namespace conveyor::coordinator {
+namespace {
+
+// A write holds the records that changed, not all of them: one job's
+// committed checkpoint appends that job's record to the journal, however
+// many jobs the file holds; steps alone write nothing.
+TEST_F(JobManagerCheckpointTest, AWriteAppendsOnlyTheRecordsThatChanged) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string running = StartJob(CkptYaml("every: 2", "", 5), w1, w2);
+  std::vector<uint64_t> queued;
+  for (int i = 0; i < 20; ++i) {
+    absl::StatusOr<v1::Job> job = Submit(JobYaml(2, absl::StrCat("q", i)));
+    ASSERT_TRUE(job.ok()) << job.status();
+    queued.push_back(i + 2);  // job-2 onwards.
+    EXPECT_EQ(job->id(), absl::StrCat("job-", i + 2));
+  }
+  const StateFile::Stats before = state_file_->stats();
+  Step(w1, running, 1, false);
+  Step(w2, running, 1, true);
+  EXPECT_EQ(state_file_->stats().bytes, before.bytes);  // Not worth a write.
+  StepWithCheckpoint(w1, w2, running, 2);
+  ASSERT_TRUE(Committed(2));
+  const StateFile::Stats after = state_file_->stats();
+  EXPECT_EQ(after.compactions, before.compactions);
+  EXPECT_EQ(after.appends, before.appends + 1);
+  absl::StatusOr<std::optional<v1::CoordinatorState>> saved =
+      state_file_->Load();
+  ASSERT_TRUE(saved.ok() && saved->has_value()) << saved.status();
+  // What rewriting every record would have cost.
+  const uint64_t all = EncodeState(**saved).size();
+  EXPECT_LT((after.bytes - before.bytes) * 8, all)
+      << "one record of " << after.bytes - before.bytes << " bytes; all "
+      << all;
+  EXPECT_EQ((*saved)->jobs_size(), 21);
+  EXPECT_THAT((*saved)->queue(), ::testing::ElementsAreArray(queued));
+  for (const v1::JobRecordState& record : (*saved)->jobs()) {
+    if (record.info().id() != running) continue;
+    EXPECT_EQ(record.info().last_checkpoint_step(), 2);
+    EXPECT_EQ(record.info().steps_done(), 2);
+    EXPECT_EQ(record.committed().step(), 2);
+  }
 }
 
 }  // namespace

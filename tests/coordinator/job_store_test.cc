@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -116,7 +117,7 @@ TEST(JobStoreTest, AWriteFailureIsReportedUntilTheNextWriteSucceeds) {
   v1::CoordinatorState state;
   state.set_next_job(2);
   auto snapshot = [&](uint64_t change) {
-    return [&, change](uint64_t) -> std::optional<JobStore::Snapshotted> {
+    return [&, change](uint64_t, bool) -> std::optional<JobStore::Snapshotted> {
       return JobStore::Snapshotted{.change = change, .state = state};
     };
   };
@@ -146,8 +147,8 @@ TEST(JobStoreTest, PersistWritesOnlyRecordsThatChanged) {
   ASSERT_TRUE(file.ok()) << file.status();
   JobStore store(file->get());
   std::vector<uint64_t> asked;
-  auto unchanged =
-      [&](uint64_t persisted) -> std::optional<JobStore::Snapshotted> {
+  auto unchanged = [&](uint64_t persisted,
+                       bool) -> std::optional<JobStore::Snapshotted> {
     asked.push_back(persisted);
     return std::nullopt;
   };
@@ -155,7 +156,7 @@ TEST(JobStoreTest, PersistWritesOnlyRecordsThatChanged) {
   EXPECT_FALSE(std::filesystem::exists(path));  // Nothing written.
   EXPECT_TRUE(
       store
-          .Persist([](uint64_t) -> std::optional<JobStore::Snapshotted> {
+          .Persist([](uint64_t, bool) -> std::optional<JobStore::Snapshotted> {
             return JobStore::Snapshotted{.change = 3, .state = {}};
           })
           .ok());
@@ -165,18 +166,104 @@ TEST(JobStoreTest, PersistWritesOnlyRecordsThatChanged) {
   EXPECT_THAT(asked, ElementsAre(0u, 3u));
 }
 
+TEST(JobStoreTest, ChangesHoldOnlyTheChangedRecordsAndTheForgottenOnes) {
+  FakeJobRunContext context;
+  std::map<uint64_t, JobRun> jobs;
+  JobQueue queue;
+  for (uint64_t number : {1, 2, 3}) {
+    context.AddJob(jobs, number, JobYaml(1, absl::StrCat("job", number)));
+  }
+  queue.Add(3);
+  queue.Add(1);
+  jobs.at(2).job().info.set_state(v1::RUNNING);
+  std::vector<uint64_t> removed;
+  const v1::CoordinatorState changes =
+      JobStore::Changes(kVersion, 10, jobs, queue, {2, 9}, &removed);
+  EXPECT_EQ(changes.version(), kVersion);
+  EXPECT_EQ(changes.next_job(), 10u);
+  ASSERT_EQ(changes.jobs_size(), 1);
+  // The same record a full snapshot holds.
+  EXPECT_EQ(changes.jobs(0).SerializeAsString(),
+            JobStore::Snapshot(kVersion, 10, jobs, queue)
+                .jobs(1)
+                .SerializeAsString());
+  EXPECT_THAT(changes.queue(), ElementsAre(3, 1));  // Always all of it.
+  EXPECT_THAT(removed, ElementsAre(9u));
+}
+
+TEST(JobStoreTest, PersistAppendsChangesAndAfterAFailureAsksForAll) {
+  const std::filesystem::path path = TestPath();
+  std::filesystem::remove_all(path);
+  std::filesystem::remove_all(path.string() + ".journal");
+  absl::StatusOr<std::unique_ptr<StateFile>> file =
+      StateFile::Open(path.string());
+  ASSERT_TRUE(file.ok()) << file.status();
+  JobStore store(file->get());
+  std::vector<bool> asked_full;
+  auto write = [&](uint64_t change, bool full, uint64_t job) {
+    return [&, change, full, job](
+               uint64_t, bool all) -> std::optional<JobStore::Snapshotted> {
+      asked_full.push_back(all);
+      JobStore::Snapshotted out{.change = change, .full = full || all};
+      out.state.set_next_job(job + 1);
+      v1::JobRecordState* record = out.state.add_jobs();
+      record->mutable_info()->set_id(absl::StrCat("job-", job));
+      record->mutable_info()->set_state(v1::QUEUED);
+      if (out.full) {  // Every record: this test's jobs are 1 to `job`.
+        out.state.clear_jobs();
+        for (uint64_t n = 1; n <= job; ++n) {
+          out.state.add_jobs()->mutable_info()->set_id(absl::StrCat("job-", n));
+        }
+      }
+      return out;
+    };
+  };
+  ASSERT_TRUE(store.Persist(write(1, true, 1)).ok());
+  ASSERT_TRUE(store.Persist(write(2, false, 2)).ok());
+  EXPECT_EQ((*file)->stats().appends, 1u);
+  EXPECT_EQ((*file)->stats().compactions, 1u);
+
+  std::filesystem::remove(path);
+  std::filesystem::create_directory(path);  // The snapshot cannot be written.
+  EXPECT_FALSE(store.Persist(write(3, false, 3)).ok());
+  EXPECT_FALSE(store.PersistedThrough(3));
+  EXPECT_THAT(store.StateFileError(), HasSubstr(path.string()));
+  std::filesystem::remove(path);
+  // A delta written now would miss job 3's record: all are asked for.
+  ASSERT_TRUE(store.Persist(write(4, false, 4)).ok());
+  EXPECT_TRUE(store.PersistedThrough(4));
+  EXPECT_EQ(store.StateFileError(), "");
+  ASSERT_TRUE(store.Persist(write(5, false, 5)).ok());
+  EXPECT_THAT(asked_full, ElementsAre(false, false, false, true, false));
+  absl::StatusOr<std::optional<v1::CoordinatorState>> loaded = (*file)->Load();
+  ASSERT_TRUE(loaded.ok() && loaded->has_value()) << loaded.status();
+  EXPECT_EQ((*loaded)->jobs_size(), 5);
+  EXPECT_EQ((*loaded)->next_job(), 6u);
+
+  // A failed write ahead asks for all too.
+  std::filesystem::remove(path);
+  std::filesystem::create_directory(path);
+  v1::CoordinatorState ahead;
+  ahead.add_jobs()->mutable_info()->set_id("job-1");
+  EXPECT_FALSE(store.SaveAhead(ahead).ok());
+  std::filesystem::remove(path);
+  ASSERT_TRUE(store.Persist(write(6, false, 6)).ok());
+  EXPECT_TRUE(asked_full.back());
+}
+
 TEST(JobStoreTest, WithoutAStateFileNothingIsWrittenAndAllIsDurable) {
   JobStore store(nullptr);
   bool asked = false;
   EXPECT_TRUE(
       store
-          .Persist([&](uint64_t) -> std::optional<JobStore::Snapshotted> {
+          .Persist([&](uint64_t, bool) -> std::optional<JobStore::Snapshotted> {
             asked = true;
             return std::nullopt;
           })
           .ok());
   EXPECT_FALSE(asked);
   EXPECT_TRUE(store.Save(v1::CoordinatorState()).ok());
+  EXPECT_TRUE(store.SaveAhead(v1::CoordinatorState()).ok());
   EXPECT_TRUE(store.PersistedThrough(1000));
   EXPECT_EQ(store.StateFileError(), "");
 }
