@@ -126,7 +126,7 @@ void Placer::Preempt(JobRun& blocked) {
     job.preempting = true;
     job.info.set_preemptions(job.info.preemptions() + 1);
     job.info.set_preempted_by(urgent.info.id());
-    ctx_.MarkChanged();
+    ctx_.MarkJobChanged(number);
     if (job.info.state() == v1::PLANNING) {
       // No step of this attempt has run: requeued at once, its workers
       // told to stop.
