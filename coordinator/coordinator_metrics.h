@@ -49,6 +49,13 @@ class CoordinatorMetrics final : public JobObserver,
   std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
   InterceptorFactory();
 
+  // One worker message of `kind` took the coordinator `seconds` to handle
+  // (WorkerSessionService::set_message_timer): the
+  // conveyor_worker_message_handling_seconds histogram, one series per kind
+  // seen (a closed set of at most 10: the cardinality does not grow with the
+  // fleet).
+  void ObserveWorkerMessage(v1::WorkerMessage::KindCase kind, double seconds);
+
   // JobObserver.
   void OnSubmitted(const v1::Job& job) override;
   void OnStep(const v1::Job& job, const v1::StepSummary& step) override;
@@ -95,6 +102,7 @@ class CoordinatorMetrics final : public JobObserver,
   prometheus::Family<prometheus::Gauge>& mfu_;
   prometheus::Family<prometheus::Gauge>& eval_loss_;
   prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Histogram>& message_handling_;
 
   mutable Mutex mu_;
   const JobManager* manager_ ABSL_GUARDED_BY(mu_) = nullptr;
@@ -102,6 +110,9 @@ class CoordinatorMetrics final : public JobObserver,
   // By method and code: Family::Add takes a lock and hashes the labels, so
   // the hot path looks here first.
   std::map<std::pair<std::string, int>, prometheus::Counter*> request_counters_
+      ABSL_GUARDED_BY(mu_);
+  // By WorkerMessage::KindCase, added at the kind's first message.
+  std::map<int, prometheus::Histogram*> message_histograms_
       ABSL_GUARDED_BY(mu_);
 };
 
