@@ -96,9 +96,9 @@ class CountingFactory final
 // Read at scrape time from the jobs the manager holds, so an alert's
 // clock is the manager's own record: when each running job last stepped
 // and checkpointed (for the stall and stale-checkpoint alerts), and the
-// newest kRecentJobs ended jobs with their outcome and duration (the
+// newest kRecentEndedJobs ended jobs with their outcome and duration (the
 // dashboard's recent-jobs table; bounded, so the series count stays flat).
-constexpr size_t kRecentJobs = 20;
+constexpr size_t kRecentJobs = CoordinatorMetrics::kRecentEndedJobs;
 
 std::vector<prometheus::MetricFamily> JobTimeFamilies(
     const std::vector<v1::Job>& jobs) {

@@ -31,6 +31,18 @@ namespace conveyor::coordinator {
 class CoordinatorMetrics final : public JobObserver,
                                  public prometheus::Collectable {
  public:
+  // The cardinality budget (docs/metrics.md "Cardinality"), which
+  // coordinator_metrics_test checks. A job that is queued, planning or
+  // running exports at most kSeriesPerJob series (its info, step counter,
+  // step-time histogram of 19 buckets + 3, 9 gauges, and 3 scrape-time
+  // clocks), whatever its stage count; a live worker kSeriesPerWorker (its
+  // heartbeat age); an ended job none, but for its two rows while it is
+  // among the newest kRecentEndedJobs. The rest is a constant (per state,
+  // per gRPC method and code, per worker-message kind).
+  static constexpr int kSeriesPerJob = 36;
+  static constexpr int kSeriesPerWorker = 1;
+  static constexpr int kRecentEndedJobs = 20;
+
   CoordinatorMetrics();
   ~CoordinatorMetrics() override;
 
