@@ -321,6 +321,7 @@ int Run(const Flags& f) {
     CHECK_OK_OR_EXIT(Clock::now() - submit_start < std::chrono::seconds(600));
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
   }
+  std::fprintf(stderr, "every job RUNNING; measuring %.0f s\n", f.window_s);
   report.Add("all jobs submitted and RUNNING",
              Seconds(Clock::now() - submit_start), "s");
   report.Add("submit to RUNNING p50 (burst)", Percentile(to_running_ms, 0.5),
@@ -410,6 +411,7 @@ int Run(const Flags& f) {
   report.Add("/metrics scrape time (median of 5)", Percentile(scrape_ms, 0.5),
              "ms", 200);
 
+  std::fprintf(stderr, "placing the %d-stage job\n", f.big_stages);
   // 4. The big job onto the idle workers.
   {
     v1::SubmitJobRequest request;
@@ -459,6 +461,7 @@ int Run(const Flags& f) {
 
   // 5. WatchJob fan-out.
   if (f.watchers > 0) {
+    std::fprintf(stderr, "%d watchers\n", f.watchers);
     Watchers watchers;
     for (int i = 0; i < f.watchers; ++i) {
       watchers.Add(stub.get(), ids[static_cast<size_t>(i) % ids.size()]);
