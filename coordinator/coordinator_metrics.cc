@@ -56,8 +56,8 @@ std::string MessageKindName(v1::WorkerMessage::KindCase kind) {
 const prometheus::Histogram::BucketBoundaries& HandlingBuckets() {
   static const auto* const kBuckets =
       new prometheus::Histogram::BucketBoundaries{
-          0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
-          0.005,    0.01,    0.025,  0.05,    0.1,    0.25,  1};
+          0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+          0.01,     0.025,   0.05,   0.1,     0.25,   1,     2.5,    10};
   return *kBuckets;
 }
 

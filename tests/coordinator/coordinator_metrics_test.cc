@@ -384,7 +384,7 @@ TEST_F(CoordinatorMetricsTest, HandlingHistogramIsPerKindOnly) {
   EXPECT_THAT(text, HasSubstr("conveyor_worker_message_handling_seconds_bucket{"
                               "kind=\"step\",le=\"0.025\"} 1\n"));
   EXPECT_EQ(CountSeries(text, "conveyor_worker_message_handling_seconds"),
-            2 * (14 + 3));
+            2 * (16 + 3));
 }
 
 }  // namespace
