@@ -96,13 +96,11 @@ for _ in $(seq 200); do [ -s "$dir/ready" ] && break; sleep 0.05; done
 address=$(head -1 "$dir/ready")
 check "the coordinator listens on its host's address ($address)" \
   bash -c "[[ '$address' == ${addrs[0]}:* ]]"
-declare -A pid_of
 start_worker() {  # start_worker INDEX
   local i=$1
   ip netns exec "${hosts[$i]}" "$worker" --coordinator "$address" \
     --name "host$i" --data-address "${addrs[$i]}:0" --devices cpu:1 \
     >>"$dir/host$i.log" 2>&1 &
-  pid_of[$i]=$!
   pids+=($!)
 }
 idle_workers() {
