@@ -67,6 +67,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // Made before the fork: the child only calls what is safe after one.
+  const std::string cannot_run = absl::StrCat("cannot run ", binary, "\n");
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
@@ -78,6 +80,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(
       dup2(fd, 2);
     }
     execv(binary.c_str(), argv.data());
+    (void)!write(2, cannot_run.data(), cannot_run.size());
     _exit(127);
   }
   p->pid_ = pid;
@@ -95,8 +98,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(
     if (!p->Alive()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  absl::StatusOr<std::string> said = ReadWhole(log);
+  std::string tail = said.ok() ? *said : "";
+  if (tail.size() > 2000) tail = tail.substr(tail.size() - 2000);
   return absl::UnavailableError(
-      absl::StrCat(binary, " did not start (see ", log, ")"));
+      absl::StrCat(binary, " did not start",
+                   tail.empty() ? std::string(" (it wrote nothing)")
+                                : absl::StrCat("; its log ends:\n", tail)));
 }
 
 CoordinatorProcess::~CoordinatorProcess() {

@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -34,6 +35,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"  // flags
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/fleet_probe.h"        // the coordinator from outside
@@ -227,6 +229,12 @@ int Run(const Flags& f) {
     return 1;
   }
   const std::string dir = made;
+  // Declared before the coordinator and the fleet, so it runs after they
+  // are gone, on every return.
+  absl::Cleanup remove_dir = [&dir] {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
+  };
   absl::StatusOr<std::unique_ptr<CoordinatorProcess>> started =
       CoordinatorProcess::Start(
           f.coordinator_binary, dir,
@@ -271,7 +279,13 @@ int Run(const Flags& f) {
                                      grpc::InsecureChannelCredentials());
   auto stub = v1::Coordinator::NewStub(channel);
   const int capacity = f.workers - f.big_stages;
-  CHECK_OK_OR_EXIT(capacity >= f.jobs && f.jobs > 0);
+  if (capacity < f.jobs) {
+    std::fprintf(stderr,
+                 "fleet_simulator: --jobs %d needs at least %d workers "
+                 "besides the %d of --big-stages (--workers %d)\n",
+                 f.jobs, f.jobs, f.big_stages, f.workers);
+    return 1;
+  }
   std::vector<double> submit_ms;
   std::vector<std::string> ids(static_cast<size_t>(f.jobs));
   std::mutex submit_mu;
@@ -523,9 +537,6 @@ int Run(const Flags& f) {
       static_cast<long long>(f.checkpoint_every));
   report.Print();
   if (!f.json.empty()) report.WriteJson(f.json, f);
-  fleet.reset();
-  coordinator.reset();
-  std::system(absl::StrCat("rm -rf '", dir, "'").c_str());
   return 0;
 }
 
