@@ -9,12 +9,16 @@
 #  - a partition (one worker's link set down at the switch) fails a running
 #    job once the heartbeat timeout passes, the reason naming the
 #    unreachable worker; when the link comes back up the worker registers
-#    again.
+#    again;
+#  - the schedule simulator (`conveyorctl schedule` with the link's rate as
+#    its bandwidth) predicts the step of a job whose 4 MiB boundary tensors
+#    make the 1 Gbit/s links its bottleneck: the measured step is at least
+#    90 % of the simulated one everywhere, and within 10 % both ways with
+#    CONVEYOR_TIMING_CHECKS=1 (a timing check, off by default).
 # Parts skipped with a printed reason where the kernel lacks them: delay and
-# loss (`tc netem`: no sch_netem module here), and with them the check that
-# the simulator predicts the measured step from the link's latency. The
-# whole test is skipped (exit 77) where network namespaces cannot be made
-# (not root, no `ip`, or a sandbox that forbids them, as CI's may).
+# loss (`tc netem`: no sch_netem module here). The whole test is skipped
+# (exit 77) where network namespaces cannot be made (not root, no `ip`, or a
+# sandbox that forbids them, as CI's may).
 # Namespaces, links and processes are removed on every exit.
 # Needs COORDINATOR, WORKER and CONVEYORCTL (the binaries' paths).
 set -u
@@ -80,7 +84,7 @@ if ip netns exec "${hosts[1]}" tc qdisc add dev eth0 parent root handle 1: \
   ip netns exec "${hosts[1]}" tc qdisc replace dev eth0 root tbf \
     rate "${rates[1]}" burst 1mb latency 50ms
 else
-  echo "SKIP (part): tc netem is not available (the kernel has no sch_netem): link delay (0.2-2 ms) and loss are not emulated, and the check that the simulator predicts the measured step from the link's latency is skipped"
+  echo "SKIP (part): tc netem is not available (the kernel has no sch_netem): link delay (0.2-2 ms) and loss are not emulated; the step prediction below models the link by tbf's rate alone"
 fi
 
 # conveyorctl runs on the coordinator's "host".
@@ -184,6 +188,53 @@ check "the unreachable worker is listed LOST" \
 ip -n "$sw" link set p2 up
 check "after the partition heals, both workers are idle again" \
   wait_for 60 idle_workers 2
+
+# 4. The simulator, given the link (tbf's rate as its bandwidth), predicts
+# the measured step: a 2-stage job whose compute is delay layers of known
+# cost and whose boundary tensors (4 MiB a microbatch) cross 1 Gbit/s links.
+predict_yaml() {
+  cat <<YAML
+name: predict
+model:
+  input_shape: [16]
+  init: {seed: 1}
+  layers:
+    - dense: {features: 262144}
+    - delay: {forward_ms: 20, backward_ms: 20}
+    - boundary
+    - delay: {forward_ms: 20, backward_ms: 20}
+    - dense: {features: 1}
+  loss: mse
+data: {source: synthetic-regression, seed: 0}
+training: {steps: 8, batch_size: 16, microbatches: 4}
+optimizer: {kind: sgd, lr: 0.0001}
+pipeline: {schedule: 1f1b}
+YAML
+}
+predict_yaml >"$dir/predict.yaml"
+job=$("$ctl" submit "$dir/predict.yaml" --coordinator "$address" 2>&1 |
+  grep -o 'job-[0-9]*' | head -1)
+check "the link-bound job ends" wait_for 120 job_ended "$job"
+measured=$(field "$job" progress | sed -n 's/.*, \([0-9.]*\) ms\/step.*/\1/p')
+predicted=$("$conveyorctl" schedule --kind 1f1b -P 2 -M 4 --costs 20,20 \
+  --latency 0.05 --bandwidth 125000 --activation-bytes 4194304 |
+  sed -n 's/^makespan: //p')
+echo "link-bound step: measured ${measured:-?} ms, simulated ${predicted:-?} ms (1 Gbit/s, 4 MiB a microbatch; compute alone: 200 ms)"
+check "the step was measured and simulated" test -n "$measured" -a -n "$predicted"
+# Load only slows a run down, so the link's bound holds anywhere: the step
+# is at least 90 % of the simulated one (compute alone would be 200 ms).
+check "the link bounds the measured step as simulated (at least 90 %)" \
+  awk -v m="${measured:-0}" -v p="${predicted:-1}" 'BEGIN { exit !(m >= 0.9 * p) }'
+# Within 10 % both ways (2-6 % on this project's machine) is a timing
+# assertion, which a loaded CI machine would fail for nothing: asked for
+# with CONVEYOR_TIMING_CHECKS=1.
+if [ "${CONVEYOR_TIMING_CHECKS:-0}" = 1 ]; then
+  check "the simulator predicts the measured step within 10 %" \
+    awk -v m="${measured:-0}" -v p="${predicted:-1}" \
+    'BEGIN { exit !(m >= 0.9 * p && m <= 1.1 * p) }'
+else
+  echo "SKIP (part): the 10 % bound both ways is a timing check; CONVEYOR_TIMING_CHECKS=1 asserts it"
+fi
 
 if [ "$failed" -ne 0 ]; then tail -n 20 "$dir"/*.log; fi
 finish
