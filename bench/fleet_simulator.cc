@@ -273,6 +273,17 @@ int Run(const Flags& f) {
   }
   report.Add("registration of every worker",
              Seconds(Clock::now() - fleet_start), "s");
+  std::fprintf(stderr, "%d workers registered; submitting %d jobs\n", f.workers,
+               f.jobs);
+  // What the sessions alone cost, before any job.
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  if (absl::StatusOr<ProcStats> idle = ReadProcStats(coordinator->pid());
+      idle.ok()) {
+    report.Add("coordinator RSS, workers registered, no job",
+               idle->rss_bytes / 1048576.0, "MiB");
+    report.Add("coordinator threads, no job",
+               static_cast<double>(idle->threads), "");
+  }
 
   // 2. The jobs, filling all but big_stages workers.
   auto channel = grpc::CreateChannel(coordinator->address(),
