@@ -326,6 +326,12 @@ int main(int argc, char** argv) {
                                                                 auth_token);
   conveyor::coordinator::WorkerSessionService session_service(&manager,
                                                               auth_token);
+  session_service.set_message_timer(
+      [&metrics](conveyor::v1::WorkerMessage::KindCase kind,
+                 std::chrono::steady_clock::duration took) {
+        metrics->ObserveWorkerMessage(
+            kind, std::chrono::duration<double>(took).count());
+      });
 
   grpc::ServerBuilder builder;
   int port = 0;

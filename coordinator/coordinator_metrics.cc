@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "google/protobuf/descriptor.h"
 #include "proto/protocol.h"
 #include "telemetry/daemon_metrics.h"
 
@@ -40,6 +41,24 @@ prometheus::ClientMetric GaugeSample(
   m.label = std::move(labels);
   m.gauge.value = value;
   return m;
+}
+
+// The label of a worker message's kind: its field name in WorkerMessage.
+std::string MessageKindName(v1::WorkerMessage::KindCase kind) {
+  const google::protobuf::FieldDescriptor* field =
+      v1::WorkerMessage::descriptor()->FindFieldByNumber(kind);
+  return field == nullptr ? "none" : field->name();
+}
+
+// Finer than DurationBuckets at the low end, where a healthy coordinator
+// handles a message, with a bound at 10 ms, the heartbeat target
+// (docs/operations.md "Fleet scale").
+const prometheus::Histogram::BucketBoundaries& HandlingBuckets() {
+  static const auto* const kBuckets =
+      new prometheus::Histogram::BucketBoundaries{
+          0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+          0.01,     0.025,   0.05,   0.1,     0.25,   1,     2.5,    10};
+  return *kBuckets;
 }
 
 class CountingInterceptor final : public grpc::experimental::Interceptor {
@@ -77,9 +96,9 @@ class CountingFactory final
 // Read at scrape time from the jobs the manager holds, so an alert's
 // clock is the manager's own record: when each running job last stepped
 // and checkpointed (for the stall and stale-checkpoint alerts), and the
-// newest kRecentJobs ended jobs with their outcome and duration (the
+// newest kRecentEndedJobs ended jobs with their outcome and duration (the
 // dashboard's recent-jobs table; bounded, so the series count stays flat).
-constexpr size_t kRecentJobs = 20;
+constexpr size_t kRecentJobs = CoordinatorMetrics::kRecentEndedJobs;
 
 std::vector<prometheus::MetricFamily> JobTimeFamilies(
     const std::vector<v1::Job>& jobs) {
@@ -235,7 +254,15 @@ CoordinatorMetrics::CoordinatorMetrics()
       requests_(BuildCounter()
                     .Name("conveyor_grpc_server_requests_total")
                     .Help("Finished gRPC calls by method and status code")
-                    .Register(*registry_)) {
+                    .Register(*registry_)),
+      message_handling_(
+          BuildHistogram()
+              .Name("conveyor_worker_message_handling_seconds")
+              .Help("Time the coordinator took to handle one worker message "
+                    "(heartbeat, step report, ...), from its read to the "
+                    "next: the manager's lock wait, the handling and any "
+                    "state-file write it caused")
+              .Register(*registry_)) {
   telemetry::AddBuildInfo(*registry_, "coordinator");
   for (v1::JobState state : {v1::SUCCEEDED, v1::FAILED, v1::CANCELLED}) {
     finished_.Add({{"state", Lower(proto::JobStateName(state))}});
@@ -262,6 +289,17 @@ void CoordinatorMetrics::CountRequest(const std::string& method,
         {{"method", ShortMethod(method)}, {"code", CodeName(code)}});
   }
   counter->Increment();
+}
+
+void CoordinatorMetrics::ObserveWorkerMessage(v1::WorkerMessage::KindCase kind,
+                                              double seconds) {
+  MutexLock lock(mu_);
+  prometheus::Histogram*& histogram = message_histograms_[kind];
+  if (histogram == nullptr) {
+    histogram = &message_handling_.Add({{"kind", MessageKindName(kind)}},
+                                       HandlingBuckets());
+  }
+  histogram->Observe(seconds);
 }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>

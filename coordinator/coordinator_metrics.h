@@ -31,6 +31,18 @@ namespace conveyor::coordinator {
 class CoordinatorMetrics final : public JobObserver,
                                  public prometheus::Collectable {
  public:
+  // The cardinality budget (docs/metrics.md "Cardinality"), which
+  // coordinator_metrics_test checks. A job that is queued, planning or
+  // running exports at most kSeriesPerJob series (its info, step counter,
+  // step-time histogram of 19 buckets + 3, 9 gauges, and 3 scrape-time
+  // clocks), whatever its stage count; a live worker kSeriesPerWorker (its
+  // heartbeat age); an ended job none, but for its two rows while it is
+  // among the newest kRecentEndedJobs. The rest is a constant (per state,
+  // per gRPC method and code, per worker-message kind).
+  static constexpr int kSeriesPerJob = 36;
+  static constexpr int kSeriesPerWorker = 1;
+  static constexpr int kRecentEndedJobs = 20;
+
   CoordinatorMetrics();
   ~CoordinatorMetrics() override;
 
@@ -48,6 +60,13 @@ class CoordinatorMetrics final : public JobObserver,
   // call this object outlives.
   std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
   InterceptorFactory();
+
+  // One worker message of `kind` took the coordinator `seconds` to handle
+  // (WorkerSessionService::set_message_timer): the
+  // conveyor_worker_message_handling_seconds histogram, one series per kind
+  // seen (a closed set of at most 10: the cardinality does not grow with the
+  // fleet).
+  void ObserveWorkerMessage(v1::WorkerMessage::KindCase kind, double seconds);
 
   // JobObserver.
   void OnSubmitted(const v1::Job& job) override;
@@ -95,6 +114,7 @@ class CoordinatorMetrics final : public JobObserver,
   prometheus::Family<prometheus::Gauge>& mfu_;
   prometheus::Family<prometheus::Gauge>& eval_loss_;
   prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Histogram>& message_handling_;
 
   mutable Mutex mu_;
   const JobManager* manager_ ABSL_GUARDED_BY(mu_) = nullptr;
@@ -102,6 +122,9 @@ class CoordinatorMetrics final : public JobObserver,
   // By method and code: Family::Add takes a lock and hashes the labels, so
   // the hot path looks here first.
   std::map<std::pair<std::string, int>, prometheus::Counter*> request_counters_
+      ABSL_GUARDED_BY(mu_);
+  // By WorkerMessage::KindCase, added at the kind's first message.
+  std::map<int, prometheus::Histogram*> message_histograms_
       ABSL_GUARDED_BY(mu_);
 };
 

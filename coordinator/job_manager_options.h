@@ -55,8 +55,13 @@ struct JobManagerOptions {
   // Jobs waiting in the queue at most; more is RESOURCE_EXHAUSTED.
   int max_queued_jobs = 1000;
   // Events kept per job for WatchJob (older step events are dropped; a
-  // watcher that falls behind skips them).
-  int max_events_per_job = 4096;
+  // watcher that falls behind skips them). Each holds a copy of the job
+  // (about 6 KiB in memory for an 8-stage job): at 4096, 512 running jobs
+  // would hold 12 GiB once they had run that many steps
+  // (bench/fleet_simulator, docs/operations.md "Fleet scale"). A watcher is
+  // served within a pass of the WatchHub (tens of ms), so 64 steps of slack
+  // is plenty.
+  int max_events_per_job = 64;
   // Step timelines kept per job for GetTrace: the newest this many steps,
   // and, once jobs have ended, only for the newest this many ended jobs (a
   // long-lived coordinator's memory must not grow with its history).

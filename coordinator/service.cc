@@ -1,5 +1,6 @@
 #include "coordinator/service.h"
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -259,7 +260,11 @@ grpc::Status WorkerSessionService::Session(grpc::ServerContext* context,
   v1::WorkerMessage message;
   std::string reason;
   while (stream->Read(&message)) {
+    const auto start = std::chrono::steady_clock::now();
     absl::Status s = manager_->HandleWorkerMessage(id, message);
+    if (timer_) {
+      timer_(message.kind_case(), std::chrono::steady_clock::now() - start);
+    }
     if (!s.ok()) {
       SPDLOG_WARN("{}: {}", id, s.ToString());
       reason = std::string(s.message());

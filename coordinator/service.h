@@ -20,6 +20,8 @@
 #ifndef CONVEYOR_COORDINATOR_SERVICE_H_
 #define CONVEYOR_COORDINATOR_SERVICE_H_
 
+#include <chrono>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -96,6 +98,14 @@ class WorkerSessionService final : public v1::WorkerSession::Service {
                                 std::string auth_token = "")
       : manager_(manager), auth_token_(std::move(auth_token)) {}
 
+  // Told the kind of each worker message and how long the manager took to
+  // handle it (waiting for its lock, the handling and any state-file write
+  // it caused): the daemon feeds CoordinatorMetrics' handling histogram.
+  // Set before the server starts; called from the sessions' threads.
+  using MessageTimer = std::function<void(v1::WorkerMessage::KindCase,
+                                          std::chrono::steady_clock::duration)>;
+  void set_message_timer(MessageTimer timer) { timer_ = std::move(timer); }
+
   grpc::Status Session(
       grpc::ServerContext* context,
       grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>*
@@ -104,6 +114,7 @@ class WorkerSessionService final : public v1::WorkerSession::Service {
  private:
   JobManager* manager_;
   const std::string auth_token_;
+  MessageTimer timer_;
 };
 
 }  // namespace conveyor::coordinator

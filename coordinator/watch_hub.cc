@@ -1,6 +1,7 @@
 #include "coordinator/watch_hub.h"
 
 #include <chrono>
+#include <thread>
 
 #include "proto/protocol.h"
 
@@ -10,6 +11,9 @@ namespace {
 // How often idle watches are looked at without news: a job forgotten or a
 // coordinator shutting down is noticed within this.
 constexpr std::chrono::milliseconds kIdlePoll{250};
+// The shortest time between two passes over the watches: a step event
+// reaches its watchers at most this much later.
+constexpr std::chrono::milliseconds kMinPass{20};
 
 }  // namespace
 
@@ -63,14 +67,20 @@ int WatchHub::open() const {
 void WatchHub::Run() {
   uint64_t seen = 0;
   while (!stop_.load()) {
-    seen = manager_->WaitForAnyEvent(
-        seen, std::chrono::steady_clock::now() + kIdlePoll);
+    // A pass looks at every watch (and asks the manager, under its lock,
+    // for each one's news): once per event, 512 running jobs' steps made
+    // 1,024 watchers cost the coordinator 0.4 ms of CPU per event delivered
+    // (bench/fleet_simulator). Passes at most every kMinPass gather the
+    // events of that time into one.
+    const auto pass = std::chrono::steady_clock::now();
+    seen = manager_->WaitForAnyEvent(seen, pass + kIdlePoll);
     std::vector<Action> actions;
     {
       absl::MutexLock lock(&mu_);
       for (Reactor* r : reactors_) Fill(r, actions);
     }
     Perform(actions);
+    std::this_thread::sleep_until(pass + kMinPass);
   }
 }
 

@@ -12,6 +12,8 @@
 #include "absl/time/time.h"
 #include "common/cancellation.h"
 #include "common/status_macros.h"
+#include "scheduler/placement.h"  // NeighbourRanks
+#include "scheduler/schedule.h"   // ParseScheduleKind, PlacementOf
 #include "spdlog/spdlog.h"
 #include "worker/internal/session_internal.h"
 #include "worker/job_runner.h"
@@ -324,7 +326,17 @@ absl::Status WorkerSession::RunJob(Job* job) {
     for (const v1::StageProgram& s : program.stages()) {
       stages.push_back(s.stage());
     }
-    metrics = options_.metrics->StartJob(program.job_id(), stages);
+    // The ranks next to this one's stages get data-plane series of their
+    // own; the rest (the gradient norm's all-reduce) share one.
+    std::vector<int> neighbours;
+    if (absl::StatusOr<scheduler::ScheduleKind> kind =
+            scheduler::ParseScheduleKind(program.schedule());
+        kind.ok()) {
+      neighbours = scheduler::NeighbourRanks(
+          scheduler::PlacementOf(*kind), program.rank(), program.num_ranks(),
+          program.num_stages());
+    }
+    metrics = options_.metrics->StartJob(program.job_id(), stages, neighbours);
     runner_options.observer = metrics.get();
   }
   runner_options.TEST_checkpoint_delay = options_.TEST_checkpoint_delay;

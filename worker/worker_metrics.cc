@@ -1,5 +1,6 @@
 #include "worker/worker_metrics.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -188,13 +189,18 @@ void WorkerMetrics::RecordCheckpoint(bool ok, double seconds,
 }
 
 std::unique_ptr<JobMetrics> WorkerMetrics::StartJob(
-    const std::string& job_id, const std::vector<int>& stages) {
-  return std::unique_ptr<JobMetrics>(new JobMetrics(this, job_id, stages));
+    const std::string& job_id, const std::vector<int>& stages,
+    std::vector<int> neighbours) {
+  return std::unique_ptr<JobMetrics>(
+      new JobMetrics(this, job_id, stages, std::move(neighbours)));
 }
 
 JobMetrics::JobMetrics(WorkerMetrics* owner, std::string job_id,
-                       const std::vector<int>& stages)
-    : owner_(owner), job_id_(std::move(job_id)) {
+                       const std::vector<int>& stages,
+                       std::vector<int> neighbours)
+    : owner_(owner),
+      job_id_(std::move(job_id)),
+      neighbours_(std::move(neighbours)) {
   const prometheus::Labels job = {{"job_id", job_id_},
                                   {"worker", owner_->worker_}};
   for (int stage : stages) {
@@ -265,11 +271,17 @@ void JobMetrics::RecordStep(const RankStepResult& step) {
 }
 
 JobMetrics::PeerSeries& JobMetrics::Peer(int rank) {
-  PeerSeries& p = peers_[rank];
+  // Not a neighbour: the gradient norm's all-reduce, which reaches every
+  // rank; one series for all of them keeps the count flat in the ranks.
+  const bool other = !neighbours_.empty() &&
+                     std::find(neighbours_.begin(), neighbours_.end(), rank) ==
+                         neighbours_.end();
+  PeerSeries& p = peers_[other ? kOtherRanks : rank];
   if (p.sent == nullptr) {
-    // Created on first traffic: only pipeline neighbours ever get series.
+    // Created on first traffic.
     const std::string name =
-        rank >= 0 && static_cast<size_t>(rank) < peer_names_.size() &&
+        other ? std::string("other-ranks")
+        : rank >= 0 && static_cast<size_t>(rank) < peer_names_.size() &&
                 !peer_names_[rank].empty()
             ? peer_names_[rank]
             : absl::StrCat("rank-", rank);

@@ -65,6 +65,7 @@ class JobMetrics final : public transport::DataPlaneObserver {
     prometheus::Gauge* receive_wait_ratio;
     prometheus::Gauge* peak_activation_bytes;
   };
+  static constexpr int kOtherRanks = -1;  // peers_' key for non-neighbours.
   struct PeerSeries {
     prometheus::Counter* sent = nullptr;
     prometheus::Counter* received = nullptr;
@@ -72,7 +73,7 @@ class JobMetrics final : public transport::DataPlaneObserver {
   };
 
   JobMetrics(WorkerMetrics* owner, std::string job_id,
-             const std::vector<int>& stages);
+             const std::vector<int>& stages, std::vector<int> neighbours);
   PeerSeries& Peer(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   WorkerMetrics* const owner_;
@@ -83,7 +84,9 @@ class JobMetrics final : public transport::DataPlaneObserver {
 
   Mutex mu_;
   std::vector<std::string> peer_names_ ABSL_GUARDED_BY(mu_);
+  // By rank; kOtherRanks for the ranks that are not neighbours_.
   std::map<int, PeerSeries> peers_ ABSL_GUARDED_BY(mu_);
+  const std::vector<int> neighbours_;  // Empty: every rank is one.
 };
 
 class WorkerMetrics {
@@ -103,9 +106,24 @@ class WorkerMetrics {
   void RecordCheckpoint(bool ok, double seconds, double wait_seconds,
                         double snapshot_seconds);
 
-  // Series for job `job_id` on the given global stages.
+  // Series for job `job_id` on the given global stages. `neighbours`: the
+  // ranks this worker exchanges activations and gradients with (the holders
+  // of the stages next to its own, scheduler::NeighbourRanks); each gets its
+  // own data-plane series, and traffic with any other rank (the gradient
+  // norm's all-reduce reaches every rank) is summed under one `peer` value,
+  // "other-ranks", so a worker's series do not grow with the job's ranks:
+  // at most kSeriesPerStage per stage it holds plus kSeriesPerJob
+  // (docs/metrics.md "Cardinality"). Empty: every peer its own series.
   std::unique_ptr<JobMetrics> StartJob(const std::string& job_id,
-                                       const std::vector<int>& stages);
+                                       const std::vector<int>& stages,
+                                       std::vector<int> neighbours = {});
+
+  // The cardinality budget of one job on this worker, checked by
+  // worker_metrics_test: 9 series per stage held, and 23 (the step-time
+  // histogram and the receive-wait counter) + 3 peers x 24 (two counters and
+  // a transfer histogram; two neighbours and "other-ranks") per job.
+  static constexpr int kSeriesPerStage = 9;
+  static constexpr int kSeriesPerJob = 23 + 3 * 24;
 
  private:
   friend class JobMetrics;

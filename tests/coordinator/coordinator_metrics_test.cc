@@ -249,5 +249,143 @@ TEST_F(CoordinatorMetricsTest, CountsGrpcCallsByMethodAndCode) {
                               "\"NOT_FOUND\",method=\"GetTrace\"} 1\n"));
 }
 
+// The series a scrape holds whose labels contain `needle` (comment lines
+// aside).
+int CountSeries(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (!line.empty() && line[0] != '#' && absl::StrContains(line, needle)) {
+      ++n;
+    }
+  }
+  return n;
+}
+
+int CountAllSeries(const std::string& text) { return CountSeries(text, ""); }
+
+// The cardinality budget (docs/metrics.md "Cardinality"): K live jobs of S
+// stages on W workers export K x kSeriesPerJob (at most) + W x
+// kSeriesPerWorker + a constant; the stage count adds nothing, and ended
+// jobs leave only their rows among the newest kRecentEndedJobs.
+class CardinalityTest : public CoordinatorMetricsTest {
+ protected:
+  // Submits a job of `stages` stages, brings it to RUNNING on its workers
+  // and reports one step from every rank.
+  std::string RunJob(int stages) {
+    v1::SubmitJobRequest req;
+    req.set_yaml(JobYaml(stages));
+    req.set_file_name("job.yaml");
+    absl::StatusOr<v1::Job> job = manager_.SubmitJob(req);
+    EXPECT_TRUE(job.ok()) << job.status();
+    absl::StatusOr<v1::Job> placed = manager_.GetJob(job->id());
+    EXPECT_EQ(placed->worker_ids_size(), stages);
+    for (const std::string& w : placed->worker_ids()) {
+      v1::WorkerMessage m;
+      m.mutable_ready()->set_job_id(job->id());
+      m.mutable_ready()->set_data_endpoint("127.0.0.1:1");
+      m.mutable_ready()->set_peak_flops(1e12);
+      EXPECT_TRUE(manager_.HandleWorkerMessage(w, m).ok());
+    }
+    for (int rank = 0; rank < stages; ++rank) {
+      v1::WorkerMessage m;
+      v1::StepReport* s = m.mutable_step();
+      s->set_job_id(job->id());
+      s->set_step(1);
+      s->set_seconds(0.5);
+      s->set_has_loss(rank == stages - 1);
+      s->set_loss(1.0);
+      s->set_start_unix_us(1000);
+      EXPECT_TRUE(
+          manager_.HandleWorkerMessage(placed->worker_ids(rank), m).ok());
+    }
+    EXPECT_EQ(manager_.GetJob(job->id())->steps_done(), 1);
+    return job->id();
+  }
+
+  // Cancels the job, and its workers report its end (so they are idle).
+  void EndJob(const std::string& id) {
+    absl::StatusOr<v1::Job> job = manager_.GetJob(id);
+    ASSERT_TRUE(job.ok()) << job.status();
+    ASSERT_TRUE(manager_.CancelJob(id, "done").ok());
+    for (const std::string& w : job->worker_ids()) {
+      v1::WorkerMessage m;
+      m.mutable_ended()->set_job_id(id);
+      m.mutable_ended()->set_state(v1::CANCELLED);
+      EXPECT_TRUE(manager_.HandleWorkerMessage(w, m).ok());
+    }
+  }
+};
+
+TEST_F(CardinalityTest, SeriesGrowByJobAndWorkerNeverByStage) {
+  constexpr int kWorkers = 12;
+  for (int i = 0; i < kWorkers; ++i) AddWorker(absl::StrCat("w", i));
+  const int base = CountAllSeries(Scrape(metrics_));
+  // Every worker's series: its heartbeat age, and nothing else.
+  EXPECT_EQ(CountSeries(Scrape(metrics_), "worker_id=\""),
+            kWorkers * CoordinatorMetrics::kSeriesPerWorker);
+
+  // Jobs of 1, 3 and 8 stages: the same number of series each.
+  const std::string one = RunJob(1);
+  const std::string three = RunJob(3);
+  const std::string eight = RunJob(8);
+  std::string text = Scrape(metrics_);
+  const int per_job = CountSeries(text, absl::StrCat("job_id=\"", one, "\""));
+  EXPECT_GT(per_job, 0);
+  EXPECT_LE(per_job, CoordinatorMetrics::kSeriesPerJob);
+  EXPECT_EQ(CountSeries(text, absl::StrCat("job_id=\"", three, "\"")), per_job);
+  EXPECT_EQ(CountSeries(text, absl::StrCat("job_id=\"", eight, "\"")), per_job);
+  // The whole scrape: the base, three jobs' series and the message kinds
+  // the steps added nothing (no timer in this test), so exactly this.
+  EXPECT_EQ(CountAllSeries(text), base + 3 * per_job);
+  EXPECT_EQ(CountSeries(text, "worker_id=\""),
+            kWorkers * CoordinatorMetrics::kSeriesPerWorker);
+
+  // Ended jobs keep one row in each of the two recent-job families.
+  for (const std::string& id : {one, three, eight}) EndJob(id);
+  text = Scrape(metrics_);
+  for (const std::string& id : {one, three, eight}) {
+    EXPECT_EQ(CountSeries(text, absl::StrCat("job_id=\"", id, "\"")), 2) << id;
+  }
+  EXPECT_EQ(CountAllSeries(text), base + 3 * 2);
+}
+
+TEST_F(CardinalityTest, EndedJobsLeaveABoundedHistory) {
+  for (int i = 0; i < 2; ++i) AddWorker(absl::StrCat("w", i));
+  const int base = CountAllSeries(Scrape(metrics_));
+  std::vector<std::string> ids;
+  for (int j = 0; j < CoordinatorMetrics::kRecentEndedJobs + 5; ++j) {
+    ids.push_back(RunJob(2));
+    EndJob(ids.back());
+  }
+  const std::string text = Scrape(metrics_);
+  EXPECT_EQ(CountSeries(text, "job_id=\""),
+            2 * CoordinatorMetrics::kRecentEndedJobs);
+  EXPECT_EQ(CountAllSeries(text),
+            base + 2 * CoordinatorMetrics::kRecentEndedJobs);
+  // The oldest are gone, the newest kept.
+  EXPECT_EQ(CountSeries(text, absl::StrCat("job_id=\"", ids.front(), "\"")), 0);
+  EXPECT_EQ(CountSeries(text, absl::StrCat("job_id=\"", ids.back(), "\"")), 2);
+}
+
+// The handling histogram has one series per message kind seen, whatever the
+// number of workers that sent them.
+TEST_F(CoordinatorMetricsTest, HandlingHistogramIsPerKindOnly) {
+  for (int i = 0; i < 100; ++i) {
+    metrics_->ObserveWorkerMessage(v1::WorkerMessage::kHeartbeat, 0.0002);
+  }
+  metrics_->ObserveWorkerMessage(v1::WorkerMessage::kStep, 0.02);
+  const std::string text = Scrape(metrics_);
+  EXPECT_THAT(text, HasSubstr("conveyor_worker_message_handling_seconds_count{"
+                              "kind=\"heartbeat\"} 100\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_worker_message_handling_seconds_bucket{"
+                              "kind=\"heartbeat\",le=\"0.00025\"} 100\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_worker_message_handling_seconds_bucket{"
+                              "kind=\"step\",le=\"0.01\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("conveyor_worker_message_handling_seconds_bucket{"
+                              "kind=\"step\",le=\"0.025\"} 1\n"));
+  EXPECT_EQ(CountSeries(text, "conveyor_worker_message_handling_seconds"),
+            2 * (16 + 3));
+}
+
 }  // namespace
 }  // namespace conveyor::coordinator

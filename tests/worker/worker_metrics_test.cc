@@ -1,7 +1,11 @@
 #include "worker/worker_metrics.h"
 
 #include <string>
+#include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
@@ -118,6 +122,51 @@ TEST(WorkerMetricsTest, StateJobsAndCheckpoints) {
   EXPECT_THAT(
       text, Not(HasSubstr("conveyor_checkpoint_last_success_timestamp_seconds{"
                           "worker=\"w0\"} 0\n")));
+}
+
+int CountSeries(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (!line.empty() && line[0] != '#' && absl::StrContains(line, needle)) {
+      ++n;
+    }
+  }
+  return n;
+}
+
+// A 64-rank job: rank 5 talks activations with ranks 4 and 6 and the
+// gradient norm with all 63 others; its series stay within the budget, and
+// the all-reduce's traffic is summed under one peer.
+TEST(WorkerMetricsTest, SeriesOfAJobDoNotGrowWithItsRanks) {
+  WorkerMetrics metrics("w5");
+  const int base = CountSeries(Scrape(metrics), "");
+  std::unique_ptr<JobMetrics> job = metrics.StartJob("job-1", {5}, {4, 6});
+  std::vector<std::string> names;
+  for (int r = 0; r < 64; ++r) names.push_back(absl::StrCat("w", r));
+  job->SetPeerNames(names);
+  for (int r = 0; r < 64; ++r) {
+    if (r == 5) continue;
+    job->OnSent(r, 8, std::chrono::microseconds(10));
+    job->OnReceived(r, 8);
+  }
+  const std::string text = Scrape(metrics);
+  const int series = CountSeries(text, "job_id=\"job-1\"");
+  EXPECT_EQ(series,
+            WorkerMetrics::kSeriesPerStage + WorkerMetrics::kSeriesPerJob);
+  EXPECT_EQ(CountSeries(text, ""), base + series);
+  EXPECT_THAT(text,
+              HasSubstr("conveyor_dataplane_sent_bytes_total{job_id=\"job-1\","
+                        "peer=\"w4\",worker=\"w5\"} 8\n"));
+  EXPECT_THAT(text,
+              HasSubstr("conveyor_dataplane_sent_bytes_total{job_id=\"job-1\","
+                        "peer=\"w6\",worker=\"w5\"} 8\n"));
+  // 61 ranks x 8 bytes.
+  EXPECT_THAT(
+      text,
+      HasSubstr("conveyor_dataplane_received_bytes_total{job_id=\"job-1\","
+                "peer=\"other-ranks\",worker=\"w5\"} 488\n"));
+  job.reset();
+  EXPECT_EQ(CountSeries(Scrape(metrics), ""), base);
 }
 
 }  // namespace
