@@ -229,19 +229,10 @@ Built BuildLlamaBlockShard(Backend* b, const LayerSpec& l,
 // Each rank takes whole query heads, whole key/value heads (so GQA groups
 // stay on one rank) and whole hidden units.
 absl::Status CheckLlamaBlockShard(const LayerSpec& l, int64_t ranks) {
-  for (const auto& [name, count] :
-       {std::pair<const char*, int64_t>{"heads", l.heads},
-        {"kv_heads", l.kv_heads},
-        {"mlp_features", l.mlp_features}}) {
-    if (count % ranks != 0) {
-      return LayerError(
-          l, absl::StrCat(name, " (", count, ") does not split over ", ranks,
-                          " tensor-parallel ranks; pipeline."
-                          "tensor_parallel must divide heads, "
-                          "kv_heads and mlp_features"));
-    }
-  }
-  return absl::OkStatus();
+  return CountsSplit(l, ranks,
+                     {{"heads", l.heads},
+                      {"kv_heads", l.kv_heads},
+                      {"mlp_features", l.mlp_features}});
 }
 
 }  // namespace

@@ -154,17 +154,8 @@ Built BuildTransformerBlockShard(Backend* b, const LayerSpec& l,
 }
 
 absl::Status CheckTransformerBlockShard(const LayerSpec& l, int64_t ranks) {
-  for (const auto& [name, count] :
-       {std::pair<const char*, int64_t>{"heads", l.heads},
-        {"mlp_features", l.mlp_features}}) {
-    if (count % ranks != 0) {
-      return LayerError(
-          l, absl::StrCat(name, " (", count, ") does not split over ", ranks,
-                          " tensor-parallel ranks; pipeline.tensor_parallel "
-                          "must divide heads and mlp_features"));
-    }
-  }
-  return absl::OkStatus();
+  return CountsSplit(l, ranks,
+                     {{"heads", l.heads}, {"mlp_features", l.mlp_features}});
 }
 
 // in_proj stacks q, k and v: each rank takes its heads' rows of all three.

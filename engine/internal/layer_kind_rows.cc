@@ -62,6 +62,26 @@ void AddAttentionParams(absl::string_view prefix, int64_t d, int64_t q,
   }
 }
 
+absl::Status CountsSplit(
+    const LayerSpec& layer, int64_t ranks,
+    std::initializer_list<std::pair<const char*, int64_t>> counts) {
+  std::string keys;
+  for (const auto& [name, count] : counts) {
+    absl::StrAppend(&keys, keys.empty() ? "" : ", ", name);
+  }
+  for (const auto& [name, count] : counts) {
+    if (count % ranks != 0) {
+      return LayerError(
+          layer,
+          absl::StrCat(name, " (", count, ") does not split over ", ranks,
+                       " tensor-parallel ranks; "
+                       "pipeline.tensor_parallel must divide ",
+                       keys));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status NeedsSequence(const LayerSpec& layer) {
   const std::vector<int64_t>& in = layer.input_shape;
   if (in.size() == 2) return absl::OkStatus();

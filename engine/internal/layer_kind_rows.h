@@ -11,8 +11,10 @@
 #define CONVEYOR_ENGINE_INTERNAL_LAYER_KIND_ROWS_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -56,6 +58,11 @@ void AddAttentionParams(absl::string_view prefix, int64_t d, int64_t q,
 
 // OK for a 2-D input [seq, features]; LayerError otherwise.
 absl::Status NeedsSequence(const LayerSpec& layer);
+// A block's check_shard: InvalidArgument at `layer` for the first of
+// `counts` (its YAML key, its value) that `ranks` does not divide.
+absl::Status CountsSplit(
+    const LayerSpec& layer, int64_t ranks,
+    std::initializer_list<std::pair<const char*, int64_t>> counts);
 
 // A row's parse for a kind without options, and its infer for a kind whose
 // output is its input's shape, with no parameters.
