@@ -1,7 +1,8 @@
 // What the fleet simulator (bench/fleet_simulator.cc) observes of the real
 // coordinator from outside: the daemon as a child process, its CPU time,
 // memory and I/O from /proc, its /metrics over HTTP (with the quantiles of
-// a histogram between two scrapes), and its state file's rewrites.
+// a histogram between two scrapes), and its state file's journal appends
+// and compactions.
 //
 // Thread-compatible, except StateFileWatcher, which polls on its own thread.
 #ifndef CONVEYOR_BENCH_FLEET_PROBE_H_
@@ -77,36 +78,60 @@ double QuantileBetween(const Buckets& before, const Buckets& after, double q);
 double FractionAtOrBelow(const Buckets& before, const Buckets& after,
                          double bound);
 
-// Polls a state file (every 10 ms) for its rewrites: a new inode is a whole
-// rewrite (write, fsync, rename); growth of the same inode is an append.
+// Polls the coordinator's state file (every 10 ms) as it is written since
+// the journal (coordinator/state_file.h): a snapshot at `path` and a
+// journal at "<path>.journal". A journal record is an append (counted
+// exactly: the watcher keeps the journal open and reads each new record's
+// frame, and reads a replaced journal to its end before it moves on, so
+// that no record is missed however many come between two polls); a new
+// snapshot inode is a compaction (or a Save), which also replaces the
+// journal with an empty one.
 class StateFileWatcher {
  public:
   explicit StateFileWatcher(std::string path);
   ~StateFileWatcher();
   struct Seen {
-    int64_t rewrites = 0;
-    int64_t rewritten_bytes = 0;  // Sizes of the new inodes.
-    int64_t appended_bytes = 0;
-    int64_t size = 0;  // Now.
+    int64_t appends = 0;          // Journal records.
+    int64_t appended_bytes = 0;   // Their frames (header and payload).
+    int64_t compactions = 0;      // New snapshot inodes.
+    int64_t compacted_bytes = 0;  // Sizes of the new snapshots.
+    int64_t snapshot_size = 0;    // Now.
+    int64_t journal_size = 0;     // Now.
   };
   Seen seen() const;
 
  private:
   void Run();
+  // Reads the journal open as journal_fd_ from journal_offset_ to its end
+  // and counts the whole records in it.
+  void DrainJournal();
   const std::string path_;
+  const std::string journal_path_;
   std::atomic<bool> stop_{false};
-  std::atomic<int64_t> rewrites_{0};
-  std::atomic<int64_t> rewritten_bytes_{0};
+  std::atomic<int64_t> appends_{0};
   std::atomic<int64_t> appended_bytes_{0};
-  std::atomic<int64_t> size_{0};
+  std::atomic<int64_t> compactions_{0};
+  std::atomic<int64_t> compacted_bytes_{0};
+  std::atomic<int64_t> snapshot_size_{0};
+  std::atomic<int64_t> journal_size_{0};
+  // The watcher thread's own.
+  int journal_fd_ = -1;
+  int64_t journal_offset_ = 0;  // Read up to here.
+  std::string pending_;         // A record read in part.
   std::thread thread_;
 };
 
-// Seconds one write of `bytes` takes the way the state file is written
+// Seconds one write of `bytes` takes the way a snapshot is written
 // (a temporary file, fsync, rename, fsync of the directory), in `dir`; the
 // median of `repeats`.
 absl::StatusOr<double> TimeDurableWrite(const std::string& dir, int64_t bytes,
                                         int repeats);
+
+// Seconds one append of `bytes` takes the way a journal record is written
+// (pwrite at the end of an open file, fdatasync), in `dir`; the median of
+// `repeats` appends to one growing file.
+absl::StatusOr<double> TimeDurableAppend(const std::string& dir, int64_t bytes,
+                                         int repeats);
 
 }  // namespace conveyor::bench
 
