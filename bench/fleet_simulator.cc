@@ -576,6 +576,13 @@ int Run(const Flags& f) {
       f.workers, f.jobs, f.big_stages, f.step_ms,
       static_cast<long long>(f.checkpoint_every));
   report.Print();
+  std::printf(
+      "state persistence: journal appends/s x one fdatasync'd append of "
+      "their mean size, plus compactions/s x one snapshot and journal "
+      "header written by temporary file, fsync and rename, both timed "
+      "after the window in the state file's directory: the writes' time "
+      "(one writer at a time), not the CPU of encoding the records "
+      "(docs/operations.md \"Fleet scale\")\n");
   if (!f.json.empty()) report.WriteJson(f.json, f);
   return 0;
 }
