@@ -101,7 +101,7 @@ struct JobManagerOptions {
   // queued job gains per minute waited (--aging-per-minute; 0: none).
   double aging_per_minute = JobQueue::kDefaultAgingPerMinute;
   // Workers each owner's placed jobs may hold at once (--owner-quota).
-  OwnerQuotas owner_quotas;
+  OwnerQuotas owner_quotas = {};
   // Whether a job that cannot be placed drains running jobs of strictly
   // lower priority for their workers (--no-preemption turns it off).
   bool preemption = true;
