@@ -92,7 +92,7 @@ struct JobManagerOptions {
   int64_t TEST_fault_commit_step = 0;
   std::chrono::milliseconds TEST_fault_commit_delay{0};
   // Version a worker must report (besides proto::kProtocolVersion).
-  std::string version;
+  std::string version = {};
   std::function<std::chrono::steady_clock::time_point()> clock =
       std::chrono::steady_clock::now;
 
