@@ -165,20 +165,13 @@ void BM_StepReportJournal(benchmark::State& state) {
   std::filesystem::remove_all(std::filesystem::path(path).parent_path());
 }
 
-BENCHMARK(BM_StepReportFullRewrite)
-    ->Arg(16)
-    ->Arg(64)
-    ->Arg(128)
-    ->Arg(512)
-    ->Unit(benchmark::kMicrosecond)
-    ->UseRealTime();
-BENCHMARK(BM_StepReportJournal)
-    ->Arg(16)
-    ->Arg(64)
-    ->Arg(128)
-    ->Arg(512)
-    ->Unit(benchmark::kMicrosecond)
-    ->UseRealTime();
+// Both ways at the job counts, 16 to 512.
+void JobCounts(benchmark::internal::Benchmark* b) {
+  for (int jobs : {16, 64, 128, 512}) b->Arg(jobs);
+  b->Unit(benchmark::kMicrosecond)->UseRealTime();
+}
+BENCHMARK(BM_StepReportFullRewrite)->Apply(JobCounts);
+BENCHMARK(BM_StepReportJournal)->Apply(JobCounts);
 
 }  // namespace
 }  // namespace conveyor::coordinator

@@ -287,8 +287,7 @@ void TensorParallelStage::ResetPeakActivationBytes() {
 
 absl::Status TensorParallelStage::BeforeOptimizerStep() {
   const std::vector<Parameter*> whole = master_->parameters();
-  std::vector<std::vector<Parameter*>> by_rank;
-  for (auto& rank : ranks_) by_rank.push_back(rank->parameters());
+  const std::vector<std::vector<Parameter*>> by_rank = RankParameters();
   std::vector<float> sum, part, shard_sum;
   for (size_t i = 0; i < whole.size(); ++i) {
     const Split& split = splits_[i];
@@ -328,8 +327,7 @@ absl::Status TensorParallelStage::AfterOptimizerStep() {
 
 absl::Status TensorParallelStage::SliceParametersToRanks() {
   const std::vector<Parameter*> whole = master_->parameters();
-  std::vector<std::vector<Parameter*>> by_rank;
-  for (auto& rank : ranks_) by_rank.push_back(rank->parameters());
+  const std::vector<std::vector<Parameter*>> by_rank = RankParameters();
   std::vector<float> host, shard;
   for (size_t i = 0; i < whole.size(); ++i) {
     RETURN_IF_ERROR(ToHost(whole[i]->value, host));
@@ -349,6 +347,12 @@ absl::Status TensorParallelStage::SliceParametersToRanks() {
     }
   }
   return absl::OkStatus();
+}
+
+std::vector<std::vector<Parameter*>> TensorParallelStage::RankParameters() {
+  std::vector<std::vector<Parameter*>> by_rank;
+  for (auto& rank : ranks_) by_rank.push_back(rank->parameters());
+  return by_rank;
 }
 
 void TensorParallelStage::ZeroRankGradients() {

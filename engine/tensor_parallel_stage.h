@@ -115,6 +115,8 @@ class TensorParallelStage final : public PipelineStage {
   // collectives, and the groups are ready again afterwards.
   absl::Status RunRanks(absl::FunctionRef<absl::Status(int)> fn);
   absl::Status SliceParametersToRanks();
+  // [device][parameter], each rank's in master_->parameters() order.
+  std::vector<std::vector<Parameter*>> RankParameters();
   void ZeroRankGradients();
 
   MeshCollective* collective_;

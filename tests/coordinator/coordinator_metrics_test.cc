@@ -13,10 +13,12 @@
 #include "prometheus/text_serializer.h"
 #include "proto/protocol.h"
 #include "tests/coordinator/test_util.h"
+#include "tests/testing/metric_series.h"
 
 namespace conveyor::coordinator {
 namespace {
 
+using ::conveyor::testing_util::CountSeries;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -247,18 +249,6 @@ TEST_F(CoordinatorMetricsTest, CountsGrpcCallsByMethodAndCode) {
                               "\"OK\",method=\"ListJobs\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("conveyor_grpc_server_requests_total{code="
                               "\"NOT_FOUND\",method=\"GetTrace\"} 1\n"));
-}
-
-// The series a scrape holds whose labels contain `needle` (comment lines
-// aside).
-int CountSeries(const std::string& text, const std::string& needle) {
-  int n = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (!line.empty() && line[0] != '#' && absl::StrContains(line, needle)) {
-      ++n;
-    }
-  }
-  return n;
 }
 
 int CountAllSeries(const std::string& text) { return CountSeries(text, ""); }

@@ -40,6 +40,7 @@ using ::testing::HasSubstr;
 using testing_util::AllClose;
 using testing_util::Ids;
 using testing_util::RandomTensor;
+using testing_util::ToVector;
 
 // Grouped-query attention (4 query heads sharing 2 key/value heads) splits
 // over 2 ranks; T = 4 needs as many key/value heads.
@@ -104,18 +105,12 @@ ModelSpec Parse(const char* yaml) {
   return *spec;
 }
 
-std::vector<float> Read(const Tensor& t) {
-  std::vector<float> v(t.numel());
-  EXPECT_TRUE(t.backend()->CopyToHost(t, v.data(), v.size() * 4).ok());
-  return v;
-}
-
 ::testing::AssertionResult Close(const Tensor& got, const Tensor& want) {
   if (got.shape() != want.shape()) {
     return ::testing::AssertionFailure()
            << ShapeString(got.shape()) << " vs " << ShapeString(want.shape());
   }
-  const std::vector<float> a = Read(got), b = Read(want);
+  const std::vector<float> a = ToVector(got), b = ToVector(want);
   float scale = 0;
   for (float x : b) scale = std::max(scale, std::abs(x));
   return AllClose(a, b, kTolerance, kTolerance * scale + 1e-12);
@@ -175,7 +170,8 @@ TEST_P(TensorParallelStageTest, EqualsOneStageOnTheWholeMicrobatch) {
   const std::vector<Parameter*> params = tp->parameters();
   ASSERT_EQ(params.size(), want.size());
   for (size_t i = 0; i < params.size(); ++i) {
-    EXPECT_EQ(Read(params[i]->value), Read(want[i]->value)) << want[i]->name;
+    EXPECT_EQ(ToVector(params[i]->value), ToVector(want[i]->value))
+        << want[i]->name;
   }
   for (int d = 0; d < c.devices; ++d) {
     const int r = d % c.tensor_parallel;
@@ -185,7 +181,8 @@ TEST_P(TensorParallelStageTest, EqualsOneStageOnTheWholeMicrobatch) {
         if (w->name == p->name) whole = w;
       }
       ASSERT_NE(whole, nullptr) << p->name;
-      const std::vector<float> got = Read(p->value), all = Read(whole->value);
+      const std::vector<float> got = ToVector(p->value),
+                               all = ToVector(whole->value);
       if (p->name.ends_with("q_proj.weight")) {
         // Rows [r, r + 1) / T of the whole: this rank's query heads.
         const size_t n = got.size();
@@ -256,7 +253,7 @@ TEST_P(TensorParallelStageTest, EqualsOneStageOnTheWholeMicrobatch) {
   }
   for (int d = 0; d < c.devices; ++d) {
     for (Parameter* p : tp->rank(d)->parameters()) {
-      const std::vector<float> g = Read(p->grad);
+      const std::vector<float> g = ToVector(p->grad);
       ASSERT_EQ(g, std::vector<float>(g.size(), 0.0f))
           << "device " << d << " keeps its gradient of " << p->name;
     }
@@ -267,7 +264,7 @@ TEST_P(TensorParallelStageTest, EqualsOneStageOnTheWholeMicrobatch) {
   // a step of about lr), so the updates must agree bitwise, and the ranks
   // must then compute on the updated slices.
   for (size_t i = 0; i < params.size(); ++i) {
-    const std::vector<float> g = Read(params[i]->grad);
+    const std::vector<float> g = ToVector(params[i]->grad);
     ASSERT_TRUE(
         backend->CopyFromHost(g.data(), g.size() * sizeof(float), want[i]->grad)
             .ok());
@@ -281,7 +278,7 @@ TEST_P(TensorParallelStageTest, EqualsOneStageOnTheWholeMicrobatch) {
   ASSERT_TRUE(opt_single->Step().ok());
   ASSERT_TRUE(tp->AfterOptimizerStep().ok());
   for (size_t i = 0; i < params.size(); ++i) {
-    EXPECT_EQ(Read(params[i]->value), Read(want[i]->value))
+    EXPECT_EQ(ToVector(params[i]->value), ToVector(want[i]->value))
         << "updated " << params[i]->name;
   }
   const Tensor x = Input(c, 0);

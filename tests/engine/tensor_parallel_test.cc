@@ -18,12 +18,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing_util::FromVector;
-
-std::vector<float> Read(const Tensor& t) {
-  std::vector<float> v(t.numel());
-  EXPECT_TRUE(t.backend()->CopyToHost(t, v.data(), v.size() * 4).ok());
-  return v;
-}
+using testing_util::ToVector;
 
 // Rank r's tensor: rows of (10 r + row, 100 r + row); exact in f32.
 Tensor RankInput(int rank, int rows) {
@@ -51,7 +46,7 @@ TEST(TensorParallelGroupTest, AllReduceGivesEveryRankTheSum) {
                   .ok());
   // Rows: sum over r of 10 r + i = 30 + 3 i and 100 r + i = 300 + 3 i.
   for (int r = 0; r < kRanks; ++r) {
-    EXPECT_EQ(Read(out[r]), (std::vector<float>{30, 300, 33, 303})) << r;
+    EXPECT_EQ(ToVector(out[r]), (std::vector<float>{30, 300, 33, 303})) << r;
   }
 }
 
@@ -75,11 +70,11 @@ TEST(TensorParallelGroupTest, ReduceScatterAndAllGatherAreInverseBlocks) {
                   .ok());
   // The sum of the two ranks' rows is (10 + 2 i, 100 + 2 i); rank 0 holds
   // rows 0-1 of it, rank 1 rows 2-3, and the gather puts them back in order.
-  EXPECT_EQ(Read(scattered[0]), (std::vector<float>{10, 100, 12, 102}));
-  EXPECT_EQ(Read(scattered[1]), (std::vector<float>{14, 104, 16, 106}));
+  EXPECT_EQ(ToVector(scattered[0]), (std::vector<float>{10, 100, 12, 102}));
+  EXPECT_EQ(ToVector(scattered[1]), (std::vector<float>{14, 104, 16, 106}));
   const std::vector<float> whole = {10, 100, 12, 102, 14, 104, 16, 106};
-  EXPECT_EQ(Read(gathered[0]), whole);
-  EXPECT_EQ(Read(gathered[1]), whole);
+  EXPECT_EQ(ToVector(gathered[0]), whole);
+  EXPECT_EQ(ToVector(gathered[1]), whole);
 }
 
 TEST(TensorParallelGroupTest, ARankThatFailsReleasesTheOthers) {
@@ -107,7 +102,7 @@ TEST(TensorParallelGroupTest, ARankThatFailsReleasesTheOthers) {
                       [&](int r) -> absl::Status {
                         Tensor y = RankInput(r, 1);
                         RETURN_IF_ERROR(group->AllReduceSum(r, y, y));
-                        EXPECT_EQ(Read(y), (std::vector<float>{30, 300}));
+                        EXPECT_EQ(ToVector(y), (std::vector<float>{30, 300}));
                         return absl::OkStatus();
                       },
                       [&](const absl::Status& s) { group->Abort(s); })

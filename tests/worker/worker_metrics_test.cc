@@ -3,16 +3,16 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
+#include "tests/testing/metric_series.h"
 
 namespace conveyor::worker {
 namespace {
 
+using ::conveyor::testing_util::CountSeries;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -122,16 +122,6 @@ TEST(WorkerMetricsTest, StateJobsAndCheckpoints) {
   EXPECT_THAT(
       text, Not(HasSubstr("conveyor_checkpoint_last_success_timestamp_seconds{"
                           "worker=\"w0\"} 0\n")));
-}
-
-int CountSeries(const std::string& text, const std::string& needle) {
-  int n = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (!line.empty() && line[0] != '#' && absl::StrContains(line, needle)) {
-      ++n;
-    }
-  }
-  return n;
 }
 
 // A 64-rank job: rank 5 talks activations with ranks 4 and 6 and the

@@ -9,18 +9,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "tokenizer/internal/byte_level.h"
+#include "tokenizer/internal/tokenizer_json.h"
 #include "tokenizer/internal/utf8.h"
 
 namespace conveyor::tokenizer::tokenizer_internal {
 namespace {
-
-std::string Quoted(absl::string_view text) {
-  constexpr size_t kMaxShown = 80;
-  std::string shown =
-      absl::StrCat("\"", absl::CHexEscape(text.substr(0, kMaxShown)), "\"");
-  if (text.size() > kMaxShown) shown += "...";
-  return shown;
-}
 
 absl::Status Invalid(absl::string_view path, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));

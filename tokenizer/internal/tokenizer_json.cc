@@ -22,14 +22,6 @@ absl::Status Unsupported(absl::string_view path, absl::string_view what) {
   return absl::UnimplementedError(absl::StrCat(path, ": ", what));
 }
 
-std::string Quoted(absl::string_view text) {
-  constexpr size_t kMaxShown = 80;
-  std::string shown =
-      absl::StrCat("\"", absl::CHexEscape(text.substr(0, kMaxShown)), "\"");
-  if (text.size() > kMaxShown) shown += "...";
-  return shown;
-}
-
 // object[key] when present and not null, else nullptr.
 const Json* Find(const Json& object, const char* key) {
   const auto it = object.find(key);
@@ -395,6 +387,14 @@ absl::StatusOr<TokenizerJson> ParseTokenizerJson(absl::string_view text) {
   RETURN_IF_ERROR(ParseDecoder(root));
   RETURN_IF_ERROR(ParseAddedTokens(root, &out));
   return out;
+}
+
+std::string Quoted(absl::string_view text) {
+  constexpr size_t kMaxShown = 80;
+  std::string shown =
+      absl::StrCat("\"", absl::CHexEscape(text.substr(0, kMaxShown)), "\"");
+  if (text.size() > kMaxShown) shown += "...";
+  return shown;
 }
 
 }  // namespace conveyor::tokenizer::tokenizer_internal

@@ -48,6 +48,10 @@ struct TokenizerJson {
 // pre-tokenizer without a ByteLevel step ("not a byte-level BPE").
 absl::StatusOr<TokenizerJson> ParseTokenizerJson(absl::string_view text);
 
+// A token as an error message shows it: in quotes, C-escaped, its first 80
+// bytes and "..." after a longer one.
+std::string Quoted(absl::string_view text);
+
 }  // namespace conveyor::tokenizer::tokenizer_internal
 
 #endif  // CONVEYOR_TOKENIZER_INTERNAL_TOKENIZER_JSON_H_
