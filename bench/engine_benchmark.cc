@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"     // defines: StrCat
 #include "benchmark/benchmark.h"     // defines: BENCHMARK, benchmark::State
 #include "engine/cpu/cpu_backend.h"  // defines: CpuBackend
 #include "engine/init.h"             // defines: InitializeParameter
@@ -226,6 +227,24 @@ model:
   loss: cross_entropy
 )";
 
+// The byte-level GPT at the sequence lengths where attention dominates
+// (issue 37): four pre-norm causal blocks (d = 128, 4 heads, MLP 512), a
+// final layernorm and the 256-way head; batch 16 in 4 microbatches.
+// scripts/bench runs these rows on one pinned core against PyTorch's one
+// thread on the same core (bench/torch_reference.py's GptLong).
+std::string LongGpt(int64_t seq) {
+  std::string block =
+      "    - transformer_block: {heads: 4, mlp_features: 512, causal: true, "
+      "norm: pre}\n";
+  return absl::StrCat("model:\n  input_shape: [", seq,
+                      "]\n  init: {seed: 0}\n  layers:\n"
+                      "    - embedding: {vocab_size: 256, features: 128, "
+                      "max_positions: ",
+                      seq, "}\n", block, block, block, block,
+                      "    - layernorm\n    - lm_head: {vocab_size: 256}\n"
+                      "  loss: cross_entropy\n");
+}
+
 // Token ids in [0, vocab) as the tokens data source makes them (I64).
 Tensor RandomTokens(const Shape& shape, int64_t vocab, uint64_t seed) {
   Tensor t = *CpuBackend::Get()->Empty(shape, DType::kI64);
@@ -308,6 +327,9 @@ void BM_StepLlamaBlock(benchmark::State& state) {
   TrainStep(state, kLlamaBlock, 8, 4);
 }
 void BM_StepGpt(benchmark::State& state) { TrainStep(state, kGpt, 16, 4); }
+void BM_StepGptLong(benchmark::State& state) {
+  TrainStep(state, LongGpt(state.range(0)).c_str(), 16, 4);
+}
 BENCHMARK(BM_StepMlp)
     ->Name("step/mlp")
     ->UseRealTime()
@@ -322,6 +344,13 @@ BENCHMARK(BM_StepLlamaBlock)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_StepGpt)
     ->Name("step/gpt")
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+BENCHMARK(BM_StepGptLong)
+    ->Name("onecore/gpt")
+    ->Arg(128)
+    ->Arg(256)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -3,7 +3,8 @@
 the CPU, for the Conveyor/PyTorch comparison in scripts/bench. Same shapes,
 batch, microbatches (loss / M, gradients accumulated), AdamW, fixed data.
 Prints JSON: per row, the median milliseconds per step of PyTorch's FASTEST
-configuration for the cores given, and that configuration's name.
+configuration for the cores given, and that configuration's name. With
+--onecore, the onecore/gpt rows on one thread (the caller pins the core).
 
 The configurations (each in its own process, since OpenMP and OpenBLAS read
 their settings only when they load):
@@ -247,12 +248,32 @@ def time_llama_block_configs(seconds):
     return times
 
 
+def time_onecore_rows(seconds):
+    """{row: ms} for bench/engine_benchmark.cc's onecore/gpt/SEQ rows: the
+    byte-level GPT with four pre-norm causal blocks at sequence 128 and 256,
+    batch 16 in 4 microbatches, on this process's one thread (scripts/bench
+    pins it to the core Conveyor's row ran on)."""
+    rows = {}
+    for seq in (128, 256):
+        torch.manual_seed(0)
+        rows[f"onecore/gpt/{seq}"] = time_token_steps(
+            Gpt(seq=seq, layers=4), seq, 256, 16, 4, seconds)
+    return rows
+
+
 def main():
     threads = int(os.environ.get("CONVEYOR_BENCH_THREADS", os.cpu_count() or 1))
     seconds = float(os.environ.get("CONVEYOR_BENCH_SECONDS", "2"))
     torch.set_num_threads(threads)
     if sys.argv[1:] == ["--rows"]:
         json.dump(time_rows(seconds), sys.stdout)
+        return
+    if sys.argv[1:] == ["--onecore"]:
+        torch.set_num_threads(1)
+        result = time_onecore_rows(seconds)
+        result["torch_version"] = torch.__version__
+        json.dump(result, sys.stdout)
+        print()
         return
     result = {"torch_version": torch.__version__, "threads": threads}
     for name, env in configurations(threads):

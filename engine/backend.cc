@@ -291,6 +291,51 @@ void Backend::SoftmaxBackward(const Tensor& y, const Tensor& dy, float scale,
   DoSoftmaxBackward(y, dy, scale, dx);
 }
 
+namespace {
+
+// Attention's shapes, shared by the forward and the backward.
+void CheckAttention(const Tensor& q, const Tensor& k, const Tensor& v,
+                    const AttentionMask& mask, const Tensor& out,
+                    const Tensor& lse) {
+  CONVEYOR_CHECK(q.rank() == 4 && k.rank() == 4 && v.shape() == k.shape() &&
+                     out.shape() == q.shape(),
+                 "attention takes q, out [B, H, S, D] and k, v [B, G, S, D]");
+  CONVEYOR_CHECK(k.dim(0) == q.dim(0) && k.dim(2) == q.dim(2) &&
+                     k.dim(3) == q.dim(3) && k.dim(1) > 0 &&
+                     q.dim(1) % k.dim(1) == 0,
+                 "attention's key/value heads must divide its query heads");
+  CONVEYOR_CHECK(lse.dtype() == DType::kF32 &&
+                     lse.shape() == Shape({q.dim(0), q.dim(1), q.dim(2)}),
+                 "attention's lse must be f32 [B, H, S]");
+  if (mask.spans.defined()) {
+    CONVEYOR_CHECK(mask.spans.dtype() == DType::kI64 &&
+                       mask.spans.shape() == Shape({q.dim(0), q.dim(2), 2}),
+                   "attention spans must be i64 [B, S, 2]");
+  }
+}
+
+}  // namespace
+
+void Backend::Attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                        float scale, const AttentionMask& mask,
+                        const Tensor& out, const Tensor& lse) {
+  CheckAttention(q, k, v, mask, out, lse);
+  DoAttention(q, k, v, scale, mask, out, lse);
+}
+
+void Backend::AttentionBackward(const Tensor& q, const Tensor& k,
+                                const Tensor& v, const Tensor& out,
+                                const Tensor& lse, const Tensor& dout,
+                                float scale, const AttentionMask& mask,
+                                const Tensor& dq, const Tensor& dk,
+                                const Tensor& dv) {
+  CheckAttention(q, k, v, mask, out, lse);
+  CONVEYOR_CHECK(dout.shape() == q.shape() && dq.shape() == q.shape() &&
+                     dk.shape() == k.shape() && dv.shape() == k.shape(),
+                 "attention gradient shapes disagree");
+  DoAttentionBackward(q, k, v, out, lse, dout, scale, mask, dq, dk, dv);
+}
+
 void Backend::SplitHeads(const Tensor& qkv, int64_t heads, const Tensor& q,
                          const Tensor& k, const Tensor& v) {
   CONVEYOR_CHECK(q.rank() == 4 && q.dim(1) == heads &&

@@ -73,6 +73,15 @@ struct SgdParams {
   bool first_step = true;  // torch: the momentum buffer starts as the grad
 };
 
+// The mask fused attention applies, as Softmax and SoftmaxInSpans do.
+struct AttentionMask {
+  // Query q sees no key after q.
+  bool causal = false;
+  // I64 [samples, seq, 2] (engine/documents.h): query q of sample b sees only
+  // keys in [spans[b, q, 0], spans[b, q, 1]). Undefined: no document mask.
+  Tensor spans = {};
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -219,6 +228,26 @@ class Backend {
   // SoftmaxBackward needs no mask.
   void SoftmaxInSpans(const Tensor& x, float scale, bool causal,
                       const Tensor& spans, const Tensor& y);
+  // Fused scaled-dot-product attention, which never holds a [seq, seq]
+  // matrix (the materializing GEMM + Softmax + GEMM path stays the tests'
+  // reference): out = softmax(scale * q k^T, masked) v per head, with q and
+  // out [B, H, S, D] and k, v [B, G, S, D], G dividing H (query head h reads
+  // key/value head h / (H / G): grouped-query attention). lse F32 [B, H, S]
+  // is each row's log-sum-exp of its scaled, unmasked scores, from which the
+  // backward recomputes the probabilities. A row whose mask leaves no key
+  // gets zeros and lse -inf. Results per (sample, head) do not depend on B,
+  // H or the thread count, so replicas and tensor-parallel ranks stay equal
+  // to one whole stage.
+  void Attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                 float scale, const AttentionMask& mask, const Tensor& out,
+                 const Tensor& lse);
+  // The gradients of Attention: dq [B, H, S, D], dk and dv [B, G, S, D]
+  // (overwritten) from dout, with the forward's inputs, out and lse.
+  void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v,
+                         const Tensor& out, const Tensor& lse,
+                         const Tensor& dout, float scale,
+                         const AttentionMask& mask, const Tensor& dq,
+                         const Tensor& dk, const Tensor& dv);
   // qkv [B, S, 3, H, D] -> q, k, v each [B, H, S, D] (torch's in_proj order).
   void SplitHeads(const Tensor& qkv, int64_t heads, const Tensor& q,
                   const Tensor& k, const Tensor& v);
@@ -306,6 +335,15 @@ class Backend {
                                  const Tensor& dx) = 0;
   virtual void DoSoftmaxInSpans(const Tensor& x, float scale, bool causal,
                                 const Tensor& spans, const Tensor& y) = 0;
+  virtual void DoAttention(const Tensor& q, const Tensor& k, const Tensor& v,
+                           float scale, const AttentionMask& mask,
+                           const Tensor& out, const Tensor& lse) = 0;
+  virtual void DoAttentionBackward(const Tensor& q, const Tensor& k,
+                                   const Tensor& v, const Tensor& out,
+                                   const Tensor& lse, const Tensor& dout,
+                                   float scale, const AttentionMask& mask,
+                                   const Tensor& dq, const Tensor& dk,
+                                   const Tensor& dv) = 0;
   virtual void DoSplitHeads(const Tensor& qkv, int64_t heads, const Tensor& q,
                             const Tensor& k, const Tensor& v) = 0;
   virtual void DoSplitHeadsBackward(const Tensor& dq, const Tensor& dk,

@@ -127,18 +127,15 @@ absl::Status CheckDocumentsFit(const DeviceDocuments& documents, int64_t batch,
   return absl::OkStatus();
 }
 
-absl::Status AttentionSoftmax(Backend& backend, const Tensor& scores,
-                              float scale, bool causal, const Tensor& probs,
-                              absl::string_view layer) {
+absl::StatusOr<AttentionMask> CurrentAttentionMask(bool causal, int64_t batch,
+                                                   int64_t seq,
+                                                   absl::string_view layer) {
+  AttentionMask mask{.causal = causal};
   const DeviceDocuments* documents = CurrentDocuments();
-  if (documents == nullptr || !documents->spans.defined()) {
-    backend.Softmax(scores, scale, causal, probs);
-    return absl::OkStatus();
-  }
-  RETURN_IF_ERROR(
-      CheckDocumentsFit(*documents, scores.dim(0), scores.dim(-1), layer));
-  backend.SoftmaxInSpans(scores, scale, causal, documents->spans, probs);
-  return absl::OkStatus();
+  if (documents == nullptr || !documents->spans.defined()) return mask;
+  RETURN_IF_ERROR(CheckDocumentsFit(*documents, batch, seq, layer));
+  mask.spans = documents->spans;
+  return mask;
 }
 
 }  // namespace conveyor::engine

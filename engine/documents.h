@@ -87,13 +87,12 @@ class DocumentsScope {
 absl::Status CheckDocumentsFit(const DeviceDocuments& documents, int64_t batch,
                                int64_t seq, absl::string_view layer);
 
-// Attention's softmax of `scores` [batch, heads, seq, seq] into `probs` for
-// the current microbatch: within its documents when it has a document mask
-// (Backend::SoftmaxInSpans), else Backend::Softmax. CheckDocumentsFit's
-// error when the documents do not fit.
-absl::Status AttentionSoftmax(Backend& backend, const Tensor& scores,
-                              float scale, bool causal, const Tensor& probs,
-                              absl::string_view layer);
+// The mask of attention over [batch, seq] rows of the current microbatch:
+// `causal`, and its document spans when it has a document mask.
+// CheckDocumentsFit's error when the documents do not fit.
+absl::StatusOr<AttentionMask> CurrentAttentionMask(bool causal, int64_t batch,
+                                                   int64_t seq,
+                                                   absl::string_view layer);
 
 }  // namespace conveyor::engine
 

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/internal/vector_math.h"
 #include "engine/cpu/parallel.h"
+#include "engine/cpu/wide_kernels.h"
 
 namespace conveyor::engine {
 namespace {
@@ -207,55 +208,11 @@ void CpuBackend::DoReluBackward(const Tensor& x, const Tensor& dy,
               [=](int64_t i) { pdx[i] = px[i] > 0 ? pdy[i] : 0.0f; });
 }
 
-namespace {
-
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kInvSqrt2 = 0.7071067811865476f;
-constexpr float kInvSqrt2Pi = 0.3989422804014327f;
-constexpr float kGeluCubic = 0.044715f;
-
-}  // namespace
-
-namespace {
-
-using cpu_internal::Vf;
-
-// tanh(z) = 1 - 2 / (exp(2z) + 1): saturates to +-1 through Exp's clamp.
-Vf Tanh(Vf z) { return 1.0f - 2.0f / (cpu_internal::Exp(2.0f * z) + 1.0f); }
-
-// GELU and its derivative on one vector. The exact form's derivative reuses
-// the Gaussian that Erf computes, so it costs one Exp per element, as the
-// forward does.
-Vf GeluForward(Vf v, bool tanh) {
-  if (tanh) {
-    return 0.5f * v *
-           (1.0f + Tanh(kSqrt2OverPi * (v + kGeluCubic * v * v * v)));
-  }
-  Vf gauss;
-  return 0.5f * v * (1.0f + cpu_internal::Erf(v * kInvSqrt2, &gauss));
-}
-
-Vf GeluDerivative(Vf v, bool tanh) {
-  if (tanh) {
-    const Vf t = Tanh(kSqrt2OverPi * (v + kGeluCubic * v * v * v));
-    const Vf dt =
-        (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
-    return 0.5f * (1.0f + t) + 0.5f * v * dt;
-  }
-  // d/dv [v Phi(v)] = Phi(v) + v phi(v); Erf hands back exp(-v^2 / 2).
-  Vf gauss;
-  const Vf cdf = 0.5f * (1.0f + cpu_internal::Erf(v * kInvSqrt2, &gauss));
-  return cdf + v * (kInvSqrt2Pi * gauss);
-}
-
-}  // namespace
-
 void CpuBackend::DoGelu(const Tensor& x, bool tanh, const Tensor& y) {
   const float* px = F(x);
   float* py = F(y);
   cpu_internal::ForChunks(x.numel(), [=](int64_t begin, int64_t end) {
-    cpu_internal::MapUnary(px + begin, py + begin, end - begin,
-                           [=](Vf v) { return GeluForward(v, tanh); });
+    cpu_internal::GeluForward(px + begin, py + begin, end - begin, tanh);
   });
 }
 
@@ -264,9 +221,8 @@ void CpuBackend::DoGeluBackward(const Tensor& x, bool tanh, const Tensor& dy,
   const float *px = F(x), *pdy = F(dy);
   float* pdx = F(dx);
   cpu_internal::ForChunks(x.numel(), [=](int64_t begin, int64_t end) {
-    cpu_internal::MapBinary(
-        px + begin, pdy + begin, pdx + begin, end - begin,
-        [=](Vf v, Vf g) { return g * GeluDerivative(v, tanh); });
+    cpu_internal::GeluBackward(px + begin, pdy + begin, pdx + begin,
+                               end - begin, tanh);
   });
 }
 

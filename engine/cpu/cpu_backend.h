@@ -90,6 +90,15 @@ class CpuBackend final : public Backend {
                         const Tensor& spans, const Tensor& y) override;
   void DoSoftmaxBackward(const Tensor& y, const Tensor& dy, float scale,
                          const Tensor& dx) override;
+  // engine/cpu/cpu_attention.cc.
+  void DoAttention(const Tensor& q, const Tensor& k, const Tensor& v,
+                   float scale, const AttentionMask& mask, const Tensor& out,
+                   const Tensor& lse) override;
+  void DoAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v,
+                           const Tensor& out, const Tensor& lse,
+                           const Tensor& dout, float scale,
+                           const AttentionMask& mask, const Tensor& dq,
+                           const Tensor& dk, const Tensor& dv) override;
   void DoSplitHeads(const Tensor& qkv, int64_t heads, const Tensor& q,
                     const Tensor& k, const Tensor& v) override;
   void DoSplitHeadsBackward(const Tensor& dq, const Tensor& dk,

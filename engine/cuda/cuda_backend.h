@@ -174,6 +174,14 @@ class CudaBackend final : public Backend {
   void DoRope(const Tensor& x, const RopeFrequencies& freqs, bool inverse,
               const Tensor& y, const Tensor& positions,
               int64_t first_position) override;
+  void DoAttention(const Tensor& q, const Tensor& k, const Tensor& v,
+                   float scale, const AttentionMask& mask, const Tensor& out,
+                   const Tensor& lse) override;
+  void DoAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v,
+                           const Tensor& out, const Tensor& lse,
+                           const Tensor& dout, float scale,
+                           const AttentionMask& mask, const Tensor& dq,
+                           const Tensor& dk, const Tensor& dv) override;
   void DoSoftmax(const Tensor& x, float scale, bool causal,
                  const Tensor& y) override;
   void DoSoftmaxInSpans(const Tensor& x, float scale, bool causal,
@@ -220,6 +228,10 @@ class CudaBackend final : public Backend {
   template <typename T>
   T* Ptr(const Tensor& t) const;
   float* F(const Tensor& t) const { return Ptr<float>(t); }
+  bool bf16() const { return options_.precision == Precision::kBf16; }
+  // Whether the fused attention kernels take q's head_dim; records the
+  // error for the next Synchronize() when not.
+  bool AttentionFits(const Tensor& q, absl::string_view what);
   // Scratch of `bytes` bytes; on failure records the error for the next
   // Synchronize() (void methods) and returns a null block.
   Scratch ScratchOrDefer(size_t bytes, absl::string_view what);

@@ -217,6 +217,61 @@ void CudaBackend::DoSoftmaxBackward(const Tensor& y, const Tensor& dy,
   ci::SoftmaxBackward(F(y), F(dy), scale, rows, cols, F(dx), stream());
 }
 
+namespace {
+
+ci::AttentionArgs AttentionSizes(const Tensor& q, const Tensor& k, float scale,
+                                 const AttentionMask& mask, bool bf16) {
+  return {.batch = q.dim(0),
+          .heads = q.dim(1),
+          .groups = k.dim(1),
+          .seq = q.dim(2),
+          .dim = q.dim(3),
+          .scale = scale,
+          .causal = mask.causal,
+          .spans = mask.spans.defined() ? mask.spans.data<int64_t>() : nullptr,
+          .bf16 = bf16};
+}
+
+}  // namespace
+
+bool CudaBackend::AttentionFits(const Tensor& q, absl::string_view what) {
+  if (q.dim(3) <= ci::kMaxHeadDim) return true;
+  if (deferred_error_.ok()) {
+    deferred_error_ = absl::UnimplementedError(absl::StrCat(
+        name_, ": ", what, " skipped: head_dim ", q.dim(3),
+        " is above the fused attention kernel's ", ci::kMaxHeadDim));
+  }
+  return false;
+}
+
+void CudaBackend::DoAttention(const Tensor& q, const Tensor& k,
+                              const Tensor& v, float scale,
+                              const AttentionMask& mask, const Tensor& out,
+                              const Tensor& lse) {
+  if (!AttentionFits(q, "Attention")) return;
+  if (mask.spans.defined()) Ptr<int64_t>(mask.spans);  // Checks the backend.
+  Activate();
+  ci::AttentionForward(AttentionSizes(q, k, scale, mask, bf16()), F(q), F(k),
+                       F(v), F(out), F(lse), stream());
+}
+
+void CudaBackend::DoAttentionBackward(const Tensor& q, const Tensor& k,
+                                      const Tensor& v, const Tensor& out,
+                                      const Tensor& lse, const Tensor& dout,
+                                      float scale, const AttentionMask& mask,
+                                      const Tensor& dq, const Tensor& dk,
+                                      const Tensor& dv) {
+  if (!AttentionFits(q, "AttentionBackward")) return;
+  if (mask.spans.defined()) Ptr<int64_t>(mask.spans);
+  Activate();
+  Scratch delta =
+      ScratchOrDefer(lse.numel() * sizeof(float), "AttentionBackward");
+  if (!delta.ok()) return;
+  ci::AttentionBackward(AttentionSizes(q, k, scale, mask, bf16()), F(q), F(k),
+                        F(v), F(out), F(lse), F(dout), F(dq), F(dk), F(dv),
+                        delta.as<float>(), stream());
+}
+
 void CudaBackend::DoSplitHeads(const Tensor& qkv, int64_t heads,
                                const Tensor& q, const Tensor& k,
                                const Tensor& v) {

@@ -6,7 +6,6 @@
 #include "common/status_macros.h"
 #include "engine/documents.h"
 #include "engine/layers/dense.h"
-#include "engine/layers/head_gemm.h"
 
 namespace conveyor::engine {
 
@@ -60,22 +59,20 @@ absl::StatusOr<Tensor> SelfAttention::Forward(const Tensor& x, Stash& stash) {
   ASSIGN_OR_RETURN(Tensor k, be.Empty({b, h, s, d}, DType::kF32));
   ASSIGN_OR_RETURN(Tensor v, be.Empty({b, h, s, d}, DType::kF32));
   be.SplitHeads(qkv, h, q, k, v);
-  ASSIGN_OR_RETURN(Tensor scores, be.Empty({b, h, s, s}, DType::kF32));
-  be.GemmStridedBatched(
-      HeadGemm(b * h, false, true, s, s, d, q, d, k, d, 0.0f, scores));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  ASSIGN_OR_RETURN(Tensor probs, be.Empty({b, h, s, s}, DType::kF32));
-  RETURN_IF_ERROR(
-      AttentionSoftmax(be, scores, scale, causal_, probs, "attention"));
+  ASSIGN_OR_RETURN(const AttentionMask mask,
+                   CurrentAttentionMask(causal_, b, s, "attention"));
   ASSIGN_OR_RETURN(Tensor context, be.Empty({b, h, s, d}, DType::kF32));
-  be.GemmStridedBatched(
-      HeadGemm(b * h, false, false, s, d, s, probs, s, v, d, 0.0f, context));
+  ASSIGN_OR_RETURN(Tensor lse, be.Empty({b, h, s}, DType::kF32));
+  be.Attention(q, k, v, 1.0f / std::sqrt(static_cast<float>(d)), mask, context,
+               lse);
   ASSIGN_OR_RETURN(Tensor merged, be.Empty({b, s, qkv_features_}, DType::kF32));
   be.MergeHeads(context, merged);
   ASSIGN_OR_RETURN(Tensor y, be.Empty({b, s, features_}, DType::kF32));
   be.Gemm(false, true, 1.0f, merged, out_weight_.value, 0.0f, y);
   if (out_bias_on_) be.AddRowBias(y, out_bias_.value);
-  stash.saved = {x, q, k, v, probs, merged};
+  // The spans last (undefined without documents): the backward's mask, as
+  // the documents are current only in Forward.
+  stash.saved = {x, q, k, v, context, merged, lse, mask.spans};
   return y;
 }
 
@@ -83,7 +80,8 @@ absl::StatusOr<Tensor> SelfAttention::BackwardInput(const Tensor& dy,
                                                     Stash& stash,
                                                     bool need_dx) {
   const Tensor &x = stash.saved[0], &q = stash.saved[1], &k = stash.saved[2],
-               &v = stash.saved[3], &probs = stash.saved[4];
+               &v = stash.saved[3], &context = stash.saved[4],
+               &lse = stash.saved[6];
   const int64_t b = x.dim(0), s = x.dim(1), h = heads_,
                 d = qkv_features_ / heads_;
   Backend& be = *backend_;
@@ -92,21 +90,13 @@ absl::StatusOr<Tensor> SelfAttention::BackwardInput(const Tensor& dy,
   be.Gemm(false, false, 1.0f, dy, out_weight_.value, 0.0f, d_merged);
   ASSIGN_OR_RETURN(Tensor d_context, be.Empty({b, h, s, d}, DType::kF32));
   be.MergeHeadsBackward(d_merged, d_context);
-  ASSIGN_OR_RETURN(Tensor d_probs, be.Empty({b, h, s, s}, DType::kF32));
-  be.GemmStridedBatched(
-      HeadGemm(b * h, false, true, s, s, d, d_context, d, v, d, 0.0f, d_probs));
-  ASSIGN_OR_RETURN(Tensor dv, be.Empty({b, h, s, d}, DType::kF32));
-  be.GemmStridedBatched(
-      HeadGemm(b * h, true, false, s, d, s, probs, s, d_context, d, 0.0f, dv));
-  ASSIGN_OR_RETURN(Tensor d_scores, be.Empty({b, h, s, s}, DType::kF32));
-  be.SoftmaxBackward(probs, d_probs, 1.0f / std::sqrt(static_cast<float>(d)),
-                     d_scores);
+  const AttentionMask mask{.causal = causal_, .spans = stash.saved[7]};
   ASSIGN_OR_RETURN(Tensor dq, be.Empty({b, h, s, d}, DType::kF32));
-  be.GemmStridedBatched(
-      HeadGemm(b * h, false, false, s, d, s, d_scores, s, k, d, 0.0f, dq));
   ASSIGN_OR_RETURN(Tensor dk, be.Empty({b, h, s, d}, DType::kF32));
-  be.GemmStridedBatched(
-      HeadGemm(b * h, true, false, s, d, s, d_scores, s, q, d, 0.0f, dk));
+  ASSIGN_OR_RETURN(Tensor dv, be.Empty({b, h, s, d}, DType::kF32));
+  be.AttentionBackward(q, k, v, context, lse, d_context,
+                       1.0f / std::sqrt(static_cast<float>(d)), mask, dq, dk,
+                       dv);
   ASSIGN_OR_RETURN(Tensor d_qkv,
                    be.Empty({b, s, 3 * qkv_features_}, DType::kF32));
   be.SplitHeadsBackward(dq, dk, dv, h, d_qkv);
@@ -118,10 +108,10 @@ absl::StatusOr<Tensor> SelfAttention::BackwardInput(const Tensor& dy,
 }
 
 void SelfAttention::ReleaseForWeightBackward(Stash& stash) {
-  // BW reads x, merged and d_qkv; q, k, v and the probabilities (the
-  // largest: heads x seq x seq per sample) were for BI only.
-  for (size_t i = 1; i <= 4 && i < stash.saved.size(); ++i) {
-    stash.saved[i] = Tensor();
+  // BW reads x, merged and d_qkv; q, k, v, the context and its row
+  // statistics were for BI only.
+  for (size_t i = 1; i < stash.saved.size(); ++i) {
+    if (i != 5) stash.saved[i] = Tensor();
   }
 }
 

@@ -6,14 +6,11 @@
 #include "common/status_macros.h"
 #include "engine/documents.h"
 #include "engine/layers/dense.h"
-#include "engine/layers/head_gemm.h"
 
 namespace conveyor::engine {
-// Grouped-query attention as one strided batch of GEMMs per product
-// (HeadGemm): with q [B, H, S, D] and k, v [B, G, S, D], the H / G query
-// heads of group g are contiguous, so q's rows of one (batch, group) form
-// one [H/G * S, D] matrix that multiplies that group's [S, D] key or value
-// matrix; the batch runs over B * G.
+// Grouped-query attention through Backend::Attention: q [B, H, S, D] and
+// k, v [B, G, S, D]; the fused kernel reads each query head's key/value head
+// in place, so keys and values are never repeated per query head.
 
 absl::StatusOr<std::unique_ptr<LlamaAttention>> LlamaAttention::Create(
     Backend* backend, const std::string& prefix,
@@ -67,13 +64,13 @@ std::vector<Parameter*> LlamaAttention::parameters() {
   return {&q_, &k_, &v_, &out_};
 }
 
-// Stash: saved = {x, q, k, v, probs, merged} with q and k rotated and in
-// heads layout; BI adds output_grads = {dq, dk, dv} in [B, S, width] layout.
+// Stash: saved = {x, q, k, v, context, merged, positions, lse, spans} with
+// q and k rotated and in heads layout; BI adds output_grads = {dq, dk, dv} in [B, S, width] layout.
 absl::StatusOr<Tensor> LlamaAttention::Forward(const Tensor& x, Stash& stash) {
   CONVEYOR_CHECK(x.rank() == 3 && x.dim(2) == o_.features,
                  "llama attention takes [batch, seq, features]");
   const int64_t b = x.dim(0), s = x.dim(1), h = o_.heads, g = o_.kv_heads,
-                d = head_dim_, r = h / g;
+                d = head_dim_;
   Backend& be = *backend_;
   // Projections, then [B, S, heads * D] -> [B, heads, S, D] (the transpose
   // MergeHeadsBackward performs), then the rotation, in place.
@@ -101,23 +98,21 @@ absl::StatusOr<Tensor> LlamaAttention::Forward(const Tensor& x, Stash& stash) {
   be.Rope(q, freqs, /*inverse=*/false, q, positions);
   be.Rope(k, freqs, /*inverse=*/false, k, positions);
 
-  ASSIGN_OR_RETURN(Tensor scores, be.Empty({b, h, s, s}, DType::kF32));
-  be.GemmStridedBatched(
-      HeadGemm(b * g, false, true, r * s, s, d, q, d, k, d, 0.0f, scores));
-  ASSIGN_OR_RETURN(Tensor probs, be.Empty({b, h, s, s}, DType::kF32));
-  RETURN_IF_ERROR(AttentionSoftmax(be, scores,
-                                   1.0f / std::sqrt(static_cast<float>(d)),
-                                   /*causal=*/true, probs, "llama_attention"));
+  ASSIGN_OR_RETURN(const AttentionMask mask,
+                   CurrentAttentionMask(/*causal=*/true, b, s,
+                                        "llama_attention"));
   ASSIGN_OR_RETURN(Tensor context, be.Empty({b, h, s, d}, DType::kF32));
-  be.GemmStridedBatched(HeadGemm(b * g, false, false, r * s, d, s, probs, s, v,
-                                 d, 0.0f, context));
+  ASSIGN_OR_RETURN(Tensor lse, be.Empty({b, h, s}, DType::kF32));
+  be.Attention(q, k, v, 1.0f / std::sqrt(static_cast<float>(d)), mask, context,
+               lse);
   ASSIGN_OR_RETURN(Tensor merged, be.Empty({b, s, h * d}, DType::kF32));
   be.MergeHeads(context, merged);
   ASSIGN_OR_RETURN(Tensor y, be.Empty(x.shape(), DType::kF32));
   be.Gemm(false, true, 1.0f, merged, out_.value, 0.0f, y);
-  // positions last: undefined without documents; BI turns the gradients
-  // back by the same positions.
-  stash.saved = {x, q, k, v, probs, merged, positions};
+  // positions and spans undefined without documents; BI turns the
+  // gradients back by the same positions, under the same mask (documents
+  // are current only in Forward).
+  stash.saved = {x, q, k, v, context, merged, positions, lse, mask.spans};
   return y;
 }
 
@@ -125,31 +120,23 @@ absl::StatusOr<Tensor> LlamaAttention::BackwardInput(const Tensor& dy,
                                                      Stash& stash,
                                                      bool need_dx) {
   const Tensor &x = stash.saved[0], &q = stash.saved[1], &k = stash.saved[2],
-               &v = stash.saved[3], &probs = stash.saved[4];
+               &v = stash.saved[3], &context = stash.saved[4],
+               &lse = stash.saved[7];
   const int64_t b = x.dim(0), s = x.dim(1), h = o_.heads, g = o_.kv_heads,
-                d = head_dim_, r = h / g;
+                d = head_dim_;
   Backend& be = *backend_;
   ASSIGN_OR_RETURN(Tensor d_merged, be.Empty({b, s, h * d}, DType::kF32));
   be.Gemm(false, false, 1.0f, dy, out_.value, 0.0f, d_merged);
   ASSIGN_OR_RETURN(Tensor d_context, be.Empty({b, h, s, d}, DType::kF32));
   be.MergeHeadsBackward(d_merged, d_context);
-  ASSIGN_OR_RETURN(Tensor d_probs, be.Empty({b, h, s, s}, DType::kF32));
-  be.GemmStridedBatched(HeadGemm(b * g, false, true, r * s, s, d, d_context, d,
-                                 v, d, 0.0f, d_probs));
-  // A key or value head's gradient sums over its group's query heads: the
-  // contraction over the group's r * S rows does that in the same GEMM.
-  ASSIGN_OR_RETURN(Tensor dv, be.Empty({b, g, s, d}, DType::kF32));
-  be.GemmStridedBatched(HeadGemm(b * g, true, false, s, d, r * s, probs, s,
-                                 d_context, d, 0.0f, dv));
-  ASSIGN_OR_RETURN(Tensor d_scores, be.Empty({b, h, s, s}, DType::kF32));
-  be.SoftmaxBackward(probs, d_probs, 1.0f / std::sqrt(static_cast<float>(d)),
-                     d_scores);
+  // A key or value head's gradient sums over its group's query heads.
   ASSIGN_OR_RETURN(Tensor dq, be.Empty({b, h, s, d}, DType::kF32));
-  be.GemmStridedBatched(
-      HeadGemm(b * g, false, false, r * s, d, s, d_scores, s, k, d, 0.0f, dq));
   ASSIGN_OR_RETURN(Tensor dk, be.Empty({b, g, s, d}, DType::kF32));
-  be.GemmStridedBatched(
-      HeadGemm(b * g, true, false, s, d, r * s, d_scores, s, q, d, 0.0f, dk));
+  ASSIGN_OR_RETURN(Tensor dv, be.Empty({b, g, s, d}, DType::kF32));
+  const AttentionMask mask{.causal = true, .spans = stash.saved[8]};
+  be.AttentionBackward(q, k, v, context, lse, d_context,
+                       1.0f / std::sqrt(static_cast<float>(d)), mask, dq, dk,
+                       dv);
   // The rotation's transpose, then back to [B, S, heads * D].
   ASSIGN_OR_RETURN(const RopeFrequencies freqs, rope_.Get(be, s));
   const Tensor& positions = stash.saved[6];
@@ -171,10 +158,10 @@ absl::StatusOr<Tensor> LlamaAttention::BackwardInput(const Tensor& dy,
 }
 
 void LlamaAttention::ReleaseForWeightBackward(Stash& stash) {
-  // BW reads x, merged and the projections' gradients; q, k, v and the
-  // probabilities (heads x seq x seq per sample) were for BI only.
-  for (size_t i = 1; i <= 4 && i < stash.saved.size(); ++i) {
-    stash.saved[i] = Tensor();
+  // BW reads x, merged and the projections' gradients; the rest was for BI
+  // only.
+  for (size_t i = 1; i < stash.saved.size(); ++i) {
+    if (i != 5) stash.saved[i] = Tensor();
   }
 }
 

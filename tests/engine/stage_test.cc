@@ -68,29 +68,40 @@ TEST(StageTest, BackwardInputKeepsOnlyWhatTheWeightBackwardReads) {
   }
 }
 
-TEST(StageTest, AttentionDropsItsScoresAfterBackwardInput) {
-  const ModelSpec spec = Parse(
-      "    - transformer_block: {heads: 2, mlp_features: 16, norm: post}\n",
-      "[32, 8]");
-  std::unique_ptr<Stage> split = Build(spec);
-  std::unique_ptr<Stage> whole = Build(spec);
-  const Tensor x = RandomTensor({2, 32, 8}, 1);
-  const Tensor dy = RandomTensor({2, 32, 8}, 2);
-  ASSERT_TRUE(split->Forward(0, x).ok());
-  const size_t stash = split->live_activation_bytes();
-  ASSERT_TRUE(split->BackwardInput(0, dy).ok());
-  // Kept for BW: less than the forward stash, even with the gradients,
-  // once the sequence is long enough for the scores to dominate.
-  EXPECT_LT(split->live_activation_bytes(), stash);
-  EXPECT_GT(split->live_activation_bytes(), 0u);
-  ASSERT_TRUE(split->BackwardWeight(0).ok());
-  ASSERT_TRUE(whole->Forward(0, x).ok());
-  ASSERT_TRUE(whole->Backward(0, dy).ok());
-  std::vector<Parameter*> a = split->parameters(), b = whole->parameters();
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(ToVector(a[i]->grad), ToVector(b[i]->grad)) << a[i]->name;
+// Fused attention keeps no [seq, seq] tensor: every stashed tensor is
+// [batch, seq, ...], so the stash, before and after BI, grows exactly
+// linearly with the sequence (the materializing path's scores made it grow
+// quadratically). After BI the stage keeps only what BW reads, and BW then
+// gives a full backward's gradients bit for bit.
+TEST(StageTest, AttentionStashIsLinearInTheSequence) {
+  size_t forward[2], after_bi[2];
+  for (int i = 0; i < 2; ++i) {
+    const int64_t seq = 32 << i;
+    const ModelSpec spec =
+        Parse("    - transformer_block: {heads: 2, mlp_features: 16, "
+              "norm: post, causal: true}\n",
+              absl::StrCat("[", seq, ", 8]"));
+    std::unique_ptr<Stage> split = Build(spec);
+    std::unique_ptr<Stage> whole = Build(spec);
+    const Tensor x = RandomTensor({2, seq, 8}, 1);
+    const Tensor dy = RandomTensor({2, seq, 8}, 2);
+    ASSERT_TRUE(split->Forward(0, x).ok());
+    forward[i] = split->live_activation_bytes();
+    ASSERT_TRUE(split->BackwardInput(0, dy).ok());
+    after_bi[i] = split->live_activation_bytes();
+    EXPECT_GT(after_bi[i], 0u);
+    ASSERT_TRUE(split->BackwardWeight(0).ok());
+    EXPECT_EQ(split->live_activation_bytes(), 0u);
+    ASSERT_TRUE(whole->Forward(0, x).ok());
+    ASSERT_TRUE(whole->Backward(0, dy).ok());
+    std::vector<Parameter*> a = split->parameters(), b = whole->parameters();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t p = 0; p < a.size(); ++p) {
+      EXPECT_EQ(ToVector(a[p]->grad), ToVector(b[p]->grad)) << a[p]->name;
+    }
   }
+  EXPECT_EQ(forward[1], 2 * forward[0]);
+  EXPECT_EQ(after_bi[1], 2 * after_bi[0]);
 }
 
 }  // namespace

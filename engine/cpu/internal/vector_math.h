@@ -94,23 +94,52 @@ inline float ScaledMax(const float* x, int64_t n, float scale) {
   return max;
 }
 
+// Wider vectors for the kernels that dispatch on the CPU at run time
+// (engine/cpu/wide_kernels.h): AVX2's and AVX-512's widths. Only code
+// compiled for those targets may pass them by value.
+using Vf8 = float __attribute__((vector_size(32)));
+using Vi8 = int32_t __attribute__((vector_size(32)));
+using Vf16 = float __attribute__((vector_size(64)));
+using Vi16 = int32_t __attribute__((vector_size(64)));
+
+// The int vector of a float vector's lanes.
+template <typename V>
+struct IntLanes;
+template <>
+struct IntLanes<Vf> {
+  using type = Vi;
+};
+template <>
+struct IntLanes<Vf8> {
+  using type = Vi8;
+};
+template <>
+struct IntLanes<Vf16> {
+  using type = Vi16;
+};
+
 // exp(x), clamped to x in [-87, 88] so the result is a normal float, never
 // 0, inf or NaN for finite x (softmax and GELU take exp of values <= 0,
 // where the clamp turns an exact 0 into 1.6e-38).
 // exp(x) = 2^n exp(r) with n = round(x / ln 2) and |r| <= ln(2) / 2; exp(r)
 // by its Taylor series to r^7, whose remainder, (ln 2 / 2)^8 / 8! < 3e-9, is
-// below fp32's rounding.
-inline Vf Exp(Vf x) {
+// below fp32's rounding. Each lane runs the same operations whatever the
+// width, so every width gives the same bits (no FMA: engine/CMakeLists.txt
+// compiles the wide kernels with -ffp-contract=off).
+template <typename V>
+[[gnu::always_inline]] inline V ExpT(V x) {
   constexpr float kLog2e = 1.44269504088896341f;
   // ln 2 split so that n * kLn2Hi is exact for |n| < 2^10 (Cody and Waite).
   constexpr float kLn2Hi = 0.693145751953125f;
   constexpr float kLn2Lo = 1.428606765330187045e-06f;
   // Adding 1.5 * 2^23 rounds a float of magnitude < 2^22 to an integer.
   constexpr float kRound = 12582912.0f;
-  x = MaxV(Min(x, Splat(88.0f)), Splat(-87.0f));
-  const Vf n = (x * kLog2e + kRound) - kRound;
-  const Vf r = (x - n * kLn2Hi) - n * kLn2Lo;
-  Vf p = Splat(1.0f / 5040.0f);
+  const V hi = V{} + 88.0f, lo = V{} - 87.0f;
+  x = x < hi ? x : hi;
+  x = x > lo ? x : lo;
+  const V n = (x * kLog2e + kRound) - kRound;
+  const V r = (x - n * kLn2Hi) - n * kLn2Lo;
+  V p = V{} + 1.0f / 5040.0f;
   p = p * r + 1.0f / 720.0f;
   p = p * r + 1.0f / 120.0f;
   p = p * r + 1.0f / 24.0f;
@@ -119,8 +148,9 @@ inline Vf Exp(Vf x) {
   p = p * r + 1.0f;
   p = p * r + 1.0f;
   // 2^n built in the exponent field; n is in [-126, 127], a normal float.
-  const Vi bits = (__builtin_convertvector(n, Vi) + 127) << 23;
-  Vf scale;
+  using I = typename IntLanes<V>::type;
+  const I bits = (__builtin_convertvector(n, I) + 127) << 23;
+  V scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return p * scale;
 }
@@ -128,17 +158,21 @@ inline Vf Exp(Vf x) {
 // erf(x), and exp(-x^2) in *gauss, which GELU's derivative needs as well.
 // Abramowitz and Stegun 7.1.26: erf(|x|) = 1 - t P(t) exp(-x^2) with
 // t = 1 / (1 + p |x|), absolute error <= 1.5e-7 in exact arithmetic.
-inline Vf Erf(Vf x, Vf* gauss) {
+template <typename V>
+[[gnu::always_inline]] inline V ErfT(V x, V* gauss) {
   constexpr float kP = 0.3275911f;
   constexpr float kA1 = 0.254829592f, kA2 = -0.284496736f, kA3 = 1.421413741f,
                   kA4 = -1.453152027f, kA5 = 1.061405429f;
-  const Vf ax = x < 0.0f ? -x : x;
-  const Vf t = 1.0f / (1.0f + kP * ax);
-  const Vf poly = t * (kA1 + t * (kA2 + t * (kA3 + t * (kA4 + t * kA5))));
-  *gauss = Exp(-x * x);
-  const Vf e = 1.0f - poly * *gauss;
+  const V ax = x < 0.0f ? -x : x;
+  const V t = 1.0f / (1.0f + kP * ax);
+  const V poly = t * (kA1 + t * (kA2 + t * (kA3 + t * (kA4 + t * kA5))));
+  *gauss = ExpT(-x * x);
+  const V e = 1.0f - poly * *gauss;
   return x < 0.0f ? -e : e;
 }
+
+inline Vf Exp(Vf x) { return ExpT(x); }
+inline Vf Erf(Vf x, Vf* gauss) { return ErfT(x, gauss); }
 
 // Runs f(Vf) -> Vf over n floats of x into y, the tail through a zero-padded
 // vector. Lanes are independent, so the result does not depend on where the

@@ -40,6 +40,27 @@ inline constexpr unsigned long long kNoBadPosition = ~0ull;
 
 void ResetScalars(DeviceScalars* scalars, cudaStream_t stream);
 
+// --- cuda_attention_kernels.cu: fused attention without cuDNN. ---
+// Backend::Attention's sizes and mask on raw pointers.
+struct AttentionArgs {
+  int64_t batch = 0, heads = 0, groups = 0, seq = 0, dim = 0;
+  float scale = 1.0f;
+  bool causal = false;
+  const int64_t* spans = nullptr;  // [batch, seq, 2] or nullptr.
+  // Round every GEMM-like operand to bf16 (q, k, v, dout, p, ds).
+  bool bf16 = false;
+};
+// The largest head_dim the kernels hold in registers.
+inline constexpr int64_t kMaxHeadDim = 256;
+void AttentionForward(const AttentionArgs& a, const float* q, const float* k,
+                      const float* v, float* out, float* lse,
+                      cudaStream_t stream);
+// delta: scratch of batch * heads * seq floats.
+void AttentionBackward(const AttentionArgs& a, const float* q, const float* k,
+                       const float* v, const float* out, const float* lse,
+                       const float* dout, float* dq, float* dk, float* dv,
+                       float* delta, cudaStream_t stream);
+
 // --- cuda_kernels.cu: elementwise, column sums, GEMM edge case, optimizers.
 void Fill(float* x, int64_t n, float value, cudaStream_t stream);
 // y[i] = x[i] rounded to bfloat16 (nearest even; engine/precision.h's
