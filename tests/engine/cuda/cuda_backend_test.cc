@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -18,6 +19,7 @@
 #include "engine/device_peak.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/engine/attention_reference.h"
 #include "tests/engine/cuda/cuda_test_util.h"
 #include "tests/engine/test_util.h"
 
@@ -525,6 +527,90 @@ TEST_F(CudaBackendTest, SoftmaxInSpansMatchesCpu) {
     ExpectClose(y, absl::StrCat("softmax in spans, causal=", causal), 1e-5,
                 1e-7);
   }
+}
+
+// Fused attention's own kernels against the float64 reference, within the
+// rounding bound derived for them (tests/engine/attention_reference.h), in
+// fp32 and bf16: causal and full, grouped-query, documents, head_dim 64 and
+// 128 (Llama's), a sequence with a partial block of rows.
+TEST_F(CudaBackendTest, FusedAttentionMatchesTheExactResultWithinItsBound) {
+  struct Shape5 {
+    int64_t b, h, g, s, d;
+    bool causal;
+    bool documents;
+  };
+  const Shape5 cases[] = {{2, 4, 2, 67, 64, true, false},
+                          {1, 8, 2, 130, 128, true, false},
+                          {2, 4, 4, 50, 32, false, false},
+                          {2, 4, 1, 90, 64, true, true}};
+  for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    CudaBackendOptions options;
+    options.precision = precision;
+    absl::StatusOr<std::unique_ptr<CudaBackend>> created =
+        CudaBackend::Create(0, options);
+    ASSERT_TRUE(created.ok()) << created.status();
+    CudaBackend* be = created->get();
+    auto upload = [&](const Shape& shape, const auto& values) {
+      using T = typename std::decay_t<decltype(values)>::value_type;
+      absl::StatusOr<Tensor> out = be->Empty(
+          shape, std::is_same_v<T, float> ? DType::kF32 : DType::kI64);
+      EXPECT_TRUE(out.ok()) << out.status();
+      EXPECT_TRUE(
+          be->CopyFromHost(values.data(), values.size() * sizeof(T), *out)
+              .ok());
+      return *out;
+    };
+    for (const Shape5& c : cases) {
+      const std::string what =
+          absl::StrCat(PrecisionName(precision), " b", c.b, " h", c.h, " g",
+                       c.g, " s", c.s, " d", c.d, " causal ", c.causal,
+                       " documents ", c.documents);
+      testing_util::Problem p(c.b, c.h, c.g, c.s, c.d, c.causal, 21);
+      if (c.documents) p.Documents({40, 1, 25});
+      const testing_util::Reference ref = testing_util::Compute(
+          p, precision == Precision::kBf16 ? std::ldexp(1.0, -8) : 0.0);
+      const Tensor q = upload({c.b, c.h, c.s, c.d}, p.q);
+      const Tensor k = upload({c.b, c.g, c.s, c.d}, p.k);
+      const Tensor v = upload({c.b, c.g, c.s, c.d}, p.v);
+      const Tensor dout = upload({c.b, c.h, c.s, c.d}, p.dout);
+      AttentionMask mask{.causal = c.causal};
+      if (c.documents) mask.spans = upload({c.b, c.s, 2}, p.spans);
+      const Tensor out = *be->Empty(q.shape(), DType::kF32);
+      const Tensor lse = *be->Empty({c.b, c.h, c.s}, DType::kF32);
+      const Tensor dq = *be->Empty(q.shape(), DType::kF32);
+      const Tensor dk = *be->Empty(k.shape(), DType::kF32);
+      const Tensor dv = *be->Empty(k.shape(), DType::kF32);
+      be->Attention(q, k, v, p.scale, mask, out, lse);
+      be->AttentionBackward(q, k, v, out, lse, dout, p.scale, mask, dq, dk,
+                            dv);
+      ASSERT_TRUE(be->Synchronize().ok()) << what;
+      EXPECT_TRUE(testing_util::WithinBound("out", Values(out), ref.out,
+                                            ref.out_bound))
+          << what;
+      EXPECT_TRUE(
+          testing_util::WithinBound("dq", Values(dq), ref.dq, ref.dq_bound))
+          << what;
+      EXPECT_TRUE(
+          testing_util::WithinBound("dk", Values(dk), ref.dk, ref.dk_bound))
+          << what;
+      EXPECT_TRUE(
+          testing_util::WithinBound("dv", Values(dv), ref.dv, ref.dv_bound))
+          << what;
+    }
+  }
+}
+
+// A head_dim the kernels cannot hold is a clear error at the next
+// synchronization, not a crash or a wrong result.
+TEST_F(CudaBackendTest, FusedAttentionRefusesAHeadDimItCannotHold) {
+  const Both q = Random({1, 1, 4, 512}, 1);
+  Both out = Output({1, 1, 4, 512});
+  Both lse = Output({1, 1, 4});
+  cuda()->Attention(q.cuda, q.cuda, q.cuda, 0.1f, {}, out.cuda, lse.cuda);
+  const absl::Status s = cuda()->Synchronize();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_THAT(s.message(), HasSubstr("head_dim 512"));
+  EXPECT_TRUE(cuda()->Synchronize().ok());  // Reported once.
 }
 
 TEST_F(CudaBackendTest, SplitAndMergeHeadsMatchCpuExactly) {
