@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/host_memory.h"
 #include "common/printable.h"
 #include "job/job_policy.h"
 #include "proto/protocol.h"
@@ -145,6 +146,29 @@ std::optional<double> StepTimeEstimator::Remaining(int64_t steps_done,
          *average_;
 }
 
+namespace {
+
+// "  mem 1.2 GiB (4%), 1.5 GiB reserved": the fullest device's peaks in
+// the step (reserved shown when a caching allocator holds more than its
+// tensors do), as TorchTitan and Megatron print them; "" when unknown.
+std::string MemoryText(const v1::StepSummary& step) {
+  if (step.peak_memory_reserved_bytes() == 0) return "";
+  std::string out =
+      absl::StrCat("  mem ", FormatBytes(step.peak_memory_allocated_bytes()));
+  if (step.memory_capacity_bytes() > 0) {
+    absl::StrAppendFormat(&out, " (%.0f%%)",
+                          100.0 * step.peak_memory_allocated_bytes() /
+                              step.memory_capacity_bytes());
+  }
+  if (step.peak_memory_reserved_bytes() > step.peak_memory_allocated_bytes()) {
+    absl::StrAppend(&out, ", ", FormatBytes(step.peak_memory_reserved_bytes()),
+                    " reserved");
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string FormatStepLine(const v1::StepSummary& step, int64_t steps_total,
                            std::optional<double> eta_seconds) {
   std::string out;
@@ -166,8 +190,14 @@ std::string FormatStepLine(const v1::StepSummary& step, int64_t steps_total,
   if (step.grad_norm() > 0) {
     absl::StrAppendFormat(&out, "  grad norm %.3g", step.grad_norm());
   }
-  if (step.mfu() > 0)
+  if (step.tflops_per_device() > 0) {
+    absl::StrAppendFormat(&out, "  %.3g TFLOP/s/device",
+                          step.tflops_per_device());
+  }
+  if (step.mfu() > 0) {
     absl::StrAppendFormat(&out, "  MFU %.1f%%", step.mfu() * 100);
+  }
+  absl::StrAppend(&out, MemoryText(step));
   // The schedule bubble, as the trace SVG's title and
   // conveyor_job_bubble_ratio (docs/metrics.md).
   if (step.ranks_size() > 1) {

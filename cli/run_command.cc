@@ -114,6 +114,7 @@ absl::Status RunInProcess(const RunCommandOptions& o, bool tty,
     tokens_per_sample = 1;
     for (int64_t d : job.model.input_shape) tokens_per_sample *= d;
   }
+  const double flops_per_sample = job.model.TrainingFlopsPerSample();
   WatchPrinter printer(out, {.log_every = o.log_every, .tty = tty});
   absl::Status trained = trainer->Run([&](const job::StepReport& r) {
     v1::StepSummary step;
@@ -125,6 +126,10 @@ absl::Status RunInProcess(const RunCommandOptions& o, bool tty,
     step.set_tokens_per_second(r.samples_per_second * tokens_per_sample);
     step.set_learning_rate(r.learning_rate);
     step.set_grad_norm(r.grad_norm);
+    step.set_tflops_per_device(r.samples_per_second * flops_per_sample / 1e12);
+    step.set_peak_memory_allocated_bytes(r.memory.peak_allocated);
+    step.set_peak_memory_reserved_bytes(r.memory.peak_reserved);
+    step.set_memory_capacity_bytes(r.memory.capacity);
     if (r.eval.has_value()) {
       step.set_has_eval(true);
       step.set_eval_loss(r.eval->loss);

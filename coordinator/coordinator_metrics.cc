@@ -246,6 +246,24 @@ CoordinatorMetrics::CoordinatorMetrics()
                      "training FLOP/s over the devices' peak "
                      "(conveyor-worker --peak-tflops)")
                .Register(*registry_)),
+      tflops_per_device_(
+          BuildGauge()
+              .Name("conveyor_job_tflops_per_device")
+              .Help("The model's training TFLOP/s per device of the job, "
+                    "last step")
+              .Register(*registry_)),
+      memory_peak_(BuildGauge()
+                       .Name("conveyor_job_memory_peak_bytes")
+                       .Help("Device memory at the last step's peak on the "
+                             "job's fullest device: held by tensors "
+                             "(kind=allocated) and taken from the device "
+                             "(kind=reserved)")
+                       .Register(*registry_)),
+      memory_capacity_(BuildGauge()
+                           .Name("conveyor_job_memory_capacity_bytes")
+                           .Help("Memory of the job's fullest device (host "
+                                 "RAM for a CPU worker)")
+                           .Register(*registry_)),
       eval_loss_(BuildGauge()
                      .Name("conveyor_eval_loss")
                      .Help("Mean loss over the validation batches of the "
@@ -347,6 +365,26 @@ void CoordinatorMetrics::OnStep(const v1::Job& job,
     if (s.mfu == nullptr) s.mfu = &mfu_.Add({{"job_id", job.id()}});
     s.mfu->Set(step.mfu());
   }
+  if (step.tflops_per_device() > 0) {
+    if (s.tflops_per_device == nullptr) {
+      s.tflops_per_device = &tflops_per_device_.Add({{"job_id", job.id()}});
+    }
+    s.tflops_per_device->Set(step.tflops_per_device());
+  }
+  if (step.peak_memory_reserved_bytes() > 0) {
+    if (s.memory_allocated == nullptr) {
+      s.memory_allocated =
+          &memory_peak_.Add({{"job_id", job.id()}, {"kind", "allocated"}});
+      s.memory_reserved =
+          &memory_peak_.Add({{"job_id", job.id()}, {"kind", "reserved"}});
+      s.memory_capacity = &memory_capacity_.Add({{"job_id", job.id()}});
+    }
+    s.memory_allocated->Set(
+        static_cast<double>(step.peak_memory_allocated_bytes()));
+    s.memory_reserved->Set(
+        static_cast<double>(step.peak_memory_reserved_bytes()));
+    s.memory_capacity->Set(static_cast<double>(step.memory_capacity_bytes()));
+  }
   if (step.has_eval()) {
     if (s.eval_loss == nullptr)
       s.eval_loss = &eval_loss_.Add({{"job_id", job.id()}});
@@ -373,6 +411,14 @@ void CoordinatorMetrics::OnFinished(const v1::Job& job) {
   grad_norm_.Remove(s.grad_norm);
   if (s.eval_loss != nullptr) eval_loss_.Remove(s.eval_loss);
   if (s.mfu != nullptr) mfu_.Remove(s.mfu);
+  if (s.tflops_per_device != nullptr) {
+    tflops_per_device_.Remove(s.tflops_per_device);
+  }
+  if (s.memory_allocated != nullptr) {
+    memory_peak_.Remove(s.memory_allocated);
+    memory_peak_.Remove(s.memory_reserved);
+    memory_capacity_.Remove(s.memory_capacity);
+  }
   jobs_.erase(it);
 }
 

@@ -34,12 +34,12 @@ class CoordinatorMetrics final : public JobObserver,
   // The cardinality budget (docs/metrics.md "Cardinality"), which
   // coordinator_metrics_test checks. A job that is queued, planning or
   // running exports at most kSeriesPerJob series (its info, step counter,
-  // step-time histogram of 19 buckets + 3, 9 gauges, and 3 scrape-time
+  // step-time histogram of 19 buckets + 3, 13 gauges, and 3 scrape-time
   // clocks), whatever its stage count; a live worker kSeriesPerWorker (its
   // heartbeat age); an ended job none, but for its two rows while it is
   // among the newest kRecentEndedJobs. The rest is a constant (per state,
   // per gRPC method and code, per worker-message kind).
-  static constexpr int kSeriesPerJob = 36;
+  static constexpr int kSeriesPerJob = 40;
   static constexpr int kSeriesPerWorker = 1;
   static constexpr int kRecentEndedJobs = 20;
 
@@ -95,6 +95,11 @@ class CoordinatorMetrics final : public JobObserver,
     // likewise at its first step with a known device peak.
     prometheus::Gauge* eval_loss = nullptr;
     prometheus::Gauge* mfu = nullptr;
+    // At the first step that reports them.
+    prometheus::Gauge* tflops_per_device = nullptr;
+    prometheus::Gauge* memory_allocated = nullptr;
+    prometheus::Gauge* memory_reserved = nullptr;
+    prometheus::Gauge* memory_capacity = nullptr;
   };
 
   std::shared_ptr<prometheus::Registry> registry_;
@@ -112,6 +117,9 @@ class CoordinatorMetrics final : public JobObserver,
   prometheus::Family<prometheus::Gauge>& learning_rate_;
   prometheus::Family<prometheus::Gauge>& grad_norm_;
   prometheus::Family<prometheus::Gauge>& mfu_;
+  prometheus::Family<prometheus::Gauge>& tflops_per_device_;
+  prometheus::Family<prometheus::Gauge>& memory_peak_;
+  prometheus::Family<prometheus::Gauge>& memory_capacity_;
   prometheus::Family<prometheus::Gauge>& eval_loss_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Histogram>& message_handling_;

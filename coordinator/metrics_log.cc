@@ -26,6 +26,16 @@ std::string MetricsLogLine(const v1::StepSummary& step, int64_t unix_ms,
   j["grad_norm"] = step.grad_norm();
   // Absent, not 0, where a device's peak is unknown: 0 would read as idle.
   if (step.mfu() > 0) j["mfu"] = step.mfu();
+  if (step.tflops_per_device() > 0) {
+    j["tflops_per_device"] = step.tflops_per_device();
+  }
+  if (step.peak_memory_reserved_bytes() > 0) {
+    j["peak_memory_allocated_bytes"] = step.peak_memory_allocated_bytes();
+    j["peak_memory_reserved_bytes"] = step.peak_memory_reserved_bytes();
+    if (step.memory_capacity_bytes() > 0) {
+      j["memory_capacity_bytes"] = step.memory_capacity_bytes();
+    }
+  }
   if (step.has_eval()) {
     j["eval_loss"] = step.eval_loss();
     j["eval_perplexity"] = step.eval_perplexity();

@@ -45,6 +45,14 @@ v1::StepSummary SummarizeStep(int64_t step,
     rs->set_wait_seconds(rr.wait_seconds());
     rs->set_peak_activation_bytes(rr.peak_activation_bytes());
     rs->set_peak_in_flight(rr.peak_in_flight());
+    rs->set_peak_memory_allocated_bytes(rr.peak_memory_allocated_bytes());
+    rs->set_peak_memory_reserved_bytes(rr.peak_memory_reserved_bytes());
+    rs->set_memory_capacity_bytes(rr.memory_capacity_bytes());
+    if (rr.peak_memory_reserved_bytes() > s.peak_memory_reserved_bytes()) {
+      s.set_peak_memory_allocated_bytes(rr.peak_memory_allocated_bytes());
+      s.set_peak_memory_reserved_bytes(rr.peak_memory_reserved_bytes());
+      s.set_memory_capacity_bytes(rr.memory_capacity_bytes());
+    }
   }
   if (!reports.empty()) {
     s.set_receive_wait_fraction(receive_wait / reports.size());
@@ -62,6 +70,12 @@ v1::StepSummary SummarizeStep(int64_t step,
     if (rates.peak_flops > 0) {
       s.set_mfu(s.samples_per_second() * rates.flops_per_sample /
                 rates.peak_flops);
+    }
+    const double devices =
+        static_cast<double>(reports.size()) * std::max(rates.devices_per_rank, 1);
+    if (rates.flops_per_sample > 0 && devices > 0) {
+      s.set_tflops_per_device(s.samples_per_second() *
+                              rates.flops_per_sample / devices / 1e12);
     }
   }
   return s;

@@ -31,6 +31,9 @@ struct StepRates {
   // of the devices the job runs on, 0 when a worker's is unknown.
   double flops_per_sample = 0;
   double peak_flops = 0;
+  // Devices each rank computes on (pipeline.devices_per_stage), for the
+  // FLOP/s per device.
+  int devices_per_rank = 1;
 };
 
 // The summary of one step from every rank's report, by rank.

@@ -51,6 +51,19 @@ struct GemmBatch {
 int64_t GemmExtentA(const GemmBatch& g);
 int64_t GemmExtentB(const GemmBatch& g);
 
+// The memory a backend's tensors hold, in bytes: what a step line reports
+// as the device's memory (peak allocated and reserved, and the share of the
+// device).
+struct MemoryStats {
+  uint64_t allocated = 0;       // Held by live tensors now.
+  uint64_t peak_allocated = 0;  // The most held since ResetPeakMemory.
+  // Taken from the system: with a caching allocator, blocks in use and
+  // cached; on the CPU, the same as allocated.
+  uint64_t reserved = 0;
+  uint64_t peak_reserved = 0;
+  uint64_t capacity = 0;  // The device's memory (host RAM on the CPU).
+};
+
 struct AdamParams {
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   float weight_decay = 0.0f;
@@ -99,6 +112,13 @@ class Backend {
   virtual double peak_flops() const { return 0; }
 
   // --- Memory -------------------------------------------------------------
+  // The device's tensor memory; zeros where a backend does not count it.
+  // Thread-safe, unlike the rest of the interface (a worker's metrics read
+  // it while the job thread computes).
+  virtual MemoryStats memory_stats() const { return {}; }
+  // Starts a new peak at the current figures (a worker does so at each
+  // step, so each step reports its own). Thread-safe.
+  virtual void ResetPeakMemory() {}
   // Uninitialized memory. ResourceExhausted when the device is out of memory.
   virtual absl::StatusOr<Tensor> Empty(const Shape& shape, DType dtype) = 0;
   absl::StatusOr<Tensor> Zeros(const Shape& shape, DType dtype = DType::kF32);

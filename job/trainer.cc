@@ -89,6 +89,7 @@ absl::StatusOr<StepReport> InProcessTrainer::RunStep() {
   report.learning_rate = optimizer_->current_lr();
   optimizer_->ZeroGrad();
   for (auto& stage : stages_) stage->ResetPeakActivationBytes();
+  backend_->ResetPeakMemory();
   double loss_sum = 0;
   for (int mb = 0; mb < m; ++mb) {
     ASSIGN_OR_RETURN(Tensor x,
@@ -138,6 +139,7 @@ absl::StatusOr<StepReport> InProcessTrainer::RunStep() {
   for (auto& stage : stages_) {
     report.peak_activation_bytes += stage->peak_activation_bytes();
   }
+  report.memory = backend_->memory_stats();
   return report;
 }
 

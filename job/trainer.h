@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/backend.h"
 #include "engine/data.h"
 #include "engine/evaluation.h"
 #include "engine/optimizer.h"
@@ -39,6 +40,8 @@ struct StepReport {
   // parameter once), as the pipelined run reports it.
   double grad_norm = 0;
   size_t peak_activation_bytes = 0;  // Over all stages, this step.
+  // The backend's memory peaks over the step (all stages share it).
+  engine::MemoryStats memory;
   // The evaluation after this step, when the job's eval section has one
   // due (EvalSpec::DueAfter).
   std::optional<engine::EvalResult> eval;

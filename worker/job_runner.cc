@@ -132,6 +132,7 @@ absl::Status JobRunner::RunSteps(
   const bool clip = job_.optimizer.clip_grad_norm.has_value();
   const int64_t every = job_.checkpoint.every;
   drain_.Begin(steps_done_.load() + 1);
+  TakeStepMemory();  // Each step's peaks are its own, not the build's.
   for (int64_t step = steps_done_.load(); step < program_.steps(); ++step) {
     if (cancellation_.cancelled()) return cancellation_.status();
     const double lr = optimizer_->current_lr();
@@ -141,6 +142,7 @@ absl::Status JobRunner::RunSteps(
     }
     ASSIGN_OR_RETURN(RankStepResult r,
                      executor_->RunStep(step, actions_, reduce));
+    r.memory = TakeStepMemory();
     const int64_t done = step + 1;
     steps_done_.store(done);
     // The evaluation belongs to the step it follows: reported with it, and
@@ -182,6 +184,26 @@ absl::Status JobRunner::RunSteps(
   if (cancellation_.cancelled()) return cancellation_.status();
   // The job ends once its last checkpoint is durable and reported.
   return checkpoint_writer_.Wait();
+}
+
+engine::MemoryStats JobRunner::TakeStepMemory() {
+  std::vector<engine::Backend*> devices = {backend_};
+  if (backends_ != nullptr) {
+    // The mesh's devices, whose backends Build created (Get would create
+    // one on a device the job does not use).
+    for (int d = 1; d < job_.pipeline.devices_per_stage; ++d) {
+      absl::StatusOr<engine::Backend*> b =
+          backends_->Get(d, job_.training.precision);
+      if (b.ok()) devices.push_back(*b);
+    }
+  }
+  engine::MemoryStats fullest;
+  for (engine::Backend* b : devices) {
+    const engine::MemoryStats m = b->memory_stats();
+    if (m.peak_reserved >= fullest.peak_reserved) fullest = m;
+  }
+  for (engine::Backend* b : devices) b->ResetPeakMemory();
+  return fullest;
 }
 
 // Every rank sends its value to every other rank under a tag no stage uses

@@ -292,6 +292,9 @@ class JobRunner {
       int64_t step, const std::vector<StageSnapshot>& snapshot);
   // Loads the parameters and optimizer state of program.resume_step.
   absl::Status LoadResumeFiles();
+  // The step's memory peaks of the fullest of this rank's devices (by
+  // reserved bytes), then starts each device's next peak.
+  engine::MemoryStats TakeStepMemory();
   // The cancel status if Cancel was called, else `status`; aborts the
   // channel with the result when it is an error.
   absl::Status Fail(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);

@@ -127,6 +127,9 @@ struct RankStepResult {
   int64_t start_unix_us = 0;
   std::vector<telemetry::Span> spans;
   std::map<int, StageStepTimes> stages;  // By global stage index.
+  // The step's peaks on the rank's fullest device (set by the JobRunner,
+  // which knows the devices); zeros when not counted.
+  engine::MemoryStats memory;
 };
 
 struct RankEvalResult {

@@ -10,6 +10,9 @@ void FillStepReport(const RankStepResult& result, v1::StepReport* report) {
   report->set_peak_activation_bytes(result.peak_activation_bytes);
   report->set_peak_in_flight(result.peak_in_flight);
   report->set_grad_squared_sum(result.grad_squared_sum);
+  report->set_peak_memory_allocated_bytes(result.memory.peak_allocated);
+  report->set_peak_memory_reserved_bytes(result.memory.peak_reserved);
+  report->set_memory_capacity_bytes(result.memory.capacity);
   report->set_start_unix_us(result.start_unix_us);
   report->mutable_spans()->Reserve(static_cast<int>(result.spans.size()));
   for (const telemetry::Span& span : result.spans) {

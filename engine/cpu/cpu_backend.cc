@@ -4,7 +4,9 @@
 #include "engine/cpu/cpu_backend.h"
 
 #include <cblas.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -32,6 +34,20 @@ CpuBackend* CpuBackend::Get(Precision precision) {
 }
 
 namespace {
+
+// The bytes of every CPU tensor alive, and the most since the last reset:
+// process-wide, as the instances share host memory.
+std::atomic<uint64_t> allocated_bytes{0};
+std::atomic<uint64_t> peak_allocated_bytes{0};
+
+void CountAllocation(uint64_t bytes) {
+  const uint64_t now =
+      allocated_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  uint64_t peak = peak_allocated_bytes.load(std::memory_order_relaxed);
+  while (now > peak && !peak_allocated_bytes.compare_exchange_weak(
+                           peak, now, std::memory_order_relaxed)) {
+  }
+}
 
 // A copy of `n` floats from `x`, each rounded to bfloat16.
 std::vector<float> RoundedCopy(const float* x, int64_t n) {
@@ -75,10 +91,36 @@ absl::StatusOr<Tensor> CpuBackend::Empty(const Shape& shape, DType dtype) {
         absl::StrCat("cpu: cannot allocate ", bytes, " bytes for ",
                      DTypeName(dtype), ShapeString(shape)));
   }
+  CountAllocation(padded);
   return Tensor(std::make_shared<Buffer>(this, data, padded), shape, dtype);
 }
 
-void CpuBackend::FreeBuffer(void* data, size_t /*bytes*/) { std::free(data); }
+void CpuBackend::FreeBuffer(void* data, size_t bytes) {
+  std::free(data);
+  allocated_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+MemoryStats CpuBackend::memory_stats() const {
+  static const uint64_t capacity = [] {
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) *
+                                       static_cast<uint64_t>(page)
+                                 : uint64_t{0};
+  }();
+  const uint64_t now = allocated_bytes.load(std::memory_order_relaxed);
+  const uint64_t peak = peak_allocated_bytes.load(std::memory_order_relaxed);
+  return {.allocated = now,
+          .peak_allocated = peak,
+          .reserved = now,
+          .peak_reserved = peak,
+          .capacity = capacity};
+}
+
+void CpuBackend::ResetPeakMemory() {
+  peak_allocated_bytes.store(allocated_bytes.load(std::memory_order_relaxed),
+                             std::memory_order_relaxed);
+}
 
 absl::Status CpuBackend::CopyFromHost(const void* src, size_t bytes,
                                       const Tensor& dst) {

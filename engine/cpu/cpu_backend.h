@@ -32,6 +32,10 @@ class CpuBackend final : public Backend {
     return Get()->Empty(shape, dtype);
   }
   void FreeBuffer(void* data, size_t bytes) override;
+  // Every CPU backend instance's tensors together: the process's (they
+  // share host memory), capacity the machine's physical memory.
+  MemoryStats memory_stats() const override;
+  void ResetPeakMemory() override;
   absl::Status CopyFromHost(const void* src, size_t bytes,
                             const Tensor& dst) override;
   absl::Status CopyToHost(const Tensor& src, void* dst, size_t bytes) override;

@@ -1,5 +1,6 @@
 #include "engine/cuda/caching_allocator.h"
 
+#include <algorithm>
 #include <bit>
 #include <utility>
 
@@ -71,6 +72,9 @@ absl::StatusOr<void*> CachingAllocator::Allocate(size_t bytes) {
   if (stats_.bytes_in_use > stats_.peak_bytes_in_use) {
     stats_.peak_bytes_in_use = stats_.bytes_in_use;
   }
+  stats_.peak_bytes_reserved =
+      std::max(stats_.peak_bytes_reserved,
+               stats_.bytes_in_use + stats_.bytes_cached);
   return ptr;
 }
 
@@ -109,6 +113,12 @@ void CachingAllocator::EmptyCacheLocked() {
 CachingAllocator::Stats CachingAllocator::stats() const {
   absl::MutexLock lock(&mutex_);
   return stats_;
+}
+
+void CachingAllocator::ResetPeaks() {
+  absl::MutexLock lock(&mutex_);
+  stats_.peak_bytes_in_use = stats_.bytes_in_use;
+  stats_.peak_bytes_reserved = stats_.bytes_in_use + stats_.bytes_cached;
 }
 
 }  // namespace conveyor::engine

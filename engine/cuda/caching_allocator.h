@@ -53,6 +53,8 @@ class CachingAllocator {
     size_t bytes_in_use = 0;       // Rounded sizes of blocks handed out.
     size_t peak_bytes_in_use = 0;  // Highest bytes_in_use so far.
     size_t bytes_cached = 0;       // Rounded sizes of blocks in free lists.
+    // Highest bytes_in_use + bytes_cached: what the device gave us.
+    size_t peak_bytes_reserved = 0;
     int64_t blocks_in_use = 0;
     int64_t blocks_cached = 0;
     int64_t raw_allocations = 0;  // Calls to RawAllocator::allocate.
@@ -96,6 +98,8 @@ class CachingAllocator {
   void EmptyCache() ABSL_LOCKS_EXCLUDED(mutex_);
 
   Stats stats() const ABSL_LOCKS_EXCLUDED(mutex_);
+  // Starts the peaks again at the current figures.
+  void ResetPeaks() ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
   void EmptyCacheLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);

@@ -78,6 +78,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   RETURN_IF_ERROR(RunDeviceSmokeTest(device));
   std::unique_ptr<CudaBackend> b(new CudaBackend(device, options));
   const CudaDeviceInfo& info = devices[device];
+  b->memory_capacity_ = info.total_memory_bytes;
   b->peak_flops_ =
       GpuPeakFlops({.compute_major = info.compute_major,
                     .compute_minor = info.compute_minor,
@@ -345,6 +346,17 @@ void CudaBackend::DoCopy(const Tensor& src, const Tensor& dst) {
   CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.bytes(),
                                       cudaMemcpyDeviceToDevice, stream()));
 }
+
+MemoryStats CudaBackend::memory_stats() const {
+  const CachingAllocator::Stats s = allocator_->stats();
+  return {.allocated = s.bytes_in_use,
+          .peak_allocated = s.peak_bytes_in_use,
+          .reserved = s.bytes_in_use + s.bytes_cached,
+          .peak_reserved = s.peak_bytes_reserved,
+          .capacity = memory_capacity_};
+}
+
+void CudaBackend::ResetPeakMemory() { allocator_->ResetPeaks(); }
 
 absl::Status CudaBackend::Synchronize() {
   Activate();

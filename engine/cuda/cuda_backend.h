@@ -100,6 +100,9 @@ class CudaBackend final : public Backend {
   int device() const { return device_; }
   int device_ordinal() const override { return device_; }
   double peak_flops() const override { return peak_flops_; }
+  // The caching allocator's figures; capacity the device's total memory.
+  MemoryStats memory_stats() const override;
+  void ResetPeakMemory() override;
   // The compute stream: for libraries that must run in order with the
   // backend's kernels (NCCL on the same stream, profilers).
   cudaStream_t stream() const { return stream_.get(); }
@@ -252,6 +255,7 @@ class CudaBackend final : public Backend {
   const CudaBackendOptions options_;
   const std::string name_;
   double peak_flops_ = 0;  // Set by Create.
+  uint64_t memory_capacity_ = 0;  // Set by Create.
   // Declared first so it is destroyed last: everything below may still have
   // work queued on it.
   CudaStreamPtr stream_;

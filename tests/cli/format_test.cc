@@ -111,6 +111,23 @@ TEST(FormatStepLineTest, ShowsTheGradientNormAndMfuWhenKnown) {
             "grad norm 0.812  MFU 41.2%");
 }
 
+TEST(FormatStepLineTest, ShowsFlopsPerDeviceAndTheFullestDevicesMemory) {
+  v1::StepSummary s = Step(200, 2.5);
+  s.set_tflops_per_device(312.5);
+  s.set_mfu(0.45);
+  s.set_peak_memory_allocated_bytes(uint64_t{30} << 30);
+  s.set_peak_memory_reserved_bytes(uint64_t{33} << 30);
+  s.set_memory_capacity_bytes(uint64_t{80} << 30);
+  EXPECT_EQ(FormatStepLine(s, 200, 0.0),
+            "step 200/200  loss 2.500000  lr 0.003  3.2 ms  40000 samples/s  "
+            "312 TFLOP/s/device  MFU 45.0%  mem 30.0 GiB (38%), 33.0 GiB "
+            "reserved");
+  // The CPU: reserved is allocated, so it is not repeated.
+  s.set_peak_memory_reserved_bytes(uint64_t{30} << 30);
+  EXPECT_THAT(FormatStepLine(s, 200, 0.0), HasSubstr("mem 30.0 GiB (38%)"));
+  EXPECT_THAT(FormatStepLine(s, 200, 0.0), Not(HasSubstr("reserved")));
+}
+
 TEST(FormatStepLineTest, LeavesOutTheLossWhenThereIsNone) {
   v1::StepSummary s = Step(3, 0);
   s.set_has_loss(false);

@@ -49,6 +49,10 @@ TEST(MetricsLogTest, OneObjectPerStepWithWhatTheStepHas) {
   first.set_receive_wait_fraction(0.125);
   first.set_grad_norm(1.5);
   first.set_mfu(0.375);
+  first.set_tflops_per_device(0.125);
+  first.set_peak_memory_allocated_bytes(3000);
+  first.set_peak_memory_reserved_bytes(4096);
+  first.set_memory_capacity_bytes(65536);
   v1::StepSummary second = first;
   second.set_step(2);
   second.set_has_eval(true);
@@ -75,6 +79,12 @@ TEST(MetricsLogTest, OneObjectPerStepWithWhatTheStepHas) {
   EXPECT_EQ(lines[0]["grad_norm"], 1.5);
   EXPECT_EQ(lines[0]["mfu"], 0.375);
   EXPECT_FALSE(lines[2].contains("mfu"));  // No known peak: absent.
+  EXPECT_EQ(lines[0]["tflops_per_device"], 0.125);
+  EXPECT_EQ(lines[0]["peak_memory_allocated_bytes"], 3000);
+  EXPECT_EQ(lines[0]["peak_memory_reserved_bytes"], 4096);
+  EXPECT_EQ(lines[0]["memory_capacity_bytes"], 65536);
+  EXPECT_FALSE(lines[2].contains("peak_memory_reserved_bytes"));
+  EXPECT_FALSE(lines[2].contains("tflops_per_device"));
   EXPECT_FALSE(lines[0].contains("eval_loss"));
   EXPECT_EQ(lines[1]["eval_loss"], 2.75);
   EXPECT_EQ(lines[1]["eval_perplexity"], 15.6);

@@ -40,6 +40,36 @@ TEST(SummarizeStepTest, TakesTheSlowestRankTheLossAndTheMeanBubble) {
   EXPECT_EQ(s.ranks(1).wait_seconds(), 1.0);
 }
 
+// The step line's memory is the fullest rank's (by reserved bytes), whole;
+// TFLOP/s per device divides the model's FLOP/s by ranks x devices each.
+TEST(SummarizeStepTest, ReportsTheFullestRanksMemoryAndFlopsPerDevice) {
+  v1::StepReport a = Report(1, 2.0, 0), b = Report(1, 2.0, 0);
+  a.set_peak_memory_allocated_bytes(900);
+  a.set_peak_memory_reserved_bytes(1000);
+  a.set_memory_capacity_bytes(8000);
+  b.set_peak_memory_allocated_bytes(1500);  // More allocated, less reserved.
+  b.set_peak_memory_reserved_bytes(1600);
+  b.set_memory_capacity_bytes(4000);
+  const v1::StepSummary s =
+      SummarizeStep(1, {a, b},
+                    {.samples_per_step = 8,
+                     .flops_per_sample = 3e12,
+                     .devices_per_rank = 2});
+  EXPECT_EQ(s.peak_memory_allocated_bytes(), 1500u);
+  EXPECT_EQ(s.peak_memory_reserved_bytes(), 1600u);
+  EXPECT_EQ(s.memory_capacity_bytes(), 4000u);
+  EXPECT_EQ(s.ranks(0).peak_memory_reserved_bytes(), 1000u);
+  EXPECT_EQ(s.ranks(1).memory_capacity_bytes(), 4000u);
+  // 4 samples/s x 3 TFLOP each over 2 ranks x 2 devices.
+  EXPECT_DOUBLE_EQ(s.tflops_per_device(), 3.0);
+  EXPECT_EQ(s.mfu(), 0);  // No device peak known.
+  // Ranks that count nothing leave the memory out.
+  const v1::StepSummary none =
+      SummarizeStep(1, {Report(1, 1.0, 0)}, {.samples_per_step = 8});
+  EXPECT_EQ(none.peak_memory_reserved_bytes(), 0u);
+  EXPECT_EQ(none.tflops_per_device(), 0);
+}
+
 void AddSpan(v1::StepReport& r, v1::Span::Kind kind, int stage, int64_t start,
              int64_t duration) {
   v1::Span* s = r.add_spans();

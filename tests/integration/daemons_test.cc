@@ -959,6 +959,17 @@ std::pair<v1::Job, std::vector<uint64_t>> RunWatchingPeaks(
           }
           peaks[r.rank()] =
               std::max<uint64_t>(peaks[r.rank()], r.peak_activation_bytes());
+          // The device's peak counts every tensor, the stash among them;
+          // on the CPU reserved is allocated.
+          EXPECT_GE(r.peak_memory_allocated_bytes(), r.peak_activation_bytes())
+              << "rank " << r.rank() << ", step " << e.step().step();
+          EXPECT_EQ(r.peak_memory_reserved_bytes(),
+                    r.peak_memory_allocated_bytes());
+          EXPECT_GT(r.memory_capacity_bytes(), 0u);
+        }
+        if (e.step().ranks_size() > 0) {
+          EXPECT_GT(e.step().peak_memory_reserved_bytes(), 0u);
+          EXPECT_GT(e.step().tflops_per_device(), 0);
         }
       });
   EXPECT_TRUE(watched.ok()) << watched;

@@ -815,5 +815,30 @@ TEST(CpuBackendTest, AdamOnVectorsIsBitForBitTheScalarUpdate) {
   }
 }
 
+// The step line's memory: every CPU tensor counts (both precisions'
+// instances share host memory), freed ones come off, and a reset starts the
+// peak at what is held now.
+TEST(CpuBackendTest, MemoryStatsCountTensorsAndTheirPeak) {
+  CpuBackend* be = CpuBackend::Get();
+  be->ResetPeakMemory();
+  const MemoryStats before = be->memory_stats();
+  EXPECT_EQ(before.peak_allocated, before.allocated);
+  EXPECT_EQ(before.reserved, before.allocated);
+  EXPECT_GT(before.capacity, 0u);  // This machine's RAM.
+  {
+    const Tensor a = *be->Empty({1000, 1000}, DType::kF32);
+    const Tensor b =
+        *CpuBackend::Get(Precision::kBf16)->Empty({500, 1000}, DType::kF32);
+    const MemoryStats held = be->memory_stats();
+    EXPECT_GE(held.allocated, before.allocated + 6000000);
+    EXPECT_GE(held.peak_allocated, held.allocated);
+  }
+  const MemoryStats after = be->memory_stats();
+  EXPECT_EQ(after.allocated, before.allocated);
+  EXPECT_GE(after.peak_allocated, before.allocated + 6000000);
+  be->ResetPeakMemory();
+  EXPECT_EQ(be->memory_stats().peak_allocated, before.allocated);
+}
+
 }  // namespace
 }  // namespace conveyor::engine

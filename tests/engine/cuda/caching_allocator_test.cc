@@ -93,6 +93,27 @@ TEST(CachingAllocatorTest, FreedBlocksAreReusedWithoutRawAllocations) {
   allocator.Free(b2);
 }
 
+// The step line's "reserved" peak counts cached blocks too, and a reset
+// (each step's) starts both peaks at what is held now.
+TEST(CachingAllocatorTest, PeaksCountReservedBlocksAndReset) {
+  FakeDevice device;
+  CachingAllocator allocator(device.Raw());
+  void* a = *allocator.Allocate(1000);
+  allocator.Free(a);
+  void* b = *allocator.Allocate(5000);  // Another size class: a raw block.
+  CachingAllocator::Stats s = allocator.stats();
+  EXPECT_EQ(s.peak_bytes_in_use, 5120u);
+  EXPECT_EQ(s.peak_bytes_reserved, 1024u + 5120u);
+  allocator.Free(b);
+  allocator.ResetPeaks();
+  s = allocator.stats();
+  EXPECT_EQ(s.peak_bytes_in_use, 0u);
+  EXPECT_EQ(s.peak_bytes_reserved, 1024u + 5120u);  // Still cached.
+  allocator.EmptyCache();
+  allocator.ResetPeaks();
+  EXPECT_EQ(allocator.stats().peak_bytes_reserved, 0u);
+}
+
 TEST(CachingAllocatorTest, DifferentSizeClassesDoNotShareBlocks) {
   FakeDevice device;
   CachingAllocator allocator(device.Raw());
