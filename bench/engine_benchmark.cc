@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"     // defines: StrCat
+#include "absl/strings/str_cat.h"    // defines: StrCat
 #include "benchmark/benchmark.h"     // defines: BENCHMARK, benchmark::State
 #include "engine/cpu/cpu_backend.h"  // defines: CpuBackend
 #include "engine/init.h"             // defines: InitializeParameter

@@ -156,9 +156,11 @@ std::string MemoryText(const v1::StepSummary& step) {
   std::string out =
       absl::StrCat("  mem ", FormatBytes(step.peak_memory_allocated_bytes()));
   if (step.memory_capacity_bytes() > 0) {
-    absl::StrAppendFormat(&out, " (%.0f%%)",
-                          100.0 * step.peak_memory_allocated_bytes() /
-                              step.memory_capacity_bytes());
+    const double percent = 100.0 * step.peak_memory_allocated_bytes() /
+                           step.memory_capacity_bytes();
+    // A small model in a large RAM: "<1%", not a misleading "0%".
+    absl::StrAppend(
+        &out, percent < 1 ? " (<1%)" : absl::StrFormat(" (%.0f%%)", percent));
   }
   if (step.peak_memory_reserved_bytes() > step.peak_memory_allocated_bytes()) {
     absl::StrAppend(&out, ", ", FormatBytes(step.peak_memory_reserved_bytes()),

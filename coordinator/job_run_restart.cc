@@ -259,7 +259,8 @@ void JobRun::DescribePlan() {
     for (int64_t d : spec.model.input_shape) job_.rates.tokens_per_sample *= d;
   }
   job_.rates.flops_per_sample = spec.model.TrainingFlopsPerSample();
-  job_.rates.devices_per_rank = static_cast<int>(spec.pipeline.devices_per_stage);
+  job_.rates.devices_per_rank =
+      static_cast<int>(spec.pipeline.devices_per_stage);
   v1::Job& info = job_.info;
   info.set_steps_total(spec.training.steps);
   info.set_checkpoint_every(

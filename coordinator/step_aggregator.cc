@@ -71,11 +71,11 @@ v1::StepSummary SummarizeStep(int64_t step,
       s.set_mfu(s.samples_per_second() * rates.flops_per_sample /
                 rates.peak_flops);
     }
-    const double devices =
-        static_cast<double>(reports.size()) * std::max(rates.devices_per_rank, 1);
+    const double devices = static_cast<double>(reports.size()) *
+                           std::max(rates.devices_per_rank, 1);
     if (rates.flops_per_sample > 0 && devices > 0) {
-      s.set_tflops_per_device(s.samples_per_second() *
-                              rates.flops_per_sample / devices / 1e12);
+      s.set_tflops_per_device(s.samples_per_second() * rates.flops_per_sample /
+                              devices / 1e12);
     }
   }
   return s;

@@ -258,8 +258,8 @@ class Backend {
   // gets zeros and lse -inf. Results per (sample, head) do not depend on B,
   // H or the thread count, so replicas and tensor-parallel ranks stay equal
   // to one whole stage.
-  void Attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                 float scale, const AttentionMask& mask, const Tensor& out,
+  void Attention(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                 const AttentionMask& mask, const Tensor& out,
                  const Tensor& lse);
   // The gradients of Attention: dq [B, H, S, D], dk and dv [B, G, S, D]
   // (overwritten) from dout, with the forward's inputs, out and lse.

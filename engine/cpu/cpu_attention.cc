@@ -135,7 +135,7 @@ struct RowRanges {
 
 // Per-thread scratch of n floats, reused across calls.
 float* Scratch(int slot, int64_t n) {
-  thread_local std::vector<float> buffers[3];
+  thread_local std::vector<float> buffers[2];
   std::vector<float>& b = buffers[slot];
   if (b.size() < static_cast<size_t>(n)) b.resize(static_cast<size_t>(n));
   return b.data();
@@ -149,8 +149,8 @@ float RowMax(const float* x, int64_t lo, int64_t hi) {
     const Vf v = Load(x + c);
     lanes = v > lanes ? v : lanes;
   }
-  float max = std::max(std::max(lanes[0], lanes[1]),
-                       std::max(lanes[2], lanes[3]));
+  float max =
+      std::max(std::max(lanes[0], lanes[1]), std::max(lanes[2], lanes[3]));
   for (; c < hi; ++c) max = std::max(max, x[c]);
   return max;
 }
@@ -318,9 +318,8 @@ void CpuBackend::DoAttention(const Tensor& q, const Tensor& k, const Tensor& v,
                   [&](int64_t task) {
                     const int64_t bh = task / blocks;
                     const int64_t q0 = task % blocks * kBlock;
-                    ForwardBlock(g, in, bf16, scale, bh / g.heads,
-                                 bh % g.heads, q0,
-                                 std::min(q0 + kBlock, g.seq), po, pl);
+                    ForwardBlock(g, in, bf16, scale, bh / g.heads, bh % g.heads,
+                                 q0, std::min(q0 + kBlock, g.seq), po, pl);
                   });
 }
 

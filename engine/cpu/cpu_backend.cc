@@ -104,9 +104,9 @@ MemoryStats CpuBackend::memory_stats() const {
   static const uint64_t capacity = [] {
     const long pages = sysconf(_SC_PHYS_PAGES);
     const long page = sysconf(_SC_PAGESIZE);
-    return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) *
-                                       static_cast<uint64_t>(page)
-                                 : uint64_t{0};
+    return pages > 0 && page > 0
+               ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)
+               : uint64_t{0};
   }();
   const uint64_t now = allocated_bytes.load(std::memory_order_relaxed);
   const uint64_t peak = peak_allocated_bytes.load(std::memory_order_relaxed);

@@ -145,8 +145,7 @@ void GeluForward(const float* x, float* y, int64_t n, bool tanh, Width width) {
   if (width == Width::k16) done = GeluForward16(x, y, n, tanh);
   if (width == Width::k8) done = GeluForward8(x, y, n, tanh);
 #endif
-  MapUnary(x + done, y + done, n - done,
-           [=](Vf v) { return Gelu(v, tanh); });
+  MapUnary(x + done, y + done, n - done, [=](Vf v) { return Gelu(v, tanh); });
 }
 
 void GeluBackward(const float* x, const float* dy, float* dx, int64_t n,
@@ -166,8 +165,7 @@ void ExpShifted(float* x, int64_t n, float shift, Width width) {
   if (width == Width::k16) done = ExpShifted16(x, n, shift);
   if (width == Width::k8) done = ExpShifted8(x, n, shift);
 #endif
-  MapUnary(x + done, x + done, n - done,
-           [=](Vf v) { return ExpT(v - shift); });
+  MapUnary(x + done, x + done, n - done, [=](Vf v) { return ExpT(v - shift); });
 }
 
 }  // namespace conveyor::engine::cpu_internal

@@ -72,9 +72,8 @@ absl::StatusOr<void*> CachingAllocator::Allocate(size_t bytes) {
   if (stats_.bytes_in_use > stats_.peak_bytes_in_use) {
     stats_.peak_bytes_in_use = stats_.bytes_in_use;
   }
-  stats_.peak_bytes_reserved =
-      std::max(stats_.peak_bytes_reserved,
-               stats_.bytes_in_use + stats_.bytes_cached);
+  stats_.peak_bytes_reserved = std::max(
+      stats_.peak_bytes_reserved, stats_.bytes_in_use + stats_.bytes_cached);
   return ptr;
 }
 

@@ -42,8 +42,7 @@ __device__ __forceinline__ float In(float x, bool bf16) {
 // The keys [*lo, *hi) query `row` of sample `b` sees (engine/backend.h's
 // AttentionMask).
 __device__ __forceinline__ void Visible(const AttentionArgs& a, int64_t b,
-                                        int64_t row, int64_t* lo,
-                                        int64_t* hi) {
+                                        int64_t row, int64_t* lo, int64_t* hi) {
   *lo = 0;
   *hi = a.seq;
   if (a.spans != nullptr) {
@@ -66,8 +65,7 @@ __device__ __forceinline__ void LoadRow(const float* row, int64_t dim,
 }
 
 __device__ __forceinline__ float Dot(const float (&x)[kPerLane],
-                                     const float* row, int64_t dim,
-                                     bool bf16) {
+                                     const float* row, int64_t dim, bool bf16) {
   const int lane = threadIdx.x % 32;
   float sum = 0.0f;
 #pragma unroll
@@ -81,8 +79,8 @@ __device__ __forceinline__ float Dot(const float (&x)[kPerLane],
 // Grids are (matrices, row blocks): blockIdx.x is the (sample, head) or
 // (sample, group), and warp w of row block y owns row y * warps + w; row
 // blocks past the grid's 65535 loop.
-#define CONVEYOR_FOR_EACH_ROW(row)                                         \
-  for (int64_t row = blockIdx.y * kWarpsPerBlock + threadIdx.x / 32;       \
+#define CONVEYOR_FOR_EACH_ROW(row)                                   \
+  for (int64_t row = blockIdx.y * kWarpsPerBlock + threadIdx.x / 32; \
        row < a.seq; row += static_cast<int64_t>(gridDim.y) * kWarpsPerBlock)
 
 __device__ void ForwardRow(const AttentionArgs& a, const float* q,
@@ -164,7 +162,8 @@ __device__ void BackwardQueryRow(const AttentionArgs& a, const float* q,
   Visible(a, b, row, &lo, &hi);
   if (row_lse == -INFINITY) hi = lo;
   for (int64_t j = lo; j < hi; ++j) {
-    const float p = expf(a.scale * Dot(qr, k_rows + j * d, d, a.bf16) - row_lse);
+    const float p =
+        expf(a.scale * Dot(qr, k_rows + j * d, d, a.bf16) - row_lse);
     const float dp = Dot(go, v_rows + j * d, d, a.bf16);
     const float ds = In(p * (dp - dl), a.bf16);
 #pragma unroll
@@ -193,10 +192,9 @@ __global__ void AttentionBackwardQueryKernel(AttentionArgs a, const float* q,
 // dk and dv of one key row of a (sample, group): sums over every query head
 // of the group and every query that sees the key, in order.
 __device__ void BackwardKeyRow(const AttentionArgs& a, const float* q,
-                               const float* k, const float* v,
-                               const float* lse, const float* dout,
-                               const float* delta, float* dk, float* dv,
-                               int64_t key) {
+                               const float* k, const float* v, const float* lse,
+                               const float* dout, const float* delta, float* dk,
+                               float* dv, int64_t key) {
   const int64_t bg = blockIdx.x, b = bg / a.groups, group = bg % a.groups;
   const int64_t per_group = a.heads / a.groups, d = a.dim;
   const int lane = threadIdx.x % 32;
@@ -280,9 +278,9 @@ void AttentionBackward(const AttentionArgs& a, const float* q, const float* k,
                                  32 * kWarpsPerBlock, 0, stream>>>(
       a, q, k, v, out, lse, dout, dq, delta);
   CheckLaunch();
-  AttentionBackwardKeyKernel<<<Grid(a, a.batch * a.groups),
-                               32 * kWarpsPerBlock, 0, stream>>>(
-      a, q, k, v, lse, dout, delta, dk, dv);
+  AttentionBackwardKeyKernel<<<Grid(a, a.batch * a.groups), 32 * kWarpsPerBlock,
+                               0, stream>>>(a, q, k, v, lse, dout, delta, dk,
+                                            dv);
   CheckLaunch();
 }
 

@@ -70,6 +70,15 @@ struct CudaBackendOptions {
   // channel's staging of this device's tensors): a pipeline's activations
   // and gradients, a few microbatches of them in flight per peer.
   size_t host_staging_bytes = size_t{1} << 30;
+  // How Backend::Attention runs. kAuto: through cuBLAS GEMMs and the softmax
+  // kernel into scratch score matrices (freed at once; the stash keeps
+  // none, the backward computes them again) while the two [B, H, S, S]
+  // buffers fit in attention_materialize_bytes, else the fused kernels,
+  // which hold no score matrix but use no tensor cores (yet: cuDNN's fused
+  // SDPA is to replace both). Tests force one or the other.
+  enum class AttentionKernel : uint8_t { kAuto, kFused, kMaterialize };
+  AttentionKernel attention = AttentionKernel::kAuto;
+  size_t attention_materialize_bytes = size_t{2} << 30;
 };
 
 class CudaBackend final : public Backend {
@@ -235,6 +244,18 @@ class CudaBackend final : public Backend {
   // Whether the fused attention kernels take q's head_dim; records the
   // error for the next Synchronize() when not.
   bool AttentionFits(const Tensor& q, absl::string_view what);
+  // Whether Attention of q [B, H, S, D] materializes its scores (options).
+  bool MaterializesAttention(const Tensor& q) const;
+  // The materializing forward and backward
+  // (engine/cuda/cuda_backend_kernels.cc).
+  void MaterializedAttention(const Tensor& q, const Tensor& k, const Tensor& v,
+                             float scale, const AttentionMask& mask,
+                             const Tensor& out, const Tensor& lse);
+  void MaterializedAttentionBackward(const Tensor& q, const Tensor& k,
+                                     const Tensor& v, const Tensor& dout,
+                                     float scale, const AttentionMask& mask,
+                                     const Tensor& dq, const Tensor& dk,
+                                     const Tensor& dv);
   // Scratch of `bytes` bytes; on failure records the error for the next
   // Synchronize() (void methods) and returns a null block.
   Scratch ScratchOrDefer(size_t bytes, absl::string_view what);
@@ -254,7 +275,7 @@ class CudaBackend final : public Backend {
   const int device_;
   const CudaBackendOptions options_;
   const std::string name_;
-  double peak_flops_ = 0;  // Set by Create.
+  double peak_flops_ = 0;         // Set by Create.
   uint64_t memory_capacity_ = 0;  // Set by Create.
   // Declared first so it is destroyed last: everything below may still have
   // work queued on it.

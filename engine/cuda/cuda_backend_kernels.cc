@@ -198,7 +198,7 @@ void CudaBackend::DoSoftmax(const Tensor& x, float scale, bool causal,
   const int64_t rows = x.numel() / std::max<int64_t>(cols, 1);
   Activate();
   ci::Softmax(F(x), scale, causal, rows, std::max<int64_t>(rows_per, 1), cols,
-              F(y), stream());
+              F(y), /*lse=*/nullptr, stream());
 }
 
 void CudaBackend::DoSoftmaxInSpans(const Tensor& x, float scale, bool causal,
@@ -207,7 +207,8 @@ void CudaBackend::DoSoftmaxInSpans(const Tensor& x, float scale, bool causal,
   const int64_t rows = x.numel() / std::max<int64_t>(seq, 1);
   Activate();
   ci::SoftmaxInSpans(F(x), scale, causal, rows, seq, Ptr<int64_t>(spans),
-                     rows / seq / spans.dim(0), F(y), stream());
+                     rows / seq / spans.dim(0), F(y), /*lse=*/nullptr,
+                     stream());
 }
 
 void CudaBackend::DoSoftmaxBackward(const Tensor& y, const Tensor& dy,
@@ -244,13 +245,130 @@ bool CudaBackend::AttentionFits(const Tensor& q, absl::string_view what) {
   return false;
 }
 
-void CudaBackend::DoAttention(const Tensor& q, const Tensor& k,
-                              const Tensor& v, float scale,
-                              const AttentionMask& mask, const Tensor& out,
-                              const Tensor& lse) {
-  if (!AttentionFits(q, "Attention")) return;
+bool CudaBackend::MaterializesAttention(const Tensor& q) const {
+  using Kind = CudaBackendOptions::AttentionKernel;
+  if (options_.attention != Kind::kAuto) {
+    return options_.attention == Kind::kMaterialize;
+  }
+  // Two [B, H, S, S] f32 buffers (the backward's scores and their
+  // gradients), counted in double: no overflow for any shape.
+  const double bytes = 2.0 * 4.0 * static_cast<double>(q.dim(0)) *
+                       static_cast<double>(q.dim(1)) *
+                       static_cast<double>(q.dim(2)) *
+                       static_cast<double>(q.dim(2));
+  return bytes <= static_cast<double>(options_.attention_materialize_bytes);
+}
+
+namespace {
+
+// One strided batch over (sample, key/value head): the query heads of a
+// group are contiguous, so a group's r query heads are one [r * S, ...]
+// matrix (engine/layers/head_gemm.h's layout, on raw pointers).
+GemmBatch GroupGemm(int64_t groups, bool trans_a, bool trans_b, int64_t m,
+                    int64_t n, int64_t k, const float* a, int64_t lda,
+                    int64_t stride_a, const float* b, int64_t ldb,
+                    int64_t stride_b, float* c, int64_t ldc, int64_t stride_c) {
+  GemmBatch g;
+  g.batch = groups;
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a;
+  g.lda = lda;
+  g.stride_a = stride_a;
+  g.b = b;
+  g.ldb = ldb;
+  g.stride_b = stride_b;
+  g.c = c;
+  g.ldc = ldc;
+  g.stride_c = stride_c;
+  return g;
+}
+
+}  // namespace
+
+namespace {
+
+// B, H, G, S, D of an attention call, and the query heads per group.
+struct AttentionShape {
+  int64_t b, h, g, s, d, r;
+};
+AttentionShape ShapeOf(const Tensor& q, const Tensor& k) {
+  return {q.dim(0), q.dim(1), k.dim(1),
+          q.dim(2), q.dim(3), q.dim(1) / k.dim(1)};
+}
+
+}  // namespace
+
+// scores = q k^T per head into a [B, H, S, S] scratch, the masked softmax
+// of scale * scores in place (with each row's lse), then out = probs v.
+void CudaBackend::MaterializedAttention(const Tensor& q, const Tensor& k,
+                                        const Tensor& v, float scale,
+                                        const AttentionMask& mask,
+                                        const Tensor& out, const Tensor& lse) {
+  const auto [b, h, g, s, d, r] = ShapeOf(q, k);
+  Scratch probs =
+      ScratchOrDefer(b * h * s * s * sizeof(float), "Attention scores");
+  if (!probs.ok()) return;
+  float* p = probs.as<float>();
+  GemmStridedBatched(GroupGemm(b * g, false, true, r * s, s, d, F(q), d,
+                               r * s * d, F(k), d, s * d, p, s, r * s * s));
+  if (mask.spans.defined()) {
+    ci::SoftmaxInSpans(p, scale, mask.causal, b * h * s, s,
+                       Ptr<int64_t>(mask.spans), h, p, F(lse), stream());
+  } else {
+    ci::Softmax(p, scale, mask.causal, b * h * s, s, s, p, F(lse), stream());
+  }
+  GemmStridedBatched(GroupGemm(b * g, false, false, r * s, d, s, p, s,
+                               r * s * s, F(v), d, s * d, F(out), d,
+                               r * s * d));
+}
+
+void CudaBackend::MaterializedAttentionBackward(
+    const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+    float scale, const AttentionMask& mask, const Tensor& dq, const Tensor& dk,
+    const Tensor& dv) {
+  const auto [b, h, g, s, d, r] = ShapeOf(q, k);
+  const size_t bytes = b * h * s * s * sizeof(float);
+  Scratch probs = ScratchOrDefer(bytes, "AttentionBackward scores");
+  Scratch grads = ScratchOrDefer(bytes, "AttentionBackward score gradients");
+  if (!probs.ok() || !grads.ok()) return;
+  float* p = probs.as<float>();
+  float* dp = grads.as<float>();
+  // The forward's probabilities again (the same kernels: the same bits).
+  GemmStridedBatched(GroupGemm(b * g, false, true, r * s, s, d, F(q), d,
+                               r * s * d, F(k), d, s * d, p, s, r * s * s));
+  if (mask.spans.defined()) {
+    ci::SoftmaxInSpans(p, scale, mask.causal, b * h * s, s,
+                       Ptr<int64_t>(mask.spans), h, p, nullptr, stream());
+  } else {
+    ci::Softmax(p, scale, mask.causal, b * h * s, s, s, p, nullptr, stream());
+  }
+  GemmStridedBatched(GroupGemm(b * g, false, true, r * s, s, d, F(dout), d,
+                               r * s * d, F(v), d, s * d, dp, s, r * s * s));
+  // A key or value head's gradient sums over its group's query heads: the
+  // contraction over the group's r * S rows does that in the same GEMM.
+  GemmStridedBatched(GroupGemm(b * g, true, false, s, d, r * s, p, s, r * s * s,
+                               F(dout), d, r * s * d, F(dv), d, s * d));
+  ci::SoftmaxBackward(p, dp, scale, b * h * s, s, dp, stream());
+  GemmStridedBatched(GroupGemm(b * g, false, false, r * s, d, s, dp, s,
+                               r * s * s, F(k), d, s * d, F(dq), d, r * s * d));
+  GemmStridedBatched(GroupGemm(b * g, true, false, s, d, r * s, dp, s,
+                               r * s * s, F(q), d, r * s * d, F(dk), d, s * d));
+}
+
+void CudaBackend::DoAttention(const Tensor& q, const Tensor& k, const Tensor& v,
+                              float scale, const AttentionMask& mask,
+                              const Tensor& out, const Tensor& lse) {
   if (mask.spans.defined()) Ptr<int64_t>(mask.spans);  // Checks the backend.
   Activate();
+  if (MaterializesAttention(q)) {
+    MaterializedAttention(q, k, v, scale, mask, out, lse);
+    return;
+  }
+  if (!AttentionFits(q, "Attention")) return;
   ci::AttentionForward(AttentionSizes(q, k, scale, mask, bf16()), F(q), F(k),
                        F(v), F(out), F(lse), stream());
 }
@@ -261,9 +379,13 @@ void CudaBackend::DoAttentionBackward(const Tensor& q, const Tensor& k,
                                       float scale, const AttentionMask& mask,
                                       const Tensor& dq, const Tensor& dk,
                                       const Tensor& dv) {
-  if (!AttentionFits(q, "AttentionBackward")) return;
   if (mask.spans.defined()) Ptr<int64_t>(mask.spans);
   Activate();
+  if (MaterializesAttention(q)) {
+    MaterializedAttentionBackward(q, k, v, dout, scale, mask, dq, dk, dv);
+    return;
+  }
+  if (!AttentionFits(q, "AttentionBackward")) return;
   Scratch delta =
       ScratchOrDefer(lse.numel() * sizeof(float), "AttentionBackward");
   if (!delta.ok()) return;

@@ -89,10 +89,13 @@ struct LayerNormWeightLoad {
 // --- Softmax -----------------------------------------------------------------
 
 // With `spans` (I64 [samples, seq, 2], `heads` score matrices per sample),
-// query q sees the keys of its document's [first, end) only.
+// query q sees the keys of its document's [first, end) only. With `lse`,
+// each row's log-sum-exp of its scaled, unmasked entries (-inf for a row
+// that sees none): the fused attention's statistic.
 __global__ void SoftmaxKernel(const float* x, float scale, bool causal,
                               int64_t rows_per_matrix, int64_t cols,
-                              const int64_t* spans, int64_t heads, float* y) {
+                              const int64_t* spans, int64_t heads, float* y,
+                              float* lse) {
   __shared__ float shared[32];
   const int64_t r = blockIdx.x;
   const float* in = x + r * cols;
@@ -118,7 +121,11 @@ __global__ void SoftmaxKernel(const float* x, float scale, bool causal,
     out[c] = e;
     sum += e;
   }
-  const float inv = 1.0f / BlockSum(sum, shared);
+  const float total = BlockSum(sum, shared);
+  const float inv = 1.0f / total;
+  if (lse != nullptr && threadIdx.x == 0) {
+    lse[r] = total > 0.0f ? max + logf(total) : -INFINITY;
+  }
   // Each thread rescales the entries it wrote itself: no barrier needed.
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     out[c] = c >= lo && c < hi ? out[c] * inv : 0.0f;
@@ -380,20 +387,20 @@ void LayerNormBackwardWeight(const float* x, const float* mean,
 }
 
 void Softmax(const float* x, float scale, bool causal, int64_t rows,
-             int64_t rows_per_matrix, int64_t cols, float* y,
+             int64_t rows_per_matrix, int64_t cols, float* y, float* lse,
              cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
   SoftmaxKernel<<<RowBlocks(rows), RowThreads(cols), 0, stream>>>(
-      x, scale, causal, rows_per_matrix, cols, nullptr, 1, y);
+      x, scale, causal, rows_per_matrix, cols, nullptr, 1, y, lse);
   CheckLaunch();
 }
 
 void SoftmaxInSpans(const float* x, float scale, bool causal, int64_t rows,
                     int64_t seq, const int64_t* spans, int64_t heads, float* y,
-                    cudaStream_t stream) {
+                    float* lse, cudaStream_t stream) {
   if (rows <= 0 || seq <= 0) return;
   SoftmaxKernel<<<RowBlocks(rows), RowThreads(seq), 0, stream>>>(
-      x, scale, causal, seq, seq, spans, heads, y);
+      x, scale, causal, seq, seq, spans, heads, y, lse);
   CheckLaunch();
 }
 

@@ -65,7 +65,8 @@ std::vector<Parameter*> LlamaAttention::parameters() {
 }
 
 // Stash: saved = {x, q, k, v, context, merged, positions, lse, spans} with
-// q and k rotated and in heads layout; BI adds output_grads = {dq, dk, dv} in [B, S, width] layout.
+// q and k rotated and in heads layout; BI adds output_grads = {dq, dk, dv} in
+// [B, S, width] layout.
 absl::StatusOr<Tensor> LlamaAttention::Forward(const Tensor& x, Stash& stash) {
   CONVEYOR_CHECK(x.rank() == 3 && x.dim(2) == o_.features,
                  "llama attention takes [batch, seq, features]");
@@ -98,9 +99,9 @@ absl::StatusOr<Tensor> LlamaAttention::Forward(const Tensor& x, Stash& stash) {
   be.Rope(q, freqs, /*inverse=*/false, q, positions);
   be.Rope(k, freqs, /*inverse=*/false, k, positions);
 
-  ASSIGN_OR_RETURN(const AttentionMask mask,
-                   CurrentAttentionMask(/*causal=*/true, b, s,
-                                        "llama_attention"));
+  ASSIGN_OR_RETURN(
+      const AttentionMask mask,
+      CurrentAttentionMask(/*causal=*/true, b, s, "llama_attention"));
   ASSIGN_OR_RETURN(Tensor context, be.Empty({b, h, s, d}, DType::kF32));
   ASSIGN_OR_RETURN(Tensor lse, be.Empty({b, h, s}, DType::kF32));
   be.Attention(q, k, v, 1.0f / std::sqrt(static_cast<float>(d)), mask, context,

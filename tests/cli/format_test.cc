@@ -126,6 +126,8 @@ TEST(FormatStepLineTest, ShowsFlopsPerDeviceAndTheFullestDevicesMemory) {
   s.set_peak_memory_reserved_bytes(uint64_t{30} << 30);
   EXPECT_THAT(FormatStepLine(s, 200, 0.0), HasSubstr("mem 30.0 GiB (38%)"));
   EXPECT_THAT(FormatStepLine(s, 200, 0.0), Not(HasSubstr("reserved")));
+  s.set_memory_capacity_bytes(uint64_t{24} << 40);
+  EXPECT_THAT(FormatStepLine(s, 200, 0.0), HasSubstr("mem 30.0 GiB (<1%)"));
 }
 
 TEST(FormatStepLineTest, LeavesOutTheLossWhenThereIsNone) {

@@ -50,11 +50,9 @@ TEST(SummarizeStepTest, ReportsTheFullestRanksMemoryAndFlopsPerDevice) {
   b.set_peak_memory_allocated_bytes(1500);  // More allocated, less reserved.
   b.set_peak_memory_reserved_bytes(1600);
   b.set_memory_capacity_bytes(4000);
-  const v1::StepSummary s =
-      SummarizeStep(1, {a, b},
-                    {.samples_per_step = 8,
-                     .flops_per_sample = 3e12,
-                     .devices_per_rank = 2});
+  const v1::StepSummary s = SummarizeStep(
+      1, {a, b},
+      {.samples_per_step = 8, .flops_per_sample = 3e12, .devices_per_rank = 2});
   EXPECT_EQ(s.peak_memory_allocated_bytes(), 1500u);
   EXPECT_EQ(s.peak_memory_reserved_bytes(), 1600u);
   EXPECT_EQ(s.memory_capacity_bytes(), 4000u);

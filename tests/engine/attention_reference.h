@@ -133,8 +133,7 @@ inline Reference Compute(const Problem& p, double w) {
           for (int64_t j = lo; j < end; ++j) {
             o += prob[j] * v[j * d + c];
             const double av = std::fabs(v[j * d + c]);
-            bound += err[j] * av +
-                     (2 * w + gamma(end - lo) + u) * prob[j] * av;
+            bound += err[j] * av + (2 * w + gamma(end - lo) + u) * prob[j] * av;
           }
           ref.out[(row0 + i) * d + c] = o;
           ref.out_bound[(row0 + i) * d + c] = bound;
@@ -178,8 +177,8 @@ inline Reference Compute(const Problem& p, double w) {
                 p.scale * (ds_err[j] * aq +
                            (w + gamma(r * s + 1)) * std::fabs(ds[j]) * aq);
             ref.dv[at] += prob[j] * go[i * d + c];
-            ref.dv_bound[at] += (err[j] + w * prob[j]) * ag +
-                                (w + gamma(r * s)) * prob[j] * ag;
+            ref.dv_bound[at] +=
+                (err[j] + w * prob[j]) * ag + (w + gamma(r * s)) * prob[j] * ag;
           }
         }
       }
@@ -190,10 +189,9 @@ inline Reference Compute(const Problem& p, double w) {
 
 // |got - want| <= 2 * bound elementwise (2: the second-order terms the
 // first-order bound leaves out), reporting the first failure.
-inline ::testing::AssertionResult WithinBound(const char* what,
-                                       const std::vector<float>& got,
-                                       const std::vector<double>& want,
-                                       const std::vector<double>& bound) {
+inline ::testing::AssertionResult WithinBound(
+    const char* what, const std::vector<float>& got,
+    const std::vector<double>& want, const std::vector<double>& bound) {
   if (got.size() != want.size()) {
     return ::testing::AssertionFailure() << what << ": sizes differ";
   }

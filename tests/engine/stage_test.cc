@@ -33,6 +33,19 @@ std::unique_ptr<Stage> Build(const ModelSpec& spec) {
   return *std::move(stage);
 }
 
+// The weight gradients of `split` (run F, BI, BW) equal those of `whole`
+// after a full backward of the same microbatch, bit for bit.
+void ExpectWholeBackwardsGradients(Stage& split, Stage& whole, const Tensor& x,
+                                   const Tensor& dy) {
+  ASSERT_TRUE(whole.Forward(0, x).ok());
+  ASSERT_TRUE(whole.Backward(0, dy).ok());
+  std::vector<Parameter*> a = split.parameters(), b = whole.parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(ToVector(a[i]->grad), ToVector(b[i]->grad)) << a[i]->name;
+  }
+}
+
 // After BI a microbatch keeps only what BW reads: each dense layer's input
 // and output gradient; the ReLU between them needs nothing. So a zero-bubble
 // schedule holding BWs back holds less than a forward stash plus gradients.
@@ -58,14 +71,7 @@ TEST(StageTest, BackwardInputKeepsOnlyWhatTheWeightBackwardReads) {
   ASSERT_TRUE(split->BackwardWeight(0).ok());
   EXPECT_EQ(split->live_activation_bytes(), 0u);
 
-  // The weight gradients equal a full backward's, bit for bit.
-  ASSERT_TRUE(whole->Forward(0, x).ok());
-  ASSERT_TRUE(whole->Backward(0, dy).ok());
-  std::vector<Parameter*> a = split->parameters(), b = whole->parameters();
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(ToVector(a[i]->grad), ToVector(b[i]->grad)) << a[i]->name;
-  }
+  ExpectWholeBackwardsGradients(*split, *whole, x, dy);
 }
 
 // Fused attention keeps no [seq, seq] tensor: every stashed tensor is
@@ -77,10 +83,10 @@ TEST(StageTest, AttentionStashIsLinearInTheSequence) {
   size_t forward[2], after_bi[2];
   for (int i = 0; i < 2; ++i) {
     const int64_t seq = 32 << i;
-    const ModelSpec spec =
-        Parse("    - transformer_block: {heads: 2, mlp_features: 16, "
-              "norm: post, causal: true}\n",
-              absl::StrCat("[", seq, ", 8]"));
+    const ModelSpec spec = Parse(
+        "    - transformer_block: {heads: 2, mlp_features: 16, "
+        "norm: post, causal: true}\n",
+        absl::StrCat("[", seq, ", 8]"));
     std::unique_ptr<Stage> split = Build(spec);
     std::unique_ptr<Stage> whole = Build(spec);
     const Tensor x = RandomTensor({2, seq, 8}, 1);
@@ -92,13 +98,7 @@ TEST(StageTest, AttentionStashIsLinearInTheSequence) {
     EXPECT_GT(after_bi[i], 0u);
     ASSERT_TRUE(split->BackwardWeight(0).ok());
     EXPECT_EQ(split->live_activation_bytes(), 0u);
-    ASSERT_TRUE(whole->Forward(0, x).ok());
-    ASSERT_TRUE(whole->Backward(0, dy).ok());
-    std::vector<Parameter*> a = split->parameters(), b = whole->parameters();
-    ASSERT_EQ(a.size(), b.size());
-    for (size_t p = 0; p < a.size(); ++p) {
-      EXPECT_EQ(ToVector(a[p]->grad), ToVector(b[p]->grad)) << a[p]->name;
-    }
+    ExpectWholeBackwardsGradients(*split, *whole, x, dy);
   }
   EXPECT_EQ(forward[1], 2 * forward[0]);
   EXPECT_EQ(after_bi[1], 2 * after_bi[0]);

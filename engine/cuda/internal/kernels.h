@@ -153,14 +153,16 @@ void Rope(const RopeArgs& args, cudaStream_t stream);
 
 // rows_per_matrix: the rows of one [rows, cols] matrix (for the causal
 // mask); rows: all rows.
+// lse: nullptr, or one float per row for its log-sum-exp (SoftmaxKernel).
+// y may alias x.
 void Softmax(const float* x, float scale, bool causal, int64_t rows,
-             int64_t rows_per_matrix, int64_t cols, float* y,
+             int64_t rows_per_matrix, int64_t cols, float* y, float* lse,
              cudaStream_t stream);
 // Softmax of [rows / seq, seq, seq] scores within documents: spans I64
 // [samples, seq, 2], `heads` score matrices per sample.
 void SoftmaxInSpans(const float* x, float scale, bool causal, int64_t rows,
                     int64_t seq, const int64_t* spans, int64_t heads, float* y,
-                    cudaStream_t stream);
+                    float* lse, cudaStream_t stream);
 void SoftmaxBackward(const float* y, const float* dy, float scale, int64_t rows,
                      int64_t cols, float* dx, cudaStream_t stream);
 // Between qkv [B, S, 3, H, D] and q, k, v [B, H, S, D]; `to_heads` picks the

@@ -80,11 +80,11 @@ Fused RunMaterializing(Backend& be, const Problem& p) {
   be.GemmStridedBatched(
       HeadGemm(b * g, false, false, r * s, d, s, probs, s, v, d, 0.0f, out));
   const Tensor d_probs = *be.Empty({b, h, s, s}, DType::kF32);
-  be.GemmStridedBatched(HeadGemm(b * g, false, true, r * s, s, d, dout, d, v,
-                                 d, 0.0f, d_probs));
+  be.GemmStridedBatched(
+      HeadGemm(b * g, false, true, r * s, s, d, dout, d, v, d, 0.0f, d_probs));
   const Tensor dv = *be.Empty({b, g, s, d}, DType::kF32);
-  be.GemmStridedBatched(HeadGemm(b * g, true, false, s, d, r * s, probs, s,
-                                 dout, d, 0.0f, dv));
+  be.GemmStridedBatched(
+      HeadGemm(b * g, true, false, s, d, r * s, probs, s, dout, d, 0.0f, dv));
   const Tensor d_scores = *be.Empty({b, h, s, s}, DType::kF32);
   be.SoftmaxBackward(probs, d_probs, p.scale, d_scores);
   const Tensor dq = *be.Empty({b, h, s, d}, DType::kF32);

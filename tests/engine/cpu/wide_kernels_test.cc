@@ -18,9 +18,9 @@ namespace {
 // length so every width leaves a tail for the 4-lane loop.
 std::vector<float> Inputs() {
   std::vector<float> x = testing_util::Random(1003, 17, 4.0f);
-  const float extremes[] = {0.0f,   -0.0f,  1e-30f, -1e-30f, 9.0f,
-                            -9.0f,  87.5f,  -87.5f, 100.0f,  -100.0f,
-                            1e30f,  -1e30f, 3e38f,  -3e38f,  1e-40f};
+  const float extremes[] = {0.0f,  -0.0f,  1e-30f, -1e-30f, 9.0f,
+                            -9.0f, 87.5f,  -87.5f, 100.0f,  -100.0f,
+                            1e30f, -1e30f, 3e38f,  -3e38f,  1e-40f};
   for (size_t i = 0; i < std::size(extremes); ++i) x[i * 7] = extremes[i];
   return x;
 }

@@ -11,6 +11,7 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -543,9 +544,15 @@ TEST_F(CudaBackendTest, FusedAttentionMatchesTheExactResultWithinItsBound) {
                           {1, 8, 2, 130, 128, true, false},
                           {2, 4, 4, 50, 32, false, false},
                           {2, 4, 1, 90, 64, true, true}};
-  for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
+  using Kind = CudaBackendOptions::AttentionKernel;
+  for (const auto& [precision, kind] :
+       {std::pair{Precision::kFp32, Kind::kFused},
+        std::pair{Precision::kBf16, Kind::kFused},
+        std::pair{Precision::kFp32, Kind::kMaterialize},
+        std::pair{Precision::kBf16, Kind::kMaterialize}}) {
     CudaBackendOptions options;
     options.precision = precision;
+    options.attention = kind;
     absl::StatusOr<std::unique_ptr<CudaBackend>> created =
         CudaBackend::Create(0, options);
     ASSERT_TRUE(created.ok()) << created.status();
@@ -561,10 +568,9 @@ TEST_F(CudaBackendTest, FusedAttentionMatchesTheExactResultWithinItsBound) {
       return *out;
     };
     for (const Shape5& c : cases) {
-      const std::string what =
-          absl::StrCat(PrecisionName(precision), " b", c.b, " h", c.h, " g",
-                       c.g, " s", c.s, " d", c.d, " causal ", c.causal,
-                       " documents ", c.documents);
+      const std::string what = absl::StrCat(
+          PrecisionName(precision), " b", c.b, " h", c.h, " g", c.g, " s", c.s,
+          " d", c.d, " causal ", c.causal, " documents ", c.documents);
       testing_util::Problem p(c.b, c.h, c.g, c.s, c.d, c.causal, 21);
       if (c.documents) p.Documents({40, 1, 25});
       const testing_util::Reference ref = testing_util::Compute(
@@ -581,11 +587,10 @@ TEST_F(CudaBackendTest, FusedAttentionMatchesTheExactResultWithinItsBound) {
       const Tensor dk = *be->Empty(k.shape(), DType::kF32);
       const Tensor dv = *be->Empty(k.shape(), DType::kF32);
       be->Attention(q, k, v, p.scale, mask, out, lse);
-      be->AttentionBackward(q, k, v, out, lse, dout, p.scale, mask, dq, dk,
-                            dv);
+      be->AttentionBackward(q, k, v, out, lse, dout, p.scale, mask, dq, dk, dv);
       ASSERT_TRUE(be->Synchronize().ok()) << what;
-      EXPECT_TRUE(testing_util::WithinBound("out", Values(out), ref.out,
-                                            ref.out_bound))
+      EXPECT_TRUE(
+          testing_util::WithinBound("out", Values(out), ref.out, ref.out_bound))
           << what;
       EXPECT_TRUE(
           testing_util::WithinBound("dq", Values(dq), ref.dq, ref.dq_bound))
@@ -603,14 +608,20 @@ TEST_F(CudaBackendTest, FusedAttentionMatchesTheExactResultWithinItsBound) {
 // A head_dim the kernels cannot hold is a clear error at the next
 // synchronization, not a crash or a wrong result.
 TEST_F(CudaBackendTest, FusedAttentionRefusesAHeadDimItCannotHold) {
-  const Both q = Random({1, 1, 4, 512}, 1);
-  Both out = Output({1, 1, 4, 512});
-  Both lse = Output({1, 1, 4});
-  cuda()->Attention(q.cuda, q.cuda, q.cuda, 0.1f, {}, out.cuda, lse.cuda);
-  const absl::Status s = cuda()->Synchronize();
+  CudaBackendOptions options;
+  options.attention = CudaBackendOptions::AttentionKernel::kFused;
+  absl::StatusOr<std::unique_ptr<CudaBackend>> created =
+      CudaBackend::Create(0, options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  CudaBackend* be = created->get();
+  const Tensor q = *be->Zeros({1, 1, 4, 512});
+  const Tensor out = *be->Empty({1, 1, 4, 512}, DType::kF32);
+  const Tensor lse = *be->Empty({1, 1, 4}, DType::kF32);
+  be->Attention(q, q, q, 0.1f, {}, out, lse);
+  const absl::Status s = be->Synchronize();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
   EXPECT_THAT(s.message(), HasSubstr("head_dim 512"));
-  EXPECT_TRUE(cuda()->Synchronize().ok());  // Reported once.
+  EXPECT_TRUE(be->Synchronize().ok());  // Reported once.
 }
 
 TEST_F(CudaBackendTest, SplitAndMergeHeadsMatchCpuExactly) {
