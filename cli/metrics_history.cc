@@ -35,6 +35,8 @@ constexpr NumericField kNumericFields[] = {
     {"grad_norm", &MetricsPoint::grad_norm},
     {"receive_wait_fraction", &MetricsPoint::receive_wait_fraction},
     {"mfu", &MetricsPoint::mfu},
+    {"peak_memory_allocated_bytes", &MetricsPoint::peak_memory_allocated_bytes},
+    {"peak_memory_reserved_bytes", &MetricsPoint::peak_memory_reserved_bytes},
 };
 
 std::string TypeName(const Json& value) { return value.type_name(); }

@@ -49,6 +49,8 @@ struct MetricsPoint {
   std::optional<double> grad_norm;
   std::optional<double> receive_wait_fraction;
   std::optional<double> mfu;
+  std::optional<double> peak_memory_allocated_bytes;
+  std::optional<double> peak_memory_reserved_bytes;
 };
 
 struct MetricsHistory {

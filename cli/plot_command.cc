@@ -137,6 +137,25 @@ std::vector<Panel> BuildPanels(const std::vector<MetricsPoint>& points,
        "grad norm (L2)",
        false,
        {series("grad-norm", "grad norm", kRed, &MetricsPoint::grad_norm)}});
+  // The step's memory peak on the job's fullest device, in MiB (the step
+  // line's "mem"); reserved only where a caching allocator holds more.
+  Panel memory{"memory",
+               "device memory",
+               "peak MiB",
+               false,
+               {series("memory-allocated", "allocated", kBlue,
+                       &MetricsPoint::peak_memory_allocated_bytes),
+                series("memory-reserved", "reserved", kOrange,
+                       &MetricsPoint::peak_memory_reserved_bytes)}};
+  for (Series& s : memory.series) {
+    for (std::optional<double>& v : s.values) {
+      if (v.has_value()) *v /= 1024.0 * 1024.0;
+    }
+  }
+  if (memory.series[0].values == memory.series[1].values) {
+    memory.series.pop_back();  // The CPU: nothing cached.
+  }
+  panels.push_back(std::move(memory));
   // Only panels with something to draw; within them only series that have.
   std::vector<Panel> drawn;
   for (Panel& panel : panels) {

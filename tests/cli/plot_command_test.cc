@@ -306,6 +306,30 @@ TEST_F(PlotCommandTest, SamplesPerSecondWhenTheJobHasNoTokens) {
   EXPECT_THAT(panel, HasSubstr(">samples / s</text>"));
 }
 
+// The step line's memory peaks, in MiB: reserved drawn only where it
+// differs from allocated (a GPU's caching allocator; on the CPU they match).
+TEST_F(PlotCommandTest, MemoryPanelShowsThePeaksInMiB) {
+  const std::string gpu = Render(
+      "{\"step\":1,\"learning_rate\":0.1,"
+      "\"peak_memory_allocated_bytes\":1048576,"
+      "\"peak_memory_reserved_bytes\":3145728}\n"
+      "{\"step\":2,\"learning_rate\":0.1,"
+      "\"peak_memory_allocated_bytes\":2097152,"
+      "\"peak_memory_reserved_bytes\":3145728}\n");
+  EXPECT_THAT(PanelIds(gpu), ElementsAre("learning-rate", "memory"));
+  const std::string panel = PanelText(gpu, "memory");
+  const std::vector<Point> allocated = SeriesPoints(panel, "memory-allocated");
+  ASSERT_EQ(allocated.size(), 2u);
+  EXPECT_GT(allocated[0].y, allocated[1].y);  // 1 MiB below 2 MiB.
+  EXPECT_EQ(SeriesPoints(panel, "memory-reserved").size(), 2u);
+  EXPECT_THAT(panel, HasSubstr(">peak MiB</text>"));
+  const std::string cpu = Render(
+      "{\"step\":1,\"peak_memory_allocated_bytes\":1048576,"
+      "\"peak_memory_reserved_bytes\":1048576}\n");
+  EXPECT_TRUE(
+      SeriesPoints(PanelText(cpu, "memory"), "memory-reserved").empty());
+}
+
 TEST_F(PlotCommandTest, MissingValuesBreakTheLine) {
   const std::string svg = Render(
       "{\"step\":1,\"loss\":3}\n{\"step\":2,\"loss\":2}\n{\"step\":3}\n"
