@@ -430,4 +430,23 @@ void Backend::AdamUpdate(const AdamParams& p, const Tensor& param,
   DoAdamUpdate(p, param, grad, exp_avg, exp_avg_sq);
 }
 
+void Backend::AdamUpdateMany(const AdamParams& p, float grad_scale,
+                             const std::vector<AdamSlot>& slots) {
+  for (const AdamSlot& s : slots) {
+    CONVEYOR_CHECK(s.param.numel() == s.grad.numel() &&
+                       s.exp_avg.numel() == s.param.numel() &&
+                       s.exp_avg_sq.numel() == s.param.numel(),
+                   "adam shapes disagree");
+  }
+  DoAdamUpdateMany(p, grad_scale, slots);
+}
+
+void Backend::DoAdamUpdateMany(const AdamParams& p, float grad_scale,
+                               const std::vector<AdamSlot>& slots) {
+  for (const AdamSlot& s : slots) {
+    if (grad_scale != 1.0f) Scale(s.grad, grad_scale);
+    DoAdamUpdate(p, s.param, s.grad, s.exp_avg, s.exp_avg_sq);
+  }
+}
+
 }  // namespace conveyor::engine

@@ -21,6 +21,7 @@
 #define CONVEYOR_ENGINE_BACKEND_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -78,6 +79,11 @@ struct RopeFrequencies {
   Tensor inv_freq;
   // Scales cos and sin: HF's attention_scaling (1 except for yarn).
   float attention_factor = 1.0f;
+};
+
+// One parameter's tensors for Backend::AdamUpdateMany.
+struct AdamSlot {
+  Tensor param, grad, exp_avg, exp_avg_sq;
 };
 
 struct SgdParams {
@@ -306,6 +312,13 @@ class Backend {
                  const Tensor& momentum);
   void AdamUpdate(const AdamParams& p, const Tensor& param, const Tensor& grad,
                   const Tensor& exp_avg, const Tensor& exp_avg_sq);
+  // AdamUpdate on every slot, each gradient first multiplied by grad_scale
+  // (clipping's coefficient; 1: none) and left scaled: bit for bit Scale
+  // (when grad_scale != 1) then AdamUpdate per slot, in fewer kernel
+  // launches (the CUDA backend: one per group of slots instead of up to two
+  // per parameter).
+  void AdamUpdateMany(const AdamParams& p, float grad_scale,
+                      const std::vector<AdamSlot>& slots);
   // Sum of squares (for global gradient-norm clipping), in double.
   virtual absl::StatusOr<double> SumSquares(const Tensor& x) = 0;
 
@@ -388,6 +401,9 @@ class Backend {
   virtual void DoAdamUpdate(const AdamParams& p, const Tensor& param,
                             const Tensor& grad, const Tensor& exp_avg,
                             const Tensor& exp_avg_sq) = 0;
+  // By default the per-slot loop the front describes.
+  virtual void DoAdamUpdateMany(const AdamParams& p, float grad_scale,
+                                const std::vector<AdamSlot>& slots);
 };
 
 }  // namespace conveyor::engine

@@ -38,6 +38,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -225,6 +226,8 @@ class CudaBackend final : public Backend {
   void DoAdamUpdate(const AdamParams& p, const Tensor& param,
                     const Tensor& grad, const Tensor& exp_avg,
                     const Tensor& exp_avg_sq) override;
+  void DoAdamUpdateMany(const AdamParams& p, float grad_scale,
+                        const std::vector<AdamSlot>& slots) override;
 
   // Device memory released when it goes out of scope; the scratch of one
   // call. Freed right after the kernels using it are enqueued: the next user

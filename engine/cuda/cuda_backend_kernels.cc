@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -510,17 +512,46 @@ void CudaBackend::DoSgdUpdate(const SgdParams& p, const Tensor& param,
                 stream());
 }
 
+namespace {
+
+// Adam's bias corrections in double on the host, exactly as the CPU
+// backend: the step size and sqrt(1 - beta2^t).
+std::pair<float, float> AdamCorrections(const AdamParams& p) {
+  const double bias1 = 1.0 - std::pow(static_cast<double>(p.beta1), p.step);
+  const double bias2 = 1.0 - std::pow(static_cast<double>(p.beta2), p.step);
+  return {static_cast<float>(p.lr / bias1),
+          static_cast<float>(std::sqrt(bias2))};
+}
+
+}  // namespace
+
 void CudaBackend::DoAdamUpdate(const AdamParams& p, const Tensor& param,
                                const Tensor& grad, const Tensor& exp_avg,
                                const Tensor& exp_avg_sq) {
-  // The bias corrections in double on the host, exactly as the CPU backend.
-  const double bias1 = 1.0 - std::pow(static_cast<double>(p.beta1), p.step);
-  const double bias2 = 1.0 - std::pow(static_cast<double>(p.beta2), p.step);
-  const float step_size = static_cast<float>(p.lr / bias1);
-  const float bias2_sqrt = static_cast<float>(std::sqrt(bias2));
+  const auto [step_size, bias2_sqrt] = AdamCorrections(p);
   Activate();
   ci::AdamUpdate(p, step_size, bias2_sqrt, F(param), F(grad), F(exp_avg),
                  F(exp_avg_sq), param.numel(), stream());
+}
+
+void CudaBackend::DoAdamUpdateMany(const AdamParams& p, float grad_scale,
+                                   const std::vector<AdamSlot>& slots) {
+  const auto [step_size, bias2_sqrt] = AdamCorrections(p);
+  Activate();
+  ci::AdamTensorList list;
+  auto launch = [&] {
+    ci::AdamUpdateMany(p, step_size, bias2_sqrt, grad_scale, list, stream());
+    list.count = 0;
+  };
+  for (const AdamSlot& s : slots) {
+    list.param[list.count] = F(s.param);
+    list.grad[list.count] = F(s.grad);
+    list.exp_avg[list.count] = F(s.exp_avg);
+    list.exp_avg_sq[list.count] = F(s.exp_avg_sq);
+    list.numel[list.count] = s.param.numel();
+    if (++list.count == ci::kAdamTensors) launch();
+  }
+  if (list.count > 0) launch();
 }
 
 absl::StatusOr<double> CudaBackend::SumSquares(const Tensor& x) {

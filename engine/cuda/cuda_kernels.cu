@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "engine/cuda/internal/kernel_util.cuh"  // defines: ForEach, ColumnSum, ReduceSum
@@ -164,6 +165,23 @@ struct SgdOp {
   }
 };
 
+// One element's Adam(W) step with gradient gi, shared by the one-tensor
+// and the multi-tensor kernels so both compute the same bits.
+__device__ __forceinline__ void AdamElement(const AdamParams& p,
+                                            float step_size, float bias2_sqrt,
+                                            float gi, float& w, float& m,
+                                            float& v) {
+  if (p.decoupled_weight_decay) {
+    w *= 1.0f - p.lr * p.weight_decay;
+  } else {
+    gi += p.weight_decay * w;
+  }
+  m = p.beta1 * m + (1.0f - p.beta1) * gi;
+  v = p.beta2 * v + (1.0f - p.beta2) * gi * gi;
+  const float denom = sqrtf(v) / bias2_sqrt + p.eps;
+  w -= step_size * m / denom;
+}
+
 struct AdamOp {
   AdamParams p;
   float step_size, bias2_sqrt;
@@ -171,18 +189,31 @@ struct AdamOp {
   const float* g;
   float *m, *v;
   __device__ void operator()(int64_t i) const {
-    float gi = g[i];
-    if (p.decoupled_weight_decay) {
-      w[i] *= 1.0f - p.lr * p.weight_decay;
-    } else {
-      gi += p.weight_decay * w[i];
-    }
-    m[i] = p.beta1 * m[i] + (1.0f - p.beta1) * gi;
-    v[i] = p.beta2 * v[i] + (1.0f - p.beta2) * gi * gi;
-    const float denom = sqrtf(v[i]) / bias2_sqrt + p.eps;
-    w[i] -= step_size * m[i] / denom;
+    AdamElement(p, step_size, bias2_sqrt, g[i], w[i], m[i], v[i]);
   }
 };
+
+// Every tensor of `list` in one launch: the grid strides over each in turn.
+// With grad_scale != 1 the gradient is scaled first and stored back, as the
+// Scale kernel would.
+__global__ void AdamManyKernel(AdamParams p, float step_size, float bias2_sqrt,
+                               float grad_scale, AdamTensorList list) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int t = 0; t < list.count; ++t) {
+    float *w = list.param[t], *g = list.grad[t], *m = list.exp_avg[t],
+          *v = list.exp_avg_sq[t];
+    for (int64_t i =
+             static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+         i < list.numel[t]; i += stride) {
+      float gi = g[i];
+      if (grad_scale != 1.0f) {
+        gi *= grad_scale;
+        g[i] = gi;
+      }
+      AdamElement(p, step_size, bias2_sqrt, gi, w[i], m[i], v[i]);
+    }
+  }
+}
 
 struct SquareLoad {
   const float* x;
@@ -300,6 +331,19 @@ void AdamUpdate(const AdamParams& p, float step_size, float bias2_sqrt,
                 float* exp_avg_sq, int64_t n, cudaStream_t stream) {
   ForEach(n, AdamOp{p, step_size, bias2_sqrt, param, grad, exp_avg, exp_avg_sq},
           stream);
+}
+
+void AdamUpdateMany(const AdamParams& p, float step_size, float bias2_sqrt,
+                    float grad_scale, const AdamTensorList& list,
+                    cudaStream_t stream) {
+  int64_t largest = 0;
+  for (int t = 0; t < list.count; ++t) {
+    largest = std::max(largest, list.numel[t]);
+  }
+  if (largest == 0) return;
+  AdamManyKernel<<<ElementwiseBlocks(largest), kThreads, 0, stream>>>(
+      p, step_size, bias2_sqrt, grad_scale, list);
+  CheckLaunch();
 }
 
 void SumSquares(const float* x, int64_t n, double* partial,

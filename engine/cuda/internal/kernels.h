@@ -96,6 +96,22 @@ void SgdUpdate(const SgdParams& p, float* param, const float* grad,
                float* momentum, int64_t n, cudaStream_t stream);
 // step_size = lr / (1 - beta1^step), bias2_sqrt = sqrt(1 - beta2^step),
 // computed in double on the host as the CPU backend does.
+// Up to kAdamTensors parameters for one AdamUpdateMany launch (the kernel's
+// arguments: well inside CUDA's 4 KiB).
+inline constexpr int kAdamTensors = 24;
+struct AdamTensorList {
+  int count = 0;
+  float* param[kAdamTensors] = {};
+  float* grad[kAdamTensors] = {};
+  float* exp_avg[kAdamTensors] = {};
+  float* exp_avg_sq[kAdamTensors] = {};
+  int64_t numel[kAdamTensors] = {};
+};
+// AdamUpdate of every tensor of `list` in one launch, each gradient first
+// multiplied by grad_scale and stored back when grad_scale != 1.
+void AdamUpdateMany(const AdamParams& p, float step_size, float bias2_sqrt,
+                    float grad_scale, const AdamTensorList& list,
+                    cudaStream_t stream);
 void AdamUpdate(const AdamParams& p, float step_size, float bias2_sqrt,
                 float* param, const float* grad, float* exp_avg,
                 float* exp_avg_sq, int64_t n, cudaStream_t stream);

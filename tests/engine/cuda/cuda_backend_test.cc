@@ -857,6 +857,45 @@ TEST_F(CudaBackendTest, AdamAndAdamWUpdatesMatchCpu) {
   }
 }
 
+// The multi-tensor update (one launch per 24 parameters, the clipping
+// scale folded in) gives the one-launch-per-parameter bits: 30 tensors of
+// assorted sizes (two launches), scaled and not.
+TEST_F(CudaBackendTest, AdamUpdateManyEqualsScaleThenAdamPerParameter) {
+  const AdamParams p = {.lr = 1e-2f,
+                        .weight_decay = 0.1f,
+                        .decoupled_weight_decay = true,
+                        .step = 5};
+  for (const float scale : {1.0f, 0.375f}) {
+    std::vector<AdamSlot> many, one;
+    for (int t = 0; t < 30; ++t) {
+      const int64_t n = 1 + 997 * t;
+      auto copies = [&](uint32_t seed, float sd) {
+        const Tensor c = RandomTensor({n}, seed + 100 * t, sd);
+        return std::pair{ToCuda(c), ToCuda(c)};
+      };
+      auto [w1, w2] = copies(1, 1.0f);
+      auto [g1, g2] = copies(2, 1.0f);
+      auto [m1, m2] = copies(3, 0.1f);
+      auto [v1, v2] = copies(4, 0.1f);
+      cuda()->Relu(v1, v1);  // A running mean of squares: never negative.
+      cuda()->Relu(v2, v2);
+      many.push_back({w1, g1, m1, v1});
+      one.push_back({w2, g2, m2, v2});
+    }
+    cuda()->AdamUpdateMany(p, scale, many);
+    for (const AdamSlot& s : one) {
+      if (scale != 1.0f) cuda()->Scale(s.grad, scale);
+      cuda()->AdamUpdate(p, s.param, s.grad, s.exp_avg, s.exp_avg_sq);
+    }
+    for (size_t t = 0; t < many.size(); ++t) {
+      EXPECT_EQ(Values(many[t].param), Values(one[t].param)) << t;
+      EXPECT_EQ(Values(many[t].grad), Values(one[t].grad)) << t;
+      EXPECT_EQ(Values(many[t].exp_avg), Values(one[t].exp_avg)) << t;
+      EXPECT_EQ(Values(many[t].exp_avg_sq), Values(one[t].exp_avg_sq)) << t;
+    }
+  }
+}
+
 TEST_F(CudaBackendTest, SumSquaresMatchesCpuInDouble) {
   for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{300001}}) {
     const Both x = Random({n}, 1);
