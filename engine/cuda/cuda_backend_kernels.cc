@@ -270,36 +270,21 @@ GemmBatch GroupGemm(int64_t groups, bool trans_a, bool trans_b, int64_t m,
                     int64_t n, int64_t k, const float* a, int64_t lda,
                     int64_t stride_a, const float* b, int64_t ldb,
                     int64_t stride_b, float* c, int64_t ldc, int64_t stride_c) {
-  GemmBatch g;
-  g.batch = groups;
-  g.trans_a = trans_a;
-  g.trans_b = trans_b;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.a = a;
-  g.lda = lda;
-  g.stride_a = stride_a;
-  g.b = b;
-  g.ldb = ldb;
-  g.stride_b = stride_b;
-  g.c = c;
-  g.ldc = ldc;
-  g.stride_c = stride_c;
-  return g;
-}
-
-}  // namespace
-
-namespace {
-
-// B, H, G, S, D of an attention call, and the query heads per group.
-struct AttentionShape {
-  int64_t b, h, g, s, d, r;
-};
-AttentionShape ShapeOf(const Tensor& q, const Tensor& k) {
-  return {q.dim(0), q.dim(1), k.dim(1),
-          q.dim(2), q.dim(3), q.dim(1) / k.dim(1)};
+  return {.batch = groups,
+          .trans_a = trans_a,
+          .trans_b = trans_b,
+          .m = m,
+          .n = n,
+          .k = k,
+          .a = a,
+          .lda = lda,
+          .stride_a = stride_a,
+          .b = b,
+          .ldb = ldb,
+          .stride_b = stride_b,
+          .c = c,
+          .ldc = ldc,
+          .stride_c = stride_c};
 }
 
 }  // namespace
