@@ -287,6 +287,15 @@ GemmBatch GroupGemm(int64_t groups, bool trans_a, bool trans_b, int64_t m,
           .stride_c = stride_c};
 }
 
+// B, H, G, S, D of an attention call, and the query heads per group.
+struct AttentionShape {
+  int64_t b, h, g, s, d, r;
+};
+AttentionShape ShapeOf(const Tensor& q, const Tensor& k) {
+  return {q.dim(0), q.dim(1), k.dim(1),
+          q.dim(2), q.dim(3), q.dim(1) / k.dim(1)};
+}
+
 }  // namespace
 
 // scores = q k^T per head into a [B, H, S, S] scratch, the masked softmax
