@@ -249,6 +249,10 @@ class CudaBackend final : public Backend {
   bool AttentionFits(const Tensor& q, absl::string_view what);
   // Whether Attention of q [B, H, S, D] materializes its scores (options).
   bool MaterializesAttention(const Tensor& q) const;
+  // probs = the masked softmax of scale * q k^T into p ([B, H, S, S]
+  // floats), and each row's log-sum-exp into lse unless it is null.
+  void AttentionProbabilities(const Tensor& q, const Tensor& k, float scale,
+                              const AttentionMask& mask, float* p, float* lse);
   // The materializing forward and backward
   // (engine/cuda/cuda_backend_kernels.cc).
   void MaterializedAttention(const Tensor& q, const Tensor& k, const Tensor& v,

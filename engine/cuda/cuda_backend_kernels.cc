@@ -298,8 +298,21 @@ AttentionShape ShapeOf(const Tensor& q, const Tensor& k) {
 
 }  // namespace
 
-// scores = q k^T per head into a [B, H, S, S] scratch, the masked softmax
-// of scale * scores in place (with each row's lse), then out = probs v.
+void CudaBackend::AttentionProbabilities(const Tensor& q, const Tensor& k,
+                                         float scale, const AttentionMask& mask,
+                                         float* p, float* lse) {
+  const auto [b, h, g, s, d, r] = ShapeOf(q, k);
+  GemmStridedBatched(GroupGemm(b * g, false, true, r * s, s, d, F(q), d,
+                               r * s * d, F(k), d, s * d, p, s, r * s * s));
+  if (mask.spans.defined()) {
+    ci::SoftmaxInSpans(p, scale, mask.causal, b * h * s, s,
+                       Ptr<int64_t>(mask.spans), h, p, lse, stream());
+  } else {
+    ci::Softmax(p, scale, mask.causal, b * h * s, s, s, p, lse, stream());
+  }
+}
+
+// The probabilities into a [B, H, S, S] scratch, then out = probs v.
 void CudaBackend::MaterializedAttention(const Tensor& q, const Tensor& k,
                                         const Tensor& v, float scale,
                                         const AttentionMask& mask,
@@ -309,14 +322,7 @@ void CudaBackend::MaterializedAttention(const Tensor& q, const Tensor& k,
       ScratchOrDefer(b * h * s * s * sizeof(float), "Attention scores");
   if (!probs.ok()) return;
   float* p = probs.as<float>();
-  GemmStridedBatched(GroupGemm(b * g, false, true, r * s, s, d, F(q), d,
-                               r * s * d, F(k), d, s * d, p, s, r * s * s));
-  if (mask.spans.defined()) {
-    ci::SoftmaxInSpans(p, scale, mask.causal, b * h * s, s,
-                       Ptr<int64_t>(mask.spans), h, p, F(lse), stream());
-  } else {
-    ci::Softmax(p, scale, mask.causal, b * h * s, s, s, p, F(lse), stream());
-  }
+  AttentionProbabilities(q, k, scale, mask, p, F(lse));
   GemmStridedBatched(GroupGemm(b * g, false, false, r * s, d, s, p, s,
                                r * s * s, F(v), d, s * d, F(out), d,
                                r * s * d));
@@ -334,14 +340,7 @@ void CudaBackend::MaterializedAttentionBackward(
   float* p = probs.as<float>();
   float* dp = grads.as<float>();
   // The forward's probabilities again (the same kernels: the same bits).
-  GemmStridedBatched(GroupGemm(b * g, false, true, r * s, s, d, F(q), d,
-                               r * s * d, F(k), d, s * d, p, s, r * s * s));
-  if (mask.spans.defined()) {
-    ci::SoftmaxInSpans(p, scale, mask.causal, b * h * s, s,
-                       Ptr<int64_t>(mask.spans), h, p, nullptr, stream());
-  } else {
-    ci::Softmax(p, scale, mask.causal, b * h * s, s, s, p, nullptr, stream());
-  }
+  AttentionProbabilities(q, k, scale, mask, p, /*lse=*/nullptr);
   GemmStridedBatched(GroupGemm(b * g, false, true, r * s, s, d, F(dout), d,
                                r * s * d, F(v), d, s * d, dp, s, r * s * s));
   // A key or value head's gradient sums over its group's query heads: the

@@ -23,7 +23,6 @@ namespace conveyor::engine {
 namespace {
 
 using ::testing::HasSubstr;
-using testing_util::AllClose;
 using testing_util::Ids;
 using testing_util::RandomTensor;
 
@@ -66,18 +65,10 @@ std::vector<float> Read(const Tensor& t) {
 }
 
 // Close within 1e-5 relative, with an absolute floor of 1e-5 of the largest
-// magnitude: gradient sums reorder additions, which costs a few ulps of the
-// largest terms, not of an element that cancels to near zero.
+// magnitude (testing_util::CloseToScale).
 ::testing::AssertionResult Close(const Tensor& got, const Tensor& want,
                                  double rtol = 1e-5) {
-  if (got.shape() != want.shape()) {
-    return ::testing::AssertionFailure()
-           << ShapeString(got.shape()) << " vs " << ShapeString(want.shape());
-  }
-  const std::vector<float> a = Read(got), b = Read(want);
-  float scale = 0;
-  for (float x : b) scale = std::max(scale, std::abs(x));
-  return AllClose(a, b, rtol, rtol * scale + 1e-12);
+  return testing_util::CloseToScale(got, want, rtol);
 }
 
 struct Case {

@@ -37,7 +37,6 @@ namespace conveyor::engine {
 namespace {
 
 using ::testing::HasSubstr;
-using testing_util::AllClose;
 using testing_util::Ids;
 using testing_util::RandomTensor;
 using testing_util::ToVector;
@@ -106,14 +105,7 @@ ModelSpec Parse(const char* yaml) {
 }
 
 ::testing::AssertionResult Close(const Tensor& got, const Tensor& want) {
-  if (got.shape() != want.shape()) {
-    return ::testing::AssertionFailure()
-           << ShapeString(got.shape()) << " vs " << ShapeString(want.shape());
-  }
-  const std::vector<float> a = ToVector(got), b = ToVector(want);
-  float scale = 0;
-  for (float x : b) scale = std::max(scale, std::abs(x));
-  return AllClose(a, b, kTolerance, kTolerance * scale + 1e-12);
+  return testing_util::CloseToScale(got, want, kTolerance);
 }
 
 struct Case {

@@ -3,6 +3,7 @@
 #ifndef CONVEYOR_TESTS_ENGINE_TEST_UTIL_H_
 #define CONVEYOR_TESTS_ENGINE_TEST_UTIL_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -65,6 +66,28 @@ inline ::testing::AssertionResult AllClose(const std::vector<float>& a,
     }
   }
   return ::testing::AssertionSuccess();
+}
+
+// Tensors of the same shape close within rtol relative, with an absolute
+// floor of rtol times want's largest magnitude: sums in another order cost
+// a few ulps of the largest terms, not of an element that cancels to near
+// zero. Reads tensors of any host-readable backend.
+inline ::testing::AssertionResult CloseToScale(const Tensor& got,
+                                               const Tensor& want,
+                                               double rtol) {
+  if (got.shape() != want.shape()) {
+    return ::testing::AssertionFailure()
+           << ShapeString(got.shape()) << " vs " << ShapeString(want.shape());
+  }
+  auto read = [](const Tensor& t) {
+    std::vector<float> v(t.numel());
+    EXPECT_TRUE(t.backend()->CopyToHost(t, v.data(), v.size() * 4).ok());
+    return v;
+  };
+  const std::vector<float> a = read(got), b = read(want);
+  float scale = 0;
+  for (float x : b) scale = std::max(scale, std::abs(x));
+  return AllClose(a, b, rtol, rtol * scale + 1e-12);
 }
 
 }  // namespace conveyor::engine::testing_util

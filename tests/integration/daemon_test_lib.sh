@@ -40,6 +40,9 @@ field() {  # field JOB NAME: what `conveyorctl status` shows for NAME.
     sed -n "s/^  $2  *//p" <<<"$out" | head -1
   fi
 }
+idle_workers() {  # idle_workers N: at least N workers are IDLE
+  test "$("$ctl" workers --coordinator "$address" 2>/dev/null | grep -c IDLE)" -ge "$1"
+}
 job_ended() {  # job_ended JOB
   case "$(field "$1" state)" in SUCCEEDED* | FAILED* | CANCELLED*) return 0 ;; esac
   return 1

@@ -53,9 +53,6 @@ start_worker() {
   pid_of[$1]=$!
   pids+=($!)
 }
-idle_workers() {
-  test "$("$ctl" workers --coordinator "$address" 2>/dev/null | grep -c IDLE)" -ge "$1"
-}
 worker_of_rank() {  # worker_of_rank JOB RANK: the worker id running RANK
   "$ctl" status "$1" --coordinator "$address" 2>/dev/null |
     awk -v s="$2" '$1 == s && $2 == s { print $NF }'

@@ -107,9 +107,6 @@ start_worker() {  # start_worker INDEX
     >>"$dir/host$i.log" 2>&1 &
   pids+=($!)
 }
-idle_workers() {
-  test "$("$ctl" workers --coordinator "$address" 2>/dev/null | grep -c IDLE)" -ge "$1"
-}
 start_worker 1
 start_worker 2
 check "both workers register across the bridge" wait_for 30 idle_workers 2

@@ -36,9 +36,6 @@ YAML
 submit() {  # submit FILE: prints the job id
   "$ctl" submit "$1" --coordinator "$address" 2>&1 | grep -o 'job-[0-9]*' | head -1
 }
-idle_workers() {
-  test "$("$ctl" workers --coordinator "$address" 2>/dev/null | grep -c IDLE)" -ge "$1"
-}
 state_is() {  # state_is JOB STATE
   [[ "$(field "$1" state)" == "$2"* ]]
 }

@@ -53,9 +53,6 @@ worker_of_rank() {  # worker_of_rank JOB RANK: the worker id running RANK
     awk -v s="$2" '$1 == s && $2 == s { print $NF }'
 }
 placed() { [ -n "$(worker_of_rank "$1" "$2")" ]; }
-idle_workers() {
-  test "$("$ctl" workers --coordinator "$address" 2>/dev/null | grep -c IDLE)" -ge "$1"
-}
 
 "$coordinator" --listen 127.0.0.1:0 --heartbeat-timeout 3 \
   --ready-file "$dir/ready" >"$dir/coordinator.log" 2>&1 &
