@@ -72,6 +72,13 @@ class JobManager::RunContext final : public JobRunContext {
   void OnJobEnded(JobRun& run) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(m_.mu_) {
     m_.ForgetOldJobs(run);
   }
+  bool WriteCommitsOutsideLock(
+      uint64_t job, std::shared_ptr<CheckpointCommits> commits) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(m_.mu_) {
+    if (!m_.dispatching_) return false;
+    m_.commits_to_write_.emplace_back(job, std::move(commits));
+    return true;
+  }
 
  private:
   JobManager& m_;
@@ -122,17 +129,46 @@ absl::StatusOr<v1::Registered> JobManager::RegisterWorker(
 
 absl::Status JobManager::HandleWorkerMessage(const std::string& worker_id,
                                              const v1::WorkerMessage& message) {
-  absl::Status status = Dispatch(worker_id, message);
+  bool changed = false;
+  std::vector<CommitsToWrite> commits;
+  absl::Status status = Dispatch(worker_id, message, &changed, &commits);
+  // The checkpoint manifests the message completed, written without the
+  // lock (coordinator/checkpoint_commits.h), each applied as it lands.
+  for (auto& [number, line] : commits) {
+    line->WriteQueued([&, number = number] {
+      MutexLock lock(mu_);
+      if (auto it = jobs_.find(number); it != jobs_.end()) {
+        it->second.ApplyWrittenCommits();
+      }
+    });
+    changed = true;
+  }
   // A committed checkpoint or a job's end is on disk before the worker's
   // next message is read, not up to a Tick later. (A failure is logged
-  // and reported by StateFileError; the next call retries.)
-  (void)Persist();
+  // and reported by StateFileError; the next call retries.) A message that
+  // changed no record, such as a heartbeat or a step report, does not wait
+  // for another's write: with thousands of workers most messages are
+  // those, and they share a few handler threads.
+  if (changed) (void)Persist();
   return status;
 }
 
 absl::Status JobManager::Dispatch(const std::string& worker_id,
-                                  const v1::WorkerMessage& message) {
+                                  const v1::WorkerMessage& message,
+                                  bool* changed,
+                                  std::vector<CommitsToWrite>* commits) {
   MutexLock lock(mu_);
+  const uint64_t changes_before = changes_;
+  dispatching_ = true;
+  absl::Status status = DispatchLocked(worker_id, message);
+  dispatching_ = false;
+  *changed = changes_ != changes_before;
+  *commits = std::exchange(commits_to_write_, {});
+  return status;
+}
+
+absl::Status JobManager::DispatchLocked(const std::string& worker_id,
+                                        const v1::WorkerMessage& message) {
   WorkerRecord* w = workers_.Find(worker_id);
   if (w == nullptr) {
     return absl::FailedPreconditionError(

@@ -79,6 +79,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -213,10 +214,19 @@ class JobManager {
   // The manager as its JobRuns and its Placer see it (job_manager.cc).
   class RunContext;
 
-  // HandleWorkerMessage's work, under mu_ (taken here).
+  // A job's checkpoint commits to write once mu_ is released.
+  using CommitsToWrite =
+      std::pair<uint64_t, std::shared_ptr<CheckpointCommits>>;
+  // HandleWorkerMessage's work, under mu_ (taken here); `*changed` says
+  // whether a record changed (a write is due), `*commits` which jobs
+  // queued manifests to write.
   absl::Status Dispatch(const std::string& worker_id,
-                        const v1::WorkerMessage& message)
+                        const v1::WorkerMessage& message, bool* changed,
+                        std::vector<CommitsToWrite>* commits)
       ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status DispatchLocked(const std::string& worker_id,
+                              const v1::WorkerMessage& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The worker's JobEnded: frees it, and tells its job.
   void OnEnded(WorkerRecord& w, const v1::JobEnded& ended)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -283,6 +293,10 @@ class JobManager {
   CondVar events_cv_;
   uint64_t event_count_ ABSL_GUARDED_BY(mu_) = 0;  // See WaitForAnyEvent.
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  // While Dispatch runs: commits queued meanwhile are written after it
+  // releases mu_ (RunContext::WriteCommitsOutsideLock).
+  bool dispatching_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<CommitsToWrite> commits_to_write_ ABSL_GUARDED_BY(mu_);
   // When Tick last ran; nullopt before the first.
   std::optional<TimePoint> last_tick_ ABSL_GUARDED_BY(mu_);
   uint64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;

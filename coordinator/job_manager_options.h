@@ -85,12 +85,16 @@ struct JobManagerOptions {
   // Outlives the manager.
   StateFile* state_file = nullptr;
   // Test hook, for a test of a coordinator killed between a step's last
-  // stage file and its manifest: CommitCheckpoint of this step (0: none)
-  // stands still this long first, holding the manager. Set only by tests,
-  // through conveyor-coordinator's hidden --fault-commit-step and
+  // stage file and its manifest: the commit of this step (0: none) stands
+  // still this long before its manifest is written (without the manager's
+  // lock, as every manifest write). Set only by tests, through
+  // conveyor-coordinator's hidden --fault-commit-step and
   // --fault-commit-delay-ms; never in production.
   int64_t TEST_fault_commit_step = 0;
   std::chrono::milliseconds TEST_fault_commit_delay{0};
+  // Test hook: called with the step before each manifest is written, on
+  // the thread that writes it.
+  std::function<void(int64_t step)> TEST_before_manifest = {};
   // Version a worker must report (besides proto::kProtocolVersion).
   std::string version = {};
   std::function<std::chrono::steady_clock::time_point()> clock =

@@ -177,6 +177,9 @@ void JobRun::OnEnded(WorkerRecord& w, const v1::JobEnded& ended) {
   if (rank >= ids.size()) return;
   job_.ranks.MarkEnded(rank);
   if (proto::IsTerminal(job_.info.state())) return;
+  // What follows reads the newest commit.
+  SettleCommits();
+  if (proto::IsTerminal(job_.info.state())) return;
   const bool all_ended = job_.ranks.all_ended();
   if (ended.drained_after_step() > 0 && job_.draining && !job_.failing &&
       ended.drained_after_step() == job_.drain_step) {
@@ -260,45 +263,58 @@ void JobRun::OnCheckpoint(WorkerRecord& w, const v1::CheckpointSaved& saved) {
 
 void JobRun::CommitCheckpoint(int64_t step,
                               const std::map<int, v1::StageFile>& files) {
-  const std::string& dir = job_.plan.job.checkpoint.dir;
-  const checkpoint::CheckpointManifest manifest = checkpoint::MakeManifest(
-      job_.plan, job_.info.id(), job_.parsed.config_hash,
-      job_.parsed.training_hash, job_.parsed.yaml, step, files, NowUnixMs());
   const JobManagerOptions& options = ctx_.options();
+  CheckpointCommits::Commit commit{
+      .job_id = job_.info.id(),
+      .dir = job_.plan.job.checkpoint.dir,
+      .manifest = checkpoint::MakeManifest(
+          job_.plan, job_.info.id(), job_.parsed.config_hash,
+          job_.parsed.training_hash, job_.parsed.yaml, step, files,
+          NowUnixMs()),
+      .keep_latest = static_cast<int>(
+          std::max<int64_t>(0, job_.plan.job.checkpoint.keep_latest)),
+      .before_write = options.TEST_before_manifest,
+  };
   if (step == options.TEST_fault_commit_step) {
-    SPDLOG_WARN(
-        "{}: fault injection: every file of step {} is in; pausing "
-        "{} ms before its manifest",
-        job_.info.id(), step, options.TEST_fault_commit_delay.count());
-    std::this_thread::sleep_for(options.TEST_fault_commit_delay);
+    commit.pause = options.TEST_fault_commit_delay;
   }
-  // Under the lock: the manifest is small, and no other commit or resume
-  // of this job may interleave with it.
-  if (absl::Status written = checkpoint::WriteManifest(dir, manifest);
-      !written.ok()) {
-    Finish(v1::FAILED, absl::StrCat("committing the checkpoint of step ", step,
-                                    " failed: ", written.message()));
-    return;
+  job_.commits->Enqueue(std::move(commit));
+  // Written after the manager's lock is released, where the manager can;
+  // here and now otherwise.
+  if (!ctx_.WriteCommitsOutsideLock(job_.number, job_.commits)) {
+    SettleCommits();
   }
-  job_.committed = checkpoint::ResumePointOf(manifest, dir);
-  job_.info.set_last_checkpoint_step(step);
-  job_.info.set_last_checkpoint_unix_ms(NowUnixMs());
-  ctx_.MarkJobChanged(job_.number);
-  SPDLOG_INFO("{}: checkpoint of step {} complete in {}", job_.info.id(), step,
-              checkpoint::StepDirPath(dir, step));
-  if (const int64_t keep = job_.plan.job.checkpoint.keep_latest; keep > 0) {
-    absl::StatusOr<std::vector<int64_t>> removed =
-        checkpoint::PruneCheckpoints(dir, static_cast<int>(keep));
-    if (!removed.ok()) {
-      // The new step is committed; an old one left behind costs only disk.
-      SPDLOG_WARN("{}: pruning old checkpoints in {}: {}", job_.info.id(), dir,
-                  std::string(removed.status().message()));
-    } else if (!removed->empty()) {
-      SPDLOG_INFO("{}: removed checkpoint steps {} (keep_latest {})",
-                  job_.info.id(), absl::StrJoin(*removed, ", "), keep);
+}
+
+void JobRun::SettleCommits() {
+  job_.commits->Flush();
+  ApplyWrittenCommits();
+}
+
+void JobRun::ApplyWrittenCommits() {
+  std::string failure;
+  for (CheckpointCommits::Written& written : job_.commits->TakeWritten()) {
+    if (!written.status.ok()) {
+      if (failure.empty()) {
+        failure =
+            absl::StrCat("committing the checkpoint of step ", written.step,
+                         " failed: ", written.status.message());
+      }
+      continue;
     }
+    if (!job_.committed.has_value() || job_.committed->step < written.step) {
+      job_.committed = *std::move(written.point);
+      job_.info.set_last_checkpoint_step(written.step);
+      job_.info.set_last_checkpoint_unix_ms(NowUnixMs());
+    }
+    ctx_.MarkJobChanged(job_.number);
+    SPDLOG_INFO(
+        "{}: checkpoint of step {} complete in {}", job_.info.id(),
+        written.step,
+        checkpoint::StepDirPath(job_.plan.job.checkpoint.dir, written.step));
+    AddEvent(nullptr);
   }
-  AddEvent(nullptr);
+  if (!failure.empty()) Finish(v1::FAILED, failure);
 }
 
 void JobRun::CheckDeadlines(TimePoint now) {
@@ -392,6 +408,10 @@ absl::StatusOr<v1::Trace> JobRun::Trace(int64_t step) const {
 // States.
 
 void JobRun::Finish(v1::JobState state, const std::string& message) {
+  if (proto::IsTerminal(job_.info.state())) return;
+  // Every step the ranks completed is committed before the job ends: a
+  // failed commit ends it FAILED (through here), and none comes after.
+  SettleCommits();
   if (proto::IsTerminal(job_.info.state())) return;
   const bool was_queued = job_.info.state() == v1::QUEUED;
   job_.info.set_message(message);

@@ -28,6 +28,7 @@
 #include "conveyor/v1/conveyor.pb.h"
 #include "coordinator/attempt_ranks.h"
 #include "coordinator/checkpoint_collector.h"
+#include "coordinator/checkpoint_commits.h"
 #include "coordinator/event_log.h"
 #include "coordinator/job_manager_options.h"
 #include "coordinator/job_queue.h"
@@ -70,6 +71,16 @@ class JobRunContext {
   // `run` has just ended: the manager keeps only the newest ended jobs (and
   // the newest ones' timelines), and may forget older ones, never `run`.
   virtual void OnJobEnded(JobRun& run) = 0;
+  // Job `job` queued a commit in `commits`: true when the manager will
+  // write it once its lock is released (CheckpointCommits::WriteQueued,
+  // then JobRun::ApplyWrittenCommits under the lock); false, the default,
+  // has the JobRun write it at once, under the lock.
+  virtual bool WriteCommitsOutsideLock(
+      uint64_t job, std::shared_ptr<CheckpointCommits> commits) {
+    (void)job;
+    (void)commits;
+    return false;
+  }
 };
 
 // Wall-clock milliseconds since the epoch, for Job's *_unix_ms fields.
@@ -141,6 +152,9 @@ class JobRun {
     std::optional<checkpoint::ResumePoint> committed;
     // Checkpoint files reported per step, until all are in.
     CheckpointCollector checkpoints;
+    // Complete steps whose manifests are being written.
+    std::shared_ptr<CheckpointCommits> commits =
+        std::make_shared<CheckpointCommits>();
     // Restarts so far; part of the data plane's job number, so a restarted
     // attempt can never be confused with the one before it.
     int attempt = 0;
@@ -190,6 +204,15 @@ class JobRun {
   // Fails or restarts the job when one of its deadlines passed by `now`:
   // prepare_timeout, a reported failure's grace, or an unanswered drain.
   void CheckDeadlines(TimePoint now);
+
+  // Writes the commits still queued (waiting for one being written
+  // elsewhere) and applies every written one: the decisions that read
+  // job.committed call it first.
+  void SettleCommits();
+  // Applies the commits written so far (CheckpointCommits::TakeWritten):
+  // job.committed, last_checkpoint_step and an event for each; a failed
+  // one ends the job FAILED, naming the step.
+  void ApplyWrittenCommits();
 
   // The timelines every rank reported for step `step` (0: the newest);
   // NotFound as JobManager::GetTrace.
@@ -260,7 +283,7 @@ class JobRun {
   // The rank of worker `w` in the current attempt; the attempt's size when
   // it has none.
   int RankOf(const WorkerRecord& w) const;
-  // Writes the manifest of `step` from its stages' files.
+  // Queues the manifest of `step`, from its stages' files, for writing.
   void CommitCheckpoint(int64_t step,
                         const std::map<int, v1::StageFile>& files);
   // Once every rank has answered or ended: sends the step to stop after.

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/job_run.h"
+#include "proto/protocol.h"
 #include "spdlog/spdlog.h"
 
 namespace conveyor::coordinator {
@@ -75,6 +76,8 @@ void JobRun::MaybeSendDrainStep() {
 }
 
 void JobRun::FinishDrain() {
+  SettleCommits();
+  if (proto::IsTerminal(job_.info.state())) return;
   const int64_t step = job_.drain_step;
   if (!job_.committed.has_value() || job_.committed->step < step) {
     // A report went missing: the newest complete step is older.

@@ -46,6 +46,9 @@ std::string TooFewWorkers(const std::string& reason, int ranks, int live,
 void JobRun::FailOrRestart(const std::string& reason, absl::string_view kind) {
   const v1::Job& info = job_.info;
   if (proto::IsTerminal(info.state())) return;
+  // The next attempt resumes from the newest commit.
+  SettleCommits();
+  if (proto::IsTerminal(info.state())) return;
   const bool placed =
       info.state() == v1::PLANNING || info.state() == v1::RUNNING;
   if (!job_.no_restart.empty() && info.max_restarts() > 0 &&

@@ -7,14 +7,17 @@
 // RESOURCE_EXHAUSTED, FAILED_PRECONDITION for version skew), and both refuse
 // calls without the cluster's auth token, when one is set, UNAUTHENTICATED.
 //
-// A worker session's writes go through a per-session queue drained by its
-// own thread, so the JobManager never blocks on a slow worker while holding
-// its lock. When the manager declares a worker lost, the session is
-// cancelled; when the stream breaks, the worker is declared lost.
-//
-// WatchJob streams are served by a WatchHub (coordinator/watch_hub.h) with
-// gRPC's callback API, so watchers hold no server thread; the other calls
-// are synchronous.
+// Worker sessions and WatchJob streams use gRPC's callback API, so an open
+// stream holds no thread: a coordinator of thousands of workers would
+// otherwise spend two threads (and their stacks) on each. A session's
+// writes go through its own queue, so the JobManager never blocks on a slow
+// worker while holding its lock; its messages are handled one at a time, in
+// order, on a small pool shared by all sessions, because handling waits for
+// the manager's lock and state-file writes, which gRPC's reactions must not.
+// When the manager declares a worker lost, the session ends with that
+// status; when the stream breaks, the worker is declared lost. WatchJob
+// streams are served by a WatchHub (coordinator/watch_hub.h); the other
+// calls are synchronous.
 //
 // Thread-safe: gRPC calls the handlers from its thread pool.
 #ifndef CONVEYOR_COORDINATOR_SERVICE_H_
@@ -25,6 +28,7 @@
 #include <string>
 #include <utility>
 
+#include "common/thread_pool.h"
 #include "conveyor/v1/conveyor.grpc.pb.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/stream_limiter.h"
@@ -90,31 +94,41 @@ class CoordinatorService final
   WatchHub hub_;  // After watches_: its watches give their slots back.
 };
 
-class WorkerSessionService final : public v1::WorkerSession::Service {
+class WorkerSessionService final : public v1::WorkerSession::CallbackService {
  public:
+  // Threads that handle the sessions' messages. The manager handles one at
+  // a time under its lock; more threads let one session's state-file write
+  // overlap the next message's wait.
+  static constexpr int kHandlerThreads = 4;
+
   // As CoordinatorService: a session without the token is refused before
   // its registration is read.
   explicit WorkerSessionService(JobManager* manager,
                                 std::string auth_token = "")
-      : manager_(manager), auth_token_(std::move(auth_token)) {}
+      : manager_(manager),
+        auth_token_(std::move(auth_token)),
+        pool_(kHandlerThreads) {}
 
   // Told the kind of each worker message and how long the manager took to
   // handle it (waiting for its lock, the handling and any state-file write
   // it caused): the daemon feeds CoordinatorMetrics' handling histogram.
-  // Set before the server starts; called from the sessions' threads.
+  // Set before the server starts; called from the handler threads. The
+  // time runs from the message's arrival, so queueing for a handler
+  // thread counts.
   using MessageTimer = std::function<void(v1::WorkerMessage::KindCase,
                                           std::chrono::steady_clock::duration)>;
   void set_message_timer(MessageTimer timer) { timer_ = std::move(timer); }
 
-  grpc::Status Session(
-      grpc::ServerContext* context,
-      grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>*
-          stream) override;
+  grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* Session(
+      grpc::CallbackServerContext* context) override;
 
  private:
   JobManager* manager_;
   const std::string auth_token_;
   MessageTimer timer_;
+  // Last: destroyed first, it runs what sessions posted before it joins,
+  // while the manager and the timer are still there.
+  ThreadPool pool_;
 };
 
 }  // namespace conveyor::coordinator

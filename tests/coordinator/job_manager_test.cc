@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <span>
 #include <string>
@@ -58,12 +59,16 @@ class JobManagerTest : public ::testing::Test {
       : state_file_(OpenStateFile()), manager_(Options(&observer_)) {}
 
   JobManagerOptions Options(JobObserver* observer) {
-    return {.heartbeat_timeout = std::chrono::seconds(3),
-            .failure_grace = std::chrono::milliseconds(500),
-            .observer = observer,
-            .state_file = state_file_.get(),
-            .version = kVersion,
-            .clock = [this] { return now_; }};
+    JobManagerOptions options{.heartbeat_timeout = std::chrono::seconds(3),
+                              .failure_grace = std::chrono::milliseconds(500),
+                              .observer = observer,
+                              .state_file = state_file_.get(),
+                              .version = kVersion,
+                              .clock = [this] { return now_; }};
+    options.TEST_before_manifest = [this](int64_t step) {
+      if (before_manifest_) before_manifest_(step);
+    };
+    return options;
   }
 
   // Every test's manager keeps its records in a state file of its own.
@@ -159,6 +164,9 @@ class JobManagerTest : public ::testing::Test {
   }
 
   Clock::time_point now_ = Clock::time_point() + std::chrono::hours(1);
+  // Called before each manifest write (JobManagerOptions'
+  // TEST_before_manifest), on the writing thread.
+  std::function<void(int64_t step)> before_manifest_;
   RecordingObserver observer_;
   std::unique_ptr<StateFile> state_file_;
   JobManager manager_;
@@ -1149,6 +1157,74 @@ TEST_F(JobManagerCheckpointTest, AStepCountsOnlyOnceEveryStageIsInAndIsPruned) {
   Ended(w2, job, v1::SUCCEEDED);
   EXPECT_EQ(State(job), v1::SUCCEEDED);
   EXPECT_EQ(manager_.GetJob(job)->last_checkpoint_step(), 3);
+}
+
+// A manifest is written without the manager's lock: while one is held
+// before its write, the manager answers and handles other workers' messages
+// (under the lock, every heartbeat of a fleet waited behind every commit).
+// The step counts as committed once its manifest is on disk.
+TEST_F(JobManagerCheckpointTest, AManifestIsWrittenWithoutTheManagersLock) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string job = StartJob(CkptYaml("every: 1"), w1, w2);
+  std::promise<void> entered, release;
+  std::shared_future<void> released = release.get_future().share();
+  before_manifest_ = [&](int64_t) {
+    entered.set_value();
+    released.wait();
+  };
+  Step(w1, job, 1, false);
+  Step(w2, job, 1, true);
+  Saved(w1, job, 1, {WriteStage(1, 0)});
+  const v1::StageFile last = WriteStage(1, 1);
+  std::thread reporter([&] { Saved(w2, job, 1, {last}); });
+  entered.get_future().wait();
+
+  std::future<v1::Job> answer = std::async(std::launch::async, [&] {
+    v1::WorkerMessage beat;
+    beat.mutable_heartbeat()->set_job_id(job);
+    Send(w1, beat);
+    return *manager_.GetJob(job);
+  });
+  const bool answered =
+      answer.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+  release.set_value();
+  reporter.join();
+  ASSERT_TRUE(answered) << "the manager was held through a manifest write";
+  EXPECT_EQ(answer.get().last_checkpoint_step(), 0);  // Not yet on disk.
+  EXPECT_TRUE(Committed(1));
+  EXPECT_EQ(manager_.GetJob(job)->last_checkpoint_step(), 1);
+}
+
+// The ranks' JobEnded can overtake the final step's manifest write (another
+// handler thread writes it): the job's end waits for it, and so succeeds.
+TEST_F(JobManagerCheckpointTest, TheJobsEndWaitsForItsLastManifest) {
+  const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
+  const std::string job = StartJob(CkptYaml("every: 1", "", 1), w1, w2);
+  std::promise<void> entered, release;
+  std::shared_future<void> released = release.get_future().share();
+  before_manifest_ = [&](int64_t) {
+    entered.set_value();
+    released.wait();
+  };
+  Step(w1, job, 1, false);
+  Step(w2, job, 1, true);
+  Saved(w1, job, 1, {WriteStage(1, 0)});
+  const v1::StageFile last = WriteStage(1, 1);
+  std::thread reporter([&] { Saved(w2, job, 1, {last}); });
+  entered.get_future().wait();
+  std::thread enders([&] {
+    Ended(w1, job, v1::SUCCEEDED);
+    Ended(w2, job, v1::SUCCEEDED);
+  });
+  // Usually the enders are waiting for the write by now; either way the
+  // outcome is the same.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  release.set_value();
+  reporter.join();
+  enders.join();
+  EXPECT_EQ(State(job), v1::SUCCEEDED) << manager_.GetJob(job)->message();
+  EXPECT_EQ(manager_.GetJob(job)->last_checkpoint_step(), 1);
+  EXPECT_TRUE(Committed(1));
 }
 
 TEST_F(JobManagerCheckpointTest, SuccessWithoutTheFinalCheckpointIsAFailure) {
