@@ -50,9 +50,8 @@ class JobManager::RunContext final : public JobRunContext {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(m_.mu_) {
     m_.MarkJobChanged(job);
   }
-  void EventAdded() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(m_.mu_) {
-    ++m_.event_count_;
-    m_.events_cv_.NotifyAll();
+  void EventAdded(uint64_t job) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(m_.mu_) {
+    m_.CountEvent(job);
   }
   void UpdateQueuePositions() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(m_.mu_) {
     m_.placer_.UpdateQueuePositions();
@@ -462,7 +461,13 @@ void JobManager::Shutdown() {
   (void)Persist();  // Logged on failure; nothing more can be done now.
   MutexLock lock(mu_);
   shutdown_ = true;
+  CountEvent(kEveryJob);
+}
+
+void JobManager::CountEvent(uint64_t job) {
   ++event_count_;
+  recent_events_.emplace_back(event_count_, job);
+  if (recent_events_.size() > kRecentEvents) recent_events_.pop_front();
   events_cv_.NotifyAll();
 }
 

@@ -177,6 +177,13 @@ class JobManager {
   // has news, without a thread blocked per watcher.
   uint64_t WaitForAnyEvent(uint64_t seen,
                            std::chrono::steady_clock::time_point deadline);
+  // The jobs that had events since count `seen` (from WaitForAnyEvent or
+  // here), by id, and the count now in `*now`; nullopt when that is no
+  // longer known (more events since than are remembered, or Shutdown):
+  // then any job may have news. So a hub of 1,024 watchers looks only at
+  // the watches of the few jobs that stepped, not at every watch per pass.
+  std::optional<std::vector<std::string>> JobsWithEventsSince(uint64_t seen,
+                                                              uint64_t* now);
 
   // ---- Time and lifecycle ----
 
@@ -292,6 +299,14 @@ class JobManager {
   std::set<uint64_t> changed_jobs_ ABSL_GUARDED_BY(mu_);
   CondVar events_cv_;
   uint64_t event_count_ ABSL_GUARDED_BY(mu_) = 0;  // See WaitForAnyEvent.
+  // The newest events' counts and jobs (JobsWithEventsSince); kEveryJob
+  // stands for all (Shutdown).
+  static constexpr uint64_t kEveryJob = 0;
+  static constexpr size_t kRecentEvents = 4096;
+  std::deque<std::pair<uint64_t, uint64_t>> recent_events_ ABSL_GUARDED_BY(mu_);
+  // Counts an event of job `job` (kEveryJob: of all) and wakes
+  // WaitForAnyEvent.
+  void CountEvent(uint64_t job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   // While Dispatch runs: commits queued meanwhile are written after it
   // releases mu_ (RunContext::WriteCommitsOutsideLock).

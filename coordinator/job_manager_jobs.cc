@@ -338,6 +338,29 @@ uint64_t JobManager::WaitForAnyEvent(
   return event_count_;
 }
 
+std::optional<std::vector<std::string>> JobManager::JobsWithEventsSince(
+    uint64_t seen, uint64_t* now) {
+  MutexLock lock(mu_);
+  *now = event_count_;
+  // Forgotten already (the deque keeps the newest kRecentEvents), or not
+  // a count this manager gave.
+  if (seen > event_count_ ||
+      (event_count_ > seen &&
+       (recent_events_.empty() || recent_events_.front().first > seen + 1))) {
+    return std::nullopt;
+  }
+  std::set<uint64_t> jobs;
+  for (auto it = recent_events_.rbegin();
+       it != recent_events_.rend() && it->first > seen; ++it) {
+    if (it->second == kEveryJob) return std::nullopt;
+    jobs.insert(it->second);
+  }
+  std::vector<std::string> ids;
+  ids.reserve(jobs.size());
+  for (uint64_t job : jobs) ids.push_back(JobId(job));
+  return ids;
+}
+
 // ---------------------------------------------------------------------------
 // The state file.
 

@@ -503,7 +503,7 @@ void JobRun::AddEvent(const v1::StepSummary* step) {
   *event.mutable_job() = job_.info;
   if (step != nullptr) *event.mutable_step() = *step;
   job_.events.Add(std::move(event));
-  ctx_.EventAdded();
+  ctx_.EventAdded(job_.number);
 }
 
 }  // namespace conveyor::coordinator

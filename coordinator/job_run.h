@@ -58,8 +58,8 @@ class JobRunContext {
     (void)job;
     MarkChanged();
   }
-  // An event was added to some job's log: wakes the manager's watchers.
-  virtual void EventAdded() = 0;
+  // An event was added to job `job`'s log: wakes the manager's watchers.
+  virtual void EventAdded(uint64_t job) = 0;
   // Sets every queued job's queue position and reason (Placer).
   virtual void UpdateQueuePositions() = 0;
   // `w` holds no job any more: IDLE, and told to leave when draining.

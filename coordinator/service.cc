@@ -317,11 +317,14 @@ class SessionReactor final : public SessionReactorBase {
     // A message that arrives after the manager closed the session (it
     // declared the worker lost) is dropped: no one is listening.
     if (!connection_->Hold()) return;
-    pool_->Post([this, message = std::move(incoming_),
+    pool_->Post([this, connection = connection_,
+                 message = std::move(incoming_),
                  read_at = std::chrono::steady_clock::now()] {
       Handle(message, read_at);
-      if (!connection_->closing()) StartRead(&incoming_);
-      connection_->Release();  // May finish, and so delete this.
+      if (!connection->closing()) StartRead(&incoming_);
+      // May finish, and so delete this (the connection lives on in the
+      // task's copy until the call returns).
+      connection->Release();
     });
   }
 

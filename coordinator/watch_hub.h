@@ -5,13 +5,13 @@
 // for as long as it watched: 792 watchers took every thread, and every other
 // call, worker registration included, failed "Server Threadpool Exhausted".
 // Here a watch is a reactor (grpc::ServerWriteReactor) that is idle between
-// writes; the hub's thread wakes when any job has a new event (or every
-// 250 ms, and at most every 20 ms, so that a busy fleet's events are
-// handed out in batches rather than a pass over every watch per event),
-// gives each idle watch its job's new events, and finishes the
-// watches whose job has ended. Threads stay flat however many watch (the
-// StreamLimiter still caps them, per client host and in all, so one client
-// cannot take all the memory either).
+// writes; the hub's thread wakes when any job has a new event (at most
+// every 20 ms, so that a busy fleet's events are handed out in batches),
+// gives the idle watches of the jobs with news their new events, and
+// finishes the watches whose job has ended. Every 250 ms it looks at every
+// watch, which notices a job forgotten and a coordinator shutting down. Threads
+// stay flat however many watch (the StreamLimiter still caps them, per client
+// host and in all, so one client cannot take all the memory either).
 //
 // Each watch writes one event at a time; its own state is only touched
 // under the hub's mutex, and the gRPC calls (StartWrite, Finish) are made
@@ -27,6 +27,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
@@ -88,6 +89,9 @@ class WatchHub {
   JobManager* const manager_;
   mutable absl::Mutex mu_;
   std::set<Reactor*> reactors_ ABSL_GUARDED_BY(mu_);
+  // The same watches by the job they watch: a pass looks only at those of
+  // the jobs with news.
+  std::map<std::string, std::set<Reactor*>> by_job_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

@@ -36,7 +36,7 @@ class FakeJobRunContext final : public JobRunContext {
   WorkerRegistry& workers() override { return workers_; }
   JobQueue& queue() override { return queue_; }
   void MarkChanged() override { ++changes; }
-  void EventAdded() override { ++events; }
+  void EventAdded(uint64_t) override { ++events; }
   void UpdateQueuePositions() override {
     ++queue_updates;
     if (update_queue_positions) update_queue_positions();

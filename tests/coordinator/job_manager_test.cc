@@ -173,6 +173,40 @@ class JobManagerTest : public ::testing::Test {
   std::map<std::string, std::shared_ptr<FakeConnection>> connections_;
 };
 
+// What the watch hub asks each pass: only the jobs with news since the
+// count it saw; after Shutdown, any job (nullopt).
+TEST_F(JobManagerTest, JobsWithEventsSinceNamesOnlyTheJobsWithNews) {
+  AddWorker("a");
+  AddWorker("b");
+  absl::StatusOr<v1::Job> a = Submit(JobYaml(2));
+  absl::StatusOr<v1::Job> b = Submit(JobYaml(2));
+  ASSERT_TRUE(a.ok() && b.ok());
+  uint64_t seen = 0;
+  std::optional<std::vector<std::string>> news =
+      manager_.JobsWithEventsSince(0, &seen);
+  ASSERT_TRUE(news.has_value());
+  EXPECT_EQ(*news, (std::vector<std::string>{a->id(), b->id()}));
+  EXPECT_GT(seen, 0u);
+
+  ASSERT_TRUE(manager_.CancelJob(b->id(), "stop").ok());
+  uint64_t after_cancel = 0;
+  news = manager_.JobsWithEventsSince(seen, &after_cancel);
+  ASSERT_TRUE(news.has_value());
+  EXPECT_EQ(*news, (std::vector<std::string>{b->id()}));
+  EXPECT_GT(after_cancel, seen);
+
+  uint64_t again = 0;
+  news = manager_.JobsWithEventsSince(after_cancel, &again);
+  ASSERT_TRUE(news.has_value());
+  EXPECT_TRUE(news->empty());
+  EXPECT_EQ(again, after_cancel);
+  // A count it never gave is not trusted.
+  EXPECT_FALSE(manager_.JobsWithEventsSince(again + 5, &again).has_value());
+
+  manager_.Shutdown();
+  EXPECT_FALSE(manager_.JobsWithEventsSince(again, &again).has_value());
+}
+
 TEST_F(JobManagerTest, RegisterRefusesVersionSkewNamingBothVersions) {
   v1::RegisterRequest r;
   r.set_protocol_version(proto::kProtocolVersion);
