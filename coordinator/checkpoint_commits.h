@@ -43,8 +43,8 @@ namespace conveyor::coordinator {
 class CheckpointCommits {
  public:
   struct Commit {
-    std::string job_id;  // For the log.
-    std::string dir;     // checkpoint.dir
+    std::string job_id{};  // For the log.
+    std::string dir{};     // checkpoint.dir
     checkpoint::CheckpointManifest manifest{};
     int keep_latest = 0;  // checkpoint.keep_latest; 0 keeps every step.
     // Test hooks (JobManagerOptions): called, then slept, before the
@@ -57,9 +57,9 @@ class CheckpointCommits {
     // OK, or why the manifest could not be written (the step is not
     // committed). A failed pruning is only logged: an old step left
     // behind costs only disk.
-    absl::Status status;
+    absl::Status status{};
     // The committed step, when `status` is OK.
-    std::optional<checkpoint::ResumePoint> point;
+    std::optional<checkpoint::ResumePoint> point{};
   };
 
   void Enqueue(Commit commit) ABSL_LOCKS_EXCLUDED(mu_);
