@@ -385,6 +385,20 @@ void Backend::EmbeddingBackward(const Tensor& ids, const Tensor& dy,
   DoEmbeddingBackward(ids, dy, dtable);
 }
 
+void Backend::CastToBf16(const Tensor& x, const Tensor& y) {
+  CONVEYOR_CHECK(x.dtype() == DType::kF32 && y.dtype() == DType::kBF16,
+                 "CastToBf16 takes F32 to BF16");
+  CheckSameNumel(x, y, "cast operands differ in size");
+  DoCastToBf16(x, y);
+}
+
+void Backend::CastFromBf16(const Tensor& x, const Tensor& y) {
+  CONVEYOR_CHECK(x.dtype() == DType::kBF16 && y.dtype() == DType::kF32,
+                 "CastFromBf16 takes BF16 to F32");
+  CheckSameNumel(x, y, "cast operands differ in size");
+  DoCastFromBf16(x, y);
+}
+
 absl::StatusOr<float> Backend::MseLoss(const Tensor& y, const Tensor& target,
                                        float grad_scale, const Tensor& dy) {
   if (y.numel() != target.numel()) {

@@ -292,6 +292,14 @@ class Backend {
   void EmbeddingBackward(const Tensor& ids, const Tensor& dy,
                          const Tensor& dtable);
 
+  // --- Storage casts ---------------------------------------------------------
+  // y (BF16) = x (F32) rounded to the nearest bfloat16, ties to even, bit
+  // for bit engine::RoundToBf16 (NaN stays a quiet NaN, past the largest
+  // finite value is infinity). y (F32) = x (BF16), exactly. Same element
+  // count; the dtypes are checked.
+  void CastToBf16(const Tensor& x, const Tensor& y);
+  void CastFromBf16(const Tensor& x, const Tensor& y);
+
   // --- Losses: the mean loss, and its gradient times grad_scale -------------
   // mean((y - t)^2) over all elements; dy = grad_scale * 2 (y - t) / n.
   // InvalidArgument when y and the target differ in size (data).
@@ -389,6 +397,8 @@ class Backend {
                                           const Tensor& out) = 0;
   virtual void DoEmbeddingBackward(const Tensor& ids, const Tensor& dy,
                                    const Tensor& dtable) = 0;
+  virtual void DoCastToBf16(const Tensor& x, const Tensor& y) = 0;
+  virtual void DoCastFromBf16(const Tensor& x, const Tensor& y) = 0;
   virtual absl::StatusOr<float> DoMseLoss(const Tensor& y, const Tensor& target,
                                           float grad_scale,
                                           const Tensor& dy) = 0;

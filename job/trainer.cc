@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
 #include "common/status_macros.h"
+#include "engine/boundary_precision.h"
 #include "engine/loss.h"
 #include "job/microbatch_documents.h"
 #include "job/model_init.h"
@@ -98,11 +99,15 @@ absl::StatusOr<StepReport> InProcessTrainer::RunStep() {
     ASSIGN_OR_RETURN(
         const engine::MicrobatchDocuments documents,
         DocumentsFor(*data_, job_.data.documents, step_, mb, m, t.batch_size));
-    for (auto& stage : stages_) {
+    for (size_t s = 0; s < stages_.size(); ++s) {
       if (!documents.empty()) {
-        RETURN_IF_ERROR(stage->SetDocuments(mb, documents));
+        RETURN_IF_ERROR(stages_[s]->SetDocuments(mb, documents));
       }
-      ASSIGN_OR_RETURN(x, stage->Forward(mb, x));
+      ASSIGN_OR_RETURN(x, stages_[s]->Forward(mb, x));
+      // What a pipelined run's next stage receives (bf16 under bf16).
+      if (s + 1 < stages_.size()) {
+        ASSIGN_OR_RETURN(x, engine::ThroughBoundary(x, t.precision));
+      }
     }
     ASSIGN_OR_RETURN(Tensor target,
                      data_->Targets(backend_, step_, mb, m, t.batch_size));
@@ -112,6 +117,10 @@ absl::StatusOr<StepReport> InProcessTrainer::RunStep() {
     Tensor grad = loss.grad;
     for (size_t s = stages_.size(); s-- > 0;) {
       ASSIGN_OR_RETURN(grad, stages_[s]->Backward(mb, grad));
+      // What a pipelined run's previous stage receives.
+      if (s > 0) {
+        ASSIGN_OR_RETURN(grad, engine::ThroughBoundary(grad, t.precision));
+      }
     }
   }
   // A tied parameter's two gradients, summed into both in the order the

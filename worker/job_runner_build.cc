@@ -404,6 +404,7 @@ absl::Status JobRunner::CreateExecutor(transport::Channel* channel) {
            .batch_size = job_.training.batch_size,
            .microbatches = static_cast<int>(job_.training.microbatches),
            .loss = job_.model.loss,
+           .precision = job_.training.precision,
            .documents = job_.data.documents,
            .eval_documents = job_.eval.data.documents,
            .recv_timeout = recv_timeout_,

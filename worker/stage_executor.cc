@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
 #include "common/status_macros.h"
+#include "engine/boundary_precision.h"
 #include "engine/loss.h"
 #include "job/microbatch_documents.h"
 
@@ -106,13 +107,16 @@ absl::StatusOr<Tensor> StageExecutor::Receive(const transport::Tag& tag,
   absl::StatusOr<Tensor> t = channel_->Recv(tag, config_.recv_timeout);
   spans_.Record(SpanKind::kRecvWait, for_stage, tag.microbatch,
                 RankOf(tag.stage), t.ok() ? t->bytes() : 0);
-  return t;
+  if (!t.ok()) return t;
+  return engine::FromBoundary(*t);
 }
 
 absl::Status StageExecutor::SendTo(int to, const transport::Tag& tag,
                                    const Tensor& tensor) {
-  absl::Status s = channel_->Send(to, tag, tensor);
-  spans_.Record(SpanKind::kSend, tag.stage, tag.microbatch, to, tensor.bytes());
+  absl::StatusOr<Tensor> sent = engine::ToBoundary(tensor, config_.precision);
+  if (!sent.ok()) return sent.status();
+  absl::Status s = channel_->Send(to, tag, *sent);
+  spans_.Record(SpanKind::kSend, tag.stage, tag.microbatch, to, sent->bytes());
   return s;
 }
 

@@ -50,6 +50,7 @@
 #include "engine/model_spec.h"
 #include "engine/optimizer.h"
 #include "engine/pipeline_stage.h"
+#include "engine/precision.h"
 #include "scheduler/action.h"
 #include "scheduler/placement.h"
 #include "telemetry/span_recorder.h"
@@ -73,6 +74,9 @@ struct ExecutorConfig {
   int64_t batch_size = 1;
   int microbatches = 1;
   engine::LossKind loss = engine::LossKind::kMse;
+  // training.precision: under bf16 the activations and gradients sent to
+  // other stages travel as bf16 (engine/boundary_precision.h).
+  engine::Precision precision = engine::Precision::kFp32;
   // data.documents and eval.data.documents: what each stage is told of the
   // documents packed into its microbatches (job/microbatch_documents.h).
   engine::DocumentsConfig documents = {};

@@ -116,6 +116,8 @@ class CpuBackend final : public Backend {
   void DoEmbeddingBackward(const Tensor& ids, const Tensor& dy,
                            const Tensor& dtable) override;
 
+  void DoCastToBf16(const Tensor& x, const Tensor& y) override;
+  void DoCastFromBf16(const Tensor& x, const Tensor& y) override;
   absl::StatusOr<float> DoMseLoss(const Tensor& y, const Tensor& target,
                                   float grad_scale, const Tensor& dy) override;
   absl::StatusOr<float> DoCrossEntropyLoss(const Tensor& logits,

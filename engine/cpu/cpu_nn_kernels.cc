@@ -3,6 +3,8 @@
 // thread count and stay close to a float64 reference.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -11,6 +13,7 @@
 #include "engine/cpu/internal/vector_math.h"
 #include "engine/cpu/parallel.h"
 #include "engine/loss_kind.h"
+#include "engine/precision.h"
 
 namespace conveyor::engine {
 namespace {
@@ -345,6 +348,26 @@ void CpuBackend::DoEmbeddingBackward(const Tensor& ids, const Tensor& dy,
     const float* g = pdy + i * d;
     for (int64_t c = 0; c < d; ++c) row[c] += g[c];
   }
+}
+
+void CpuBackend::DoCastToBf16(const Tensor& x, const Tensor& y) {
+  const float* px = F(x);
+  uint16_t* py = static_cast<uint16_t*>(y.raw());
+  ParallelFor(x.numel(), [=](int64_t i) {
+    const float r = RoundToBf16(px[i]);
+    uint32_t bits;
+    std::memcpy(&bits, &r, sizeof(bits));
+    py[i] = static_cast<uint16_t>(bits >> 16);
+  });
+}
+
+void CpuBackend::DoCastFromBf16(const Tensor& x, const Tensor& y) {
+  const uint16_t* px = static_cast<const uint16_t*>(x.raw());
+  float* py = F(y);
+  ParallelFor(x.numel(), [=](int64_t i) {
+    const uint32_t bits = static_cast<uint32_t>(px[i]) << 16;
+    std::memcpy(&py[i], &bits, sizeof(bits));
+  });
 }
 
 absl::StatusOr<float> CpuBackend::DoMseLoss(const Tensor& y,

@@ -452,6 +452,19 @@ void CudaBackend::DoEmbeddingBackward(const Tensor& ids, const Tensor& dy,
                         scratch.as<void>(), bytes, stream());
 }
 
+// --- Storage casts -----------------------------------------------------------
+
+void CudaBackend::DoCastToBf16(const Tensor& x, const Tensor& y) {
+  Activate();
+  ci::ToBf16(F(x), static_cast<uint16_t*>(y.raw()), x.numel(), stream());
+}
+
+void CudaBackend::DoCastFromBf16(const Tensor& x, const Tensor& y) {
+  Activate();
+  ci::FromBf16(static_cast<const uint16_t*>(x.raw()), F(y), x.numel(),
+               stream());
+}
+
 // --- Losses ------------------------------------------------------------------
 
 absl::StatusOr<float> CudaBackend::DoMseLoss(const Tensor& y,

@@ -56,6 +56,14 @@ struct ToBf16x4Op {
   }
 };
 
+struct FromBf16Op {
+  const uint16_t* x;
+  float* y;
+  __device__ void operator()(int64_t i) const {
+    y[i] = __uint_as_float(static_cast<uint32_t>(x[i]) << 16);
+  }
+};
+
 struct ScaleOp {
   float* x;
   float alpha;
@@ -250,6 +258,10 @@ void ResetScalars(DeviceScalars* scalars, cudaStream_t stream) {
 
 void Fill(float* x, int64_t n, float value, cudaStream_t stream) {
   ForEach(n, FillOp{x, value}, stream);
+}
+
+void FromBf16(const uint16_t* x, float* y, int64_t n, cudaStream_t stream) {
+  ForEach(n, FromBf16Op{x, y}, stream);
 }
 
 void ToBf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {

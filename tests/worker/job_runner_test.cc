@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -58,6 +59,11 @@ struct JobOptions {
   bool clip = false;
   int steps = 3;
   int devices_per_stage = 1;  // > 1: every stage on a CPU mesh.
+  const char* precision = "fp32";
+  // A gelu first in every stage after the first: under bf16 the boundary's
+  // rounding then shows in the forward too (a dense layer first rounds its
+  // input to bf16 anyway, and rounding twice is rounding once).
+  bool gelu_first = false;
 };
 
 // An MLP with `stages` stages (one dense + gelu each, then a head).
@@ -65,6 +71,7 @@ std::string JobYaml(const JobOptions& o) {
   std::string layers;
   for (int s = 0; s < o.stages; ++s) {
     if (s > 0) layers += "    - boundary\n";
+    if (s > 0 && o.gelu_first) layers += "    - gelu\n";
     layers += "    - dense: {features: 12}\n    - gelu\n";
   }
   layers += "    - dense: {features: 4}\n";
@@ -75,8 +82,8 @@ std::string JobYaml(const JobOptions& o) {
       "  loss: mse\n"
       "data: {source: synthetic-regression, seed: 9}\n"
       "training: {steps: ",
-      o.steps,
-      ", batch_size: 16, microbatches: 4}\n"
+      o.steps, ", batch_size: 16, microbatches: 4, precision: ", o.precision,
+      "}\n"
       "optimizer: {kind: adamw, lr: 0.01",
       // Small: clipping happens on every step.
       o.clip ? ", clip_grad_norm: 0.05" : "",
@@ -153,6 +160,27 @@ INSTANTIATE_TEST_SUITE_P(
         Case{{.schedule = "1f1b", .stages = 2, .devices_per_stage = 2},
              "1f1b P=2, 2 devices per stage",
              "OneFOneBMeshOfTwo"},
+        // bf16: boundary tensors travel as bf16, and the reference rounds
+        // them the same way (engine/boundary_precision.h).
+        Case{{.schedule = "1f1b",
+              .stages = 2,
+              .precision = "bf16",
+              .gelu_first = true},
+             "1f1b P=2 bf16",
+             "OneFOneBBf16"},
+        Case{{.schedule = "interleaved-1f1b",
+              .stages = 4,
+              .virtual_stages = 2,
+              .precision = "bf16",
+              .gelu_first = true},
+             "interleaved P=2 V=2 bf16",
+             "InterleavedV2Bf16"},
+        Case{{.schedule = "zb-h1",
+              .stages = 2,
+              .precision = "bf16",
+              .gelu_first = true},
+             "zb-h1 P=2 bf16",
+             "ZeroBubbleH1Bf16"},
         Case{{.schedule = "interleaved-1f1b",
               .stages = 4,
               .virtual_stages = 2,
@@ -163,6 +191,41 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Case>& info) {
       return std::string(info.param.name);
     });
+
+// Counts the data plane's bytes sent by one rank.
+class CountingObserver final : public transport::DataPlaneObserver {
+ public:
+  void OnSent(int, uint64_t bytes,
+              std::chrono::steady_clock::duration) override {
+    sent_.fetch_add(bytes);
+  }
+  void OnReceived(int, uint64_t) override {}
+  void OnError(Error) override {}
+  uint64_t sent() const { return sent_.load(); }
+
+ private:
+  std::atomic<uint64_t> sent_{0};
+};
+
+// Under training.precision: bf16 the activations and gradients between
+// stages travel as bf16: half the bytes of the same job in fp32 (the rest,
+// the step's gradient-norm sums, is a few scalars).
+TEST(JobRunnerTest, Bf16HalvesThePointToPointBytes) {
+  auto bytes_sent = [](const char* precision) {
+    const std::string yaml = JobYaml({.stages = 2, .precision = precision});
+    std::vector<CountingObserver> observers(2);
+    std::vector<JobRunnerOptions> options(2);
+    for (int r = 0; r < 2; ++r) options[r].observer = &observers[r];
+    const Result got = RunJob(Programs(yaml), nullptr, options);
+    for (const absl::Status& s : got.statuses) EXPECT_TRUE(s.ok()) << s;
+    return observers[0].sent() + observers[1].sent();
+  };
+  const uint64_t fp32 = bytes_sent("fp32"), bf16 = bytes_sent("bf16");
+  std::cout << "bytes sent: fp32 " << fp32 << ", bf16 " << bf16 << "\n";
+  ASSERT_GT(fp32, 0u);
+  EXPECT_GE(2 * bf16, fp32 * 99 / 100);
+  EXPECT_LE(2 * bf16, fp32 * 101 / 100);
+}
 
 TEST(JobRunnerTest, WritesOneFilePerStageWithMetadata) {
   const std::string dir = TempDir("checkpoint");

@@ -126,8 +126,9 @@ inline Result RunJob(
 inline Result Reference(const std::string& yaml) {
   auto job = job::ParseJobSpec(yaml, "job.yaml");
   EXPECT_TRUE(job.ok()) << job.status();
-  auto trainer =
-      *job::InProcessTrainer::Create(engine::CpuBackend::Get(), *job);
+  // The backend `conveyorctl run --in-process` and the workers pick.
+  auto trainer = *job::InProcessTrainer::Create(
+      engine::CpuBackend::Get(job->training.precision), *job);
   Result out;
   EXPECT_TRUE(trainer
                   ->Run([&](const job::StepReport& r) {

@@ -66,6 +66,8 @@ void Fill(float* x, int64_t n, float value, cudaStream_t stream);
 // y[i] = x[i] rounded to bfloat16 (nearest even; engine/precision.h's
 // RoundToBf16 bit for bit), stored as bf16 bits for cuBLAS's CUDA_R_16BF.
 void ToBf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
+// y[i] = the float of bf16 bits x[i], exactly.
+void FromBf16(const uint16_t* x, float* y, int64_t n, cudaStream_t stream);
 void Scale(float* x, int64_t n, float alpha, cudaStream_t stream);
 void Axpy(float alpha, const float* x, float* y, int64_t n,
           cudaStream_t stream);

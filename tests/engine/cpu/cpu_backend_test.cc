@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/boundary_precision.h"
 #include "engine/cpu/internal/vector_math.h"
 #include "engine/cpu/parallel.h"
 #include "engine/precision.h"
@@ -250,6 +251,77 @@ TEST(PrecisionTest, RoundToBf16RoundsToNearestEven) {
   std::memcpy(&low_nan, &bits, sizeof(low_nan));
   EXPECT_TRUE(std::isnan(RoundToBf16(low_nan)));
   EXPECT_EQ(PrecisionName(Precision::kBf16), "bf16");
+}
+
+// The storage casts: to bf16 bit for bit RoundToBf16 (ties, NaN, overflow,
+// subnormals, signed zero included), and back exactly.
+TEST(CpuBackendTest, CastsToBf16AsRoundToBf16AndBackExactly) {
+  std::vector<float> values = {0.0f,
+                               -0.0f,
+                               1.0f,
+                               1.0f + 0x1p-8f,            // A tie: to even (1).
+                               1.0f + 0x1p-7f + 0x1p-8f,  // A tie: up.
+                               -3.0f,
+                               std::numeric_limits<float>::max(),
+                               -std::numeric_limits<float>::max(),
+                               std::numeric_limits<float>::denorm_min(),
+                               0x1.fffffep-127f,  // Largest subnormal.
+                               INFINITY,
+                               -INFINITY,
+                               std::nanf("")};
+  uint32_t low_nan_bits = 0x7f800001u;  // Payload in the dropped bits only.
+  float low_nan;
+  std::memcpy(&low_nan, &low_nan_bits, sizeof(low_nan));
+  values.push_back(low_nan);
+  for (float v : Random(4096, 7)) values.push_back(v * 1e3f);
+  const int64_t n = static_cast<int64_t>(values.size());
+  Tensor x = FromVector({n}, values);
+  Tensor h = *B()->Empty({n}, DType::kBF16);
+  Tensor back = *B()->Empty({n}, DType::kF32);
+  B()->CastToBf16(x, h);
+  B()->CastFromBf16(h, back);
+  const uint16_t* hb = static_cast<const uint16_t*>(h.raw());
+  const std::vector<float> got = ToVector(back);
+  for (int64_t i = 0; i < n; ++i) {
+    const float want = RoundToBf16(values[i]);
+    uint32_t want_bits;
+    std::memcpy(&want_bits, &want, sizeof(want_bits));
+    if (std::isnan(values[i])) {
+      EXPECT_TRUE(std::isnan(got[i])) << i;
+      continue;
+    }
+    EXPECT_EQ(hb[i], want_bits >> 16) << i << ": " << values[i];
+    uint32_t got_bits;
+    std::memcpy(&got_bits, &got[i], sizeof(got_bits));
+    EXPECT_EQ(got_bits, want_bits) << i << ": " << values[i];
+  }
+}
+
+// What a stage boundary does to a tensor under each precision.
+TEST(CpuBackendTest, ABoundaryIsBf16OnlyUnderBf16) {
+  Tensor x = RandomTensor({3, 5}, 11);
+  absl::StatusOr<Tensor> fp32 = ToBoundary(x, Precision::kFp32);
+  ASSERT_TRUE(fp32.ok());
+  EXPECT_EQ(fp32->raw(), x.raw());  // Sent as it is.
+  absl::StatusOr<Tensor> bf16 = ToBoundary(x, Precision::kBf16);
+  ASSERT_TRUE(bf16.ok());
+  EXPECT_EQ(bf16->dtype(), DType::kBF16);
+  EXPECT_EQ(bf16->bytes() * 2, x.bytes());
+  EXPECT_EQ(bf16->shape(), x.shape());
+  absl::StatusOr<Tensor> received = FromBoundary(*bf16);
+  ASSERT_TRUE(received.ok());
+  EXPECT_EQ(received->dtype(), DType::kF32);
+  absl::StatusOr<Tensor> through = ThroughBoundary(x, Precision::kBf16);
+  ASSERT_TRUE(through.ok());
+  const std::vector<float> in = ToVector(x), out = ToVector(*through);
+  for (size_t i = 0; i < in.size(); ++i) {
+    EXPECT_EQ(out[i], RoundToBf16(in[i])) << i;
+    EXPECT_NE(out[i], in[i]) << i;  // Random values all lose bits.
+  }
+  EXPECT_EQ(ToVector(*received), out);
+  // Token ids (or any non-f32 tensor) are never rounded.
+  Tensor ids = Ids({3}, {1, 2, 3});
+  EXPECT_EQ(ToBoundary(ids, Precision::kBf16)->dtype(), DType::kI64);
 }
 
 TEST(CpuBackendTest, Bf16GemmMultipliesTheRoundedInputsInFp32) {

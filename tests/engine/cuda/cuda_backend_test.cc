@@ -360,6 +360,31 @@ TEST_F(CudaBackendTest, Bf16GemmsMatchTheCpuBf16Reference) {
 
 // --- Elementwise -------------------------------------------------------------
 
+// The storage casts a bf16 pipeline boundary uses: to bf16 bit for bit the
+// CPU's (odd sizes and an offset view take the unaligned path), and back.
+TEST_F(CudaBackendTest, Bf16CastsMatchTheCpuBitForBit) {
+  for (int64_t n : {1, 7, 4096 + 3}) {
+    const Both x = Random({n + 1}, 21, 100.0f);
+    const Tensor cpu_x = x.cpu.Rows(1, n + 1), cuda_x = x.cuda.Rows(1, n + 1);
+    Tensor cpu_h = *CpuBackend::Get()->Empty({n}, DType::kBF16);
+    Tensor cuda_h = *cuda()->Empty({n}, DType::kBF16);
+    CpuBackend::Get()->CastToBf16(cpu_x, cpu_h);
+    cuda()->CastToBf16(cuda_x, cuda_h);
+    std::vector<uint16_t> want(n), got(n);
+    std::memcpy(want.data(), cpu_h.raw(), n * 2);
+    ASSERT_TRUE(cuda()->CopyToHost(cuda_h, got.data(), n * 2).ok());
+    EXPECT_EQ(got, want) << n;
+    Tensor cuda_back = *cuda()->Empty({n}, DType::kF32);
+    cuda()->CastFromBf16(cuda_h, cuda_back);
+    const std::vector<float> back = Values(cuda_back);
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &back[i], sizeof(bits));
+      EXPECT_EQ(bits, static_cast<uint32_t>(want[i]) << 16) << i;
+    }
+  }
+}
+
 TEST_F(CudaBackendTest, ElementwiseKernelsMatchCpu) {
   const Shape shape = {7, 300};
   Both x = Random(shape, 1);
