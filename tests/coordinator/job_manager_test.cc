@@ -1154,6 +1154,36 @@ class JobManagerCheckpointTest : public JobManagerTest {
                             : prepares.back().prepare().program();
   }
 
+  // Step 1 of a two-stage job, its manifest write held in the test hook
+  // until Release: the reporter thread that completed the step is inside
+  // HandleWorkerMessage, past the manager's lock.
+  struct HeldCommit {
+    std::promise<void> release;
+    std::thread reporter;
+    void Release() {
+      release.set_value();
+      reporter.join();
+    }
+  };
+  HeldCommit HoldCommitOfStepOne(const std::string& w1, const std::string& w2,
+                                 const std::string& job) {
+    HeldCommit held;
+    auto entered = std::make_shared<std::promise<void>>();
+    std::shared_future<void> released = held.release.get_future().share();
+    before_manifest_ = [entered, released](int64_t) {
+      entered->set_value();
+      released.wait();
+    };
+    Step(w1, job, 1, false);
+    Step(w2, job, 1, true);
+    Saved(w1, job, 1, {WriteStage(1, 0)});
+    held.reporter = std::thread([this, w2, job, last = WriteStage(1, 1)] {
+      Saved(w2, job, 1, {last});
+    });
+    entered->get_future().wait();
+    return held;
+  }
+
   std::string dir_;
 };
 
@@ -1200,18 +1230,7 @@ TEST_F(JobManagerCheckpointTest, AStepCountsOnlyOnceEveryStageIsInAndIsPruned) {
 TEST_F(JobManagerCheckpointTest, AManifestIsWrittenWithoutTheManagersLock) {
   const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
   const std::string job = StartJob(CkptYaml("every: 1"), w1, w2);
-  std::promise<void> entered, release;
-  std::shared_future<void> released = release.get_future().share();
-  before_manifest_ = [&](int64_t) {
-    entered.set_value();
-    released.wait();
-  };
-  Step(w1, job, 1, false);
-  Step(w2, job, 1, true);
-  Saved(w1, job, 1, {WriteStage(1, 0)});
-  const v1::StageFile last = WriteStage(1, 1);
-  std::thread reporter([&] { Saved(w2, job, 1, {last}); });
-  entered.get_future().wait();
+  HeldCommit held = HoldCommitOfStepOne(w1, w2, job);
 
   std::future<v1::Job> answer = std::async(std::launch::async, [&] {
     v1::WorkerMessage beat;
@@ -1221,8 +1240,7 @@ TEST_F(JobManagerCheckpointTest, AManifestIsWrittenWithoutTheManagersLock) {
   });
   const bool answered =
       answer.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
-  release.set_value();
-  reporter.join();
+  held.Release();
   ASSERT_TRUE(answered) << "the manager was held through a manifest write";
   EXPECT_EQ(answer.get().last_checkpoint_step(), 0);  // Not yet on disk.
   EXPECT_TRUE(Committed(1));
@@ -1234,18 +1252,7 @@ TEST_F(JobManagerCheckpointTest, AManifestIsWrittenWithoutTheManagersLock) {
 TEST_F(JobManagerCheckpointTest, TheJobsEndWaitsForItsLastManifest) {
   const std::string w1 = AddWorker("a"), w2 = AddWorker("b");
   const std::string job = StartJob(CkptYaml("every: 1", "", 1), w1, w2);
-  std::promise<void> entered, release;
-  std::shared_future<void> released = release.get_future().share();
-  before_manifest_ = [&](int64_t) {
-    entered.set_value();
-    released.wait();
-  };
-  Step(w1, job, 1, false);
-  Step(w2, job, 1, true);
-  Saved(w1, job, 1, {WriteStage(1, 0)});
-  const v1::StageFile last = WriteStage(1, 1);
-  std::thread reporter([&] { Saved(w2, job, 1, {last}); });
-  entered.get_future().wait();
+  HeldCommit held = HoldCommitOfStepOne(w1, w2, job);
   std::thread enders([&] {
     Ended(w1, job, v1::SUCCEEDED);
     Ended(w2, job, v1::SUCCEEDED);
@@ -1253,8 +1260,7 @@ TEST_F(JobManagerCheckpointTest, TheJobsEndWaitsForItsLastManifest) {
   // Usually the enders are waiting for the write by now; either way the
   // outcome is the same.
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  release.set_value();
-  reporter.join();
+  held.Release();
   enders.join();
   EXPECT_EQ(State(job), v1::SUCCEEDED) << manager_.GetJob(job)->message();
   EXPECT_EQ(manager_.GetJob(job)->last_checkpoint_step(), 1);
