@@ -55,7 +55,9 @@
 #include "engine/cuda/cuda_backend.h"  // defines: CudaBackend
 #include "engine/cuda/cuda_status.h"   // defines: CONVEYOR_CUDA_CHECK
 #include "engine/cuda/device_info.h"   // defines: ListCudaDevices
+#include "engine/device_peak.h"        // defines: GpuPeakFlops
 #include "engine/loss.h"               // defines: ComputeLoss
+#include "engine/model_spec.h"         // defines: ParseModelSpecYaml
 #include "engine/optimizer.h"          // defines: Optimizer
 #include "engine/precision.h"          // defines: RoundToBf16
 #include "engine/safetensors.h"        // defines: WriteSafetensors
@@ -645,6 +647,155 @@ void BM_StepResident(benchmark::State& state) {
   });
 }
 
+// --- A Llama-3.2-1B-shaped stage (issue 37 (b)) ------------------------------
+//
+// d_model 2048, 32 query and 8 key/value heads (head_dim 64), SwiGLU 8192,
+// RoPE (theta 500000), RMSNorm, vocabulary 128256 with tied embeddings, as
+// HF's Llama-3.2-1B; sequence 2048, 4 sequences a step in 4 microbatches,
+// cross-entropy on next tokens, AdamW. Blocks: CONVEYOR_GPU_LLAMA_BLOCKS
+// (default 16, the model's), fewer where a GPU cannot hold them with AdamW.
+// bench/torch_gpu_reference.py --model llama builds the same model.
+constexpr int64_t kLlamaModel = 2048, kLlamaHeads = 32, kLlamaKvHeads = 8,
+                  kLlamaMlp = 8192, kLlamaVocab = 128256, kLlamaSeq = 2048,
+                  kLlamaBatch = 4, kLlamaMicrobatches = 4;
+
+int LlamaBlocks() {
+  const char* env = getenv("CONVEYOR_GPU_LLAMA_BLOCKS");
+  return env == nullptr ? 16 : std::max(1, atoi(env));
+}
+
+std::string LlamaModelYaml(int blocks) {
+  return absl::StrCat("input_shape: [", kLlamaSeq,
+                      "]\n"
+                      "init: {seed: 0}\n"
+                      "layers:\n"
+                      "  - embedding: {vocab_size: ",
+                      kLlamaVocab, ", features: ", kLlamaModel,
+                      "}\n"
+                      "  - repeat: ",
+                      blocks,
+                      "\n"
+                      "    layers:\n"
+                      "      - llama_block: {heads: ",
+                      kLlamaHeads, ", kv_heads: ", kLlamaKvHeads,
+                      ", mlp_features: ", kLlamaMlp,
+                      ", eps: 1.0e-5, rope_theta: 500000}\n"
+                      "  - rmsnorm: {eps: 1.0e-5}\n"
+                      "  - lm_head: {vocab_size: ",
+                      kLlamaVocab,
+                      ", tied: true}\n"
+                      "loss: cross_entropy\n");
+}
+
+// The model FLOPs of one step, as TorchTitan and Megatron count them: 6 per
+// parameter per token (forward and backward) for every parameter but the
+// embedding lookup's (the tied head's GEMM counts), plus the attention
+// products, 12 * layers * heads * head_dim * sequence per token (causal
+// masking not discounted). torch_gpu_reference.py's MFU uses this figure.
+double LlamaFlopsPerStep(int blocks) {
+  const double d = kLlamaModel, hd = d / kLlamaHeads;
+  const double per_block = d * d                           // q
+                           + 2 * d * (kLlamaKvHeads * hd)  // k, v
+                           + d * d                         // o
+                           + 3 * d * kLlamaMlp             // gate, up, down
+                           + 2 * d;                        // the two norms
+  const double params = blocks * per_block + d + kLlamaVocab * d;
+  const double tokens = kLlamaBatch * kLlamaSeq;
+  return tokens * (6 * params + 12.0 * blocks * kLlamaHeads * hd * kLlamaSeq);
+}
+
+void BM_StepLlamaResident(benchmark::State& state) {
+  static bool profiled = false;
+  CudaBackend* be = Gpu(state);
+  if (be == nullptr) return;
+  const int blocks = LlamaBlocks();
+  absl::StatusOr<ModelSpec> model =
+      ParseModelSpecYaml(LlamaModelYaml(blocks), "llama_1b.yaml");
+  if (!model.ok()) return Fail(state, model.status());
+  if (absl::Status s = be->EmptyCache(); !s.ok()) return Fail(state, s);
+  absl::StatusOr<std::unique_ptr<Stage>> stage = Stage::Create(be, *model, 0);
+  if (!stage.ok()) return Fail(state, stage.status());
+  if (absl::Status s = (*stage)->InitializeFromSeed(0); !s.ok()) {
+    return Fail(state, s);
+  }
+  OptimizerConfig adamw{
+      .kind = OptimizerConfig::Kind::kAdamW, .lr = 3e-4, .weight_decay = 0.1};
+  ResolveSchedule(adamw, 1000000);
+  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer =
+      Optimizer::Create(be, adamw, (*stage)->parameters());
+  if (!optimizer.ok()) return Fail(state, optimizer.status());
+  // Token ids and their next tokens, one sequence per microbatch.
+  const int64_t rows = kLlamaBatch / kLlamaMicrobatches;
+  std::vector<Tensor> ids, targets;
+  for (int mb = 0; mb < kLlamaMicrobatches; ++mb) {
+    std::vector<int64_t> host(rows * (kLlamaSeq + 1));
+    uint64_t x = 0x9e3779b97f4a7c15ull * (mb + 1);
+    for (int64_t& t : host) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      t = static_cast<int64_t>(x % kLlamaVocab);
+    }
+    std::vector<int64_t> in, next;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t* row = host.data() + r * (kLlamaSeq + 1);
+      in.insert(in.end(), row, row + kLlamaSeq);
+      next.insert(next.end(), row + 1, row + 1 + kLlamaSeq);
+    }
+    absl::StatusOr<Tensor> a = be->Empty({rows, kLlamaSeq}, DType::kI64);
+    absl::StatusOr<Tensor> b = be->Empty({rows * kLlamaSeq}, DType::kI64);
+    if (!a.ok()) return Fail(state, a.status());
+    if (!b.ok()) return Fail(state, b.status());
+    if (absl::Status s = be->CopyFromHost(in.data(), a->bytes(), *a); !s.ok()) {
+      return Fail(state, s);
+    }
+    if (absl::Status s = be->CopyFromHost(next.data(), b->bytes(), *b);
+        !s.ok()) {
+      return Fail(state, s);
+    }
+    ids.push_back(*std::move(a));
+    targets.push_back(*std::move(b));
+  }
+  be->ResetPeakMemory();
+  RunSteps(state, be, profiled, [&]() -> absl::StatusOr<double> {
+    (*optimizer)->ZeroGrad();
+    double loss_sum = 0;
+    for (int mb = 0; mb < kLlamaMicrobatches; ++mb) {
+      ASSIGN_OR_RETURN(Tensor logits, (*stage)->Forward(mb, ids[mb]));
+      ASSIGN_OR_RETURN(LossResult loss,
+                       ComputeLoss(be, LossKind::kCrossEntropy, logits,
+                                   targets[mb], 1.0f / kLlamaMicrobatches));
+      loss_sum += loss.loss;
+      RETURN_IF_ERROR((*stage)->Backward(mb, loss.grad).status());
+    }
+    RETURN_IF_ERROR((*optimizer)->Step().status());
+    RETURN_IF_ERROR(be->Synchronize());
+    return loss_sum / kLlamaMicrobatches;
+  });
+  // RunSteps counted the transformer's tokens: the Llama step's replace them.
+  if (state.counters.count("ms_per_step") == 0) return;
+  const double seconds = state.counters["ms_per_step"] / 1e3;
+  const double flops = LlamaFlopsPerStep(blocks);
+  state.counters["tokens_per_s"] = kLlamaBatch * kLlamaSeq / seconds;
+  state.counters["blocks"] = blocks;
+  state.counters["flops_per_step"] = flops;
+  state.counters["tflops"] = flops / seconds / 1e12;
+  absl::StatusOr<std::vector<CudaDeviceInfo>> devices = ListCudaDevices();
+  if (devices.ok() && !devices->empty()) {
+    const CudaDeviceInfo& d = devices->front();
+    const double peak =
+        GpuPeakFlops({.compute_major = d.compute_major,
+                      .compute_minor = d.compute_minor,
+                      .multiprocessors = d.multiprocessors,
+                      .clock_khz = static_cast<double>(d.clock_khz)},
+                     GetMode().bf16() ? Precision::kBf16 : Precision::kFp32);
+    if (peak > 0) {
+      state.counters["peak_tflops"] = peak / 1e12;
+      state.counters["mfu"] = flops / seconds / peak;
+    }
+  }
+}
+
 void RegisterAll() {
   for (const GemmShape& s : kShapes) {
     const std::string name = ShapeName(s);
@@ -670,6 +821,11 @@ void RegisterAll() {
                                BM_StepResident)
       ->UseManualTime()
       ->Iterations(kTimedSteps)
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("llama/conveyor_llama_1b_resident",
+                               BM_StepLlamaResident)
+      ->UseManualTime()
+      ->Iterations(10)
       ->Unit(benchmark::kMillisecond);
 }
 

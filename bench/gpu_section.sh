@@ -75,6 +75,24 @@ elif ! run_part "PyTorch GPU reference" 200 "$work/torch_gpu.json" \
     "${torch_env[@]}" "$torch_py" "$root/bench/torch_gpu_reference.py"; then
   echo '{}' >"$work/torch_gpu.json"
 fi
+# The Llama-3.2-1B-shaped stage (issue 37 (b)) at bf16 only, the precision
+# it is judged at: Conveyor's step, then PyTorch's eager and compiled ones.
+# CONVEYOR_GPU_LLAMA=0 skips it (it takes a few minutes with the compile).
+rm -f "$work/gpu_llama.json" "$work/torch_llama.json"
+if [ "${CONVEYOR_GPU_LLAMA:-1}" != 0 ] && [ "${CONVEYOR_GPU_PRECISION:-fp32}" = bf16 ]; then
+  run_part "Llama step benchmark" 300 /dev/null "$work/gpu_llama.log" \
+    "$gpu_bin" --benchmark_filter='^llama/' \
+    --benchmark_out="$work/gpu_llama.json" --benchmark_out_format=json ||
+    status=1
+  if [ -n "$torch_py" ]; then
+    run_part "PyTorch Llama reference" 420 "$work/torch_llama.json" \
+      "$work/torch_llama_reference.log" \
+      "${torch_env[@]}" "$torch_py" "$root/bench/torch_llama_reference.py" ||
+      rm -f "$work/torch_llama.json"
+  fi
+  python3 "$root/bench/llama_table.py" "$work/gpu_llama.json" \
+    "$work/torch_llama.json" || status=1
+fi
 rm -f "$work/gpu_idle_gaps.json"
 if command -v nsys >/dev/null 2>&1; then
   gaps=0
