@@ -92,6 +92,15 @@ if [ "${CONVEYOR_GPU_LLAMA:-1}" != 0 ] && [ "${CONVEYOR_GPU_PRECISION:-fp32}" = 
   fi
   python3 "$root/bench/llama_table.py" "$work/gpu_llama.json" \
     "$work/torch_llama.json" || status=1
+  # (c): the same model as a 2-stage pipeline on two workers sharing the GPU.
+  ctl=${CONVEYORCTL:-$(dirname "$gpu_bin")/conveyorctl}
+  [ -x "$ctl" ] || ctl=$(dirname "$gpu_bin")/../bin/conveyorctl
+  if [ -x "$ctl" ]; then
+    timeout -k 10 "$(limit 300)" "$root/bench/llama_pipeline.sh" "$ctl" \
+      "$work/llama_pipeline" || status=1
+  else
+    echo "(Llama pipeline not run: no conveyorctl beside $gpu_bin; set CONVEYORCTL)"
+  fi
 fi
 rm -f "$work/gpu_idle_gaps.json"
 if command -v nsys >/dev/null 2>&1; then
