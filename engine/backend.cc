@@ -93,9 +93,20 @@ void Backend::Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a,
                  "gemm output has the wrong shape");
   g.alpha = alpha;
   g.beta = beta;
-  g.a = a2.data<float>();
+  CONVEYOR_CHECK((a2.dtype() == DType::kF32 || a2.dtype() == DType::kBF16) &&
+                     (b2.dtype() == DType::kF32 || b2.dtype() == DType::kBF16),
+                 "gemm operands must be F32 or BF16");
+  if (a2.dtype() == DType::kBF16) {
+    g.a_bf16 = static_cast<const uint16_t*>(a2.raw());
+  } else {
+    g.a = a2.data<float>();
+  }
   g.lda = a2.dim(1);
-  g.b = b2.data<float>();
+  if (b2.dtype() == DType::kBF16) {
+    g.b_bf16 = static_cast<const uint16_t*>(b2.raw());
+  } else {
+    g.b = b2.data<float>();
+  }
   g.ldb = b2.dim(1);
   g.c = c2.data<float>();
   g.ldc = c2.dim(1);

@@ -42,6 +42,10 @@ struct GemmBatch {
   int64_t lda = 0, stride_a = 0;
   const float* b = nullptr;
   int64_t ldb = 0, stride_b = 0;
+  // An operand already in bf16 (its bits; `a` or `b` is then null), such
+  // as a parameter's bf16 copy: used as it is instead of rounded.
+  const uint16_t* a_bf16 = nullptr;
+  const uint16_t* b_bf16 = nullptr;
   float* c = nullptr;
   int64_t ldc = 0, stride_c = 0;
 };
@@ -170,8 +174,13 @@ class Backend {
   // --- Linear algebra -----------------------------------------------------
   // c = alpha * op(a) op(b) + beta * c, each viewed as 2-D (Tensor::As2D),
   // through GemmStridedBatched.
+  // An operand may be BF16 (a parameter's gemm_value), which its values
+  // already are after a bf16 GEMM's rounding; c is F32.
   void Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a,
             const Tensor& b, float beta, const Tensor& c);
+  // Whether GEMMs round their inputs to bf16 (training.precision: bf16):
+  // then parameters keep bf16 copies for them (Parameter::value_bf16).
+  virtual bool bf16_gemms() const { return false; }
   virtual void GemmStridedBatched(const GemmBatch& batch) = 0;
 
   // --- Elementwise ----------------------------------------------------------

@@ -30,7 +30,25 @@ struct Parameter {
   // (ParamSpec::tied_copy): the optimizer steps it like any other, but the
   // gradient norm, checkpoints and exports leave it out.
   bool tied_copy = false;
+  // On a backend whose GEMMs take bf16 inputs (Backend::bf16_gemms): the
+  // value rounded to bf16, made once whenever the value changes (the
+  // optimizer's update, an initialization or load, a replica's copy;
+  // RefreshGemmCopies) instead of on every GEMM call. Rounding is
+  // idempotent, so GEMMs compute bit for bit what they did from `value`.
+  Tensor value_bf16;
+
+  // The operand a layer's GEMMs take for this parameter.
+  const Tensor& gemm_value() const {
+    return value_bf16.defined() ? value_bf16 : value;
+  }
 };
+
+// Gives each matrix parameter of `params` on a bf16_gemms backend its bf16
+// copy (allocated here), as of its value now.
+absl::Status AddGemmCopies(const std::vector<Parameter*>& params);
+// Brings every parameter's bf16 copy up to date with its value (a no-op
+// for those without one). Call after anything writes values.
+void RefreshGemmCopies(const std::vector<Parameter*>& params);
 
 // What one layer keeps between forward and backward for one microbatch.
 struct Stash {

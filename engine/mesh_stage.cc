@@ -161,7 +161,12 @@ absl::Status MeshStage::AfterOptimizerStep() { return BroadcastParameters(); }
 
 absl::Status MeshStage::BroadcastParameters() {
   if (size() == 1) return absl::OkStatus();
-  return collective_->BroadcastFromFirst(PerParameter(/*grads=*/false));
+  RETURN_IF_ERROR(
+      collective_->BroadcastFromFirst(PerParameter(/*grads=*/false)));
+  for (int d = 1; d < size(); ++d) {
+    RefreshGemmCopies(replicas_[d]->parameters());
+  }
+  return absl::OkStatus();
 }
 
 void MeshStage::ZeroOtherGradients() {

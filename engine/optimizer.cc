@@ -143,6 +143,8 @@ absl::StatusOr<double> Optimizer::Step(std::optional<double> global_grad_norm) {
                              grad_scale, slots);
   }
   ++step_;
+  // The GEMMs' bf16 copies follow the update: once a step, not per call.
+  RefreshGemmCopies(params_);
   return norm;
 }
 

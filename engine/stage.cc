@@ -78,6 +78,7 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
   if (built.size() != s->specs_.size()) {
     return absl::InternalError("the model spec lists parameters no layer has");
   }
+  RETURN_IF_ERROR(AddGemmCopies(s->parameters()));
   return s;
 }
 
@@ -86,6 +87,7 @@ absl::Status Stage::InitializeFromSeed(uint64_t seed) {
     RETURN_IF_ERROR(InitializeParameter(
         backend_, seed, p->name, RuleFor(*specs_.at(p->name)), p->value));
   }
+  RefreshGemmCopies(parameters());
   return absl::OkStatus();
 }
 
@@ -117,6 +119,7 @@ absl::Status Stage::LoadFrom(const ParameterSource& source) {
     RETURN_IF_ERROR(backend_->CopyFromHost(
         values.data(), values.size() * sizeof(float), p->value));
   }
+  RefreshGemmCopies(parameters());
   return absl::OkStatus();
 }
 

@@ -346,6 +346,7 @@ absl::Status TensorParallelStage::SliceParametersToRanks() {
       RETURN_IF_ERROR(FromHost(shard, target));
     }
   }
+  for (const auto& rank : ranks_) RefreshGemmCopies(rank->parameters());
   return absl::OkStatus();
 }
 

@@ -57,6 +57,17 @@ std::vector<float> RoundedCopy(const float* x, int64_t n) {
   return out;
 }
 
+// A copy of `n` bf16 values as floats (exact).
+std::vector<float> WidenedCopy(const uint16_t* x, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n));
+  float* o = out.data();
+  ParallelFor(n, [=](int64_t i) {
+    const uint32_t bits = static_cast<uint32_t>(x[i]) << 16;
+    std::memcpy(&o[i], &bits, sizeof(bits));
+  });
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<Tensor> CpuBackend::Empty(const Shape& shape, DType dtype) {
@@ -150,16 +161,28 @@ void CpuBackend::DoCopy(const Tensor& src, const Tensor& dst) {
 
 void CpuBackend::GemmStridedBatched(const GemmBatch& g) {
   if (g.m == 0 || g.n == 0) return;
-  if (precision_ == Precision::kBf16 && g.k > 0) {
+  const bool round = precision_ == Precision::kBf16 && g.k > 0;
+  if (round || g.a_bf16 != nullptr || g.b_bf16 != nullptr) {
     // The products of bf16 values are exact in fp32, so rounding the inputs
     // and multiplying in fp32 is what bf16 tensor cores compute, up to the
-    // order of accumulation.
-    const std::vector<float> a = RoundedCopy(g.a, GemmExtentA(g));
-    const std::vector<float> b = RoundedCopy(g.b, GemmExtentB(g));
-    GemmBatch rounded = g;
-    rounded.a = a.data();
-    rounded.b = b.data();
-    Get(Precision::kFp32)->GemmStridedBatched(rounded);
+    // order of accumulation. An operand already in bf16 is widened, which
+    // is exact; rounding it again would change nothing.
+    std::vector<float> a, b;
+    GemmBatch f = g;
+    if (g.a_bf16 != nullptr) {
+      a = WidenedCopy(g.a_bf16, GemmExtentA(g));
+    } else if (round) {
+      a = RoundedCopy(g.a, GemmExtentA(g));
+    }
+    if (g.b_bf16 != nullptr) {
+      b = WidenedCopy(g.b_bf16, GemmExtentB(g));
+    } else if (round) {
+      b = RoundedCopy(g.b, GemmExtentB(g));
+    }
+    if (g.a_bf16 != nullptr || round) f.a = a.data();
+    if (g.b_bf16 != nullptr || round) f.b = b.data();
+    f.a_bf16 = f.b_bf16 = nullptr;
+    Get(Precision::kFp32)->GemmStridedBatched(f);
     return;
   }
   for (int64_t i = 0; i < g.batch; ++i) {

@@ -20,6 +20,7 @@ class CpuBackend final : public Backend {
   static CpuBackend* Get(Precision precision = Precision::kFp32);
 
   Precision precision() const { return precision_; }
+  bool bf16_gemms() const override { return precision_ == Precision::kBf16; }
 
   absl::string_view Name() const override { return "cpu"; }
   bool host_resident() const override { return true; }

@@ -107,6 +107,9 @@ class CudaBackend final : public Backend {
   // "cuda:<device>".
   absl::string_view Name() const override { return name_; }
   bool host_resident() const override { return false; }
+  bool bf16_gemms() const override {
+    return options_.precision == Precision::kBf16;
+  }
   int device() const { return device_; }
   int device_ordinal() const override { return device_; }
   double peak_flops() const override { return peak_flops_; }

@@ -52,6 +52,9 @@ void CudaBackend::GemmStridedBatched(const GemmBatch& g) {
     GemmBf16(g, op_a, op_b, m, n, k, lda, ldb, ldc);
     return;
   }
+  // bf16 copies exist only on bf16 backends (Parameter::value_bf16).
+  CONVEYOR_CHECK(g.a_bf16 == nullptr && g.b_bf16 == nullptr,
+                 "a bf16 GEMM operand on a backend without bf16 GEMMs");
   if (g.batch == 1) {
     CONVEYOR_CUBLAS_CHECK(
         cublasGemmEx(cublas_.get(), op_b, op_a, n, m, k, &g.alpha, g.b,
@@ -72,26 +75,29 @@ void CudaBackend::GemmBf16(const GemmBatch& g, cublasOperation_t op_a,
   // Rounded copies of the spans the operands cover, in scratch memory from
   // the caching allocator (no cudaMalloc here); freed once the GEMM is
   // queued, which is safe because every kernel runs on the one stream.
-  const int64_t extent_a = GemmExtentA(g);
-  const int64_t extent_b = GemmExtentB(g);
+  // An operand already in bf16 (a parameter's copy, made once per update)
+  // is used as it is: no conversion on this call.
+  const int64_t extent_a = g.a_bf16 != nullptr ? 0 : GemmExtentA(g);
+  const int64_t extent_b = g.b_bf16 != nullptr ? 0 : GemmExtentB(g);
   Scratch a16 = ScratchOrDefer(extent_a * sizeof(uint16_t), "bf16 GEMM");
   Scratch b16 = ScratchOrDefer(extent_b * sizeof(uint16_t), "bf16 GEMM");
   if (!a16.ok() || !b16.ok()) return;
-  ci::ToBf16(g.a, a16.as<uint16_t>(), extent_a, stream());
-  ci::ToBf16(g.b, b16.as<uint16_t>(), extent_b, stream());
+  if (extent_a > 0) ci::ToBf16(g.a, a16.as<uint16_t>(), extent_a, stream());
+  if (extent_b > 0) ci::ToBf16(g.b, b16.as<uint16_t>(), extent_b, stream());
+  const uint16_t* a = g.a_bf16 != nullptr ? g.a_bf16 : a16.as<uint16_t>();
+  const uint16_t* b = g.b_bf16 != nullptr ? g.b_bf16 : b16.as<uint16_t>();
   if (g.batch == 1) {
-    CONVEYOR_CUBLAS_CHECK(cublasGemmEx(
-        cublas_.get(), op_b, op_a, n, m, k, &g.alpha, b16.as<uint16_t>(),
-        CUDA_R_16BF, ldb, a16.as<uint16_t>(), CUDA_R_16BF, lda, &g.beta, g.c,
-        CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CONVEYOR_CUBLAS_CHECK(
+        cublasGemmEx(cublas_.get(), op_b, op_a, n, m, k, &g.alpha, b,
+                     CUDA_R_16BF, ldb, a, CUDA_R_16BF, lda, &g.beta, g.c,
+                     CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return;
   }
   CONVEYOR_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      cublas_.get(), op_b, op_a, n, m, k, &g.alpha, b16.as<uint16_t>(),
-      CUDA_R_16BF, ldb, g.stride_b, a16.as<uint16_t>(), CUDA_R_16BF, lda,
-      g.stride_a, &g.beta, g.c, CUDA_R_32F, ldc, g.stride_c,
-      AsInt(g.batch, "gemm batch exceeds int"), CUBLAS_COMPUTE_32F,
-      CUBLAS_GEMM_DEFAULT));
+      cublas_.get(), op_b, op_a, n, m, k, &g.alpha, b, CUDA_R_16BF, ldb,
+      g.stride_b, a, CUDA_R_16BF, lda, g.stride_a, &g.beta, g.c, CUDA_R_32F,
+      ldc, g.stride_c, AsInt(g.batch, "gemm batch exceeds int"),
+      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace conveyor::engine

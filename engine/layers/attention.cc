@@ -53,7 +53,7 @@ absl::StatusOr<Tensor> SelfAttention::Forward(const Tensor& x, Stash& stash) {
   Backend& be = *backend_;
   ASSIGN_OR_RETURN(Tensor qkv,
                    be.Empty({b, s, 3 * qkv_features_}, DType::kF32));
-  be.Gemm(false, true, 1.0f, x, in_weight_.value, 0.0f, qkv);
+  be.Gemm(false, true, 1.0f, x, in_weight_.gemm_value(), 0.0f, qkv);
   if (bias_) be.AddRowBias(qkv, in_bias_.value);
   ASSIGN_OR_RETURN(Tensor q, be.Empty({b, h, s, d}, DType::kF32));
   ASSIGN_OR_RETURN(Tensor k, be.Empty({b, h, s, d}, DType::kF32));
@@ -68,7 +68,7 @@ absl::StatusOr<Tensor> SelfAttention::Forward(const Tensor& x, Stash& stash) {
   ASSIGN_OR_RETURN(Tensor merged, be.Empty({b, s, qkv_features_}, DType::kF32));
   be.MergeHeads(context, merged);
   ASSIGN_OR_RETURN(Tensor y, be.Empty({b, s, features_}, DType::kF32));
-  be.Gemm(false, true, 1.0f, merged, out_weight_.value, 0.0f, y);
+  be.Gemm(false, true, 1.0f, merged, out_weight_.gemm_value(), 0.0f, y);
   if (out_bias_on_) be.AddRowBias(y, out_bias_.value);
   // The spans last (undefined without documents): the backward's mask, as
   // the documents are current only in Forward.
@@ -87,7 +87,7 @@ absl::StatusOr<Tensor> SelfAttention::BackwardInput(const Tensor& dy,
   Backend& be = *backend_;
   ASSIGN_OR_RETURN(Tensor d_merged,
                    be.Empty({b, s, qkv_features_}, DType::kF32));
-  be.Gemm(false, false, 1.0f, dy, out_weight_.value, 0.0f, d_merged);
+  be.Gemm(false, false, 1.0f, dy, out_weight_.gemm_value(), 0.0f, d_merged);
   ASSIGN_OR_RETURN(Tensor d_context, be.Empty({b, h, s, d}, DType::kF32));
   be.MergeHeadsBackward(d_merged, d_context);
   const AttentionMask mask{.causal = causal_, .spans = stash.saved[7]};
@@ -103,7 +103,7 @@ absl::StatusOr<Tensor> SelfAttention::BackwardInput(const Tensor& dy,
   stash.output_grads = {d_qkv};
   if (!need_dx) return Tensor();
   ASSIGN_OR_RETURN(Tensor dx, be.Empty(x.shape(), DType::kF32));
-  be.Gemm(false, false, 1.0f, d_qkv, in_weight_.value, 0.0f, dx);
+  be.Gemm(false, false, 1.0f, d_qkv, in_weight_.gemm_value(), 0.0f, dx);
   return dx;
 }
 

@@ -54,7 +54,7 @@ absl::StatusOr<Tensor> Dense::Forward(const Tensor& x, Stash& stash) {
   CONVEYOR_CHECK(x.dim(-1) == in_, "dense input has the wrong width");
   ASSIGN_OR_RETURN(Tensor y,
                    backend_->Empty(WithLastDim(x.shape(), out_), DType::kF32));
-  backend_->Gemm(false, true, 1.0f, x, weight_.value, 0.0f, y);
+  backend_->Gemm(false, true, 1.0f, x, weight_.gemm_value(), 0.0f, y);
   if (has_bias_) backend_->AddRowBias(y, bias_.value);
   stash.saved = {x};
   return y;
@@ -65,7 +65,7 @@ absl::StatusOr<Tensor> Dense::BackwardInput(const Tensor& dy, Stash& stash,
   if (!need_dx) return Tensor();
   const Tensor& x = stash.saved[0];
   ASSIGN_OR_RETURN(Tensor dx, backend_->Empty(x.shape(), DType::kF32));
-  backend_->Gemm(false, false, 1.0f, dy, weight_.value, 0.0f, dx);
+  backend_->Gemm(false, false, 1.0f, dy, weight_.gemm_value(), 0.0f, dx);
   return dx;
 }
 

@@ -78,7 +78,7 @@ absl::StatusOr<Tensor> LlamaAttention::Forward(const Tensor& x, Stash& stash) {
   auto project = [&](const Parameter& w, const Parameter& bias,
                      int64_t heads) -> absl::StatusOr<Tensor> {
     ASSIGN_OR_RETURN(Tensor flat, be.Empty({b, s, heads * d}, DType::kF32));
-    be.Gemm(false, true, 1.0f, x, w.value, 0.0f, flat);
+    be.Gemm(false, true, 1.0f, x, w.gemm_value(), 0.0f, flat);
     if (o_.bias) be.AddRowBias(flat, bias.value);
     ASSIGN_OR_RETURN(Tensor split, be.Empty({b, heads, s, d}, DType::kF32));
     be.MergeHeadsBackward(flat, split);
@@ -109,7 +109,7 @@ absl::StatusOr<Tensor> LlamaAttention::Forward(const Tensor& x, Stash& stash) {
   ASSIGN_OR_RETURN(Tensor merged, be.Empty({b, s, h * d}, DType::kF32));
   be.MergeHeads(context, merged);
   ASSIGN_OR_RETURN(Tensor y, be.Empty(x.shape(), DType::kF32));
-  be.Gemm(false, true, 1.0f, merged, out_.value, 0.0f, y);
+  be.Gemm(false, true, 1.0f, merged, out_.gemm_value(), 0.0f, y);
   // positions and spans undefined without documents; BI turns the
   // gradients back by the same positions, under the same mask (documents
   // are current only in Forward).
@@ -127,7 +127,7 @@ absl::StatusOr<Tensor> LlamaAttention::BackwardInput(const Tensor& dy,
                 d = head_dim_;
   Backend& be = *backend_;
   ASSIGN_OR_RETURN(Tensor d_merged, be.Empty({b, s, h * d}, DType::kF32));
-  be.Gemm(false, false, 1.0f, dy, out_.value, 0.0f, d_merged);
+  be.Gemm(false, false, 1.0f, dy, out_.gemm_value(), 0.0f, d_merged);
   ASSIGN_OR_RETURN(Tensor d_context, be.Empty({b, h, s, d}, DType::kF32));
   be.MergeHeadsBackward(d_merged, d_context);
   // A key or value head's gradient sums over its group's query heads.
@@ -152,9 +152,9 @@ absl::StatusOr<Tensor> LlamaAttention::BackwardInput(const Tensor& dy,
   stash.output_grads = {dq_flat, dk_flat, dv_flat};
   if (!need_dx) return Tensor();
   ASSIGN_OR_RETURN(Tensor dx, be.Empty(x.shape(), DType::kF32));
-  be.Gemm(false, false, 1.0f, dq_flat, q_.value, 0.0f, dx);
-  be.Gemm(false, false, 1.0f, dk_flat, k_.value, 1.0f, dx);
-  be.Gemm(false, false, 1.0f, dv_flat, v_.value, 1.0f, dx);
+  be.Gemm(false, false, 1.0f, dq_flat, q_.gemm_value(), 0.0f, dx);
+  be.Gemm(false, false, 1.0f, dk_flat, k_.gemm_value(), 1.0f, dx);
+  be.Gemm(false, false, 1.0f, dv_flat, v_.gemm_value(), 1.0f, dx);
   return dx;
 }
 

@@ -27,10 +27,10 @@ absl::StatusOr<Tensor> SwiGluMlp::Forward(const Tensor& x, Stash& stash) {
   ASSIGN_OR_RETURN(Tensor up, be.Empty(inner, DType::kF32));
   ASSIGN_OR_RETURN(Tensor hidden, be.Empty(inner, DType::kF32));
   ASSIGN_OR_RETURN(Tensor y, be.Empty(x.shape(), DType::kF32));
-  be.Gemm(false, true, 1.0f, x, gate_.value, 0.0f, gate);
-  be.Gemm(false, true, 1.0f, x, up_.value, 0.0f, up);
+  be.Gemm(false, true, 1.0f, x, gate_.gemm_value(), 0.0f, gate);
+  be.Gemm(false, true, 1.0f, x, up_.gemm_value(), 0.0f, up);
   be.SiluMul(gate, up, hidden);
-  be.Gemm(false, true, 1.0f, hidden, down_.value, 0.0f, y);
+  be.Gemm(false, true, 1.0f, hidden, down_.gemm_value(), 0.0f, y);
   stash.saved = {x, gate, up, hidden};
   return y;
 }
@@ -43,13 +43,13 @@ absl::StatusOr<Tensor> SwiGluMlp::BackwardInput(const Tensor& dy, Stash& stash,
   ASSIGN_OR_RETURN(Tensor d_hidden, be.Empty(gate.shape(), DType::kF32));
   ASSIGN_OR_RETURN(Tensor d_gate, be.Empty(gate.shape(), DType::kF32));
   ASSIGN_OR_RETURN(Tensor d_up, be.Empty(gate.shape(), DType::kF32));
-  be.Gemm(false, false, 1.0f, dy, down_.value, 0.0f, d_hidden);
+  be.Gemm(false, false, 1.0f, dy, down_.gemm_value(), 0.0f, d_hidden);
   be.SiluMulBackward(gate, up, d_hidden, d_gate, d_up);
   stash.output_grads = {d_gate, d_up};
   if (!need_dx) return Tensor();
   ASSIGN_OR_RETURN(Tensor dx, be.Empty(x.shape(), DType::kF32));
-  be.Gemm(false, false, 1.0f, d_gate, gate_.value, 0.0f, dx);
-  be.Gemm(false, false, 1.0f, d_up, up_.value, 1.0f, dx);
+  be.Gemm(false, false, 1.0f, d_gate, gate_.gemm_value(), 0.0f, dx);
+  be.Gemm(false, false, 1.0f, d_up, up_.gemm_value(), 1.0f, dx);
   return dx;
 }
 

@@ -15,6 +15,7 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/model_spec.h"
 #include "engine/optimizer.h"
+#include "engine/precision.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/engine/test_util.h"
@@ -324,6 +325,42 @@ TEST(MeshStageTest, DropInFlightClearsEveryReplicaAndItsGradients) {
     EXPECT_EQ(g, std::vector<float>(g.size(), 0.0f)) << p->name;
   }
   ASSERT_TRUE(mesh->Forward(0, RandomTensor({4, 6}, 1)).ok());
+}
+
+// Under bf16 GEMMs every replica's matrices keep bf16 copies, and the
+// broadcast after an update brings them up to date on every replica (a
+// stale copy would have the replicas compute with old weights).
+TEST(MeshStageTest, Bf16CopiesFollowTheBroadcastOnEveryReplica) {
+  const ModelSpec spec = Parse(kMlp);
+  Backend* bf16 = CpuBackend::Get(Precision::kBf16);
+  auto collective = *CreateHostMeshCollective({bf16, bf16});
+  auto mesh = *MeshStage::Create(collective.get(), spec, 1);
+  ASSERT_TRUE(mesh->InitializeFromSeed(1).ok());
+  // As an optimizer step would: replica 0's values change...
+  for (Parameter* p : mesh->replica(0)->parameters()) {
+    bf16->Scale(p->value, 1.37f);
+  }
+  // ...and the mesh hands them to the others.
+  ASSERT_TRUE(mesh->AfterOptimizerStep().ok());
+  int copies = 0;
+  for (int d = 0; d < 2; ++d) {
+    std::vector<Parameter*> params = mesh->replica(d)->parameters();
+    std::vector<Parameter*> first = mesh->replica(0)->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      Parameter* p = params[i];
+      EXPECT_EQ(Read(p->value), Read(first[i]->value)) << p->name;
+      if (!p->value_bf16.defined()) continue;
+      if (d == 0) continue;  // Replica 0's copies are the optimizer's.
+      ++copies;
+      Tensor widened = *bf16->Empty(p->value.shape(), DType::kF32);
+      bf16->CastFromBf16(p->value_bf16, widened);
+      const std::vector<float> value = Read(p->value), copy = Read(widened);
+      for (size_t j = 0; j < value.size(); ++j) {
+        ASSERT_EQ(copy[j], RoundToBf16(value[j])) << p->name << "[" << j << "]";
+      }
+    }
+  }
+  EXPECT_GT(copies, 0);
 }
 
 TEST(MeshStageTest, CreateRejectsAnOutOfRangeStage) {

@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/model_spec.h"
+#include "engine/optimizer.h"
+#include "engine/precision.h"
 #include "gtest/gtest.h"
 #include "tests/engine/test_util.h"
 
@@ -102,6 +104,86 @@ TEST(StageTest, AttentionStashIsLinearInTheSequence) {
   }
   EXPECT_EQ(forward[1], 2 * forward[0]);
   EXPECT_EQ(after_bi[1], 2 * after_bi[0]);
+}
+
+// Under bf16 GEMMs each matrix parameter keeps a bf16 copy, made when its
+// value changes (initialization, the optimizer's update) instead of on every
+// GEMM call. Rounding is idempotent, so a stage whose GEMMs read the copies
+// computes bit for bit what one rounding on every call computes, step after
+// step: a copy left stale by an update would show at the next step.
+TEST(StageTest, Bf16GemmCopiesComputeWhatRoundingEveryCallComputes) {
+  const ModelSpec spec = Parse(
+      "    - llama_block: {heads: 2, kv_heads: 1, mlp_features: 24}\n"
+      "    - dense: {features: 5}\n",
+      "[6, 16]");
+  Backend* bf16 = CpuBackend::Get(Precision::kBf16);
+  auto build = [&](bool copies) {
+    absl::StatusOr<std::unique_ptr<Stage>> stage = Stage::Create(bf16, spec, 0);
+    EXPECT_TRUE(stage.ok()) << stage.status();
+    EXPECT_TRUE((*stage)->InitializeFromSeed(3).ok());
+    if (!copies) {
+      for (Parameter* p : (*stage)->parameters()) p->value_bf16 = Tensor();
+    }
+    return *std::move(stage);
+  };
+  std::unique_ptr<Stage> with = build(true), without = build(false);
+  int copies = 0;
+  for (Parameter* p : with->parameters()) {
+    if (!p->value_bf16.defined()) continue;
+    ++copies;
+    EXPECT_EQ(p->value_bf16.dtype(), DType::kBF16) << p->name;
+    EXPECT_EQ(p->value_bf16.shape(), p->value.shape()) << p->name;
+  }
+  // q, k, v, o, gate, up, down and the dense weight; not the norms or bias.
+  EXPECT_EQ(copies, 8);
+  const OptimizerConfig adamw{.kind = OptimizerConfig::Kind::kAdamW,
+                              .lr = 1e-2};
+  absl::StatusOr<std::unique_ptr<Optimizer>> opt_with =
+      Optimizer::Create(bf16, adamw, with->parameters());
+  absl::StatusOr<std::unique_ptr<Optimizer>> opt_without =
+      Optimizer::Create(bf16, adamw, without->parameters());
+  ASSERT_TRUE(opt_with.ok() && opt_without.ok());
+  for (int step = 0; step < 3; ++step) {
+    const Tensor x = RandomTensor({2, 6, 16}, 10 + step);
+    const Tensor dy = RandomTensor({2, 6, 5}, 20 + step);
+    for (Optimizer* o : {opt_with->get(), opt_without->get()}) o->ZeroGrad();
+    absl::StatusOr<Tensor> a = with->Forward(0, x);
+    absl::StatusOr<Tensor> b = without->Forward(0, x);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(ToVector(*a), ToVector(*b)) << "step " << step;
+    ASSERT_TRUE(with->Backward(0, dy).ok());
+    ASSERT_TRUE(without->Backward(0, dy).ok());
+    std::vector<Parameter*> pa = with->parameters(), pb = without->parameters();
+    for (size_t i = 0; i < pa.size(); ++i) {
+      EXPECT_EQ(ToVector(pa[i]->grad), ToVector(pb[i]->grad))
+          << pa[i]->name << " step " << step;
+    }
+    ASSERT_TRUE((*opt_with)->Step().ok());
+    ASSERT_TRUE((*opt_without)->Step().ok());
+    for (size_t i = 0; i < pa.size(); ++i) {
+      EXPECT_EQ(ToVector(pa[i]->value), ToVector(pb[i]->value))
+          << pa[i]->name << " step " << step;
+      if (!pa[i]->value_bf16.defined()) continue;
+      // The copy follows the update.
+      Tensor widened = *bf16->Empty(pa[i]->value.shape(), DType::kF32);
+      bf16->CastFromBf16(pa[i]->value_bf16, widened);
+      const std::vector<float> value = ToVector(pa[i]->value);
+      const std::vector<float> copy = ToVector(widened);
+      for (size_t j = 0; j < value.size(); ++j) {
+        ASSERT_EQ(copy[j], RoundToBf16(value[j]))
+            << pa[i]->name << "[" << j << "] step " << step;
+      }
+    }
+  }
+}
+
+// An fp32 backend keeps no copies: nothing changes for fp32 training.
+TEST(StageTest, Fp32ParametersHaveNoBf16Copies) {
+  std::unique_ptr<Stage> stage =
+      Build(Parse("    - dense: {features: 5}\n", "[3]"));
+  for (Parameter* p : stage->parameters()) {
+    EXPECT_FALSE(p->value_bf16.defined()) << p->name;
+  }
 }
 
 }  // namespace

@@ -29,6 +29,7 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/model_spec.h"
 #include "engine/optimizer.h"
+#include "engine/precision.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/engine/test_util.h"
@@ -315,6 +316,37 @@ TEST(TensorParallelStageTest, RefusesASplitThatDoesNotDivide) {
       TensorParallelStage::Create(three.get(), spec, 0, 2).status().message(),
       HasSubstr("must divide the mesh"));
   EXPECT_TRUE(StageSplits(spec, 0));
+}
+
+// Under bf16 GEMMs each rank's shards keep bf16 copies, brought up to date
+// whenever the master's values are sliced back to the ranks (after an
+// update, an initialization or a load).
+TEST(TensorParallelStageTest, Bf16CopiesFollowTheSlicesOnEveryRank) {
+  const ModelSpec spec = Parse(kGqa);
+  Backend* bf16 = CpuBackend::Get(Precision::kBf16);
+  auto mesh = *CreateHostMeshCollective({bf16, bf16});
+  auto tp = *TensorParallelStage::Create(mesh.get(), spec, 1, 2);
+  ASSERT_TRUE(tp->InitializeFromSeed(5).ok());
+  for (Parameter* p : tp->parameters()) bf16->Scale(p->value, 1.37f);
+  ASSERT_TRUE(tp->AfterOptimizerStep().ok());
+  int copies = 0;
+  for (int d = 0; d < 2; ++d) {
+    for (Parameter* p : tp->rank(d)->parameters()) {
+      if (!p->value_bf16.defined()) continue;
+      ++copies;
+      std::vector<float> value(p->value.numel()), copy(p->value.numel());
+      Tensor widened = *bf16->Empty(p->value.shape(), DType::kF32);
+      bf16->CastFromBf16(p->value_bf16, widened);
+      ASSERT_TRUE(
+          bf16->CopyToHost(p->value, value.data(), value.size() * 4).ok());
+      ASSERT_TRUE(bf16->CopyToHost(widened, copy.data(), copy.size() * 4).ok());
+      for (size_t j = 0; j < value.size(); ++j) {
+        ASSERT_EQ(copy[j], RoundToBf16(value[j]))
+            << "rank " << d << " " << p->name << "[" << j << "]";
+      }
+    }
+  }
+  EXPECT_GT(copies, 0);
 }
 
 TEST(TensorParallelStageTest, AFailedActionLeavesNoRankWaiting) {

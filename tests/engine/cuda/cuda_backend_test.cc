@@ -385,6 +385,37 @@ TEST_F(CudaBackendTest, Bf16CastsMatchTheCpuBitForBit) {
   }
 }
 
+// A parameter's bf16 copy as a GEMM operand (Parameter::gemm_value): bit
+// for bit the GEMM that rounds the f32 operand on the call, in every
+// transpose, on a bf16 backend.
+TEST_F(CudaBackendTest, Bf16OperandsGiveWhatRoundingOnTheCallGives) {
+  CudaBackendOptions options;
+  options.precision = Precision::kBf16;
+  absl::StatusOr<std::unique_ptr<CudaBackend>> be =
+      CudaBackend::Create(0, options);
+  ASSERT_TRUE(be.ok()) << be.status();
+  CudaBackend* b16 = be->get();
+  auto upload = [&](const Tensor& host) {
+    Tensor t = *b16->Empty(host.shape(), DType::kF32);
+    const std::vector<float> v = Values(host);
+    EXPECT_TRUE(b16->CopyFromHost(v.data(), v.size() * 4, t).ok());
+    return t;
+  };
+  for (bool tb : {false, true}) {
+    const Tensor x = upload(RandomTensor({9, 24}, 1));
+    const Tensor w =
+        upload(RandomTensor(tb ? Shape{17, 24} : Shape{24, 17}, 2));
+    Tensor w16 = *b16->Empty(w.shape(), DType::kBF16);
+    b16->CastToBf16(w, w16);
+    Tensor rounded = *b16->Empty({9, 17}, DType::kF32);
+    Tensor copied = *b16->Empty({9, 17}, DType::kF32);
+    b16->Gemm(false, tb, 1.0f, x, w, 0.0f, rounded);
+    b16->Gemm(false, tb, 1.0f, x, w16, 0.0f, copied);
+    EXPECT_EQ(Values(copied), Values(rounded)) << "trans_b " << tb;
+  }
+  EXPECT_TRUE(b16->Synchronize().ok());
+}
+
 TEST_F(CudaBackendTest, ElementwiseKernelsMatchCpu) {
   const Shape shape = {7, 300};
   Both x = Random(shape, 1);
