@@ -16,8 +16,9 @@ absl::Status AddGemmCopies(const std::vector<Parameter*>& params) {
   for (Parameter* p : params) {
     Backend* backend = p->value.backend();
     // Matrices only: vectors (norms, biases) never enter a GEMM.
-    if (backend == nullptr || !backend->bf16_gemms() || p->value.rank() < 2 ||
-        p->value.dtype() != DType::kF32 || p->value_bf16.defined()) {
+    if (backend == nullptr || !backend->bf16_gemms() || !p->gemm_operand ||
+        p->value.rank() < 2 || p->value.dtype() != DType::kF32 ||
+        p->value_bf16.defined()) {
       continue;
     }
     ASSIGN_OR_RETURN(p->value_bf16,

@@ -30,6 +30,9 @@ struct Parameter {
   // (ParamSpec::tied_copy): the optimizer steps it like any other, but the
   // gradient norm, checkpoints and exports leave it out.
   bool tied_copy = false;
+  // Whether a layer passes the value to GEMMs (false: a lookup table, such
+  // as an embedding's, which keeps no bf16 copy below).
+  bool gemm_operand = true;
   // On a backend whose GEMMs take bf16 inputs (Backend::bf16_gemms): the
   // value rounded to bf16, made once whenever the value changes (the
   // optimizer's update, an initialization or load, a replica's copy;

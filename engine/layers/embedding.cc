@@ -18,6 +18,10 @@ absl::StatusOr<std::unique_ptr<Embedding>> Embedding::Create(
                      MakeParameter(backend, prefix + "position.weight",
                                    {max_positions, features}));
   }
+  // Looked up, never multiplied: no bf16 copies (a tied head multiplies
+  // its own copy of the table).
+  e->weight_.gemm_operand = false;
+  e->position_.gemm_operand = false;
   return e;
 }
 

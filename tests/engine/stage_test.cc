@@ -177,6 +177,30 @@ TEST(StageTest, Bf16GemmCopiesComputeWhatRoundingEveryCallComputes) {
   }
 }
 
+// An embedding's table is looked up, never multiplied: no bf16 copy. A tied
+// head multiplies its own copy of the table, which has one.
+TEST(StageTest, OnlyGemmOperandsHaveBf16Copies) {
+  const ModelSpec spec = Parse(
+      "    - embedding: {vocab_size: 32, features: 16}\n"
+      "    - lm_head: {vocab_size: 32, tied: true}\n",
+      "[6]");
+  absl::StatusOr<std::unique_ptr<Stage>> stage =
+      Stage::Create(CpuBackend::Get(Precision::kBf16), spec, 0);
+  ASSERT_TRUE(stage.ok()) << stage.status();
+  int tables = 0, heads = 0;
+  for (Parameter* p : (*stage)->parameters()) {
+    if (p->tied_copy) {
+      ++heads;
+      EXPECT_TRUE(p->value_bf16.defined()) << p->name;
+    } else {
+      ++tables;
+      EXPECT_FALSE(p->value_bf16.defined()) << p->name;
+    }
+  }
+  EXPECT_EQ(tables, 1);
+  EXPECT_EQ(heads, 1);
+}
+
 // An fp32 backend keeps no copies: nothing changes for fp32 training.
 TEST(StageTest, Fp32ParametersHaveNoBf16Copies) {
   std::unique_ptr<Stage> stage =
