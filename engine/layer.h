@@ -38,7 +38,7 @@ struct Parameter {
   // optimizer's update, an initialization or load, a replica's copy;
   // RefreshGemmCopies) instead of on every GEMM call. Rounding is
   // idempotent, so GEMMs compute bit for bit what they did from `value`.
-  Tensor value_bf16;
+  Tensor value_bf16{};
 
   // The operand a layer's GEMMs take for this parameter.
   const Tensor& gemm_value() const {
