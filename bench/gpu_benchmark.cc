@@ -822,10 +822,11 @@ void RegisterAll() {
       ->UseManualTime()
       ->Iterations(kTimedSteps)
       ->Unit(benchmark::kMillisecond);
+  // Few steps: a step takes about a second, and gpu-check has minutes.
   benchmark::RegisterBenchmark("llama/conveyor_llama_1b_resident",
                                BM_StepLlamaResident)
       ->UseManualTime()
-      ->Iterations(10)
+      ->Iterations(5)
       ->Unit(benchmark::kMillisecond);
 }
 

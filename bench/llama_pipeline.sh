@@ -20,7 +20,7 @@ tiny=${3:-}
 mkdir -p "$work"
 devices=${CONVEYOR_LLAMA_DEVICES:-cuda:0}
 blocks=${CONVEYOR_GPU_LLAMA_BLOCKS:-16}
-d=2048 heads=32 kv=8 mlp=8192 vocab=128256 seq=2048 steps=8 precision=bf16
+d=2048 heads=32 kv=8 mlp=8192 vocab=128256 seq=2048 steps=6 precision=bf16
 if [ "$tiny" = --tiny ]; then
   devices=${CONVEYOR_LLAMA_DEVICES:-cpu}
   blocks=2 d=64 heads=4 kv=2 mlp=128 vocab=512 seq=32 steps=4

@@ -209,6 +209,11 @@ def main():
         result["compiled_error"] = f"torch {torch.__version__} has no torch.compile"
     else:
         try:
+            # One compilation per block object where this PyTorch keys its
+            # cache on the module: room for all, so none falls back to eager.
+            dynamo = getattr(getattr(torch, "_dynamo", None), "config", None)
+            if dynamo is not None and hasattr(dynamo, "cache_size_limit"):
+                dynamo.cache_size_limit = max(dynamo.cache_size_limit, 2 * blocks + 8)
             for i, block in enumerate(model.blocks):
                 model.blocks[i] = torch.compile(block)
             result["compiled"] = time_steps(torch, nn, model, args.device,
