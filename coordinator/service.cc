@@ -317,11 +317,19 @@ class SessionReactor final : public SessionReactorBase {
     // A message that arrives after the manager closed the session (it
     // declared the worker lost) is dropped: no one is listening.
     if (!connection_->Hold()) return;
-    pool_->Post([this, connection = connection_,
-                 message = std::move(incoming_),
+    pool_->Post([this, connection = connection_, message = std::move(incoming_),
                  read_at = std::chrono::steady_clock::now()] {
       Handle(message, read_at);
-      if (!connection->closing()) StartRead(&incoming_);
+      if (!connection->closing()) {
+        StartRead(&incoming_);
+      } else if (!id_.empty()) {
+        // No read is outstanding, so no read's end will report this one:
+        // the session closed while the message was handled. The manager
+        // closed it (the worker is lost already, and this changes nothing)
+        // or a write to the worker failed, which the manager must hear of.
+        manager_->WorkerDisconnected(
+            id_, "a write to it failed (its control connection broke)");
+      }
       // May finish, and so delete this (the connection lives on in the
       // task's copy until the call returns).
       connection->Release();
