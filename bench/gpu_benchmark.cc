@@ -533,8 +533,10 @@ absl::StatusOr<JobSpec> Job() {
 // Runs 2 warm-up steps, then (once per benchmark, with
 // CONVEYOR_PROFILE_STEPS) the profiled steps, then the timed ones. `step`
 // must return with the step's work finished on the GPU (both callers end in
-// a Synchronize), so wall time between calls is the step time.
+// a Synchronize), so wall time between calls is the step time. A step
+// trains `tokens` tokens (tokens_per_s).
 void RunSteps(benchmark::State& state, CudaBackend* be, bool& profiled,
+              int64_t tokens,
               const std::function<absl::StatusOr<double>()>& step) {
   using Clock = std::chrono::steady_clock;
   for (int i = 0; i < 2; ++i) {
@@ -574,7 +576,7 @@ void RunSteps(benchmark::State& state, CudaBackend* be, bool& profiled,
   const double steps = static_cast<double>(state.iterations());
   if (seconds <= 0) return;
   state.counters["ms_per_step"] = seconds / steps * 1e3;
-  state.counters["tokens_per_s"] = kBatch * kSeq * steps / seconds;
+  state.counters["tokens_per_s"] = tokens * steps / seconds;
   state.counters["loss"] = last_loss;
   // The caching allocator's promise: no cudaMalloc on the step path.
   state.counters["raw_allocs_timed"] =
@@ -595,7 +597,7 @@ void BM_StepTrainer(benchmark::State& state) {
       InProcessTrainer::Create(be, *job);
   if (!trainer.ok()) return Fail(state, trainer.status());
   // InProcessTrainer::Step ends with Backend::Synchronize.
-  RunSteps(state, be, profiled, [&]() -> absl::StatusOr<double> {
+  RunSteps(state, be, profiled, kBatch * kSeq, [&]() -> absl::StatusOr<double> {
     ASSIGN_OR_RETURN(StepReport report, (*trainer)->Step());
     return report.loss;
   });
@@ -630,7 +632,7 @@ void BM_StepResident(benchmark::State& state) {
   }
   // The trainer's step without its data source: the same microbatch loop,
   // loss scaling and optimizer step.
-  RunSteps(state, be, profiled, [&]() -> absl::StatusOr<double> {
+  RunSteps(state, be, profiled, kBatch * kSeq, [&]() -> absl::StatusOr<double> {
     (*optimizer)->ZeroGrad();
     double loss_sum = 0;
     for (int mb = 0; mb < kMicrobatches; ++mb) {
@@ -757,26 +759,26 @@ void BM_StepLlamaResident(benchmark::State& state) {
     targets.push_back(*std::move(b));
   }
   be->ResetPeakMemory();
-  RunSteps(state, be, profiled, [&]() -> absl::StatusOr<double> {
-    (*optimizer)->ZeroGrad();
-    double loss_sum = 0;
-    for (int mb = 0; mb < kLlamaMicrobatches; ++mb) {
-      ASSIGN_OR_RETURN(Tensor logits, (*stage)->Forward(mb, ids[mb]));
-      ASSIGN_OR_RETURN(LossResult loss,
-                       ComputeLoss(be, LossKind::kCrossEntropy, logits,
-                                   targets[mb], 1.0f / kLlamaMicrobatches));
-      loss_sum += loss.loss;
-      RETURN_IF_ERROR((*stage)->Backward(mb, loss.grad).status());
-    }
-    RETURN_IF_ERROR((*optimizer)->Step().status());
-    RETURN_IF_ERROR(be->Synchronize());
-    return loss_sum / kLlamaMicrobatches;
-  });
-  // RunSteps counted the transformer's tokens: the Llama step's replace them.
+  RunSteps(state, be, profiled, kLlamaBatch * kLlamaSeq,
+           [&]() -> absl::StatusOr<double> {
+             (*optimizer)->ZeroGrad();
+             double loss_sum = 0;
+             for (int mb = 0; mb < kLlamaMicrobatches; ++mb) {
+               ASSIGN_OR_RETURN(Tensor logits, (*stage)->Forward(mb, ids[mb]));
+               ASSIGN_OR_RETURN(
+                   LossResult loss,
+                   ComputeLoss(be, LossKind::kCrossEntropy, logits, targets[mb],
+                               1.0f / kLlamaMicrobatches));
+               loss_sum += loss.loss;
+               RETURN_IF_ERROR((*stage)->Backward(mb, loss.grad).status());
+             }
+             RETURN_IF_ERROR((*optimizer)->Step().status());
+             RETURN_IF_ERROR(be->Synchronize());
+             return loss_sum / kLlamaMicrobatches;
+           });
   if (state.counters.count("ms_per_step") == 0) return;
   const double seconds = state.counters["ms_per_step"] / 1e3;
   const double flops = LlamaFlopsPerStep(blocks);
-  state.counters["tokens_per_s"] = kLlamaBatch * kLlamaSeq / seconds;
   state.counters["blocks"] = blocks;
   state.counters["flops_per_step"] = flops;
   state.counters["tflops"] = flops / seconds / 1e12;

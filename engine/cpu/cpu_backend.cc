@@ -68,6 +68,20 @@ std::vector<float> WidenedCopy(const uint16_t* x, int64_t n) {
   return out;
 }
 
+// A GEMM operand as the fp32 GEMM reads it: widened from its bf16 bits
+// (`x16`), rounded to bf16 (`round`), or `x` itself. Copies go to `storage`.
+const float* OperandAsFloats(const float* x, const uint16_t* x16, int64_t n,
+                             bool round, std::vector<float>& storage) {
+  if (x16 != nullptr) {
+    storage = WidenedCopy(x16, n);
+  } else if (round) {
+    storage = RoundedCopy(x, n);
+  } else {
+    return x;
+  }
+  return storage.data();
+}
+
 }  // namespace
 
 absl::StatusOr<Tensor> CpuBackend::Empty(const Shape& shape, DType dtype) {
@@ -169,18 +183,8 @@ void CpuBackend::GemmStridedBatched(const GemmBatch& g) {
     // is exact; rounding it again would change nothing.
     std::vector<float> a, b;
     GemmBatch f = g;
-    if (g.a_bf16 != nullptr) {
-      a = WidenedCopy(g.a_bf16, GemmExtentA(g));
-    } else if (round) {
-      a = RoundedCopy(g.a, GemmExtentA(g));
-    }
-    if (g.b_bf16 != nullptr) {
-      b = WidenedCopy(g.b_bf16, GemmExtentB(g));
-    } else if (round) {
-      b = RoundedCopy(g.b, GemmExtentB(g));
-    }
-    if (g.a_bf16 != nullptr || round) f.a = a.data();
-    if (g.b_bf16 != nullptr || round) f.b = b.data();
+    f.a = OperandAsFloats(g.a, g.a_bf16, GemmExtentA(g), round, a);
+    f.b = OperandAsFloats(g.b, g.b_bf16, GemmExtentB(g), round, b);
     f.a_bf16 = f.b_bf16 = nullptr;
     Get(Precision::kFp32)->GemmStridedBatched(f);
     return;
